@@ -1,0 +1,97 @@
+"""The database: one declarative base for every table, engine and session construction.
+
+Analyzer tables (``analyzer.models``) and router tables (``router.models``) subclass :class:`Base`.
+The schema is created and changed only by Alembic (``migrations/``); nothing here calls
+``create_all``. Everything here is portable SQL; the SQLite pragmas below are applied only when the
+URL is a SQLite one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, MetaData, DateTime, TypeDecorator, create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import DeclarativeBase, sessionmaker, Session
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC timestamp on every backend (SQLite stores naive values)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; use utcnow()")
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """The one declarative base; its metadata carries the constraint naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(none_as_null=True),
+        list[Any]: JSON(none_as_null=True),
+        list[str]: JSON(none_as_null=True),
+        list[int]: JSON(none_as_null=True),
+        list[float]: JSON(none_as_null=True),
+    }
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(timezone.utc)
+
+
+def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
+    """Create an engine for ``url``. For SQLite files the parent folder is created and every
+    connection gets WAL journaling, foreign keys and a busy timeout."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": sqlite_busy_timeout_ms / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(sqlite_busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    return engine
+
+
+def engine_from_settings(settings) -> Engine:
+    """The engine for a :class:`analyzer.settings.Settings`."""
+    return make_engine(
+        settings.resolved_database_url(), sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms
+    )
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """A session factory bound to ``engine``; callers own their transactions
+    (``with factory() as s, s.begin(): ...``)."""
+    return sessionmaker(bind=engine, expire_on_commit=False)

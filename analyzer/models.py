@@ -1,0 +1,254 @@
+"""Analyzer-owned tables: prompt sets and prompts, model specs and pairs, analysis runs,
+per-prompt results with raw per-gamma counts, validation runs and cost profiles.
+
+Raw counts are stored (rounds, drafted, accepted, histogram, per-position accepted) so that alpha,
+the draft acceptance rate, the mean acceptance length and per-position rates can all be derived later.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Optional
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    JSON,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from analyzer.db import Base, utcnow
+
+RUN_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+PROMPT_FORMATS = ("txt", "jsonl", "csv")
+MODEL_KINDS = ("hf", "gguf", "builtin", "ngram")
+
+
+def one_of(column: str, values: tuple[str, ...]) -> str:
+    """Portable SQL for a CHECK that ``column`` holds one of ``values``."""
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class PromptSet(Base):
+    """A named, immutable collection of prompts imported from one file."""
+
+    __tablename__ = "prompt_sets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    source_filename: Mapped[Optional[str]] = mapped_column(String(255))
+    file_format: Mapped[str] = mapped_column(String(8))
+    file_sha256: Mapped[str] = mapped_column(String(64))
+    prompt_count: Mapped[int] = mapped_column(Integer)
+    duplicates_merged: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    prompts: Mapped[list["Prompt"]] = relationship(
+        back_populates="prompt_set", order_by="Prompt.position", cascade="all, delete-orphan"
+    )
+
+    __table_args__ = (
+        CheckConstraint(one_of("file_format", PROMPT_FORMATS), name="file_format"),
+        CheckConstraint("prompt_count >= 0", name="prompt_count_nonnegative"),
+    )
+
+
+class Prompt(Base):
+    """One prompt of a set: plain text or chat messages, an optional task label, the user's id,
+    the line it came from, and a content hash that is unique within the set."""
+
+    __tablename__ = "prompts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    prompt_set_id: Mapped[int] = mapped_column(ForeignKey("prompt_sets.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    source_line: Mapped[int] = mapped_column(Integer)
+    external_id: Mapped[Optional[str]] = mapped_column(String(200))
+    text: Mapped[Optional[str]] = mapped_column(Text)
+    messages: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    task: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    char_count: Mapped[int] = mapped_column(Integer)
+
+    prompt_set: Mapped[PromptSet] = relationship(back_populates="prompts")
+
+    __table_args__ = (
+        UniqueConstraint("prompt_set_id", "content_hash"),
+        UniqueConstraint("prompt_set_id", "position"),
+        CheckConstraint(
+            "(text IS NOT NULL AND messages IS NULL) OR (text IS NULL AND messages IS NOT NULL)",
+            name="text_xor_messages",
+        ),
+    )
+
+
+class ModelSpec(Base):
+    """A model as the user named it (``hf:...``, ``gguf:...#...``, ``builtin:...``, ``ngram[:...]``)."""
+
+    __tablename__ = "model_specs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    spec: Mapped[str] = mapped_column(String(500), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    display_name: Mapped[str] = mapped_column(String(200))
+    tokenizer_sha256: Mapped[Optional[str]] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (CheckConstraint(one_of("kind", MODEL_KINDS), name="kind"),)
+
+
+class ModelPair(Base):
+    """A target model with a drafter (a draft model or model-free n-gram drafting)."""
+
+    __tablename__ = "model_pairs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("model_specs.id"), index=True)
+    draft_id: Mapped[int] = mapped_column(ForeignKey("model_specs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    target: Mapped[ModelSpec] = relationship(foreign_keys=[target_id])
+    draft: Mapped[ModelSpec] = relationship(foreign_keys=[draft_id])
+
+    __table_args__ = (UniqueConstraint("target_id", "draft_id"),)
+
+
+class CostProfile(Base):
+    """Measured cost of one pair on one device: median seconds of one target forward of k new
+    tokens over a warm KV cache (``target_forward_s[k-1]`` for k = 1..K) and of one draft step."""
+
+    __tablename__ = "cost_profiles"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
+    device: Mapped[str] = mapped_column(String(200))
+    threads: Mapped[Optional[int]] = mapped_column(Integer)
+    context_tokens: Mapped[int] = mapped_column(Integer)
+    repeats: Mapped[int] = mapped_column(Integer)
+    target_forward_s: Mapped[list[float]] = mapped_column(JSON)
+    draft_step_s: Mapped[float] = mapped_column(Float)
+    library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    pair: Mapped[ModelPair] = relationship()
+
+
+class AnalysisRun(Base):
+    """One analysis of a prompt set with a model pair. Status moves
+    queued -> running -> done | failed | cancelled; progress counts finished prompts."""
+
+    __tablename__ = "analysis_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    prompt_set_id: Mapped[int] = mapped_column(ForeignKey("prompt_sets.id"), index=True)
+    pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
+    cost_profile_id: Mapped[Optional[int]] = mapped_column(ForeignKey("cost_profiles.id"))
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
+    device: Mapped[Optional[str]] = mapped_column(String(200))
+    library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]] = mapped_column()
+    finished_at: Mapped[Optional[datetime]] = mapped_column()
+
+    prompt_set: Mapped[PromptSet] = relationship()
+    pair: Mapped[ModelPair] = relationship()
+    cost_profile: Mapped[Optional[CostProfile]] = relationship()
+
+    __table_args__ = (
+        CheckConstraint(one_of("status", RUN_STATUSES), name="status"),
+        CheckConstraint("progress_done >= 0 AND progress_total >= 0", name="progress_nonnegative"),
+    )
+
+
+class PromptResult(Base):
+    """The measurement of one prompt in one run: lengths, the target's output, per-position
+    draft matches and target entropies, timings, and the task type the prompt was counted under."""
+
+    __tablename__ = "prompt_results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("analysis_runs.id", ondelete="CASCADE"), index=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id"), index=True)
+    task_type: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    task_source: Mapped[Optional[str]] = mapped_column(String(16))
+    classifier_version_id: Mapped[Optional[int]] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    prompt_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    output_text: Mapped[Optional[str]] = mapped_column(Text)
+    output_token_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    draft_matches: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
+    entropies: Mapped[list[float]] = mapped_column(JSON, default=list)
+    alpha_sampling: Mapped[Optional[float]] = mapped_column(Float)
+    target_time_s: Mapped[float] = mapped_column(Float, default=0.0)
+    draft_time_s: Mapped[float] = mapped_column(Float, default=0.0)
+    total_time_s: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[AnalysisRun] = relationship()
+    prompt: Mapped[Prompt] = relationship()
+    gamma_counts: Mapped[list["GammaCount"]] = relationship(
+        back_populates="result", order_by="GammaCount.gamma", cascade="all, delete-orphan"
+    )
+
+    __table_args__ = (UniqueConstraint("run_id", "prompt_id"),)
+
+
+class GammaCount(Base):
+    """Raw counts of the speculative walk of one prompt at lookahead ``gamma``:
+    ``accepted_hist[a]`` = rounds that accepted a drafts (a = 0..gamma);
+    ``position_accepted[k-1]`` = rounds whose k-th draft was accepted (k = 1..gamma)."""
+
+    __tablename__ = "gamma_counts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    result_id: Mapped[int] = mapped_column(ForeignKey("prompt_results.id", ondelete="CASCADE"), index=True)
+    gamma: Mapped[int] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    accepted_hist: Mapped[list[int]] = mapped_column(JSON)
+    position_accepted: Mapped[list[int]] = mapped_column(JSON)
+    expected_tokens_per_round: Mapped[Optional[float]] = mapped_column(Float)
+
+    result: Mapped[PromptResult] = relationship(back_populates="gamma_counts")
+
+    __table_args__ = (
+        UniqueConstraint("result_id", "gamma"),
+        CheckConstraint("gamma >= 1", name="gamma_positive"),
+        CheckConstraint("accepted <= drafted", name="accepted_le_drafted"),
+    )
+
+
+class ValidationResult(Base):
+    """A real speculative generation next to plain greedy for one prompt: measured vs predicted."""
+
+    __tablename__ = "validation_results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("analysis_runs.id", ondelete="CASCADE"), index=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id"), index=True)
+    gamma: Mapped[int] = mapped_column(Integer)
+    greedy_time_s: Mapped[float] = mapped_column(Float)
+    speculative_time_s: Mapped[float] = mapped_column(Float)
+    measured_speedup: Mapped[float] = mapped_column(Float)
+    predicted_speedup: Mapped[float] = mapped_column(Float)
+    outputs_identical: Mapped[bool] = mapped_column(Boolean)
+    target_forward_passes: Mapped[Optional[int]] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)

@@ -1,0 +1,143 @@
+"""Every setting of specroute, declared once: name, type, default and help.
+
+The CLI, the web app and the workers all read their configuration through :func:`load_settings`:
+declared defaults, then ``SPECROUTE_*`` environment variables, then an explicit mapping (tests, the
+app factory's ``config`` argument). ``specroute settings`` prints this table with the values in force,
+and a test checks that the README documents every entry.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import platformdirs
+
+ENV_PREFIX = "SPECROUTE_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the setting."""
+
+
+def _setting(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The configuration in force. Field names are the setting names in lower case;
+    the environment variable is ``SPECROUTE_`` + the upper-cased name."""
+
+    data_dir: str = _setting(
+        "",
+        "Folder for the SQLite database, cached model weights and artifacts. "
+        "Default: the per-user data folder (e.g. ~/.local/share/specroute).",
+    )
+    database_url: str = _setting(
+        "",
+        "SQLAlchemy database URL. Default: sqlite:///<data_dir>/specroute.db. "
+        "PostgreSQL works too: postgresql+psycopg://user:pass@host/db (install the [postgres] extra).",
+    )
+    sqlite_busy_timeout_ms: int = _setting(
+        5000, "How long a SQLite connection waits for a lock held by another writer, in milliseconds."
+    )
+    max_upload_bytes: int = _setting(20_000_000, "Largest prompt file accepted, in bytes.")
+    max_prompt_chars: int = _setting(100_000, "Longest single prompt accepted, in characters.")
+    max_prompts: int = _setting(50_000, "Most prompts accepted in one prompt file.")
+    max_reported_errors: int = _setting(
+        50, "How many validation errors of a rejected prompt file are listed (the total is always given)."
+    )
+
+    def resolved_data_dir(self) -> Path:
+        """The data folder in force (the per-user default when ``data_dir`` is empty)."""
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        return Path(platformdirs.user_data_dir("specroute", appauthor=False))
+
+    def resolved_database_url(self) -> str:
+        """The database URL in force (a SQLite file in the data folder by default)."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.resolved_data_dir() / 'specroute.db'}"
+
+
+def setting_names() -> list[str]:
+    """All setting names, in declaration order."""
+    return [f.name for f in fields(Settings)]
+
+
+def env_name(name: str) -> str:
+    """The environment variable that sets ``name``."""
+    return ENV_PREFIX + name.upper()
+
+
+def describe_settings() -> list[dict[str, Any]]:
+    """One entry per setting: name, environment variable, type, default and help text."""
+    return [
+        {
+            "name": f.name,
+            "env": env_name(f.name),
+            "type": _type_name(f),
+            "default": f.default,
+            "help": f.metadata["help"],
+        }
+        for f in fields(Settings)
+    ]
+
+
+def _coerce(name: str, type_name: str, raw: Any) -> Any:
+    if type_name == "int":
+        if isinstance(raw, bool):
+            raise SettingsError(f"{env_name(name)}: expected an integer, got {raw!r}")
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{env_name(name)}: expected an integer, got {raw!r}") from None
+        if value <= 0:
+            raise SettingsError(f"{env_name(name)}: must be positive, got {value}")
+        return value
+    if type_name == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in {"1", "true", "yes", "on"}:
+            return True
+        if text in {"0", "false", "no", "off", ""}:
+            return False
+        raise SettingsError(f"{env_name(name)}: expected true or false, got {raw!r}")
+    if type_name == "float":
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{env_name(name)}: expected a number, got {raw!r}") from None
+    return str(raw)
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Build the settings in force: declared defaults, then ``SPECROUTE_*`` variables from
+    ``environ`` (default ``os.environ``), then ``overrides`` (keys are setting names, either case,
+    with or without the prefix). Unknown override keys are an error, so a typo never goes unnoticed."""
+    environ = os.environ if environ is None else environ
+    declared = {f.name: f for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    for name, f in declared.items():
+        raw = environ.get(env_name(name))
+        if raw is not None:
+            values[name] = _coerce(name, _type_name(f), raw)
+    for key, raw in (overrides or {}).items():
+        name = key.lower()
+        if name.startswith(ENV_PREFIX.lower()):
+            name = name[len(ENV_PREFIX):]
+        if name not in declared:
+            raise SettingsError(f"unknown setting {key!r}; known: {', '.join(declared)}")
+        values[name] = _coerce(name, _type_name(declared[name]), raw)
+    return Settings(**values)
+
+
+def _type_name(f) -> str:
+    return f.type if isinstance(f.type, str) else f.type.__name__

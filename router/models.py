@@ -1,0 +1,158 @@
+"""Router-owned tables, on the analyzer's declarative base: classifier versions, versioned
+routing policy sets with one policy per task type, per-task online estimates, logged routing
+decisions and the feedback engines send back."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Optional
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from analyzer.db import Base, utcnow
+from analyzer.models import one_of
+
+TIERS = ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
+
+
+class ClassifierVersion(Base):
+    """A trained task classifier with its version record. ``artifact`` is produced by specroute
+    itself (never uploaded) and is loaded only when ``library_versions`` match those installed and
+    ``artifact_sha256`` matches the bytes."""
+
+    __tablename__ = "classifier_versions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, unique=True)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=False)
+    labels: Mapped[list[str]] = mapped_column()
+    training_data_sha256: Mapped[str] = mapped_column(String(64))
+    training_prompt_count: Mapped[int] = mapped_column(Integer)
+    library_versions: Mapped[dict[str, Any]] = mapped_column()
+    scores: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    artifact: Mapped[bytes] = mapped_column(LargeBinary)
+    artifact_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PolicySet(Base):
+    """A versioned set of per-task routing policies published from one analysis run.
+    Exactly one set is active at a time; older ones are kept and can be re-activated."""
+
+    __tablename__ = "policy_sets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, unique=True)
+    run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("analysis_runs.id"), index=True)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=False)
+    margin: Mapped[float] = mapped_column(Float, default=0.05)
+    notes: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    activated_at: Mapped[Optional[datetime]] = mapped_column()
+
+    policies: Mapped[list["TaskPolicy"]] = relationship(
+        back_populates="policy_set", order_by="TaskPolicy.task_type", cascade="all, delete-orphan"
+    )
+
+
+class TaskPolicy(Base):
+    """The published decision for one task type (``is_fallback`` marks the workload-wide one)."""
+
+    __tablename__ = "task_policies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    policy_set_id: Mapped[int] = mapped_column(ForeignKey("policy_sets.id", ondelete="CASCADE"), index=True)
+    task_type: Mapped[str] = mapped_column(String(64))
+    is_fallback: Mapped[bool] = mapped_column(Boolean, default=False)
+    speculate: Mapped[bool] = mapped_column(Boolean)
+    gamma: Mapped[int] = mapped_column(Integer)
+    alpha_mean: Mapped[float] = mapped_column(Float)
+    alpha_var: Mapped[Optional[float]] = mapped_column(Float)
+    n_prompts: Mapped[int] = mapped_column(Integer)
+    expected_speedup: Mapped[float] = mapped_column(Float)
+    tier: Mapped[str] = mapped_column(String(24))
+    speedup_curve: Mapped[list[float]] = mapped_column(default=list)
+
+    policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
+
+    __table_args__ = (
+        UniqueConstraint("policy_set_id", "task_type"),
+        CheckConstraint(one_of("tier", TIERS), name="tier"),
+        CheckConstraint("gamma >= 0", name="gamma_nonnegative"),
+    )
+
+
+class TaskEstimate(Base):
+    """Online state of one task under one policy set: a decayed Beta posterior of alpha
+    (``beta_a``, ``beta_b``), the gamma in force, and whether speculation is on."""
+
+    __tablename__ = "task_estimates"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    policy_set_id: Mapped[int] = mapped_column(ForeignKey("policy_sets.id", ondelete="CASCADE"), index=True)
+    task_type: Mapped[str] = mapped_column(String(64))
+    beta_a: Mapped[float] = mapped_column(Float)
+    beta_b: Mapped[float] = mapped_column(Float)
+    speculate: Mapped[bool] = mapped_column(Boolean)
+    gamma: Mapped[int] = mapped_column(Integer)
+    events: Mapped[int] = mapped_column(Integer, default=0)
+    total_rounds: Mapped[int] = mapped_column(Integer, default=0)
+    total_drafted: Mapped[int] = mapped_column(Integer, default=0)
+    total_accepted: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("policy_set_id", "task_type"),)
+
+
+class RouteDecision(Base):
+    """A decision the router gave, kept so that feedback can name it by ``route_id``."""
+
+    __tablename__ = "route_decisions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    route_id: Mapped[str] = mapped_column(String(36), unique=True)
+    policy_set_id: Mapped[Optional[int]] = mapped_column(ForeignKey("policy_sets.id"), index=True)
+    classifier_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("classifier_versions.id"))
+    task_type: Mapped[str] = mapped_column(String(64))
+    confidence: Mapped[float] = mapped_column(Float)
+    speculate: Mapped[bool] = mapped_column(Boolean)
+    gamma: Mapped[int] = mapped_column(Integer)
+    expected_speedup: Mapped[float] = mapped_column(Float)
+    reasons: Mapped[list[str]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FeedbackEvent(Base):
+    """What an engine observed for one generation, normalised to counts; ``raw`` keeps the
+    payload as sent (engine-specific fields included)."""
+
+    __tablename__ = "feedback_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    route_id: Mapped[Optional[str]] = mapped_column(String(36), index=True)
+    policy_set_id: Mapped[Optional[int]] = mapped_column(ForeignKey("policy_sets.id"), index=True)
+    task_type: Mapped[str] = mapped_column(String(64), index=True)
+    engine: Mapped[str] = mapped_column(String(32))
+    gamma: Mapped[Optional[int]] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[Optional[int]] = mapped_column(Integer)
+    raw: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        CheckConstraint("rounds >= 0 AND drafted >= 0 AND accepted >= 0", name="counts_nonnegative"),
+        CheckConstraint("accepted <= drafted", name="accepted_le_drafted"),
+    )

@@ -1,0 +1,333 @@
+"""The ``specroute`` command line: database, prompt sets, settings, and the main job (``demo``).
+
+Every command that touches data first checks that the database schema is at head and, if not, says
+exactly what to run. Each command is one transaction: it stores everything or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
+from analyzer.prompt_sets import (
+    SAMPLE_NAME,
+    PromptSetError,
+    delete_prompt_set,
+    get_prompt_set,
+    import_prompt_file,
+    import_sample,
+    list_prompt_sets,
+    list_prompts,
+    summarize,
+)
+from analyzer.settings import Settings, SettingsError, describe_settings, load_settings
+
+
+@dataclass
+class CliState:
+    """What the commands share: the settings in force and, once needed, the engine."""
+
+    settings: Settings
+    _engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = engine_from_settings(self.settings)
+        return self._engine
+
+    def sessions(self, *, check_schema: bool = True) -> sessionmaker[Session]:
+        """A session factory, after checking the schema is at head (unless told not to)."""
+        if check_schema:
+            try:
+                migrations.require_head(self.engine)
+            except migrations.SchemaNotCurrent as exc:
+                raise click.ClickException(str(exc)) from None
+        return make_session_factory(self.engine)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specroute")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """specroute: measure where speculative decoding pays off on your prompts, then route requests.
+
+    Settings come from SPECROUTE_* environment variables; see 'specroute settings'.
+    """
+    try:
+        state = CliState(load_settings())
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+# ---------------------------------------------------------------- db
+
+
+@cli.group()
+def db() -> None:
+    """Create, upgrade and inspect the database schema (Alembic migrations)."""
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@click.pass_obj
+def db_upgrade(state: CliState, revision: str) -> None:
+    """Upgrade the database to REVISION (default: head), creating it if needed."""
+    before = migrations.current_revision(state.engine)
+    migrations.upgrade(state.engine, revision)
+    after = migrations.current_revision(state.engine)
+    where = state.engine.url.render_as_string(hide_password=True)
+    if before == after:
+        click.echo(f"database {where} already at revision {after}")
+    else:
+        click.echo(f"database {where} upgraded from {before or 'empty'} to {after}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def db_downgrade(state: CliState, revision: str, yes: bool) -> None:
+    """Downgrade the database to REVISION ('base' drops every table and its data)."""
+    if not yes:
+        click.confirm(f"Downgrade to {revision}? Data in dropped tables is lost.", abort=True)
+    migrations.downgrade(state.engine, revision)
+    click.echo(f"database at revision {migrations.current_revision(state.engine) or 'base (empty)'}")
+
+
+@db.command("current")
+@click.pass_obj
+def db_current(state: CliState) -> None:
+    """Print the database URL, its revision and the newest revision."""
+    current = migrations.current_revision(state.engine)
+    head = migrations.head_revision()
+    click.echo(f"database: {state.engine.url.render_as_string(hide_password=True)}")
+    click.echo(f"revision: {current or 'none (empty database)'}")
+    click.echo(f"head:     {head}" + ("" if current == head else "  -> run: specroute db upgrade"))
+
+
+# ---------------------------------------------------------------- prompts
+
+
+@cli.group()
+def prompts() -> None:
+    """Import, list, show and delete prompt sets (.txt, .jsonl, .csv)."""
+
+
+@prompts.command("import")
+@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Name of the new prompt set (default: the file name without extension).")
+@click.option("--sample", is_flag=True, help="Import the bundled sample prompts instead of a file.")
+@click.option("--format", "file_format", type=click.Choice(FORMATS), help="File format (default: from the extension).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def prompts_import(
+    state: CliState, file: Path | None, name: str | None, sample: bool, file_format: str | None, as_json: bool
+) -> None:
+    """Validate FILE completely and store it as a prompt set; nothing is stored if any line is bad.
+
+    .txt: one prompt per line. .jsonl: {"prompt": ...} or {"messages": [...]}, optional "task" and
+    "id". .csv: a header with a "prompt" column, optional "task" and "id". Errors go to stderr with
+    line numbers and the exit code is 1.
+    """
+    if sample == (file is not None):
+        raise click.UsageError("give either FILE or --sample")
+    sessions = state.sessions()
+    limits = IngestLimits.from_settings(state.settings)
+    try:
+        with sessions() as session, session.begin():
+            if sample:
+                prompt_set, parsed = import_sample(session, name or SAMPLE_NAME)
+            else:
+                try:
+                    data = file.read_bytes()
+                except OSError as exc:
+                    raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
+                prompt_set, parsed = import_prompt_file(
+                    session, name or file.stem, data, file.name, file_format=file_format, limits=limits
+                )
+            summary = summarize(session, [prompt_set])[0]
+    except PromptFileError as exc:
+        if as_json:
+            click.echo(json.dumps({"error": {"code": "invalid_prompt_file", "message": exc.summary(),
+                                             "details": {"total": exc.total,
+                                                         "issues": [i.as_dict() for i in exc.issues]}}}))
+        click.echo(exc.report(), err=True)
+        sys.exit(1)
+    except PromptSetError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]}))
+        return
+    click.echo(f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})")
+    if parsed.duplicates:
+        click.echo(f"merged {len(parsed.duplicates)} duplicate(s):")
+        for notice in parsed.duplicates[:20]:
+            click.echo(f"  {notice}")
+        if len(parsed.duplicates) > 20:
+            click.echo(f"  ... and {len(parsed.duplicates) - 20} more")
+
+
+@prompts.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_obj
+def prompts_list(state: CliState, as_json: bool) -> None:
+    """List prompt sets with their prompt counts per task type."""
+    with state.sessions()() as session:
+        summaries = list_prompt_sets(session)
+    if as_json:
+        click.echo(json.dumps([_summary_dict(s) for s in summaries]))
+        return
+    if not summaries:
+        click.echo("no prompt sets yet; import one with 'specroute prompts import FILE' or '--sample'")
+        return
+    width = max(len(s.name) for s in summaries)
+    click.echo(f"{'name':<{width}}  prompts  format  created           tasks")
+    for s in summaries:
+        created = s.created_at.strftime("%Y-%m-%d %H:%M")
+        click.echo(f"{s.name:<{width}}  {s.prompt_count:>7}  {s.file_format:<6}  {created}  {_tasks_text(s.task_counts)}")
+
+
+@prompts.command("show")
+@click.argument("name")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 10_000), help="Prompts to show.")
+@click.option("--offset", default=0, type=click.IntRange(0), help="Skip this many prompts first.")
+@click.option("--search", help="Only prompts whose text or id contains this (case-insensitive).")
+@click.option("--task", help="Only prompts with this task label ('' for unlabelled).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (full prompt texts).")
+@click.pass_obj
+def prompts_show(
+    state: CliState, name: str, limit: int, offset: int, search: str | None, task: str | None, as_json: bool
+) -> None:
+    """Show a prompt set: its counts per task and a page of its prompts."""
+    try:
+        with state.sessions()() as session:
+            prompt_set = get_prompt_set(session, name)
+            summary = summarize(session, [prompt_set])[0]
+            page, total = list_prompts(session, prompt_set, offset=offset, limit=limit, search=search, task=task)
+    except PromptSetError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({**_summary_dict(summary), "matching": total, "offset": offset,
+                               "prompts": [_prompt_dict(p) for p in page]}))
+        return
+    click.echo(f"{summary.name}: {summary.prompt_count} prompts from {summary.source_filename or '?'} "
+               f"({summary.file_format}), {summary.duplicates_merged} duplicate(s) merged")
+    click.echo(f"tasks: {_tasks_text(summary.task_counts)}")
+    click.echo(f"showing {len(page)} of {total} matching, from #{offset + 1}:" if page else f"{total} matching")
+    for p in page:
+        body = p.text if p.text is not None else " | ".join(f"{m['role']}: {m['content']}" for m in p.messages)
+        body = " ".join(body.split())
+        label = p.task or "-"
+        ident = f" id={p.external_id}" if p.external_id else ""
+        click.echo(f"  #{p.position + 1:<5} line {p.source_line:<6} [{label}]{ident} {body[:100]}{'…' if len(body) > 100 else ''}")
+
+
+@prompts.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def prompts_delete(state: CliState, name: str, yes: bool) -> None:
+    """Delete a prompt set (refused while an analysis run uses it)."""
+    if not yes:
+        click.confirm(f"Delete prompt set {name!r}?", abort=True)
+    try:
+        with state.sessions()() as session, session.begin():
+            delete_prompt_set(session, name)
+    except PromptSetError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deleted prompt set '{name}'")
+
+
+# ---------------------------------------------------------------- settings and the main job
+
+
+@cli.command("settings")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def settings_command(state: CliState, as_json: bool) -> None:
+    """Print every setting: environment variable, value in force, default and meaning."""
+    rows = [{**row, "value": getattr(state.settings, row["name"])} for row in describe_settings()]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    click.echo(f"data folder in force: {state.settings.resolved_data_dir()}")
+    click.echo(f"database in force:    {state.engine.url.render_as_string(hide_password=True)}")
+    for row in rows:
+        click.echo(f"\n{row['env']} = {row['value']!r}  (default {row['default']!r}, {row['type']})")
+        click.echo(f"    {row['help']}")
+
+
+@cli.command("demo")
+@click.pass_obj
+def demo(state: CliState) -> None:
+    """The main job on the embedded defaults: bring the database to head, import the bundled
+    sample prompts (once; a rerun reuses them) and print a summary."""
+    where = state.engine.url.render_as_string(hide_password=True)
+    before = migrations.current_revision(state.engine)
+    migrations.upgrade(state.engine)
+    click.echo(f"[1/2] database {where}: {before or 'empty'} -> {migrations.current_revision(state.engine)}")
+    with state.sessions()() as session, session.begin():
+        try:
+            prompt_set = get_prompt_set(session, SAMPLE_NAME)
+            click.echo(f"[2/2] sample prompts already imported as '{SAMPLE_NAME}' (reused)")
+        except PromptSetError:
+            prompt_set, _ = import_sample(session)
+            click.echo(f"[2/2] imported the bundled sample prompts as '{SAMPLE_NAME}'")
+        summary = summarize(session, [prompt_set])[0]
+        everything = list_prompt_sets(session)
+    click.echo(f"\n'{summary.name}': {summary.prompt_count} prompts over {len(summary.task_counts)} task types")
+    for task, count in summary.task_counts.items():
+        click.echo(f"  {task or 'unlabelled':<18} {count:>4}")
+    click.echo(f"\n{len(everything)} prompt set(s) in the database; next: 'specroute prompts show {SAMPLE_NAME}'")
+
+
+def _tasks_text(counts: dict[str | None, int]) -> str:
+    return ", ".join(f"{task or 'unlabelled'} {count}" for task, count in counts.items()) or "empty"
+
+
+def _summary_dict(summary) -> dict:
+    return {
+        "name": summary.name,
+        "prompt_count": summary.prompt_count,
+        "file_format": summary.file_format,
+        "source_filename": summary.source_filename,
+        "duplicates_merged": summary.duplicates_merged,
+        "task_counts": {task or "": count for task, count in summary.task_counts.items()},
+        "created_at": summary.created_at.isoformat(),
+    }
+
+
+def _prompt_dict(prompt) -> dict:
+    return {
+        "position": prompt.position,
+        "line": prompt.source_line,
+        "id": prompt.external_id,
+        "task": prompt.task,
+        "text": prompt.text,
+        "messages": prompt.messages,
+    }
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="specroute")
+
+
+if __name__ == "__main__":
+    main()
