@@ -1,0 +1,106 @@
+"""The specroute command line against a real SQLite file in a temporary data folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from webui.cli import cli
+
+
+def run(runner, *args, input=None):
+    return runner.invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def test_commands_refuse_an_unmigrated_database_and_say_what_to_run(runner):
+    for args in (["prompts", "list"], ["prompts", "show", "x"], ["prompts", "import", "--sample"]):
+        result = run(runner, *args)
+        assert result.exit_code == 1
+        assert "has no specroute schema yet. Run: specroute db upgrade" in result.stderr
+
+
+def test_db_upgrade_current_and_idempotent_rerun(runner):
+    first = run(runner, "db", "upgrade")
+    assert first.exit_code == 0 and "upgraded from empty to 0001" in first.output
+    again = run(runner, "db", "upgrade")
+    assert "already at revision 0001" in again.output
+    current = run(runner, "db", "current")
+    assert "revision: 0001" in current.output and "head:     0001" in current.output
+
+
+def test_import_list_show_and_delete(runner, tmp_path):
+    run(runner, "db", "upgrade")
+    source = tmp_path / "mine.csv"
+    source.write_text('prompt,task,id\n"Translate: hallo",translation,t1\nWrite code,code,c1\nWrite code,code,c1\n')
+    imported = run(runner, "prompts", "import", str(source))
+    assert imported.exit_code == 0
+    assert "imported 2 prompts as 'mine' (code 1, translation 1)" in imported.output
+    assert "line 4: same prompt as line 3, merged" in imported.output
+    listed = json.loads(run(runner, "prompts", "list", "--json").stdout)
+    assert [(s["name"], s["prompt_count"], s["task_counts"]) for s in listed] == [
+        ("mine", 2, {"code": 1, "translation": 1})
+    ]
+    shown = json.loads(run(runner, "prompts", "show", "mine", "--json", "--search", "hallo").stdout)
+    assert shown["matching"] == 1 and shown["prompts"][0]["id"] == "t1"
+    assert "[translation] id=t1 Translate: hallo" in run(runner, "prompts", "show", "mine").output
+    missing = run(runner, "prompts", "show", "nope")
+    assert missing.exit_code == 1 and "no prompt set named 'nope' (known: mine)" in missing.stderr
+    assert run(runner, "prompts", "delete", "mine", "--yes").exit_code == 0
+    assert json.loads(run(runner, "prompts", "list", "--json").stdout) == []
+
+
+def test_invalid_file_exits_1_with_every_error_on_stderr_and_stores_nothing(runner, tmp_path):
+    run(runner, "db", "upgrade")
+    bad = tmp_path / "broken.jsonl"
+    bad.write_bytes(b'{"prompt": "fine"}\n{"prompt": ""}\nnot json\n{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    result = run(runner, "prompts", "import", str(bad))
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "broken.jsonl: 3 errors; nothing was imported",
+        "  line 2, field 'prompt': empty prompt",
+        "  line 3: bad JSON: Expecting value at column 1",
+        "  line 5: invalid UTF-8 at column 16 (byte 0xe9)",
+    ]
+    as_json = json.loads(run(runner, "prompts", "import", str(bad), "--json").stdout)
+    assert as_json["error"]["code"] == "invalid_prompt_file" and as_json["error"]["details"]["total"] == 3
+    assert json.loads(run(runner, "prompts", "list", "--json").stdout) == []
+
+
+def test_import_usage_errors(runner, tmp_path):
+    run(runner, "db", "upgrade")
+    assert run(runner, "prompts", "import").exit_code == 2
+    assert run(runner, "prompts", "import", "--sample", str(tmp_path / "x.txt")).exit_code == 2
+    unreadable = run(runner, "prompts", "import", str(tmp_path))
+    assert unreadable.exit_code == 2  # a folder is not a file
+    run(runner, "prompts", "import", "--sample")
+    again = run(runner, "prompts", "import", "--sample")
+    assert again.exit_code == 1 and "already exists" in again.stderr
+
+
+def test_demo_sets_up_imports_the_sample_and_reuses_it(runner):
+    first = run(runner, "demo")
+    assert first.exit_code == 0
+    assert "database" in first.output and "empty -> 0001" in first.output
+    assert "imported the bundled sample prompts as 'sample'" in first.output
+    assert "'sample': 64 prompts over 13 task types" in first.output
+    second = run(runner, "demo")
+    assert "already imported as 'sample' (reused)" in second.output
+    listed = json.loads(run(runner, "prompts", "list", "--json").stdout)
+    assert [s["prompt_count"] for s in listed] == [64]
+
+
+def test_settings_command_and_bad_setting(runner, monkeypatch):
+    shown = json.loads(run(runner, "settings", "--json").stdout)
+    assert {row["env"] for row in shown} >= {"SPECROUTE_DATA_DIR", "SPECROUTE_MAX_PROMPTS"}
+    monkeypatch.setenv("SPECROUTE_MAX_PROMPTS", "lots")
+    result = run(runner, "prompts", "list")
+    assert result.exit_code == 1 and "SPECROUTE_MAX_PROMPTS: expected an integer" in result.stderr
+
+
+def test_installed_console_script_runs(tmp_path):
+    script = shutil.which("specroute") or str((__import__("pathlib").Path(sys.executable).parent / "specroute"))
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
+    for group in ("db", "demo", "prompts", "settings"):
+        assert group in result.stdout
