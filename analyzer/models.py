@@ -211,6 +211,7 @@ class PromptResult(Base):
 class GammaCount(Base):
     """Raw counts of the speculative walk of one prompt at lookahead ``gamma``:
     ``accepted_hist[a]`` = rounds that accepted a drafts (a = 0..gamma);
+    ``drafted_hist[k]`` = rounds that drafted k tokens (k = 0..gamma);
     ``position_accepted[k-1]`` = rounds whose k-th draft was accepted (k = 1..gamma)."""
 
     __tablename__ = "gamma_counts"
@@ -222,6 +223,7 @@ class GammaCount(Base):
     drafted: Mapped[int] = mapped_column(Integer)
     accepted: Mapped[int] = mapped_column(Integer)
     accepted_hist: Mapped[list[int]] = mapped_column(JSON)
+    drafted_hist: Mapped[list[int]] = mapped_column(JSON)
     position_accepted: Mapped[list[int]] = mapped_column(JSON)
     expected_tokens_per_round: Mapped[Optional[float]] = mapped_column(Float)
 

@@ -1,0 +1,115 @@
+"""Predicted speedup from real match sequences and a measured cost curve, the Leviathan closed form
+for comparison, best gamma, the recommendation tier and the on/off decision.
+
+Cost model: T_t(k) = seconds of one target forward of k new tokens over a warm KV cache
+(``target_forward_s[k-1]``), T_d = seconds of one draft step (a model draft pays it per drafted
+token; prompt lookup pays it once per round). A round that drafts k tokens costs
+draft(k) + T_t(k + 1); plain greedy decoding costs T_t(1) per token. So for N output tokens
+
+    S(g) = N * T_t(1) / sum_k drafted_hist_g[k] * (draft(k) + T_t(k + 1)),
+
+which is DESIGN.md's S(g) = E[tokens per round](g) * T_t(1) / (g T_d + T_t(g + 1)) when every round
+drafts g tokens, and accounts exactly for rounds that draft fewer (prompt lookup finding nothing,
+the end of the budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from analyzer.acceptance import expected_tokens_iid
+
+TIERS = ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
+DEFAULT_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A measured cost curve: ``target_forward_s`` shape (K,), k = 1..K; ``draft_step_s``; and
+    whether the draft cost is paid per drafted token (a model) or per round (prompt lookup)."""
+
+    target_forward_s: Sequence[float]
+    draft_step_s: float
+    draft_cost_per_token: bool = True
+
+    def round_s(self, drafted: int) -> float:
+        """Seconds of one round that drafts ``drafted`` tokens (0 = a plain decode step + lookup)."""
+        if drafted + 1 > len(self.target_forward_s):
+            raise ValueError(f"cost curve covers k <= {len(self.target_forward_s)}, a round needs {drafted + 1}")
+        draft = self.draft_step_s * drafted if self.draft_cost_per_token else self.draft_step_s
+        return draft + float(self.target_forward_s[drafted])
+
+    @property
+    def decode_s(self) -> float:
+        return float(self.target_forward_s[0])
+
+
+def speculative_time_s(drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> float:
+    """Predicted seconds of the speculative walk: sum_k drafted_hist[k] * round_s(k)."""
+    return float(sum(int(count) * cost.round_s(k) for k, count in enumerate(drafted_hist) if count))
+
+
+def predicted_speedup(output_tokens: int, drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> float:
+    """S(g) = N * T_t(1) / speculative time (see the module docstring). NaN for an empty output."""
+    spec = speculative_time_s(drafted_hist, cost)
+    return output_tokens * cost.decode_s / spec if spec > 0 else float("nan")
+
+
+def pooled_speedup(output_tokens: Sequence[int], drafted_hists: Sequence[np.ndarray], cost: Cost) -> float:
+    """Throughput speedup of a group of prompts: total greedy time over total speculative time."""
+    spec = sum(speculative_time_s(h, cost) for h in drafted_hists)
+    return float(np.sum(output_tokens)) * cost.decode_s / spec if spec > 0 else float("nan")
+
+
+def iid_speedup(alpha: float, gamma: int, cost: Cost) -> float:
+    """S(g) from the i.i.d. acceptance formula with the real cost curve:
+    E_iid(alpha, g) * T_t(1) / round_s(g). Misses burstiness; reported for comparison."""
+    return expected_tokens_iid(alpha, gamma) * cost.decode_s / cost.round_s(gamma)
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al.'s closed form (1 - a^(g+1)) / ((1 - a)(g c + 1)), which assumes
+    T_t(g+1) = T_t(1) and c = T_d / T_t(1)."""
+    return expected_tokens_iid(alpha, gamma) / (gamma * c + 1.0)
+
+
+def best_gamma(speedups: Sequence[float]) -> tuple[int, float]:
+    """(g*, S(g*)) for ``speedups[g-1]`` = S(g), g = 1..G; the smallest g among ties; (0, nan) when
+    nothing is finite."""
+    values = np.asarray(speedups, dtype=np.float64)
+    finite = np.isfinite(values)
+    if not finite.any():
+        return 0, float("nan")
+    index = int(np.argmax(np.where(finite, values, -np.inf)))
+    return index + 1, float(values[index])
+
+
+def should_speculate(best_speedup: float, margin: float = DEFAULT_MARGIN) -> bool:
+    """Speculate only when the predicted speedup clears break-even by ``margin``."""
+    return bool(np.isfinite(best_speedup) and best_speedup > 1.0 + margin)
+
+
+def recommendation_tier(alpha_mean: float, alpha_var: float | None) -> str:
+    """The seed's tiers: alpha > 0.7 and variance < 0.05 -> HIGHLY_RECOMMENDED; > 0.5 ->
+    RECOMMENDED; > 0.3 -> CONDITIONAL; else NOT_RECOMMENDED. An unknown variance (one prompt)
+    cannot earn the top tier."""
+    if not np.isfinite(alpha_mean):
+        return "NOT_RECOMMENDED"
+    if alpha_mean > 0.7 and alpha_var is not None and np.isfinite(alpha_var) and alpha_var < 0.05:
+        return "HIGHLY_RECOMMENDED"
+    if alpha_mean > 0.5:
+        return "RECOMMENDED"
+    if alpha_mean > 0.3:
+        return "CONDITIONAL"
+    return "NOT_RECOMMENDED"
+
+
+def mean_and_variance(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample variance (numpy, ddof=1) of the finite values; variance None for fewer than 2."""
+    array = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if array.size == 0:
+        return float("nan"), None
+    return float(array.mean()), (float(array.var(ddof=1)) if array.size > 1 else None)
