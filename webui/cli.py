@@ -373,7 +373,7 @@ def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
         output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
         click.echo(f"wrote {output}", err=True)
     else:
-        click.echo(text)
+        click.echo(text.rstrip("\n"))
 
 
 @cli.group()

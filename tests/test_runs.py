@@ -1,0 +1,152 @@
+"""Analysis runs end to end on tiny real models loaded through hf:<folder>: the report's JSON shape,
+per-gamma counts, validation, cost-profile reuse, resume after an interruption, failure recording,
+tokenizer mismatch, sampling mode."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from analyzer.acceptance import expected_tokens_iid
+from analyzer.db import make_session_factory
+from analyzer.models import AnalysisRun, CostProfile, PromptResult
+from analyzer.prompt_sets import import_prompt_file
+from analyzer.runs import RunParams, create_run, execute_run
+from tests.tiny_tokenizer import save_tiny_model_folder
+from webui.cli import cli
+
+PROMPTS = [
+    {"prompt": "write code for the sum of a list of numbers", "task": "code", "id": "c1"},
+    {"prompt": "def sum of numbers return the sum of numbers", "task": "code", "id": "c2"},
+    {"prompt": "translate hello world to French", "task": "translation", "id": "t1"},
+    {"prompt": "tell me a short story about the cat and the dog", "id": "s1"},
+]
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = save_tiny_model_folder(root / "target", seed=3)
+    draft = save_tiny_model_folder(root / "draft", seed=4, noise_std=0.02, base_model=target)
+    other = save_tiny_model_folder(root / "other", seed=5, vocab_size=120)
+    return {"target": target, "draft": draft, "other": other}
+
+
+@pytest.fixture
+def cli_db(runner, tmp_path):
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    source = tmp_path / "mix.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    assert runner.invoke(cli, ["prompts", "import", str(source)]).exit_code == 0
+    return runner
+
+
+def _analyze(runner, *args):
+    return runner.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4",
+                               "--json", *args], catch_exceptions=False)
+
+
+def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folders):
+    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
+                      f"hf:{model_folders['draft']}", "--validate", "2")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"run_id", "target", "draft", "params", "cost_profile", "prompts", "tasks"} <= set(report)
+    assert report["status"] == "done" and report["progress"] == {"done": 4, "total": 4}
+    assert len(report["cost_profile"]["target_k_s"]) == 5 and report["cost_profile"]["draft_s"] > 0
+    assert [p["external_id"] for p in report["prompts"]] == ["c1", "c2", "t1", "s1"]
+    assert [p["task"] for p in report["prompts"]] == ["code", "code", "translation", "unlabelled"]
+    for prompt in report["prompts"]:
+        assert set(prompt["per_gamma"]) == {"1", "2", "3", "4"}
+        for g, counts in prompt["per_gamma"].items():
+            assert {"rounds", "drafted", "accepted", "histogram"} <= set(counts)
+            assert len(counts["histogram"]) == int(g) + 1 and sum(counts["histogram"]) == counts["rounds"]
+            assert counts["accepted"] <= counts["drafted"]
+            assert counts["rounds"] >= -(-prompt["output_tokens"] // (int(g) + 1))
+        assert 0.0 <= prompt["alpha"] <= 1.0
+        assert set(prompt["predicted_speedup"]) == {"1", "2", "3", "4"}
+        assert prompt["best_gamma"] in (1, 2, 3, 4)
+    code = report["tasks"]["code"]
+    assert code["n"] == 2 and code["alpha_var"] is not None
+    assert code["alpha_mean"] == pytest.approx(np.mean([p["alpha"] for p in report["prompts"][:2]]))
+    assert code["alpha_var"] == pytest.approx(np.var([p["alpha"] for p in report["prompts"][:2]], ddof=1))
+    assert code["tier"] in ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
+    assert code["speculate"] == (code["predicted_speedup"] > 1.05)
+    assert report["tasks"]["translation"]["alpha_var"] is None  # one prompt: no sample variance
+    assert len(report["validation"]) == 2
+    for validation in report["validation"]:
+        assert validation["outputs_identical"] is True
+        assert validation["measured_speedup"] > 0
+        prompt = next(p for p in report["prompts"] if p["prompt_id"] == validation["prompt_id"])
+        assert validation["target_forward_passes"] == prompt["per_gamma"][str(validation["gamma"])]["rounds"]
+    assert sum(report["entropy_table"]["positions"]) == sum(max(p["output_tokens"] - 1, 0) for p in report["prompts"])
+
+
+def test_ngram_run_reuses_the_cost_profile_unless_reprofile(cli_db, model_folders, tmp_path):
+    args = ["--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3", "--limit", "2"]
+    first = json.loads(_analyze(cli_db, *args).stdout)
+    second = json.loads(_analyze(cli_db, *args).stdout)
+    assert first["draft"] == "ngram:max_ngram=3"
+    assert first["cost_profile"] == second["cost_profile"]
+    third = json.loads(_analyze(cli_db, *args, "--reprofile").stdout)
+    assert third["progress"]["done"] == 2
+    listed = json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert [r["status"] for r in listed] == ["done", "done", "done"]
+    csv_out = cli_db.invoke(cli, ["report", str(first["run_id"]), "--format", "csv"]).stdout.splitlines()
+    assert csv_out[0].startswith("prompt_id,external_id,task") and len(csv_out) == 3
+    text = cli_db.invoke(cli, ["report", str(first["run_id"])]).stdout
+    assert "task" in text and "code" in text
+
+
+def test_tokenizer_mismatch_fails_with_a_clear_message(cli_db, model_folders):
+    result = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--target", f"hf:{model_folders['target']}",
+                                 "--draft", f"hf:{model_folders['other']}", "--max-new-tokens", "4"])
+    assert result.exit_code == 1
+    assert "tokenizer" in result.stderr.lower()
+    runs = json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert runs[0]["status"] == "failed" and "Tokenizer" in runs[0]["error"]
+
+
+def test_interrupted_run_resumes_without_redoing_or_duplicating(engine, model_folders, tmp_path):
+    factory = make_session_factory(engine)
+    with factory() as session, session.begin():
+        import_prompt_file(session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl")
+        run_id = create_run(session, "mix", f"hf:{model_folders['target']}", "ngram",
+                            RunParams(max_new_tokens=8, gamma_max=3)).id
+
+    def stop_after_two(done, total, phase):
+        if phase == "measuring" and done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_run(factory, run_id, cache_dir=tmp_path, progress=stop_after_two)
+    with factory() as session:
+        run = session.get(AnalysisRun, run_id)
+        assert run.status == "failed" and "interrupted" in run.error and run.progress_done == 2
+        kept = {r.prompt_id: (r.id, r.output_token_ids) for r in session.scalars(select(PromptResult))}
+    assert len(kept) == 2
+    execute_run(factory, run_id, cache_dir=tmp_path)
+    with factory() as session:
+        run = session.get(AnalysisRun, run_id)
+        assert (run.status, run.progress_done, run.error) == ("done", 4, None)
+        rows = list(session.scalars(select(PromptResult)))
+        assert len(rows) == 4 and len({r.prompt_id for r in rows}) == 4
+        for row in rows:
+            if row.prompt_id in kept:
+                assert (row.id, row.output_token_ids) == kept[row.prompt_id]
+        assert session.scalar(select(func.count()).select_from(CostProfile)) == 1
+
+
+def test_sampling_mode_stores_expectations(cli_db, model_folders):
+    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
+                      f"hf:{model_folders['draft']}", "--temperature", "0.8", "--top-p", "0.95", "--limit", "2")
+    report = json.loads(result.stdout)
+    assert report["mode"].startswith("sampling")
+    for prompt in report["prompts"]:
+        alpha = prompt["alpha"]
+        assert 0.0 < alpha <= 1.0
+        for g, counts in prompt["per_gamma"].items():
+            assert counts["expected_tokens_per_round"] == pytest.approx(expected_tokens_iid(alpha, int(g)))
