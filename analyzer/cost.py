@@ -25,7 +25,9 @@ class CostMeasurement:
 
     `target_forward_s[k - 1]` is the median seconds of one target forward of k new tokens over a warm
     KV cache of `context_tokens` tokens, for k = 1..k_max; `draft_step_s` is the median seconds of one
-    draft step (one single-token draft forward, or one n-gram lookup, or 0.0 when nothing was timed).
+    draft step (one single-token draft forward, or one n-gram lookup, or 0.0 when nothing was timed);
+    `target_prefill_s` / `draft_prefill_s` the median seconds of processing the whole context from an
+    empty cache (the prompt's share of a request; 0.0 for prompt lookup's draft).
     """
 
     target_forward_s: list[float]
@@ -34,6 +36,8 @@ class CostMeasurement:
     threads: int
     context_tokens: int
     repeats: int
+    target_prefill_s: float = 0.0
+    draft_prefill_s: float = 0.0
 
 
 def _cpu_model_name() -> str:
@@ -149,6 +153,12 @@ def time_draft_model_step(draft_model: PreTrainedModel, context_ids: list[int], 
     return time_target_forwards(draft_model, context_ids, 1, repeats=repeats)[0]
 
 
+def time_prefill(model: PreTrainedModel, context_ids: list[int], *, repeats: int = 3) -> float:
+    """Median seconds of processing `context_ids` from an empty cache (prompt prefill), after one
+    untimed warm-up."""
+    return time_callable(lambda: prefill_cache(model, context_ids), repeats=repeats)
+
+
 def time_callable(fn: Callable[[], object], *, repeats: int = 20, warmup: int = 1) -> float:
     """Median seconds of one call of `fn()` over `repeats` timed calls after `warmup` untimed ones;
     used for the cost of an n-gram lookup, which stands in for the draft step of model-free drafting."""
@@ -182,13 +192,18 @@ def profile_costs(
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
     target_forward_s = time_target_forwards(target_model, context_ids, k_max, repeats=repeats)
+    target_prefill_s = time_prefill(target_model, context_ids)
+    draft_prefill_s = 0.0
     if draft_model is not None:
         draft_step_s = time_draft_model_step(draft_model, context_ids, repeats=repeats)
+        draft_prefill_s = time_prefill(draft_model, context_ids)
     elif draft_step is not None:
         draft_step_s = time_callable(draft_step)
     else:
         draft_step_s = 0.0
     return CostMeasurement(
+        target_prefill_s=target_prefill_s,
+        draft_prefill_s=draft_prefill_s,
         target_forward_s=target_forward_s,
         draft_step_s=draft_step_s,
         device=device_description(target_model),

@@ -122,7 +122,8 @@ class ModelPair(Base):
 
 class CostProfile(Base):
     """Measured cost of one pair on one device: median seconds of one target forward of k new
-    tokens over a warm KV cache (``target_forward_s[k-1]`` for k = 1..K) and of one draft step."""
+    tokens over a warm KV cache (``target_forward_s[k-1]`` for k = 1..K), of one draft step, and of
+    processing the ``context_tokens``-token prompt (target, and a model draft)."""
 
     __tablename__ = "cost_profiles"
 
@@ -134,6 +135,8 @@ class CostProfile(Base):
     repeats: Mapped[int] = mapped_column(Integer)
     target_forward_s: Mapped[list[float]] = mapped_column(JSON)
     draft_step_s: Mapped[float] = mapped_column(Float)
+    target_prefill_s: Mapped[Optional[float]] = mapped_column(Float)
+    draft_prefill_s: Mapped[Optional[float]] = mapped_column(Float)
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

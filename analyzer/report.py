@@ -43,14 +43,22 @@ def _cost(run: AnalysisRun) -> Cost | None:
     profile = run.cost_profile
     if profile is None:
         return None
-    return Cost(profile.target_forward_s, profile.draft_step_s, draft_cost_per_token=run.pair.draft.kind != "ngram")
+    tokens = max(profile.context_tokens, 1)
+    return Cost(
+        profile.target_forward_s,
+        profile.draft_step_s,
+        draft_cost_per_token=run.pair.draft.kind != "ngram",
+        target_prefill_s_per_token=(profile.target_prefill_s or 0.0) / tokens,
+        draft_prefill_s_per_token=(profile.draft_prefill_s or 0.0) / tokens,
+    )
 
 
 def _prompt_curve(result: PromptResult, cost: Cost, sampling: bool) -> list[float]:
     if sampling:
         alpha = result.alpha_sampling if result.alpha_sampling is not None else float("nan")
         return [iid_speedup(alpha, g.gamma, cost) if math.isfinite(alpha) else float("nan") for g in result.gamma_counts]
-    return [predicted_speedup(result.output_tokens, g.drafted_hist, cost) for g in result.gamma_counts]
+    return [predicted_speedup(result.output_tokens, g.drafted_hist, cost, result.prompt_tokens)
+            for g in result.gamma_counts]
 
 
 def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int) -> list[float]:
@@ -65,7 +73,8 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
             curve.append(tokens * cost.decode_s / spec if spec else float("nan"))
         else:
             curve.append(pooled_speedup(
-                [r.output_tokens for r in results], [r.gamma_counts[g - 1].drafted_hist for r in results], cost
+                [r.output_tokens for r in results], [r.gamma_counts[g - 1].drafted_hist for r in results], cost,
+                [r.prompt_tokens for r in results],
             ))
     return curve
 
@@ -176,6 +185,7 @@ def build_report(session: Session, run_id: int) -> dict:
         "device": run.device,
         "cost_profile": {
             "target_k_s": list(profile.target_forward_s), "draft_s": profile.draft_step_s,
+            "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
             "device": profile.device, "threads": profile.threads, "context_tokens": profile.context_tokens,
         } if profile else None,
         "prompts": prompts,

@@ -250,6 +250,8 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
             repeats=measured.repeats,
             target_forward_s=list(measured.target_forward_s),
             draft_step_s=measured.draft_step_s,
+            target_prefill_s=measured.target_prefill_s,
+            draft_prefill_s=measured.draft_prefill_s,
             library_versions=_library_versions(),
         )
         session.add(profile)

@@ -28,12 +28,19 @@ DEFAULT_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class Cost:
-    """A measured cost curve: ``target_forward_s`` shape (K,), k = 1..K; ``draft_step_s``; and
-    whether the draft cost is paid per drafted token (a model) or per round (prompt lookup)."""
+    """A measured cost curve: ``target_forward_s`` shape (K,), k = 1..K; ``draft_step_s``; whether
+    the draft cost is paid per drafted token (a model) or per round (prompt lookup); and the prompt
+    processing cost per prompt token of the target and of a model draft (0 when unknown)."""
 
     target_forward_s: Sequence[float]
     draft_step_s: float
     draft_cost_per_token: bool = True
+    target_prefill_s_per_token: float = 0.0
+    draft_prefill_s_per_token: float = 0.0
+
+    def prefill_s(self, prompt_tokens: int) -> tuple[float, float]:
+        """(target, draft) seconds to process a prompt of ``prompt_tokens`` tokens (linear model)."""
+        return self.target_prefill_s_per_token * prompt_tokens, self.draft_prefill_s_per_token * prompt_tokens
 
     def round_s(self, drafted: int) -> float:
         """Seconds of one round that drafts ``drafted`` tokens (0 = a plain decode step + lookup)."""
@@ -52,16 +59,29 @@ def speculative_time_s(drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> 
     return float(sum(int(count) * cost.round_s(k) for k, count in enumerate(drafted_hist) if count))
 
 
-def predicted_speedup(output_tokens: int, drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> float:
-    """S(g) = N * T_t(1) / speculative time (see the module docstring). NaN for an empty output."""
-    spec = speculative_time_s(drafted_hist, cost)
-    return output_tokens * cost.decode_s / spec if spec > 0 else float("nan")
+def predicted_speedup(
+    output_tokens: int, drafted_hist: Sequence[int] | np.ndarray, cost: Cost, prompt_tokens: int = 0
+) -> float:
+    """End-to-end S(g) of one request: (P_t + N * T_t(1)) / (P_t + P_d + speculative time), where
+    P_t, P_d are the target's and a model draft's prompt processing (0 when not profiled, which
+    leaves the decode-only S(g) of the module docstring). NaN for an empty output."""
+    return pooled_speedup([output_tokens], [drafted_hist], cost, [prompt_tokens])
 
 
-def pooled_speedup(output_tokens: Sequence[int], drafted_hists: Sequence[np.ndarray], cost: Cost) -> float:
-    """Throughput speedup of a group of prompts: total greedy time over total speculative time."""
-    spec = sum(speculative_time_s(h, cost) for h in drafted_hists)
-    return float(np.sum(output_tokens)) * cost.decode_s / spec if spec > 0 else float("nan")
+def pooled_speedup(
+    output_tokens: Sequence[int], drafted_hists: Sequence[np.ndarray], cost: Cost,
+    prompt_tokens: Sequence[int] | None = None,
+) -> float:
+    """Throughput speedup of a group of requests: total greedy time over total speculative time."""
+    prompt_tokens = prompt_tokens if prompt_tokens is not None else [0] * len(output_tokens)
+    greedy = spec = 0.0
+    for n, hist, p in zip(output_tokens, drafted_hists, prompt_tokens):
+        if n <= 0:
+            continue
+        target_prefill, draft_prefill = cost.prefill_s(p)
+        greedy += target_prefill + n * cost.decode_s
+        spec += target_prefill + draft_prefill + speculative_time_s(hist, cost)
+    return greedy / spec if spec > 0 else float("nan")
 
 
 def iid_speedup(alpha: float, gamma: int, cost: Cost) -> float:

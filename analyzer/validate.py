@@ -74,17 +74,23 @@ def _generation_config_replaced(model: PreTrainedModel, config: GenerationConfig
         model.generation_config = original
 
 
-def _clean_generation_config(model: PreTrainedModel, eos_token_id: int | list[int] | None, **settings) -> GenerationConfig:
-    """A greedy GenerationConfig carrying only the model's special token ids plus `settings`."""
+def _clean_generation_config(
+    model: PreTrainedModel, eos_token_id: int | list[int] | None, **settings
+) -> GenerationConfig:
+    """A greedy GenerationConfig carrying only the model's special token ids plus `settings`; an
+    `eos_token_id` of None means the model's own, an empty list means none."""
     own = model.generation_config
     eos = own.eos_token_id if eos_token_id is None else eos_token_id
-    pad = own.pad_token_id if own.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    first_eos = (eos[0] if eos else None) if isinstance(eos, list) else eos
+    pad = own.pad_token_id if own.pad_token_id is not None else first_eos
     return GenerationConfig(
         do_sample=False, num_beams=1, eos_token_id=eos, pad_token_id=pad, bos_token_id=own.bos_token_id, **settings
     )
 
 
-def _generate(target_model: PreTrainedModel, prompt_ids: list[int], config: GenerationConfig, **kwargs) -> tuple[list[int], int]:
+def _generate(
+    target_model: PreTrainedModel, prompt_ids: list[int], config: GenerationConfig, **kwargs
+) -> tuple[list[int], int]:
     """Run target_model.generate() on one prompt under `config` and return (new ids, target forwards)."""
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
@@ -98,11 +104,16 @@ def _generate(target_model: PreTrainedModel, prompt_ids: list[int], config: Gene
 
 
 def greedy_generate(
-    target_model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, *, eos_token_id: int | list[int] | None = None
+    target_model: PreTrainedModel,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    eos_token_id: int | list[int] | None = None,
 ) -> tuple[list[int], int]:
     """Plain greedy decoding of up to `max_new_tokens` tokens; returns (new token ids, target forward
     passes). Generation stops after an EOS token (kept in the output); `eos_token_id` defaults to the
-    target's generation_config. Without EOS the pass count equals max_new_tokens."""
+    target's generation_config, and an empty list stops on nothing. Without EOS the pass count equals
+    the number of new tokens."""
     config = _clean_generation_config(target_model, eos_token_id, max_new_tokens=max_new_tokens)
     return _generate(target_model, prompt_ids, config)
 
@@ -139,8 +150,8 @@ def assisted_generate(
         )
         return _generate(target_model, prompt_ids, config)
     config = _clean_generation_config(target_model, eos_token_id, max_new_tokens=max_new_tokens)
-    draft_config = _clean_generation_config(
-        draft_model, eos_token_id, num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
+    draft_config = _clean_generation_config(  # transformers gives the draft the target's EOS anyway
+        draft_model, config.eos_token_id, num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
         assistant_confidence_threshold=0.0,
     )
     with _generation_config_replaced(draft_model, draft_config):
@@ -156,23 +167,26 @@ def validate_prompt(
     draft_model: PreTrainedModel | None = None,
     ngram_max: int | None = None,
     repeats: int = 1,
+    eos_token_id: int | list[int] | None = None,
 ) -> ValidationMeasurement:
     """Time plain greedy and speculative generation of one prompt and compare their outputs.
 
     Each of `repeats` rounds runs both, alternating which goes first so that a one-time warm-up cost or
     drift does not favour either; times are medians over the rounds and measured_speedup is
     greedy_time / speculative_time. The ids and pass count reported are the first round's;
-    outputs_identical is true only if every speculative run reproduced the greedy output.
+    outputs_identical is true only if every speculative run reproduced the greedy output. Both runs stop
+    at `eos_token_id` (default: the target's generation_config).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
 
     def run_greedy():
-        return greedy_generate(target_model, prompt_ids, max_new_tokens)
+        return greedy_generate(target_model, prompt_ids, max_new_tokens, eos_token_id=eos_token_id)
 
     def run_speculative():
         return assisted_generate(
-            target_model, prompt_ids, max_new_tokens, gamma=gamma, draft_model=draft_model, ngram_max=ngram_max
+            target_model, prompt_ids, max_new_tokens, gamma=gamma, draft_model=draft_model, ngram_max=ngram_max,
+            eos_token_id=eos_token_id,
         )
 
     greedy_runs, speculative_runs = [], []

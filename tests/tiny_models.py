@@ -14,7 +14,12 @@ BOS_ID = 2
 
 
 def make_tiny_model(
-    seed: int = 0, vocab_size: int = 97, hidden: int = 64, layers: int = 2, heads: int = 4, max_positions: int = 512
+    seed: int = 0,
+    vocab_size: int = 97,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    max_positions: int = 512,
 ) -> LlamaForCausalLM:
     """A float32 LlamaForCausalLM in eval mode with weights drawn from `seed` (the global torch RNG is
     left as it was), pad id 0, EOS id 1 and BOS id 2, and a generation_config holding only those ids."""

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-25 22:32:11.421287
+Create Date: 2026-11-25 22:54:39.368158
 """
 from typing import Sequence, Union
 
@@ -104,6 +104,8 @@ def upgrade() -> None:
     sa.Column('repeats', sa.Integer(), nullable=False),
     sa.Column('target_forward_s', sa.JSON(), nullable=False),
     sa.Column('draft_step_s', sa.Float(), nullable=False),
+    sa.Column('target_prefill_s', sa.Float(), nullable=True),
+    sa.Column('draft_prefill_s', sa.Float(), nullable=True),
     sa.Column('library_versions', sa.JSON(none_as_null=True), nullable=False),
     sa.Column('created_at', analyzer.db.UTCDateTime(), nullable=False),
     sa.ForeignKeyConstraint(['pair_id'], ['model_pairs.id'], name=op.f('fk_cost_profiles_pair_id_model_pairs')),

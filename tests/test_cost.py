@@ -1,0 +1,206 @@
+"""Cost measurement on tiny real models: shapes and bookkeeping are checked against a fake clock that
+advances by a known amount per forward, so the tests assert exact numbers, never wall-clock times."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from analyzer import cost
+from analyzer.cost import (
+    CostMeasurement,
+    device_description,
+    prefill_cache,
+    profile_costs,
+    time_callable,
+    time_draft_model_step,
+    time_forward_over_cache,
+    time_target_forwards,
+)
+from analyzer.validate import greedy_generate
+from tests.tiny_models import make_noisy_copy, make_tiny_model
+
+CONTEXT = [33, 78, 72, 19, 50, 80, 63, 83, 77, 11, 80, 4, 45, 48, 17, 95, 19, 50]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return make_noisy_copy(target, noise_std=0.01, seed=1)
+
+
+class FakeClock:
+    """A perf_counter stand-in that only moves when a test advances it."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(cost, "perf_counter", fake)
+    return fake
+
+
+def advance_per_forward(model, clock, seconds_per_call):
+    """Make every forward of `model` advance the fake clock; `seconds_per_call(call_index, k)` says by
+    how much. Returns the hook handle and the list of k (new tokens) seen per call."""
+    seen: list[int] = []
+
+    def hook(module, args, kwargs):
+        k = kwargs["input_ids"].shape[1]
+        clock.now += seconds_per_call(len(seen), k)
+        seen.append(k)
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True), seen
+
+
+def test_time_target_forwards_gives_one_positive_finite_median_per_k(target):
+    medians = time_target_forwards(target, CONTEXT, 6, repeats=2)
+    assert len(medians) == 6
+    assert all(math.isfinite(t) and t > 0 for t in medians)
+
+
+def test_time_target_forwards_interleaves_k_and_skips_warmup(target, clock):
+    k_max, warmup, repeats = 3, 1, 3
+    # per timed call: k seconds plus an offset that depends on the repeat; warm-up calls are huge
+    offsets = [1000.0] * k_max + [0.0] * k_max + [100.0] * k_max + [0.5] * k_max
+
+    def seconds(call, k):
+        return 0.0 if call == 0 else k + offsets[call - 1]  # call 0 is the prefill
+
+    handle, seen = advance_per_forward(target, clock, seconds)
+    try:
+        medians = time_target_forwards(target, CONTEXT, k_max, repeats=repeats, warmup=warmup)
+    finally:
+        handle.remove()
+    assert seen == [len(CONTEXT)] + [1, 2, 3] * (warmup + repeats)
+    assert medians == [1.5, 2.5, 3.5]
+
+
+def test_forwards_over_the_cache_leave_it_as_found(target):
+    # Prefill all but the last context token, time several forwards on the cache, then decode greedily
+    # from it: the continuation must equal plain greedy decoding of the whole context.
+    cache = prefill_cache(target, CONTEXT[:-1])
+    for k in (1, 3, 5, 2):
+        assert time_forward_over_cache(target, cache, CONTEXT[-k:]) > 0
+        assert cache.get_seq_length() == len(CONTEXT) - 1
+    expected, _ = greedy_generate(target, CONTEXT, 8, eos_token_id=[])
+    token, continuation = CONTEXT[-1], []
+    with torch.inference_mode():
+        for _ in range(8):
+            logits = target(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits
+            token = int(logits[0, -1].argmax())
+            continuation.append(token)
+    assert continuation == expected
+
+
+def test_time_target_forwards_leaves_the_model_unchanged(target):
+    before, _ = greedy_generate(target, CONTEXT, 10, eos_token_id=[])
+    time_target_forwards(target, CONTEXT, 4, repeats=1)
+    after, _ = greedy_generate(target, CONTEXT, 10, eos_token_id=[])
+    assert after == before
+
+
+def test_context_shorter_than_k_max_cycles_its_ids(target, clock):
+    handle, seen = advance_per_forward(target, clock, lambda call, k: float(k))
+    try:
+        medians = time_target_forwards(target, [5, 6, 7], 5, repeats=1, warmup=0)
+    finally:
+        handle.remove()
+    assert seen == [3, 1, 2, 3, 4, 5]
+    assert medians == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize(
+    "context, k_max, repeats, warmup",
+    [(CONTEXT, 0, 1, 1), ([], 2, 1, 1), (CONTEXT, 2, 0, 1), (CONTEXT, 2, 1, -1)],
+)
+def test_time_target_forwards_rejects_bad_arguments(target, context, k_max, repeats, warmup):
+    with pytest.raises(ValueError):
+        time_target_forwards(target, context, k_max, repeats=repeats, warmup=warmup)
+
+
+def test_time_draft_model_step_times_single_token_forwards(draft, clock):
+    handle, seen = advance_per_forward(draft, clock, lambda call, k: 0.25 * k if call else 50.0)
+    try:
+        step = time_draft_model_step(draft, CONTEXT, repeats=3)
+    finally:
+        handle.remove()
+    assert seen == [len(CONTEXT)] + [1] * 4  # prefill, one warm-up step, three timed steps
+    assert step == 0.25
+
+
+def test_time_callable_returns_the_median_of_the_timed_calls(clock):
+    durations = iter([100.0, 5.0, 1.0, 3.0, 2.0, 4.0])  # the first call is the untimed warm-up
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock.now += next(durations)
+
+    assert time_callable(fn, repeats=5, warmup=1) == 3.0
+    assert len(calls) == 6
+
+
+def test_time_callable_rejects_no_repeats():
+    with pytest.raises(ValueError):
+        time_callable(lambda: None, repeats=0)
+
+
+def test_device_description_names_cpu_torch_and_threads(target):
+    text = device_description(target)
+    assert text.startswith("cpu: ")
+    assert f"torch {torch.__version__}" in text
+    assert text.endswith(f"{torch.get_num_threads()} threads")
+
+
+def test_profile_costs_with_a_draft_model(target, draft, clock):
+    target_hook, _ = advance_per_forward(target, clock, lambda call, k: float(k))
+    draft_hook, _ = advance_per_forward(draft, clock, lambda call, k: 0.125 * k)
+    try:
+        measured = profile_costs(target, CONTEXT, 4, draft_model=draft, repeats=3)
+    finally:
+        target_hook.remove()
+        draft_hook.remove()
+    assert measured == CostMeasurement(
+        target_forward_s=[1.0, 2.0, 3.0, 4.0],
+        draft_step_s=0.125,
+        device=device_description(target),
+        threads=torch.get_num_threads(),
+        context_tokens=len(CONTEXT),
+        repeats=3,
+        target_prefill_s=float(len(CONTEXT)),  # the fake clock advances 1 s per token the target reads
+        draft_prefill_s=0.125 * len(CONTEXT),
+    )
+
+
+def test_profile_costs_with_a_lookup_callable(target, clock):
+    def lookup():
+        clock.now += 0.002
+
+    measured = profile_costs(target, CONTEXT, 2, draft_step=lookup, repeats=1)
+    assert measured.draft_step_s == pytest.approx(0.002)
+    assert len(measured.target_forward_s) == 2
+
+
+def test_profile_costs_without_a_draft_costs_nothing_to_draft(target):
+    measured = profile_costs(target, CONTEXT, 3, repeats=1)
+    assert measured.draft_step_s == 0.0
+    assert len(measured.target_forward_s) == 3
+    assert all(t > 0 for t in measured.target_forward_s)
+
+
+def test_profile_costs_rejects_two_drafts(target, draft):
+    with pytest.raises(ValueError):
+        profile_costs(target, CONTEXT, 2, draft_model=draft, draft_step=lambda: None)
