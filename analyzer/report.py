@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
-from analyzer.entropy import long_run_by_entropy
+from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.models import AnalysisRun, PromptResult, ValidationResult
 from analyzer.speedup import (
     Cost,
@@ -192,7 +192,8 @@ def build_report(session: Session, run_id: int) -> dict:
         "tasks": tasks,
         "workload": _group_summary(results, cost, sampling, gamma_max, margin, measured) if results else None,
         "entropy_table": long_run_by_entropy(
-            [r.draft_matches or [] for r in results], [r.entropies or [] for r in results]
+            [r.draft_matches or [] for r in results], [r.entropies or [] for r in results],
+            edges=[float("inf") if e is None else e for e in params.get("entropy_edges") or ENTROPY_EDGES_NATS],
         ) if not sampling else None,
         "validation": [
             {"prompt_id": v.prompt_id, "gamma": v.gamma, "predicted_speedup": v.predicted_speedup,

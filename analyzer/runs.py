@@ -28,6 +28,7 @@ from analyzer.acceptance import (
     walk_ngram,
 )
 from analyzer.db import utcnow
+from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.loading import (
     LoadedModel,
     ModelSpecRef,
@@ -81,6 +82,8 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
+    # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
+    entropy_edges: tuple[float | None, ...] = tuple(e if e != float("inf") else None for e in ENTROPY_EDGES_NATS)
 
     def check(self) -> "RunParams":
         """Raise :class:`RunError` naming the first parameter out of range."""
@@ -105,7 +108,10 @@ class RunParams:
     @classmethod
     def from_json(cls, data: dict) -> "RunParams":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if "entropy_edges" in values:
+            values["entropy_edges"] = tuple(values["entropy_edges"])
+        return cls(**values)
 
 
 ProgressCallback = Callable[[int, int, str], None]

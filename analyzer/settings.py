@@ -50,6 +50,19 @@ class Settings:
     max_reported_errors: int = _setting(
         50, "How many validation errors of a rejected prompt file are listed (the total is always given)."
     )
+    router_min_output_tokens: int = _setting(
+        20, "Requests expecting fewer new tokens than this (max_new_tokens) run without speculation."
+    )
+    router_max_batch_size: int = _setting(
+        8, "Requests in a batch (or at a concurrency) larger than this run without speculation."
+    )
+    router_min_confidence: float = _setting(
+        0.5, "Below this classifier confidence a request gets the workload-wide fallback policy."
+    )
+    router_pools: str = _setting(
+        "", "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
+        "(e.g. {\"off\": \"vllm-plain\", \"k4\": \"vllm-spec4\"}); unnamed ones are spec-off / spec-k<gamma>."
+    )
 
     def resolved_data_dir(self) -> Path:
         """The data folder in force (the per-user default when ``data_dir`` is empty)."""
@@ -62,6 +75,24 @@ class Settings:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.resolved_data_dir() / 'specroute.db'}"
+
+
+def router_pools(settings: Settings) -> dict[str, str]:
+    """The parsed ``router_pools`` mapping; a SettingsError names what is wrong with it."""
+    import json
+
+    if not settings.router_pools.strip():
+        return {}
+    try:
+        pools = json.loads(settings.router_pools)
+    except ValueError as exc:
+        raise SettingsError(f"SPECROUTE_ROUTER_POOLS: not valid JSON ({exc})") from None
+    if not isinstance(pools, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in pools.items()):
+        raise SettingsError("SPECROUTE_ROUTER_POOLS: expected a JSON object of strings")
+    bad = [k for k in pools if k != "off" and not (k.startswith("k") and k[1:].isdigit())]
+    if bad:
+        raise SettingsError(f"SPECROUTE_ROUTER_POOLS: keys must be 'off' or 'k<gamma>', got {', '.join(bad)}")
+    return pools
 
 
 def setting_names() -> list[str]:
@@ -110,9 +141,12 @@ def _coerce(name: str, type_name: str, raw: Any) -> Any:
         raise SettingsError(f"{env_name(name)}: expected true or false, got {raw!r}")
     if type_name == "float":
         try:
-            return float(raw)
+            value = float(raw)
         except (TypeError, ValueError):
             raise SettingsError(f"{env_name(name)}: expected a number, got {raw!r}") from None
+        if not 0.0 <= value < float("inf"):
+            raise SettingsError(f"{env_name(name)}: must be a finite number >= 0, got {raw!r}")
+        return value
     return str(raw)
 
 

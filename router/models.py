@@ -8,6 +8,8 @@ from datetime import datetime
 from typing import Any, Optional
 
 from sqlalchemy import (
+    select,
+    update,
     Boolean,
     CheckConstraint,
     Float,
@@ -18,7 +20,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
 from analyzer.models import one_of
@@ -156,3 +158,13 @@ class FeedbackEvent(Base):
         CheckConstraint("rounds >= 0 AND drafted >= 0 AND accepted >= 0", name="counts_nonnegative"),
         CheckConstraint("accepted <= drafted", name="accepted_le_drafted"),
     )
+
+
+def activate_only(session: Session, model: type[ClassifierVersion] | type[PolicySet], version: int):
+    """Mark the row of ``model`` with this ``version`` active and every other row inactive (the
+    caller's transaction makes the switch atomic); None when there is no such version."""
+    chosen = session.scalar(select(model).where(model.version == version))
+    if chosen is not None:
+        session.execute(update(model).values(is_active=False))
+        chosen.is_active = True
+    return chosen

@@ -175,3 +175,32 @@ def test_long_run_by_entropy_hand_computed():
     assert table["long_runs"] == [1, 0]  # only i = 1 (previous entropy 0.1) starts a run of 5
     assert table["probability"] == [0.2, 0.0]
     assert table["edges"] == [0.0, 1.0, None]
+
+
+def test_sampling_overlaps_after_temperature_and_top_p_equal_one_minus_total_variation():
+    import torch
+
+    from analyzer.measure import processed_probabilities, sampling_overlaps
+
+    rng = np.random.default_rng(3)
+    target = torch.tensor(rng.normal(size=(5, 11)))
+    draft = target + torch.tensor(rng.normal(scale=0.7, size=(5, 11)))
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.3, 0.8)):
+        betas = sampling_overlaps(target, draft, temperature, top_p)
+
+        def processed(logits):  # an independent numpy version of the same processing
+            z = logits.numpy() / temperature
+            p = np.exp(z - z.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            out = np.zeros_like(p)
+            for row in range(p.shape[0]):
+                order = np.argsort(-p[row], kind="stable")
+                mass_before = np.cumsum(p[row, order]) - p[row, order]
+                keep = order[mass_before < top_p]
+                out[row, keep] = p[row, keep] / p[row, keep].sum()
+            return out
+
+        p, q = processed(target), processed(draft)
+        np.testing.assert_allclose(betas, 1.0 - 0.5 * np.abs(p - q).sum(axis=1), atol=1e-6)
+        np.testing.assert_allclose(processed_probabilities(target, temperature, top_p).numpy(), p, atol=1e-6)
+    assert np.all((betas > 0) & (betas < 1))

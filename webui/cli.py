@@ -343,6 +343,7 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
             execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
         finally:
             progress.close()
+        _label_with_classifier(sessions, run_id)
         with sessions() as session:
             report = build_report(session, run_id)
     except (RunError, SpecError, PromptSetError) as exc:
@@ -351,6 +352,22 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
         sys.exit(130)
     click.echo(json.dumps(report) if as_json else report_text(report))
+
+
+def _label_with_classifier(sessions, run_id: int) -> None:
+    """Give the run's unlabelled prompts the active classifier's task type (if one is trained)."""
+    from router.classifier import ClassifierError, label_run_results, load_active
+
+    with sessions() as session, session.begin():
+        try:
+            classifier = load_active(session)
+        except ClassifierError as exc:
+            click.echo(f"warning: unlabelled prompts stay 'unlabelled': {exc}", err=True)
+            return
+        if classifier is not None:
+            labelled = label_run_results(session, run_id, classifier)
+            if labelled:
+                click.echo(f"classifier v{classifier.version} labelled {labelled} unlabelled prompt(s)", err=True)
 
 
 @cli.command("report")
@@ -422,6 +439,171 @@ def runs_cancel(state: CliState, run_id: int) -> None:
     except RunError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else ""))
+
+
+# ---------------------------------------------------------------- task classifier
+
+
+@cli.command("train")
+@click.option("--prompts", "prompt_sets", multiple=True,
+              help="Train on the labeled prompts of this set (repeatable; default: every set).")
+@click.option("--cold-start", is_flag=True, help="Train on the bundled labeled corpus instead of the database.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
+@click.pass_obj
+def train(state: CliState, prompt_sets: tuple[str, ...], cold_start: bool, seed: int, as_json: bool) -> None:
+    """Train the task classifier, score it by stratified cross-validation beside the keyword
+    baseline, store it as a new version and make it active.
+
+    With no labeled prompts in the database it falls back to the bundled corpus.
+    """
+    from router.classifier import ClassifierError, cold_start_data, train_classifier, training_data_from_db
+
+    if cold_start and prompt_sets:
+        raise click.UsageError("give --prompts or --cold-start, not both")
+    try:
+        with state.sessions()() as session, session.begin():
+            data = cold_start_data() if cold_start else training_data_from_db(session, prompt_sets or None)
+            if not data.texts and not prompt_sets:
+                click.echo("no labeled prompts in the database; training on the bundled corpus", err=True)
+                data = cold_start_data()
+            click.echo(f"training on {len(data.texts)} prompts ({data.source}), "
+                       f"{len(set(data.labels))} task types; cross-validating ...", err=True)
+            version = train_classifier(session, data, seed=seed)
+            record = {"version": version.version, "labels": version.labels,
+                      "training_prompt_count": version.training_prompt_count,
+                      "training_data_sha256": version.training_data_sha256,
+                      "library_versions": version.library_versions, "scores": version.scores}
+    except ClassifierError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(record))
+        return
+    scores = record["scores"]
+    click.echo(f"classifier v{record['version']} active: macro-F1 {scores['macro_f1']:.3f}, accuracy "
+               f"{scores['accuracy']:.3f} ({scores['folds']}-fold CV); keyword baseline macro-F1 "
+               f"{scores['baseline']['macro_f1']:.3f}, accuracy {scores['baseline']['accuracy']:.3f}")
+    for label, row in scores["per_class"].items():
+        click.echo(f"  {label:<18} precision {row['precision']:.2f}  recall {row['recall']:.2f}  "
+                   f"f1 {row['f1-score']:.2f}  n={int(row['support'])}")
+    if scores.get("dropped_labels"):
+        click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
+
+
+# ---------------------------------------------------------------- policies and routing
+
+
+@cli.group()
+def policies() -> None:
+    """Publish routing policies from an analysis run, list them, re-activate an older set."""
+
+
+def _policy_set_dict(policy_set) -> dict:
+    return {
+        "version": policy_set.version, "run_id": policy_set.run_id, "active": policy_set.is_active,
+        "margin": policy_set.margin, "notes": policy_set.notes, "created_at": policy_set.created_at.isoformat(),
+        "policies": {p.task_type: {"speculate": p.speculate, "gamma": p.gamma, "alpha_mean": p.alpha_mean,
+                                   "alpha_var": p.alpha_var, "n": p.n_prompts, "expected_speedup": p.expected_speedup,
+                                   "tier": p.tier, "fallback": p.is_fallback}
+                     for p in policy_set.policies},
+    }
+
+
+def _print_policy_set(data: dict) -> None:
+    state = "active" if data["active"] else "inactive"
+    click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, margin {data['margin']}")
+    for task, p in data["policies"].items():
+        label = "* (fallback)" if p["fallback"] else task
+        decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
+        click.echo(f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
+                   f"  n={p['n']}  {p['tier']}")
+
+
+@policies.command("publish")
+@click.option("--run", "run_id", required=True, type=int, help="A finished analysis run.")
+@click.option("--notes", help="A note stored with the policy set.")
+@click.option("--no-activate", is_flag=True, help="Store the set without making it active.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def policies_publish(state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool) -> None:
+    """Turn an analysis run into a new, versioned policy set (active unless --no-activate)."""
+    from router.policy import PolicyError, publish_policies
+
+    try:
+        with state.sessions()() as session, session.begin():
+            data = _policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(data))
+    else:
+        _print_policy_set(data)
+
+
+@policies.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def policies_list(state: CliState, as_json: bool) -> None:
+    """Every policy set, newest first."""
+    from router.policy import list_policy_sets
+
+    with state.sessions()() as session:
+        data = [_policy_set_dict(p) for p in list_policy_sets(session)]
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    if not data:
+        click.echo("no policy sets yet; publish one with 'specroute policies publish --run RUN'")
+    for item in data:
+        _print_policy_set(item)
+
+
+@policies.command("activate")
+@click.argument("version", type=int)
+@click.pass_obj
+def policies_activate(state: CliState, version: int) -> None:
+    """Make policy set VERSION the active one."""
+    from router.policy import PolicyError, activate_policy_set
+
+    try:
+        with state.sessions()() as session, session.begin():
+            activate_policy_set(session, version)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"policy set v{version} is active")
+
+
+@cli.command("route")
+@click.argument("prompt")
+@click.option("--max-new-tokens", type=click.IntRange(1), help="Expected output length.")
+@click.option("--batch-size", type=click.IntRange(1), help="Batch size or concurrency of the request.")
+@click.option("--temperature", type=click.FloatRange(0.0), help="Sampling temperature of the request.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
+@click.pass_obj
+def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
+    """Print the routing decision for PROMPT with the active classifier and policy set."""
+    from analyzer.settings import router_pools
+    from router.classifier import ClassifierError
+    from router.decision import RouterConfig, router_from_database
+
+    settings = state.settings
+    try:
+        config = RouterConfig(settings.router_min_output_tokens, settings.router_max_batch_size,
+                              settings.router_min_confidence, router_pools(settings))
+        with state.sessions()() as session:
+            router = router_from_database(session, config)
+    except (ClassifierError, SettingsError) as exc:
+        raise click.ClickException(str(exc)) from None
+    decision = router.route(prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    if as_json:
+        click.echo(json.dumps(decision.as_dict()))
+        return
+    verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
+    click.echo(f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
+               f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})")
+    for reason in decision.reasons:
+        click.echo(f"  - {reason}")
+    click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
 
 
 # ---------------------------------------------------------------- settings and the main job

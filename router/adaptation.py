@@ -1,0 +1,137 @@
+"""Online adaptation of a task's policy from engine feedback.
+
+Each task keeps a Beta posterior of alpha: a fixed prior from the analysis (mean alpha_prior,
+``prior_strength`` pseudo-tokens) plus exponentially decayed evidence. A feedback event gives counts
+(rounds, drafted, accepted); under i.i.d. acceptance a round accepts a ~ min(Geometric, g) tokens and
+ends with a rejection with probability 1 - alpha^g, so the event adds ``accepted`` successes and the
+expected number of rejecting rounds as failures, with alpha solved from accepted / rounds =
+alpha (1 - alpha^g) / (1 - alpha). The gamma in force is argmax S(g) of the posterior alpha with the
+stored cost curve, scaled by the analysis' burstiness factor (real-sequence S over i.i.d. S at the
+published gamma). Speculation turns off when S(g*) falls below 1 + off_margin and on again only above
+1 + on_margin (hysteresis), and while off every ``probe_every``-th request speculates at the prior's
+gamma so that evidence keeps arriving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from analyzer.acceptance import expected_tokens_iid
+from analyzer.speedup import Cost, iid_speedup
+
+
+@dataclass(frozen=True)
+class AdaptationConfig:
+    """Knobs of the online estimate (see the module docstring)."""
+
+    prior_strength: float = 50.0
+    decay: float = 0.97
+    on_margin: float = 0.05
+    off_margin: float = 0.0
+    probe_every: int = 20
+    gamma_max: int = 16
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """The online state of one task: Beta(a, b) of alpha, the decision in force and running totals."""
+
+    beta_a: float
+    beta_b: float
+    speculate: bool
+    gamma: int
+    prior_alpha: float
+    burstiness: float = 1.0
+    events: int = 0
+    requests_while_off: int = 0
+    total_rounds: int = 0
+    total_drafted: int = 0
+    total_accepted: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.beta_a / (self.beta_a + self.beta_b)
+
+
+def alpha_from_round_counts(rounds: int, accepted: int, gamma: float) -> float:
+    """The alpha whose i.i.d. expected accepted drafts per round, alpha (1 - alpha^g) / (1 - alpha),
+    equals accepted / rounds (bisection; 0 for no acceptance, 1 when every draft was accepted)."""
+    if rounds <= 0 or gamma <= 0:
+        return float("nan")
+    target = min(accepted / rounds, gamma)
+    if target <= 0:
+        return 0.0
+    if target >= gamma - 1e-12:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if expected_tokens_iid(mid, gamma) - 1.0 < target:  # E[tokens] - 1 = E[accepted]
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def initial_state(prior_alpha: float, published_speculate: bool, published_gamma: int, cost: Cost,
+                  published_speedup: float | None, config: AdaptationConfig) -> TaskState:
+    """The state before any feedback: the analysis' alpha as a prior of ``prior_strength`` tokens,
+    its decision, and the burstiness factor that maps i.i.d. speedups onto the measured ones."""
+    alpha = float(np.clip(prior_alpha, 1e-3, 1 - 1e-3))
+    burstiness = 1.0
+    if published_speedup and published_gamma >= 1:
+        iid = iid_speedup(alpha, published_gamma, cost)
+        burstiness = float(np.clip(published_speedup / iid, 0.5, 2.0)) if iid > 0 else 1.0
+    return TaskState(beta_a=alpha * config.prior_strength, beta_b=(1 - alpha) * config.prior_strength,
+                     speculate=published_speculate, gamma=max(published_gamma, 1), prior_alpha=alpha,
+                     burstiness=burstiness)
+
+
+def speedup_curve(state: TaskState, cost: Cost, gamma_max: int) -> np.ndarray:
+    """Predicted S(g) for g = 1..gamma_max from the posterior alpha, shape (gamma_max,)."""
+    top = min(gamma_max, len(cost.target_forward_s) - 1)
+    return np.array([state.burstiness * iid_speedup(state.alpha, g, cost) for g in range(1, top + 1)])
+
+
+def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, cost: Cost,
+                   config: AdaptationConfig) -> TaskState:
+    """The state after one feedback event (counts from a speculative generation)."""
+    totals = dict(events=state.events + 1, total_rounds=state.total_rounds + rounds,
+                  total_drafted=state.total_drafted + drafted, total_accepted=state.total_accepted + accepted)
+    if rounds <= 0 or drafted <= 0:
+        return replace(state, **totals)
+    gamma_used = drafted / rounds
+    alpha_hat = alpha_from_round_counts(rounds, accepted, gamma_used)
+    rejections = rounds * (1.0 - alpha_hat ** gamma_used)
+    prior_a = state.prior_alpha * config.prior_strength
+    prior_b = (1 - state.prior_alpha) * config.prior_strength
+    beta_a = prior_a + config.decay * (state.beta_a - prior_a) + accepted
+    beta_b = prior_b + config.decay * (state.beta_b - prior_b) + rejections
+    updated = replace(state, beta_a=beta_a, beta_b=beta_b, **totals)
+    return decide(updated, cost, config)
+
+
+def decide(state: TaskState, cost: Cost, config: AdaptationConfig) -> TaskState:
+    """Re-choose gamma = argmax S(g) and switch speculation with hysteresis."""
+    curve = speedup_curve(state, cost, config.gamma_max)
+    best = int(np.argmax(curve))
+    best_speedup = float(curve[best])
+    speculate = state.speculate
+    if speculate and best_speedup < 1.0 + config.off_margin:
+        speculate = False
+    elif not speculate and best_speedup > 1.0 + config.on_margin:
+        speculate = True
+    return replace(state, gamma=best + 1, speculate=speculate,
+                   requests_while_off=0 if speculate else state.requests_while_off)
+
+
+def next_request(state: TaskState, config: AdaptationConfig) -> tuple[TaskState, bool, int]:
+    """(new state, speculate?, gamma) for the next request of this task: the decision in force, or
+    a probe at the current gamma on every ``probe_every``-th request while speculation is off."""
+    if state.speculate:
+        return state, True, state.gamma
+    count = state.requests_while_off + 1
+    probe = config.probe_every > 0 and count % config.probe_every == 0
+    return replace(state, requests_while_off=count), probe, state.gamma

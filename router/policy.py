@@ -1,0 +1,102 @@
+"""Routing policies: turn a finished analysis run into a versioned policy set (one policy per task
+type plus a workload-wide fallback), keep every set, and keep exactly one active."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from analyzer.db import utcnow
+from analyzer.models import AnalysisRun
+from analyzer.report import build_report
+from router.models import PolicySet, TaskPolicy, activate_only
+
+FALLBACK_TASK = "*"
+
+
+class PolicyError(ValueError):
+    """A policy set cannot be published or activated as asked; the message says why."""
+
+
+def _policy(task: str, summary: dict, *, fallback: bool) -> TaskPolicy:
+    return TaskPolicy(
+        task_type=task,
+        is_fallback=fallback,
+        speculate=bool(summary["speculate"]),
+        gamma=int(summary["best_gamma"] or 0),
+        alpha_mean=float(summary["alpha_mean"] if summary["alpha_mean"] is not None else 0.0),
+        alpha_var=summary["alpha_var"],
+        n_prompts=int(summary["n"]),
+        expected_speedup=float(summary["predicted_speedup"] or 0.0),
+        tier=summary["tier"],
+        speedup_curve=[v if v is not None else 0.0 for v in summary["speedup_curve"]],
+    )
+
+
+def publish_policies(session: Session, run_id: int, *, notes: str | None = None, activate: bool = True) -> PolicySet:
+    """Build a new policy set from run ``run_id`` (which must be done and have results): per task
+    {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve} and a
+    fallback ("*") from the whole workload."""
+    run = session.get(AnalysisRun, run_id)
+    if run is None:
+        raise PolicyError(f"no analysis run {run_id}")
+    if run.status != "done":
+        raise PolicyError(f"run {run_id} is {run.status}; only a finished run can be published")
+    report = build_report(session, run_id)
+    if not report["prompts"] or report["workload"] is None or report["cost_profile"] is None:
+        raise PolicyError(f"run {run_id} has no measured prompts to publish")
+    latest = session.scalar(select(func.max(PolicySet.version))) or 0
+    policy_set = PolicySet(version=latest + 1, run_id=run_id, margin=float(run.params.get("margin", 0.05)), notes=notes)
+    policy_set.policies = [_policy(task, summary, fallback=False) for task, summary in report["tasks"].items()
+                           if summary.get("best_gamma")]
+    policy_set.policies.append(_policy(FALLBACK_TASK, report["workload"], fallback=True))
+    session.add(policy_set)
+    session.flush()
+    if activate:
+        activate_policy_set(session, policy_set.version)
+    return policy_set
+
+
+def activate_policy_set(session: Session, version: int) -> PolicySet:
+    """Make policy set ``version`` the only active one (older sets stay stored)."""
+    chosen = activate_only(session, PolicySet, version)
+    if chosen is None:
+        raise PolicyError(f"no policy set version {version}")
+    chosen.activated_at = utcnow()
+    return chosen
+
+
+def active_policy_set(session: Session) -> PolicySet | None:
+    """The active policy set with its policies loaded, or None before the first publish."""
+    return session.scalar(
+        select(PolicySet).where(PolicySet.is_active.is_(True)).options(selectinload(PolicySet.policies))
+    )
+
+
+def list_policy_sets(session: Session) -> list[PolicySet]:
+    """Every policy set, newest first, with policies loaded."""
+    return list(session.scalars(
+        select(PolicySet).order_by(PolicySet.version.desc()).options(selectinload(PolicySet.policies))
+    ))
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """An immutable copy of one task's policy, for the decision path (no database access there)."""
+
+    task_type: str
+    speculate: bool
+    gamma: int
+    alpha_mean: float
+    alpha_var: float | None
+    n_prompts: int
+    expected_speedup: float
+    tier: str
+    speedup_curve: tuple[float, ...]
+
+    @classmethod
+    def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
+        return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
+                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve))

@@ -1,0 +1,87 @@
+"""Online adaptation: the alpha estimator inverts the i.i.d. round model, the posterior follows a
+change of acceptance, speculation turns off below break-even without flapping, and probes continue."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from analyzer.acceptance import expected_tokens_iid, walk_model_draft
+from analyzer.speedup import Cost
+from router.adaptation import (
+    AdaptationConfig,
+    alpha_from_round_counts,
+    apply_feedback,
+    initial_state,
+    next_request,
+)
+from tests.factories import COST_CURVE
+
+COST = Cost(COST_CURVE, 0.004)
+CONFIG = AdaptationConfig(gamma_max=8)
+
+
+@given(alpha=st.floats(0.01, 0.99), gamma=st.integers(1, 12))
+@settings(max_examples=200, deadline=None)
+def test_alpha_estimator_inverts_expected_accepted_per_round(alpha, gamma):
+    rounds = 10_000
+    accepted = rounds * (expected_tokens_iid(alpha, gamma) - 1.0)
+    assert alpha_from_round_counts(rounds, accepted, gamma) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_alpha_estimator_edges():
+    assert alpha_from_round_counts(10, 0, 4) == 0.0
+    assert alpha_from_round_counts(10, 40, 4) == 1.0
+    assert np.isnan(alpha_from_round_counts(0, 0, 4))
+
+
+def _event(rng, alpha, gamma, tokens=64):
+    counts = walk_model_draft((rng.random(tokens) < alpha).astype(int), gamma, tokens)
+    return counts.rounds, counts.drafted, counts.accepted
+
+
+def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping():
+    rng = np.random.default_rng(0)
+    state = initial_state(0.85, True, 5, COST, published_speedup=None, config=CONFIG)
+    assert state.speculate and abs(state.alpha - 0.85) < 1e-9
+    for _ in range(40):
+        state = apply_feedback(state, *_event(rng, 0.85, state.gamma), COST, CONFIG)
+    assert state.speculate and state.alpha > 0.75 and state.gamma >= 3
+    switches, was_on = 0, state.speculate
+    for _ in range(200):  # acceptance collapses; while off, only probes bring feedback
+        state, speculate, gamma = next_request(state, CONFIG)
+        if speculate:
+            state = apply_feedback(state, *_event(rng, 0.05, gamma), COST, CONFIG)
+        switches += state.speculate != was_on
+        was_on = state.speculate
+    assert not state.speculate and state.alpha < 0.5  # from 0.85; only probes report once it is off
+    assert switches == 1, "one switch off, no flapping"
+
+
+def test_hysteresis_keeps_the_current_decision_between_the_margins():
+    near = initial_state(0.45, False, 2, COST, None, CONFIG)
+    from router.adaptation import decide, speedup_curve
+
+    best = float(speedup_curve(near, COST, 8).max())
+    config = AdaptationConfig(gamma_max=8, on_margin=best - 1 + 0.01, off_margin=best - 1 - 0.01)
+    assert decide(near, COST, config).speculate is False  # below the on threshold: stays off
+    on = initial_state(0.45, True, 2, COST, None, config)
+    assert decide(on, COST, config).speculate is True  # above the off threshold: stays on
+
+
+def test_probes_while_off_every_nth_request():
+    state = initial_state(0.05, False, 3, COST, None, AdaptationConfig(probe_every=5))
+    probes = []
+    for _ in range(20):
+        state, speculate, gamma = next_request(state, AdaptationConfig(probe_every=5))
+        probes.append(speculate)
+    assert probes.count(True) == 4 and probes[4] and not probes[3]
+
+
+def test_burstiness_factor_maps_iid_speedup_onto_the_published_one():
+    from analyzer.speedup import iid_speedup
+
+    iid = iid_speedup(0.7, 4, COST)
+    state = initial_state(0.7, True, 4, COST, published_speedup=iid * 1.2, config=CONFIG)
+    assert state.burstiness == pytest.approx(1.2)
