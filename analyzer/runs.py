@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -189,12 +190,12 @@ class _Models:
         return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
 
 
-def _load_models(pair: ModelPair, cache_dir: Path) -> _Models:
+def _load_models(pair: ModelPair, cache_dir: Path, allow_network: bool) -> _Models:
     target_ref, draft_ref = parse_spec(pair.target.spec), parse_spec(pair.draft.spec)
-    target = load_model(target_ref, cache_dir=cache_dir)
+    target = load_model(target_ref, cache_dir=cache_dir, allow_network=allow_network)
     draft = None
     if draft_ref.kind != "ngram":
-        draft = load_model(draft_ref, cache_dir=cache_dir)
+        draft = load_model(draft_ref, cache_dir=cache_dir, allow_network=allow_network)
         check_same_tokenizer(target.tokenizer, draft.tokenizer, pair.target.spec, pair.draft.spec)
     eos = target.model.generation_config.eos_token_id
     if eos is None:
@@ -299,8 +300,6 @@ def _measure_batch(models: _Models, batch: list[tuple[Prompt, object]], params: 
     )
     results = []
     for (prompt, enc), generation in zip(batch, generations):
-        import time
-
         started = time.perf_counter()
         output = generation.output_ids
         index = None
@@ -401,9 +400,11 @@ def execute_run(
     cache_dir: Path,
     progress: ProgressCallback | None = None,
     worker_id: str | None = None,
+    allow_network: bool = False,
 ) -> AnalysisRun:
-    """Execute (or resume) a run: load the pair, profile or reuse the cost curve, measure every
-    prompt not yet measured, validate, and mark the run done. Returns the run as stored at the end."""
+    """Execute (or resume) a run: load the pair (hub ids download only with ``allow_network``),
+    profile or reuse the cost curve, measure every prompt not yet measured, validate, and mark the
+    run done. Returns the run as stored at the end."""
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
@@ -418,7 +419,7 @@ def execute_run(
         pair = run.pair
         _ = pair.target.spec, pair.draft.spec
     try:
-        models = _load_models(pair, cache_dir)
+        models = _load_models(pair, cache_dir, allow_network)
         with session_factory() as session, session.begin():
             run = session.get(AnalysisRun, run_id)
             run.device = _device_text(models)

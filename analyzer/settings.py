@@ -50,6 +50,10 @@ class Settings:
     max_reported_errors: int = _setting(
         50, "How many validation errors of a rejected prompt file are listed (the total is always given)."
     )
+    allow_downloads: bool = _setting(
+        False, "Let hf:<hub id> specs download from the Hugging Face Hub; otherwise they must already "
+        "be in the local Hugging Face cache (specroute never needs the network otherwise)."
+    )
     router_min_output_tokens: int = _setting(
         20, "Requests expecting fewer new tokens than this (max_new_tokens) run without speculation."
     )

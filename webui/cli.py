@@ -340,7 +340,8 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
             run_id = resume_run
         progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
         try:
-            execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
+            execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress,
+                        allow_network=state.settings.allow_downloads)
         finally:
             progress.close()
         _label_with_classifier(sessions, run_id)
