@@ -184,7 +184,12 @@ def main() -> None:
     parser.add_argument("--drafters", default="ngram,noisy")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--from-json", type=Path, help="print the table of a saved --out file instead of measuring")
     args = parser.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print_table(saved["results"], saved["args"], saved.get("peak_mib"))
+        return
     torch.set_grad_enabled(False)
     loaded = load_model(parse_spec("builtin:smollm2-135m-instruct"), cache_dir=Path(args.cache_dir))
     target, tokenizer = loaded.model, loaded.tokenizer
@@ -199,8 +204,16 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\nmachine: {results[0]['cost_profile']['device']}; torch threads {torch.get_num_threads()}; "
-          f"{args.prompts} sample prompts, max {args.max_new_tokens} new tokens, g = 1..{args.gamma_max}")
+    if args.out:
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results,
+                                        "peak_mib": peak_mib}, indent=1))
+    print_table(results, vars(args), peak_mib)
+
+
+def print_table(results: list[dict], args: dict, peak_mib: float | None) -> None:
+    """The comparison table (one row per drafter) and the cost curves."""
+    print(f"\nmachine: {results[0]['cost_profile']['device']}; torch threads {results[0]['cost_profile']['threads']}; "
+          f"{args['prompts']} sample prompts, max {args['max_new_tokens']} new tokens, g = 1..{args['gamma_max']}")
     header = ("drafter", "alpha", "naive/ours", "(median)", "ours/plain", "(median)", "rounds==passes",
               "identical", "MARE ours", "MARE Leviathan", "prompts/min")
     print(" | ".join(header))
@@ -215,7 +228,8 @@ def main() -> None:
         print(f"  {s['drafter']}: T_t(k)/T_t(1), k=1..{len(t)}: " + " ".join(f"{x / t[0]:.2f}" for x in t)
               + f"; T_t(1) = {1000 * t[0]:.1f} ms; T_d = {1000 * result['cost_profile']['draft_step_s']:.2f} ms;"
               f" profiling took {s['profile_s']:.1f} s")
-    print(f"peak resident memory: {peak_mib:.0f} MiB (whole process, both drafters)")
+    if peak_mib:
+        print(f"peak resident memory: {peak_mib:.0f} MiB (whole process, all drafters)")
 
 
 if __name__ == "__main__":
