@@ -39,7 +39,8 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def _cost(run: AnalysisRun) -> Cost | None:
+def cost_for_run(run: AnalysisRun) -> Cost | None:
+    """The cost model of a run from its stored profile (None before profiling)."""
     profile = run.cost_profile
     if profile is None:
         return None
@@ -134,7 +135,7 @@ def build_report(session: Session, run_id: int) -> dict:
     gamma_max = int(params.get("gamma_max", 16))
     sampling = float(params.get("temperature", 0.0)) > 0
     margin = float(params.get("margin", 0.05))
-    cost = _cost(run)
+    cost = cost_for_run(run)
     results = list(session.scalars(
         select(PromptResult).where(PromptResult.run_id == run_id)
         .options(selectinload(PromptResult.gamma_counts), selectinload(PromptResult.prompt))

@@ -106,6 +106,8 @@ class TaskEstimate(Base):
     task_type: Mapped[str] = mapped_column(String(64))
     beta_a: Mapped[float] = mapped_column(Float)
     beta_b: Mapped[float] = mapped_column(Float)
+    prior_alpha: Mapped[float] = mapped_column(Float)
+    burstiness: Mapped[float] = mapped_column(Float, default=1.0)
     speculate: Mapped[bool] = mapped_column(Boolean)
     gamma: Mapped[int] = mapped_column(Integer)
     events: Mapped[int] = mapped_column(Integer, default=0)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-25 22:54:39.368158
+Create Date: 2026-11-26 00:47:43.661992
 """
 from typing import Sequence, Union
 
@@ -279,6 +279,8 @@ def upgrade() -> None:
     sa.Column('task_type', sa.String(length=64), nullable=False),
     sa.Column('beta_a', sa.Float(), nullable=False),
     sa.Column('beta_b', sa.Float(), nullable=False),
+    sa.Column('prior_alpha', sa.Float(), nullable=False),
+    sa.Column('burstiness', sa.Float(), nullable=False),
     sa.Column('speculate', sa.Boolean(), nullable=False),
     sa.Column('gamma', sa.Integer(), nullable=False),
     sa.Column('events', sa.Integer(), nullable=False),

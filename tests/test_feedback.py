@@ -1,0 +1,58 @@
+"""Engine feedback: payload normalisation (counts, llama.cpp timings), errors naming the field, and
+the task estimate moving under the active policy set."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from router.feedback import FeedbackError, normalise, record_feedback
+from router.models import FeedbackEvent, RouteDecision, TaskEstimate
+from router.policy import publish_policies
+from tests.factories import make_done_run
+
+
+def test_normalise_counts_and_llama_cpp_timings():
+    counts = normalise({"rounds": 10, "drafted": 30, "accepted": 12, "output_tokens": 22})
+    assert (counts.engine, counts.rounds, counts.drafted, counts.accepted, counts.output_tokens) == ("counts", 10, 30, 12, 22)
+    llama = normalise({"timings": {"draft_n": 40, "draft_n_accepted": 25, "predicted_n": 64}})
+    assert (llama.engine, llama.rounds, llama.drafted, llama.accepted, llama.output_tokens) == ("llama.cpp", 39, 40, 25, 64)
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"rounds": 1, "drafted": 2}, "give counts"),
+    ({"rounds": -1, "drafted": 2, "accepted": 1}, "field 'rounds' must be a non-negative integer"),
+    ({"rounds": 1, "drafted": True, "accepted": 1}, "field 'drafted' must be a non-negative integer"),
+    ({"rounds": 1, "drafted": 2, "accepted": 3}, "accepted (3) cannot exceed drafted (2)"),
+    ({"timings": {"draft_n": 2, "draft_n_accepted": "x", "predicted_n": 3}}, "field 'timings.draft_n_accepted'"),
+    ({"timings": [1]}, "field 'timings' must be an object"),
+])
+def test_bad_payloads_name_the_field(payload, message):
+    with pytest.raises(FeedbackError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        normalise(payload)
+
+
+def test_feedback_moves_the_task_estimate_and_is_stored(session):
+    with session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.1})
+        with pytest.raises(FeedbackError, match="no active policy set"):
+            record_feedback(session, {"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 1})
+        policy_set = publish_policies(session, run.id)
+        session.add(RouteDecision(route_id="r-1", policy_set_id=policy_set.id, task_type="code", confidence=0.9,
+                                  speculate=True, gamma=4, expected_speedup=1.5))
+        first = record_feedback(session, {"route_id": "r-1", "rounds": 16, "drafted": 64, "accepted": 48})
+        assert first.task_type == "code" and first.events == 1 and first.speculate
+        alpha_before = first.beta_a / (first.beta_a + first.beta_b)
+        for _ in range(30):  # the engine now sees almost no acceptance for code
+            estimate = record_feedback(session, {"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 4})
+        assert estimate.events == 31 and estimate.total_drafted == 64 * 31
+        assert estimate.beta_a / (estimate.beta_a + estimate.beta_b) < alpha_before - 0.3
+        assert not estimate.speculate
+        with pytest.raises(FeedbackError, match="unknown route_id 'nope'"):
+            record_feedback(session, {"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1})
+        with pytest.raises(FeedbackError, match="give 'route_id'"):
+            record_feedback(session, {"rounds": 1, "drafted": 1, "accepted": 1})
+        assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 31
+        assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
+        unknown_task = record_feedback(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
+        assert unknown_task.task_type == "poetry"  # started from the workload-wide fallback policy
