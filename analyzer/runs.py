@@ -221,7 +221,7 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                   prompts: list[Prompt], progress: ProgressCallback | None) -> int:
     """Reuse the newest cost profile of this pair on this device covering k <= gamma_max + 1, or
     measure one on a prompt of median length; returns its id."""
-    from analyzer.cost import device_description, profile_costs, time_callable
+    from analyzer.cost import device_description, profile_costs
 
     device = device_description(models.target.model)
     k_max = params.gamma_max + 1
