@@ -163,6 +163,57 @@ def walk_ngram(
     return _counts(gamma, n, accepted_hist, drafted_hist, position_accepted)
 
 
+ROUND_MARKS = ("accepted", "corrected", "bonus", "plain")
+
+
+def _marks_from_rounds(n: int, rounds) -> list[str]:
+    marks: list[str] = []
+    for k, a in rounds:
+        marks += ["accepted"] * a
+        if len(marks) < n:
+            marks.append("plain" if k == 0 else "bonus" if a == k else "corrected")
+    return marks[:n]
+
+
+def token_marks_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int) -> list[str]:
+    """What produced each output token in the walk of :func:`walk_model_draft` at ``gamma``:
+    "accepted" (a draft the target kept), "corrected" (the target's token after a rejected draft),
+    "bonus" (the target's token after a fully accepted round) or "plain" (a round with no drafts)."""
+    n = len(matches)
+    runs = match_runs(matches)
+
+    def rounds():
+        s = 0
+        while s < n:
+            k = max(0, min(gamma, max_new_tokens - s - 1))
+            if s + runs[s] >= n:
+                k = min(k, n - s)
+            a = int(min(runs[s], k))
+            yield k, a
+            s += a + 1
+
+    return _marks_from_rounds(n, rounds())
+
+
+def token_marks_ngram(prompt_ids: Sequence[int], output_ids: Sequence[int], gamma: int, max_new_tokens: int, *,
+                      max_ngram: int = 2, eos_ids: Iterable[int] = ()) -> list[str]:
+    """Per output token, as :func:`token_marks_model_draft`, for the prompt-lookup walk of :func:`walk_ngram`."""
+    p, n = len(prompt_ids), len(output_ids)
+    index = NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids)
+
+    def rounds():
+        s = 0
+        while s < n:
+            proposal = [] if max_new_tokens - s == 1 else index.propose(p + s, gamma)
+            a = 0
+            while a < len(proposal) and s + a < n and proposal[a] == output_ids[s + a]:
+                a += 1
+            yield len(proposal), a
+            s += a + 1
+
+    return _marks_from_rounds(n, rounds())
+
+
 def ngram_first_token_matches(
     prompt_ids: Sequence[int], output_ids: Sequence[int], *, max_ngram: int = 2, eos_ids: Iterable[int] = (),
     index: NgramIndex | None = None,

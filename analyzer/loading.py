@@ -340,6 +340,27 @@ def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = Fals
     return LoadedModel(ref, model, tokenizer, time.perf_counter() - started)
 
 
+def load_tokenizer(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of a model spec (for showing tokens, without loading weights). A
+    ``builtin:`` model must have been loaded once (its cached copy holds the tokenizer)."""
+    from transformers import AutoTokenizer
+
+    if ref.kind == "ngram":
+        raise SpecError(f"{ref.canonical!r} is model-free n-gram drafting; it has no tokenizer")
+    if ref.kind == "builtin":
+        cached = builtin_cache_folder(Path(cache_dir), ref.location)
+        if not (cached / "config.json").is_file():
+            raise SpecError(f"{ref.canonical} has not been loaded yet on this machine (its cache {cached} is empty)")
+        return AutoTokenizer.from_pretrained(str(cached))
+    kwargs = _pretrained_kwargs(ref.location, allow_network)
+    if ref.kind == "gguf":
+        kwargs["gguf_file"] = ref.gguf_file or ""
+    try:
+        return AutoTokenizer.from_pretrained(ref.location, **kwargs)
+    except OSError as error:
+        raise SpecError(f"the tokenizer of {ref.canonical!r} could not be loaded: {error}") from error
+
+
 def context_limit(model: PreTrainedModel) -> int:
     """The longest sequence (prompt + generated tokens) the model was built for, from
     ``config.max_position_embeddings``; 2048 when the config does not say."""

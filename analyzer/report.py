@@ -17,6 +17,7 @@ from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.models import AnalysisRun, PromptResult, ValidationResult
 from analyzer.speedup import (
+    DEFAULT_MARGIN,
     Cost,
     best_gamma,
     iid_speedup,
@@ -124,6 +125,13 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
         measured_speedup=_finite(float(np.mean(validated))) if validated else None,
     )
     return summary
+
+
+def summarize_results(results: list[PromptResult], cost: Cost | None, *, gamma_max: int,
+                      margin: float = DEFAULT_MARGIN, sampling: bool = False) -> dict:
+    """The summary the report gives one task, for any group of results of one run: n, alpha mean and
+    variance, tier, pooled S(g) curve, g*, predicted speedup and the speculate decision."""
+    return _group_summary(results, cost, sampling, gamma_max, margin, {})
 
 
 def build_report(session: Session, run_id: int) -> dict:

@@ -67,6 +67,27 @@ class Settings:
         "", "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
         "(e.g. {\"off\": \"vllm-plain\", \"k4\": \"vllm-spec4\"}); unnamed ones are spec-off / spec-k<gamma>."
     )
+    router_refresh_s: float = _setting(
+        2.0, "How often (seconds) the server checks whether another classifier or policy set was activated "
+        "and reloads it; 0 checks on every request."
+    )
+    api_max_body_bytes: int = _setting(
+        10_000_000, "Largest HTTP request body the API accepts, in bytes (larger ones get 413)."
+    )
+    models: str = _setting(
+        "builtin:smollm2-135m-instruct,ngram,ngram:max_ngram=3",
+        "Comma-separated model specs the web UI offers: the model specs as targets and drafts, n-gram "
+        "specs as drafts. Web users choose from this list only; they never type paths or hub ids.",
+    )
+    secret_key: str = _setting(
+        "", "Key that signs the web UI's session and CSRF tokens (at least 32 characters). Empty: a random "
+        "key is generated once and kept in <data_dir>/secret_key. The server refuses to start with a "
+        "shorter or well-known key.",
+    )
+    ui_worker: bool = _setting(
+        True, "Run analyses queued from the web UI in a background thread of the server; set false "
+        "when separate 'specroute worker' processes do it."
+    )
 
     def resolved_data_dir(self) -> Path:
         """The data folder in force (the per-user default when ``data_dir`` is empty)."""

@@ -1,15 +1,19 @@
 """The routing decision, in process and without Flask: classify the prompt, look up the task's
 published policy (the workload-wide fallback when the classifier is unsure or the task has none),
-apply the request rules (short outputs and large batches run without speculation), and return the
-decision with ready-to-use engine settings. Everything it needs is loaded once into a Router, so a
-decision touches no database."""
+follow the task's online estimate where feedback has moved it (router/adaptation.py), apply the
+request rules (short outputs and large batches run without speculation), and return the decision
+with ready-to-use engine settings. Everything it needs is loaded once into a Router, so a decision
+touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+from analyzer.speedup import Cost, iid_speedup
+from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier
 from router.features import prompt_text
 from router.policy import FALLBACK_TASK, PolicySnapshot
@@ -52,8 +56,20 @@ class Decision:
         return data
 
 
+@dataclass(frozen=True)
+class RouteRequest:
+    """One request to decide for: ``prompt`` or chat ``messages``, and what the caller knows of it."""
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    max_new_tokens: int | None = None
+    batch_size: int | None = None
+    temperature: float | None = None
+
+
 class Router:
-    """A loaded classifier and policy set; ``route`` decides in well under a millisecond."""
+    """A loaded classifier, policy set and per-task online states; ``route`` decides in well under
+    a millisecond and is safe to call from several threads."""
 
     def __init__(
         self,
@@ -64,14 +80,32 @@ class Router:
         draft_kind: str = "ngram",
         ngram_max: int = 2,
         config: RouterConfig | None = None,
+        cost: Cost | None = None,
+        states: Mapping[str, TaskState] | None = None,
+        adaptation: AdaptationConfig | None = None,
+        policy_set_id: int | None = None,
     ):
         self.classifier = classifier
         self.policies = {task: p for task, p in policies.items() if task != FALLBACK_TASK}
         self.fallback = policies.get(FALLBACK_TASK)
         self.policy_version = policy_version
+        self.policy_set_id = policy_set_id
         self.draft_kind = draft_kind
         self.ngram_max = ngram_max
         self.config = config or RouterConfig()
+        self.cost = cost
+        self.adaptation = adaptation or AdaptationConfig()
+        self.states: dict[str, TaskState] = {}
+        if cost is not None:  # every policy starts from its published decision, the analysis as prior
+            for task, p in policies.items():
+                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, cost, p.expected_speedup,
+                                                  self.adaptation)
+        self.states.update(states or {})
+        self._lock = threading.Lock()
+
+    @property
+    def classifier_version(self) -> int | None:
+        return self.classifier.version if self.classifier is not None else None
 
     def route(
         self,
@@ -83,47 +117,81 @@ class Router:
         temperature: float | None = None,
     ) -> Decision:
         """Decide for one request (give ``prompt`` or chat ``messages``)."""
+        request = RouteRequest(prompt, messages, max_new_tokens, batch_size, temperature)
+        return self.route_many([request])[0]
+
+    def route_many(self, requests: Sequence[RouteRequest]) -> list[Decision]:
+        """Decide for many requests; the classifier sees them as one batch."""
+        classified = self._classify([prompt_text(r.prompt, r.messages) for r in requests])
+        return [self._decide(r, task, confidence) for r, (task, confidence) in zip(requests, classified)]
+
+    def observe(self, task: str, state: TaskState) -> None:
+        """Take a task's estimate after feedback (the count of requests while off stays ours)."""
+        with self._lock:
+            current = self.states.get(task)
+            keep = current.requests_while_off if current is not None else 0
+            self.states[task] = TaskState(**{**asdict(state), "requests_while_off": keep})
+
+    def _classify(self, texts: list[str]) -> list[tuple[str, float]]:
+        if self.classifier is None:
+            return [("unlabelled", 0.0)] * len(texts)
+        return self.classifier.predict(texts)
+
+    def _decide(self, request: RouteRequest, task: str, confidence: float) -> Decision:
         reasons: list[str] = []
-        task, confidence = self._classify(prompt_text(prompt, messages))
-        policy = self.policies.get(task)
-        if policy is not None and confidence >= self.config.min_confidence:
+        confident = confidence >= self.config.min_confidence
+        key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
+        policy = self.policies.get(key) or self.fallback
+        if key == task and policy is not None and task in self.policies:
             reasons.append(f"task {task} (confidence {confidence:.2f}): {policy.tier}, "
-                           f"predicted speedup {policy.expected_speedup:.2f}x at gamma {policy.gamma}")
-        elif self.fallback is not None:
-            why = "no policy for task " + task if policy is None else f"confidence {confidence:.2f} < {self.config.min_confidence}"
-            reasons.append(f"{why}: workload-wide policy (predicted speedup {self.fallback.expected_speedup:.2f}x)")
-            policy = self.fallback
-        speculate = bool(policy and policy.speculate)
-        gamma = policy.gamma if speculate else 0
+                           f"analysis predicts {policy.expected_speedup:.2f}x at gamma {policy.gamma}")
+        elif policy is not None:
+            why = ("no task classifier trained" if self.classifier is None else
+                   f"confidence {confidence:.2f} < {self.config.min_confidence}" if not confident else f"no policy for task {task}")
+            reasons.append(f"{why}: workload-wide policy (analysis predicts {policy.expected_speedup:.2f}x)")
+        speculate, gamma = bool(policy and policy.speculate), policy.gamma if policy else 0
+        alpha = policy.alpha_mean if policy else None
+        expected = policy.expected_speedup if policy else 1.0
+        state = self.states.get(key)
+        if state is not None:
+            with self._lock:
+                state, speculate, gamma = next_request(self.states[key], self.adaptation)
+                self.states[key] = state
+            alpha = state.alpha
+            if self.cost is not None:
+                expected = state.burstiness * iid_speedup(state.alpha, gamma, self.cost)
+            if state.events:
+                reasons.append(f"online estimate after {state.events} feedback events: alpha {state.alpha:.2f}, "
+                               f"gamma {state.gamma}, speculation {'on' if state.speculate else 'off'}")
+            if speculate and not state.speculate:
+                reasons.append(f"probe: every {self.adaptation.probe_every}th request of an 'off' task speculates "
+                               "so that feedback can turn it back on")
         if policy is None:
             reasons.append("no published policy: speculation off")
-        elif not policy.speculate:
-            reasons.append("the analysis predicts no gain: speculation off")
-        if speculate and max_new_tokens is not None and max_new_tokens < self.config.min_output_tokens:
-            speculate, gamma = False, 0
-            reasons.append(f"expected output {max_new_tokens} tokens < {self.config.min_output_tokens}: off")
-        if speculate and batch_size is not None and batch_size > self.config.max_batch_size:
-            speculate, gamma = False, 0
-            reasons.append(f"batch size {batch_size} > {self.config.max_batch_size}: the batch already uses the idle compute; off")
-        if speculate and temperature:
-            reasons.append(f"temperature {temperature}: acceptance was measured greedy; sampling accepts less")
+        elif not speculate:
+            reasons.append("no predicted gain: speculation off")
+        if speculate and request.max_new_tokens is not None and request.max_new_tokens < self.config.min_output_tokens:
+            speculate = False
+            reasons.append(f"expected output {request.max_new_tokens} tokens < {self.config.min_output_tokens}: off")
+        if speculate and request.batch_size is not None and request.batch_size > self.config.max_batch_size:
+            speculate = False
+            reasons.append(f"batch size {request.batch_size} > {self.config.max_batch_size}: "
+                           "the batch already uses the idle compute; off")
+        if speculate and request.temperature:
+            reasons.append(f"temperature {request.temperature}: acceptance was measured greedy; sampling accepts less")
+        gamma = gamma if speculate else 0
         return Decision(
             route_id=str(uuid.uuid4()),
             speculate=speculate,
             gamma=gamma,
             task_type=task,
             confidence=confidence,
-            predicted_acceptance=policy.alpha_mean if policy else None,
-            expected_speedup=(policy.expected_speedup if speculate else 1.0) if policy else 1.0,
+            predicted_acceptance=alpha,
+            expected_speedup=float(expected) if speculate else 1.0,
             reasons=tuple(reasons),
             policy_version=self.policy_version,
             engine=self._engine(speculate, gamma),
         )
-
-    def _classify(self, text: str) -> tuple[str, float]:
-        if self.classifier is None:
-            return "unlabelled", 0.0
-        return self.classifier.predict([text])[0]
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         if not speculate:
@@ -137,24 +205,36 @@ class Router:
         return {"transformers": transformers, "pool": self.config.pool(speculate, gamma)}
 
 
-def router_from_database(session, config: RouterConfig | None = None) -> Router:
-    """A Router over the active classifier and the active policy set (either may be missing:
-    without a classifier every prompt is 'unlabelled' and gets the fallback policy)."""
+def router_from_database(session, config: RouterConfig | None = None,
+                         adaptation: AdaptationConfig | None = None) -> Router:
+    """A Router over the active classifier, the active policy set and its tasks' online estimates
+    (either may be missing: without a classifier every prompt is 'unlabelled' and gets the fallback
+    policy; without a policy set nothing speculates)."""
+    from sqlalchemy import select
+
     from analyzer.loading import parse_spec
     from analyzer.models import AnalysisRun
+    from analyzer.report import cost_for_run
     from router.classifier import load_active
+    from router.feedback import task_state
+    from router.models import TaskEstimate
     from router.policy import active_policy_set
 
     classifier = load_active(session)
     policy_set = active_policy_set(session)
     policies: dict[str, PolicySnapshot] = {}
-    draft_kind, ngram_max = "ngram", 2
+    states: dict[str, TaskState] = {}
+    draft_kind, ngram_max, cost = "ngram", 2, None
     if policy_set is not None:
         policies = {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies}
+        states = {e.task_type: task_state(e) for e in session.scalars(
+            select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))}
         run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id else None
         if run is not None:
             draft = parse_spec(run.pair.draft.spec)
             draft_kind = draft.kind
             ngram_max = int(draft.options.get("max_ngram", 2)) if draft.kind == "ngram" else ngram_max
+            cost = cost_for_run(run)
     return Router(classifier, policies, policy_version=policy_set.version if policy_set else None,
-                  draft_kind=draft_kind, ngram_max=ngram_max, config=config)
+                  policy_set_id=policy_set.id if policy_set else None, draft_kind=draft_kind, ngram_max=ngram_max,
+                  config=config, cost=cost, states=states, adaptation=adaptation)

@@ -13,6 +13,13 @@ _FENCE = re.compile(r"```")
 _CODE_WORDS = re.compile(r"\b(def|function|class|return|import|const|var|let|public|void|#include|SELECT)\b")
 _JSON_KEY = re.compile(r'"[^"\n]{1,40}"\s*:')
 _URL = re.compile(r"https?://")
+_LETTER = re.compile(r"[^\W\d_]")
+_NON_LATIN_LETTER = re.compile(r"[^\W\d_\u0000-\u024F]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_DIGIT = re.compile(r"\d")
+CHAR_NGRAM_CHARS = 1000
+# Bumped whenever what the classifier sees changes; stored classifiers of another version are refused.
+FEATURES_VERSION = "2"
 STRUCTURAL_FEATURES = (
     "log_chars", "log_lines", "code_fences", "code_words", "braces", "json_keys", "non_ascii",
     "non_latin_letters", "digits", "question_marks", "urls", "starts_translate", "starts_summarize",
@@ -29,9 +36,9 @@ def prompt_text(text: str | None = None, messages: Sequence[dict[str, Any]] | No
 def structural_row(text: str) -> list[float]:
     """The structural features of one prompt, in STRUCTURAL_FEATURES order (counts are log-scaled)."""
     chars = max(len(text), 1)
-    letters = [c for c in text if c.isalpha()]
-    non_latin = sum(1 for c in letters if ord(c) > 0x24F) / max(len(letters), 1)
-    head = text.lstrip().lower()[:40]
+    letters = len(_LETTER.findall(text))
+    non_latin = len(_NON_LATIN_LETTER.findall(text)) / max(letters, 1)
+    head = text.lstrip()[:40].lower()
     return [
         np.log1p(len(text)),
         np.log1p(text.count("\n")),
@@ -39,14 +46,20 @@ def structural_row(text: str) -> list[float]:
         np.log1p(len(_CODE_WORDS.findall(text))),
         np.log1p(text.count("{") + text.count("}")),
         np.log1p(len(_JSON_KEY.findall(text))),
-        sum(1 for c in text if ord(c) > 127) / chars,
+        len(_NON_ASCII.findall(text)) / chars,
         non_latin,
-        sum(c.isdigit() for c in text) / chars,
+        len(_DIGIT.findall(text)) / chars,
         np.log1p(text.count("?")),
         np.log1p(len(_URL.findall(text))),
         1.0 if head.startswith("translate") else 0.0,
         1.0 if head.startswith(("summarize", "summarise", "tl;dr")) else 0.0,
     ]
+
+
+def char_ngram_text(text: str) -> str:
+    """What the character n-grams see: the lower-cased first CHAR_NGRAM_CHARS characters (the task
+    shows in how a prompt starts; this keeps a decision on a long prompt well under a millisecond)."""
+    return text[:CHAR_NGRAM_CHARS].lower()
 
 
 def structural_features(texts: Sequence[str]) -> np.ndarray:

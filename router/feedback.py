@@ -1,11 +1,27 @@
 """Feedback from the engine after a generation: normalise what it reports to counts, store the event,
 and move the task's online estimate (router/adaptation.py) under the active policy set.
 
-Accepted payloads (a ``route_id`` from a decision, or a ``task_type``, is required with each):
-- counts: ``{"rounds", "drafted", "accepted"}`` (optional ``output_tokens``, ``gamma``);
+Every payload names its request with a ``route_id`` from a decision, or names a ``task_type``, and
+carries one of these shapes (the first that is present wins, in this order). "rounds" are target
+verification passes, "drafted" the draft tokens proposed, "accepted" those the target kept:
+
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
   drafted = draft_n, accepted = draft_n_accepted, output_tokens = predicted_n, and rounds =
-  predicted_n − draft_n_accepted (every target pass emits its accepted drafts plus one token).
+  predicted_n − draft_n_accepted (each target pass emits its accepted drafts plus one token of its own).
+- vLLM per-request speculative decoding metrics: ``{"speculative_decoding": {...}}`` with
+  ``num_drafts`` (alias ``num_spec_steps``: verification passes that carried drafts),
+  ``num_draft_tokens`` and ``num_accepted_tokens`` (alias ``num_accepted_draft_tokens``) → rounds,
+  drafted, accepted as named. Instead of the accepted count it may carry ``num_accepted_tokens_per_pos``
+  (accepted drafts at position 1..k, summed) or an ``acceptance_histogram`` (h[j] = rounds that accepted
+  exactly j drafts, j = 0..k: rounds = Σ h[j], accepted = Σ j·h[j], and drafted defaults to k·rounds).
+- SGLang ``meta_info`` (``{"meta_info": {...}}``): rounds = ``spec_verify_ct``; accepted =
+  ``spec_num_correct_drafts`` (alias ``spec_accept_token_num``), else ``completion_tokens`` −
+  ``spec_verify_ct`` (each verification emits one token beyond the accepted drafts; the same as
+  (``spec_accept_length`` − 1)·``spec_verify_ct``); drafted = ``spec_num_proposed_drafts`` (alias
+  ``spec_draft_token_num``), else accepted / ``spec_accept_rate``, else ``gamma``·rounds when the payload
+  gives the ``gamma`` it ran with; output_tokens = ``completion_tokens``.
+- plain counts: ``{"rounds", "drafted", "accepted"}`` (optional ``output_tokens``, ``gamma``,
+  ``engine``), which is what ``router/client.py`` sends for transformers.
 """
 
 from __future__ import annotations
@@ -25,7 +41,12 @@ from router.policy import FALLBACK_TASK, active_policy_set
 
 
 class FeedbackError(ValueError):
-    """A feedback payload that cannot be used; the message names the field."""
+    """A feedback payload that cannot be used; the message names the field. ``code`` says which kind:
+    invalid_feedback (the payload), unknown_route_id, or no_active_policy."""
+
+    def __init__(self, message: str, code: str = "invalid_feedback"):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -46,30 +67,100 @@ def _count(payload: Mapping[str, Any], key: str, where: str = "") -> int:
     return value
 
 
+def _first(payload: Mapping[str, Any], names: tuple[str, ...], where: str) -> int | None:
+    """The count under the first of ``names`` present in ``payload`` (None when none is)."""
+    for name in names:
+        if payload.get(name) is not None:
+            return _count(payload, name, where)
+    return None
+
+
+def _section(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    section = payload[key]
+    if not isinstance(section, Mapping):
+        raise FeedbackError(f"field '{key}' must be an object")
+    return section
+
+
+def _count_list(payload: Mapping[str, Any], key: str, where: str) -> list[int]:
+    values = payload.get(key)
+    if not isinstance(values, list) or not values or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise FeedbackError(f"field '{where}{key}' must be a non-empty list of non-negative integers")
+    return values
+
+
+def _llama_cpp(timings: Mapping[str, Any]) -> FeedbackCounts:
+    drafted = _count(timings, "draft_n", "timings.")
+    accepted = _count(timings, "draft_n_accepted", "timings.")
+    produced = _count(timings, "predicted_n", "timings.")
+    return FeedbackCounts("llama.cpp", max(produced - accepted, 0), drafted, accepted, produced)
+
+
+def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
+    where = "speculative_decoding."
+    rounds = _first(stats, ("num_drafts", "num_spec_steps"), where)
+    drafted = _first(stats, ("num_draft_tokens",), where)
+    accepted = _first(stats, ("num_accepted_tokens", "num_accepted_draft_tokens"), where)
+    if accepted is None and stats.get("num_accepted_tokens_per_pos") is not None:
+        accepted = sum(_count_list(stats, "num_accepted_tokens_per_pos", where))
+    if stats.get("acceptance_histogram") is not None:
+        histogram = _count_list(stats, "acceptance_histogram", where)
+        rounds = sum(histogram) if rounds is None else rounds
+        accepted = sum(j * n for j, n in enumerate(histogram)) if accepted is None else accepted
+        drafted = (len(histogram) - 1) * sum(histogram) if drafted is None else drafted
+    missing = [name for name, value in (("num_drafts", rounds), ("num_draft_tokens", drafted),
+                                        ("num_accepted_tokens", accepted)) if value is None]
+    if missing:
+        raise FeedbackError(f"field '{where}{missing[0]}' is missing (see the vLLM mapping in the API docs)")
+    return FeedbackCounts("vllm", rounds, drafted, accepted, _first(stats, ("num_output_tokens",), where))
+
+
+def _sglang(meta: Mapping[str, Any], gamma: Any) -> FeedbackCounts:
+    where = "meta_info."
+    rounds = _count(meta, "spec_verify_ct", where)
+    completion = _first(meta, ("completion_tokens",), where)
+    accepted = _first(meta, ("spec_num_correct_drafts", "spec_accept_token_num"), where)
+    if accepted is None:
+        if completion is None:
+            raise FeedbackError(f"field '{where}completion_tokens' (or '{where}spec_num_correct_drafts') is missing")
+        accepted = max(completion - rounds, 0)
+    drafted = _first(meta, ("spec_num_proposed_drafts", "spec_draft_token_num"), where)
+    rate = meta.get("spec_accept_rate")
+    if drafted is None and isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 1:
+        drafted = max(round(accepted / rate), accepted)
+    if drafted is None and isinstance(gamma, int) and not isinstance(gamma, bool) and gamma > 0:
+        drafted = gamma * rounds
+    if drafted is None:
+        raise FeedbackError(f"field '{where}spec_num_proposed_drafts' is missing; send it, "
+                            f"'{where}spec_accept_rate', or the 'gamma' the server ran with")
+    return FeedbackCounts("sglang", rounds, drafted, accepted, completion)
+
+
 def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     """Counts from any accepted payload shape (see the module docstring)."""
     if "timings" in payload:
-        timings = payload["timings"]
-        if not isinstance(timings, Mapping):
-            raise FeedbackError("field 'timings' must be an object")
-        drafted = _count(timings, "draft_n", "timings.")
-        accepted = _count(timings, "draft_n_accepted", "timings.")
-        produced = _count(timings, "predicted_n", "timings.")
-        counts = FeedbackCounts("llama.cpp", max(produced - accepted, 0), drafted, accepted, produced)
+        counts = _llama_cpp(_section(payload, "timings"))
+    elif "speculative_decoding" in payload:
+        counts = _vllm(_section(payload, "speculative_decoding"))
+    elif "meta_info" in payload:
+        counts = _sglang(_section(payload, "meta_info"), payload.get("gamma"))
     elif {"rounds", "drafted", "accepted"} <= set(payload):
         output = payload.get("output_tokens")
         counts = FeedbackCounts(
-            str(payload.get("engine") or "counts"), _count(payload, "rounds"), _count(payload, "drafted"),
+            str(payload.get("engine") or "counts")[:32], _count(payload, "rounds"), _count(payload, "drafted"),
             _count(payload, "accepted"), _count(payload, "output_tokens") if output is not None else None,
         )
     else:
-        raise FeedbackError("give counts {rounds, drafted, accepted} or llama.cpp 'timings'")
+        raise FeedbackError("give counts {rounds, drafted, accepted}, llama.cpp 'timings', vLLM "
+                            "'speculative_decoding' or SGLang 'meta_info'")
     if counts.accepted > counts.drafted:
         raise FeedbackError(f"accepted ({counts.accepted}) cannot exceed drafted ({counts.drafted})")
     return counts
 
 
-def _state(estimate: TaskEstimate) -> TaskState:
+def task_state(estimate: TaskEstimate) -> TaskState:
+    """The adaptation state stored in a TaskEstimate row."""
     return TaskState(beta_a=estimate.beta_a, beta_b=estimate.beta_b, speculate=estimate.speculate,
                      gamma=estimate.gamma, prior_alpha=estimate.prior_alpha, burstiness=estimate.burstiness,
                      events=estimate.events, total_rounds=estimate.total_rounds,
@@ -83,12 +174,17 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
     counts = normalise(payload)
     policy_set = active_policy_set(session)
     if policy_set is None:
-        raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'")
+        raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'",
+                            "no_active_policy")
     route_id = payload.get("route_id")
+    if route_id is not None and not isinstance(route_id, str):
+        raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
+    if payload.get("task_type") is not None and (not isinstance(payload["task_type"], str) or len(payload["task_type"]) > 64):
+        raise FeedbackError("field 'task_type' must be a string of at most 64 characters")
     if route_id is not None:
         decision = session.scalar(select(RouteDecision).where(RouteDecision.route_id == str(route_id)))
         if decision is None:
-            raise FeedbackError(f"unknown route_id {route_id!r}")
+            raise FeedbackError(f"unknown route_id {route_id!r}", "unknown_route_id")
         task = decision.task_type
     elif isinstance(payload.get("task_type"), str) and payload["task_type"]:
         task = payload["task_type"]
@@ -108,7 +204,7 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
                                 total_accepted=0)
         session.add(estimate)
     covered = replace(config, gamma_max=min(config.gamma_max, len(cost.target_forward_s) - 1))
-    state = apply_feedback(_state(estimate), counts.rounds, counts.drafted, counts.accepted, cost, covered)
+    state = apply_feedback(task_state(estimate), counts.rounds, counts.drafted, counts.accepted, cost, covered)
     for name in ("beta_a", "beta_b", "speculate", "gamma", "events", "total_rounds", "total_drafted", "total_accepted"):
         setattr(estimate, name, getattr(state, name))
     estimate.updated_at = utcnow()

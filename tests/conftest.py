@@ -18,6 +18,13 @@ import migrations
 from analyzer.db import make_engine, make_session_factory
 
 
+@pytest.fixture(autouse=True)
+def _private_data_dir(tmp_path, monkeypatch):
+    """Every test gets its own SPECROUTE_DATA_DIR, so nothing (a generated secret key, a model cache)
+    lands in the user's real data folder."""
+    monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
+
+
 @pytest.fixture
 def db_url(tmp_path) -> str:
     """URL of a fresh, empty SQLite file."""
@@ -99,3 +106,18 @@ def postgres_url():
         subprocess.run(as_postgres + [pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
         time.sleep(0.2)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def app(engine, db_url):
+    """The Flask app (routing API) on the migrated SQLite file; ``app.extensions`` holds the service."""
+    from webui.app import create_app
+
+    app = create_app({"database_url": db_url, "router_refresh_s": 0, "ui_worker": False, "TESTING": True})
+    yield app
+    app.extensions["specroute.close"]()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()

@@ -204,3 +204,31 @@ def test_sampling_overlaps_after_temperature_and_top_p_equal_one_minus_total_var
         np.testing.assert_allclose(betas, 1.0 - 0.5 * np.abs(p - q).sum(axis=1), atol=1e-6)
         np.testing.assert_allclose(processed_probabilities(target, temperature, top_p).numpy(), p, atol=1e-6)
     assert np.all((betas > 0) & (betas < 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1), max_size=60), st.integers(1, 8), st.integers(0, 4))
+def test_token_marks_agree_with_the_model_draft_walk(matches, gamma, slack):
+    from analyzer.acceptance import token_marks_model_draft
+
+    budget = len(matches) + slack
+    marks = token_marks_model_draft(matches, gamma, budget)
+    walk = walk_model_draft(matches, gamma, budget)
+    assert len(marks) == len(matches) and marks.count("accepted") == walk.accepted
+    emitted_by_target = len(marks) - marks.count("accepted")
+    assert walk.rounds - emitted_by_target in (0, 1)  # a last round may end on an accepted draft
+    for i, mark in enumerate(marks):
+        if mark == "accepted":
+            assert matches[i] == 1
+
+
+def test_token_marks_of_the_ngram_walk_by_hand():
+    from analyzer.acceptance import token_marks_ngram
+
+    # prompt "a b c a b" then output "c a b d": lookup after "a b" proposes "c a b" (g=3)
+    prompt, output = [1, 2, 3, 1, 2], [3, 1, 2, 4]
+    marks = token_marks_ngram(prompt, output, 3, 16, max_ngram=2)
+    assert marks == ["accepted", "accepted", "accepted", "bonus"]
+    walk = walk_ngram(prompt, output, 3, 16, max_ngram=2)
+    assert (walk.rounds, walk.accepted) == (1, 3)
+    assert token_marks_ngram([5, 6], [7, 8], 2, 16) == ["plain", "plain"]

@@ -167,3 +167,22 @@ def test_bundled_corpus_is_the_project_corpus_with_its_license_table():
     licenses = (ROOT / "router" / "data" / "LICENSES.md").read_text("utf-8")
     for source in {json.loads(line)["source"].split(":")[0].split("/")[0] for line in shipped.decode().splitlines()}:
         assert source in licenses
+
+
+def test_fast_scorer_equals_the_pipeline_probabilities(subset):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    from router.classifier import FastScorer, _char_wb_ngrams, build_pipeline
+
+    pipeline = build_pipeline().fit(subset.texts, subset.labels)
+    fast = FastScorer(pipeline)
+    texts = subset.texts[::3] + ["", "   ", "Übersetze: «Grüße» 你好 世界 ```code```", "x" * 3000, "{\"a\": 1}"]
+    expected = pipeline.predict_proba(texts)
+    got = fast.predict_proba(texts)
+    assert got.shape == expected.shape and list(fast.classes_) == list(pipeline.classes_)
+    assert abs(got - expected).max() < 1e-9
+    char = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5)).build_analyzer()
+    for text in texts:  # our char_wb n-grams are scikit-learn's multiset
+        assert sorted(_char_wb_ngrams(text.lower(), 2, 5)) == sorted(char(text))
+    two = build_pipeline().fit(subset.texts[:40], ["a" if i % 2 else "b" for i in range(40)])
+    assert abs(FastScorer(two).predict_proba(texts) - two.predict_proba(texts)).max() < 1e-9

@@ -79,16 +79,26 @@ def test_import_usage_errors(runner, tmp_path):
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
-def test_demo_sets_up_imports_the_sample_and_reuses_it(runner):
-    first = run(runner, "demo")
-    assert first.exit_code == 0
+def test_demo_runs_the_main_job_and_reuses_it(runner):
+    """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving."""
+    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1")
+    first = run(runner, *quick)
+    assert first.exit_code == 0, first.output
     assert "database" in first.output and "empty -> 0001" in first.output
     assert "imported the bundled sample prompts as 'sample'" in first.output
-    assert "'sample': 64 prompts over 13 task types" in first.output
-    second = run(runner, "demo")
+    assert "64 prompts over 13 task types" in first.output
+    assert "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting" in first.output
+    assert "[4/6] training the task classifier on the bundled corpus" in first.output and "keyword baseline" in first.output
+    assert "[5/6] published policy set v1 from run 1" in first.output
+    assert "run 1" in first.output and "[6/6] not serving" in first.output
+    second = run(runner, *quick)
     assert "already imported as 'sample' (reused)" in second.output
+    assert "analysis run 1 already done (reused)" in second.output and "classifier v1 already trained (reused)" in second.output
+    assert "policy set v1 from run 1 already active (reused)" in second.output
     listed = json.loads(run(runner, "prompts", "list", "--json").stdout)
     assert [s["prompt_count"] for s in listed] == [64]
+    runs = json.loads(run(runner, "runs", "list", "--json").stdout)
+    assert [(r["status"], r["done"]) for r in runs] == [("done", 3)]
 
 
 def test_settings_command_and_bad_setting(runner, monkeypatch):

@@ -19,8 +19,41 @@ def test_normalise_counts_and_llama_cpp_timings():
     assert (llama.engine, llama.rounds, llama.drafted, llama.accepted, llama.output_tokens) == ("llama.cpp", 39, 40, 25, 64)
 
 
+def test_normalise_vllm_per_request_metrics():
+    named = normalise({"speculative_decoding": {"num_drafts": 20, "num_draft_tokens": 80, "num_accepted_tokens": 50,
+                                                "num_output_tokens": 70}})
+    assert (named.engine, named.rounds, named.drafted, named.accepted, named.output_tokens) == ("vllm", 20, 80, 50, 70)
+    aliases = normalise({"speculative_decoding": {"num_spec_steps": 20, "num_draft_tokens": 80,
+                                                  "num_accepted_draft_tokens": 50}})
+    assert (aliases.rounds, aliases.drafted, aliases.accepted) == (20, 80, 50)
+    per_position = normalise({"speculative_decoding": {"num_drafts": 10, "num_draft_tokens": 40,
+                                                       "num_accepted_tokens_per_pos": [9, 7, 4, 2]}})
+    assert per_position.accepted == 22
+    # h[j] = rounds accepting exactly j of 4 drafts: 3 rounds x0, 2 x1, 0 x2, 1 x3, 4 x4
+    histogram = normalise({"speculative_decoding": {"acceptance_histogram": [3, 2, 0, 1, 4]}})
+    assert (histogram.rounds, histogram.drafted, histogram.accepted) == (10, 40, 2 + 3 + 16)
+
+
+def test_normalise_sglang_meta_info():
+    exact = normalise({"meta_info": {"spec_verify_ct": 12, "completion_tokens": 40, "spec_num_correct_drafts": 27,
+                                     "spec_num_proposed_drafts": 48}})
+    assert (exact.engine, exact.rounds, exact.drafted, exact.accepted, exact.output_tokens) == ("sglang", 12, 48, 27, 40)
+    # without the draft counts: accepted = completion - verifications (one bonus token per verification),
+    # drafted from the acceptance rate, else from the gamma the server ran with
+    from_rate = normalise({"meta_info": {"spec_verify_ct": 10, "completion_tokens": 34, "spec_accept_rate": 0.6}})
+    assert (from_rate.rounds, from_rate.accepted, from_rate.drafted) == (10, 24, 40)
+    from_gamma = normalise({"gamma": 4, "meta_info": {"spec_verify_ct": 10, "completion_tokens": 34,
+                                                      "spec_accept_length": 3.4}})
+    assert (from_gamma.rounds, from_gamma.accepted, from_gamma.drafted) == (10, 24, 40)
+
+
 @pytest.mark.parametrize("payload, message", [
     ({"rounds": 1, "drafted": 2}, "give counts"),
+    ({"speculative_decoding": {"num_drafts": 3, "num_draft_tokens": 9}}, "speculative_decoding.num_accepted_tokens' is missing"),
+    ({"speculative_decoding": {"acceptance_histogram": [1, -2]}}, "speculative_decoding.acceptance_histogram' must be"),
+    ({"speculative_decoding": 5}, "field 'speculative_decoding' must be an object"),
+    ({"meta_info": {"completion_tokens": 5}}, "field 'meta_info.spec_verify_ct' must be"),
+    ({"meta_info": {"spec_verify_ct": 2, "completion_tokens": 5}}, "spec_num_proposed_drafts' is missing"),
     ({"rounds": -1, "drafted": 2, "accepted": 1}, "field 'rounds' must be a non-negative integer"),
     ({"rounds": 1, "drafted": True, "accepted": 1}, "field 'drafted' must be a non-negative integer"),
     ({"rounds": 1, "drafted": 2, "accepted": 3}, "accepted (3) cannot exceed drafted (2)"),

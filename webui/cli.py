@@ -7,16 +7,19 @@ exactly what to run. Each command is one transaction: it stores everything or no
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.models import AnalysisRun
 from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
 from analyzer.prompt_sets import (
     SAMPLE_NAME,
@@ -607,6 +610,74 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
 
 
+@cli.command("worker")
+@click.option("--once", is_flag=True, help="Execute at most one queued run, then exit.")
+@click.option("--poll", default=2.0, show_default=True, type=click.FloatRange(0.1), help="Seconds between queue checks.")
+@click.pass_obj
+def worker(state: CliState, once: bool, poll: float) -> None:
+    """Execute analysis runs queued from the web UI (any number of workers may run; each run is
+    taken by one). Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on the server to leave all
+    runs to these processes."""
+    import socket
+    import time
+
+    from analyzer.worker import requeue_stale, run_queued
+
+    sessions = state.sessions()
+    worker_id = f"{socket.gethostname()}:{os.getpid()}:cli"
+    click.echo(f"worker {worker_id} waiting for queued runs; Ctrl-C stops", err=True)
+    try:
+        while True:
+            requeue_stale(sessions)
+            ran = run_queued(sessions, cache_dir=_cache_dir(state), worker_id=worker_id,
+                             allow_network=state.settings.allow_downloads)
+            if ran is not None:
+                with sessions() as session:
+                    run = session.get(AnalysisRun, ran)
+                    click.echo(f"run {ran}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
+            if once:
+                return
+            if ran is None:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+@cli.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0 picks a free one).")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Worker threads of the server.")
+@click.pass_obj
+def serve(state: CliState, host: str, port: int, threads: int) -> None:
+    """Serve the web UI and the routing API on waitress, a production WSGI server, until Ctrl-C."""
+    state.sessions()  # the schema check, with its message
+    _serve(state, host, port, threads)
+
+
+def _serve(state: CliState, host: str, port: int, threads: int, urls: list[str] | None = None) -> None:
+    import waitress
+
+    from webui.app import create_app
+
+    try:
+        app = create_app({})
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    server = waitress.create_server(app, host=host, port=port, threads=threads, ident="specroute",
+                                    max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1)
+    base = f"http://{server.effective_host}:{server.effective_port}"
+    click.echo(f"specroute serving on {base} ({threads} threads); Ctrl-C stops", err=True)
+    for line in urls or [f"web UI: {base}/", f"API: {base}/v1/route (OpenAPI at {base}/openapi.json)"]:
+        click.echo("  " + line.replace("{base}", base), err=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        app.extensions["specroute.close"]()
+
+
 # ---------------------------------------------------------------- settings and the main job
 
 
@@ -626,28 +697,94 @@ def settings_command(state: CliState, as_json: bool) -> None:
         click.echo(f"    {row['help']}")
 
 
+DEMO_TARGET, DEMO_DRAFT = "builtin:smollm2-135m-instruct", "ngram"
+
+
 @cli.command("demo")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to serve on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to serve on.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--validate", "validate_n", default=3, show_default=True, type=click.IntRange(0),
+              help="Prompts to validate with real speculative decoding.")
+@click.option("--limit", type=click.IntRange(1), help="Analyze only the first N sample prompts (a quick look).")
+@click.option("--no-serve", is_flag=True, help="Stop after the report instead of serving it.")
 @click.pass_obj
-def demo(state: CliState) -> None:
-    """The main job on the embedded defaults: bring the database to head, import the bundled
-    sample prompts (once; a rerun reuses them) and print a summary."""
+def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n: int, limit: int | None,
+         no_serve: bool) -> None:
+    """The main job on the embedded defaults: upgrade the database, import the bundled sample
+    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting, train the classifier on
+    the bundled corpus, publish the policies, print the report, and serve the web UI and the router.
+    A rerun reuses what exists (the set, a finished or interrupted analysis with the same settings,
+    the classifier, the policies)."""
+    from analyzer.report import build_report, report_text
+    from analyzer.runs import RunParams, create_run, execute_run
+    from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
+    from router.policy import active_policy_set, publish_policies
+
     where = state.engine.url.render_as_string(hide_password=True)
     before = migrations.current_revision(state.engine)
     migrations.upgrade(state.engine)
-    click.echo(f"[1/2] database {where}: {before or 'empty'} -> {migrations.current_revision(state.engine)}")
-    with state.sessions()() as session, session.begin():
+    click.echo(f"[1/6] database {where}: {before or 'empty'} -> {migrations.current_revision(state.engine)}")
+    sessions = state.sessions()
+    with sessions() as session, session.begin():
         try:
             prompt_set = get_prompt_set(session, SAMPLE_NAME)
-            click.echo(f"[2/2] sample prompts already imported as '{SAMPLE_NAME}' (reused)")
+            click.echo(f"[2/6] sample prompts already imported as '{SAMPLE_NAME}' (reused)")
         except PromptSetError:
             prompt_set, _ = import_sample(session)
-            click.echo(f"[2/2] imported the bundled sample prompts as '{SAMPLE_NAME}'")
+            click.echo(f"[2/6] imported the bundled sample prompts as '{SAMPLE_NAME}'")
         summary = summarize(session, [prompt_set])[0]
-        everything = list_prompt_sets(session)
-    click.echo(f"\n'{summary.name}': {summary.prompt_count} prompts over {len(summary.task_counts)} task types")
-    for task, count in summary.task_counts.items():
-        click.echo(f"  {task or 'unlabelled':<18} {count:>4}")
-    click.echo(f"\n{len(everything)} prompt set(s) in the database; next: 'specroute prompts show {SAMPLE_NAME}'")
+    click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
+               f"{_tasks_text(summary.task_counts)}")
+    params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit)
+    with sessions() as session, session.begin():
+        candidates = [r for r in session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set.id)
+                                                  .order_by(AnalysisRun.id.desc()))
+                      if (r.pair.target.spec, r.pair.draft.spec) == (DEMO_TARGET, DEMO_DRAFT)
+                      and RunParams.from_json(r.params) == params and r.status != "cancelled"]
+        reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
+        run_id = reuse.id if reuse is not None else create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params).id
+        status = reuse.status if reuse is not None else "new"
+    if status == "done":
+        click.echo(f"[3/6] analysis run {run_id} already done (reused)")
+    else:
+        click.echo(f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
+                   f"{DEMO_DRAFT} drafting, {max_new_tokens} new tokens, gamma 1..16, {validate_n} validated")
+        progress = _TqdmProgress(enabled=True)
+        try:
+            execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted; finished prompts are kept and 'specroute demo' resumes run {run_id}", err=True)
+            sys.exit(130)
+        finally:
+            progress.close()
+    with sessions() as session, session.begin():
+        try:
+            classifier = load_active(session)
+        except ClassifierError:
+            classifier = None
+        if classifier is None:
+            click.echo("[4/6] training the task classifier on the bundled corpus (cross-validated; about a minute)")
+            version = train_classifier(session, cold_start_data())
+            click.echo(f"      classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f}, keyword baseline "
+                       f"{version.scores['baseline']['macro_f1']:.3f}")
+        else:
+            click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
+    with sessions() as session, session.begin():
+        active = active_policy_set(session)
+        if active is None or active.run_id != run_id:
+            active = publish_policies(session, run_id, notes="specroute demo")
+            click.echo(f"[5/6] published policy set v{active.version} from run {run_id}")
+        else:
+            click.echo(f"[5/6] policy set v{active.version} from run {run_id} already active (reused)")
+        report = build_report(session, run_id)
+    click.echo("\n" + report_text(report) + "\n")
+    if no_serve:
+        click.echo(f"[6/6] not serving (--no-serve); 'specroute serve' shows the report at /runs/{run_id}")
+        return
+    click.echo("[6/6] serving the report and the router")
+    _serve(state, host, port, 8, [f"report: {{base}}/runs/{run_id}", "web UI: {base}/",
+                                  "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)"])
 
 
 def _tasks_text(counts: dict[str | None, int]) -> str:

@@ -1,0 +1,269 @@
+"""Router speed: in-process decision latency, and HTTP throughput on the production server.
+
+1. In process: ``Router.route`` with the classifier trained on the bundled corpus and a policy set
+   for all 13 task types, on the corpus prompts cut to at most 2,000 characters. Interleaved with
+   the same decisions made through the scikit-learn pipeline's own ``predict_proba`` (the baseline
+   our FastScorer replaces); p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
+2. Over HTTP: ``specroute serve``'s waitress server (subprocess, ``--threads``) on a temporary SQLite
+   database, driven by an asyncio load generator in another process with ``--concurrency``
+   keep-alive connections posting /v1/route; the same generator against a bare WSGI app on the same
+   server settings gives the server's own ceiling in the same run. Decisions are logged as in
+   production.
+
+    python benchmarks/bench_router.py --out benchmarks/results/router.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import migrations  # noqa: E402
+from analyzer.db import make_engine, make_session_factory  # noqa: E402
+from analyzer.ingest import parse_prompt_file  # noqa: E402
+from analyzer.speedup import Cost  # noqa: E402
+from router.classifier import TaskClassifier, build_pipeline, cold_start_data, train_classifier  # noqa: E402
+from router.decision import Router  # noqa: E402
+from router.features import prompt_text  # noqa: E402
+from router.policy import PolicySnapshot, publish_policies  # noqa: E402
+from tests.factories import make_done_run  # noqa: E402
+
+TASKS = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
+         "creative_writing", "roleplay", "extraction", "customer_support", "general")
+
+
+def corpus_prompts(max_chars: int) -> list[str]:
+    from importlib import resources
+
+    data = resources.files("router.data").joinpath("corpus.jsonl").read_bytes()
+    texts = [prompt_text(p.text, p.messages) for p in parse_prompt_file(data, "corpus.jsonl").prompts]
+    return [t[:max_chars] for t in texts]
+
+
+def percentiles_ms(values_ns: list[int]) -> tuple[float, float]:
+    a = np.asarray(values_ns, dtype=np.float64) / 1e6
+    return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+def in_process(prompts: list[str], repeats: int) -> dict:
+    data = cold_start_data()
+    pipeline = build_pipeline().fit(data.texts, data.labels)
+    classifier = TaskClassifier(0, 0, sorted(set(data.labels)), pipeline)
+    policies = {t: PolicySnapshot(t, i % 2 == 0, 4, 0.6, 0.01, 10, 1.3, "RECOMMENDED", (1.3,) * 8)
+                for i, t in enumerate(TASKS + ("*",))}
+    cost = Cost([0.07] * 17, 0.0001, draft_cost_per_token=False)  # with online states, as served
+    fast = Router(classifier, policies, policy_version=1, cost=cost)
+    slow_classifier = TaskClassifier(0, 0, classifier.labels, pipeline)
+    slow_classifier.predict = lambda texts: [  # the baseline: scikit-learn's own predict_proba per call
+        (str(pipeline.classes_[i]), float(p[i])) for p in pipeline.predict_proba(list(texts)) for i in [p.argmax()]]
+    slow = Router(slow_classifier, policies, policy_version=1, cost=cost)
+    for text in prompts[:50]:  # warm up both paths
+        fast.route(text), slow.route(text)
+    times = {"fast": [], "pipeline": []}
+    long_times = {"fast": [], "pipeline": []}
+    agree = 0
+    for _ in range(repeats):
+        for text in prompts:
+            for name, router in (("fast", fast), ("pipeline", slow)):
+                start = time.perf_counter_ns()
+                decision = router.route(text, max_new_tokens=128)
+                elapsed = time.perf_counter_ns() - start
+                times[name].append(elapsed)
+                if len(text) >= 1500:
+                    long_times[name].append(elapsed)
+                if name == "fast":
+                    task = decision.task_type
+                elif decision.task_type == task:
+                    agree += 1
+    return {name: {"p50_ms": percentiles_ms(times[name])[0], "p99_ms": percentiles_ms(times[name])[1],
+                   "p99_ms_1500_2000_chars": percentiles_ms(long_times[name])[1], "calls": len(times[name])}
+            for name in times} | {"same_task": agree / len(times["fast"]), "long_prompts": len(long_times["fast"]) // repeats}
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"server on port {port} did not start")
+
+
+async def _connection(port: int, requests: list[bytes], stop_at: float, warm_until: float, latencies: list, errors: list):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = 0
+    try:
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                return
+            start = time.perf_counter_ns()
+            writer.write(requests[i % len(requests)])
+            i += 1
+            status_line = await reader.readline()
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            if now >= warm_until:
+                latencies.append(time.perf_counter_ns() - start)
+                if b" 200 " not in status_line:
+                    errors.append(status_line)
+    finally:
+        writer.close()
+
+
+def load_process(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float, queue) -> None:
+    requests = [(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(b)}\r\n\r\n").encode() + b for b in bodies]
+
+    async def main():
+        latencies, errors = [], []
+        start = time.perf_counter()
+        await asyncio.gather(*[_connection(port, requests[c::concurrency] or requests, start + warmup_s + seconds,
+                                           start + warmup_s, latencies, errors) for c in range(concurrency)])
+        return latencies, errors
+
+    latencies, errors = asyncio.run(main())
+    queue.put((latencies, len(errors), errors[:3]))
+
+
+def drive(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float) -> dict:
+    queue = multiprocessing.Queue()
+    process = multiprocessing.Process(target=load_process, args=(port, path, bodies, concurrency, seconds, warmup_s, queue))
+    process.start()
+    latencies, error_count, examples = queue.get()
+    process.join()
+    p50, p99 = percentiles_ms(latencies)
+    return {"requests_per_s": len(latencies) / seconds, "p50_ms": p50, "p99_ms": p99, "errors": error_count,
+            "error_examples": [e.decode(errors="replace") for e in examples], "requests": len(latencies)}
+
+
+BARE_APP = """
+import sys, waitress
+def app(environ, start_response):
+    environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    body = b'{"ok": true}'
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+waitress.serve(app, host="127.0.0.1", port=int(sys.argv[1]), threads=int(sys.argv[2]), _quiet=True)
+"""
+
+
+def prepare_database(url: str) -> None:
+    engine = make_engine(url)
+    migrations.upgrade(engine)
+    with make_session_factory(engine)() as session, session.begin():
+        train_classifier(session, cold_start_data(), cross_validate=False)
+        run = make_done_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(TASKS)}, per_task=3)
+        publish_policies(session, run.id)
+    engine.dispose()
+
+
+def http(prompts: list[str], args) -> dict:
+    folder = tempfile.mkdtemp(prefix="specroute-bench-router-")
+    url = f"sqlite:///{folder}/router.db"
+    prepare_database(url)
+    bodies = [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts]
+    env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
+           "OMP_NUM_THREADS": "1"}
+    results = {}
+    for name, command in (
+        ("bare WSGI app", [sys.executable, "-c", BARE_APP]),
+        ("specroute /v1/route", [sys.executable, "-m", "webui.cli", "serve"]),
+    ):
+        port = free_port()
+        argv = command + ([str(port), str(args.threads)] if name.startswith("bare") else
+                          ["--port", str(port), "--threads", str(args.threads)])
+        log = open(Path(folder) / f"server-{port}.log", "wb")
+        server = subprocess.Popen(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(port)
+            runs = [drive(port, "/v1/route", bodies, args.concurrency, args.seconds, args.warmup) for _ in range(args.runs)]
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            log.close()
+        results[name] = {"runs": runs, "requests_per_s": float(np.median([r["requests_per_s"] for r in runs])),
+                         "p50_ms": float(np.median([r["p50_ms"] for r in runs])),
+                         "p99_ms": float(np.median([r["p99_ms"] for r in runs])),
+                         "errors": int(sum(r["errors"] for r in runs))}
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        results["decisions_logged"] = connection.exec_driver_sql("SELECT count(*) FROM route_decisions").scalar()
+    engine.dispose()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-chars", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the corpus in process")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=8, help="waitress threads")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--runs", type=int, default=3, help="load runs per server (medians reported)")
+    parser.add_argument("--skip-http", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    prompts = corpus_prompts(args.max_chars)
+    print(f"{len(prompts)} corpus prompts cut to <= {args.max_chars} chars; {os.cpu_count()} CPUs", file=sys.stderr)
+    local = in_process(prompts, args.repeats)
+    print("\nin-process decision latency (1 thread; interleaved):")
+    print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
+    for name in ("fast", "pipeline"):
+        r = local[name]
+        print(f"{'Router.route (FastScorer)' if name == 'fast' else 'baseline: pipeline.predict_proba'} | "
+              f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}")
+    print(f"same task from both paths: {100 * local['same_task']:.2f}%; "
+          f"{local['long_prompts']} prompts of 1500-2000 chars; "
+          f"p50 speedup {local['pipeline']['p50_ms'] / local['fast']['p50_ms']:.1f}x")
+    result = {"in_process": local}
+    if not args.skip_http:
+        served = http(prompts, args)
+        result["http"] = served
+        print(f"\nHTTP, waitress {args.threads} threads, asyncio load generator in another process, concurrency "
+              f"{args.concurrency}, {args.seconds:.0f} s per run after {args.warmup:.0f} s warm-up, median of {args.runs} runs:")
+        print("server | req/s | p50 ms | p99 ms | errors")
+        for name in ("bare WSGI app", "specroute /v1/route"):
+            r = served[name]
+            print(f"{name} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']}")
+        print(f"specroute / bare: {served['specroute /v1/route']['requests_per_s'] / served['bare WSGI app']['requests_per_s']:.2f}"
+              f" of the server's ceiling; decisions logged: {served['decisions_logged']}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The OpenAPI 3.1 document of the routing API, served at ``/openapi.json``. Its schemas are JSON
+Schema 2020-12, and the tests validate every real response (and the request examples) against them,
+so the document cannot drift from what the server does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BATCH = 1000
+
+_INT1 = {"type": "integer", "minimum": 1}
+_NUM = {"type": "number"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    meaning = {400: "Bad input: malformed JSON, a wrong type, a missing or unknown field.",
+               404: "Unknown route_id.", 409: "Nothing to apply feedback to (no active policy set).",
+               413: "The body exceeds SPECROUTE_API_MAX_BODY_BYTES.",
+               503: "The database or the stored classifier cannot be used."}
+    return {str(s): _json(_ref("Error"), meaning[s]) for s in statuses}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"], "additionalProperties": False,
+        "properties": {"error": {
+            "type": "object", "required": ["code", "message", "details"], "additionalProperties": False,
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                           "details": {"type": "object"}}}},
+    },
+    "ChatMessage": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+    },
+    "RouteRequest": {
+        "type": "object", "additionalProperties": False,
+        "description": "Give exactly one of prompt and messages. batch_size and concurrency are the same "
+                       "thing (give one): how many sequences the engine runs together with this one.",
+        "properties": {
+            "prompt": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+            "max_new_tokens": _INT1, "batch_size": _INT1, "concurrency": _INT1,
+            "temperature": {"type": "number", "minimum": 0},
+        },
+    },
+    "Decision": {
+        "type": "object", "additionalProperties": False,
+        "required": ["route_id", "speculate", "gamma", "task_type", "confidence", "predicted_acceptance",
+                     "expected_speedup", "reasons", "policy_version", "engine"],
+        "properties": {
+            "route_id": {"type": "string", "description": "Name this in feedback."},
+            "speculate": {"type": "boolean"},
+            "gamma": {"type": "integer", "minimum": 0, "description": "Lookahead; 0 when not speculating."},
+            "task_type": {"type": "string"},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "predicted_acceptance": {"type": ["number", "null"]},
+            "expected_speedup": _NUM,
+            "reasons": {"type": "array", "items": {"type": "string"}},
+            "policy_version": {"type": ["integer", "null"]},
+            "engine": {
+                "type": "object", "required": ["transformers", "pool"], "additionalProperties": False,
+                "properties": {
+                    "transformers": {"type": "object", "description": "generate() settings: "
+                                     "{assistant_model: false}, or prompt_lookup_num_tokens and "
+                                     "max_matching_ngram_size, or assistant_model: true with the values to set "
+                                     "on the draft's generation_config."},
+                    "pool": {"type": "string", "description": "Deployment to send the request to."},
+                },
+            },
+        },
+    },
+    "BatchRequest": {
+        "type": "object", "required": ["requests"], "additionalProperties": False,
+        "properties": {"requests": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH,
+                                    "items": _ref("RouteRequest")}},
+    },
+    "BatchResponse": {
+        "type": "object", "required": ["decisions"], "additionalProperties": False,
+        "properties": {"decisions": {"type": "array", "items": _ref("Decision")}},
+    },
+    "FeedbackRequest": {
+        "type": "object",
+        "description": "route_id (from a decision) or task_type, plus one of: counts {rounds, drafted, accepted}; "
+                       "llama.cpp timings {draft_n, draft_n_accepted, predicted_n}; vLLM speculative_decoding "
+                       "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
+                       "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
+                       "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
+                       "Other fields are kept with the event.",
+        "properties": {
+            "route_id": {"type": "string"}, "task_type": {"type": "string"},
+            "rounds": {"type": "integer", "minimum": 0}, "drafted": {"type": "integer", "minimum": 0},
+            "accepted": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0},
+            "gamma": {"type": "integer", "minimum": 1}, "engine": {"type": "string"},
+            "timings": {"type": "object"}, "speculative_decoding": {"type": "object"}, "meta_info": {"type": "object"},
+        },
+    },
+    "TaskEstimate": {
+        "type": "object", "additionalProperties": False,
+        "required": ["task_type", "alpha", "prior_alpha", "speculate", "gamma", "events", "total_rounds",
+                     "total_drafted", "total_accepted"],
+        "properties": {"task_type": {"type": "string"}, "alpha": _NUM, "prior_alpha": _NUM,
+                       "speculate": {"type": "boolean"}, "gamma": {"type": "integer"},
+                       "events": {"type": "integer"}, "total_rounds": {"type": "integer"},
+                       "total_drafted": {"type": "integer"}, "total_accepted": {"type": "integer"}},
+    },
+    "FeedbackResponse": {
+        "type": "object", "required": ["estimate"], "additionalProperties": False,
+        "properties": {"estimate": _ref("TaskEstimate")},
+    },
+    "Policy": {
+        "type": "object", "additionalProperties": False,
+        "required": ["task_type", "fallback", "speculate", "gamma", "alpha_mean", "alpha_var", "n_prompts",
+                     "expected_speedup", "tier"],
+        "properties": {"task_type": {"type": "string"}, "fallback": {"type": "boolean"},
+                       "speculate": {"type": "boolean"}, "gamma": {"type": "integer"}, "alpha_mean": _NUM,
+                       "alpha_var": {"type": ["number", "null"]}, "n_prompts": {"type": "integer"},
+                       "expected_speedup": _NUM,
+                       "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]}},
+    },
+    "Policies": {
+        "type": "object", "required": ["active", "versions"], "additionalProperties": False,
+        "properties": {
+            "active": {"oneOf": [{"type": "null"}, {
+                "type": "object", "additionalProperties": False,
+                "required": ["version", "run_id", "margin", "activated_at", "policies", "estimates"],
+                "properties": {"version": {"type": "integer"}, "run_id": {"type": ["integer", "null"]},
+                               "margin": _NUM, "activated_at": {"type": ["string", "null"]},
+                               "policies": {"type": "array", "items": _ref("Policy")},
+                               "estimates": {"type": "array", "items": _ref("TaskEstimate")}}}]},
+            "versions": {"type": "array", "items": {
+                "type": "object", "required": ["version", "active", "run_id", "created_at", "notes"],
+                "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
+                               "run_id": {"type": ["integer", "null"]}, "created_at": {"type": "string"},
+                               "notes": {"type": ["string", "null"]}}}},
+        },
+    },
+    "Classifier": {
+        "type": "object", "required": ["active"], "additionalProperties": False,
+        "properties": {"active": {"oneOf": [{"type": "null"}, {
+            "type": "object",
+            "required": ["version", "labels", "training_prompt_count", "training_data_sha256", "library_versions",
+                         "created_at", "source", "macro_f1", "accuracy", "baseline", "per_class"],
+            "properties": {"version": {"type": "integer"}, "labels": {"type": "array", "items": {"type": "string"}},
+                           "training_prompt_count": {"type": "integer"},
+                           "training_data_sha256": {"type": "string"},
+                           "library_versions": {"type": "object"}, "created_at": {"type": "string"},
+                           "source": {"type": ["string", "null"]}, "macro_f1": {"type": ["number", "null"]},
+                           "accuracy": {"type": ["number", "null"]}, "baseline": {"type": ["object", "null"]},
+                           "per_class": {"type": ["object", "null"]}}}]}},
+    },
+    "Health": {
+        "type": "object", "required": ["status", "database", "classifier_version", "policy_version"],
+        "additionalProperties": False,
+        "properties": {"status": {"const": "ok"}, "database": {"const": "ok"},
+                       "classifier_version": {"type": ["integer", "null"]},
+                       "policy_version": {"type": ["integer", "null"]}},
+    },
+}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (``version`` is specroute's)."""
+    post = lambda summary, request, response, *errors: {  # noqa: E731 - a table of endpoints reads better
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
+    }
+    get = lambda summary, response, *errors: {  # noqa: E731
+        "summary": summary, "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "specroute routing API", "version": version,
+                 "description": "Ask before each generation whether to speculate and with which gamma; "
+                                "send back what the engine saw. Every error has the Error shape."},
+        "paths": {
+            "/v1/route": {"post": post("Decide for one request", "RouteRequest", "Decision", 400, 413, 503)},
+            "/v1/route/batch": {"post": post(f"Decide for up to {MAX_BATCH} requests", "BatchRequest",
+                                             "BatchResponse", 400, 413, 503)},
+            "/v1/feedback": {"post": post("Report what the engine saw for one generation", "FeedbackRequest",
+                                          "FeedbackResponse", 400, 404, 409, 413, 503)},
+            "/v1/policies": {"get": get("The active policy set, its online estimates and every version", "Policies", 503)},
+            "/v1/classifier": {"get": get("The active task classifier's version record", "Classifier", 503)},
+            "/healthz": {"get": get("Liveness and what is loaded", "Health", 503)},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {
+                "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
+                "description": "Prometheus text format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        },
+        "components": {"schemas": SCHEMAS},
+    }

@@ -1,0 +1,223 @@
+"""The routing API: one error shape for every bad input (never a 500), the route/feedback flow with
+decision logging and online adaptation, metrics, reloads, and the OpenAPI document checked against
+the real responses."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+from sqlalchemy import func, select
+
+from router.classifier import make_training_data, train_classifier
+from router.models import PolicySet, RouteDecision, TaskEstimate
+from router.policy import activate_policy_set, publish_policies
+from tests.factories import make_done_run
+from webui.app import create_app
+
+
+@pytest.fixture
+def published(session):
+    """An active policy set (code speculates, qa does not) and a classifier telling them apart."""
+    with session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.1})
+        publish_policies(session, run.id)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
+                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
+        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"))
+    return run
+
+
+def _validator(client):
+    document = client.get("/openapi.json").get_json()
+    registry = Registry().with_resource("urn:openapi", Resource.from_contents(document, default_specification=DRAFT202012))
+    return document, lambda name, instance: Draft202012Validator(
+        {"$ref": f"urn:openapi#/components/schemas/{name}"}, registry=registry).validate(instance)
+
+
+ERROR_CASES = [
+    ("post", "/v1/route", b"{not json", "invalid_json", 400),
+    ("post", "/v1/route", b"", "invalid_json", 400),
+    ("post", "/v1/route", b"\xff\xfe", "invalid_json", 400),
+    ("post", "/v1/route", b"[1, 2]", "invalid_request", 400),
+    ("post", "/v1/route", b'{"max_new_tokens": 10}', "missing_prompt", 400),
+    ("post", "/v1/route", b'{"prompt": "   "}', "empty_prompt", 400),
+    ("post", "/v1/route", b'{"prompt": 5}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "messages": [{"role": "user", "content": "x"}]}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"messages": [{"role": "user"}]}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"messages": []}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "max_tokens": 5}', "unknown_field", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "max_new_tokens": 0}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "max_new_tokens": true}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "max_new_tokens": 2.5}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "temperature": -1}', "invalid_request", 400),
+    ("post", "/v1/route", b'{"prompt": "x", "batch_size": 2, "concurrency": 2}', "invalid_request", 400),
+    ("post", "/v1/route", json.dumps({"prompt": "y" * 201}).encode(), "prompt_too_long", 400),
+    ("post", "/v1/route", json.dumps({"prompt": "z" * 50_000}).encode(), "body_too_large", 413),
+    ("post", "/v1/route/batch", b'{"requests": []}', "invalid_request", 400),
+    ("post", "/v1/route/batch", b'{"requests": {"prompt": "x"}}', "invalid_request", 400),
+    ("post", "/v1/route/batch", b'{"prompts": ["x"]}', "unknown_field", 400),
+    ("post", "/v1/route/batch", json.dumps({"requests": [{"prompt": "x"}] * 1001}).encode(), "batch_too_large", 400),
+    ("post", "/v1/route/batch", b'{"requests": [{"prompt": "x"}, {"prompt": ""}]}', "empty_prompt", 400),
+    ("post", "/v1/feedback", b'{"task_type": "code", "rounds": 1}', "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'{"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 2}', "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'{"rounds": 1, "drafted": 1, "accepted": 1}', "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'{"route_id": 7, "rounds": 1, "drafted": 1, "accepted": 1}', "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'{"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1}', "unknown_route_id", 404),
+    ("post", "/v1/feedback", b'{"task_type": "qa", "meta_info": {"spec_verify_ct": 3, "completion_tokens": 9}}',
+     "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'"text"', "invalid_request", 400),
+    ("get", "/v1/route", None, "method_not_allowed", 405),
+    ("get", "/v1/nothing-here", None, "not_found", 404),
+]
+
+
+@pytest.mark.parametrize("method, path, body, code, status", ERROR_CASES)
+def test_every_bad_input_gets_a_4xx_in_the_one_error_shape(engine, db_url, published, method, path, body, code, status):
+    app = create_app({"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False})
+    try:
+        client = app.test_client()
+        response = getattr(client, method)(path, data=body, content_type="application/json")
+        data = response.get_json()
+        assert response.status_code == status, data
+        assert set(data) == {"error"} and set(data["error"]) == {"code", "message", "details"}
+        assert data["error"]["code"] == code and data["error"]["message"]
+        assert isinstance(data["error"]["details"], dict)
+        _, validate = _validator(client)
+        validate("Error", data)
+    finally:
+        app.extensions["specroute.close"]()
+
+
+def test_error_messages_name_the_field(client, published):
+    data = client.post("/v1/route/batch", json={"requests": [{"prompt": "a"}, {"prompt": "b", "max_new_tokens": -3}]}).get_json()
+    assert data["error"]["details"]["field"] == "requests[1].max_new_tokens"
+    assert "requests[1].max_new_tokens" in data["error"]["message"]
+    unknown = client.post("/v1/route", json={"prompt": "a", "max_tokens": 3}).get_json()
+    assert "unknown field 'max_tokens'" in unknown["error"]["message"] and "max_new_tokens" in unknown["error"]["message"]
+
+
+def test_no_active_policy_set_is_a_conflict(client):
+    response = client.post("/v1/feedback", json={"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 2})
+    assert response.status_code == 409 and response.get_json()["error"]["code"] == "no_active_policy"
+    decision = client.post("/v1/route", json={"prompt": "hello"}).get_json()
+    assert decision["speculate"] is False and decision["policy_version"] is None
+
+
+def test_route_feedback_adaptation_and_decision_log(app, client, session, published):
+    code = client.post("/v1/route", json={"prompt": "def add(a, b): return a + b  # fix this python function",
+                                          "max_new_tokens": 128}).get_json()
+    assert code["task_type"] == "code" and code["speculate"] and code["gamma"] >= 2 and code["policy_version"] == 1
+    assert code["engine"]["transformers"]["assistant_model"] is True
+    assert code["engine"]["pool"] == f"spec-k{code['gamma']}"
+    qa = client.post("/v1/route", json={"messages": [{"role": "user", "content": "What is the capital of France? Answer briefly."}]}).get_json()
+    assert qa["task_type"] == "qa" and not qa["speculate"] and qa["gamma"] == 0
+    short = client.post("/v1/route", json={"prompt": "def f(x): return x  # fix this python function", "max_new_tokens": 5}).get_json()
+    assert not short["speculate"] and any("5 tokens < 20" in r for r in short["reasons"])
+    # the engine now reports almost no acceptance for code: the estimate falls and speculation turns off
+    first = client.post("/v1/feedback", json={"route_id": code["route_id"], "rounds": 40, "drafted": 40 * code["gamma"],
+                                              "accepted": 2}).get_json()["estimate"]
+    assert first["task_type"] == "code" and first["events"] == 1
+    for _ in range(20):
+        estimate = client.post("/v1/feedback", json={"task_type": "code", "engine": "vllm", "speculative_decoding": {
+            "num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 3}}).get_json()["estimate"]
+    assert estimate["events"] == 21 and not estimate["speculate"] and estimate["alpha"] < first["alpha"]
+    after = client.post("/v1/route", json={"prompt": "def g(y): return y * 2  # fix this python function",
+                                           "max_new_tokens": 128}).get_json()
+    assert after["task_type"] == "code" and not after["speculate"]
+    assert any("online estimate after 21 feedback events" in r for r in after["reasons"])
+    # every decision was logged; feedback by route_id found it
+    app.extensions["specroute.router"].decision_log.flush()
+    with session.begin():
+        assert session.scalar(select(func.count()).select_from(RouteDecision)) == 4
+        stored = session.scalar(select(TaskEstimate).where(TaskEstimate.task_type == "code"))
+        assert stored.events == 21 and not stored.speculate
+    policies = client.get("/v1/policies").get_json()
+    assert policies["active"]["version"] == 1
+    assert [e["task_type"] for e in policies["active"]["estimates"]] == ["code"]
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'specroute_route_decisions_total{task="code",outcome="speculate"} 1' in metrics
+    assert 'specroute_route_decisions_total{task="code",outcome="off"} 2' in metrics
+    assert 'specroute_feedback_events_total{task="code",engine="vllm"} 20' in metrics
+    assert f'specroute_feedback_drafted_tokens_total{{task="code"}} {40 * code["gamma"] + 20 * 160}' in metrics
+    assert 'specroute_http_requests_total{endpoint="/v1/route",method="POST",status="200"} 4' in metrics
+
+
+def test_one_probe_in_twenty_while_off_then_back_on(client, published):
+    decisions = [client.post("/v1/route", json={"prompt": f"What is the capital of country {i}? Answer briefly."}).get_json()
+                 for i in range(40)]
+    assert all(d["task_type"] == "qa" for d in decisions)
+    probes = [i for i, d in enumerate(decisions) if d["speculate"]]
+    assert probes == [19, 39] and all("probe" in " ".join(decisions[i]["reasons"]) for i in probes)
+    for _ in range(15):  # qa turns out to accept nearly everything
+        estimate = client.post("/v1/feedback", json={"task_type": "qa", "rounds": 10, "drafted": 40,
+                                                     "accepted": 40}).get_json()["estimate"]
+    assert estimate["speculate"]
+    assert client.post("/v1/route", json={"prompt": "What is the capital of Peru? Answer briefly."}).get_json()["speculate"]
+
+
+def test_batch_of_a_thousand(client, published):
+    requests = [{"prompt": f"What is the capital of country {i}? Answer briefly.", "max_new_tokens": 64} for i in range(500)] + \
+               [{"prompt": f"def f{i}(x): return x  # fix this python function", "batch_size": 2} for i in range(500)]
+    decisions = client.post("/v1/route/batch", json={"requests": requests}).get_json()["decisions"]
+    assert len(decisions) == 1000 and len({d["route_id"] for d in decisions}) == 1000
+    assert {d["task_type"] for d in decisions[:500]} == {"qa"} and {d["task_type"] for d in decisions[500:]} == {"code"}
+    assert sum(d["speculate"] for d in decisions[500:]) == 500
+
+
+def test_a_newly_activated_policy_set_is_picked_up(client, session, published):
+    assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 1
+    with session.begin():
+        publish_policies(session, published.id)
+    assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 2
+    with session.begin():
+        activate_policy_set(session, 1)
+        assert session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True))) == 1
+    assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 1
+
+
+def test_openapi_document_matches_the_real_responses(app, client, published):
+    document, validate = _validator(client)
+    Draft202012Validator.check_schema({"$defs": document["components"]["schemas"]})
+    served = {rule.rule for rule in app.url_map.iter_rules() if rule.endpoint.startswith("router_api.")}
+    assert served == set(document["paths"])
+    decision = client.post("/v1/route", json={"prompt": "def f(x): return x  # fix this python function"}).get_json()
+    validate("Decision", decision)
+    validate("BatchResponse", client.post("/v1/route/batch", json={"requests": [{"prompt": "a"}, {
+        "messages": [{"role": "user", "content": "b"}], "concurrency": 3, "temperature": 0.7}]}).get_json())
+    validate("FeedbackResponse", client.post("/v1/feedback", json={"route_id": decision["route_id"], "timings": {
+        "draft_n": 30, "draft_n_accepted": 20, "predicted_n": 64}}).get_json())
+    validate("Policies", client.get("/v1/policies").get_json())
+    validate("Classifier", client.get("/v1/classifier").get_json())
+    validate("Health", client.get("/healthz").get_json())
+    # the documented request shapes accept what the server accepts
+    validate("RouteRequest", {"prompt": "x", "max_new_tokens": 5, "batch_size": 2, "temperature": 0.0})
+    validate("FeedbackRequest", {"task_type": "qa", "meta_info": {"spec_verify_ct": 3}})
+    with pytest.raises(Exception):
+        validate("Decision", {**decision, "gamma": "four"})
+
+
+def test_empty_database_answers_policies_classifier_and_health(client):
+    _, validate = _validator(client)
+    assert client.get("/v1/policies").get_json() == {"active": None, "versions": []}
+    assert client.get("/v1/classifier").get_json() == {"active": None}
+    health = client.get("/healthz").get_json()
+    validate("Health", health)
+    assert health["status"] == "ok"
+
+
+def test_metrics_are_valid_prometheus_text(client, published):
+    client.post("/v1/route", json={"prompt": "x"})
+    client.post("/v1/route", data=b"{", content_type="application/json")
+    text = client.get("/metrics").get_data(as_text=True)
+    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?[0-9.e+Inf-]+$')
+    for line in text.splitlines():
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+    assert 'specroute_http_requests_total{endpoint="/v1/route",method="POST",status="400"} 1' in text
+    buckets = [int(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith('specroute_http_request_duration_seconds_bucket{endpoint="/v1/route"')]
+    assert buckets == sorted(buckets) and buckets[-1] == 2

@@ -1,0 +1,159 @@
+"""The web UI in a real headless Chromium (Debian's chromium and chromium-driver, driven by Selenium)
+against the real waitress server with its background worker: upload and see counts, a malformed file's
+line-numbered errors, a `<script>` prompt shown as text, a small analysis with tiny models watched to
+100% and its report with the table and plots, and the playground's decision. Screenshots of the
+report and the playground are kept in SPECROUTE_TEST_ARTIFACTS (default: test-artifacts/)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import waitress
+
+from tests.tiny_tokenizer import save_tiny_model_folder
+from webui.app import create_app
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+ARTIFACTS = Path(os.environ.get("SPECROUTE_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        message = "Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,1600"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    driver.implicitly_wait(10)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def site(engine, db_url, tmp_path):
+    target = save_tiny_model_folder(tmp_path / "tiny-target", seed=1)
+    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"),
+                      "models": f"hf:{target},ngram"})
+    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}", tmp_path
+    finally:
+        server.close()
+        thread.join(timeout=5)
+        app.extensions["specroute.close"]()
+
+
+def _upload(driver, base: str, path: Path, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(base + "/prompts")
+    driver.find_element(By.ID, "file").send_keys(str(path))
+    driver.find_element(By.ID, "name").send_keys(name)
+    driver.find_element(By.CSS_SELECTOR, "form.upload button").click()
+
+
+def _wait(predicate, timeout_s: float = 120.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something true; a page that is reloading meanwhile
+    (stale or missing elements) just means "not yet"."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (NoSuchElementException, StaleElementReferenceException):
+            value = None
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_ui_end_to_end_in_chromium(browser, site):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    base, folder = site
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    good = folder / "prompts.jsonl"
+    good.write_text("".join(
+        f'{{"prompt": "{text}", "task": "{task}"}}\n' for text, task in [
+            ("translate the story to French", "translation"), ("translate one two three", "translation"),
+            ("write code for a function that returns the sum of a list", "code"),
+            ("<script>document.title='pwned'</script> summarize this text", "summarization")]))
+    _upload(browser, base, good, "tiny")
+    assert "imported 4 prompts as 'tiny'" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    browser.get(base + "/prompts")
+    row = browser.find_element(By.CSS_SELECTOR, "#prompt-sets tbody tr")
+    assert "tiny" in row.text and "4" in row.text and "translation 2" in row.text
+
+    bad = folder / "broken.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": 7}\n{not json\n')
+    _upload(browser, base, bad, "broken")
+    errors = browser.find_element(By.ID, "upload-errors").text
+    assert "broken.jsonl: 2 errors; nothing was imported" in errors and "line 2, field 'prompt'" in errors and "line 3" in errors
+
+    browser.get(base + "/prompts/tiny")
+    assert "<script>document.title='pwned'</script> summarize this text" in browser.find_element(By.ID, "prompts").text
+    assert browser.title != "pwned"
+
+    browser.get(base + "/runs/new")
+    Select(browser.find_element(By.NAME, "prompt_set")).select_by_visible_text("tiny")
+    Select(browser.find_element(By.NAME, "draft")).select_by_visible_text("ngram")
+    for name, value in (("max_new_tokens", "12"), ("gamma_max", "4"), ("validate", "1")):
+        field = browser.find_element(By.NAME, name)
+        field.clear()
+        field.send_keys(value)
+    browser.find_element(By.CSS_SELECTOR, "#new-run button").click()
+    assert "queued" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    seen = set()
+
+    def finished():
+        status = browser.find_element(By.ID, "run-status").text
+        browser.implicitly_wait(0)
+        bars = browser.find_elements(By.ID, "run-progress")
+        browser.implicitly_wait(10)
+        if bars:
+            seen.add(int(float(bars[0].get_attribute("value"))))
+        return status == "done" and browser.find_elements(By.ID, "task-table")
+
+    _wait(finished, what="the analysis to finish and the report to load")
+    assert max(seen, default=100) <= 100
+    table = browser.find_element(By.ID, "task-table").text
+    assert "translation" in table and "code" in table and "summarization" in table
+    plots = browser.find_elements(By.CSS_SELECTOR, ".plots svg")
+    assert len(plots) >= 2
+    browser.save_screenshot(str(ARTIFACTS / "report.png"))
+    browser.get(base + "/runs")
+    runs_page_progress = browser.find_element(By.CSS_SELECTOR, "#runs progress").get_attribute("value")
+    assert runs_page_progress == "100"
+
+    browser.get(base + "/policies")
+    browser.find_element(By.CSS_SELECTOR, "#publish-form button").click()
+    assert "policy set v1 published" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    browser.get(base + "/playground")
+    browser.find_element(By.ID, "prompt").send_keys("translate the story to French please")
+    browser.find_element(By.CSS_SELECTOR, "#playground-form button").click()
+    decision = browser.find_element(By.ID, "decision").text
+    assert ("Speculate with gamma" in decision or "Do not speculate" in decision) and "Reasons" in decision
+    assert "policy set v1" in decision and "no task classifier trained: workload-wide policy" in decision
+    browser.save_screenshot(str(ARTIFACTS / "playground.png"))

@@ -1,0 +1,210 @@
+"""The web UI through Flask's test client: uploads with inline line-numbered errors, escaping, CSRF,
+starting runs from the operator's model list, the report with its table, plots and exports, the
+token drill-down, classifier training, the playground, policies, and the secret-key rules."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+import pytest
+from sqlalchemy import select
+
+from analyzer.models import AnalysisRun
+from analyzer.settings import SettingsError, load_settings
+from router.models import ClassifierVersion, PolicySet
+from tests.factories import make_done_run
+from webui.app import create_app
+from webui.security import resolve_secret_key
+
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+@pytest.fixture
+def ui(engine, db_url, tmp_path):
+    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"), "ui_worker": False,
+                      "models": "hf:/models/target,ngram,hf:/models/draft", "TESTING": True})
+    yield app
+    app.extensions["specroute.close"]()
+
+
+@pytest.fixture
+def web(ui):
+    return ui.test_client()
+
+
+def token(web, path: str = "/prompts") -> str:
+    return TOKEN.search(web.get(path).get_data(as_text=True)).group(1)
+
+
+def upload(web, content: bytes, filename: str, name: str = ""):
+    return web.post("/prompts", data={"csrf_token": token(web), "name": name, "file": (io.BytesIO(content), filename)},
+                    content_type="multipart/form-data", follow_redirects=True)
+
+
+def test_upload_shows_counts_and_a_malformed_file_shows_line_numbered_errors(web):
+    good = b'{"prompt": "Translate to French: hello", "task": "translation"}\n{"prompt": "def f(): pass", "task": "code"}\n' \
+           b'{"prompt": "2+2?", "task": "math"}\n'
+    page = upload(web, good, "mine.jsonl")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and "imported 3 prompts as &#39;mine&#39;" in text
+    assert "translation 1" in text and "code 1" in text and "math 1" in text
+    listing = web.get("/prompts").get_data(as_text=True)
+    assert ">mine</a>" in listing and ">3</td>" in listing
+    bad = upload(web, b'{"prompt": "ok"}\n{"prompt": ""}\nnot json\n', "broken.jsonl", name="broken")
+    body = bad.get_data(as_text=True)
+    assert bad.status_code == 400 and "broken.jsonl: 2 errors; nothing was imported" in body
+    assert "line 2, field &#39;prompt&#39;: empty prompt" in body and "line 3: bad JSON" in body
+    assert ">broken</a>" not in web.get("/prompts").get_data(as_text=True)
+
+
+def test_forms_without_the_csrf_token_are_refused(web):
+    response = web.post("/prompts", data={"name": "x", "file": (io.BytesIO(b"hello\n"), "a.txt")},
+                        content_type="multipart/form-data")
+    assert response.status_code == 400 and "CSRF" in response.get_data(as_text=True)
+    wrong = web.post("/playground", data={"csrf_token": "forged", "prompt": "hi"})
+    assert wrong.status_code == 400
+    api = web.post("/v1/route", json={"prompt": "hi"})  # the JSON API uses no cookies: no CSRF
+    assert api.status_code == 200
+
+
+def test_prompt_text_is_always_escaped(web):
+    upload(web, b'{"prompt": "<script>alert(1)</script> please summarize", "task": "summarization"}\n', "x.jsonl", "xss")
+    page = web.get("/prompts/xss").get_data(as_text=True)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    decided = web.post("/playground", data={"csrf_token": token(web, "/playground"), "prompt": "<script>alert(2)</script>"})
+    text = decided.get_data(as_text=True)
+    assert decided.status_code == 200 and "<script>alert(2)</script>" not in text and "&lt;script&gt;alert(2)" in text
+
+
+def test_prompt_set_page_paginates_and_searches(web):
+    lines = "".join(json.dumps({"prompt": f"prompt number {i}", "task": "qa" if i % 2 else "math"}) + "\n" for i in range(60))
+    upload(web, lines.encode(), "many.jsonl", "many")
+    first = web.get("/prompts/many").get_data(as_text=True)
+    assert "60 matching; page 1 of 3" in first and "prompt number 24" in first and "prompt number 25" not in first
+    found = web.get("/prompts/many?q=number 3&task=qa").get_data(as_text=True)
+    assert "prompt number 3<" in found and "prompt number 31" in found and "prompt number 30" not in found
+    assert web.get("/prompts/nope").status_code == 404
+
+
+def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
+    upload(web, b'{"prompt": "hello", "task": "qa"}\n', "one.jsonl", "one")
+    form = web.get("/runs/new").get_data(as_text=True)
+    assert "hf:/models/target" in form and "hf:/models/draft" in form and "ngram" in form
+    tok = token(web, "/runs/new")
+    typed = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/etc/passwd", "draft": "ngram",
+                                    "max_new_tokens": "64", "gamma_max": "8", "temperature": "0", "validate": "0"})
+    assert typed.status_code == 400 and "choose a target from the list" in typed.get_data(as_text=True)
+    bad = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
+                                  "max_new_tokens": "0", "gamma_max": "99", "temperature": "x", "validate": "0"})
+    text = bad.get_data(as_text=True)
+    assert "max new tokens must be a whole number from 1 to 1024" in text and "gamma max must be" in text
+    assert "temperature must be a number" in text
+    started = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
+                                      "max_new_tokens": "32", "gamma_max": "8", "temperature": "0", "validate": "1"})
+    assert started.status_code == 302
+    with session.begin():
+        run = session.scalar(select(AnalysisRun))
+        assert (run.status, run.params["max_new_tokens"], run.params["gamma_max"], run.params["validate"]) == ("queued", 32, 8, 1)
+    status = web.get(f"/runs/{run.id}/status.json").get_json()
+    assert status["status"] == "queued" and status["total"] == 1 and status["percent"] == 0
+    runs_page = web.get("/runs").get_data(as_text=True)
+    assert f"#{run.id}" in runs_page and "queued" in runs_page
+    web.post(f"/runs/{run.id}/cancel", data={"csrf_token": tok})
+    assert web.get(f"/runs/{run.id}/status.json").get_json()["status"] == "cancelled"
+
+
+def test_report_page_table_plots_exports_and_drill_down(web, session):
+    with session.begin():
+        run_id = make_done_run(session, {"code": 0.9, "qa": 0.1}).id
+    page = web.get(f"/runs/{run_id}")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and 'id="task-table"' in text and "Recommendation" in text
+    assert "Speculate on: code (gamma" in text and "Leave speculation off for: qa" in text
+    for plot in ("acceptance", "histograms", "speedup", "entropy"):
+        assert f'class="plot {plot}"' in text, plot
+    assert text.count("<svg") >= 4 and 'class="error-bar"' in text and 'class="best"' in text
+    data = json.loads(web.get(f"/runs/{run_id}/report.json").get_data())
+    assert data["run_id"] == run_id and set(data["tasks"]) == {"code", "qa"}
+    rows = list(csv.DictReader(io.StringIO(web.get(f"/runs/{run_id}/prompts.csv").get_data(as_text=True))))
+    assert len(rows) == 8 and {r["task"] for r in rows} == {"code", "qa"}
+    exported = web.get(f"/runs/{run_id}/report.html")
+    html = exported.get_data(as_text=True)
+    assert "attachment" in exported.headers["Content-Disposition"] and "<svg" in html and "<style>" in html
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', html)  # opens offline: nothing to fetch
+    prompt_id = data["prompts"][0]["prompt_id"]
+    detail = web.get(f"/runs/{run_id}/prompts/{prompt_id}?gamma=3").get_data(as_text=True)
+    assert "At gamma 3:" in detail and 'class="tok accepted"' in detail and "showing token ids" in detail
+    assert web.get(f"/runs/{run_id}/prompts/99999").status_code == 404
+    assert web.get("/runs/4242").status_code == 404
+
+
+def test_classifier_training_playground_and_policies(web, session):
+    texts = [f'{{"prompt": "Translate to German: sentence {i}", "task": "translation"}}' for i in range(6)] + \
+            [f'{{"prompt": "My order {i} did not arrive, help", "task": "customer_support"}}' for i in range(6)]
+    upload(web, ("\n".join(texts) + "\n").encode(), "labels.jsonl", "labels")
+    tok = token(web, "/classifier")
+    trained = web.post("/classifier/train", data={"csrf_token": tok, "source": "database"}, follow_redirects=True)
+    text = trained.get_data(as_text=True)
+    assert "classifier v1 trained on 12 prompts" in text and 'class="plot heatmap"' in text and "v1" in text
+    with session.begin():
+        run_id = make_done_run(session, {"translation": 0.9, "customer_support": 0.05}).id
+    published = web.post("/policies/publish", data={"csrf_token": tok, "run_id": str(run_id)}, follow_redirects=True)
+    assert "policy set v1 published" in published.get_data(as_text=True)
+    decision = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: good night",
+                                             "max_new_tokens": "100"}).get_data(as_text=True)
+    assert "Speculate with gamma" in decision and "translation" in decision and "prompt_lookup_num_tokens" not in decision
+    short = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: hi", "max_new_tokens": "3"})
+    assert "Do not speculate" in short.get_data(as_text=True)
+    assert web.post("/playground", data={"csrf_token": tok, "prompt": " "}).status_code == 400
+    web.post("/policies/publish", data={"csrf_token": tok, "run_id": str(run_id)})
+    web.post("/policies/1/activate", data={"csrf_token": tok})
+    with session.begin():
+        assert session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True))) == 1
+        assert session.scalar(select(ClassifierVersion.version)) == 1
+    assert "Policy set v2" in web.get("/policies").get_data(as_text=True)
+
+
+def test_secret_key_rules(tmp_path):
+    generated = resolve_secret_key(load_settings({"data_dir": str(tmp_path)}, environ={}))
+    assert len(generated) == 64 and (tmp_path / "secret_key").read_text() == generated
+    assert oct((tmp_path / "secret_key").stat().st_mode & 0o777) == "0o600"
+    assert resolve_secret_key(load_settings({"data_dir": str(tmp_path)}, environ={})) == generated  # reused
+    for weak in ("dev", "change-me", "short-key"):
+        with pytest.raises(SettingsError, match="too weak"):
+            resolve_secret_key(load_settings({"secret_key": weak}, environ={}))
+    assert resolve_secret_key(load_settings({"secret_key": "dev"}, environ={}), testing=True) == "dev"
+    strong = "k" * 40
+    assert resolve_secret_key(load_settings({"secret_key": strong}, environ={})) == strong
+
+
+def test_upload_over_the_size_limit_gets_a_friendly_page(engine, db_url, tmp_path):
+    app = create_app({"database_url": db_url, "data_dir": str(tmp_path), "ui_worker": False, "max_upload_bytes": 1000,
+                      "api_max_body_bytes": 1000, "TESTING": True})
+    try:
+        web = app.test_client()
+        app.config["MAX_CONTENT_LENGTH"] = 2000
+        response = web.post("/prompts", data={"csrf_token": token(web), "file": (io.BytesIO(b"x" * 5000), "big.txt")},
+                            content_type="multipart/form-data")
+        assert response.status_code == 413 and "larger than" in response.get_data(as_text=True)
+    finally:
+        app.extensions["specroute.close"]()
+
+
+def test_every_page_has_security_headers_and_no_inline_script(web, session):
+    with session.begin():
+        run_id = make_done_run(session, {"code": 0.9}).id
+    pages = ["/", "/prompts", "/runs", "/runs/new", f"/runs/{run_id}", "/classifier", "/playground", "/policies",
+             "/prompts/synthetic", f"/runs/{run_id}/prompts/{1}"]
+    for path in pages:
+        response = web.get(path)
+        assert response.status_code == 200, path
+        csp = response.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+        assert response.headers["X-Content-Type-Options"] == "nosniff" and response.headers["X-Frame-Options"] == "DENY"
+        html = response.get_data(as_text=True)
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), path  # only <script src=...>
+        assert not re.search(r"\son[a-z]+=", html), path  # no inline event handlers
+    assert "Content-Security-Policy" in web.post("/v1/route", json={"prompt": "x"}).headers

@@ -1,0 +1,91 @@
+"""The Flask application factory: the routing API (router/api.py) and, beside it, the web UI.
+
+``create_app(config=None)`` reads the settings (declared defaults, then ``SPECROUTE_*`` variables,
+then ``config``), refuses to start on a database whose schema is not at head, and keeps the routing
+service in ``app.extensions``. No app exists at import time.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any, Mapping
+
+from flask import Flask, render_template, request
+
+import migrations
+from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.settings import load_settings
+from analyzer.worker import Worker
+from router import api
+from router.service import RouterService
+from webui import prompt_pages, router_pages, run_pages, ui
+from webui.security import resolve_secret_key
+
+PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
+
+
+def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = True) -> Flask:
+    """A configured app. ``config`` holds setting names (see ``specroute settings``); Flask's own
+    keys (upper case, e.g. ``TESTING``) are passed to ``app.config``."""
+    config = dict(config or {})
+    flask_keys = {k: config.pop(k) for k in list(config) if k.isupper() and not k.startswith("SPECROUTE_")}
+    settings = load_settings(config)
+    engine = engine_from_settings(settings)
+    if check_schema:
+        migrations.require_head(engine)
+    app = Flask(__name__)
+    app.config.update(flask_keys)
+    app.config["SPECROUTE_SETTINGS"] = settings
+    app.config["SECRET_KEY"] = resolve_secret_key(settings, testing=bool(app.config.get("TESTING")))
+    app.config["MAX_CONTENT_LENGTH"] = max(settings.api_max_body_bytes, settings.max_upload_bytes + 1_000_000)
+    app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
+    app.json.sort_keys = False
+    sessions = make_session_factory(engine)
+    router_service = RouterService(settings, sessions)
+    app.extensions["specroute.engine"] = engine
+    app.extensions["specroute.sessions"] = sessions
+    api.init_app(app, router_service, page_error=_page_error)
+    app.register_blueprint(ui.bp)
+    worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache",
+                    allow_network=settings.allow_downloads).start() if settings.ui_worker else None
+    app.extensions["specroute.worker"] = worker
+    app.after_request(_security_headers)
+
+    closed = []
+
+    def close() -> None:
+        if not closed:
+            closed.append(True)
+            if worker is not None:
+                worker.stop()
+            router_service.close()
+            engine.dispose()
+
+    app.extensions["specroute.close"] = close
+    atexit.register(close)
+    return app
+
+
+SECURITY_HEADERS = {
+    # no inline script anywhere: the pages' JavaScript is static/app.js
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def _security_headers(response):
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def _page_error(exc):
+    if exc.code == 413 and request.path == "/prompts":
+        limit = ui.settings().max_upload_bytes
+        return render_template("error.html", code=413, name="File too large",
+                               message=f"The file is larger than the {limit:,} bytes this server accepts "
+                                       "(SPECROUTE_MAX_UPLOAD_BYTES). Split it into smaller files."), 413
+    return ui.page_error(exc)

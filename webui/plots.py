@@ -1,0 +1,229 @@
+"""Plots of the report as inline SVG, made on the server: no JavaScript library, no CDN, and the
+same markup works inside the self-contained HTML export. Every text is XML-escaped.
+
+Each function returns one ``<svg>`` element (a string) with a ``<title>`` and an ``aria-label``, and
+axis labels; values that are None or not finite are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+from xml.sax.saxutils import escape
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39")
+WIDTH, HEIGHT = 640, 300
+LEFT, RIGHT, TOP, BOTTOM = 56, 16, 30, 70
+
+
+def _ok(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _nice_max(value: float) -> float:
+    if value <= 0:
+        return 1.0
+    exponent = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if value <= step * exponent:
+            return step * exponent
+    return 10 * exponent
+
+
+def _open(title: str, css_class: str, width: int = WIDTH, height: int = HEIGHT) -> list[str]:
+    t = escape(title)
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot {css_class}" viewBox="0 0 {width} {height}" '
+            f'width="{width}" height="{height}" role="img" aria-label="{t}">', f"<title>{t}</title>",
+            f'<text x="{width / 2}" y="18" text-anchor="middle" class="plot-title" font-size="14">{t}</text>']
+
+
+def _axes(lines: list[str], y_min: float, y_max: float, y_label: str, x_label: str, ticks: int = 5,
+          width: int = WIDTH, height: int = HEIGHT) -> None:
+    plot_h = height - TOP - BOTTOM
+    for i in range(ticks + 1):
+        value = y_min + (y_max - y_min) * i / ticks
+        y = TOP + plot_h * (1 - i / ticks)
+        lines.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{width - RIGHT}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        lines.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{value:.3g}</text>')
+    lines.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{height - BOTTOM}" stroke="#333"/>')
+    lines.append(f'<line x1="{LEFT}" y1="{height - BOTTOM}" x2="{width - RIGHT}" y2="{height - BOTTOM}" stroke="#333"/>')
+    lines.append(f'<text x="14" y="{TOP + plot_h / 2:.1f}" font-size="12" text-anchor="middle" '
+                 f'transform="rotate(-90 14 {TOP + plot_h / 2:.1f})">{escape(y_label)}</text>')
+    lines.append(f'<text x="{(LEFT + width - RIGHT) / 2:.1f}" y="{height - 6}" font-size="12" '
+                 f'text-anchor="middle">{escape(x_label)}</text>')
+
+
+def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | None], *, errors: Sequence[float | None] | None = None,
+              y_label: str = "", x_label: str = "", y_max: float | None = None, css_class: str = "bars") -> str:
+    """Vertical bars, one per label, with optional ± error bars."""
+    errors = errors or [None] * len(values)
+    tops = [v + (e if _ok(e) else 0.0) for v, e in zip(values, errors) if _ok(v)]
+    top = y_max if y_max is not None else _nice_max(max(tops, default=1.0))
+    lines = _open(title, css_class)
+    _axes(lines, 0.0, top, y_label, x_label)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    slot = plot_w / max(len(labels), 1)
+    for i, (label, value, error) in enumerate(zip(labels, values, errors)):
+        x = LEFT + slot * i
+        if _ok(value):
+            h = plot_h * min(max(value, 0.0), top) / top
+            lines.append(f'<rect class="bar" x="{x + slot * 0.15:.1f}" y="{TOP + plot_h - h:.1f}" width="{slot * 0.7:.1f}" '
+                         f'height="{h:.1f}" fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {value:.3g}'
+                         f'{f" ± {error:.3g}" if _ok(error) else ""}</title></rect>')
+            if _ok(error):
+                cx = x + slot / 2
+                low, high = max(value - error, 0.0), min(value + error, top)
+                y_low, y_high = TOP + plot_h * (1 - low / top), TOP + plot_h * (1 - high / top)
+                lines.append(f'<path class="error-bar" d="M{cx:.1f},{y_low:.1f}V{y_high:.1f}M{cx - 5:.1f},{y_low:.1f}'
+                             f'h10M{cx - 5:.1f},{y_high:.1f}h10" stroke="#222" fill="none"/>')
+        lines.append(f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - BOTTOM + 12}" font-size="10" text-anchor="end" '
+                     f'transform="rotate(-35 {x + slot / 2:.1f} {HEIGHT - BOTTOM + 12})">{escape(label)}</text>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], *,
+               marks: dict[str, int] | None = None, reference: float | None = None, y_label: str = "",
+               x_label: str = "", css_class: str = "lines") -> str:
+    """One polyline per series over ``x_values``; ``marks[name]`` = the x to circle on that series;
+    ``reference`` draws a dashed horizontal line (e.g. speedup 1). The legend is below the x axis."""
+    x_values = list(x_values)
+    finite = [v for values in series.values() for v in values if _ok(v)] + ([reference] if _ok(reference) else [])
+    low, high = min(finite, default=0.0), max(finite, default=1.0)
+    y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
+    y_max = _nice_max(high)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    rows = (len(series) + 4) // 5
+    lines = _open(title, css_class, height=TOP + plot_h + 48 + rows * 14)
+    _axes(lines, y_min, y_max, y_label, "")
+    x0, x1 = min(x_values, default=0), max(x_values, default=1)
+
+    def sx(x):
+        return LEFT + plot_w * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
+
+    def sy(y):
+        return TOP + plot_h * (1 - (y - y_min) / (y_max - y_min if y_max > y_min else 1.0))
+
+    for x in x_values:
+        lines.append(f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 14:.1f}" font-size="10" text-anchor="middle">{x}</text>')
+    lines.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{TOP + plot_h + 30:.1f}" font-size="12" '
+                 f'text-anchor="middle">{escape(x_label)}</text>')
+    if _ok(reference) and y_min <= reference <= y_max:
+        lines.append(f'<line class="reference" x1="{LEFT}" y1="{sy(reference):.1f}" x2="{WIDTH - RIGHT}" '
+                     f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="4 3"/>')
+    for i, (name, values) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        points = [(sx(x), sy(y)) for x, y in zip(x_values, values) if _ok(y)]
+        if points:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            lines.append(f'<polyline class="series" points="{path}" fill="none" stroke="{color}" stroke-width="2">'
+                         f'<title>{escape(name)}</title></polyline>')
+        mark = (marks or {}).get(name)
+        if mark in x_values and _ok(values[x_values.index(mark)]):
+            y = values[x_values.index(mark)]
+            lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="5" fill="{color}" stroke="#000">'
+                         f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+        lx, ly = LEFT + (i % 5) * 118, TOP + plot_h + 46 + (i // 5) * 14
+        lines.append(f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{lx + 14}" y="{ly + 1}" font-size="10">{escape(name)}</text>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def scatter(title: str, points: Sequence[tuple[float, float, str]], *, x_label: str = "", y_label: str = "",
+            diagonal: bool = True, css_class: str = "scatter") -> str:
+    """Points (x, y, label) with the y = x line."""
+    good = [(x, y, label) for x, y, label in points if _ok(x) and _ok(y)]
+    top = _nice_max(max([max(x, y) for x, y, _ in good], default=1.0))
+    lines = _open(title, css_class)
+    _axes(lines, 0.0, top, y_label, x_label)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    for i in range(6):
+        value = top * i / 5
+        lines.append(f'<text x="{LEFT + plot_w * i / 5:.1f}" y="{HEIGHT - BOTTOM + 14}" font-size="10" '
+                     f'text-anchor="middle">{value:.3g}</text>')
+    if diagonal:
+        lines.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP}" stroke="#888" stroke-dasharray="4 3"/>')
+    for x, y, label in good:
+        lines.append(f'<circle class="point" cx="{LEFT + plot_w * x / top:.1f}" cy="{TOP + plot_h * (1 - y / top):.1f}" r="4" '
+                     f'fill="#1f77b4"><title>{escape(label)}: predicted {x:.3g}, measured {y:.3g}</title></circle>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def heatmap(title: str, labels: Sequence[str], matrix: Sequence[Sequence[int]], *, css_class: str = "heatmap") -> str:
+    """A confusion matrix: rows are true labels, columns predicted; darker = more prompts."""
+    n = len(labels)
+    cell = min(32, 420 // max(n, 1))
+    left, top = 130, 40
+    width, height = left + cell * n + 20, top + cell * n + 110
+    biggest = max((v for row in matrix for v in row), default=1) or 1
+    lines = _open(title, css_class, width=width, height=height)
+    for i, row in enumerate(matrix):
+        lines.append(f'<text x="{left - 4}" y="{top + cell * i + cell / 2 + 4:.1f}" font-size="10" '
+                     f'text-anchor="end">{escape(labels[i])}</text>')
+        for j, value in enumerate(row):
+            shade = 1 - 0.85 * value / biggest
+            color = f"rgb({int(255 * shade)},{int(255 * shade)},255)"
+            lines.append(f'<rect class="cell" x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
+                         f'fill="{color}" stroke="#fff"><title>true {escape(labels[i])}, predicted '
+                         f'{escape(labels[j])}: {value}</title></rect>')
+            if value:
+                lines.append(f'<text x="{left + cell * j + cell / 2}" y="{top + cell * i + cell / 2 + 4}" font-size="9" '
+                             f'text-anchor="middle">{value}</text>')
+    for j, label in enumerate(labels):
+        x = left + cell * j + cell / 2
+        y = top + cell * n + 8
+        lines.append(f'<text x="{x}" y="{y}" font-size="10" text-anchor="end" transform="rotate(-55 {x} {y})">{escape(label)}</text>')
+    lines.append(f'<text x="{left + cell * n / 2}" y="{height - 4}" font-size="12" text-anchor="middle">predicted</text>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def report_plots(report: dict) -> dict[str, str]:
+    """Every plot of a report, by name: acceptance, histograms, speedup, entropy, validation."""
+    tasks = {name: t for name, t in report["tasks"].items()}
+    names = list(tasks)
+    plots = {
+        "acceptance": bar_chart(
+            "Acceptance rate alpha by task (mean ± std over prompts)", names,
+            [tasks[n]["alpha_mean"] for n in names], errors=[tasks[n]["alpha_std"] for n in names],
+            y_label="alpha", y_max=1.0, css_class="acceptance"),
+    }
+    histogram_series = {}
+    for name in names:
+        counts = tasks[name].get("histogram") or []
+        total = sum(counts)
+        if total:
+            histogram_series[name] = [c / total for c in counts]
+    if histogram_series:
+        longest = max(len(v) for v in histogram_series.values())
+        plots["histograms"] = line_chart(
+            "Accepted drafts per round at each task's best gamma (share of rounds)", list(range(longest)),
+            {k: v + [None] * (longest - len(v)) for k, v in histogram_series.items()},
+            y_label="share of rounds", x_label="accepted drafts in a round", css_class="histograms")
+    curves = {n: tasks[n].get("speedup_curve") or [] for n in names}
+    longest = max((len(c) for c in curves.values()), default=0)
+    if longest:
+        plots["speedup"] = line_chart(
+            "Predicted speedup S(g) by task (circle: best gamma)", list(range(1, longest + 1)),
+            {n: list(c) + [None] * (longest - len(c)) for n, c in curves.items()},
+            marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")}, reference=1.0,
+            y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
+    table = report.get("entropy_table")
+    if table and any(table["positions"]):
+        edges = table["edges"]
+        labels = [f"{edges[i]:g}–{edges[i + 1]:g}" if edges[i + 1] is not None else f"≥{edges[i]:g}"
+                  for i in range(len(edges) - 1)]
+        plots["entropy"] = bar_chart(
+            f"P(accepted run ≥ {table['run_length']} | entropy of the previous token)", labels,
+            table["probability"], y_label="probability", x_label="target entropy (nats)", y_max=1.0,
+            css_class="entropy")
+    validation = report.get("validation") or []
+    if validation:
+        plots["validation"] = scatter(
+            "Predicted vs measured speedup (validated prompts)",
+            [(v["predicted_speedup"], v["measured_speedup"], f"prompt {v['prompt_id']} g={v['gamma']}") for v in validation],
+            x_label="predicted speedup", y_label="measured speedup", css_class="validation")
+    return plots

@@ -1,0 +1,88 @@
+"""Prompt-set pages: list with counts per task type and an upload form (errors inline, with line
+numbers), one set's prompts (paginated, searchable, filterable by task), delete."""
+
+from __future__ import annotations
+
+from flask import flash, redirect, render_template, request, url_for
+
+from analyzer.ingest import IngestLimits, PromptFileError
+from analyzer.prompt_sets import (
+    PromptSetError,
+    PromptSetNotFound,
+    delete_prompt_set,
+    get_prompt_set,
+    import_prompt_file,
+    list_prompt_sets,
+    list_prompts,
+    summarize,
+)
+from webui.ui import bp, sessions, settings
+
+PAGE_SIZE = 25
+
+
+def _list_page(errors=None, status: int = 200, form_name: str = ""):
+    with sessions()() as session:
+        summaries = list_prompt_sets(session)
+    return render_template("prompt_sets.html", sets=summaries, errors=errors, form_name=form_name,
+                           max_upload_mb=settings().max_upload_bytes / 1e6), status
+
+
+@bp.get("/prompts")
+def prompt_sets():
+    return _list_page()
+
+
+@bp.post("/prompts")
+def upload_prompts():
+    upload = request.files.get("file")
+    name = (request.form.get("name") or "").strip()
+    if upload is None or not upload.filename:
+        return _list_page({"summary": "choose a prompt file to upload", "issues": []}, 400, name)
+    data = upload.read(settings().max_upload_bytes + 1)
+    name = name or upload.filename.rsplit(".", 1)[0]
+    try:
+        with sessions()() as session, session.begin():
+            prompt_set, parsed = import_prompt_file(session, name, data, upload.filename,
+                                                    limits=IngestLimits.from_settings(settings()))
+            set_name = prompt_set.name
+    except PromptFileError as exc:
+        return _list_page({"summary": exc.summary(), "issues": [str(i) for i in exc.issues], "total": exc.total}, 400, name)
+    except PromptSetError as exc:
+        return _list_page({"summary": str(exc), "issues": []}, 400, name)
+    merged = f"; {len(parsed.duplicates)} duplicate(s) merged" if parsed.duplicates else ""
+    flash(f"imported {len(parsed.prompts)} prompts as '{set_name}'{merged}")
+    return redirect(url_for("ui.prompt_set", name=set_name))
+
+
+@bp.get("/prompts/<name>")
+def prompt_set(name: str):
+    page = max(request.args.get("page", 1, type=int), 1)
+    search = (request.args.get("q") or "").strip() or None
+    task = request.args.get("task")
+    with sessions()() as session:
+        try:
+            found = get_prompt_set(session, name)
+        except PromptSetNotFound as exc:
+            return render_template("error.html", code=404, name="Not found", message=str(exc)), 404
+        summary = summarize(session, [found])[0]
+        prompts, total = list_prompts(session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE,
+                                      search=search, task=task if task is not None and task != "*" else None)
+        rows = [{"position": p.position + 1, "id": p.external_id, "task": p.task, "line": p.source_line,
+                 "text": p.text if p.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in p.messages or [])}
+                for p in prompts]
+    pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+    return render_template("prompt_set.html", summary=summary, rows=rows, total=total, page=page, pages=pages,
+                           q=search or "", task=task if task is not None else "*")
+
+
+@bp.post("/prompts/<name>/delete")
+def delete_prompts(name: str):
+    try:
+        with sessions()() as session, session.begin():
+            delete_prompt_set(session, name)
+    except PromptSetError as exc:
+        flash(str(exc), "error")
+        return redirect(url_for("ui.prompt_sets"))
+    flash(f"deleted prompt set '{name}'")
+    return redirect(url_for("ui.prompt_sets"))

@@ -1,0 +1,144 @@
+"""Router pages: the task classifier (train, cross-validated scores, confusion matrix, versions), the
+routing playground, and the policy sets (publish from a run, re-activate an older set)."""
+
+from __future__ import annotations
+
+from flask import current_app, flash, redirect, render_template, request, url_for
+from markupsafe import Markup
+from sqlalchemy import select
+
+from analyzer.models import AnalysisRun, PromptSet
+from router.classifier import ClassifierError, activate_version, cold_start_data, train_classifier, training_data_from_db
+from router.decision import RouteRequest
+from router.models import ClassifierVersion
+from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
+from router.service import policy_dict
+from webui.plots import heatmap
+from webui.ui import bp, sessions
+
+
+def _router_service():
+    return current_app.extensions["specroute.router"]
+
+
+@bp.get("/classifier")
+def classifier():
+    with sessions()() as session:
+        versions = list(session.scalars(select(ClassifierVersion).order_by(ClassifierVersion.version.desc())))
+        rows = [{"version": v.version, "active": v.is_active, "labels": len(v.labels), "prompts": v.training_prompt_count,
+                 "source": (v.scores or {}).get("source"), "macro_f1": (v.scores or {}).get("macro_f1"),
+                 "accuracy": (v.scores or {}).get("accuracy"),
+                 "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
+                 "created_at": v.created_at.isoformat(timespec="seconds")} for v in versions]
+        active = next((v for v in versions if v.is_active), None)
+        scores = dict(active.scores or {}) if active else {}
+    confusion = scores.get("confusion")
+    plot = Markup(heatmap("Confusion matrix (cross-validated)", confusion["labels"], confusion["matrix"])) if confusion else None
+    with sessions()() as session:
+        prompt_sets = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
+    return render_template("classifier.html", versions=rows, scores=scores, plot=plot, prompt_sets=prompt_sets)
+
+
+@bp.post("/classifier/train")
+def train():
+    names = [n for n in request.form.getlist("prompt_sets") if n]
+    source = request.form.get("source", "database")
+    try:
+        with sessions()() as session, session.begin():
+            data = cold_start_data() if source == "corpus" else training_data_from_db(session, names or None)
+            if not data.texts:
+                raise ClassifierError("no labeled prompts in the database; train on the bundled corpus instead")
+            version = train_classifier(session, data)
+            message = (f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
+                       f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f}, keyword baseline "
+                       f"{version.scores['baseline']['macro_f1']:.3f}")
+    except ClassifierError as exc:
+        flash(str(exc), "error")
+        return redirect(url_for("ui.classifier"))
+    _router_service().reload()
+    flash(message)
+    return redirect(url_for("ui.classifier"))
+
+
+@bp.post("/classifier/<int:version>/activate")
+def activate_classifier(version: int):
+    try:
+        with sessions()() as session, session.begin():
+            activate_version(session, version)
+    except ClassifierError as exc:
+        flash(str(exc), "error")
+        return redirect(url_for("ui.classifier"))
+    _router_service().reload()
+    flash(f"classifier v{version} is active")
+    return redirect(url_for("ui.classifier"))
+
+
+def _positive(value: str | None, name: str, errors: list[str]) -> int | None:
+    if not value:
+        return None
+    try:
+        number = int(value)
+        if number < 1:
+            raise ValueError
+        return number
+    except ValueError:
+        errors.append(f"{name} must be a positive whole number")
+        return None
+
+
+@bp.route("/playground", methods=["GET", "POST"])
+def playground():
+    decision, errors = None, []
+    values = {"prompt": "", "max_new_tokens": "", "batch_size": ""}
+    if request.method == "POST":
+        values = {k: request.form.get(k, "") for k in values}
+        max_new = _positive(values["max_new_tokens"], "max new tokens", errors)
+        batch = _positive(values["batch_size"], "batch size", errors)
+        if not values["prompt"].strip():
+            errors.append("type a prompt")
+        if not errors:
+            try:
+                decision = _router_service().route([RouteRequest(prompt=values["prompt"], max_new_tokens=max_new,
+                                                                 batch_size=batch)])[0].as_dict()
+            except ClassifierError as exc:
+                errors.append(str(exc))
+    return render_template("playground.html", decision=decision, errors=errors, values=values), 400 if errors else 200
+
+
+@bp.get("/policies")
+def policies():
+    with sessions()() as session:
+        sets = [{"version": p.version, "active": p.is_active, "run_id": p.run_id, "notes": p.notes,
+                 "created_at": p.created_at.isoformat(timespec="seconds"),
+                 "policies": [policy_dict(x) for x in p.policies]} for p in list_policy_sets(session)]
+        runs = [{"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec} for r in session.scalars(
+            select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc()))]
+    estimates = {e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])}
+    return render_template("policies.html", sets=sets, runs=runs, estimates=estimates)
+
+
+@bp.post("/policies/publish")
+def publish():
+    try:
+        run_id = int(request.form.get("run_id", ""))
+        with sessions()() as session, session.begin():
+            version = publish_policies(session, run_id, notes=request.form.get("notes") or None).version
+    except (ValueError, PolicyError) as exc:
+        flash(str(exc) if isinstance(exc, PolicyError) else "choose a finished run", "error")
+        return redirect(url_for("ui.policies"))
+    _router_service().reload()
+    flash(f"policy set v{version} published from run {run_id} and active")
+    return redirect(url_for("ui.policies"))
+
+
+@bp.post("/policies/<int:version>/activate")
+def activate_policies(version: int):
+    try:
+        with sessions()() as session, session.begin():
+            activate_policy_set(session, version)
+    except PolicyError as exc:
+        flash(str(exc), "error")
+        return redirect(url_for("ui.policies"))
+    _router_service().reload()
+    flash(f"policy set v{version} is active")
+    return redirect(url_for("ui.policies"))

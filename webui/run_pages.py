@@ -1,0 +1,244 @@
+"""Analysis pages: start a run (models from SPECROUTE_MODELS only), the list with live progress,
+a run's report with plots, per-prompt drill-down with tokens coloured by what produced them, cancel,
+and the exports (JSON, per-prompt CSV, a self-contained HTML file)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from flask import Response, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
+from markupsafe import Markup
+from sqlalchemy import select
+
+from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
+from analyzer.db import utcnow
+from analyzer.loading import SpecError, encode_prompt, load_tokenizer, parse_spec
+from analyzer.models import AnalysisRun, PromptResult, PromptSet
+from analyzer.report import ReportError, build_report, report_csv
+from analyzer.runs import RunError, RunParams, create_run, request_cancel
+from webui.plots import report_plots
+from webui.ui import bp, sessions, settings
+
+FORM_LIMITS = {"max_new_tokens": (1, 1024), "gamma_max": (1, 32), "validate": (0, 1000)}
+
+
+def model_choices() -> tuple[list[str], list[str]]:
+    """(targets, drafts) from SPECROUTE_MODELS: model specs are both; n-gram specs are drafts only."""
+    specs = [s.strip() for s in settings().models.split(",") if s.strip()]
+    targets, drafts = [], []
+    for spec in specs:
+        try:
+            kind = parse_spec(spec).kind
+        except SpecError:
+            continue
+        drafts.append(spec)
+        if kind != "ngram":
+            targets.append(spec)
+    return targets, drafts
+
+
+def _run_row(run: AnalysisRun) -> dict:
+    now = utcnow()
+    elapsed = ((run.finished_at or now) - run.started_at).total_seconds() if run.started_at else None
+    done, total = run.progress_done, run.progress_total
+    eta = elapsed / done * (total - done) if elapsed and done and run.status == "running" and total > done else None
+    return {"id": run.id, "status": run.status, "prompt_set": run.prompt_set.name, "target": run.pair.target.spec,
+            "draft": run.pair.draft.spec, "done": done, "total": total,
+            "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
+            "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds")}
+
+
+@bp.get("/runs")
+def runs():
+    with sessions()() as session:
+        rows = [_run_row(r) for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))]
+    return render_template("runs.html", runs=rows)
+
+
+def _new_run_page(errors: list[str] | None = None, values: dict | None = None, status: int = 200):
+    targets, drafts = model_choices()
+    with sessions()() as session:
+        names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
+    defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""), "target": targets[0] if targets else "",
+                "draft": drafts[-1] if drafts else "", "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0,
+                "validate": 2}
+    return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
+                           values={**defaults, **(values or {})}), status
+
+
+@bp.get("/runs/new")
+def new_run():
+    return _new_run_page()
+
+
+@bp.post("/runs")
+def start_run():
+    form = request.form
+    values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
+                                             "temperature", "validate")}
+    errors = []
+    targets, drafts = model_choices()
+    if values["target"] not in targets:
+        errors.append("choose a target from the list (the operator sets it with SPECROUTE_MODELS)")
+    if values["draft"] not in drafts:
+        errors.append("choose a draft from the list (the operator sets it with SPECROUTE_MODELS)")
+    numbers = {}
+    for key, (low, high) in FORM_LIMITS.items():
+        try:
+            numbers[key] = int(values[key])
+            if not low <= numbers[key] <= high:
+                raise ValueError
+        except ValueError:
+            errors.append(f"{key.replace('_', ' ')} must be a whole number from {low} to {high}")
+    try:
+        temperature = float(values["temperature"] or 0)
+        if not 0 <= temperature <= 5:
+            raise ValueError
+    except ValueError:
+        errors.append("temperature must be a number from 0 to 5")
+        temperature = 0.0
+    if errors:
+        return _new_run_page(errors, values, 400)
+    params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
+                       temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0)
+    try:
+        with sessions()() as session, session.begin():
+            run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
+    except (RunError, SpecError, LookupError, ValueError) as exc:
+        return _new_run_page([str(exc)], values, 400)
+    flash(f"analysis run {run_id} queued; it starts as soon as the worker is free")
+    return redirect(url_for("ui.run", run_id=run_id))
+
+
+@bp.get("/runs/<int:run_id>/status.json")
+def run_status(run_id: int):
+    with sessions()() as session:
+        run = session.get(AnalysisRun, run_id)
+        if run is None:
+            return jsonify({"error": {"code": "not_found", "message": f"no analysis run {run_id}", "details": {}}}), 404
+        return jsonify(_run_row(run))
+
+
+@bp.post("/runs/<int:run_id>/cancel")
+def cancel_run(run_id: int):
+    try:
+        with sessions()() as session, session.begin():
+            run = request_cancel(session, run_id)
+            status = run.status
+    except RunError as exc:
+        abort(404, description=str(exc))
+    flash(f"run {run_id}: " + ("cancelled" if status == "cancelled" else
+                               "stopping after the prompt it is on" if status == "running" else f"already {status}"))
+    return redirect(request.referrer or url_for("ui.runs"))
+
+
+def _report(run_id: int) -> dict:
+    with sessions()() as session:
+        try:
+            return build_report(session, run_id)
+        except ReportError as exc:
+            abort(404, description=str(exc))
+
+
+def recommendation(report: dict) -> dict:
+    """The report's verdict in plain words: where to speculate (and with which gamma), where not."""
+    tasks = report["tasks"]
+    on = sorted(((t, s) for t, s in tasks.items() if s.get("speculate")), key=lambda x: -(x[1]["predicted_speedup"] or 0))
+    off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
+    workload = report.get("workload") or {}
+    if workload.get("speculate"):
+        headline = (f"Speculate: across this workload, {report['draft']} drafting at gamma {workload['best_gamma']} "
+                    f"is predicted to run {workload['predicted_speedup']:.2f}x as fast as plain decoding.")
+    elif workload:
+        headline = ("Do not speculate on this workload as a whole: the best gamma is predicted to give "
+                    f"{(workload.get('predicted_speedup') or 0):.2f}x, below the {1 + report['params'].get('margin', 0.05):.2f}x needed.")
+    else:
+        headline = "No results yet."
+    return {"headline": headline,
+            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x)" for t, s in on],
+            "off": off}
+
+
+@bp.get("/runs/<int:run_id>")
+def run(run_id: int):
+    report = _report(run_id)
+    with sessions()() as session:
+        row = _run_row(session.get(AnalysisRun, run_id))
+    plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
+    return render_template("report.html", report=report, run=row, plots=plots, verdict=recommendation(report),
+                           gammas=list(range(1, int(report["params"].get("gamma_max", 16)) + 1)))
+
+
+@bp.get("/runs/<int:run_id>/report.json")
+def report_json(run_id: int):
+    report = _report(run_id)
+    return Response(json.dumps(report, indent=1), mimetype="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.json"'})
+
+
+@bp.get("/runs/<int:run_id>/prompts.csv")
+def report_prompts_csv(run_id: int):
+    return Response(report_csv(_report(run_id)), mimetype="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}-prompts.csv"'})
+
+
+@bp.get("/runs/<int:run_id>/report.html")
+def report_html(run_id: int):
+    report = _report(run_id)
+    css = resources.files("webui").joinpath("static/style.css").read_text(encoding="utf-8")
+    plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
+    html = render_template("report_export.html", report=report, plots=plots, verdict=recommendation(report), css=Markup(css))
+    return Response(html, mimetype="text/html",
+                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.html"'})
+
+
+def _tokenizer(spec: str):
+    cache = current_app.extensions.setdefault("specroute.tokenizers", {})
+    if spec not in cache:
+        cache[spec] = load_tokenizer(parse_spec(spec), cache_dir=settings().resolved_data_dir() / "cache")
+    return cache[spec]
+
+
+@bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
+def prompt_detail(run_id: int, prompt_id: int):
+    with sessions()() as session:
+        result = session.scalar(select(PromptResult).where(PromptResult.run_id == run_id, PromptResult.prompt_id == prompt_id))
+        if result is None:
+            abort(404, description=f"run {run_id} has no result for prompt {prompt_id}")
+        run_row = session.get(AnalysisRun, run_id)
+        params, target, draft = run_row.params, run_row.pair.target.spec, run_row.pair.draft.spec
+        prompt = result.prompt
+        text = prompt.text if prompt.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in prompt.messages or [])
+        counts = {g.gamma: g for g in result.gamma_counts}
+        gamma_max = int(params.get("gamma_max", 16))
+        gamma = min(max(request.args.get("gamma", default=min(4, gamma_max), type=int), 1), gamma_max)
+        output_ids, matches = list(result.output_token_ids), result.draft_matches
+        info = {"task": result.task_type, "external_id": prompt.external_id, "prompt_tokens": result.prompt_tokens,
+                "output_tokens": result.output_tokens, "output_text": result.output_text, "text": text,
+                "messages": prompt.messages, "rounds": counts[gamma].rounds if gamma in counts else None,
+                "accepted": counts[gamma].accepted if gamma in counts else None,
+                "drafted": counts[gamma].drafted if gamma in counts else None}
+    note = None
+    tokens = [str(t) for t in output_ids]
+    marks: list[str] = []
+    try:
+        tokenizer = _tokenizer(target)
+        tokens = [tokenizer.decode([t]) for t in output_ids]
+        ref = parse_spec(draft)
+        if ref.kind == "ngram":
+            prompt_ids = encode_prompt(tokenizer, text=prompt.text, messages=prompt.messages,
+                                       use_chat_template=params.get("chat_template", True),
+                                       max_prompt_tokens=max(info["prompt_tokens"], 1)).ids
+            eos = tokenizer.eos_token_id
+            marks = token_marks_ngram(prompt_ids, output_ids, gamma, int(params["max_new_tokens"]),
+                                      max_ngram=int(ref.options.get("max_ngram", 2)),
+                                      eos_ids=[eos] if eos is not None else [])
+    except SpecError as exc:
+        note = f"token texts unavailable ({exc}); showing token ids"
+    if matches is not None and not marks:
+        marks = token_marks_model_draft(matches, gamma, int(params["max_new_tokens"]))
+    pieces = list(zip(tokens, marks or ["plain"] * len(tokens)))
+    return render_template("prompt_detail.html", run_id=run_id, prompt_id=prompt_id, info=info, gamma=gamma,
+                           gammas=list(range(1, gamma_max + 1)), pieces=pieces, note=note)
+

@@ -1,0 +1,68 @@
+"""The web UI blueprint and what its pages share: the session factory and settings of the app, CSRF
+on every form, number formatting, and error pages that never show a stack trace. The pages are in
+prompt_pages.py, run_pages.py and router_pages.py."""
+
+from __future__ import annotations
+
+import math
+
+from flask import Blueprint, current_app, render_template, request
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+from werkzeug.exceptions import HTTPException
+
+from analyzer.models import AnalysisRun, PromptSet
+from analyzer.settings import Settings
+from router.models import ClassifierVersion, PolicySet
+from webui.security import check_csrf, csrf_token
+
+bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
+
+
+def sessions() -> sessionmaker[Session]:
+    return current_app.extensions["specroute.sessions"]
+
+
+def settings() -> Settings:
+    return current_app.config["SPECROUTE_SETTINGS"]
+
+
+@bp.before_app_request
+def _csrf():
+    if request.blueprint == "ui" or (request.endpoint or "").startswith("ui."):
+        check_csrf()
+
+
+@bp.app_context_processor
+def _globals():
+    return {"csrf_token": csrf_token}
+
+
+@bp.app_template_filter("num")
+def num(value, digits: int = 2) -> str:
+    """A number for a table cell: fixed digits, '–' for missing or not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def page_error(exc: HTTPException):
+    """An HTML error page for UI paths (status, name, and the message; never a traceback)."""
+    return render_template("error.html", code=exc.code, name=exc.name, message=exc.description), exc.code
+
+
+@bp.get("/")
+def home():
+    with sessions()() as session:
+        counts = {
+            "prompt_sets": session.scalar(select(func.count()).select_from(PromptSet)),
+            "runs": session.scalar(select(func.count()).select_from(AnalysisRun)),
+        }
+        latest = list(session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()).limit(5)))
+        rows = [{"id": r.id, "status": r.status, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec,
+                 "done": r.progress_done, "total": r.progress_total} for r in latest]
+        classifier = session.scalar(select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True)))
+        policy = session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True)))
+    return render_template("home.html", counts=counts, runs=rows, classifier=classifier, policy=policy)
