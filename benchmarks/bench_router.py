@@ -88,6 +88,16 @@ def in_process(prompts: list[str], repeats: int) -> dict:
                     task = decision.task_type
                 elif decision.task_type == task:
                     agree += 1
+    alone, alone_long = [], []  # the fast path by itself, as a server runs it (nothing interleaved)
+    for _ in range(repeats):
+        for text in prompts:
+            start = time.perf_counter_ns()
+            fast.route(text, max_new_tokens=128)
+            elapsed = time.perf_counter_ns() - start
+            alone.append(elapsed)
+            if len(text) >= 1500:
+                alone_long.append(elapsed)
+    times["fast alone"], long_times["fast alone"] = alone, alone_long
     return {name: {"p50_ms": percentiles_ms(times[name])[0], "p99_ms": percentiles_ms(times[name])[1],
                    "p99_ms_1500_2000_chars": percentiles_ms(long_times[name])[1], "calls": len(times[name])}
             for name in times} | {"same_task": agree / len(times["fast"]), "long_prompts": len(long_times["fast"]) // repeats}
@@ -242,9 +252,11 @@ def main() -> None:
     local = in_process(prompts, args.repeats)
     print("\nin-process decision latency (1 thread; interleaved):")
     print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
-    for name in ("fast", "pipeline"):
+    labels = {"fast": "Router.route (FastScorer), interleaved", "pipeline": "baseline: pipeline.predict_proba, interleaved",
+              "fast alone": "Router.route (FastScorer), alone"}
+    for name in ("fast", "pipeline", "fast alone"):
         r = local[name]
-        print(f"{'Router.route (FastScorer)' if name == 'fast' else 'baseline: pipeline.predict_proba'} | "
+        print(f"{labels[name]} | "
               f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}")
     print(f"same task from both paths: {100 * local['same_task']:.2f}%; "
           f"{local['long_prompts']} prompts of 1500-2000 chars; "

@@ -63,7 +63,7 @@ def test_structural_features_shape_and_values():
     column = {name: i for i, name in enumerate(STRUCTURAL_FEATURES)}
     assert rows[0, column["code_fences"]] > 0 and rows[0, column["json_keys"]] > 0
     assert rows[1, column["starts_translate"]] == 1.0 and rows[0, column["starts_translate"]] == 0.0
-    assert rows[2, column["non_latin_letters"]] == 1.0 and rows[1, column["non_latin_letters"]] == 0.0
+    assert rows[2, column["non_latin_letters"]] > 0.8 and rows[1, column["non_latin_letters"]] == 0.0
 
 
 def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subset):

@@ -698,6 +698,7 @@ def settings_command(state: CliState, as_json: bool) -> None:
 
 
 DEMO_TARGET, DEMO_DRAFT = "builtin:smollm2-135m-instruct", "ngram"
+DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template")
 
 
 @cli.command("demo")
@@ -716,6 +717,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     the bundled corpus, publish the policies, print the report, and serve the web UI and the router.
     A rerun reuses what exists (the set, a finished or interrupted analysis with the same settings,
     the classifier, the policies)."""
+    from analyzer.loading import parse_spec
     from analyzer.report import build_report, report_text
     from analyzer.runs import RunParams, create_run, execute_run
     from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
@@ -737,11 +739,12 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
                f"{_tasks_text(summary.task_counts)}")
     params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit)
+    canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
         candidates = [r for r in session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set.id)
                                                   .order_by(AnalysisRun.id.desc()))
-                      if (r.pair.target.spec, r.pair.draft.spec) == (DEMO_TARGET, DEMO_DRAFT)
-                      and RunParams.from_json(r.params) == params and r.status != "cancelled"]
+                      if (r.pair.target.spec, r.pair.draft.spec) == canonical
+                      and all(r.params.get(k) == getattr(params, k) for k in DEMO_PARAM_KEYS) and r.status != "cancelled"]
         reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
         run_id = reuse.id if reuse is not None else create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params).id
         status = reuse.status if reuse is not None else "new"
