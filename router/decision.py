@@ -51,9 +51,12 @@ class Decision:
     engine: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["reasons"] = list(self.reasons)
-        return data
+        """The decision as JSON-ready data (engine settings copied one level deep)."""
+        engine = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.engine.items()}
+        return {"route_id": self.route_id, "speculate": self.speculate, "gamma": self.gamma,
+                "task_type": self.task_type, "confidence": self.confidence,
+                "predicted_acceptance": self.predicted_acceptance, "expected_speedup": self.expected_speedup,
+                "reasons": list(self.reasons), "policy_version": self.policy_version, "engine": engine}
 
 
 @dataclass(frozen=True)
