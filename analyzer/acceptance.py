@@ -19,7 +19,7 @@ Drafts past the end of the target's output are not counted (after an EOS nothing
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -67,18 +67,29 @@ def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_to
     n = len(matches)
     if max_new_tokens < n:
         raise ValueError("max_new_tokens is smaller than the output")
+    return _tally(gamma, n, model_draft_rounds(matches, gamma, max_new_tokens))
+
+
+def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int) -> Iterator[tuple[int, int]]:
+    """(drafted, accepted) of each round of the model-draft walk (see :func:`walk_model_draft`)."""
+    n = len(matches)
     runs = match_runs(matches)
-    accepted_hist, drafted_hist, position_accepted = _counter(gamma)
     s = 0
     while s < n:
         k = max(0, min(gamma, max_new_tokens - s - 1))
         if s + runs[s] >= n:
             k = min(k, n - s)
         a = int(min(runs[s], k))
+        yield k, a
+        s += a + 1
+
+
+def _tally(gamma: int, n: int, rounds: Iterable[tuple[int, int]]) -> WalkCounts:
+    accepted_hist, drafted_hist, position_accepted = _counter(gamma)
+    for k, a in rounds:
         accepted_hist[a] += 1
         drafted_hist[k] += 1
         position_accepted[:a] += 1
-        s += a + 1
     return _counts(gamma, n, accepted_hist, drafted_hist, position_accepted)
 
 
@@ -149,18 +160,22 @@ def walk_ngram(
     if max_new_tokens < n:
         raise ValueError("max_new_tokens is smaller than the output")
     index = index or NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids)
-    accepted_hist, drafted_hist, position_accepted = _counter(gamma)
+    return _tally(gamma, n, ngram_rounds(p, output_ids, gamma, max_new_tokens, index))
+
+
+def ngram_rounds(prompt_len: int, output_ids: Sequence[int], gamma: int, max_new_tokens: int,
+                 index: NgramIndex) -> Iterator[tuple[int, int]]:
+    """(drafted, accepted) of each round of the prompt-lookup walk (see :func:`walk_ngram`);
+    ``index`` covers prompt + output."""
+    n = len(output_ids)
     s = 0
     while s < n:
-        proposal = [] if max_new_tokens - s == 1 else index.propose(p + s, gamma)
+        proposal = [] if max_new_tokens - s == 1 else index.propose(prompt_len + s, gamma)
         a = 0
         while a < len(proposal) and s + a < n and proposal[a] == output_ids[s + a]:
             a += 1
-        accepted_hist[a] += 1
-        drafted_hist[len(proposal)] += 1
-        position_accepted[:a] += 1
+        yield len(proposal), a
         s += a + 1
-    return _counts(gamma, n, accepted_hist, drafted_hist, position_accepted)
 
 
 ROUND_MARKS = ("accepted", "corrected", "bonus", "plain")
@@ -179,39 +194,14 @@ def token_marks_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max
     """What produced each output token in the walk of :func:`walk_model_draft` at ``gamma``:
     "accepted" (a draft the target kept), "corrected" (the target's token after a rejected draft),
     "bonus" (the target's token after a fully accepted round) or "plain" (a round with no drafts)."""
-    n = len(matches)
-    runs = match_runs(matches)
-
-    def rounds():
-        s = 0
-        while s < n:
-            k = max(0, min(gamma, max_new_tokens - s - 1))
-            if s + runs[s] >= n:
-                k = min(k, n - s)
-            a = int(min(runs[s], k))
-            yield k, a
-            s += a + 1
-
-    return _marks_from_rounds(n, rounds())
+    return _marks_from_rounds(len(matches), model_draft_rounds(matches, gamma, max_new_tokens))
 
 
 def token_marks_ngram(prompt_ids: Sequence[int], output_ids: Sequence[int], gamma: int, max_new_tokens: int, *,
                       max_ngram: int = 2, eos_ids: Iterable[int] = ()) -> list[str]:
     """Per output token, as :func:`token_marks_model_draft`, for the prompt-lookup walk of :func:`walk_ngram`."""
-    p, n = len(prompt_ids), len(output_ids)
     index = NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids)
-
-    def rounds():
-        s = 0
-        while s < n:
-            proposal = [] if max_new_tokens - s == 1 else index.propose(p + s, gamma)
-            a = 0
-            while a < len(proposal) and s + a < n and proposal[a] == output_ids[s + a]:
-                a += 1
-            yield len(proposal), a
-            s += a + 1
-
-    return _marks_from_rounds(n, rounds())
+    return _marks_from_rounds(len(output_ids), ngram_rounds(len(prompt_ids), output_ids, gamma, max_new_tokens, index))
 
 
 def ngram_first_token_matches(
