@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 
 from router.classifier import ClassifierError
 from router.decision import RouteRequest
@@ -42,7 +43,7 @@ class ApiError(Exception):
 
 
 def error_response(status: int, code: str, message: str, details: Mapping[str, Any] | None = None) -> Response:
-    response = jsonify({"error": {"code": code, "message": message, "details": dict(details or {})}})
+    response = jsonify(_error_payload(code, message, details))
     response.status_code = status
     return response
 
@@ -55,7 +56,10 @@ def service() -> RouterService:
 
 
 def _json_body() -> Any:
-    raw = request.get_data(cache=False)
+    return _parse_json(request.get_data(cache=False))
+
+
+def _parse_json(raw: bytes) -> Any:
     if not raw:
         raise ApiError(400, "invalid_json", "the request body is empty; send a JSON object")
     try:
@@ -162,11 +166,16 @@ def _router_errors(call):
         raise ApiError(503, "classifier_unavailable", str(exc)) from None
 
 
+def answer_route(raw: bytes, router_service: RouterService) -> dict[str, Any]:
+    """The decision for one raw /v1/route body (ApiError for anything wrong); shared by the view and
+    the fast path."""
+    parsed = parse_route_request(_parse_json(raw), router_service.settings.max_prompt_chars)
+    return _router_errors(lambda: router_service.route([parsed]))[0].as_dict()
+
+
 @bp.post("/v1/route")
 def route_one():
-    parsed = parse_route_request(_json_body(), service().settings.max_prompt_chars)
-    decision = _router_errors(lambda: service().route([parsed]))[0]
-    return jsonify(decision.as_dict())
+    return jsonify(answer_route(request.get_data(cache=False), service()))
 
 
 @bp.post("/v1/route/batch")
@@ -218,6 +227,55 @@ def openapi():
     return jsonify(openapi_document(own))
 
 
+# ---------------------------------------------------------------- the fast path
+
+
+class RouteFastPath:
+    """WSGI middleware that answers ``POST /v1/route`` without Flask's request machinery (which
+    costs about as much as the decision itself: ~0.5 ms a request on this machine). The answer is
+    the view's own (``answer_route``: same parsing, errors, JSON), with the app's response headers
+    and the request metrics; a request with no valid Content-Length, and every other path, goes
+    to Flask."""
+
+    def __init__(self, wsgi_app, router_service: RouterService, headers: Mapping[str, str], body_limit: int):
+        self.wsgi_app, self.service, self.body_limit = wsgi_app, router_service, body_limit
+        self.headers = [(name, value) for name, value in headers.items()]
+
+    def __call__(self, environ, start_response):
+        if environ.get("PATH_INFO") != "/v1/route" or environ.get("REQUEST_METHOD") != "POST":
+            return self.wsgi_app(environ, start_response)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or "")
+        except ValueError:
+            return self.wsgi_app(environ, start_response)
+        if length < 0 or environ.get("HTTP_TRANSFER_ENCODING"):
+            return self.wsgi_app(environ, start_response)
+        started = time.perf_counter()
+        if length > self.body_limit:
+            status, payload = 413, _error_payload("body_too_large", _too_large(self.body_limit))
+        else:
+            try:
+                status, payload = 200, answer_route(environ["wsgi.input"].read(length), self.service)
+            except ApiError as exc:
+                status, payload = exc.status, _error_payload(exc.code, exc.message, exc.details)
+            except Exception:  # noqa: BLE001 - answered as the app answers it: 500 with the error shape, logged
+                log.exception("unexpected error on POST /v1/route")
+                status, payload = 500, _error_payload("internal_error", "unexpected server error; the log has the details")
+        body = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+        start_response(f"{status} {HTTP_STATUS_CODES[status]}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] + self.headers)
+        self.service.metrics.observe_request("/v1/route", "POST", status, time.perf_counter() - started)
+        return [body]
+
+
+def _error_payload(code: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": dict(details or {})}}
+
+
+def _too_large(limit: int) -> str:
+    return f"the body exceeds {limit} bytes (SPECROUTE_API_MAX_BODY_BYTES)"
+
+
 # ---------------------------------------------------------------- wiring
 
 
@@ -225,13 +283,17 @@ def _is_api_path() -> bool:
     return request.path.startswith(API_PREFIXES)
 
 
-def init_app(app: Flask, router_service: RouterService, page_error=None) -> None:
-    """Register the blueprint, the error shape, request metrics and the service on ``app``.
-    ``page_error(exc)`` answers HTTP errors outside the API's paths (the web UI's pages)."""
+def init_app(app: Flask, router_service: RouterService, page_error=None,
+             headers: Mapping[str, str] | None = None) -> None:
+    """Register the blueprint, the error shape, request metrics and the service on ``app``, and put
+    the /v1/route fast path in front of it. ``page_error(exc)`` answers HTTP errors outside the
+    API's paths (the web UI's pages); ``headers`` are the headers the app adds to every response
+    (the fast path adds them too)."""
     app.extensions[EXTENSION] = router_service
     app.config.setdefault("MAX_CONTENT_LENGTH", router_service.settings.api_max_body_bytes)
     api_limit = router_service.settings.api_max_body_bytes
     app.register_blueprint(bp)
+    app.wsgi_app = RouteFastPath(app.wsgi_app, router_service, headers or {}, api_limit)
 
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError):
@@ -246,7 +308,7 @@ def init_app(app: Flask, router_service: RouterService, page_error=None) -> None
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.code, "http_error")
         message = exc.description or exc.name
         if exc.code == 413:
-            message = f"the body exceeds {api_limit} bytes (SPECROUTE_API_MAX_BODY_BYTES)"
+            message = _too_large(api_limit)
         return error_response(exc.code or 500, code, message)
 
     @app.errorhandler(Exception)

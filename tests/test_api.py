@@ -93,6 +93,37 @@ def test_every_bad_input_gets_a_4xx_in_the_one_error_shape(engine, db_url, publi
         app.extensions["specroute.close"]()
 
 
+def test_the_route_fast_path_answers_as_the_flask_view(engine, db_url, published):
+    from werkzeug.test import Client
+
+    from router.api import RouteFastPath
+
+    app = create_app({"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False})
+    try:
+        assert isinstance(app.wsgi_app, RouteFastPath)
+        fast, flask_view = app.test_client(), Client(app.wsgi_app.wsgi_app)  # the second skips the fast path
+        bodies = [body for _, path, body, _, _ in ERROR_CASES if path == "/v1/route" and body is not None]
+        bodies += [b'{"prompt": "def add(a, b): return a + b"}', b'{"messages": [{"role": "user", "content": "Capital?"}]}']
+        before = app.extensions["specroute.router"].metrics.render()
+        for body in bodies:
+            one = fast.post("/v1/route", data=body, content_type="application/json")
+            two = flask_view.post("/v1/route", data=body, content_type="application/json")
+            assert one.status_code == two.status_code, body
+            a, b = one.get_json(), two.get_json()
+            if one.status_code == 200:
+                assert a.pop("route_id") != b.pop("route_id")
+            assert a == b, body
+            for name in ("Content-Type", "Content-Security-Policy", "X-Content-Type-Options", "X-Frame-Options",
+                         "Referrer-Policy"):
+                assert one.headers[name] == two.headers[name], name
+        after = app.extensions["specroute.router"].metrics.render()
+        count = re.compile(r'specroute_http_requests_total\{endpoint="/v1/route",method="POST",status="200"\} (\d+)')
+        ok = [int(m.group(1)) if (m := count.search(text)) else 0 for text in (before, after)]
+        assert ok[1] - ok[0] == 4  # both paths count their requests
+    finally:
+        app.extensions["specroute.close"]()
+
+
 def test_error_messages_name_the_field(client, published):
     data = client.post("/v1/route/batch", json={"requests": [{"prompt": "a"}, {"prompt": "b", "max_new_tokens": -3}]}).get_json()
     assert data["error"]["details"]["field"] == "requests[1].max_new_tokens"

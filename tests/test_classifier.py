@@ -181,6 +181,10 @@ def test_fast_scorer_equals_the_pipeline_probabilities(subset):
     got = fast.predict_proba(texts)
     assert got.shape == expected.shape and list(fast.classes_) == list(pipeline.classes_)
     assert abs(got - expected).max() < 1e-9
+    assert abs(fast.predict_proba(texts) - expected).max() < 1e-9  # again, every word's n-grams cached now
+    small = FastScorer(pipeline)
+    small.char_tables[0].WORD_CACHE_SIZE = 5  # the cache starts over again and again
+    assert small.cached_words() > 5 and abs(small.predict_proba(texts) - expected).max() < 1e-9
     char = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5)).build_analyzer()
     for text in texts:  # our char_wb n-grams are scikit-learn's multiset
         assert sorted(_char_wb_ngrams(text.lower(), 2, 5)) == sorted(char(text))

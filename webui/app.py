@@ -44,7 +44,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     router_service = RouterService(settings, sessions)
     app.extensions["specroute.engine"] = engine
     app.extensions["specroute.sessions"] = sessions
-    api.init_app(app, router_service, page_error=_page_error)
+    api.init_app(app, router_service, page_error=_page_error, headers=SECURITY_HEADERS)
     app.register_blueprint(ui.bp)
     worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache",
                     allow_network=settings.allow_downloads).start() if settings.ui_worker else None
