@@ -65,7 +65,9 @@ def utcnow() -> datetime:
 
 def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
     """Create an engine for ``url``. For SQLite files the parent folder is created and every
-    connection gets WAL journaling, foreign keys and a busy timeout."""
+    connection gets WAL journaling, foreign keys and a busy timeout; transactions begin with an
+    explicit BEGIN when they start (pysqlite's own BEGIN comes only before the first write, so a
+    read-then-write transaction could see stale data), or BEGIN IMMEDIATE (see ``lock_for_write``)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
@@ -75,13 +77,29 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None  # the "begin" listener below emits BEGIN
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={int(sqlite_busy_timeout_ms)}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
 
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(_WRITE_LOCK) else "BEGIN")
+
     return engine
+
+
+_WRITE_LOCK = "specroute_write_lock"
+
+
+def lock_for_write(session: Session) -> None:
+    """Start the session's transaction holding the write lock (SQLite: BEGIN IMMEDIATE), for a
+    transaction that reads rows and writes values computed from them: concurrent ones (other
+    threads or processes) then run one after the other instead of failing on a stale snapshot.
+    Call it first in the transaction; on other backends lock the rows read (SELECT ... FOR UPDATE)."""
+    session.connection(execution_options={_WRITE_LOCK: True})
 
 
 def engine_from_settings(settings) -> Engine:

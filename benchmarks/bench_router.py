@@ -6,8 +6,8 @@
    holds only the classifier vocabulary's words), then passes interleaved with the same decisions made through the scikit-learn
    pipeline's own ``predict_proba`` (the baseline our FastScorer replaces), then the fast path
    alone; p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
-2. Over HTTP: ``specroute serve``'s waitress server (subprocess, ``--threads``) on a temporary SQLite
-   database, driven by an asyncio load generator in another process with ``--concurrency``
+2. Over HTTP: ``specroute serve``'s waitress server (subprocess, ``--threads``, with each of
+   ``--workers`` process counts) on a temporary SQLite database, driven by an asyncio load generator in another process with ``--concurrency``
    keep-alive connections posting /v1/route; the same generator against a bare WSGI app on the same
    server settings gives the server's own ceiling in the same run. Decisions are logged as in
    production.
@@ -195,6 +195,10 @@ waitress.serve(app, host="127.0.0.1", port=int(sys.argv[1]), threads=int(sys.arg
 """
 
 
+def server_name(workers: int) -> str:
+    return f"specroute /v1/route, {workers} process{'es' if workers > 1 else ''}"
+
+
 def prepare_database(url: str) -> None:
     engine = make_engine(url)
     migrations.upgrade(engine)
@@ -213,27 +217,36 @@ def http(prompts: list[str], args) -> dict:
     env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
            "OMP_NUM_THREADS": "1"}
     results = {}
-    for name, command in (
-        ("bare WSGI app", [sys.executable, "-c", BARE_APP]),
-        ("specroute /v1/route", [sys.executable, "-m", "webui.cli", "serve"]),
-    ):
-        port = free_port()
-        argv = command + ([str(port), str(args.threads)] if name.startswith("bare") else
-                          ["--port", str(port), "--threads", str(args.threads)])
-        log = open(Path(folder) / f"server-{port}.log", "wb")
-        server = subprocess.Popen(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
-                                  stdout=log, stderr=subprocess.STDOUT)
-        try:
+    servers = [("bare WSGI app", [sys.executable, "-c", BARE_APP])] + [
+        (server_name(workers), [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)])
+        for workers in args.workers]
+    started, logs = {}, []
+    try:
+        for name, command in servers:  # all up at once, so that their runs can be interleaved
+            port = free_port()
+            argv = command + ([str(port), str(args.threads)] if name.startswith("bare") else
+                              ["--port", str(port), "--threads", str(args.threads)])
+            logs.append(open(Path(folder) / f"server-{port}.log", "wb"))
+            started[name] = (port, subprocess.Popen(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
+                                                    stdout=logs[-1], stderr=subprocess.STDOUT))
+        for name, (port, _) in started.items():
             wait_for(port)
-            runs = [drive(port, "/v1/route", bodies, args.concurrency, args.seconds, args.warmup) for _ in range(args.runs)]
-        finally:
+            drive(port, "/v1/route", bodies, args.concurrency, 2.0, 1.0)  # every process has loaded its router
+        runs = {name: [] for name in started}
+        for _ in range(args.runs):
+            for name, (port, _) in started.items():
+                runs[name].append(drive(port, "/v1/route", bodies, args.concurrency, args.seconds, args.warmup))
+    finally:
+        for _, server in started.values():
             server.terminate()
             server.wait(timeout=30)
+        for log in logs:
             log.close()
-        results[name] = {"runs": runs, "requests_per_s": float(np.median([r["requests_per_s"] for r in runs])),
-                         "p50_ms": float(np.median([r["p50_ms"] for r in runs])),
-                         "p99_ms": float(np.median([r["p99_ms"] for r in runs])),
-                         "errors": int(sum(r["errors"] for r in runs))}
+    for name, measured in runs.items():
+        results[name] = {"runs": measured, "requests_per_s": float(np.median([r["requests_per_s"] for r in measured])),
+                         "p50_ms": float(np.median([r["p50_ms"] for r in measured])),
+                         "p99_ms": float(np.median([r["p99_ms"] for r in measured])),
+                         "errors": int(sum(r["errors"] for r in measured))}
     engine = make_engine(url)
     with engine.connect() as connection:
         results["decisions_logged"] = connection.exec_driver_sql("SELECT count(*) FROM route_decisions").scalar()
@@ -246,7 +259,9 @@ def main() -> None:
     parser.add_argument("--max-chars", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the corpus in process")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=8, help="waitress threads")
+    parser.add_argument("--threads", type=int, default=8, help="waitress threads (per process)")
+    parser.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
+                        help="comma-separated server process counts to measure (specroute serve --workers)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3, help="load runs per server (medians reported)")
@@ -276,14 +291,17 @@ def main() -> None:
     if not args.skip_http:
         served = http(prompts, args)
         result["http"] = served
-        print(f"\nHTTP, waitress {args.threads} threads, asyncio load generator in another process, concurrency "
-              f"{args.concurrency}, {args.seconds:.0f} s per run after {args.warmup:.0f} s warm-up, median of {args.runs} runs:")
+        print(f"\nHTTP, waitress {args.threads} threads per process, asyncio load generator in another process, "
+              f"concurrency {args.concurrency}, {args.seconds:.0f} s per run after {args.warmup:.0f} s warm-up, "
+              f"median of {args.runs} runs (servers interleaved):")
         print("server | req/s | p50 ms | p99 ms | errors")
-        for name in ("bare WSGI app", "specroute /v1/route"):
+        for name in ["bare WSGI app"] + [server_name(w) for w in args.workers]:
             r = served[name]
             print(f"{name} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']}")
-        print(f"specroute / bare: {served['specroute /v1/route']['requests_per_s'] / served['bare WSGI app']['requests_per_s']:.2f}"
-              f" of the server's ceiling; decisions logged: {served['decisions_logged']}")
+        for workers in args.workers:
+            share = served[server_name(workers)]['requests_per_s'] / served['bare WSGI app']['requests_per_s']
+            print(f"{server_name(workers)} / bare WSGI app (1 process): {share:.2f}")
+        print(f"decisions logged: {served['decisions_logged']}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
 

@@ -169,7 +169,8 @@ def task_state(estimate: TaskEstimate) -> TaskState:
 
 def record_feedback(session: Session, payload: Mapping[str, Any], config: AdaptationConfig | None = None) -> TaskEstimate:
     """Store one feedback event and update its task's estimate under the active policy set
-    (created from the published policy on the task's first event); returns the estimate."""
+    (created from the published policy on the task's first event); returns the estimate. Run it in
+    a transaction begun with ``analyzer.db.lock_for_write`` when other writers may be about."""
     config = config or AdaptationConfig()
     counts = normalise(payload)
     policy_set = active_policy_set(session)
@@ -194,8 +195,8 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
     policy = policies.get(task) or policies[FALLBACK_TASK]
     run = session.get(AnalysisRun, policy_set.run_id)
     cost = cost_for_run(run)
-    estimate = session.scalar(select(TaskEstimate).where(
-        TaskEstimate.policy_set_id == policy_set.id, TaskEstimate.task_type == task))
+    estimate = session.scalar(select(TaskEstimate).where(  # FOR UPDATE: no lost updates on PostgreSQL
+        TaskEstimate.policy_set_id == policy_set.id, TaskEstimate.task_type == task).with_for_update())
     if estimate is None:
         start = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, cost, policy.expected_speedup, config)
         estimate = TaskEstimate(policy_set_id=policy_set.id, task_type=task, beta_a=start.beta_a, beta_b=start.beta_b,

@@ -4,9 +4,11 @@ process (``create_app`` keeps it in ``app.extensions["specroute.router"]``).
 
 The loaded Router follows the database: at most every ``router_refresh_s`` seconds a route request
 checks which classifier and policy set are active and reloads when either changed (so
-``specroute policies activate`` or a new ``specroute train`` takes effect without a restart). Feedback
-updates the database and this process's Router at once; run one server process per database, or
-other processes see feedback only after their next reload.
+``specroute policies activate`` or a new ``specroute train`` takes effect without a restart), and
+takes the tasks' online estimates that other server processes stored since the last check. Feedback
+updates the database and this process's Router at once. Feedback naming a route_id that is not
+stored yet waits up to ``route_id_wait_s`` for it (another process's decision log writes every
+0.2 s).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.db import lock_for_write
 from analyzer.settings import Settings, router_pools
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
 from router.decision_log import DecisionLog
-from router.feedback import normalise, record_feedback, task_state
+from router.feedback import FeedbackError, normalise, record_feedback, task_state
 from router.metrics import Metrics
 from router.models import ClassifierVersion, PolicySet, TaskEstimate
 from router.policy import active_policy_set, list_policy_sets
@@ -32,7 +35,7 @@ class RouterService:
     """Routing, feedback and introspection over one database."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], *,
-                 adaptation: AdaptationConfig | None = None, decision_log: bool = True):
+                 adaptation: AdaptationConfig | None = None, decision_log: bool = True, route_id_wait_s: float = 0.0):
         self.settings = settings
         self.sessions = sessions
         self.config = RouterConfig(settings.router_min_output_tokens, settings.router_max_batch_size,
@@ -40,6 +43,7 @@ class RouterService:
         self.adaptation = adaptation or AdaptationConfig()
         self.metrics = Metrics()
         self.decision_log = DecisionLog(sessions, on_drop=self.metrics.observe_dropped) if decision_log else None
+        self.route_id_wait_s = route_id_wait_s
         self._reload_lock = threading.Lock()
         self._feedback_lock = threading.Lock()
         self._router: Router | None = None
@@ -68,12 +72,22 @@ class RouterService:
         if router is None:
             return self.reload()
         if time.monotonic() - self._checked_at >= self.settings.router_refresh_s:
+            self._checked_at = time.monotonic()
             with self.sessions() as session:
                 versions = self._active_versions(session)
-            self._checked_at = time.monotonic()
-            if versions != self._loaded_versions:
-                return self.reload()
+                if versions != self._loaded_versions:
+                    return self.reload()
+                if router.policy_set_id is not None:
+                    self._take_estimates(session, router)
         return router
+
+    @staticmethod
+    def _take_estimates(session: Session, router: Router) -> None:
+        """Take every stored estimate that has seen more feedback than this process's copy."""
+        for estimate in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == router.policy_set_id)):
+            current = router.states.get(estimate.task_type)
+            if current is None or estimate.events > current.events:
+                router.observe(estimate.task_type, task_state(estimate))
 
     # ------------------------------------------------------------------ endpoints
 
@@ -93,9 +107,18 @@ class RouterService:
         if self.decision_log is not None and payload.get("route_id") is not None:
             self.decision_log.flush()
         router = self.router
-        with self._feedback_lock, self.sessions() as session, session.begin():
-            estimate = record_feedback(session, payload, self.adaptation)
-            result, state = estimate_dict(estimate), task_state(estimate)
+        deadline = time.monotonic() + self.route_id_wait_s
+        while True:
+            try:
+                with self._feedback_lock, self.sessions() as session, session.begin():
+                    lock_for_write(session)  # feedback from other processes waits instead of failing
+                    estimate = record_feedback(session, payload, self.adaptation)
+                    result, state = estimate_dict(estimate), task_state(estimate)
+                break
+            except FeedbackError as exc:
+                if exc.code != "unknown_route_id" or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)  # the decision may still be in another process's log queue
         router.observe(result["task_type"], state)
         self.metrics.observe_feedback(result["task_type"], counts.engine, counts.drafted, counts.accepted, result["alpha"])
         return result

@@ -24,9 +24,11 @@ from webui.security import resolve_secret_key
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
 
 
-def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = True) -> Flask:
+def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = True,
+               route_id_wait_s: float = 0.0) -> Flask:
     """A configured app. ``config`` holds setting names (see ``specroute settings``); Flask's own
-    keys (upper case, e.g. ``TESTING``) are passed to ``app.config``."""
+    keys (upper case, e.g. ``TESTING``) are passed to ``app.config``. ``route_id_wait_s``: how long
+    feedback waits for a route_id another server process has not stored yet (``serve --workers``)."""
     config = dict(config or {})
     flask_keys = {k: config.pop(k) for k in list(config) if k.isupper() and not k.startswith("SPECROUTE_")}
     settings = load_settings(config)
@@ -41,7 +43,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
     app.json.sort_keys = False
     sessions = make_session_factory(engine)
-    router_service = RouterService(settings, sessions)
+    router_service = RouterService(settings, sessions, route_id_wait_s=route_id_wait_s)
     app.extensions["specroute.engine"] = engine
     app.extensions["specroute.sessions"] = sessions
     api.init_app(app, router_service, page_error=_page_error, headers=SECURITY_HEADERS)
