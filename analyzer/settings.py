@@ -84,6 +84,17 @@ class Settings:
         "key is generated once and kept in <data_dir>/secret_key. The server refuses to start with a "
         "shorter or well-known key.",
     )
+    api_token: str = _setting(
+        "", "Bearer token for writes. When set, POST /v1/feedback and every web UI form (upload, delete, "
+        "start or cancel an analysis, train, activate, publish) need 'Authorization: Bearer <token>'; in the "
+        "browser, sign in once on /login. Empty: no authentication (keep the server on 127.0.0.1). Never "
+        "logged or shown.",
+    )
+    api_token_scope: str = _setting(
+        "writes", "What SPECROUTE_API_TOKEN protects besides writes: 'writes' (nothing else), 'writes,route' "
+        "(also POST /v1/route, /v1/route/batch and the playground), 'all' (also every API GET and web page; "
+        "/healthz stays open).",
+    )
     ui_worker: bool = _setting(
         True, "Run analyses queued from the web UI in a background thread of the server; set false "
         "when separate 'specroute worker' processes do it."
@@ -100,6 +111,18 @@ class Settings:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.resolved_data_dir() / 'specroute.db'}"
+
+
+SECRET_SETTINGS = ("secret_key", "api_token")
+API_TOKEN_SCOPES = ("writes", "writes,route", "all")
+
+
+def api_token_scope(settings: Settings) -> str:
+    """The checked ``api_token_scope``; a SettingsError names the allowed values."""
+    scope = settings.api_token_scope.replace(" ", "")
+    if scope not in API_TOKEN_SCOPES:
+        raise SettingsError(f"SPECROUTE_API_TOKEN_SCOPE: expected one of {', '.join(API_TOKEN_SCOPES)}, got {scope!r}")
+    return scope
 
 
 def router_pools(settings: Settings) -> dict[str, str]:

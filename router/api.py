@@ -28,6 +28,7 @@ from router.service import RouterService
 EXTENSION = "specroute.router"
 API_PREFIXES = ("/v1/", "/healthz", "/metrics", "/openapi.json")
 ROUTE_FIELDS = ("prompt", "messages", "max_new_tokens", "batch_size", "concurrency", "temperature")
+UNAUTHORIZED = "this endpoint needs 'Authorization: Bearer <token>' (the server's SPECROUTE_API_TOKEN)"
 FEEDBACK_STATUS = {"invalid_feedback": 400, "unknown_route_id": 404, "no_active_policy": 409}
 
 bp = Blueprint("router_api", __name__)
@@ -240,6 +241,7 @@ class RouteFastPath:
     def __init__(self, wsgi_app, router_service: RouterService, headers: Mapping[str, str], body_limit: int):
         self.wsgi_app, self.service, self.body_limit = wsgi_app, router_service, body_limit
         self.headers = [(name, value) for name, value in headers.items()]
+        self.authorize = None  # set to a check of the WSGI environ when routing needs a token
 
     def __call__(self, environ, start_response):
         if environ.get("PATH_INFO") != "/v1/route" or environ.get("REQUEST_METHOD") != "POST":
@@ -251,7 +253,11 @@ class RouteFastPath:
         if length < 0 or environ.get("HTTP_TRANSFER_ENCODING"):
             return self.wsgi_app(environ, start_response)
         started = time.perf_counter()
-        if length > self.body_limit:
+        extra = []
+        if self.authorize is not None and not self.authorize(environ):
+            status, payload = 401, _error_payload("unauthorized", UNAUTHORIZED)
+            extra = [("WWW-Authenticate", 'Bearer realm="specroute"')]
+        elif length > self.body_limit:
             status, payload = 413, _error_payload("body_too_large", _too_large(self.body_limit))
         else:
             try:
@@ -263,7 +269,7 @@ class RouteFastPath:
                 status, payload = 500, _error_payload("internal_error", "unexpected server error; the log has the details")
         body = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
         start_response(f"{status} {HTTP_STATUS_CODES[status]}",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] + self.headers)
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] + self.headers + extra)
         self.service.metrics.observe_request("/v1/route", "POST", status, time.perf_counter() - started)
         return [body]
 

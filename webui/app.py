@@ -14,11 +14,12 @@ from flask import Flask, render_template, request
 
 import migrations
 from analyzer.db import engine_from_settings, make_session_factory
-from analyzer.settings import load_settings
+from analyzer.settings import api_token_scope, load_settings
 from analyzer.worker import Worker
 from router import api
 from router.service import RouterService
 from webui import prompt_pages, router_pages, run_pages, ui
+from webui import access
 from webui.security import resolve_secret_key
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
@@ -48,6 +49,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.extensions["specroute.sessions"] = sessions
     api.init_app(app, router_service, page_error=_page_error, headers=SECURITY_HEADERS)
     app.register_blueprint(ui.bp)
+    access.init_access(app, settings.api_token, api_token_scope(settings))
     worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache",
                     allow_network=settings.allow_downloads).start() if settings.ui_worker else None
     app.extensions["specroute.worker"] = worker

@@ -32,7 +32,7 @@ from analyzer.prompt_sets import (
     list_prompts,
     summarize,
 )
-from analyzer.settings import Settings, SettingsError, describe_settings, load_settings
+from analyzer.settings import SECRET_SETTINGS, Settings, SettingsError, describe_settings, load_settings
 
 
 @dataclass
@@ -770,7 +770,7 @@ def _supervise(serve_here, workers: int) -> None:
 @click.pass_obj
 def settings_command(state: CliState, as_json: bool) -> None:
     """Print every setting: environment variable, value in force, default and meaning."""
-    rows = [{**row, "value": getattr(state.settings, row["name"])} for row in describe_settings()]
+    rows = [{**row, "value": _shown_value(row["name"], getattr(state.settings, row["name"]))} for row in describe_settings()]
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -779,6 +779,20 @@ def settings_command(state: CliState, as_json: bool) -> None:
     for row in rows:
         click.echo(f"\n{row['env']} = {row['value']!r}  (default {row['default']!r}, {row['type']})")
         click.echo(f"    {row['help']}")
+
+
+def _shown_value(name: str, value):
+    """A setting's value as printed: secrets hidden, passwords in URLs masked."""
+    if name in SECRET_SETTINGS:
+        return "(set, hidden)" if value else ""
+    if name == "database_url" and value:
+        from sqlalchemy.engine import make_url
+
+        try:
+            return make_url(value).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - an unparsable URL is shown as the server would report it
+            return "(unparsable URL)"
+    return value
 
 
 DEMO_TARGET, DEMO_DRAFT = "builtin:smollm2-135m-instruct", "ngram"

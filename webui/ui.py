@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 from analyzer.models import AnalysisRun, PromptSet
 from analyzer.settings import Settings
 from router.models import ClassifierVersion, PolicySet
+from webui import access
 from webui.security import check_csrf, csrf_token
 
 bp = Blueprint("ui", __name__, template_folder="templates", static_folder="static", static_url_path="/static")
@@ -35,7 +36,20 @@ def _csrf():
 
 @bp.app_context_processor
 def _globals():
-    return {"csrf_token": csrf_token}
+    auth = bool(current_app.config.get("SPECROUTE_AUTH"))
+    return {"csrf_token": csrf_token, "auth_enabled": auth,
+            "signed_in": auth and access.signed_in(settings().api_token)}
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    return access.login_view(settings().api_token)
+
+
+@bp.post("/logout")
+def logout():
+    session.pop(access.SESSION_KEY, None)
+    return redirect(url_for("ui.home"))
 
 
 @bp.app_template_filter("num")
