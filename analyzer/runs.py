@@ -13,6 +13,7 @@ import socket
 import time
 import traceback
 from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -391,6 +392,20 @@ def _store(session: Session, run: AnalysisRun, result: dict) -> None:
         select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run.id)
     )
     run.heartbeat_at = utcnow()
+
+
+INTERRUPTED_AFTER_S = 180.0
+
+
+def shown_status(run: AnalysisRun, now: datetime | None = None) -> str:
+    """The status to show: "interrupted" for a run stored as running whose worker has not written a
+    heartbeat for INTERRUPTED_AFTER_S (it died or was killed; ``specroute analyze --resume RUN`` or
+    any worker after ten minutes picks it up again), else the stored status."""
+    if run.status == "running" and run.heartbeat_at is not None:
+        heartbeat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=timezone.utc)
+        if ((now or utcnow()) - heartbeat).total_seconds() > INTERRUPTED_AFTER_S:
+            return "interrupted"
+    return run.status
 
 
 def execute_run(

@@ -410,10 +410,11 @@ def runs_list(state: CliState, as_json: bool) -> None:
     from sqlalchemy import select
 
     from analyzer.models import AnalysisRun
+    from analyzer.runs import shown_status
 
     with state.sessions()() as session:
         rows = [
-            {"id": r.id, "status": r.status, "prompt_set": r.prompt_set.name, "target": r.pair.target.spec,
+            {"id": r.id, "status": shown_status(r), "prompt_set": r.prompt_set.name, "target": r.pair.target.spec,
              "draft": r.pair.draft.spec, "done": r.progress_done, "total": r.progress_total, "error": r.error,
              "created_at": r.created_at.isoformat()}
             for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))

@@ -16,7 +16,7 @@ from analyzer.db import utcnow
 from analyzer.loading import SpecError, encode_prompt, load_tokenizer, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.report import ReportError, build_report, report_csv
-from analyzer.runs import RunError, RunParams, create_run, request_cancel
+from analyzer.runs import RunError, RunParams, create_run, request_cancel, shown_status
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
 
@@ -42,8 +42,9 @@ def _run_row(run: AnalysisRun) -> dict:
     now = utcnow()
     elapsed = ((run.finished_at or now) - run.started_at).total_seconds() if run.started_at else None
     done, total = run.progress_done, run.progress_total
-    eta = elapsed / done * (total - done) if elapsed and done and run.status == "running" and total > done else None
-    return {"id": run.id, "status": run.status, "prompt_set": run.prompt_set.name, "target": run.pair.target.spec,
+    status = shown_status(run)
+    eta = elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
+    return {"id": run.id, "status": status, "prompt_set": run.prompt_set.name, "target": run.pair.target.spec,
             "draft": run.pair.draft.spec, "done": done, "total": total,
             "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
             "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds")}
