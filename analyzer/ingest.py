@@ -167,6 +167,8 @@ class _Collector:
         self._id_lines: dict[str, tuple[int, str]] = {}
 
     def error(self, line: int | None, field_name: str | None, message: str) -> None:
+        # text quoted from an undecodable line holds surrogates; show them as escapes, never raw
+        message = _SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", message)
         self.issues.append(ValidationIssue(line, field_name, message))
 
     def check_string(self, line: int, field_name: str, value: str) -> bool:

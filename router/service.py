@@ -104,10 +104,9 @@ class RouterService:
     def feedback(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Store one feedback event, move its task's estimate, and return the estimate in force."""
         counts = normalise(payload)  # a bad payload fails before anything is touched
-        if self.decision_log is not None and payload.get("route_id") is not None:
-            self.decision_log.flush()
         router = self.router
         deadline = time.monotonic() + self.route_id_wait_s
+        flushed = False
         while True:
             try:
                 with self._feedback_lock, self.sessions() as session, session.begin():
@@ -116,9 +115,15 @@ class RouterService:
                     result, state = estimate_dict(estimate), task_state(estimate)
                 break
             except FeedbackError as exc:
-                if exc.code != "unknown_route_id" or time.monotonic() >= deadline:
+                if exc.code != "unknown_route_id":
                     raise
-                time.sleep(0.05)  # the decision may still be in another process's log queue
+                if not flushed and self.decision_log is not None:  # the decision may still be in our queue
+                    self.decision_log.flush()
+                    flushed = True
+                    continue
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)  # or in another server process's queue
         router.observe(result["task_type"], state)
         self.metrics.observe_feedback(result["task_type"], counts.engine, counts.drafted, counts.accepted, result["alpha"])
         return result

@@ -161,3 +161,12 @@ def test_lone_surrogate_escape_is_rejected():
 def test_unknown_extension_and_header_only_csv():
     assert issues_of(b"hello", "p.docx") == ["file: unsupported file type '.docx'; use .txt, .jsonl or .csv"]
     assert issues_of(b"prompt,task\n", "p.csv") == ["file: no prompts found"]
+
+
+def test_text_quoted_from_an_undecodable_line_is_escaped():
+    with pytest.raises(PromptFileError) as raised:
+        parse_prompt_file(b"\x80bad,x\nhello,1\n", "bad.csv")
+    messages = [issue.message for issue in raised.value.issues]
+    assert any("\\udc80" in m for m in messages), messages
+    for message in messages:
+        message.encode("utf-8")  # printable and renderable: no lone surrogates

@@ -1,0 +1,180 @@
+"""Generated bad input against every API endpoint and every web form: never a 500 or an unhandled
+exception, the one JSON error shape on the API, and no partial writes (row counts unchanged after a
+rejected request, exactly one more row after an accepted feedback).
+
+CI runs SPECROUTE_FUZZ_EXAMPLES (default 100) cases per surface; the dedicated run is
+
+    SPECROUTE_FUZZ_EXAMPLES=10000 python -m pytest -q tests/test_fuzz.py
+
+(docs/RELIABILITY.md gives its time and result)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from sqlalchemy import func, select
+
+import migrations
+from analyzer.db import make_engine, make_session_factory
+from analyzer.models import AnalysisRun, Prompt, PromptSet
+from router.classifier import make_training_data, train_classifier
+from router.models import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
+from router.policy import publish_policies
+from tests.factories import make_done_run
+from webui.app import create_app
+
+EXAMPLES = int(os.environ.get("SPECROUTE_FUZZ_EXAMPLES", "100"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | \
+    st.text(max_size=40)
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) |
+                           st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
+messages = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3), max_size=3)
+route_bodies = st.fixed_dictionaries({}, optional={
+    "prompt": st.text(max_size=300) | json_values, "messages": messages | json_values,
+    "max_new_tokens": json_values, "batch_size": json_values, "concurrency": json_values,
+    "temperature": json_values, "extra": json_values})
+feedback_bodies = st.fixed_dictionaries({}, optional={
+    "route_id": st.text(max_size=40) | json_values, "task_type": st.sampled_from(["code", "qa", "x" * 70]) | json_values,
+    "rounds": json_values, "drafted": json_values, "accepted": json_values, "gamma": json_values,
+    "timings": st.dictionaries(st.sampled_from(["draft_n", "draft_n_accepted", "predicted_n"]), json_values, max_size=3),
+    "speculative_decoding": st.dictionaries(st.sampled_from(["num_drafts", "num_spec_steps", "num_draft_tokens",
+                                                             "num_accepted_tokens", "num_accepted_tokens_per_pos"]),
+                                            json_values, max_size=4),
+    "meta_info": st.dictionaries(st.sampled_from(["spec_verify_ct", "completion_tokens", "spec_accept_rate",
+                                                  "spec_accept_length", "gamma"]), json_values, max_size=4)})
+
+
+def _encode(body) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+@pytest.fixture(scope="module")
+def surfaces(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz")
+    url = f"sqlite:///{folder}/fuzz.db"
+    engine = make_engine(url)
+    migrations.upgrade(engine)
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.2})
+        publish_policies(session, run.id)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
+                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
+        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
+    app = create_app({"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False,
+                      "max_prompt_chars": 2000, "TESTING": True})
+    client = app.test_client()
+    token = CSRF.search(client.get("/prompts").get_data(as_text=True)).group(1)
+    yield client, sessions, app, token
+    app.extensions["specroute.close"]()
+    engine.dispose()
+
+
+def _counts(sessions, app) -> tuple[int, ...]:
+    app.extensions["specroute.router"].decision_log.flush()
+    with sessions() as session:
+        return tuple(session.scalar(select(func.count()).select_from(model)) for model in
+                     (FeedbackEvent, RouteDecision, PromptSet, Prompt, AnalysisRun, ClassifierVersion, PolicySet))
+
+
+def _check_api(response, allowed) -> None:
+    assert response.status_code in allowed, (response.status_code, response.get_data()[:300])
+    data = response.get_json()
+    if response.status_code >= 400:
+        assert set(data) == {"error"} and set(data["error"]) == {"code", "message", "details"}
+        assert data["error"]["message"] and isinstance(data["error"]["details"], dict)
+
+
+@FUZZ
+@given(body=route_bodies | st.binary(max_size=200) | json_values)
+def test_route_takes_any_body(surfaces, body):
+    client, sessions, app, _ = surfaces
+    _check_api(client.post("/v1/route", data=_encode(body), content_type="application/json"), (200, 400))
+
+
+@FUZZ
+@given(body=st.fixed_dictionaries({"requests": st.lists(route_bodies, min_size=0, max_size=5)}) | json_values |
+       st.binary(max_size=200))
+def test_batch_takes_any_body(surfaces, body):
+    client, sessions, app, _ = surfaces
+    response = client.post("/v1/route/batch", data=_encode(body), content_type="application/json")
+    _check_api(response, (200, 400))
+    if response.status_code == 200:
+        assert len(response.get_json()["decisions"]) == len(body["requests"])
+
+
+@FUZZ
+@given(body=feedback_bodies | json_values | st.binary(max_size=200))
+def test_feedback_takes_any_body_and_writes_all_or_nothing(surfaces, body):
+    client, sessions, app, _ = surfaces
+    before = _counts(sessions, app)
+    response = client.post("/v1/feedback", data=_encode(body), content_type="application/json")
+    _check_api(response, (200, 400, 404))
+    after = _counts(sessions, app)
+    assert after[0] == before[0] + (1 if response.status_code == 200 else 0) and after[1:] == before[1:]
+
+
+@FUZZ
+@given(path=st.sampled_from(["/v1/policies", "/v1/classifier", "/healthz", "/metrics", "/openapi.json", "/v1/route",
+                             "/v1/nothing", "/runs/1/prompts/1", "/prompts/x", "/runs/999", "/"]),
+       query=st.dictionaries(st.sampled_from(["page", "q", "task", "gamma", "prompts", "next"]), st.text(max_size=20),
+                             max_size=3))
+def test_gets_with_any_query(surfaces, path, query):
+    client, *_ = surfaces
+    response = client.get(path, query_string=query)
+    assert response.status_code in (200, 302, 400, 404, 405), (path, query, response.status_code)
+
+
+form_text = st.text(max_size=30) | st.sampled_from(["", "0", "-1", "1", "9" * 30, "1e9", "nan", "sample", "q"])
+
+
+@FUZZ
+@given(name=form_text, content=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
+       filename=st.sampled_from(["a.txt", "a.jsonl", "a.csv", "a.bin", "", "../../etc/passwd.txt", "a.pkl"]))
+def test_upload_form(surfaces, name, content, filename):
+    client, sessions, app, token = surfaces
+    before = _counts(sessions, app)
+    response = client.post("/prompts", data={"csrf_token": token, "name": name, "file": (io.BytesIO(content), filename)})
+    assert response.status_code in (200, 302, 400, 409, 413), response.status_code
+    after = _counts(sessions, app)
+    if response.status_code >= 400:
+        assert after == before
+    else:  # one whole set, never part of one
+        assert after[2] in (before[2], before[2] + 1)
+
+
+@FUZZ
+@given(fields=st.fixed_dictionaries({}, optional={k: form_text for k in (
+    "prompt_set", "target", "draft", "max_new_tokens", "gamma_max", "temperature", "validate")}))
+def test_new_run_form(surfaces, fields):
+    client, sessions, app, token = surfaces
+    before = _counts(sessions, app)
+    response = client.post("/runs", data={"csrf_token": token, **fields})
+    assert response.status_code in (302, 400, 404), response.status_code
+    if response.status_code >= 400:
+        assert _counts(sessions, app) == before
+
+
+@FUZZ
+@given(form=st.sampled_from(["/policies/publish", "/classifier/train", "/playground", "/runs/1/cancel",
+                             "/prompts/x/delete", "/policies/77/activate", "/classifier/77/activate", "/login"]),
+       fields=st.dictionaries(st.sampled_from(["run_id", "notes", "prompt_sets", "source", "prompt", "max_new_tokens",
+                                               "batch_size", "token", "next"]), form_text, max_size=4),
+       with_token=st.booleans())
+def test_other_forms(surfaces, form, fields, with_token):
+    client, sessions, app, token = surfaces
+    before = _counts(sessions, app)
+    data = {"csrf_token": token, **fields} if with_token else fields
+    response = client.post(form, data=data)
+    assert response.status_code in (200, 302, 400, 401, 404, 409), (form, fields, response.status_code)
+    if response.status_code >= 400:
+        assert _counts(sessions, app) == before
