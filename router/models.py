@@ -134,7 +134,7 @@ class RouteDecision(Base):
     gamma: Mapped[int] = mapped_column(Integer)
     expected_speedup: Mapped[float] = mapped_column(Float)
     reasons: Mapped[list[str]] = mapped_column(default=list)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)  # for pruning by age
 
 
 class FeedbackEvent(Base):

@@ -114,3 +114,25 @@ def test_installed_console_script_runs(tmp_path):
     result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
     for group in ("db", "demo", "prompts", "settings"):
         assert group in result.stdout
+
+
+def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from analyzer.db import make_engine, make_session_factory, utcnow
+    from router.models import RouteDecision
+
+    assert run(runner, "db", "upgrade").exit_code == 0
+    engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'specroute.db'}")
+    with make_session_factory(engine)() as session, session.begin():
+        for i, age_days in enumerate([0, 0.5, 2, 3, 10]):
+            session.add(RouteDecision(route_id=f"r-{i}", task_type="qa", confidence=0.9, speculate=False, gamma=0,
+                                      expected_speedup=1.0, reasons=[], created_at=utcnow() - timedelta(days=age_days)))
+    result = run(runner, "decisions", "prune", "--older-than-days", "1", "--yes")
+    assert result.exit_code == 0 and "deleted 3 routing decisions" in result.output
+    with make_session_factory(engine)() as session:
+        assert sorted(session.scalars(select(RouteDecision.route_id))) == ["r-0", "r-1"]
+    assert "deleted 0" in run(runner, "decisions", "prune", "--older-than-days", "1", "--yes").output
+    engine.dispose()

@@ -74,3 +74,87 @@ def test_require_head_names_the_command_for_an_empty_or_old_database(db_url):
     with pytest.raises(migrations.SchemaNotCurrent, match="is at revision abc123, the code needs .* Run: specroute db upgrade"):
         migrations.require_head(engine)
     engine.dispose()
+
+
+def _revisions_oldest_first() -> list[str]:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrations.alembic_config("sqlite://"))
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
+def _realistic_rows(url: str) -> None:
+    """A database at head with rows in every table, written by the code that writes them."""
+    from analyzer.db import make_session_factory
+    from sqlalchemy import select
+
+    from analyzer.models import Prompt, ValidationResult
+    from router.classifier import make_training_data, train_classifier
+    from router.decision_log import DecisionLog
+    from router.decision import Router
+    from router.feedback import record_feedback
+    from router.policy import PolicySnapshot, publish_policies
+    from tests.factories import make_done_run
+
+    engine = make_engine(url)
+    migrations.upgrade(engine)
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3, "translation": 0.6}, per_task=3)
+        session.add(ValidationResult(run_id=run.id, prompt_id=session.scalars(select(Prompt.id)).first(), gamma=3, greedy_time_s=1.0,
+                                     speculative_time_s=0.8, measured_speedup=1.25, predicted_speedup=1.2,
+                                     outputs_identical=True, target_forward_passes=40))
+        publish_policies(session, run.id)
+        texts = [f"def f{i}(x): return x + {i}" for i in range(4)] + [f"What is {i} + {i}?" for i in range(4)]
+        train_classifier(session, make_training_data(texts, ["code"] * 4 + ["qa"] * 4, "test"), cross_validate=False)
+    log = DecisionLog(sessions)
+    router = Router(None, {"*": PolicySnapshot("*", True, 3, 0.5, 0.01, 10, 1.2, "CONDITIONAL", (1.2,) * 4)},
+                    policy_version=1)
+    decisions = [router.route(f"prompt {i}") for i in range(5)]
+    log.add(decisions, policy_set_id=1, classifier_version_id=1)
+    log.close()
+    with sessions() as session, session.begin():
+        for d in decisions[:3]:
+            record_feedback(session, {"route_id": d.route_id, "rounds": 5, "drafted": 12, "accepted": 7})
+        record_feedback(session, {"task_type": "code", "timings": {"draft_n": 10, "draft_n_accepted": 6, "predicted_n": 20}})
+    engine.dispose()
+
+
+def _tables(engine) -> dict[str, list[str]]:
+    """Table -> column names, parents before children (raw SQL below: values are copied as stored)."""
+    from sqlalchemy import MetaData
+
+    meta = MetaData()
+    meta.reflect(engine)
+    return {t.name: list(t.c.keys()) for t in meta.sorted_tables if t.name != "alembic_version"}
+
+
+def _snapshot(engine, columns: dict[str, list[str]]) -> dict[str, list[tuple]]:
+    with engine.connect() as connection:
+        return {name: [tuple(row) for row in connection.exec_driver_sql(
+            f"SELECT {', '.join(cols)} FROM {name} ORDER BY id")] for name, cols in columns.items()}
+
+
+@pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])
+def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revision):
+    source_url, old_url = f"sqlite:///{tmp_path}/source.db", f"sqlite:///{tmp_path}/old.db"
+    _realistic_rows(source_url)
+    source, old = make_engine(source_url), make_engine(old_url)
+    migrations.upgrade(old, revision)
+    old_tables, source_tables = _tables(old), _tables(source)
+    with source.connect() as read, old.begin() as write:  # the rows, as far as the old schema has columns
+        for name, columns in old_tables.items():
+            kept = [c for c in columns if c in source_tables[name]]
+            rows = [tuple(r) for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")]
+            assert rows, f"no rows for {name}: the filler must cover every table"
+            write.exec_driver_sql(f"INSERT INTO {name} ({', '.join(kept)}) VALUES ({', '.join('?' * len(kept))})", rows)
+    before = _snapshot(old, old_tables)
+    migrations.upgrade(old)
+    assert migrations.current_revision(old) == migrations.head_revision()
+    assert _snapshot(old, old_tables) == before
+    assert _differences(old) == []
+    source.dispose(), old.dispose()
+
+
+def test_there_is_an_earlier_revision_to_upgrade_from():
+    assert len(_revisions_oldest_first()) >= 2  # else the test above checks nothing

@@ -578,6 +578,36 @@ def policies_activate(state: CliState, version: int) -> None:
     click.echo(f"policy set v{version} is active")
 
 
+@cli.group()
+def decisions() -> None:
+    """The log of routing decisions."""
+
+
+@decisions.command("prune")
+@click.option("--older-than-days", required=True, type=click.FloatRange(0.0), help="Delete decisions older than this.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
+    """Delete logged routing decisions older than N days, in one transaction (feedback events and
+    the estimates they moved are kept; feedback naming a pruned route_id gets 404)."""
+    from datetime import timedelta
+
+    from sqlalchemy import delete, func
+
+    from analyzer.db import utcnow
+    from router.models import RouteDecision
+
+    cutoff = utcnow() - timedelta(days=older_than_days)
+    sessions = state.sessions()
+    with sessions() as session:
+        count = session.scalar(select(func.count()).select_from(RouteDecision).where(RouteDecision.created_at < cutoff))
+    if count and not yes:
+        click.confirm(f"Delete {count} routing decisions older than {older_than_days:g} days?", abort=True)
+    with sessions() as session, session.begin():
+        deleted = session.execute(delete(RouteDecision).where(RouteDecision.created_at < cutoff)).rowcount
+    click.echo(f"deleted {deleted} routing decisions older than {cutoff.isoformat(timespec='seconds')}")
+
+
 @cli.command("route")
 @click.argument("prompt")
 @click.option("--max-new-tokens", type=click.IntRange(1), help="Expected output length.")

@@ -1,0 +1,25 @@
+"""decision log retention: index route_decisions.created_at (specroute decisions prune)
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-26 04:40:00
+"""
+from typing import Sequence, Union
+
+from alembic import op
+
+
+revision: str = '0002'
+down_revision: Union[str, None] = '0001'
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('route_decisions', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_route_decisions_created_at'), ['created_at'], unique=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('route_decisions', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_route_decisions_created_at'))
