@@ -92,6 +92,7 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
 
 
 _WRITE_LOCK = "specroute_write_lock"
+MAX_ID = 2**63 - 1  # the largest primary key a database column holds; larger ids from users are "not found"
 
 
 def lock_for_write(session: Session) -> None:

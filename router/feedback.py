@@ -60,11 +60,21 @@ class FeedbackCounts:
     output_tokens: int | None = None
 
 
+MAX_COUNT = 1_000_000_000  # per generation; larger counts are a client bug, and would not fit the columns
+MAX_GAMMA = 1_000
+
+
 def _count(payload: Mapping[str, Any], key: str, where: str = "") -> int:
     value = payload.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FeedbackError(f"field '{where}{key}' must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise FeedbackError(f"field '{where}{key}' must be an integer from 0 to {MAX_COUNT:,}, got {value!r}")
     return value
+
+
+def _gamma(payload: Mapping[str, Any]) -> int | None:
+    """The request's ``gamma`` when it is a usable lookahead (1..MAX_GAMMA), else None."""
+    gamma = payload.get("gamma")
+    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and 0 < gamma <= MAX_GAMMA else None
 
 
 def _first(payload: Mapping[str, Any], names: tuple[str, ...], where: str) -> int | None:
@@ -85,8 +95,8 @@ def _section(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def _count_list(payload: Mapping[str, Any], key: str, where: str) -> list[int]:
     values = payload.get(key)
     if not isinstance(values, list) or not values or any(
-            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
-        raise FeedbackError(f"field '{where}{key}' must be a non-empty list of non-negative integers")
+            isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values):
+        raise FeedbackError(f"field '{where}{key}' must be a non-empty list of integers from 0 to {MAX_COUNT:,}")
     return values
 
 
@@ -116,7 +126,7 @@ def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
     return FeedbackCounts("vllm", rounds, drafted, accepted, _first(stats, ("num_output_tokens",), where))
 
 
-def _sglang(meta: Mapping[str, Any], gamma: Any) -> FeedbackCounts:
+def _sglang(meta: Mapping[str, Any], gamma: int | None) -> FeedbackCounts:
     where = "meta_info."
     rounds = _count(meta, "spec_verify_ct", where)
     completion = _first(meta, ("completion_tokens",), where)
@@ -128,9 +138,9 @@ def _sglang(meta: Mapping[str, Any], gamma: Any) -> FeedbackCounts:
     drafted = _first(meta, ("spec_num_proposed_drafts", "spec_draft_token_num"), where)
     rate = meta.get("spec_accept_rate")
     if drafted is None and isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 1:
-        drafted = max(round(accepted / rate), accepted)
-    if drafted is None and isinstance(gamma, int) and not isinstance(gamma, bool) and gamma > 0:
-        drafted = gamma * rounds
+        drafted = MAX_COUNT if accepted > rate * MAX_COUNT else max(round(accepted / rate), accepted)
+    if drafted is None and gamma is not None:
+        drafted = min(gamma * rounds, MAX_COUNT)
     if drafted is None:
         raise FeedbackError(f"field '{where}spec_num_proposed_drafts' is missing; send it, "
                             f"'{where}spec_accept_rate', or the 'gamma' the server ran with")
@@ -144,7 +154,7 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     elif "speculative_decoding" in payload:
         counts = _vllm(_section(payload, "speculative_decoding"))
     elif "meta_info" in payload:
-        counts = _sglang(_section(payload, "meta_info"), payload.get("gamma"))
+        counts = _sglang(_section(payload, "meta_info"), _gamma(payload))
     elif {"rounds", "drafted", "accepted"} <= set(payload):
         output = payload.get("output_tokens")
         counts = FeedbackCounts(
@@ -210,7 +220,7 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
         setattr(estimate, name, getattr(state, name))
     estimate.updated_at = utcnow()
     session.add(FeedbackEvent(route_id=str(route_id) if route_id is not None else None, policy_set_id=policy_set.id,
-                              task_type=task, engine=counts.engine, gamma=payload.get("gamma") if isinstance(payload.get("gamma"), int) else None,
+                              task_type=task, engine=counts.engine, gamma=_gamma(payload),
                               rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
                               output_tokens=counts.output_tokens, raw=dict(payload)))
     session.flush()

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from sqlalchemy import (
     select,
     update,
+    BigInteger,
     Boolean,
     CheckConstraint,
     Float,
@@ -110,10 +111,11 @@ class TaskEstimate(Base):
     burstiness: Mapped[float] = mapped_column(Float, default=1.0)
     speculate: Mapped[bool] = mapped_column(Boolean)
     gamma: Mapped[int] = mapped_column(Integer)
-    events: Mapped[int] = mapped_column(Integer, default=0)
-    total_rounds: Mapped[int] = mapped_column(Integer, default=0)
-    total_drafted: Mapped[int] = mapped_column(Integer, default=0)
-    total_accepted: Mapped[int] = mapped_column(Integer, default=0)
+    # running totals outgrow 32 bits on a busy server (PostgreSQL INTEGER): 64-bit
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_rounds: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_drafted: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_accepted: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("policy_set_id", "task_type"),)

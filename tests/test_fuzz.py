@@ -33,8 +33,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
-scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | \
-    st.text(max_size=40)
+scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.integers() | \
+    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40)
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) |
                            st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
 messages = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3), max_size=3)
@@ -125,7 +125,8 @@ def test_feedback_takes_any_body_and_writes_all_or_nothing(surfaces, body):
 
 @FUZZ
 @given(path=st.sampled_from(["/v1/policies", "/v1/classifier", "/healthz", "/metrics", "/openapi.json", "/v1/route",
-                             "/v1/nothing", "/runs/1/prompts/1", "/prompts/x", "/runs/999", "/"]),
+                             "/v1/nothing", "/runs/1/prompts/1", "/prompts/x", "/runs/999", "/", "/runs/" + "9" * 25,
+                             "/runs/9223372036854775808/report.json", "/runs/1/prompts/" + "9" * 20]),
        query=st.dictionaries(st.sampled_from(["page", "q", "task", "gamma", "prompts", "next"]), st.text(max_size=20),
                              max_size=3))
 def test_gets_with_any_query(surfaces, path, query):
@@ -134,7 +135,8 @@ def test_gets_with_any_query(surfaces, path, query):
     assert response.status_code in (200, 302, 400, 404, 405), (path, query, response.status_code)
 
 
-form_text = st.text(max_size=30) | st.sampled_from(["", "0", "-1", "1", "9" * 30, "1e9", "nan", "sample", "q"])
+form_text = st.text(max_size=30) | st.sampled_from(["", "0", "-1", "1", "9" * 30, "9223372036854775808", "1e9", "nan",
+                                                   "sample", "q"])
 
 
 @FUZZ
@@ -166,7 +168,8 @@ def test_new_run_form(surfaces, fields):
 
 @FUZZ
 @given(form=st.sampled_from(["/policies/publish", "/classifier/train", "/playground", "/runs/1/cancel",
-                             "/prompts/x/delete", "/policies/77/activate", "/classifier/77/activate", "/login"]),
+                             "/prompts/x/delete", "/policies/77/activate", "/classifier/77/activate", "/login",
+                             "/runs/9223372036854775808/cancel", "/policies/" + "9" * 22 + "/activate"]),
        fields=st.dictionaries(st.sampled_from(["run_id", "notes", "prompt_sets", "source", "prompt", "max_new_tokens",
                                                "batch_size", "token", "next"]), form_text, max_size=4),
        with_token=st.booleans())

@@ -11,15 +11,15 @@ import atexit
 from typing import Any, Mapping
 
 from flask import Flask, render_template, request
+from werkzeug.routing import IntegerConverter
 
 import migrations
-from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
 from analyzer.settings import api_token_scope, load_settings
 from analyzer.worker import Worker
 from router import api
 from router.service import RouterService
-from webui import prompt_pages, router_pages, run_pages, ui
-from webui import access
+from webui import access, prompt_pages, router_pages, run_pages, ui
 from webui.security import resolve_secret_key
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
@@ -37,6 +37,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     if check_schema:
         migrations.require_head(engine)
     app = Flask(__name__)
+    app.url_map.converters["int"] = _DatabaseId  # before any blueprint adds a rule
     app.config.update(flask_keys)
     app.config["SPECROUTE_SETTINGS"] = settings
     app.config["SECRET_KEY"] = resolve_secret_key(settings, testing=bool(app.config.get("TESTING")))
@@ -68,6 +69,14 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.extensions["specroute.close"] = close
     atexit.register(close)
     return app
+
+
+class _DatabaseId(IntegerConverter):
+    """``<int:...>`` in URLs: 0 to MAX_ID; a larger number is a 404, not a database overflow."""
+
+    def __init__(self, url_map, *args, **kwargs):
+        kwargs.setdefault("max", MAX_ID)
+        super().__init__(url_map, *args, **kwargs)
 
 
 SECURITY_HEADERS = {

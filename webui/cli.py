@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
-from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
 from analyzer.models import AnalysisRun
 from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
 from analyzer.prompt_sets import (
@@ -314,7 +314,7 @@ def _cache_dir(state: CliState) -> Path:
               help="Speculate only if the predicted speedup exceeds 1 + margin.")
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
 @click.option("--reprofile", is_flag=True, help="Measure a new cost profile even if one exists for this pair and device.")
-@click.option("--resume", "resume_run", type=int, help="Resume an interrupted, failed or cancelled run by id.")
+@click.option("--resume", "resume_run", type=click.IntRange(1, MAX_ID), help="Resume an interrupted, failed or cancelled run by id.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
@@ -375,7 +375,7 @@ def _label_with_classifier(sessions, run_id: int) -> None:
 
 
 @cli.command("report")
-@click.argument("run_id", type=int)
+@click.argument("run_id", type=click.IntRange(1, MAX_ID))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Write to this file instead of stdout.")
@@ -431,7 +431,7 @@ def runs_list(state: CliState, as_json: bool) -> None:
 
 
 @runs.command("cancel")
-@click.argument("run_id", type=int)
+@click.argument("run_id", type=click.IntRange(1, MAX_ID))
 @click.pass_obj
 def runs_cancel(state: CliState, run_id: int) -> None:
     """Cancel a queued run, or ask a running one to stop after its current prompt."""
@@ -525,7 +525,7 @@ def _print_policy_set(data: dict) -> None:
 
 
 @policies.command("publish")
-@click.option("--run", "run_id", required=True, type=int, help="A finished analysis run.")
+@click.option("--run", "run_id", required=True, type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
 @click.option("--notes", help="A note stored with the policy set.")
 @click.option("--no-activate", is_flag=True, help="Store the set without making it active.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -564,7 +564,7 @@ def policies_list(state: CliState, as_json: bool) -> None:
 
 
 @policies.command("activate")
-@click.argument("version", type=int)
+@click.argument("version", type=click.IntRange(1, MAX_ID))
 @click.pass_obj
 def policies_activate(state: CliState, version: int) -> None:
     """Make policy set VERSION the active one."""

@@ -57,7 +57,7 @@ def upload_prompts():
 
 @bp.get("/prompts/<name>")
 def prompt_set(name: str):
-    page = max(request.args.get("page", 1, type=int), 1)
+    page = min(max(request.args.get("page", 1, type=int), 1), 1_000_000)  # an offset the database can take
     search = (request.args.get("q") or "").strip() or None
     task = request.args.get("task")
     with sessions()() as session:

@@ -7,6 +7,7 @@ from flask import current_app, flash, redirect, render_template, request, url_fo
 from markupsafe import Markup
 from sqlalchemy import select
 
+from analyzer.db import MAX_ID
 from analyzer.models import AnalysisRun, PromptSet
 from router.classifier import ClassifierError, activate_version, cold_start_data, train_classifier, training_data_from_db
 from router.decision import RouteRequest
@@ -121,6 +122,8 @@ def policies():
 def publish():
     try:
         run_id = int(request.form.get("run_id", ""))
+        if not 1 <= run_id <= MAX_ID:
+            raise ValueError(run_id)
         with sessions()() as session, session.begin():
             version = publish_policies(session, run_id, notes=request.form.get("notes") or None).version
     except (ValueError, PolicyError) as exc:
