@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from analyzer.db import utcnow
 from analyzer.models import AnalysisRun
 from analyzer.report import cost_for_run
+from analyzer.speedup import Cost
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
 from router.models import FeedbackEvent, RouteDecision, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set
@@ -177,16 +178,30 @@ def task_state(estimate: TaskEstimate) -> TaskState:
                      total_drafted=estimate.total_drafted, total_accepted=estimate.total_accepted)
 
 
-def record_feedback(session: Session, payload: Mapping[str, Any], config: AdaptationConfig | None = None) -> TaskEstimate:
+@dataclass(frozen=True)
+class PolicyContext:
+    """What feedback needs of a policy set, as a loaded Router holds it (saves the queries)."""
+
+    policy_set_id: int
+    policies: Mapping[str, Any]  # task type (and FALLBACK_TASK) -> alpha_mean, speculate, gamma, expected_speedup
+    cost: Cost
+
+
+def record_feedback(session: Session, payload: Mapping[str, Any], config: AdaptationConfig | None = None,
+                    context: PolicyContext | None = None) -> TaskEstimate:
     """Store one feedback event and update its task's estimate under the active policy set
     (created from the published policy on the task's first event); returns the estimate. Run it in
-    a transaction begun with ``analyzer.db.lock_for_write`` when other writers may be about."""
+    a transaction begun with ``analyzer.db.lock_for_write`` when other writers may be about.
+    ``context``: the policy set as the caller has it loaded (else it is read from the database)."""
     config = config or AdaptationConfig()
     counts = normalise(payload)
-    policy_set = active_policy_set(session)
-    if policy_set is None:
-        raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'",
-                            "no_active_policy")
+    if context is None:
+        policy_set = active_policy_set(session)
+        if policy_set is None:
+            raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'",
+                                "no_active_policy")
+        context = PolicyContext(policy_set.id, {p.task_type: p for p in policy_set.policies},
+                                cost_for_run(session.get(AnalysisRun, policy_set.run_id)))
     route_id = payload.get("route_id")
     if route_id is not None and not isinstance(route_id, str):
         raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
@@ -201,15 +216,13 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
         task = payload["task_type"]
     else:
         raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
-    policies = {p.task_type: p for p in policy_set.policies}
-    policy = policies.get(task) or policies[FALLBACK_TASK]
-    run = session.get(AnalysisRun, policy_set.run_id)
-    cost = cost_for_run(run)
+    policy = context.policies.get(task) or context.policies[FALLBACK_TASK]
+    cost = context.cost
     estimate = session.scalar(select(TaskEstimate).where(  # FOR UPDATE: no lost updates on PostgreSQL
-        TaskEstimate.policy_set_id == policy_set.id, TaskEstimate.task_type == task).with_for_update())
+        TaskEstimate.policy_set_id == context.policy_set_id, TaskEstimate.task_type == task).with_for_update())
     if estimate is None:
         start = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, cost, policy.expected_speedup, config)
-        estimate = TaskEstimate(policy_set_id=policy_set.id, task_type=task, beta_a=start.beta_a, beta_b=start.beta_b,
+        estimate = TaskEstimate(policy_set_id=context.policy_set_id, task_type=task, beta_a=start.beta_a, beta_b=start.beta_b,
                                 speculate=start.speculate, gamma=start.gamma, prior_alpha=start.prior_alpha,
                                 burstiness=start.burstiness, events=0, total_rounds=0, total_drafted=0,
                                 total_accepted=0)
@@ -219,7 +232,7 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
     for name in ("beta_a", "beta_b", "speculate", "gamma", "events", "total_rounds", "total_drafted", "total_accepted"):
         setattr(estimate, name, getattr(state, name))
     estimate.updated_at = utcnow()
-    session.add(FeedbackEvent(route_id=str(route_id) if route_id is not None else None, policy_set_id=policy_set.id,
+    session.add(FeedbackEvent(route_id=str(route_id) if route_id is not None else None, policy_set_id=context.policy_set_id,
                               task_type=task, engine=counts.engine, gamma=_gamma(payload),
                               rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
                               output_tokens=counts.output_tokens, raw=dict(payload)))

@@ -25,10 +25,10 @@ from analyzer.settings import Settings, router_pools
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
 from router.decision_log import DecisionLog
-from router.feedback import FeedbackError, normalise, record_feedback, task_state
+from router.feedback import FeedbackError, PolicyContext, normalise, record_feedback, task_state
 from router.metrics import Metrics
 from router.models import ClassifierVersion, PolicySet, TaskEstimate
-from router.policy import active_policy_set, list_policy_sets
+from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
 
 
 class RouterService:
@@ -111,7 +111,7 @@ class RouterService:
             try:
                 with self._feedback_lock, self.sessions() as session, session.begin():
                     lock_for_write(session)  # feedback from other processes waits instead of failing
-                    estimate = record_feedback(session, payload, self.adaptation)
+                    estimate = record_feedback(session, payload, self.adaptation, self._policy_context(router))
                     result, state = estimate_dict(estimate), task_state(estimate)
                 break
             except FeedbackError as exc:
@@ -127,6 +127,13 @@ class RouterService:
         router.observe(result["task_type"], state)
         self.metrics.observe_feedback(result["task_type"], counts.engine, counts.drafted, counts.accepted, result["alpha"])
         return result
+
+    @staticmethod
+    def _policy_context(router: Router) -> PolicyContext | None:
+        """The loaded policy set for feedback (None: let feedback read the database)."""
+        if router.policy_set_id is None or router.cost is None or router.fallback is None:
+            return None
+        return PolicyContext(router.policy_set_id, {**router.policies, FALLBACK_TASK: router.fallback}, router.cost)
 
     def policies(self) -> dict[str, Any]:
         """The active policy set with its policies and online estimates, and every stored version."""
