@@ -169,7 +169,7 @@ def test_new_run_form(surfaces, fields):
 @FUZZ
 @given(form=st.sampled_from(["/policies/publish", "/classifier/train", "/playground", "/runs/1/cancel",
                              "/prompts/x/delete", "/policies/77/activate", "/classifier/77/activate", "/login",
-                             "/runs/9223372036854775808/cancel", "/policies/" + "9" * 22 + "/activate"]),
+                             "/runs/9223372036854775808/cancel", "/policies/" + "9" * 22 + "/activate", "/logout"]),
        fields=st.dictionaries(st.sampled_from(["run_id", "notes", "prompt_sets", "source", "prompt", "max_new_tokens",
                                                "batch_size", "token", "next"]), form_text, max_size=4),
        with_token=st.booleans())
