@@ -63,7 +63,7 @@ def needs_token(kind: str, scope: str) -> bool:
 
 
 def init_access(app: Flask, token: str, scope: str) -> None:
-    """Guard ``app`` with ``token`` (nothing to do when it is empty) and add /login and /logout."""
+    """Guard ``app`` with ``token`` (nothing to do when it is empty); the sign-in page is ``ui.login``."""
     app.config["SPECROUTE_AUTH"] = bool(token)
     if not token:
         return
