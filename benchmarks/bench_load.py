@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_router import TASKS, corpus_prompts, free_port, prepare_database, wait_for  # noqa: E402
+from bench_router import TASKS, corpus_prompts, free_port, prepare_database, read_response, wait_for  # noqa: E402
 
 ROUTE_ID = re.compile(rb'"route_id":"([0-9a-f-]{36})"')
 KINDS = ("route", "batch", "feedback")
@@ -66,16 +66,7 @@ async def _connection(port, prompts, seed, stop_at, results):
                     kind, request = "feedback", _request("/v1/feedback", {"task_type": rng.choice(TASKS), **counts})
             start = time.perf_counter_ns()
             writer.write(request)
-            status_line = await reader.readline()
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            body = await reader.readexactly(length)
+            status_line, body = await read_response(reader)
             results.append((kind, time.perf_counter_ns() - start, int(status_line.split()[1]), time.perf_counter()))
             if kind == "route":
                 found = ROUTE_ID.search(body)

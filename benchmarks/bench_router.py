@@ -129,6 +129,20 @@ def wait_for(port: int, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"server on port {port} did not start")
 
 
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 response from a keep-alive connection: its status line and body."""
+    status_line = await reader.readline()
+    length = 0
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status_line, await reader.readexactly(length)
+
+
 async def _connection(port: int, requests: list[bytes], stop_at: float, warm_until: float, latencies: list, errors: list):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     i = 0
@@ -140,16 +154,7 @@ async def _connection(port: int, requests: list[bytes], stop_at: float, warm_unt
             start = time.perf_counter_ns()
             writer.write(requests[i % len(requests)])
             i += 1
-            status_line = await reader.readline()
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            await reader.readexactly(length)
+            status_line, _ = await read_response(reader)
             if now >= warm_until:
                 latencies.append(time.perf_counter_ns() - start)
                 if b" 200 " not in status_line:

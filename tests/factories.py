@@ -48,3 +48,22 @@ def make_done_run(session, tasks: dict[str, float], *, per_task: int = 4, gamma_
         session.add(result)
     session.flush()
     return run
+
+
+def make_routing_database(url: str):
+    """A migrated database at ``url`` with an active policy set (code speculates, qa does not) and a
+    classifier telling code from qa; returns its engine."""
+    import migrations
+    from analyzer.db import make_engine, make_session_factory
+    from router.classifier import make_training_data, train_classifier
+    from router.policy import publish_policies
+
+    engine = make_engine(url)
+    migrations.upgrade(engine)
+    with make_session_factory(engine)() as session, session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.2})
+        publish_policies(session, run.id)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
+                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
+        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
+    return engine

@@ -19,13 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
-import migrations
-from analyzer.db import make_engine, make_session_factory
+from analyzer.db import make_session_factory
 from analyzer.models import AnalysisRun, Prompt, PromptSet
-from router.classifier import make_training_data, train_classifier
 from router.models import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
-from router.policy import publish_policies
-from tests.factories import make_done_run
+from tests.factories import make_routing_database
 from webui.app import create_app
 
 EXAMPLES = int(os.environ.get("SPECROUTE_FUZZ_EXAMPLES", "100"))
@@ -61,15 +58,8 @@ def _encode(body) -> bytes:
 def surfaces(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     url = f"sqlite:///{folder}/fuzz.db"
-    engine = make_engine(url)
-    migrations.upgrade(engine)
+    engine = make_routing_database(url)
     sessions = make_session_factory(engine)
-    with sessions() as session, session.begin():
-        run = make_done_run(session, {"code": 0.9, "qa": 0.2})
-        publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
-                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
     app = create_app({"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False,
                       "max_prompt_chars": 2000, "TESTING": True})
     client = app.test_client()

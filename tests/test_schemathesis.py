@@ -19,12 +19,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-import migrations
-from analyzer.db import make_engine, make_session_factory
-from router.classifier import make_training_data, train_classifier
 from router.openapi import openapi_document
-from router.policy import publish_policies
-from tests.factories import make_done_run
+from tests.factories import make_routing_database
 from webui.app import create_app
 
 EXAMPLES = int(os.environ.get("SPECROUTE_FUZZ_EXAMPLES", "100"))
@@ -35,13 +31,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 def api_app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("schemathesis")
     url = f"sqlite:///{folder}/api.db"
-    engine = make_engine(url)
-    migrations.upgrade(engine)
-    with make_session_factory(engine)() as session, session.begin():
-        run = make_done_run(session, {"code": 0.9, "qa": 0.2})
-        publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}" for i in range(6)] + [f"What is the capital of {i}?" for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
+    engine = make_routing_database(url)
     app = create_app({"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False})
     yield app
     app.extensions["specroute.close"]()
