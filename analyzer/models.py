@@ -121,15 +121,23 @@ class ModelPair(Base):
 
 
 class CostProfile(Base):
-    """Measured cost of one pair on one device: median seconds of one target forward of k new
-    tokens over a warm KV cache (``target_forward_s[k-1]`` for k = 1..K), of one draft step, and of
-    processing the ``context_tokens``-token prompt (target, and a model draft)."""
+    """Measured cost of one pair on one device, in one dtype, at one batch size: median seconds of
+    one target forward of k new tokens for each of ``batch_size`` sequences over a warm KV cache
+    (``target_forward_s[k-1]`` for k = 1..K), of one draft step, and of processing the
+    ``context_tokens``-token prompt (target, and a model draft); plus the generation machinery's own
+    seconds per speculative round and per plain decoding step (None in profiles from before they were
+    measured, which count as 0). Profiles from before dtypes and batch sizes were recorded are
+    float32 at batch 1."""
 
     __tablename__ = "cost_profiles"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
     device: Mapped[str] = mapped_column(String(200))
+    dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
+    batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    round_overhead_s: Mapped[Optional[float]] = mapped_column(Float)
+    decode_overhead_s: Mapped[Optional[float]] = mapped_column(Float)
     threads: Mapped[Optional[int]] = mapped_column(Integer)
     context_tokens: Mapped[int] = mapped_column(Integer)
     repeats: Mapped[int] = mapped_column(Integer)
@@ -141,6 +149,21 @@ class CostProfile(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     pair: Mapped[ModelPair] = relationship()
+
+
+class RunCostProfile(Base):
+    """The cost profile a run uses at one batch size (a run has one per profiled batch size)."""
+
+    __tablename__ = "run_cost_profiles"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("analysis_runs.id", ondelete="CASCADE"), index=True)
+    cost_profile_id: Mapped[int] = mapped_column(ForeignKey("cost_profiles.id"), index=True)
+    batch_size: Mapped[int] = mapped_column(Integer)
+
+    cost_profile: Mapped[CostProfile] = relationship()
+
+    __table_args__ = (UniqueConstraint("run_id", "batch_size"),)
 
 
 class AnalysisRun(Base):
@@ -161,6 +184,7 @@ class AnalysisRun(Base):
     worker_id: Mapped[Optional[str]] = mapped_column(String(200))
     heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
     device: Mapped[Optional[str]] = mapped_column(String(200))
+    dtype: Mapped[Optional[str]] = mapped_column(String(16))  # resolved; None: before dtypes (float32)
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -170,6 +194,9 @@ class AnalysisRun(Base):
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()
     cost_profile: Mapped[Optional[CostProfile]] = relationship()
+    batch_profiles: Mapped[list[RunCostProfile]] = relationship(
+        order_by="RunCostProfile.batch_size", cascade="all, delete-orphan"
+    )
 
     __table_args__ = (
         CheckConstraint(one_of("status", RUN_STATUSES), name="status"),
@@ -197,6 +224,9 @@ class PromptResult(Base):
     draft_matches: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
     entropies: Mapped[list[float]] = mapped_column(JSON, default=list)
     alpha_sampling: Mapped[Optional[float]] = mapped_column(Float)
+    # positions where a teacher-forced target pass disagrees with the generated token (replay
+    # fidelity; measured in bfloat16/float16 runs, None where not measured)
+    replay_mismatches: Mapped[Optional[int]] = mapped_column(Integer)
     target_time_s: Mapped[float] = mapped_column(Float, default=0.0)
     draft_time_s: Mapped[float] = mapped_column(Float, default=0.0)
     total_time_s: Mapped[float] = mapped_column(Float, default=0.0)
@@ -254,6 +284,9 @@ class ValidationResult(Base):
     predicted_speedup: Mapped[float] = mapped_column(Float)
     outputs_identical: Mapped[bool] = mapped_column(Boolean)
     target_forward_passes: Mapped[Optional[int]] = mapped_column(Integer)
+    # the replay's rounds at this gamma, and whether the speculative output equals the analysed one
+    replayed_rounds: Mapped[Optional[int]] = mapped_column(Integer)
+    replay_identical: Mapped[Optional[bool]] = mapped_column(Boolean)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)

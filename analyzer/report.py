@@ -14,8 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
+from analyzer.devices import guarantee_sentence
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
-from analyzer.models import AnalysisRun, PromptResult, ValidationResult
+from analyzer.models import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.speedup import (
     DEFAULT_MARGIN,
     Cost,
@@ -40,19 +41,36 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def cost_for_run(run: AnalysisRun) -> Cost | None:
-    """The cost model of a run from its stored profile (None before profiling)."""
-    profile = run.cost_profile
-    if profile is None:
-        return None
+def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
+    """The cost model of one stored profile; the machinery overhead counts as 0 where a profile from
+    before it was measured has none."""
     tokens = max(profile.context_tokens, 1)
     return Cost(
         profile.target_forward_s,
         profile.draft_step_s,
-        draft_cost_per_token=run.pair.draft.kind != "ngram",
+        draft_cost_per_token=draft_kind != "ngram",
         target_prefill_s_per_token=(profile.target_prefill_s or 0.0) / tokens,
         draft_prefill_s_per_token=(profile.draft_prefill_s or 0.0) / tokens,
+        round_overhead_s=profile.round_overhead_s or 0.0,
+        decode_overhead_s=profile.decode_overhead_s or 0.0,
     )
+
+
+def cost_for_run(run: AnalysisRun) -> Cost | None:
+    """The cost model of a run at its smallest profiled batch size (None before profiling)."""
+    profile = run.cost_profile
+    if profile is None:
+        return None
+    return cost_from_profile(profile, run.pair.draft.kind)
+
+
+def costs_for_run(run: AnalysisRun) -> dict[int, Cost]:
+    """The run's cost model per profiled batch size ({} before profiling). Runs from before batch
+    sizes were profiled have their one profile at batch 1."""
+    costs = {link.batch_size: cost_from_profile(link.cost_profile, run.pair.draft.kind) for link in run.batch_profiles}
+    if not costs and run.cost_profile is not None:
+        costs[run.cost_profile.batch_size or 1] = cost_for_run(run)
+    return costs
 
 
 def _prompt_curve(result: PromptResult, cost: Cost, sampling: bool) -> list[float]:
@@ -127,6 +145,60 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
     return summary
 
 
+def _batch_summaries(results: list[PromptResult], costs: dict[int, Cost], sampling: bool, gamma_max: int,
+                     margin: float) -> dict[str, dict]:
+    """{"<b>": {best_gamma, predicted_speedup, speculate, speedup_curve}} per profiled batch size b.
+    At batch b every sequence is assumed to follow the measured match sequences, and a round costs
+    draft(k, b) + T_t(k + 1, b) + overhead against T_t(1, b) + overhead per plain step."""
+    summaries = {}
+    for batch_size, cost in sorted(costs.items()):
+        curve = _group_curve(results, cost, sampling, gamma_max)
+        g_star, s_star = best_gamma(curve)
+        summaries[str(batch_size)] = {"best_gamma": g_star or None, "predicted_speedup": _finite(s_star),
+                                      "speculate": should_speculate(s_star, margin),
+                                      "speedup_curve": [_finite(v) for v in curve]}
+    return summaries
+
+
+def _fidelity(results: list[PromptResult]) -> dict | None:
+    """Replay fidelity of a group: the share of output positions where the teacher-forced target pass
+    disagreed with the generated token (pooled and the worst prompt), over the prompts where it was
+    measured; None where it was not (float32 and sampling runs)."""
+    measured = [r for r in results if r.replay_mismatches is not None]
+    if not measured:
+        return None
+    tokens = sum(r.output_tokens for r in measured)
+    shares = [r.replay_mismatches / r.output_tokens for r in measured if r.output_tokens]
+    return {"prompts": len(measured), "positions": tokens,
+            "mismatches": int(sum(r.replay_mismatches for r in measured)),
+            "mismatch_share": _finite(sum(r.replay_mismatches for r in measured) / tokens) if tokens else None,
+            "worst_prompt_share": _finite(max(shares)) if shares else None,
+            "prompts_with_mismatch": int(sum(1 for r in measured if r.replay_mismatches))}
+
+
+def validation_summary(rows: list[dict]) -> dict | None:
+    """Real speculative decoding against the replay for a group of validation rows: how many, outputs
+    identical to plain greedy and to the analysed output, the mean absolute error of target passes
+    against replayed rounds (%), mean predicted and measured speedup and their mean absolute relative
+    error (%); None for no rows."""
+    if not rows:
+        return None
+    errors = [r["passes_error_pct"] for r in rows if r.get("passes_error_pct") is not None]
+    predicted = np.array([r["predicted_speedup"] for r in rows], dtype=np.float64)
+    measured = np.array([r["measured_speedup"] for r in rows], dtype=np.float64)
+    replay_known = [r["replay_identical"] for r in rows if r.get("replay_identical") is not None]
+    return {
+        "validated": len(rows),
+        "identical": int(sum(bool(r["outputs_identical"]) for r in rows)),
+        "replay_identical": int(sum(replay_known)) if replay_known else None,
+        "passes_error_pct": _finite(float(np.mean(np.abs(errors)))) if errors else None,
+        "passes_equal_rounds": int(sum(1 for e in errors if e == 0)),
+        "predicted_speedup": _finite(float(predicted.mean())),
+        "measured_speedup": _finite(float(measured.mean())),
+        "speedup_error_pct": _finite(float(np.mean(np.abs(predicted - measured) / measured) * 100)),
+    }
+
+
 def summarize_results(results: list[PromptResult], cost: Cost | None, *, gamma_max: int,
                       margin: float = DEFAULT_MARGIN, sampling: bool = False) -> dict:
     """The summary the report gives one task, for any group of results of one run: n, alpha mean and
@@ -144,6 +216,7 @@ def build_report(session: Session, run_id: int) -> dict:
     sampling = float(params.get("temperature", 0.0)) > 0
     margin = float(params.get("margin", 0.05))
     cost = cost_for_run(run)
+    costs = costs_for_run(run)
     results = list(session.scalars(
         select(PromptResult).where(PromptResult.run_id == run_id)
         .options(selectinload(PromptResult.gamma_counts), selectinload(PromptResult.prompt))
@@ -174,12 +247,39 @@ def build_report(session: Session, run_id: int) -> dict:
             "predicted_speedup": {str(g): _finite(v) for g, v in enumerate(curve, start=1)},
             "best_gamma": g_star or None,
             "measured_speedup": _finite(measured.get(result.prompt_id)),
+            "replay_mismatch_share": _finite(result.replay_mismatches / result.output_tokens)
+            if result.replay_mismatches is not None and result.output_tokens else None,
         })
     by_task: dict[str, list[PromptResult]] = defaultdict(list)
     for result in results:
         by_task[result.task_type or "unlabelled"].append(result)
     tasks = {task: _group_summary(group, cost, sampling, gamma_max, margin, measured)
              for task, group in sorted(by_task.items())}
+    workload = _group_summary(results, cost, sampling, gamma_max, margin, measured) if results else None
+    for summary, group in [(tasks[t], g) for t, g in sorted(by_task.items())] + ([(workload, results)] if workload else []):
+        summary["by_batch"] = _batch_summaries(group, costs, sampling, gamma_max, margin) if costs else {}
+        summary["fidelity"] = _fidelity(group)
+    task_of = {r.prompt_id: r.task_type or "unlabelled" for r in results}
+    rounds_at = {(r.prompt_id, g.gamma): g.rounds for r in results for g in r.gamma_counts}
+    validation_rows = [
+        {"prompt_id": v.prompt_id, "task": task_of.get(v.prompt_id), "gamma": v.gamma,
+         "predicted_speedup": v.predicted_speedup, "measured_speedup": v.measured_speedup,
+         "outputs_identical": v.outputs_identical, "replay_identical": v.replay_identical,
+         "greedy_time_s": v.greedy_time_s, "speculative_time_s": v.speculative_time_s,
+         "target_forward_passes": v.target_forward_passes,
+         "replayed_rounds": v.replayed_rounds if v.replayed_rounds is not None else rounds_at.get((v.prompt_id, v.gamma)),
+         "passes_error_pct": None}
+        for v in validations
+    ]
+    for row in validation_rows:
+        if row["target_forward_passes"] is not None and row["replayed_rounds"]:
+            row["passes_error_pct"] = 100.0 * (row["target_forward_passes"] - row["replayed_rounds"]) / row["replayed_rounds"]
+    by_task_rows: dict[str, list[dict]] = defaultdict(list)
+    for row in validation_rows:
+        by_task_rows[row["task"]].append(row)
+    dtype = run.dtype or "float32"
+    run_fidelity = dict(workload["fidelity"] or {}) if workload else {}
+    run_fidelity.update(validation_summary(validation_rows) or {})
     profile = run.cost_profile
     return {
         "run_id": run.id,
@@ -192,25 +292,31 @@ def build_report(session: Session, run_id: int) -> dict:
         "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else "greedy (exact replay)",
         "params": params,
         "device": run.device,
-        "cost_profile": {
-            "target_k_s": list(profile.target_forward_s), "draft_s": profile.draft_step_s,
-            "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
-            "device": profile.device, "threads": profile.threads, "context_tokens": profile.context_tokens,
-        } if profile else None,
+        "dtype": dtype,
+        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity),
+        "cost_profile": _profile_dict(profile) if profile else None,
+        "cost_profiles": {str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles}
+        or ({str(profile.batch_size or 1): _profile_dict(profile)} if profile else {}),
         "prompts": prompts,
         "tasks": tasks,
-        "workload": _group_summary(results, cost, sampling, gamma_max, margin, measured) if results else None,
+        "workload": workload,
         "entropy_table": long_run_by_entropy(
             [r.draft_matches or [] for r in results], [r.entropies or [] for r in results],
             edges=[float("inf") if e is None else e for e in params.get("entropy_edges") or ENTROPY_EDGES_NATS],
         ) if not sampling else None,
-        "validation": [
-            {"prompt_id": v.prompt_id, "gamma": v.gamma, "predicted_speedup": v.predicted_speedup,
-             "measured_speedup": v.measured_speedup, "outputs_identical": v.outputs_identical,
-             "greedy_time_s": v.greedy_time_s, "speculative_time_s": v.speculative_time_s,
-             "target_forward_passes": v.target_forward_passes}
-            for v in validations
-        ],
+        "validation": validation_rows,
+        "validation_summary": {"run": validation_summary(validation_rows),
+                               "tasks": {t: validation_summary(rows) for t, rows in sorted(by_task_rows.items())}},
+    }
+
+
+def _profile_dict(profile: CostProfile) -> dict:
+    return {
+        "target_k_s": list(profile.target_forward_s), "draft_s": profile.draft_step_s,
+        "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
+        "round_overhead_s": profile.round_overhead_s, "decode_overhead_s": profile.decode_overhead_s,
+        "device": profile.device, "dtype": profile.dtype or "float32", "batch_size": profile.batch_size or 1,
+        "threads": profile.threads, "context_tokens": profile.context_tokens,
     }
 
 
@@ -240,12 +346,15 @@ def _fmt(value) -> str:
 def report_text(report: dict) -> str:
     """A plain-text summary: the recommendation in words, then the per-task table."""
     lines = [f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-             f"{report['mode']}"]
-    if report.get("cost_profile"):
-        cp = report["cost_profile"]
+             f"{report['mode']}, {report.get('dtype') or 'float32'} on {report.get('device') or 'an unknown device'}"]
+    for batch, cp in (report.get("cost_profiles") or {}).items():
         ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
-        lines.append(f"cost: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: {ratios}; "
-                     f"draft step {cp['draft_s'] * 1000:.3f} ms on {cp['device']}")
+        overhead = (f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
+                    if cp.get("round_overhead_s") is not None else "")
+        lines.append(f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
+                     f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}")
+    if report.get("guarantee"):
+        lines.append(report["guarantee"])
     workload = report.get("workload")
     if workload and workload.get("best_gamma"):
         verdict = "speculate" if workload["speculate"] else "do not speculate"
@@ -261,7 +370,31 @@ def report_text(report: dict) -> str:
             f"{(s['best_gamma'] or 0):>3} {_num(s['predicted_speedup'], 6, 2)} {_num(s.get('measured_speedup'), 6, 2)}  "
             f"{s['tier']:<19} {'speculate' if s['speculate'] else 'off'}"
         )
+    batches = sorted({int(b) for s in report["tasks"].values() for b in s.get("by_batch") or {}})
+    if len(batches) > 1:
+        lines.append("\nbest gamma and S(g*) per batch size:")
+        lines.append(f"{'task':<18} " + " ".join(f"{'b=' + str(b):>14}" for b in batches))
+        for task, s in list(report["tasks"].items()) + ([("(workload)", report["workload"])] if report.get("workload") else []):
+            cells = []
+            for b in batches:
+                entry = (s.get("by_batch") or {}).get(str(b))
+                cells.append(f"{'-':>14}" if not entry or entry["predicted_speedup"] is None else
+                             f"{('g' + str(entry['best_gamma']) + ' ' + format(entry['predicted_speedup'], '.2f') + 'x' + (' on' if entry['speculate'] else ' off')):>14}")
+            lines.append(f"{task:<18} " + " ".join(cells))
+    summary = (report.get("validation_summary") or {}).get("run")
+    if summary:
+        lines.append(f"\nvalidation: {summary['validated']} prompts, {summary['identical']} outputs identical to plain greedy, "
+                     f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
+                     f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
+                     f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)")
+        for task, t in report["validation_summary"]["tasks"].items():
+            lines.append(f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err {_pct(t['passes_error_pct'])}, "
+                         f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x")
     return "\n".join(lines)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.1f}%"
 
 
 def _num(value, width: int, digits: int) -> str:

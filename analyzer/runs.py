@@ -30,6 +30,15 @@ from analyzer.acceptance import (
     walk_ngram,
 )
 from analyzer.db import utcnow
+from analyzer.devices import (
+    DeviceError,
+    Placement,
+    check_device_name,
+    check_dtype_name,
+    default_batch_sizes,
+    resolve,
+    MAX_PROFILE_BATCH_SIZE,
+)
 from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.loading import (
     LoadedModel,
@@ -48,6 +57,7 @@ from analyzer.measure import (
     processed_probabilities,
     sampling_overlaps,
     teacher_forced_logits,
+    teacher_forced_mismatches,
 )
 from analyzer.models import (
     AnalysisRun,
@@ -57,6 +67,7 @@ from analyzer.models import (
     ModelSpec,
     Prompt,
     PromptResult,
+    RunCostProfile,
     ValidationResult,
 )
 from analyzer.prompt_sets import get_prompt_set
@@ -84,6 +95,9 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
+    device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
     # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
     entropy_edges: tuple[float | None, ...] = tuple(e if e != float("inf") else None for e in ENTROPY_EDGES_NATS)
 
@@ -105,6 +119,13 @@ class RunParams:
             raise RunError("batching is for greedy runs only (sampling uses one seed per prompt)")
         if self.margin < 0:
             raise RunError("margin must be >= 0")
+        try:
+            check_device_name(self.device), check_dtype_name(self.dtype)
+        except DeviceError as error:
+            raise RunError(str(error)) from None
+        sizes = self.profile_batch_sizes
+        if sizes is not None and (not sizes or any(not 1 <= int(b) <= MAX_PROFILE_BATCH_SIZE for b in sizes)):
+            raise RunError(f"profile batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}")
         return self
 
     @classmethod
@@ -113,7 +134,17 @@ class RunParams:
         values = {k: v for k, v in data.items() if k in known}
         if "entropy_edges" in values:
             values["entropy_edges"] = tuple(values["entropy_edges"])
+        if values.get("profile_batch_sizes") is not None:
+            values["profile_batch_sizes"] = tuple(int(b) for b in values["profile_batch_sizes"])
         return cls(**values)
+
+    def placement(self) -> Placement:
+        """The device and dtype this run asks for, resolved on this machine (DeviceError if absent)."""
+        return resolve(self.device, self.dtype)
+
+    def batch_sizes(self, placement: Placement) -> tuple[int, ...]:
+        """The batch sizes to profile: the ones asked for, else the device's default."""
+        return tuple(self.profile_batch_sizes) if self.profile_batch_sizes else default_batch_sizes(placement)
 
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -191,12 +222,13 @@ class _Models:
         return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
 
 
-def _load_models(pair: ModelPair, cache_dir: Path, allow_network: bool) -> _Models:
+def _load_models(pair: ModelPair, cache_dir: Path, allow_network: bool, placement: Placement) -> _Models:
+    """Load target and draft once, on the run's device in the run's dtype."""
     target_ref, draft_ref = parse_spec(pair.target.spec), parse_spec(pair.draft.spec)
-    target = load_model(target_ref, cache_dir=cache_dir, allow_network=allow_network)
+    target = load_model(target_ref, cache_dir=cache_dir, allow_network=allow_network, placement=placement)
     draft = None
     if draft_ref.kind != "ngram":
-        draft = load_model(draft_ref, cache_dir=cache_dir, allow_network=allow_network)
+        draft = load_model(draft_ref, cache_dir=cache_dir, allow_network=allow_network, placement=placement)
         check_same_tokenizer(target.tokenizer, draft.tokenizer, pair.target.spec, pair.draft.spec)
     eos = target.model.generation_config.eos_token_id
     if eos is None:
@@ -220,52 +252,83 @@ def _encode(models: _Models, prompt: Prompt, params: RunParams):
 
 def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, params: RunParams,
                   prompts: list[Prompt], progress: ProgressCallback | None) -> int:
-    """Reuse the newest cost profile of this pair on this device covering k <= gamma_max + 1, or
-    measure one on a prompt of median length; returns its id."""
-    from analyzer.cost import device_description, profile_costs
+    """For each batch size of the run, reuse the newest cost profile of this pair on this device in
+    this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``), or measure one
+    on a prompt of median length; link them to the run and return the smallest batch size's id. The
+    machinery overhead is measured once (at batch 1) for the profiles measured now."""
+    from analyzer.cost import device_description, measure_machinery_overhead, profile_costs, time_callable
 
+    placement = models.target.placement
     device = device_description(models.target.model)
     k_max = params.gamma_max + 1
+    sizes = params.batch_sizes(placement)
+    chosen: dict[int, int] = {}
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
+        for link in run.batch_profiles:
+            chosen[link.batch_size] = link.cost_profile_id  # a resumed run keeps its profiles
         if not params.reprofile:
-            for profile in session.scalars(
-                select(CostProfile)
-                .where(CostProfile.pair_id == run.pair_id, CostProfile.device == device)
-                .order_by(CostProfile.id.desc())
-            ):
-                if len(profile.target_forward_s) >= k_max:
-                    run.cost_profile_id = profile.id
-                    return profile.id
-    if progress:
-        progress(0, 0, "profiling the cost of drafting and verifying on this device")
-    encoded = sorted((_encode(models, p, params).ids for p in prompts), key=len)
-    context = encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32
-    draft_step = None
-    if models.draft is None:
-        draft_step = _prompt_lookup_step(context, models, params)
-    measured = profile_costs(
-        models.target.model, list(context), k_max,
-        draft_model=models.draft.model if models.draft else None, draft_step=draft_step,
-    )
+            for batch_size in sizes:
+                if batch_size in chosen:
+                    continue
+                for profile in session.scalars(
+                    select(CostProfile)
+                    .where(CostProfile.pair_id == run.pair_id, CostProfile.device == device,
+                           CostProfile.dtype == placement.dtype, CostProfile.batch_size == batch_size)
+                    .order_by(CostProfile.id.desc())
+                ):
+                    if len(profile.target_forward_s) >= k_max:
+                        chosen[batch_size] = profile.id
+                        break
+    missing = [b for b in sizes if b not in chosen]
+    if missing:
+        encoded = sorted((_encode(models, p, params).ids for p in prompts), key=len)
+        context = list(encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32)
+        draft_step = _prompt_lookup_step(context, models, params) if models.draft is None else None
+        if progress:
+            progress(0, 0, f"profiling the machinery overhead of generate() on {placement.device} in {placement.dtype}")
+        overhead = measure_machinery_overhead(
+            models.target.model, context, gamma=min(4, params.gamma_max),
+            new_tokens=min(32, params.max_new_tokens), draft_model=models.draft.model if models.draft else None,
+            ngram_max=models.ngram_max, lookup_s=time_callable(draft_step) if draft_step else 0.0,
+        )
+        for number, batch_size in enumerate(missing, start=1):
+            if progress:
+                progress(0, 0, f"profiling the cost of drafting and verifying at batch size {batch_size} "
+                               f"({number} of {len(missing)}) on {placement.device} in {placement.dtype}")
+            measured = profile_costs(
+                models.target.model, context, k_max, batch_size=batch_size,
+                draft_model=models.draft.model if models.draft else None, draft_step=draft_step,
+            )
+            with session_factory() as session, session.begin():
+                run = session.get(AnalysisRun, run_id)
+                profile = CostProfile(
+                    pair_id=run.pair_id,
+                    device=measured.device,
+                    dtype=placement.dtype,
+                    batch_size=batch_size,
+                    threads=measured.threads,
+                    context_tokens=measured.context_tokens,
+                    repeats=measured.repeats,
+                    target_forward_s=list(measured.target_forward_s),
+                    draft_step_s=measured.draft_step_s,
+                    target_prefill_s=measured.target_prefill_s,
+                    draft_prefill_s=measured.draft_prefill_s,
+                    round_overhead_s=overhead.round_s,
+                    decode_overhead_s=overhead.decode_s,
+                    library_versions=_library_versions(),
+                )
+                session.add(profile)
+                session.flush()
+                chosen[batch_size] = profile.id
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
-        profile = CostProfile(
-            pair_id=run.pair_id,
-            device=measured.device,
-            threads=measured.threads,
-            context_tokens=measured.context_tokens,
-            repeats=measured.repeats,
-            target_forward_s=list(measured.target_forward_s),
-            draft_step_s=measured.draft_step_s,
-            target_prefill_s=measured.target_prefill_s,
-            draft_prefill_s=measured.draft_prefill_s,
-            library_versions=_library_versions(),
-        )
-        session.add(profile)
-        session.flush()
-        run.cost_profile_id = profile.id
-        return profile.id
+        linked = {link.batch_size for link in run.batch_profiles}
+        for batch_size, profile_id in sorted(chosen.items()):
+            if batch_size not in linked:
+                run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile_id=profile_id))
+        run.cost_profile_id = chosen[min(chosen)]
+        return run.cost_profile_id
 
 
 def _prompt_lookup_step(context: list[int], models: _Models, params: RunParams) -> Callable[[], object]:
@@ -275,12 +338,12 @@ def _prompt_lookup_step(context: list[int], models: _Models, params: RunParams) 
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     generator = PromptLookupCandidateGenerator(
-        eos_token_id=torch.tensor(models.eos_ids),
+        eos_token_id=torch.tensor(models.eos_ids, device=models.target.model.device),
         num_output_tokens=params.gamma_max,
         max_matching_ngram_size=models.ngram_max or 2,
         max_length=len(context) + params.max_new_tokens,
     )
-    input_ids = torch.tensor([context], dtype=torch.long)
+    input_ids = torch.tensor([context], dtype=torch.long, device=models.target.model.device)
     return lambda: generator.get_candidates(input_ids)
 
 
@@ -337,6 +400,9 @@ def _measure_batch(models: _Models, batch: list[tuple[Prompt, object]], params: 
                     "expected_tokens_per_round": (counts.output_tokens / counts.rounds) if counts.rounds else None,
                 })
         draft_time = time.perf_counter() - started
+        mismatches = None
+        if not sampling and models.target.placement.dtype != "float32":
+            mismatches = int(teacher_forced_mismatches(models.target.model, enc.ids, output).sum())
         results.append({
             "prompt": prompt,
             "prompt_tokens": len(enc.ids),
@@ -347,6 +413,7 @@ def _measure_batch(models: _Models, batch: list[tuple[Prompt, object]], params: 
             "entropies": [round(float(e), 5) for e in generation.entropies],
             "alpha": alpha_from_matches(matches),
             "alpha_sampling": alpha_sampling,
+            "replay_mismatches": mismatches,
             "target_time_s": generation.time_s,
             "draft_time_s": draft_time,
             "per_gamma": per_gamma,
@@ -381,6 +448,7 @@ def _store(session: Session, run: AnalysisRun, result: dict) -> None:
         draft_matches=result["matches"],
         entropies=result["entropies"],
         alpha_sampling=result["alpha_sampling"],
+        replay_mismatches=result["replay_mismatches"],
         target_time_s=result["target_time_s"],
         draft_time_s=result["draft_time_s"],
         total_time_s=result["target_time_s"] + result["draft_time_s"],
@@ -417,9 +485,11 @@ def execute_run(
     worker_id: str | None = None,
     allow_network: bool = False,
 ) -> AnalysisRun:
-    """Execute (or resume) a run: load the pair (hub ids download only with ``allow_network``),
-    profile or reuse the cost curve, measure every prompt not yet measured, validate, and mark the
-    run done. Returns the run as stored at the end."""
+    """Execute (or resume) a run: resolve its device and dtype on this machine, load the pair there
+    (hub ids download only with ``allow_network``), profile or reuse the cost curves for each batch
+    size, measure every prompt not yet measured, validate, and mark the run done. Returns the run as
+    stored at the end. A device or dtype this machine cannot give, or a model that does not fit,
+    fails the run with a message saying so (nothing is measured)."""
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
@@ -434,10 +504,15 @@ def execute_run(
         pair = run.pair
         _ = pair.target.spec, pair.draft.spec
     try:
-        models = _load_models(pair, cache_dir, allow_network)
+        placement = params.placement()
+        if progress:
+            progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
+                     + f" on {placement.device} ({placement.name}) in {placement.dtype}")
+        models = _load_models(pair, cache_dir, allow_network, placement)
         with session_factory() as session, session.begin():
             run = session.get(AnalysisRun, run_id)
             run.device = _device_text(models)
+            run.dtype = placement.dtype
             run.library_versions = _library_versions()
             for spec, loaded in ((run.pair.target, models.target), (run.pair.draft, models.draft)):
                 if loaded is not None:
@@ -508,6 +583,8 @@ def _validate(session_factory: sessionmaker, run_id: int, models: _Models, param
         run = session.get(AnalysisRun, run_id)
         prompts = {p.id: p for p in selected_prompts(session, run)}
         validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
+        outputs = dict(session.execute(select(PromptResult.prompt_id, PromptResult.output_token_ids)
+                                       .where(PromptResult.run_id == run_id)).all())
     chosen = [row for row in report["prompts"] if row["prompt_id"] not in validated][: max(0, params.validate - len(validated))]
     for number, row in enumerate(chosen, start=1):
         if progress:
@@ -518,7 +595,9 @@ def _validate(session_factory: sessionmaker, run_id: int, models: _Models, param
         measured = validate_prompt(
             models.target.model, list(enc.ids), params.max_new_tokens, gamma=gamma,
             draft_model=models.draft.model if models.draft else None, ngram_max=models.ngram_max,
+            eos_token_id=models.eos_ids,
         )
+        replayed = row["per_gamma"].get(str(gamma)) or {}
         with session_factory() as session, session.begin():
             session.add(ValidationResult(
                 run_id=run_id, prompt_id=row["prompt_id"], gamma=gamma,
@@ -527,6 +606,8 @@ def _validate(session_factory: sessionmaker, run_id: int, models: _Models, param
                 predicted_speedup=float(row["predicted_speedup"][str(gamma)]),
                 outputs_identical=measured.outputs_identical,
                 target_forward_passes=measured.target_forward_passes,
+                replayed_rounds=replayed.get("rounds"),
+                replay_identical=measured.speculative_ids == list(outputs.get(row["prompt_id"]) or []),
             ))
     if progress and chosen:
         progress(len(chosen), len(chosen), "validating with real speculative decoding")

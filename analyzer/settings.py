@@ -95,6 +95,16 @@ class Settings:
         "(also POST /v1/route, /v1/route/batch and the playground), 'all' (also every API GET and web page; "
         "/healthz stays open).",
     )
+    device: str = _setting(
+        "auto", "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
+        "cpu, cuda or cuda:N. Used by 'specroute analyze' and 'demo' unless --device is given, and as the web "
+        "form's default; resolved by the worker that executes the run.",
+    )
+    dtype: str = _setting(
+        "auto", "Precision that analyses run in: auto (bfloat16 on a GPU that supports it, else float16; "
+        "float32 on the CPU), float32, bfloat16 or float16. Only float32 replays are exact; half precision "
+        "runs measure and report their replay fidelity.",
+    )
     ui_worker: bool = _setting(
         True, "Run analyses queued from the web UI in a background thread of the server; set false "
         "when separate 'specroute worker' processes do it."
@@ -218,7 +228,19 @@ def load_settings(
         if name not in declared:
             raise SettingsError(f"unknown setting {key!r}; known: {', '.join(declared)}")
         values[name] = _coerce(name, _type_name(declared[name]), raw)
-    return Settings(**values)
+    return _checked(Settings(**values))
+
+
+def _checked(settings: Settings) -> Settings:
+    """Refuse settings whose value is of the right type but not a known choice."""
+    from analyzer.devices import DeviceError, check_device_name, check_dtype_name
+
+    for name, check in (("device", check_device_name), ("dtype", check_dtype_name)):
+        try:
+            check(getattr(settings, name))
+        except DeviceError as error:
+            raise SettingsError(f"{env_name(name)}: {error}") from None
+    return settings
 
 
 def _type_name(f) -> str:

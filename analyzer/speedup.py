@@ -3,10 +3,12 @@ for comparison, best gamma, the recommendation tier and the on/off decision.
 
 Cost model: T_t(k) = seconds of one target forward of k new tokens over a warm KV cache
 (``target_forward_s[k-1]``), T_d = seconds of one draft step (a model draft pays it per drafted
-token; prompt lookup pays it once per round). A round that drafts k tokens costs
-draft(k) + T_t(k + 1); plain greedy decoding costs T_t(1) per token. So for N output tokens
+token; prompt lookup pays it once per round), o_r / o_d = the generation machinery's own time per
+speculative round / per plain decoding step (measured; 0 in profiles from before it was). A round
+that drafts k tokens costs draft(k) + T_t(k + 1) + o_r; plain greedy decoding costs T_t(1) + o_d per
+token. So for N output tokens
 
-    S(g) = N * T_t(1) / sum_k drafted_hist_g[k] * (draft(k) + T_t(k + 1)),
+    S(g) = N * (T_t(1) + o_d) / sum_k drafted_hist_g[k] * (draft(k) + T_t(k + 1) + o_r),
 
 which is DESIGN.md's S(g) = E[tokens per round](g) * T_t(1) / (g T_d + T_t(g + 1)) when every round
 drafts g tokens, and accounts exactly for rounds that draft fewer (prompt lookup finding nothing,
@@ -29,14 +31,17 @@ DEFAULT_MARGIN = 0.05
 @dataclass(frozen=True)
 class Cost:
     """A measured cost curve: ``target_forward_s`` shape (K,), k = 1..K; ``draft_step_s``; whether
-    the draft cost is paid per drafted token (a model) or per round (prompt lookup); and the prompt
-    processing cost per prompt token of the target and of a model draft (0 when unknown)."""
+    the draft cost is paid per drafted token (a model) or per round (prompt lookup); the prompt
+    processing cost per prompt token of the target and of a model draft (0 when unknown); and the
+    machinery's time per speculative round and per plain decoding step (0 when unknown)."""
 
     target_forward_s: Sequence[float]
     draft_step_s: float
     draft_cost_per_token: bool = True
     target_prefill_s_per_token: float = 0.0
     draft_prefill_s_per_token: float = 0.0
+    round_overhead_s: float = 0.0
+    decode_overhead_s: float = 0.0
 
     def prefill_s(self, prompt_tokens: int) -> tuple[float, float]:
         """(target, draft) seconds to process a prompt of ``prompt_tokens`` tokens (linear model)."""
@@ -47,11 +52,12 @@ class Cost:
         if drafted + 1 > len(self.target_forward_s):
             raise ValueError(f"cost curve covers k <= {len(self.target_forward_s)}, a round needs {drafted + 1}")
         draft = self.draft_step_s * drafted if self.draft_cost_per_token else self.draft_step_s
-        return draft + float(self.target_forward_s[drafted])
+        return draft + float(self.target_forward_s[drafted]) + self.round_overhead_s
 
     @property
     def decode_s(self) -> float:
-        return float(self.target_forward_s[0])
+        """Seconds of one plain greedy decoding step: T_t(1) plus the machinery's per-step time."""
+        return float(self.target_forward_s[0]) + self.decode_overhead_s
 
 
 def speculative_time_s(drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> float:
@@ -88,6 +94,24 @@ def iid_speedup(alpha: float, gamma: int, cost: Cost) -> float:
     """S(g) from the i.i.d. acceptance formula with the real cost curve:
     E_iid(alpha, g) * T_t(1) / round_s(g). Misses burstiness; reported for comparison."""
     return expected_tokens_iid(alpha, gamma) * cost.decode_s / cost.round_s(gamma)
+
+
+def interpolate_curves(curves: dict[int, Sequence[float]], batch_size: float) -> tuple[list[float], int, int] | None:
+    """S(g) at ``batch_size`` from curves measured at some batch sizes ({b: [S(1), S(2), ...]}):
+    linear in b between the two measured sizes around it (the measured curve itself at a measured
+    size), over the g both cover. Returns (curve, lower b, upper b), or None outside the measured
+    range or when fewer than one curve is given."""
+    sizes = sorted(b for b, curve in curves.items() if len(curve))
+    if not sizes or not sizes[0] <= batch_size <= sizes[-1]:
+        return None
+    upper = next(b for b in sizes if b >= batch_size)
+    lower = max(b for b in sizes if b <= batch_size)
+    low_curve, high_curve = curves[lower], curves[upper]
+    width = min(len(low_curve), len(high_curve))
+    if upper == lower:
+        return [float(v) for v in low_curve[:width]], lower, upper
+    weight = (batch_size - lower) / (upper - lower)
+    return ([float((1 - weight) * low_curve[i] + weight * high_curve[i]) for i in range(width)], lower, upper)
 
 
 def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:

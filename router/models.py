@@ -86,6 +86,8 @@ class TaskPolicy(Base):
     expected_speedup: Mapped[float] = mapped_column(Float)
     tier: Mapped[str] = mapped_column(String(24))
     speedup_curve: Mapped[list[float]] = mapped_column(default=list)
+    # {"<batch size>": [S(1), S(2), ...]} for every profiled batch size; None: batch 1 only
+    speedup_curves_by_batch: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
 

@@ -8,7 +8,9 @@ import json
 import numpy as np
 
 from analyzer.acceptance import walk_model_draft
-from analyzer.models import AnalysisRun, CostProfile, GammaCount, ModelPair, ModelSpec, PromptResult
+from analyzer.models import (
+    AnalysisRun, CostProfile, GammaCount, ModelPair, ModelSpec, PromptResult, RunCostProfile,
+)
 from analyzer.prompt_sets import import_prompt_file
 
 # T_t(k) for k = 1..9: a CPU-like curve (verifying is not free) and a cheap draft step
@@ -17,9 +19,11 @@ COST_CURVE = [0.040, 0.060, 0.070, 0.075, 0.080, 0.085, 0.090, 0.095, 0.100]
 
 def make_done_run(session, tasks: dict[str, float], *, per_task: int = 4, gamma_max: int = 8, n_tokens: int = 64,
                   draft_spec: str = "hf:/models/draft", draft_step_s: float = 0.004, seed: int = 0,
-                  name: str = "synthetic") -> AnalysisRun:
+                  name: str = "synthetic", batch_curves: dict[int, list[float]] | None = None) -> AnalysisRun:
     """A done run over a new prompt set with ``per_task`` prompts per task; each prompt's draft
-    matches are Bernoulli(p) with the task's p, walked for g = 1..gamma_max."""
+    matches are Bernoulli(p) with the task's p, walked for g = 1..gamma_max. Its batch-1 profile is
+    COST_CURVE; ``batch_curves`` adds a profile per further batch size ({b: T_t(1..), ...}, same
+    draft step)."""
     rng = np.random.default_rng(seed)
     lines = [{"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(per_task)]
     prompt_set, _ = import_prompt_file(session, name, "".join(json.dumps(l) + "\n" for l in lines).encode(), f"{name}.jsonl")
@@ -32,6 +36,11 @@ def make_done_run(session, tasks: dict[str, float], *, per_task: int = 4, gamma_
     run = AnalysisRun(prompt_set=prompt_set, pair=pair, cost_profile=profile, status="done",
                       params={"max_new_tokens": n_tokens, "gamma_max": gamma_max, "margin": 0.05, "temperature": 0.0},
                       progress_done=len(lines), progress_total=len(lines))
+    run.batch_profiles.append(RunCostProfile(cost_profile=profile, batch_size=1))
+    for batch_size, curve in sorted((batch_curves or {}).items()):
+        run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile=CostProfile(
+            pair=pair, device="test-device", threads=2, context_tokens=100, repeats=5, batch_size=batch_size,
+            target_forward_s=list(curve[: gamma_max + 1]), draft_step_s=draft_step_s)))
     session.add(run)
     session.flush()
     for prompt in prompt_set.prompts:

@@ -14,7 +14,7 @@ import router.models  # noqa: F401
 from analyzer.db import Base, make_engine
 
 EXPECTED_TABLES = {
-    "prompt_sets", "prompts", "model_specs", "model_pairs", "cost_profiles", "analysis_runs",
+    "prompt_sets", "prompts", "model_specs", "model_pairs", "cost_profiles", "run_cost_profiles", "analysis_runs",
     "prompt_results", "gamma_counts", "validation_results", "classifier_versions", "policy_sets",
     "task_policies", "task_estimates", "route_decisions", "feedback_events",
 }

@@ -313,17 +313,27 @@ def _cache_dir(state: CliState) -> Path:
 @click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0.0),
               help="Speculate only if the predicted speedup exceeds 1 + margin.")
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
-@click.option("--reprofile", is_flag=True, help="Measure a new cost profile even if one exists for this pair and device.")
+@click.option("--reprofile", is_flag=True,
+              help="Measure new cost profiles even if ones exist for this pair, device, dtype and batch size.")
+@click.option("--device", help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).")
+@click.option("--dtype", help="auto, float32, bfloat16 or float16 (default: SPECROUTE_DTYPE; auto = bfloat16 on a GPU, "
+                              "float32 on the CPU). Only float32 replays are exact.")
+@click.option("--batch-sizes", "batch_sizes",
+              help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
+                   "the router decides at the request's batch size from these.")
 @click.option("--resume", "resume_run", type=click.IntRange(1, MAX_ID), help="Resume an interrupted, failed or cancelled run by id.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
-            validate_n, limit, batch_size, margin, no_chat_template, reprofile, resume_run, as_json) -> None:
+            validate_n, limit, batch_size, margin, no_chat_template, reprofile, device, dtype, batch_sizes,
+            resume_run, as_json) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
-    Each prompt's result is stored as soon as it is measured; an interrupted run resumes with
-    --resume RUN and skips finished prompts.
+    Runs on --device in --dtype (resolved before anything is stored: an absent GPU or a dtype the
+    device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
+    interrupted run resumes with --resume RUN and skips finished prompts.
     """
+    from analyzer.devices import DeviceError, parse_batch_sizes, resolve
     from analyzer.loading import SpecError
     from analyzer.report import build_report, report_text
     from analyzer.runs import RunError, RunParams, create_run, execute_run
@@ -333,9 +343,13 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         if resume_run is None:
             if not prompt_set:
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
+            device, dtype = device or state.settings.device, dtype or state.settings.dtype
+            placement = resolve(device, dtype)  # here, so that a run this machine cannot execute is never stored
+            click.echo(f"device {placement.device} ({placement.name}), dtype {placement.dtype}", err=True)
             params = RunParams(max_new_tokens=max_new_tokens, gamma_max=gamma_max, temperature=temperature,
                                top_p=top_p, validate=validate_n, limit=limit, chat_template=not no_chat_template,
-                               batch_size=batch_size, margin=margin, reprofile=reprofile)
+                               batch_size=batch_size, margin=margin, reprofile=reprofile, device=device,
+                               dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes))
             with sessions() as session, session.begin():
                 run_id = create_run(session, prompt_set, target, draft, params).id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
@@ -350,7 +364,7 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         _label_with_classifier(sessions, run_id)
         with sessions() as session:
             report = build_report(session, run_id)
-    except (RunError, SpecError, PromptSetError) as exc:
+    except (RunError, SpecError, PromptSetError, DeviceError) as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
@@ -827,7 +841,7 @@ def _shown_value(name: str, value):
 
 
 DEMO_TARGET, DEMO_DRAFT = "builtin:smollm2-135m-instruct", "ngram"
-DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template")
+DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "device", "dtype")
 
 
 @cli.command("demo")
@@ -867,13 +881,14 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
         summary = summarize(session, [prompt_set])[0]
     click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
                f"{_tasks_text(summary.task_counts)}")
-    params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit)
+    params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit,
+                       device=state.settings.device, dtype=state.settings.dtype)
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
         candidates = [r for r in session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set.id)
                                                   .order_by(AnalysisRun.id.desc()))
                       if (r.pair.target.spec, r.pair.draft.spec) == canonical
-                      and all(r.params.get(k) == getattr(params, k) for k in DEMO_PARAM_KEYS) and r.status != "cancelled"]
+                      and all(getattr(RunParams.from_json(r.params), k) == getattr(params, k) for k in DEMO_PARAM_KEYS) and r.status != "cancelled"]
         reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
         run_id = reuse.id if reuse is not None else create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params).id
         status = reuse.status if reuse is not None else "new"
