@@ -1,8 +1,10 @@
 """The routing decision, in process and without Flask: classify the prompt, look up the task's
 published policy (the workload-wide fallback when the classifier is unsure or the task has none),
 follow the task's online estimate where feedback has moved it (router/adaptation.py), apply the
-request rules (short outputs and large batches run without speculation), and return the decision
-with ready-to-use engine settings. Everything it needs is loaded once into a Router, so a decision
+request rules (short outputs run without speculation; at a batch size the analysis profiled, or between
+two it profiled, the decision follows the S(g) curve measured there; larger batches than the profiles
+cover run without speculation above ``max_batch_size``), and return the decision with ready-to-use
+engine settings. Everything it needs is loaded once into a Router, so a decision
 touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from analyzer.speedup import Cost, iid_speedup
+from analyzer.acceptance import expected_tokens_iid
+from analyzer.speedup import Cost, best_gamma, iid_speedup, interpolate_curves
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier
 from router.features import prompt_text
@@ -87,6 +90,7 @@ class Router:
         states: Mapping[str, TaskState] | None = None,
         adaptation: AdaptationConfig | None = None,
         policy_set_id: int | None = None,
+        margin: float = 0.05,
     ):
         self.classifier = classifier
         self.policies = {task: p for task, p in policies.items() if task != FALLBACK_TASK}
@@ -98,6 +102,7 @@ class Router:
         self.config = config or RouterConfig()
         self.cost = cost
         self.adaptation = adaptation or AdaptationConfig()
+        self.margin = margin
         self.states: dict[str, TaskState] = {}
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
@@ -169,17 +174,22 @@ class Router:
             if speculate and not state.speculate:
                 reasons.append(f"probe: every {self.adaptation.probe_every}th request of an 'off' task speculates "
                                "so that feedback can turn it back on")
-        if policy is None:
+        batch_rule = self._at_batch_size(policy, state, request.batch_size)
+        if batch_rule is not None:
+            speculate, gamma, expected, reason = batch_rule
+            reasons.append(reason)
+        elif policy is None:
             reasons.append("no published policy: speculation off")
         elif not speculate:
             reasons.append("no predicted gain: speculation off")
         if speculate and request.max_new_tokens is not None and request.max_new_tokens < self.config.min_output_tokens:
             speculate = False
             reasons.append(f"expected output {request.max_new_tokens} tokens < {self.config.min_output_tokens}: off")
-        if speculate and request.batch_size is not None and request.batch_size > self.config.max_batch_size:
+        if batch_rule is None and speculate and request.batch_size is not None \
+                and request.batch_size > self.config.max_batch_size:
             speculate = False
-            reasons.append(f"batch size {request.batch_size} > {self.config.max_batch_size}: "
-                           "the batch already uses the idle compute; off")
+            reasons.append(f"batch size {request.batch_size} > {self.config.max_batch_size} and no cost profile covers "
+                           "it: the batch already uses the idle compute; off")
         if speculate and request.temperature:
             reasons.append(f"temperature {request.temperature}: acceptance was measured greedy; sampling accepts less")
         gamma = gamma if speculate else 0
@@ -195,6 +205,33 @@ class Router:
             policy_version=self.policy_version,
             engine=self._engine(speculate, gamma),
         )
+
+    def _at_batch_size(self, policy: PolicySnapshot | None, state: TaskState | None,
+                       batch_size: int | None) -> tuple[bool, int, float, str] | None:
+        """(speculate, gamma, S(gamma), reason) at a request batch size above 1 that the published
+        per-batch curves cover (measured there, or linear between the two profiled sizes around it),
+        the curve scaled by E[tokens/round] under the task's online alpha over that under the analysis'
+        alpha once feedback has moved it; None where no profile covers the batch size."""
+        if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
+            return None
+        found = interpolate_curves(policy.curves_by_batch, batch_size)
+        if found is None:
+            return None
+        curve, lower, upper = found
+        adjusted = ""
+        if state is not None and state.events:
+            curve = [s * expected_tokens_iid(state.alpha, g) / expected_tokens_iid(state.prior_alpha, g)
+                     for g, s in enumerate(curve, start=1)]
+            adjusted = f", adjusted to the online alpha {state.alpha:.2f}"
+        g_best, s_best = best_gamma(curve)
+        if g_best == 0:
+            return None
+        speculate = s_best > 1.0 + self.margin
+        where = (f"measured at batch size {lower}" if lower == upper else
+                 f"interpolated between profiled batch sizes {lower} and {upper}")
+        return (speculate, g_best, s_best,
+                f"batch size {batch_size}: S(g) {where}{adjusted}: best gamma {g_best} at {s_best:.2f}x, "
+                f"speculation {'on' if speculate else f'off (needs > {1 + self.margin:.2f}x)'}")
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         if not speculate:
@@ -240,4 +277,5 @@ def router_from_database(session, config: RouterConfig | None = None,
             cost = cost_for_run(run)
     return Router(classifier, policies, policy_version=policy_set.version if policy_set else None,
                   policy_set_id=policy_set.id if policy_set else None, draft_kind=draft_kind, ngram_max=ngram_max,
-                  config=config, cost=cost, states=states, adaptation=adaptation)
+                  config=config, cost=cost, states=states, adaptation=adaptation,
+                  margin=policy_set.margin if policy_set is not None else 0.05)

@@ -123,7 +123,16 @@ SCHEMAS: dict[str, Any] = {
                        "speculate": {"type": "boolean"}, "gamma": {"type": "integer"}, "alpha_mean": _NUM,
                        "alpha_var": {"type": ["number", "null"]}, "n_prompts": {"type": "integer"},
                        "expected_speedup": _NUM,
-                       "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]}},
+                       "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]},
+                       "by_batch": {
+                           "type": "object",
+                           "description": "Per profiled batch size: the best gamma, its predicted speedup and "
+                                          "whether that clears the policy set's margin, from the published S(g) curve.",
+                           "additionalProperties": {
+                               "type": "object", "additionalProperties": False,
+                               "required": ["gamma", "expected_speedup", "speculate"],
+                               "properties": {"gamma": {"type": "integer"}, "expected_speedup": _NUM,
+                                              "speculate": {"type": "boolean"}}}}},
     },
     "Policies": {
         "type": "object", "required": ["active", "versions"], "additionalProperties": False,

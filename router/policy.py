@@ -3,7 +3,8 @@ type plus a workload-wide fallback), keep every set, and keep exactly one active
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
@@ -32,13 +33,15 @@ def _policy(task: str, summary: dict, *, fallback: bool) -> TaskPolicy:
         expected_speedup=float(summary["predicted_speedup"] or 0.0),
         tier=summary["tier"],
         speedup_curve=[v if v is not None else 0.0 for v in summary["speedup_curve"]],
+        speedup_curves_by_batch={b: [v if v is not None else 0.0 for v in entry["speedup_curve"]]
+                                 for b, entry in (summary.get("by_batch") or {}).items()} or None,
     )
 
 
 def publish_policies(session: Session, run_id: int, *, notes: str | None = None, activate: bool = True) -> PolicySet:
     """Build a new policy set from run ``run_id`` (which must be done and have results): per task
-    {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve} and a
-    fallback ("*") from the whole workload."""
+    {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve, and
+    the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise PolicyError(f"no analysis run {run_id}")
@@ -84,7 +87,8 @@ def list_policy_sets(session: Session) -> list[PolicySet]:
 
 @dataclass(frozen=True)
 class PolicySnapshot:
-    """An immutable copy of one task's policy, for the decision path (no database access there)."""
+    """An immutable copy of one task's policy, for the decision path (no database access there);
+    ``curves_by_batch`` maps each profiled batch size to its S(g) curve (empty: batch 1 only)."""
 
     task_type: str
     speculate: bool
@@ -95,8 +99,10 @@ class PolicySnapshot:
     expected_speedup: float
     tier: str
     speedup_curve: tuple[float, ...]
+    curves_by_batch: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
+        curves = {int(b): tuple(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
         return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
-                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve))
+                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve), curves)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write
 from analyzer.settings import Settings, router_pools
+from analyzer.speedup import best_gamma
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
 from router.decision_log import DecisionLog
@@ -150,7 +151,7 @@ class RouterService:
                 "run_id": active.run_id,
                 "margin": active.margin,
                 "activated_at": active.activated_at.isoformat() if active.activated_at else None,
-                "policies": [policy_dict(p) for p in active.policies],
+                "policies": [policy_dict(p, active.margin) for p in active.policies],
                 "estimates": [estimate_dict(e) for e in estimates],
             }, "versions": versions}
 
@@ -190,11 +191,17 @@ class RouterService:
             self.decision_log.close()
 
 
-def policy_dict(policy) -> dict[str, Any]:
-    """A TaskPolicy as JSON."""
+def policy_dict(policy, margin: float = 0.05) -> dict[str, Any]:
+    """A TaskPolicy as JSON, with the best gamma and speedup at each profiled batch size."""
+    by_batch = {}
+    for batch, curve in sorted((policy.speedup_curves_by_batch or {}).items(), key=lambda item: int(item[0])):
+        gamma, speedup = best_gamma(curve)
+        by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": speedup if gamma else 1.0,
+                                "speculate": bool(gamma) and speedup > 1.0 + margin}
     return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
             "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
-            "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier}
+            "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,
+            "by_batch": by_batch}
 
 
 def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def policies():
     with sessions()() as session:
         sets = [{"version": p.version, "active": p.is_active, "run_id": p.run_id, "notes": p.notes,
                  "created_at": p.created_at.isoformat(timespec="seconds"),
-                 "policies": [policy_dict(x) for x in p.policies]} for p in list_policy_sets(session)]
+                 "policies": [policy_dict(x, p.margin) for x in p.policies]} for p in list_policy_sets(session)]
         runs = [{"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec} for r in session.scalars(
             select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc()))]
     estimates = {e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])}

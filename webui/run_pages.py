@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
 from analyzer.db import utcnow
+from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
 from analyzer.loading import SpecError, encode_prompt, load_tokenizer, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.report import ReportError, build_report, report_csv
@@ -63,9 +64,9 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
         names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
     defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""), "target": targets[0] if targets else "",
                 "draft": drafts[-1] if drafts else "", "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0,
-                "validate": 2}
+                "validate": 2, "device": settings().device, "dtype": check_dtype_name(settings().dtype), "batch_sizes": ""}
     return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
-                           values={**defaults, **(values or {})}), status
+                           dtypes=DTYPE_CHOICES, values={**defaults, **(values or {})}), status
 
 
 @bp.get("/runs/new")
@@ -77,7 +78,7 @@ def new_run():
 def start_run():
     form = request.form
     values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
-                                             "temperature", "validate")}
+                                             "temperature", "validate", "device", "dtype", "batch_sizes")}
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
@@ -99,10 +100,18 @@ def start_run():
     except ValueError:
         errors.append("temperature must be a number from 0 to 5")
         temperature = 0.0
+    placement = {}
+    for key, check in (("device", check_device_name), ("dtype", check_dtype_name), ("batch_sizes", parse_batch_sizes)):
+        try:
+            placement[key] = check(values[key] or None)
+        except DeviceError as exc:
+            errors.append(str(exc))
     if errors:
         return _new_run_page(errors, values, 400)
     params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
-                       temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0)
+                       temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0,
+                       device=placement["device"], dtype=placement["dtype"],
+                       profile_batch_sizes=placement["batch_sizes"])
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
