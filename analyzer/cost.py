@@ -257,8 +257,8 @@ def timed_forwards(*models: torch.nn.Module) -> Iterator[list[float]]:
         _synchronize(next(module.parameters()).device)
         times.append(perf_counter() - started.pop(id(module), perf_counter()))
 
-    for model in models:
-        handles += [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    for model in models:  # first in, last out: other hooks on the model count as its forward
+        handles += [model.register_forward_pre_hook(before, prepend=True), model.register_forward_hook(after)]
     try:
         yield times
     finally:

@@ -135,8 +135,9 @@ def _snapshot(engine, columns: dict[str, list[str]]) -> dict[str, list[tuple]]:
             f"SELECT {', '.join(cols)} FROM {name} ORDER BY id")] for name, cols in columns.items()}
 
 
-@pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])
-def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revision):
+def _database_at(tmp_path, revision: str):
+    """An engine on a database at ``revision`` holding the realistic rows (as far as its schema has
+    columns for them), and that schema's tables."""
     source_url, old_url = f"sqlite:///{tmp_path}/source.db", f"sqlite:///{tmp_path}/old.db"
     _realistic_rows(source_url)
     source, old = make_engine(source_url), make_engine(old_url)
@@ -148,12 +149,59 @@ def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revisi
             rows = [tuple(r) for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")]
             assert rows, f"no rows for {name}: the filler must cover every table"
             write.exec_driver_sql(f"INSERT INTO {name} ({', '.join(kept)}) VALUES ({', '.join('?' * len(kept))})", rows)
+    source.dispose()
+    return old, old_tables
+
+
+@pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])
+def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revision):
+    old, old_tables = _database_at(tmp_path, revision)
     before = _snapshot(old, old_tables)
     migrations.upgrade(old)
     assert migrations.current_revision(old) == migrations.head_revision()
     assert _snapshot(old, old_tables) == before
     assert _differences(old) == []
-    source.dispose(), old.dispose()
+    old.dispose()
+
+
+def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working(tmp_path):
+    from analyzer.db import make_session_factory
+    from analyzer.report import build_report
+    from router.decision import RouterConfig, router_from_database
+    from router.policy import publish_policies
+
+    old, _ = _database_at(tmp_path, "0002")
+    with old.connect() as connection:
+        run_id, profile_id = connection.exec_driver_sql("SELECT id, cost_profile_id FROM analysis_runs").one()
+    migrations.upgrade(old)
+    with old.connect() as connection:
+        assert connection.exec_driver_sql("SELECT dtype, batch_size, round_overhead_s FROM cost_profiles").all() == [
+            ("float32", 1, None)]
+        assert connection.exec_driver_sql("SELECT run_id, cost_profile_id, batch_size FROM run_cost_profiles").all() == [
+            (run_id, profile_id, 1)]
+    sessions = make_session_factory(old)
+    with sessions() as session, session.begin():
+        report = build_report(session, run_id)
+        assert report["dtype"] == "float32" and report["guarantee"].startswith("float32: the replay is exact")
+        assert set(report["cost_profiles"]) == {"1"} and report["cost_profiles"]["1"]["round_overhead_s"] is None
+        for summary in list(report["tasks"].values()) + [report["workload"]]:
+            assert summary["by_batch"]["1"]["speedup_curve"] == summary["speedup_curve"]
+            assert summary["by_batch"]["1"]["best_gamma"] == summary["best_gamma"]
+        published = publish_policies(session, run_id)
+        assert all(set(p.speedup_curves_by_batch) == {"1"} for p in published.policies)
+        assert {p.task_type: p.speculate for p in published.policies}["code"]
+        router = router_from_database(session, RouterConfig(max_batch_size=8, min_confidence=0.0))
+    code = "def f9(x): return x + 9"
+    single = router.route(code, max_new_tokens=100, batch_size=4)
+    assert single.task_type == "code" and single.speculate  # the batch-1 curve, under the cut-off
+    batched = router.route(code, max_new_tokens=100, batch_size=16)
+    assert not batched.speculate and any("batch size 16 > 8 and no cost profile covers it" in r for r in batched.reasons)
+    migrations.downgrade(old, "0002")  # and back, with the data in place
+    with old.connect() as connection:
+        assert connection.exec_driver_sql("SELECT id FROM cost_profiles").all() == [(profile_id,)]
+        assert connection.exec_driver_sql("SELECT cost_profile_id FROM analysis_runs WHERE id = ?",
+                                          (run_id,)).scalar() == profile_id
+    old.dispose()
 
 
 def test_there_is_an_earlier_revision_to_upgrade_from():

@@ -55,15 +55,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('task_policies', schema=None) as batch_op:
-        batch_op.drop_column('speedup_curves_by_batch')
-    with op.batch_alter_table('validation_results', schema=None) as batch_op:
-        batch_op.drop_column('replay_identical')
-        batch_op.drop_column('replayed_rounds')
-    with op.batch_alter_table('prompt_results', schema=None) as batch_op:
-        batch_op.drop_column('replay_mismatches')
-    with op.batch_alter_table('analysis_runs', schema=None) as batch_op:
-        batch_op.drop_column('dtype')
+    # ALTER TABLE ... DROP COLUMN (SQLite >= 3.35, PostgreSQL) rather than batch table copies, which
+    # the foreign keys pointing at these tables would block on SQLite once they hold rows
+    for table, column in (('task_policies', 'speedup_curves_by_batch'), ('validation_results', 'replay_identical'),
+                          ('validation_results', 'replayed_rounds'), ('prompt_results', 'replay_mismatches'),
+                          ('analysis_runs', 'dtype')):
+        op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     with op.batch_alter_table('run_cost_profiles', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_run_cost_profiles_run_id'))
         batch_op.drop_index(batch_op.f('ix_run_cost_profiles_cost_profile_id'))
@@ -72,7 +69,5 @@ def downgrade() -> None:
     op.execute("UPDATE analysis_runs SET cost_profile_id = NULL WHERE cost_profile_id IN "
                "(SELECT id FROM cost_profiles WHERE dtype <> 'float32' OR batch_size <> 1)")
     op.execute("DELETE FROM cost_profiles WHERE dtype <> 'float32' OR batch_size <> 1")
-    # ALTER TABLE ... DROP COLUMN (SQLite >= 3.35, PostgreSQL) rather than a table copy, which the
-    # foreign key from analysis_runs would block on SQLite
     for column in ('decode_overhead_s', 'round_overhead_s', 'batch_size', 'dtype'):
         op.execute(f"ALTER TABLE cost_profiles DROP COLUMN {column}")

@@ -1,0 +1,115 @@
+"""The router decides at the request's batch size from the S(g) curves published per profiled batch
+size: hand-made cost profiles where verifying at batch 16 is nearly free (flat T(k, 16), as measured
+on GPUs) and where it is not (steep, as on a CPU), interpolation between profiled sizes, the online
+alpha's adjustment, and today's max_batch_size cut-off only where no profile covers the batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyzer.acceptance import expected_tokens_iid
+from analyzer.speedup import best_gamma, interpolate_curves
+from router.adaptation import TaskState
+from router.decision import Router, RouterConfig, router_from_database
+from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
+from tests.factories import COST_CURVE, make_done_run
+
+FLAT_16 = [0.100 * (1 + 0.02 * (k - 1)) for k in range(1, 10)]  # T(k, 16): a GPU-like batch
+STEEP_16 = [0.100 * k for k in range(1, 10)]  # T(k, 16): every verified token costs a full step
+
+
+def _router(session, batch_curves, alpha=0.9, config=None):
+    with session.begin():
+        run = make_done_run(session, {"code": alpha}, per_task=4, batch_curves=batch_curves)
+        policy_set = publish_policies(session, run.id)
+        curves = {p.task_type: p.speedup_curves_by_batch for p in policy_set.policies}
+        router = router_from_database(session, config or RouterConfig(max_batch_size=8))
+    return router, curves[FALLBACK_TASK]
+
+
+def test_interpolate_curves_is_linear_between_measured_sizes_and_none_outside():
+    curves = {1: [1.0, 2.0], 4: [4.0, 8.0], 16: [2.0]}
+    assert interpolate_curves(curves, 1) == ([1.0, 2.0], 1, 1)
+    assert interpolate_curves(curves, 2) == ([2.0, 4.0], 1, 4)
+    assert interpolate_curves(curves, 10) == ([3.0], 4, 16)  # over the g both curves cover
+    assert interpolate_curves(curves, 17) is None and interpolate_curves({}, 2) is None
+
+
+def test_published_policies_carry_one_curve_per_profiled_batch_size(session):
+    _, curves = _router(session, {16: FLAT_16})
+    assert set(curves) == {"1", "16"} and len(curves["1"]) == len(curves["16"]) == 8
+    # the flat batch-16 cost makes every gamma cheaper to verify than on the CPU-like batch-1 curve
+    assert best_gamma(curves["16"])[0] > best_gamma(curves["1"])[0]
+
+
+def test_flat_cost_at_batch_16_keeps_speculating_beyond_max_batch_size(session):
+    router, curves = _router(session, {16: FLAT_16})
+    gamma, speedup = best_gamma(curves["16"])
+    decision = router.route("def add(a, b):", max_new_tokens=200, batch_size=16)
+    assert decision.speculate and decision.gamma == gamma and decision.expected_speedup == pytest.approx(speedup)
+    assert speedup > 1.5 and gamma >= 6
+    assert any(r.startswith(f"batch size 16: S(g) measured at batch size 16: best gamma {gamma}") for r in decision.reasons)
+    assert not any("> 8" in r for r in decision.reasons)  # the cut-off is not used where a profile exists
+    between = router.route("def add(a, b):", max_new_tokens=200, batch_size=8)
+    weight = 7 / 15
+    expected_curve = [(1 - weight) * a + weight * b for a, b in zip(curves["1"], curves["16"])]
+    g8, s8 = best_gamma(expected_curve)
+    assert (between.speculate, between.gamma) == (True, g8) and between.expected_speedup == pytest.approx(s8)
+    assert any("interpolated between profiled batch sizes 1 and 16" in r for r in between.reasons)
+
+
+def test_steep_cost_at_batch_16_turns_speculation_off(session):
+    router, curves = _router(session, {16: STEEP_16})
+    _, speedup = best_gamma(curves["16"])
+    assert speedup < 1.05
+    decision = router.route("def add(a, b):", max_new_tokens=200, batch_size=16)
+    assert not decision.speculate and decision.gamma == 0
+    assert any("batch size 16: S(g) measured at batch size 16" in r and "speculation off (needs > 1.05x)" in r
+               for r in decision.reasons)
+    single = router.route("def add(a, b):", max_new_tokens=200, batch_size=1)
+    assert single.speculate  # at batch 1 the analysis still says yes
+    beyond = router.route("def add(a, b):", max_new_tokens=200, batch_size=32)
+    assert not beyond.speculate
+    assert any("batch size 32 > 8 and no cost profile covers it" in r for r in beyond.reasons)
+
+
+def test_without_batch_profiles_the_max_batch_size_cut_off_applies(session):
+    router, curves = _router(session, None)
+    assert set(curves) == {"1"}
+    assert router.route("def f():", max_new_tokens=200, batch_size=4).speculate
+    cut = router.route("def f():", max_new_tokens=200, batch_size=16)
+    assert not cut.speculate and any("batch size 16 > 8 and no cost profile covers it" in r for r in cut.reasons)
+
+
+def test_short_outputs_stay_off_at_any_batch_size(session):
+    router, _ = _router(session, {16: FLAT_16})
+    decision = router.route("def f():", max_new_tokens=5, batch_size=16)
+    assert not decision.speculate and any("5 tokens < 20" in r for r in decision.reasons)
+
+
+def test_the_batch_curve_follows_the_online_alpha_after_feedback():
+    curve_1 = (1.2, 1.3, 1.35, 1.3)
+    curve_16 = (1.4, 1.7, 1.9, 2.0)
+    policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16})
+    fresh = Router(None, {"*": policy}, policy_version=1)
+    assert fresh.route("x", batch_size=16).gamma == 4
+    # feedback moved alpha from 0.8 down to 0.3: the measured curve is scaled by E[tokens](0.3, g) / E[tokens](0.8, g)
+    state = TaskState(beta_a=15.0, beta_b=35.0, speculate=True, gamma=1, prior_alpha=0.8, events=12)
+    adapted = Router(None, {"*": policy}, policy_version=1, states={"*": state})
+    scaled = [s * expected_tokens_iid(0.3, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)]
+    gamma, speedup = best_gamma(scaled)
+    decision = adapted.route("x", batch_size=16)
+    assert gamma == 1 and speedup == pytest.approx(1.4 * 1.3 / 1.8)  # below the 1.05x margin: off
+    assert (decision.speculate, decision.gamma, decision.expected_speedup) == (False, 0, 1.0)
+    assert any(f"adjusted to the online alpha 0.30: best gamma 1 at {speedup:.2f}x, speculation off" in r
+               for r in decision.reasons)
+    recovered = Router(None, {"*": policy}, policy_version=1,
+                       states={"*": TaskState(beta_a=45.0, beta_b=5.0, speculate=True, gamma=4, prior_alpha=0.8, events=12)})
+    up = [s * expected_tokens_iid(0.9, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)]
+    better = recovered.route("x", batch_size=16)
+    assert (better.speculate, better.gamma) == (True, 4) and better.expected_speedup == pytest.approx(max(up))
+
+
+def test_cost_curve_of_the_factory_is_cpu_like():
+    # the batch-1 curve the tests above compare against: verifying 3 tokens costs 1.75x a step
+    assert COST_CURVE[2] / COST_CURVE[0] == pytest.approx(1.75)
