@@ -289,7 +289,8 @@ def build_report(session: Session, run_id: int) -> dict:
         "prompt_set": run.prompt_set.name,
         "target": run.pair.target.spec,
         "draft": run.pair.draft.spec,
-        "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else "greedy (exact replay)",
+        "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else
+        "greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})",
         "params": params,
         "device": run.device,
         "dtype": dtype,

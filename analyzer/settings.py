@@ -58,7 +58,8 @@ class Settings:
         20, "Requests expecting fewer new tokens than this (max_new_tokens) run without speculation."
     )
     router_max_batch_size: int = _setting(
-        8, "Requests in a batch (or at a concurrency) larger than this run without speculation."
+        8, "Requests in a batch (or at a concurrency) larger than this run without speculation, where no cost "
+        "profile covers their batch size; within the profiled batch sizes the measured S(g) curves decide."
     )
     router_min_confidence: float = _setting(
         0.5, "Below this classifier confidence a request gets the workload-wide fallback policy."

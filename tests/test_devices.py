@@ -227,6 +227,7 @@ def test_bfloat16_analysis_end_to_end_reports_fidelity_and_honest_guarantees(cli
     assert report["dtype"] == "bfloat16" and report["params"]["dtype"] == "bfloat16"
     assert report["device"].startswith("cpu: ")
     assert report["guarantee"].startswith("bfloat16: the replay is an estimate, not exact")
+    assert report["mode"] == "greedy (replay estimate in bfloat16)"
     assert "validated outputs matched plain greedy" in report["guarantee"]
     profile = report["cost_profiles"]["1"]
     assert set(report["cost_profiles"]) == {"1"} and profile["dtype"] == "bfloat16" and profile["batch_size"] == 1
@@ -258,6 +259,7 @@ def test_float32_runs_claim_exactness_and_measure_no_fidelity(cli_db, model_fold
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["dtype"] == "float32" and report["guarantee"].startswith("float32: the replay is exact")
+    assert report["mode"] == "greedy (exact replay)"
     assert report["workload"]["fidelity"] is None and all(p["replay_mismatch_share"] is None for p in report["prompts"])
     for row in report["validation"]:  # exact: real assisted generation takes the replayed rounds, same output
         assert row["target_forward_passes"] == row["replayed_rounds"] and row["passes_error_pct"] == 0.0
@@ -362,3 +364,22 @@ def test_machinery_overhead_is_the_time_outside_the_forwards_per_step(monkeypatc
     with_draft = measure_machinery_overhead(target, CONTEXT, gamma=3, new_tokens=12, draft_model=draft, repeats=1)
     assert with_draft.decode_s == pytest.approx(0.25)
     assert with_draft.round_s == pytest.approx(expected)
+
+
+def test_the_report_page_shows_device_dtype_guarantee_batches_fidelity_and_validation(cli_db, model_folders):
+    from webui.app import create_app
+
+    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram",
+                                 "--dtype", "bfloat16", "--batch-sizes", "1,2", "--validate", "2").stdout)
+    app = create_app({"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True})
+    try:
+        page = app.test_client().get(f"/runs/{report['run_id']}").get_data(as_text=True)
+    finally:
+        app.extensions["specroute.close"]()
+    assert "What this guarantees:</strong> bfloat16: the replay is an estimate, not exact" in page
+    assert 'id="cost-table"' in page and page.count("<td class=\"num\">2</td>") >= 1
+    assert 'id="batch-table"' in page and "<th>batch 1</th><th>batch 2</th>" in page
+    assert "Predicted speedup S(g) by task at batch size 2" in page and "S(g) by task at batch size 1" in page
+    fidelity = report["workload"]["fidelity"]
+    assert f"disagreed with the generated token at\n    {fidelity['mismatches']} of {fidelity['positions']} positions" in page
+    assert 'id="validation-table"' in page and "<td>this run</td><td class=\"num\">2</td>" in page

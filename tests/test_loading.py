@@ -341,3 +341,24 @@ def test_builtin_model_is_cached_as_safetensors_and_reloads_identically(tmp_path
     assert outputs[0].tolist() == outputs[1].tolist()
     assert len(outputs[0]) == 8
     assert "Paris" in second.tokenizer.decode(outputs[0])  # the dequantized model still works
+
+
+def test_builtin_model_loads_in_half_precision_from_its_float32_cache(tmp_path, monkeypatch):
+    from analyzer.devices import resolve
+
+    ref = parse_spec("builtin:smollm2-135m-instruct")
+    placement = resolve("cpu", "bfloat16")
+    half = load_model(ref, cache_dir=tmp_path, placement=placement)  # first use: GGUF -> float32 cache -> bf16
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16} and half.placement == placement
+    cached = tmp_path / "models" / "smollm2-135m-instruct" / "model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(cached), framework="pt") as stored:
+        assert {stored.get_tensor(name).dtype for name in list(stored.keys())[:5]} == {torch.float32}
+    monkeypatch.setattr(loading, "_builtin_gguf_path", lambda: (_ for _ in ()).throw(AssertionError("cache only")))
+    again = load_model(ref, cache_dir=tmp_path, placement=placement)
+    assert next(again.model.parameters()).dtype == torch.bfloat16
+    prompt = encode_prompt(again.tokenizer, text="What is the capital of France?", max_prompt_tokens=256)
+    with torch.no_grad():
+        output = again.model.generate(torch.tensor([prompt.ids]), max_new_tokens=8, do_sample=False)[0, len(prompt.ids):]
+    assert "Paris" in again.tokenizer.decode(output)  # bfloat16 still answers

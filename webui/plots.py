@@ -207,10 +207,23 @@ def report_plots(report: dict) -> dict[str, str]:
     longest = max((len(c) for c in curves.values()), default=0)
     if longest:
         plots["speedup"] = line_chart(
-            "Predicted speedup S(g) by task (circle: best gamma)", list(range(1, longest + 1)),
+            "Predicted speedup S(g) by task" + (f" at batch size {min(int(b) for b in report['cost_profiles'])}"
+                                                 if len(report.get("cost_profiles") or {}) > 1 else "")
+            + " (circle: best gamma)", list(range(1, longest + 1)),
             {n: list(c) + [None] * (longest - len(c)) for n, c in curves.items()},
             marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")}, reference=1.0,
             y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
+    batches = sorted(int(b) for b in (report.get("cost_profiles") or {}))
+    for batch in batches[1:] if len(batches) > 1 else []:  # the first is the plot above
+        at_batch = {n: (tasks[n].get("by_batch") or {}).get(str(batch)) or {} for n in names}
+        batch_curves = {n: at_batch[n].get("speedup_curve") or [] for n in names}
+        width = max((len(c) for c in batch_curves.values()), default=0)
+        if width:
+            plots[f"speedup_b{batch}"] = line_chart(
+                f"Predicted speedup S(g) by task at batch size {batch} (circle: best gamma there)",
+                list(range(1, width + 1)), {n: list(c) + [None] * (width - len(c)) for n, c in batch_curves.items()},
+                marks={n: at_batch[n]["best_gamma"] for n in names if at_batch[n].get("best_gamma")}, reference=1.0,
+                y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
     table = report.get("entropy_table")
     if table and any(table["positions"]):
         edges = table["edges"]
