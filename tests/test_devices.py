@@ -19,16 +19,9 @@ from analyzer.devices import DeviceError, ModelTooLarge, Placement, check_dtype_
 from analyzer.loading import load_model, parse_spec
 from analyzer.models import AnalysisRun, CostProfile, PromptResult, RunCostProfile
 from analyzer.settings import SettingsError, load_settings
+from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from tests.tiny_models import make_noisy_copy, make_tiny_model
-from tests.tiny_tokenizer import save_tiny_model_folder
-from webui.cli import cli
 
-PROMPTS = [
-    {"prompt": "write code for the sum of a list of numbers", "task": "code"},
-    {"prompt": "def sum of numbers return the sum of numbers", "task": "code"},
-    {"prompt": "translate hello world to French", "task": "translation"},
-    {"prompt": "tell me a short story about the cat and the dog", "task": "creative_writing"},
-]
 CONTEXT = [33, 78, 72, 19, 50, 80, 63, 83, 77, 11, 80, 4, 45, 48, 17, 95, 19, 50]
 
 
@@ -117,14 +110,6 @@ def test_settings_refuse_unknown_devices_and_dtypes():
 # ------------------------------------------------------------------------------ loading
 
 
-@pytest.fixture(scope="module")
-def model_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = save_tiny_model_folder(root / "target", seed=3)
-    draft = save_tiny_model_folder(root / "draft", seed=4, noise_std=0.02, base_model=target)
-    return {"target": target, "draft": draft}
-
-
 def test_models_load_once_on_the_placement_in_its_dtype(model_folders, tmp_path):
     placement = resolve("cpu", "bfloat16")
     loaded = load_model(parse_spec(f"hf:{model_folders['target']}"), cache_dir=tmp_path, placement=placement)
@@ -164,20 +149,6 @@ def test_out_of_memory_while_moving_names_the_model_and_the_memory(model_folders
 
 
 # ------------------------------------------------------------------------------ runs
-
-
-@pytest.fixture
-def cli_db(runner, tmp_path):
-    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
-    source = tmp_path / "mix.jsonl"
-    source.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    assert runner.invoke(cli, ["prompts", "import", str(source)]).exit_code == 0
-    return runner
-
-
-def _analyze(runner, *args):
-    return runner.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4",
-                               "--json", *args], catch_exceptions=False)
 
 
 def _count(model) -> int:
@@ -383,3 +354,19 @@ def test_the_report_page_shows_device_dtype_guarantee_batches_fidelity_and_valid
     fidelity = report["workload"]["fidelity"]
     assert f"disagreed with the generated token at\n    {fidelity['mismatches']} of {fidelity['positions']} positions" in page
     assert 'id="validation-table"' in page and "<td>this run</td><td class=\"num\">2</td>" in page
+
+
+def test_the_guarantee_sentence_per_dtype_and_mode():
+    from analyzer.devices import guarantee_sentence
+
+    assert guarantee_sentence("float32").startswith("float32: the replay is exact")
+    assert guarantee_sentence(None).startswith("float32: the replay is exact")  # runs from before dtypes
+    assert guarantee_sentence("bfloat16", sampling=True).startswith("Sampling mode: the speedups are expectations")
+    bare = guarantee_sentence("float16")
+    assert bare.startswith("float16: the replay is an estimate, not exact") and "run with --validate N" in bare
+    measured = guarantee_sentence("bfloat16", fidelity={"mismatch_share": 0.0163, "validated": 8, "identical": 2,
+                                                        "passes_error_pct": 6.53})
+    assert "disagreed with the generated token at 1.63% of positions" in measured
+    assert "2 of 8 validated outputs matched plain greedy and target passes differed from the replayed rounds by 6.5%" in measured
+    no_rounds = guarantee_sentence("bfloat16", fidelity={"validated": 1, "identical": 1, "passes_error_pct": None})
+    assert no_rounds.endswith("1 of 1 validated outputs matched plain greedy.")
