@@ -37,7 +37,7 @@ from analyzer.models import AnalysisRun
 from analyzer.report import cost_for_run
 from analyzer.speedup import Cost
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
-from router.models import FeedbackEvent, RouteDecision, TaskEstimate
+from router.models import ClassifierVersion, FeedbackEvent, RouteDecision, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set
 
 
@@ -185,6 +185,18 @@ class PolicyContext:
     policy_set_id: int
     policies: Mapping[str, Any]  # task type (and FALLBACK_TASK) -> alpha_mean, speculate, gamma, expected_speedup
     cost: Cost
+    classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
+
+    @property
+    def known_tasks(self) -> frozenset[str]:
+        """Task types feedback may name: those with a published policy and those the classifier predicts."""
+        return frozenset(self.policies) - {FALLBACK_TASK} | self.classifier_labels
+
+
+def active_classifier_labels(session: Session) -> frozenset[str]:
+    """The task types of the active classifier version (empty before the first training)."""
+    labels = session.scalar(select(ClassifierVersion.labels).where(ClassifierVersion.is_active.is_(True)))
+    return frozenset(labels or ())
 
 
 def record_feedback(session: Session, payload: Mapping[str, Any], config: AdaptationConfig | None = None,
@@ -201,7 +213,8 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
             raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'",
                                 "no_active_policy")
         context = PolicyContext(policy_set.id, {p.task_type: p for p in policy_set.policies},
-                                cost_for_run(session.get(AnalysisRun, policy_set.run_id)))
+                                cost_for_run(session.get(AnalysisRun, policy_set.run_id)),
+                                active_classifier_labels(session))
     route_id = payload.get("route_id")
     if route_id is not None and not isinstance(route_id, str):
         raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
@@ -214,6 +227,10 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
         task = decision.task_type
     elif isinstance(payload.get("task_type"), str) and payload["task_type"]:
         task = payload["task_type"]
+        if task not in context.known_tasks:  # a made-up task would get an estimate and a metrics label
+            known = ", ".join(sorted(context.known_tasks)) or "none yet"
+            raise FeedbackError(f"unknown task_type {task!r}: name a task type with a published policy or one the "
+                                f"classifier predicts ({known}), or send the decision's route_id")
     else:
         raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
     policy = context.policies.get(task) or context.policies[FALLBACK_TASK]

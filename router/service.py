@@ -134,7 +134,9 @@ class RouterService:
         """The loaded policy set for feedback (None: let feedback read the database)."""
         if router.policy_set_id is None or router.cost is None or router.fallback is None:
             return None
-        return PolicyContext(router.policy_set_id, {**router.policies, FALLBACK_TASK: router.fallback}, router.cost)
+        labels = frozenset(router.classifier.labels) if router.classifier is not None else frozenset()
+        return PolicyContext(router.policy_set_id, {**router.policies, FALLBACK_TASK: router.fallback}, router.cost,
+                             labels)
 
     def policies(self) -> dict[str, Any]:
         """The active policy set with its policies and online estimates, and every stored version."""

@@ -14,7 +14,7 @@ from referencing.jsonschema import DRAFT202012
 from sqlalchemy import func, select
 
 from router.classifier import make_training_data, train_classifier
-from router.models import PolicySet, RouteDecision, TaskEstimate
+from router.models import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
 from router.policy import activate_policy_set, publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
@@ -71,6 +71,8 @@ ERROR_CASES = [
     ("post", "/v1/feedback", b'{"task_type": "qa", "meta_info": {"spec_verify_ct": 3, "completion_tokens": 9}}',
      "invalid_feedback", 400),
     ("post", "/v1/feedback", b'"text"', "invalid_request", 400),
+    ("post", "/v1/feedback", b'{"task_type": "astrology", "rounds": 2, "drafted": 4, "accepted": 2}', "invalid_feedback", 400),
+    ("post", "/v1/feedback", b'{"task_type": "*", "rounds": 2, "drafted": 4, "accepted": 2}', "invalid_feedback", 400),
     ("get", "/v1/route", None, "method_not_allowed", 405),
     ("get", "/v1/nothing-here", None, "not_found", 404),
 ]
@@ -252,3 +254,18 @@ def test_metrics_are_valid_prometheus_text(client, published):
     buckets = [int(l.rsplit(" ", 1)[1]) for l in text.splitlines()
                if l.startswith('specroute_http_request_duration_seconds_bucket{endpoint="/v1/route"')]
     assert buckets == sorted(buckets) and buckets[-1] == 2
+
+
+def test_feedback_for_a_made_up_task_is_refused_and_leaves_no_estimate_or_metrics_label(client, published, session):
+    for task in ("astrology", "*"):
+        response = client.post("/v1/feedback", json={"task_type": task, "rounds": 2, "drafted": 4, "accepted": 2})
+        assert response.status_code == 400
+        error = response.get_json()["error"]
+        assert error["code"] == "invalid_feedback"
+        assert error["message"].startswith(f"unknown task_type '{task}': name a task type with a published policy")
+        assert "(code, qa)" in error["message"]
+    assert client.post("/v1/feedback", json={"task_type": "qa", "rounds": 2, "drafted": 4, "accepted": 2}).status_code == 200
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'task="qa"' in metrics and "astrology" not in metrics and 'task="*"' not in metrics
+    assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 1
+    assert [e.task_type for e in session.scalars(select(TaskEstimate))] == ["qa"]

@@ -3,9 +3,12 @@ the task estimate moving under the active policy set."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy import func, select
 
+from router.classifier import make_training_data, train_classifier
 from router.feedback import FeedbackError, normalise, record_feedback
 from router.models import FeedbackEvent, RouteDecision, TaskEstimate
 from router.policy import publish_policies
@@ -88,5 +91,12 @@ def test_feedback_moves_the_task_estimate_and_is_stored(session):
             record_feedback(session, {"rounds": 1, "drafted": 1, "accepted": 1})
         assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 31
         assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
-        unknown_task = record_feedback(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
-        assert unknown_task.task_type == "poetry"  # started from the workload-wide fallback policy
+        for made_up in ("poetry", "*", "astrology"):  # no policy, not a classifier label: refused, nothing stored
+            with pytest.raises(FeedbackError, match=rf"unknown task_type '{re.escape(made_up)}': name a task type with "
+                                                    r"a published policy or one the classifier predicts \(code, qa\)"):
+                record_feedback(session, {"task_type": made_up, "rounds": 5, "drafted": 5, "accepted": 5})
+        assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
+        texts = [f"write a poem about the sea number {i}" for i in range(3)] + [f"def f{i}(): pass" for i in range(3)]
+        train_classifier(session, make_training_data(texts, ["poetry"] * 3 + ["code"] * 3, "t"), cross_validate=False)
+        learned = record_feedback(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
+        assert learned.task_type == "poetry"  # a classifier label without a policy: the workload-wide fallback
