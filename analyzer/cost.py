@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from time import perf_counter
+from dataclasses import dataclass, field
+from time import perf_counter, process_time
 
 import numpy as np
 import torch
@@ -45,6 +46,67 @@ class CostMeasurement:
     draft_prefill_s: float = 0.0
     batch_size: int = 1
     dtype: str = "float32"
+    quality: TimingQuality | None = None
+
+
+# Interference thresholds, from this project's 2-core machine: quiet, a forward's process CPU time is
+# 0.92-0.99 of wall time x threads and other processes use 0-2% of the CPUs; with one other busy
+# process, 0.51-0.73 and 37% (and every forward took twice as long).
+SPREAD_TOLERANCE = 0.10  # relative median absolute deviation of a point's repeats ...
+MIN_SPREAD_S = 0.0002  # ... once it exceeds timer and scheduler jitter (seconds)
+MIN_CPU_SHARE = 0.85  # a repeat's process CPU per wall second, relative to the profile's best repeats
+MIN_JUDGED_S = 0.05  # repeats shorter than this are not judged by CPU time (the CPU clock is too coarse)
+MAX_OTHERS_CPU = 0.15  # share of the machine's CPU other processes may use while we profile
+EXTRA_ROUNDS = 2  # re-measurements of the points interference hit
+QUALITY_ORDER = ("clean", "remeasured", "noisy")
+
+
+@dataclass(frozen=True)
+class TimingQuality:
+    """How trustworthy a set of timings is. ``spread`` holds each point's relative median absolute
+    deviation over its repeats (k = 1..K); ``remeasured`` the k values measured again because
+    interference hit them; ``cpu_share`` the lowest median process CPU time per wall second per torch
+    thread over a round of repeats (CPU devices, repeats long enough to judge; None otherwise);
+    ``others_cpu`` the share of the machine's CPU that other processes used during the repeats kept
+    (from /proc/stat; None elsewhere); ``verdict`` clean (nothing hit), remeasured (hit, and the
+    re-measurement or the repeats kept were clean) or noisy (still hit, or the machine was busy);
+    ``notes`` say what was seen, in words."""
+
+    spread: list[float] = field(default_factory=list)
+    remeasured: list[int] = field(default_factory=list)
+    cpu_share: float | None = None
+    others_cpu: float | None = None
+    verdict: str = "clean"
+    notes: list[str] = field(default_factory=list)
+
+    def combined(self, other: "TimingQuality", label: str) -> "TimingQuality":
+        """This quality with ``other``'s (a second set of timings, e.g. the draft step) folded in:
+        the worse verdict, both sets of notes (the other's prefixed with ``label``)."""
+        verdict = max(self.verdict, other.verdict, key=QUALITY_ORDER.index)
+        return TimingQuality(self.spread, self.remeasured, self.cpu_share, self.others_cpu, verdict,
+                             self.notes + [f"{label}: {note}" for note in other.notes])
+
+
+def _busy_jiffies() -> int | None:
+    """CPU time (clock ticks, every CPU) the machine has spent busy since boot; None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            values = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # minus idle and iowait
+
+
+def _others_busy_s(before: tuple[int | None, float], after: tuple[int | None, float]) -> float | None:
+    """CPU seconds other processes used between two (busy jiffies, our CPU seconds) readings."""
+    if before[0] is None or after[0] is None:
+        return None
+    return max(0.0, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK") - (after[1] - before[1]))
+
+
+def _machine_reading() -> tuple[int | None, float]:
+    ours = os.times()
+    return _busy_jiffies(), ours.user + ours.system
 
 
 @dataclass(frozen=True)
@@ -141,26 +203,149 @@ def time_target_forwards(
     batch_size: int = 1,
 ) -> list[float]:
     """Median seconds of one forward of k new tokens over a warm KV cache of `context_ids`, k = 1..k_max,
-    for `batch_size` sequences at once (T_t(k, b)).
+    for `batch_size` sequences at once (T_t(k, b)); see :func:`time_target_forwards_checked`, which
+    also says how trustworthy the numbers are."""
+    return time_target_forwards_checked(model, context_ids, k_max, repeats=repeats, warmup=warmup,
+                                        batch_size=batch_size)[0]
 
-    Returns T_t(k) as a list whose index k-1 holds k. The context is prefilled once; every timed forward
-    of the last k context ids then runs on that same cache and is cropped back, so all timings see
-    len(context_ids) cached positions. The k values are interleaved within each repeat (for r: for k),
-    so slow drift of the machine (thermal, other load) affects every k alike; `warmup` untimed rounds
-    of the same shape come first.
+
+def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: list[int], ks: list[int],
+                   repeats: int, warmup: int, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wall seconds, process CPU seconds), shape (repeats, len(ks)), of one forward of k new tokens
+    for each k in `ks`, interleaved (for r: for k), after `warmup` untimed rounds; and the CPU seconds
+    other processes used during each repeat, shape (repeats,) (NaN where /proc/stat is unreadable)."""
+    wall, cpu = np.empty((repeats, len(ks))), np.empty((repeats, len(ks)))
+    others = np.full(repeats, np.nan)
+    for r in range(warmup + repeats):
+        before = _machine_reading()
+        for i, k in enumerate(ks):
+            cpu_start = process_time()
+            elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
+            if r >= warmup:
+                wall[r - warmup, i], cpu[r - warmup, i] = elapsed, process_time() - cpu_start
+        used = _others_busy_s(before, _machine_reading())
+        if r >= warmup and used is not None:
+            others[r - warmup] = used
+    return wall, cpu, others
+
+
+def _relative_spread(wall: np.ndarray) -> np.ndarray:
+    """Per column: median absolute deviation / median of the repeats (0 for one repeat, and 0 while
+    the deviation is within MIN_SPREAD_S of jitter)."""
+    median = np.median(wall, axis=0)
+    deviation = np.median(np.abs(wall - median), axis=0)
+    return np.where(deviation > MIN_SPREAD_S, deviation / np.where(median > 0, median, 1.0), 0.0)
+
+
+@dataclass
+class _Points:
+    """Timings of some k values: medians and spreads over the repeats our process was not starved in."""
+
+    medians: np.ndarray
+    spread: np.ndarray
+    starved: int  # repeats dropped because our process got too little CPU in them, or others used much
+    too_few: bool  # fewer than half the repeats were clean: every point counts as hit
+    share: float | None  # median process CPU per wall second per thread over the judged repeats
+    kept_wall_s: float  # wall seconds of the repeats kept ...
+    kept_others_s: float | None  # ... and the CPU seconds other processes used during them
+
+
+def _judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, on_cpu: bool) -> _Points:
+    """Drop the repeats (rows) in which our process got less than MIN_CPU_SHARE of the CPU per wall
+    second that its best repeats got, or in which other processes used more than MAX_OTHERS_CPU of
+    the machine (only rows long enough to judge, MIN_JUDGED_S), then take medians and spreads of the
+    rest."""
+    cores = os.cpu_count() or 1
+    row_wall = wall.sum(axis=1)
+    row_share = cpu.sum(axis=1) / np.where(row_wall > 0, row_wall, np.inf) / threads
+    judged = row_wall >= MIN_JUDGED_S
+    starved = np.zeros(len(wall), dtype=bool)
+    if on_cpu and judged.any():
+        starved = judged & (row_share < MIN_CPU_SHARE * row_share[judged].max())
+    with np.errstate(invalid="ignore"):
+        starved |= judged & (others / (np.where(row_wall > 0, row_wall, np.inf) * cores) > MAX_OTHERS_CPU)
+    too_few = int((~starved).sum()) < (len(wall) + 1) // 2
+    keep = np.ones(len(wall), dtype=bool) if too_few else ~starved
+    kept_others = None if np.isnan(others[keep]).any() else float(others[keep].sum())
+    share = float(np.median(row_share[judged])) if on_cpu and judged.any() else None
+    return _Points(np.median(wall[keep], axis=0), _relative_spread(wall[keep]), int(starved.sum()), too_few, share,
+                   float(row_wall[keep].sum()), kept_others)
+
+
+def time_target_forwards_checked(
+    model: PreTrainedModel, context_ids: list[int], k_max: int, *, repeats: int = 5, warmup: int = 1,
+    batch_size: int = 1,
+) -> tuple[list[float], TimingQuality]:
+    """T_t(k, b) for k = 1..k_max, and how trustworthy it is.
+
+    The context is prefilled once; every timed forward of the last k context ids then runs on that
+    same cache and is cropped back, so all timings see len(context_ids) cached positions. The k values
+    are interleaved within each repeat (for r: for k), so slow drift of the machine affects every k
+    alike; `warmup` untimed rounds of the same shape come first. Each T_t(k) is the median of its
+    repeats. A repeat in which our process got less process CPU time per wall second than MIN_CPU_SHARE
+    of its best repeats (on a CPU), or in which other processes used more than MAX_OTHERS_CPU of the
+    machine (from /proc/stat), is dropped. A point is hit by
+    interference when its remaining repeats spread more than SPREAD_TOLERANCE (relative median absolute
+    deviation beyond MIN_SPREAD_S of jitter), or when fewer than half the repeats were clean; hit
+    points are measured again (up to EXTRA_ROUNDS more rounds of `repeats`, only those k), keeping the
+    cleaner round. The verdict is noisy when a point is still hit after that, or when other processes
+    used more than MAX_OTHERS_CPU of the machine's CPU during the repeats kept; the profile then says
+    so and is not reused silently.
     """
     if k_max < 1:
         raise ValueError(f"k_max must be at least 1, got {k_max}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    threads = max(1, torch.get_num_threads())
+    on_cpu = model.device.type == "cpu"
     cache = prefill_cache(model, context_ids, batch_size)
-    timings = np.empty((repeats, k_max))
-    for r in range(warmup + repeats):
-        for k in range(1, k_max + 1):
-            elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
-            if r >= warmup:
-                timings[r - warmup, k - 1] = elapsed
-    return [float(t) for t in np.median(timings, axis=0)]
+    ks = list(range(1, k_max + 1))
+    points = _judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size), threads, on_cpu)
+    medians, spread = points.medians, points.spread
+    hit = (spread > SPREAD_TOLERANCE) | points.too_few
+    starved, shares, rounds = points.starved, [points.share], [points]
+    remeasured: set[int] = set()
+    for _ in range(EXTRA_ROUNDS):
+        again = [k for k in ks if hit[k - 1]]
+        if not again:
+            break
+        remeasured.update(again)
+        new = _judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size), threads, on_cpu)
+        starved += new.starved
+        shares.append(new.share)
+        rounds.append(new)
+        for i, k in enumerate(again):
+            new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
+            if (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
+                medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
+    others_s = [p.kept_others_s for p in rounds]
+    kept_wall = sum(p.kept_wall_s for p in rounds)
+    others_share = (min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
+                    if kept_wall > 0 and None not in others_s else None)
+    still = [k for k in ks if hit[k - 1]]
+    notes = []
+    if starved:
+        notes.append(f"{starved} repeat{'s' if starved != 1 else ''} dropped: another process held the CPU (our "
+                     f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
+                     f"than {MAX_OTHERS_CPU:.0%} of the machine)")
+    if remeasured:
+        notes.append(f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
+                     f"{SPREAD_TOLERANCE:.0%} or were starved of CPU")
+    if still:
+        notes.append(f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
+                     "repeats after re-measuring")
+    busy = others_share is not None and others_share > MAX_OTHERS_CPU
+    if busy:
+        notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
+    verdict = "noisy" if still or busy else "remeasured" if remeasured or starved else "clean"
+    judged = [v for v in shares if v is not None]
+    quality = TimingQuality([float(v) for v in spread], sorted(remeasured),
+                            float(min(judged)) if judged else None, others_share, verdict, notes)
+    return [float(t) for t in medians], quality
+
+
+def _ks(values: list[int]) -> str:
+    return ", ".join(str(k) for k in values)
 
 
 def time_draft_model_step(draft_model: PreTrainedModel, context_ids: list[int], *, repeats: int = 5,
@@ -216,11 +401,15 @@ def profile_costs(
     """
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
-    target_forward_s = time_target_forwards(target_model, context_ids, k_max, repeats=repeats, batch_size=batch_size)
+    target_forward_s, quality = time_target_forwards_checked(target_model, context_ids, k_max, repeats=repeats,
+                                                             batch_size=batch_size)
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
     draft_prefill_s = 0.0
     if draft_model is not None:
-        draft_step_s = time_draft_model_step(draft_model, context_ids, repeats=repeats, batch_size=batch_size)
+        draft_forward_s, draft_quality = time_target_forwards_checked(draft_model, context_ids, 1, repeats=repeats,
+                                                                      batch_size=batch_size)
+        draft_step_s = draft_forward_s[0]
+        quality = quality.combined(draft_quality, "draft step")
         draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)
     elif draft_step is not None:
         draft_step_s = batch_size * time_callable(draft_step)
@@ -237,6 +426,7 @@ def profile_costs(
         repeats=repeats,
         batch_size=batch_size,
         dtype=str(next(target_model.parameters()).dtype).removeprefix("torch."),
+        quality=quality,
     )
 
 

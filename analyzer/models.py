@@ -138,6 +138,11 @@ class CostProfile(Base):
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     round_overhead_s: Mapped[Optional[float]] = mapped_column(Float)
     decode_overhead_s: Mapped[Optional[float]] = mapped_column(Float)
+    # relative median absolute deviation of each T_t(k)'s repeats; clean | remeasured | noisy; what was
+    # seen (None in profiles from before quality was judged)
+    target_forward_spread: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
+    quality: Mapped[Optional[str]] = mapped_column(String(16))
+    quality_notes: Mapped[Optional[list[str]]] = mapped_column(JSON(none_as_null=True))
     threads: Mapped[Optional[int]] = mapped_column(Integer)
     context_tokens: Mapped[int] = mapped_column(Integer)
     repeats: Mapped[int] = mapped_column(Integer)

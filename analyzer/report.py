@@ -317,6 +317,8 @@ def _profile_dict(profile: CostProfile) -> dict:
         "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
         "round_overhead_s": profile.round_overhead_s, "decode_overhead_s": profile.decode_overhead_s,
         "device": profile.device, "dtype": profile.dtype or "float32", "batch_size": profile.batch_size or 1,
+        "quality": profile.quality, "quality_notes": list(profile.quality_notes or []),
+        "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
         "threads": profile.threads, "context_tokens": profile.context_tokens,
     }
 
@@ -353,7 +355,7 @@ def report_text(report: dict) -> str:
         overhead = (f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
                     if cp.get("round_overhead_s") is not None else "")
         lines.append(f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
-                     f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}")
+                     f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}")
     if report.get("guarantee"):
         lines.append(report["guarantee"])
     workload = report.get("workload")
@@ -392,6 +394,18 @@ def report_text(report: dict) -> str:
             lines.append(f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err {_pct(t['passes_error_pct'])}, "
                          f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x")
     return "\n".join(lines)
+
+
+def quality_text(profile: dict) -> str:
+    """A cost profile's quality in words, with the fix when it is noisy."""
+    quality = profile.get("quality")
+    if quality is None:
+        return "quality not judged (a profile from before it was)"
+    notes = "; ".join(profile.get("quality_notes") or [])
+    if quality == "noisy":
+        return (f"NOISY profile ({notes}): the machine was busy while it was measured and the advice may be wrong; "
+                "rerun with --reprofile on a quiet machine")
+    return f"quality {quality}" + (f" ({notes})" if notes else "")
 
 
 def _pct(value) -> str:

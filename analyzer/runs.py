@@ -253,9 +253,10 @@ def _encode(models: _Models, prompt: Prompt, params: RunParams):
 def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, params: RunParams,
                   prompts: list[Prompt], progress: ProgressCallback | None) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
-    this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``), or measure one
-    on a prompt of median length; link them to the run and return the smallest batch size's id. The
-    machinery overhead is measured once (at batch 1) for the profiles measured now."""
+    this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
+    noisy: that is measured again, and progress says so), or measure one on a prompt of median length;
+    link them to the run and return the smallest batch size's id. The machinery overhead is measured
+    once (at batch 1) for the profiles measured now."""
     from analyzer.cost import device_description, measure_machinery_overhead, profile_costs, time_callable
 
     placement = models.target.placement
@@ -263,6 +264,7 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
     k_max = params.gamma_max + 1
     sizes = params.batch_sizes(placement)
     chosen: dict[int, int] = {}
+    passed_over: list[str] = []
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         for link in run.batch_profiles:
@@ -277,10 +279,18 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                            CostProfile.dtype == placement.dtype, CostProfile.batch_size == batch_size)
                     .order_by(CostProfile.id.desc())
                 ):
-                    if len(profile.target_forward_s) >= k_max:
-                        chosen[batch_size] = profile.id
+                    if len(profile.target_forward_s) < k_max:
+                        continue
+                    if profile.quality == "noisy":
+                        passed_over.append(f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
+                                           f"({'; '.join(profile.quality_notes or [])}); measuring a new one")
                         break
+                    chosen[batch_size] = profile.id
+                    break
     missing = [b for b in sizes if b not in chosen]
+    for note in passed_over:
+        if progress:
+            progress(0, 0, note)
     if missing:
         encoded = sorted((_encode(models, p, params).ids for p in prompts), key=len)
         context = list(encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32)
@@ -316,11 +326,17 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                     draft_prefill_s=measured.draft_prefill_s,
                     round_overhead_s=overhead.round_s,
                     decode_overhead_s=overhead.decode_s,
+                    target_forward_spread=measured.quality.spread if measured.quality else None,
+                    quality=measured.quality.verdict if measured.quality else None,
+                    quality_notes=measured.quality.notes if measured.quality else None,
                     library_versions=_library_versions(),
                 )
                 session.add(profile)
                 session.flush()
                 chosen[batch_size] = profile.id
+            if progress and measured.quality and measured.quality.verdict != "clean":
+                progress(0, 0, f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
+                               + "; ".join(measured.quality.notes))
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         linked = {link.batch_size for link in run.batch_profiles}

@@ -11,6 +11,7 @@ import torch
 from analyzer import cost
 from analyzer.cost import (
     CostMeasurement,
+    TimingQuality,
     device_description,
     prefill_cache,
     profile_costs,
@@ -18,6 +19,7 @@ from analyzer.cost import (
     time_draft_model_step,
     time_forward_over_cache,
     time_target_forwards,
+    time_target_forwards_checked,
 )
 from analyzer.validate import greedy_generate
 from tests.tiny_models import make_noisy_copy, make_tiny_model
@@ -36,19 +38,33 @@ def draft(target):
 
 
 class FakeClock:
-    """A perf_counter stand-in that only moves when a test advances it."""
+    """A perf_counter stand-in that only moves when a test advances it. Its ``cpu`` clock (patched in
+    for process_time) moves with it at torch's thread count, as on a quiet machine, except for time
+    spent in ``stall`` (another process holding the CPU); ``machine_busy`` jiffies are what
+    /proc/stat would say (None: not Linux)."""
 
     def __init__(self):
         self.now = 1000.0
+        self.stalled = 0.0
+        self.machine_busy = None
 
     def __call__(self) -> float:
         return self.now
+
+    def cpu(self) -> float:
+        return (self.now - self.stalled) * torch.get_num_threads()
+
+    def stall(self, seconds: float) -> None:
+        self.now += seconds
+        self.stalled += seconds
 
 
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(cost, "perf_counter", fake)
+    monkeypatch.setattr(cost, "process_time", fake.cpu)
+    monkeypatch.setattr(cost, "_busy_jiffies", lambda: fake.machine_busy)
     return fake
 
 
@@ -76,16 +92,18 @@ def test_time_target_forwards_interleaves_k_and_skips_warmup(target, clock):
     # per timed call: k seconds plus an offset that depends on the repeat; warm-up calls are huge
     offsets = [1000.0] * k_max + [0.0] * k_max + [100.0] * k_max + [0.5] * k_max
 
-    def seconds(call, k):
-        return 0.0 if call == 0 else k + offsets[call - 1]  # call 0 is the prefill
+    def seconds(call, k):  # call 0 is the prefill; calls after the first pass are the re-measurement
+        return 0.0 if call == 0 else k + (offsets[call - 1] if call - 1 < len(offsets) else 0.5)
 
     handle, seen = advance_per_forward(target, clock, seconds)
     try:
-        medians = time_target_forwards(target, CONTEXT, k_max, repeats=repeats, warmup=warmup)
+        medians, quality = time_target_forwards_checked(target, CONTEXT, k_max, repeats=repeats, warmup=warmup)
     finally:
         handle.remove()
-    assert seen == [len(CONTEXT)] + [1, 2, 3] * (warmup + repeats)
+    # the 100 s repeat spreads every k beyond 10% (MAD 0.5 s around k + 0.5 s): all three measured again
+    assert seen == [len(CONTEXT)] + [1, 2, 3] * (warmup + repeats) + [1, 2, 3] * repeats
     assert medians == [1.5, 2.5, 3.5]
+    assert quality.remeasured == [1, 2, 3] and quality.verdict == "remeasured" and quality.spread == [0.0] * 3
 
 
 def test_forwards_over_the_cache_leave_it_as_found(target):
@@ -182,6 +200,7 @@ def test_profile_costs_with_a_draft_model(target, draft, clock):
         repeats=3,
         target_prefill_s=float(len(CONTEXT)),  # the fake clock advances 1 s per token the target reads
         draft_prefill_s=0.125 * len(CONTEXT),
+        quality=TimingQuality(spread=[0.0] * 4, remeasured=[], cpu_share=1.0, others_cpu=None, verdict="clean", notes=[]),
     )
 
 
@@ -204,3 +223,100 @@ def test_profile_costs_without_a_draft_costs_nothing_to_draft(target):
 def test_profile_costs_rejects_two_drafts(target, draft):
     with pytest.raises(ValueError):
         profile_costs(target, CONTEXT, 2, draft_model=draft, draft_step=lambda: None)
+
+
+# ------------------------------------------------------------------ interference (issue: robust cost profiles)
+
+
+def _profile_with(target, clock, stall, k_max=6, repeats=5):
+    """Profile `target` with forwards costing 1 + 0.05 k s of CPU-backed time each (a flat, GPU-like
+    curve), plus whatever
+    ``stall(call, k, seen)`` adds: ('stall', s) for time another process held the CPU (no CPU for us),
+    ('slow', s) for a slow forward that still had the CPU. Returns (T_t, quality)."""
+    calls = {"n": 0}
+
+    def hook(module, args, kwargs):
+        k = kwargs["input_ids"].shape[1]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return  # the prefill
+        clock.now += forward_s(k)
+        kind, seconds = stall(calls["n"] - 2, k)
+        if kind == "stall":
+            clock.stall(seconds)
+        elif kind == "slow":
+            clock.now += seconds
+
+    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        return time_target_forwards_checked(target, CONTEXT, k_max, repeats=repeats, warmup=0)
+    finally:
+        handle.remove()
+
+
+def forward_s(k: int) -> float:
+    return 1.0 + 0.05 * k
+
+
+CLEAN_CURVE = [forward_s(k) for k in range(1, 7)]
+
+
+def _advice(curve):
+    """Best gamma and S(g*) a task with these (walked) match sequences gets from the curve."""
+    from analyzer.acceptance import walk_model_draft
+    from analyzer.speedup import Cost, best_gamma, pooled_speedup
+
+    matches = [1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1] * 4
+    cost = Cost(curve, 0.05)
+    return best_gamma([pooled_speedup([len(matches)], [walk_model_draft(matches, g, len(matches)).drafted_hist], cost)
+                       for g in range(1, len(curve))])
+
+
+def test_a_stall_in_one_repeat_is_dropped_and_the_advice_is_the_clean_profiles(target, clock):
+    clean, clean_quality = _profile_with(target, clock, lambda call, k: (None, 0))
+    assert clean == pytest.approx(CLEAN_CURVE) and clean_quality.verdict == "clean" and clean_quality.notes == []
+    # another process holds the CPU for 30 s during the third repeat (calls 12..17: every k of it)
+    stalled, quality = _profile_with(target, clock, lambda call, k: ("stall", 5.0) if 12 <= call < 18 else (None, 0))
+    assert stalled == pytest.approx(clean) and quality.verdict == "remeasured"
+    assert _advice(clean)[0] >= 4  # a flat curve: speculate far ahead
+    assert quality.notes == ["1 repeat dropped: another process held the CPU (our process got less than 85% of its "
+                             "best repeats' CPU time, or others used more than 15% of the machine)"]
+    assert _advice(stalled) == pytest.approx(_advice(clean))
+
+
+def test_slow_points_in_most_repeats_are_measured_again_and_come_out_clean(target, clock):
+    # k = 5 and 6 are slow by 3, 2 and 1 s in the first three repeats (calls 0..17), with the CPU ours:
+    # their medians are off by 1 s and their repeats spread over 10%
+    def stall(call, k):
+        return ("slow", 3.0 - call // 6) if call < 18 and k >= 5 else (None, 0)
+
+    stalled, quality = _profile_with(target, clock, stall)
+    assert quality.remeasured == [5, 6] and quality.verdict == "remeasured"
+    assert stalled == pytest.approx(CLEAN_CURVE) and quality.spread == [0.0] * 6  # the re-measured round was clean
+    assert quality.notes == ["k = 5, 6 re-measured: their repeats spread more than 10% or were starved of CPU"]
+    assert _advice(stalled) == pytest.approx(_advice(CLEAN_CURVE))
+    unchecked = [t + (1.0 if k >= 5 else 0.0) for k, t in enumerate(CLEAN_CURVE, start=1)]  # the medians before
+    assert _advice(unchecked)[0] < _advice(CLEAN_CURVE)[0]  # which would have moved the best gamma
+
+
+def test_interference_that_persists_makes_the_profile_noisy(target, clock):
+    # k = 4 is slow by a different amount in every repeat, re-measurements included
+    stalled, quality = _profile_with(target, clock, lambda call, k: ("slow", (call % 7) * 0.8) if k == 4 else (None, 0))
+    assert quality.verdict == "noisy" and quality.remeasured == [4]
+    assert quality.notes[-1].startswith("k = 4 still spread up to") and quality.spread[3] > 0.10
+    assert stalled[:3] == pytest.approx(CLEAN_CURVE[:3])
+
+
+def test_a_busy_machine_makes_the_profile_noisy(target, clock, monkeypatch):
+    import os
+
+    ticks, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    clock.machine_busy = 0
+
+    def stall(call, k):  # other processes keep every core busy while we measure
+        clock.machine_busy += int(forward_s(k) * ticks * cores)
+        return None, 0
+
+    _, quality = _profile_with(target, clock, stall)
+    assert quality.verdict == "noisy" and quality.others_cpu == pytest.approx(1.0, abs=0.02)
+    assert quality.notes[-1] == "other processes used 100% of the machine's CPU while profiling"

@@ -21,6 +21,7 @@ from analyzer.models import AnalysisRun, CostProfile, PromptResult, RunCostProfi
 from analyzer.settings import SettingsError, load_settings
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from tests.tiny_models import make_noisy_copy, make_tiny_model
+from webui.cli import cli
 
 CONTEXT = [33, 78, 72, 19, 50, 80, 63, 83, 77, 11, 80, 4, 45, 48, 17, 95, 19, 50]
 
@@ -370,3 +371,36 @@ def test_the_guarantee_sentence_per_dtype_and_mode():
     assert "2 of 8 validated outputs matched plain greedy and target passes differed from the replayed rounds by 6.5%" in measured
     no_rounds = guarantee_sentence("bfloat16", fidelity={"validated": 1, "identical": 1, "passes_error_pct": None})
     assert no_rounds.endswith("1 of 1 validated outputs matched plain greedy.")
+
+
+def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_db, model_folders, monkeypatch):
+    import itertools
+
+    from analyzer import cost as cost_module
+    from webui.app import create_app
+
+    args = ("--target", f"hf:{model_folders['target']}", "--draft", "ngram")
+    busy = itertools.count(0, 10 ** 6)  # /proc/stat as on a machine whose other processes take every core
+    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: next(busy))
+    first = json.loads(_analyze(cli_db, *args).stdout)
+    profile = first["cost_profiles"]["1"]
+    assert profile["quality"] == "noisy"
+    assert profile["quality_notes"][-1] == "other processes used 100% of the machine's CPU while profiling"
+    text = cli_db.invoke(cli, ["report", str(first["run_id"])]).stdout
+    assert "NOISY profile (" in text and "rerun with --reprofile on a quiet machine" in text
+    app = create_app({"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True})
+    try:
+        page = app.test_client().get(f"/runs/{first['run_id']}").get_data(as_text=True)
+    finally:
+        app.extensions["specroute.close"]()
+    assert 'id="noisy-profile-1"' in page and "<code>specroute analyze … --reprofile</code>" in page
+    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: None)  # the machine is quiet again
+    second = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args])
+    assert second.exit_code == 0, second.stderr
+    assert "stored cost profile 1 (batch 1) was judged noisy (" in second.stderr and "measuring a new one" in second.stderr
+    assert _count(CostProfile) == 2  # measured anew rather than reusing the noisy one
+    second_report = json.loads(cli_db.invoke(cli, ["report", str(first["run_id"] + 1), "--format", "json"]).stdout)
+    quiet = second_report["cost_profiles"]["1"]
+    assert quiet["quality"] in ("clean", "remeasured") and "NOISY" not in second.stdout
+    third = json.loads(_analyze(cli_db, *args).stdout)
+    assert third["cost_profiles"]["1"] == quiet and _count(CostProfile) == 2  # a judged-good profile is reused
