@@ -128,6 +128,7 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
     accepted = sum(r.gamma_counts[g_star - 1].accepted for r in results) if g_star else 0
     histogram = np.sum([r.gamma_counts[g_star - 1].accepted_hist for r in results], axis=0).tolist() if g_star else []
     validated = [measured[r.prompt_id] for r in results if r.prompt_id in measured]
+    validated_tasks = sorted({r.task_type or "unlabelled" for r in results if r.prompt_id in measured})
     summary.update(
         best_gamma=g_star or None,
         predicted_speedup=_finite(s_star),
@@ -141,6 +142,8 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
                          for g in range(1, gamma_max + 1)],
         histogram=histogram,
         measured_speedup=_finite(float(np.mean(validated))) if validated else None,
+        measured_n=len(validated),
+        measured_tasks=validated_tasks,
     )
     return summary
 
@@ -256,6 +259,9 @@ def build_report(session: Session, run_id: int) -> dict:
     tasks = {task: _group_summary(group, cost, sampling, gamma_max, margin, measured)
              for task, group in sorted(by_task.items())}
     workload = _group_summary(results, cost, sampling, gamma_max, margin, measured) if results else None
+    if workload is not None and len(by_task) > 1 and len(workload.get("measured_tasks") or []) == 1:
+        # a sample of one task says nothing about the others: not a workload figure
+        workload["measured_speedup"] = None
     for summary, group in [(tasks[t], g) for t, g in sorted(by_task.items())] + ([(workload, results)] if workload else []):
         summary["by_batch"] = _batch_summaries(group, costs, sampling, gamma_max, margin) if costs else {}
         summary["fidelity"] = _fidelity(group)
@@ -386,7 +392,10 @@ def report_text(report: dict) -> str:
             lines.append(f"{task:<18} " + " ".join(cells))
     summary = (report.get("validation_summary") or {}).get("run")
     if summary:
-        lines.append(f"\nvalidation: {summary['validated']} prompts, {summary['identical']} outputs identical to plain greedy, "
+        covered = report["validation_summary"]["tasks"]
+        scope = (f"over {len(covered)} tasks" if len(covered) > 1 else
+                 f"all {next(iter(covered))}, so not a workload figure" if len(report["tasks"]) > 1 else "")
+        lines.append(f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs identical to plain greedy, "
                      f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
                      f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
                      f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)")

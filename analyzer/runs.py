@@ -588,9 +588,32 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def validation_sample(report: dict, count: int, *, already: list[dict] = ()) -> list[dict]:
+    """Up to ``count`` prompt rows of ``report`` to validate (minus those ``already`` validated),
+    stratified: one prompt per task in turn, the tasks predicted to speculate first (highest
+    predicted speedup first), then the others (most prompts first); within a task in file order. So
+    a sample of N covers min(N, number of tasks) tasks, and the decisions that matter most (where
+    speculation is switched on) are checked first."""
+    tasks = report["tasks"]
+    order = sorted(tasks, key=lambda t: (not tasks[t].get("speculate"), -(tasks[t].get("predicted_speedup") or 0.0)
+                                         if tasks[t].get("speculate") else -tasks[t]["n"], t))
+    done = {row["prompt_id"] for row in already}
+    queues = {t: [r for r in sorted(report["prompts"], key=lambda r: r["position"])
+                  if r["task"] == t and r["prompt_id"] not in done] for t in order}
+    taken = {t: sum(1 for row in already if row["task"] == t) for t in order}
+    chosen: list[dict] = []
+    while len(chosen) + len(done) < count and any(queues.values()):
+        # the task with the fewest validated so far, ties broken by the order above
+        task = min((t for t in order if queues[t]), key=lambda t: (taken[t], order.index(t)))
+        chosen.append(queues[task].pop(0))
+        taken[task] += 1
+    return chosen
+
+
 def _validate(session_factory: sessionmaker, run_id: int, models: _Models, params: RunParams,
               progress: ProgressCallback | None) -> None:
-    """Run real speculative decoding at each validated prompt's task g* beside plain greedy."""
+    """Run real speculative decoding at each validated prompt's task g* beside plain greedy, on a
+    sample drawn across tasks (:func:`validation_sample`)."""
     from analyzer.report import build_report
     from analyzer.validate import validate_prompt
 
@@ -601,7 +624,8 @@ def _validate(session_factory: sessionmaker, run_id: int, models: _Models, param
         validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
         outputs = dict(session.execute(select(PromptResult.prompt_id, PromptResult.output_token_ids)
                                        .where(PromptResult.run_id == run_id)).all())
-    chosen = [row for row in report["prompts"] if row["prompt_id"] not in validated][: max(0, params.validate - len(validated))]
+    already = [row for row in report["prompts"] if row["prompt_id"] in validated]
+    chosen = validation_sample(report, params.validate, already=already)
     for number, row in enumerate(chosen, start=1):
         if progress:
             progress(number - 1, len(chosen), "validating with real speculative decoding")

@@ -354,7 +354,7 @@ def test_the_report_page_shows_device_dtype_guarantee_batches_fidelity_and_valid
     assert "Predicted speedup S(g) by task at batch size 2" in page and "S(g) by task at batch size 1" in page
     fidelity = report["workload"]["fidelity"]
     assert f"disagreed with the generated token at\n    {fidelity['mismatches']} of {fidelity['positions']} positions" in page
-    assert 'id="validation-table"' in page and "<td>this run</td><td class=\"num\">2</td>" in page
+    assert 'id="validation-table"' in page and "<td>validated sample (2 tasks)</td><td class=\"num\">2</td>" in page
 
 
 def test_the_guarantee_sentence_per_dtype_and_mode():

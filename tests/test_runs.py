@@ -150,3 +150,44 @@ def test_sampling_mode_stores_expectations(cli_db, model_folders):
         assert 0.0 < alpha <= 1.0
         for g, counts in prompt["per_gamma"].items():
             assert counts["expected_tokens_per_round"] == pytest.approx(expected_tokens_iid(alpha, int(g)))
+
+
+def _report_for_sampling(tasks: dict[str, tuple[int, bool, float]]) -> dict:
+    """A report skeleton: task -> (prompts, speculate, predicted speedup); prompts in task order."""
+    prompts, position = [], 0
+    for task, (n, _, _) in tasks.items():
+        for _ in range(n):
+            prompts.append({"prompt_id": 100 + position, "position": position, "task": task})
+            position += 1
+    return {"prompts": prompts, "tasks": {t: {"n": n, "speculate": on, "predicted_speedup": s}
+                                          for t, (n, on, s) in tasks.items()}}
+
+
+def test_validation_sample_covers_tasks_speculating_ones_first():
+    from analyzer.runs import validation_sample
+
+    report = _report_for_sampling({"code": (5, False, 0.98), "creative_writing": (5, True, 1.10),
+                                   "extraction": (1, True, 2.9), "qa": (3, False, 0.9)})
+    tasks = lambda rows: [r["task"] for r in rows]  # noqa: E731
+    assert tasks(validation_sample(report, 3)) == ["extraction", "creative_writing", "code"]
+    assert tasks(validation_sample(report, 6)) == ["extraction", "creative_writing", "code", "qa", "creative_writing", "code"]
+    first = validation_sample(report, 3)
+    assert [r["position"] for r in first] == [10, 5, 0]  # the first prompt of each task in file order
+    # a resumed validation keeps the balance: code and extraction are done, creative_writing comes next
+    again = validation_sample(report, 4, already=[first[0], first[2]])
+    assert tasks(again) == ["creative_writing", "qa"]
+    assert len(validation_sample(report, 100)) == 14
+
+
+def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_db, model_folders):
+    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram", "--validate", "3")
+    report = json.loads(result.stdout)
+    assert sorted(v["task"] for v in report["validation"]) == ["code", "translation", "unlabelled"]
+    assert set(report["validation_summary"]["tasks"]) == {"code", "translation", "unlabelled"}
+    assert report["workload"]["measured_tasks"] == ["code", "translation", "unlabelled"]
+    assert report["workload"]["measured_speedup"] is not None
+    one = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram",
+                              "--validate", "1").stdout)
+    assert len(one["validation"]) == 1 and one["workload"]["measured_speedup"] is None
+    text = cli_db.invoke(cli, ["report", str(one["run_id"])]).stdout
+    assert f"validation: 1 prompts all {one['validation'][0]['task']}, so not a workload figure" in text
