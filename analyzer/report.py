@@ -19,8 +19,11 @@ from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.models import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.speedup import (
     DEFAULT_MARGIN,
+    INTERVAL_LEVEL,
     Cost,
     best_gamma,
+    bootstrap_speedup_interval,
+    decide,
     iid_speedup,
     leviathan_speedup,
     mean_and_variance,
@@ -28,6 +31,7 @@ from analyzer.speedup import (
     predicted_speedup,
     recommendation_tier,
     should_speculate,
+    speculative_time_s,
 )
 
 WORKLOAD = "workload"
@@ -99,6 +103,39 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
     return curve
 
 
+def _prompt_times(results: list[PromptResult], cost: Cost, sampling: bool, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt (with output), predicted seconds without and with speculation at ``gamma``; the
+    pooled speedup of a group is their sums' ratio (as in ``_group_curve``)."""
+    greedy, speculative = [], []
+    for r in results:
+        if r.output_tokens <= 0:
+            continue
+        if sampling:
+            tokens_per_round = r.gamma_counts[gamma - 1].expected_tokens_per_round
+            if not tokens_per_round:
+                continue
+            greedy.append(r.output_tokens * cost.decode_s)
+            speculative.append(r.output_tokens / tokens_per_round * cost.round_s(gamma))
+        else:
+            target_prefill, draft_prefill = cost.prefill_s(r.prompt_tokens)
+            greedy.append(target_prefill + r.output_tokens * cost.decode_s)
+            speculative.append(target_prefill + draft_prefill
+                               + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, cost))
+    return np.array(greedy), np.array(speculative)
+
+
+def _decision(results: list[PromptResult], cost: Cost, sampling: bool, curve: list[float], margin: float) -> dict:
+    """g*, S(g*), its bootstrap interval over the prompts and the decision with its reason;
+    ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
+    g_star, s_star = best_gamma(curve)
+    interval = bootstrap_speedup_interval(*_prompt_times(results, cost, sampling, g_star)) if g_star else (
+        float("nan"), float("nan"))
+    speculate, why = decide(s_star, interval, len(results), margin) if g_star else (False, "nothing measured")
+    return {"best_gamma": g_star or None, "predicted_speedup": _finite(s_star),
+            "speedup_interval": [_finite(interval[0]), _finite(interval[1])], "speculate": speculate,
+            "decision_basis": "task" if speculate is not None else "workload", "decision_reason": why}
+
+
 def _alpha(result: PromptResult, sampling: bool) -> float:
     if sampling:
         return result.alpha_sampling if result.alpha_sampling is not None else float("nan")
@@ -123,6 +160,7 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
         return summary
     curve = _group_curve(results, cost, sampling, gamma_max)
     g_star, s_star = best_gamma(curve)
+    decision = _decision(results, cost, sampling, curve, margin)
     c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
     rounds = sum(r.gamma_counts[g_star - 1].rounds for r in results) if g_star else 0
     accepted = sum(r.gamma_counts[g_star - 1].accepted for r in results) if g_star else 0
@@ -130,9 +168,8 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
     validated = [measured[r.prompt_id] for r in results if r.prompt_id in measured]
     validated_tasks = sorted({r.task_type or "unlabelled" for r in results if r.prompt_id in measured})
     summary.update(
-        best_gamma=g_star or None,
-        predicted_speedup=_finite(s_star),
-        speculate=should_speculate(s_star, margin),
+        **decision,
+        interval_level=INTERVAL_LEVEL,
         al=_finite(mean_acceptance_length(accepted, rounds)) if not sampling else _finite(
             float(np.mean([r.gamma_counts[g_star - 1].expected_tokens_per_round or np.nan for r in results]))),
         speedup_curve=[_finite(v) for v in curve],
@@ -150,17 +187,51 @@ def _group_summary(results: list[PromptResult], cost: Cost | None, sampling: boo
 
 def _batch_summaries(results: list[PromptResult], costs: dict[int, Cost], sampling: bool, gamma_max: int,
                      margin: float) -> dict[str, dict]:
-    """{"<b>": {best_gamma, predicted_speedup, speculate, speedup_curve}} per profiled batch size b.
-    At batch b every sequence is assumed to follow the measured match sequences, and a round costs
+    """{"<b>": {best_gamma, predicted_speedup, speedup_interval, speculate, decision_basis,
+    decision_reason, speedup_curve}} per profiled batch size b, decided as at batch 1. At batch b every
+    sequence is assumed to follow the measured match sequences, and a round costs
     draft(k, b) + T_t(k + 1, b) + overhead against T_t(1, b) + overhead per plain step."""
     summaries = {}
     for batch_size, cost in sorted(costs.items()):
         curve = _group_curve(results, cost, sampling, gamma_max)
-        g_star, s_star = best_gamma(curve)
-        summaries[str(batch_size)] = {"best_gamma": g_star or None, "predicted_speedup": _finite(s_star),
-                                      "speculate": should_speculate(s_star, margin),
+        summaries[str(batch_size)] = {**_decision(results, cost, sampling, curve, margin),
                                       "speedup_curve": [_finite(v) for v in curve]}
     return summaries
+
+
+def _apply_workload_decision(summary: dict, workload: dict) -> None:
+    """A group too small to decide (speculate None) takes the workload's decision, and says so."""
+    if summary.get("speculate") is None:
+        summary["speculate"] = bool(workload.get("speculate"))
+        summary["decision_basis"] = "workload"
+        summary["decision_reason"] += (f" ({'speculate at gamma ' + str(workload['best_gamma']) if workload.get('speculate') else 'off'})")
+
+
+def _decide_alone(summary: dict, margin: float) -> None:
+    """The workload has nothing to fall back to: too few prompts are decided on S(g*) alone, and say so."""
+    if summary.get("speculate") is None:
+        summary["speculate"] = should_speculate(summary.get("predicted_speedup") or float("nan"), margin)
+        summary["decision_basis"] = "point estimate"
+        summary["decision_reason"] = summary["decision_reason"].split(": too few")[0] + (
+            f": too few prompts for an interval; decided on S(g*) alone")
+
+
+def tier_note(summary: dict, cost: Cost | None) -> str | None:
+    """Why the decision and the tier disagree, in words (None when they agree): the tier reads alpha
+    alone, the decision also weighs what a round costs on this device."""
+    tier, on, gamma = summary.get("tier"), summary.get("speculate"), summary.get("best_gamma")
+    if cost is None or not gamma or summary.get("alpha_mean") is None:
+        return None
+    high = tier in ("HIGHLY_RECOMMENDED", "RECOMMENDED")
+    if on == high:
+        return None
+    tokens = summary.get("al")
+    cost_text = (f"a round at gamma {gamma} costs {cost.round_s(gamma) / cost.decode_s:.2f}x a decoding step here"
+                 + (f" and yields {tokens:.2f} tokens on average" if tokens else ""))
+    base = f"the tier reads alpha alone ({summary['alpha_mean']:.2f}); the decision weighs the cost: {cost_text}"
+    if summary.get("decision_basis") == "workload":
+        base += "; and this task has too few prompts, so the workload's decision applies"
+    return base
 
 
 def _fidelity(results: list[PromptResult]) -> dict | None:
@@ -265,6 +336,15 @@ def build_report(session: Session, run_id: int) -> dict:
     for summary, group in [(tasks[t], g) for t, g in sorted(by_task.items())] + ([(workload, results)] if workload else []):
         summary["by_batch"] = _batch_summaries(group, costs, sampling, gamma_max, margin) if costs else {}
         summary["fidelity"] = _fidelity(group)
+    if workload is not None:
+        for summary in [workload] + list(workload["by_batch"].values()):
+            _decide_alone(summary, margin)
+        for summary in tasks.values():
+            _apply_workload_decision(summary, workload)
+            for batch, entry in summary["by_batch"].items():
+                _apply_workload_decision(entry, workload["by_batch"][batch])
+    for summary in list(tasks.values()) + ([workload] if workload else []):
+        summary["tier_note"] = tier_note(summary, cost)
     task_of = {r.prompt_id: r.task_type or "unlabelled" for r in results}
     rounds_at = {(r.prompt_id, g.gamma): g.rounds for r in results for g in r.gamma_counts}
     validation_rows = [
@@ -371,14 +451,22 @@ def report_text(report: dict) -> str:
                      f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})")
     on = [t for t, s in report["tasks"].items() if s["speculate"]]
     lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
-    header = f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*)':>6} {'meas.':>6}  {'tier':<19} decision"
+    header = (f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*) [90% interval]':>22} "
+              f"{'meas.':>6}  {'tier':<19} decision")
     lines.append(header)
+    notes = []
     for task, s in report["tasks"].items():
         lines.append(
             f"{task:<18} {s['n']:>3} {_num(s['alpha_mean'], 6, 3)} {_num(s['alpha_std'], 6, 3)} {_num(s['al'], 5, 2)} "
-            f"{(s['best_gamma'] or 0):>3} {_num(s['predicted_speedup'], 6, 2)} {_num(s.get('measured_speedup'), 6, 2)}  "
-            f"{s['tier']:<19} {'speculate' if s['speculate'] else 'off'}"
+            f"{(s['best_gamma'] or 0):>3} {speedup_with_interval(s):>22} {_num(s.get('measured_speedup'), 6, 2)}  "
+            f"{s['tier']:<19} {decision_text(s)}"
         )
+        if s.get("decision_basis") == "workload" or s.get("tier_note"):
+            notes.append(f"  {task}: " + "; ".join(filter(None, [
+                s["decision_reason"] if s.get("decision_basis") == "workload" else None, s.get("tier_note")])))
+    if notes:
+        lines.append("why:")
+        lines.extend(notes)
     batches = sorted({int(b) for s in report["tasks"].values() for b in s.get("by_batch") or {}})
     if len(batches) > 1:
         lines.append("\nbest gamma and S(g*) per batch size:")
@@ -403,6 +491,22 @@ def report_text(report: dict) -> str:
             lines.append(f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err {_pct(t['passes_error_pct'])}, "
                          f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x")
     return "\n".join(lines)
+
+
+def speedup_with_interval(summary: dict) -> str:
+    """``1.13x [1.04, 1.22]``, or just ``1.13x`` without an interval, or ``-``."""
+    value, interval = summary.get("predicted_speedup"), summary.get("speedup_interval") or [None, None]
+    if value is None:
+        return "-"
+    if interval[0] is None or interval[1] is None:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def decision_text(summary: dict) -> str:
+    """``speculate`` / ``off``, marked when the workload's decision stands in for a too-small task."""
+    text = "speculate" if summary.get("speculate") else "off"
+    return text + (" (workload's)" if summary.get("decision_basis") == "workload" else "")
 
 
 def quality_text(profile: dict) -> str:

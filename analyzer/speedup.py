@@ -136,6 +136,51 @@ def should_speculate(best_speedup: float, margin: float = DEFAULT_MARGIN) -> boo
     return bool(np.isfinite(best_speedup) and best_speedup > 1.0 + margin)
 
 
+MIN_TASK_PROMPTS = 3  # fewer prompts than this: a task's own numbers cannot decide, the workload's do
+INTERVAL_LEVEL = 0.90
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_speedup_interval(greedy_s: Sequence[float] | np.ndarray, speculative_s: Sequence[float] | np.ndarray,
+                               *, level: float = INTERVAL_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
+                               seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval over prompts of the pooled speedup sum(greedy_s) / sum(speculative_s),
+    both shape (n,) (per-prompt seconds without and with speculation): the prompts are resampled with
+    replacement ``resamples`` times (seeded, so a report is reproducible) and the (1 - level)/2 and
+    (1 + level)/2 quantiles of the resampled speedups returned. (nan, nan) for n = 0; for n = 1 the
+    interval has zero width (one prompt says nothing about the spread)."""
+    greedy, speculative = np.asarray(greedy_s, dtype=np.float64), np.asarray(speculative_s, dtype=np.float64)
+    n = len(greedy)
+    if n == 0 or not np.all(speculative > 0):
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(resamples)
+    block = max(1, 2_000_000 // n)  # bounded memory for large groups
+    for start in range(0, resamples, block):
+        size = min(block, resamples - start)
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size)  # (size, n) times each prompt is drawn
+        ratios[start:start + size] = (counts @ greedy) / (counts @ speculative)
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def decide(speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN,
+           min_prompts: int = MIN_TASK_PROMPTS) -> tuple[bool | None, str]:
+    """The on/off decision for a group of n prompts from its predicted S(g*) and the bootstrap
+    interval around it: speculate when S(g*) clears 1 + margin **and** the interval's lower end
+    clears 1.0 (a gain the spread of the prompts cannot turn into a loss). None when n < min_prompts:
+    too few prompts to decide, the caller applies the workload's decision. Returns (decision, why)."""
+    low, high = interval
+    shown = f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {n}" if np.isfinite(low) else f"{speedup:.2f}x, n = {n}"
+    if n < min_prompts:
+        return None, f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies"
+    if not np.isfinite(speedup) or speedup <= 1.0 + margin:
+        return False, f"{shown}: S(g*) does not clear {1 + margin:.2f}x"
+    if np.isfinite(low) and low <= 1.0:
+        return False, f"{shown}: S(g*) clears {1 + margin:.2f}x but the interval reaches {low:.2f}x, a possible loss"
+    return True, f"{shown}: S(g*) clears {1 + margin:.2f}x and the interval stays above 1.00x"
+
+
 def recommendation_tier(alpha_mean: float, alpha_var: float | None) -> str:
     """The seed's tiers: alpha > 0.7 and variance < 0.05 -> HIGHLY_RECOMMENDED; > 0.5 ->
     RECOMMENDED; > 0.3 -> CONDITIONAL; else NOT_RECOMMENDED. An unknown variance (one prompt)

@@ -151,8 +151,13 @@ class Router:
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
         if key == task and policy is not None and task in self.policies:
-            reasons.append(f"task {task} (confidence {confidence:.2f}): {policy.tier}, "
-                           f"analysis predicts {policy.expected_speedup:.2f}x at gamma {policy.gamma}")
+            if policy.decision_basis == "workload":
+                reasons.append(f"task {task} (confidence {confidence:.2f}): only {policy.n_prompts} prompts in the analysis, "
+                               f"too few to decide: the workload's decision applies ({policy.predicted_text()} at gamma "
+                               f"{policy.gamma})")
+            else:
+                reasons.append(f"task {task} (confidence {confidence:.2f}): {policy.tier}, "
+                               f"analysis predicts {policy.predicted_text()} at gamma {policy.gamma}")
         elif policy is not None:
             why = ("no task classifier trained" if self.classifier is None else
                    f"confidence {confidence:.2f} < {self.config.min_confidence}" if not confident else f"no policy for task {task}")

@@ -88,6 +88,12 @@ class TaskPolicy(Base):
     speedup_curve: Mapped[list[float]] = mapped_column(default=list)
     # {"<batch size>": [S(1), S(2), ...]} for every profiled batch size; None: batch 1 only
     speedup_curves_by_batch: Mapped[Optional[dict[str, Any]]] = mapped_column()
+    # the bootstrap interval of expected_speedup, and what decided: "task", or "workload" for a task
+    # with too few prompts (its speculate, gamma, speedup and curves are then the workload's)
+    speedup_low: Mapped[Optional[float]] = mapped_column(Float)
+    speedup_high: Mapped[Optional[float]] = mapped_column(Float)
+    decision_basis: Mapped[Optional[str]] = mapped_column(String(16))
+    decision_reason: Mapped[Optional[str]] = mapped_column(Text)
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
 

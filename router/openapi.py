@@ -124,6 +124,14 @@ SCHEMAS: dict[str, Any] = {
                        "alpha_var": {"type": ["number", "null"]}, "n_prompts": {"type": "integer"},
                        "expected_speedup": _NUM,
                        "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]},
+                       "speedup_interval": {
+                           "type": "array", "items": {"type": ["number", "null"]}, "minItems": 2, "maxItems": 2,
+                           "description": "90% bootstrap interval over the analysed prompts of expected_speedup "
+                                          "(nulls for policies published before intervals)."},
+                       "decision_basis": {"type": ["string", "null"],
+                                          "description": "task, or workload when the task had too few prompts "
+                                                         "to decide (its decision is then the workload's)."},
+                       "decision_reason": {"type": ["string", "null"]},
                        "by_batch": {
                            "type": "object",
                            "description": "Per profiled batch size: the best gamma, its predicted speedup and "

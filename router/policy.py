@@ -21,20 +21,29 @@ class PolicyError(ValueError):
     """A policy set cannot be published or activated as asked; the message says why."""
 
 
-def _policy(task: str, summary: dict, *, fallback: bool) -> TaskPolicy:
+def _policy(task: str, summary: dict, *, fallback: bool, workload: dict | None = None) -> TaskPolicy:
+    """The policy row of one task (or of the workload, ``fallback``). A task decided by the workload
+    (too few prompts) keeps its own alpha, n and tier but takes the workload's decision, gamma,
+    speedup, interval and curves, so that routing it is routing the workload."""
+    decided = workload if summary.get("decision_basis") == "workload" and workload is not None else summary
+    interval = decided.get("speedup_interval") or [None, None]
     return TaskPolicy(
         task_type=task,
         is_fallback=fallback,
-        speculate=bool(summary["speculate"]),
-        gamma=int(summary["best_gamma"] or 0),
+        speculate=bool(decided["speculate"]),
+        gamma=int(decided["best_gamma"] or 0),
         alpha_mean=float(summary["alpha_mean"] if summary["alpha_mean"] is not None else 0.0),
         alpha_var=summary["alpha_var"],
         n_prompts=int(summary["n"]),
-        expected_speedup=float(summary["predicted_speedup"] or 0.0),
+        expected_speedup=float(decided["predicted_speedup"] or 0.0),
         tier=summary["tier"],
-        speedup_curve=[v if v is not None else 0.0 for v in summary["speedup_curve"]],
+        speedup_curve=[v if v is not None else 0.0 for v in decided["speedup_curve"]],
         speedup_curves_by_batch={b: [v if v is not None else 0.0 for v in entry["speedup_curve"]]
-                                 for b, entry in (summary.get("by_batch") or {}).items()} or None,
+                                 for b, entry in (decided.get("by_batch") or {}).items()} or None,
+        speedup_low=interval[0],
+        speedup_high=interval[1],
+        decision_basis=summary.get("decision_basis"),
+        decision_reason=summary.get("decision_reason"),
     )
 
 
@@ -52,8 +61,8 @@ def publish_policies(session: Session, run_id: int, *, notes: str | None = None,
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
     policy_set = PolicySet(version=latest + 1, run_id=run_id, margin=float(run.params.get("margin", 0.05)), notes=notes)
-    policy_set.policies = [_policy(task, summary, fallback=False) for task, summary in report["tasks"].items()
-                           if summary.get("best_gamma")]
+    policy_set.policies = [_policy(task, summary, fallback=False, workload=report["workload"])
+                           for task, summary in report["tasks"].items() if summary.get("best_gamma")]
     policy_set.policies.append(_policy(FALLBACK_TASK, report["workload"], fallback=True))
     session.add(policy_set)
     session.flush()
@@ -100,9 +109,17 @@ class PolicySnapshot:
     tier: str
     speedup_curve: tuple[float, ...]
     curves_by_batch: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    speedup_interval: tuple[float | None, float | None] = (None, None)
+    decision_basis: str | None = None
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
         curves = {int(b): tuple(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
         return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
-                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve), curves)
+                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve), curves,
+                   (policy.speedup_low, policy.speedup_high), policy.decision_basis)
+
+    def predicted_text(self) -> str:
+        """``1.13x [1.04, 1.22]`` (the interval when the analysis gave one)."""
+        low, high = self.speedup_interval
+        return f"{self.expected_speedup:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")

@@ -203,7 +203,8 @@ def policy_dict(policy, margin: float = 0.05) -> dict[str, Any]:
     return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
             "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
             "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,
-            "by_batch": by_batch}
+            "speedup_interval": [policy.speedup_low, policy.speedup_high], "decision_basis": policy.decision_basis,
+            "decision_reason": policy.decision_reason, "by_batch": by_batch}
 
 
 def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:

@@ -17,15 +17,16 @@ from analyzer.prompt_sets import import_prompt_file
 COST_CURVE = [0.040, 0.060, 0.070, 0.075, 0.080, 0.085, 0.090, 0.095, 0.100]
 
 
-def make_done_run(session, tasks: dict[str, float], *, per_task: int = 4, gamma_max: int = 8, n_tokens: int = 64,
+def make_done_run(session, tasks: dict[str, float], *, per_task: int | dict[str, int] = 4, gamma_max: int = 8, n_tokens: int = 64,
                   draft_spec: str = "hf:/models/draft", draft_step_s: float = 0.004, seed: int = 0,
                   name: str = "synthetic", batch_curves: dict[int, list[float]] | None = None) -> AnalysisRun:
-    """A done run over a new prompt set with ``per_task`` prompts per task; each prompt's draft
+    """A done run over a new prompt set with ``per_task`` prompts per task (or {task: count}); each prompt's draft
     matches are Bernoulli(p) with the task's p, walked for g = 1..gamma_max. Its batch-1 profile is
     COST_CURVE; ``batch_curves`` adds a profile per further batch size ({b: T_t(1..), ...}, same
     draft step)."""
     rng = np.random.default_rng(seed)
-    lines = [{"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(per_task)]
+    counts = per_task if isinstance(per_task, dict) else {task: per_task for task in tasks}
+    lines = [{"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(counts[task])]
     prompt_set, _ = import_prompt_file(session, name, "".join(json.dumps(l) + "\n" for l in lines).encode(), f"{name}.jsonl")
     target = ModelSpec(spec="hf:/models/target", kind="hf", display_name="target")
     draft_kind = "ngram" if draft_spec.startswith("ngram") else "hf"
