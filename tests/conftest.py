@@ -25,6 +25,17 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
 
 
+def require_shared(path: Path) -> Path:
+    """``path`` inside ../shared (the labeled corpus beside the clone). A clone without it skips the
+    test with the reason; under CI (CI=1), where ../shared is always there, its absence fails."""
+    if not Path(path).exists():
+        message = f"the shared corpus is not beside this clone (looked for {path})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return Path(path)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_machine(monkeypatch):
     """Cost profiles judge interference from the machine's other processes and from jitter; tests must

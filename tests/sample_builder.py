@@ -6,6 +6,8 @@ the shipped files are exactly what this produces, so the selection is reproducib
 Selection: for each task type, prompts of at most MAX_CHARS characters when the task has enough of
 them (otherwise the shortest), sources taken round-robin so each task mixes its datasets, then a
 seeded shuffle within each source; PER_TASK prompts per task (all of them where the corpus has fewer).
+The sample is shown in demos, so prompts unfit to show are left out: the ones a review named
+(REVIEWED_OUT, with the reason) and any whose text has a word of UNFIT_WORDS.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ SEED = 20261125
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "prompts"
 SAMPLE_DIR = REPO_ROOT / "analyzer" / "sample_data"
+# Reviewed by hand (session 4, every prompt of the sample read): left out, with the reason.
+REVIEWED_OUT = {
+    "arena-hard-v2:4da9823cd5ed480e": "asks for a sexually explicit story (German)",
+}
+UNFIT_WORDS = ("erotic", "erotisch", "sexual", "sexy", "porn", "nude", "nackt", "nsfw")
+
+
+def fit_to_show(row: dict) -> bool:
+    """Whether a corpus row may be in the demo sample (not reviewed out, no unfit word)."""
+    text = row["prompt"].lower()
+    return row["id"] not in REVIEWED_OUT and not any(word in text for word in UNFIT_WORDS)
 
 
 def select_rows(rows: list[dict]) -> list[dict]:
@@ -29,7 +42,8 @@ def select_rows(rows: list[dict]) -> list[dict]:
     rng = random.Random(SEED)
     by_task: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        by_task[row["task"]].append(row)
+        if fit_to_show(row):
+            by_task[row["task"]].append(row)
     chosen: list[dict] = []
     for task in sorted(by_task):
         candidates = [r for r in by_task[task] if len(r["prompt"]) <= MAX_CHARS]

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.models import AnalysisRun, ModelPair, ModelSpec, PromptResult
+from tests.conftest import require_shared
 from analyzer.prompt_sets import import_prompt_file
 from router.classifier import (
     ClassifierError,
@@ -160,9 +161,7 @@ def test_train_command_on_an_imported_labeled_set(runner, tmp_path):
 
 def test_bundled_corpus_is_the_project_corpus_with_its_license_table():
     shipped = (ROOT / "router" / "data" / "corpus.jsonl").read_bytes()
-    shared = ROOT.parent / "shared" / "data" / "prompts" / "dev.jsonl"
-    if not shared.exists():
-        pytest.fail(f"the shared corpus is missing at {shared}")
+    shared = require_shared(ROOT.parent / "shared" / "data" / "prompts" / "dev.jsonl")
     assert shipped == shared.read_bytes()
     licenses = (ROOT / "router" / "data" / "LICENSES.md").read_text("utf-8")
     for source in {json.loads(line)["source"].split(":")[0].split("/")[0] for line in shipped.decode().splitlines()}:

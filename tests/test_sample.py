@@ -7,9 +7,9 @@ import json
 from collections import Counter
 from importlib import resources
 
-import pytest
 
-from tests.sample_builder import DEFAULT_CORPUS, SAMPLE_DIR, build_sample
+from tests.conftest import require_shared
+from tests.sample_builder import DEFAULT_CORPUS, REVIEWED_OUT, SAMPLE_DIR, UNFIT_WORDS, build_sample, fit_to_show
 
 
 def _shipped(name: str) -> str:
@@ -17,8 +17,7 @@ def _shipped(name: str) -> str:
 
 
 def test_sample_is_reproducible_from_the_corpus():
-    if not (DEFAULT_CORPUS / "dev.jsonl").exists():
-        pytest.fail(f"the shared corpus is missing at {DEFAULT_CORPUS}")
+    require_shared(DEFAULT_CORPUS / "dev.jsonl")
     jsonl, licenses = build_sample(DEFAULT_CORPUS)
     assert _shipped("sample_prompts.jsonl") == jsonl
     assert _shipped("LICENSES.md") == licenses
@@ -35,3 +34,10 @@ def test_sample_covers_every_task_and_every_source_has_a_license_row():
         owner = repo.split("/")[0]
         assert repo in licenses or f"| {owner} " in licenses, f"no license row for {repo}"
         assert row["license"].split(" ")[0] in licenses
+
+
+def test_the_sample_holds_nothing_unfit_to_show_in_a_demo():
+    rows = [json.loads(line) for line in _shipped("sample_prompts.jsonl").splitlines()]
+    assert not {row["id"] for row in rows} & set(REVIEWED_OUT)
+    assert all(fit_to_show(row) for row in rows)
+    assert not fit_to_show({"id": "x", "prompt": "Write an EROTIC story"}) and "erotic" in UNFIT_WORDS

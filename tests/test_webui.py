@@ -93,6 +93,8 @@ def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
     upload(web, b'{"prompt": "hello", "task": "qa"}\n', "one.jsonl", "one")
     form = web.get("/runs/new").get_data(as_text=True)
     assert "hf:/models/target" in form and "hf:/models/draft" in form and "ngram" in form
+    assert 'name="limit"' in form
+    assert "<option selected>ngram</option>" in form  # the demo's drafter is the default, as in `specroute demo`
     tok = token(web, "/runs/new")
     typed = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/etc/passwd", "draft": "ngram",
                                     "max_new_tokens": "64", "gamma_max": "8", "temperature": "0", "validate": "0"})
@@ -102,12 +104,18 @@ def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
     text = bad.get_data(as_text=True)
     assert "max new tokens must be a whole number from 1 to 1024" in text and "gamma max must be" in text
     assert "temperature must be a number" in text
+    too_many = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target",
+                                       "draft": "ngram", "max_new_tokens": "32", "gamma_max": "8", "temperature": "0",
+                                       "validate": "1", "limit": "0"})
+    assert too_many.status_code == 400 and "prompts to analyze must be blank (all) or a whole number" in too_many.get_data(as_text=True)
     started = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
-                                      "max_new_tokens": "32", "gamma_max": "8", "temperature": "0", "validate": "1"})
+                                      "max_new_tokens": "32", "gamma_max": "8", "temperature": "0", "validate": "1",
+                                      "limit": "1"})
     assert started.status_code == 302
     with session.begin():
         run = session.scalar(select(AnalysisRun))
         assert (run.status, run.params["max_new_tokens"], run.params["gamma_max"], run.params["validate"]) == ("queued", 32, 8, 1)
+        assert run.params["limit"] == 1
     status = web.get(f"/runs/{run.id}/status.json").get_json()
     assert status["status"] == "queued" and status["total"] == 1 and status["percent"] == 0
     runs_page = web.get("/runs").get_data(as_text=True)
@@ -137,6 +145,11 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
     prompt_id = data["prompts"][0]["prompt_id"]
     detail = web.get(f"/runs/{run_id}/prompts/{prompt_id}?gamma=3").get_data(as_text=True)
     assert "At gamma 3:" in detail and 'class="tok accepted"' in detail and "showing token ids" in detail
+    code_best = data["tasks"][data["prompts"][0]["task"]]["best_gamma"]
+    assert code_best != 4  # so that opening at the task's g* is told apart from the old default
+    opened = web.get(f"/runs/{run_id}/prompts/{prompt_id}").get_data(as_text=True)
+    assert f"At gamma {code_best}:" in opened  # without ?gamma the drill-down opens at the task's best gamma
+    assert f'/prompts/{prompt_id}?gamma={code_best}"' in text  # and the report links there
     assert web.get(f"/runs/{run_id}/prompts/99999").status_code == 404
     assert web.get("/runs/4242").status_code == 404
 

@@ -840,7 +840,7 @@ def _shown_value(name: str, value):
     return value
 
 
-DEMO_TARGET, DEMO_DRAFT = "builtin:smollm2-135m-instruct", "ngram"
+from analyzer.loading import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET  # noqa: E402
 DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "device", "dtype")
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
 from analyzer.db import utcnow
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
-from analyzer.loading import SpecError, encode_prompt, load_tokenizer, parse_spec
+from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, encode_prompt, load_tokenizer, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.report import ReportError, build_report, report_csv
 from analyzer.runs import RunError, RunParams, create_run, request_cancel, shown_status
@@ -22,6 +22,7 @@ from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
 
 FORM_LIMITS = {"max_new_tokens": (1, 1024), "gamma_max": (1, 32), "validate": (0, 1000)}
+MAX_FORM_PROMPTS = 1_000_000
 
 
 def model_choices() -> tuple[list[str], list[str]]:
@@ -62,11 +63,27 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
     targets, drafts = model_choices()
     with sessions()() as session:
         names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
-    defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""), "target": targets[0] if targets else "",
-                "draft": drafts[-1] if drafts else "", "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0,
+    defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""),
+                "target": _default_choice(targets, DEFAULT_TARGET), "draft": _default_choice(drafts, DEFAULT_DRAFT),
+                "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0, "limit": "",
                 "validate": 2, "device": settings().device, "dtype": check_dtype_name(settings().dtype), "batch_sizes": ""}
     return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
                            dtypes=DTYPE_CHOICES, values={**defaults, **(values or {})}), status
+
+
+def _default_choice(choices: list[str], preferred: str) -> str:
+    """The demo's model where the operator's list has it (specs compared canonically), else the first."""
+    try:
+        wanted = parse_spec(preferred).canonical
+    except SpecError:
+        wanted = None
+    for spec in choices:
+        try:
+            if parse_spec(spec).canonical == wanted:
+                return spec
+        except SpecError:
+            continue
+    return choices[0] if choices else ""
 
 
 @bp.get("/runs/new")
@@ -78,7 +95,7 @@ def new_run():
 def start_run():
     form = request.form
     values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
-                                             "temperature", "validate", "device", "dtype", "batch_sizes")}
+                                             "temperature", "validate", "device", "dtype", "batch_sizes", "limit")}
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
@@ -100,6 +117,14 @@ def start_run():
     except ValueError:
         errors.append("temperature must be a number from 0 to 5")
         temperature = 0.0
+    limit = None
+    if values["limit"].strip():
+        try:
+            limit = int(values["limit"])
+            if not 1 <= limit <= MAX_FORM_PROMPTS:
+                raise ValueError
+        except ValueError:
+            errors.append(f"prompts to analyze must be blank (all) or a whole number from 1 to {MAX_FORM_PROMPTS:,}")
     placement = {}
     for key, check in (("device", check_device_name), ("dtype", check_dtype_name), ("batch_sizes", parse_batch_sizes)):
         try:
@@ -111,7 +136,7 @@ def start_run():
     params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
                        temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0,
                        device=placement["device"], dtype=placement["dtype"],
-                       profile_batch_sizes=placement["batch_sizes"])
+                       profile_batch_sizes=placement["batch_sizes"], limit=limit)
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
@@ -210,6 +235,22 @@ def _tokenizer(spec: str):
     return cache[spec]
 
 
+def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
+    """g* of one task of a run, from that task's stored results (None before profiling)."""
+    from sqlalchemy.orm import selectinload
+
+    from analyzer.report import cost_for_run, summarize_results
+
+    cost = cost_for_run(run)
+    if cost is None:
+        return None
+    results = list(session.scalars(select(PromptResult).where(PromptResult.run_id == run.id, PromptResult.task_type == task)
+                                   .options(selectinload(PromptResult.gamma_counts))))
+    summary = summarize_results(results, cost, gamma_max=int(run.params.get("gamma_max", 16)),
+                                sampling=float(run.params.get("temperature", 0.0)) > 0)
+    return summary.get("best_gamma")
+
+
 @bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
 def prompt_detail(run_id: int, prompt_id: int):
     with sessions()() as session:
@@ -222,7 +263,10 @@ def prompt_detail(run_id: int, prompt_id: int):
         text = prompt.text if prompt.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in prompt.messages or [])
         counts = {g.gamma: g for g in result.gamma_counts}
         gamma_max = int(params.get("gamma_max", 16))
-        gamma = min(max(request.args.get("gamma", default=min(4, gamma_max), type=int), 1), gamma_max)
+        gamma = request.args.get("gamma", type=int)
+        if gamma is None:  # open at the best gamma of the prompt's task
+            gamma = _task_best_gamma(session, run_row, result.task_type) or min(4, gamma_max)
+        gamma = min(max(gamma, 1), gamma_max)
         output_ids, matches = list(result.output_token_ids), result.draft_matches
         info = {"task": result.task_type, "external_id": prompt.external_id, "prompt_tokens": result.prompt_tokens,
                 "output_tokens": result.output_tokens, "output_text": result.output_text, "text": text,
