@@ -209,8 +209,12 @@ def time_target_forwards(
                                         batch_size=batch_size)[0]
 
 
+RepeatCallback = Callable[[], None]
+
+
 def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: list[int], ks: list[int],
-                   repeats: int, warmup: int, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   repeats: int, warmup: int, batch_size: int,
+                   on_repeat: RepeatCallback | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(wall seconds, process CPU seconds), shape (repeats, len(ks)), of one forward of k new tokens
     for each k in `ks`, interleaved (for r: for k), after `warmup` untimed rounds; and the CPU seconds
     other processes used during each repeat, shape (repeats,) (NaN where /proc/stat is unreadable)."""
@@ -226,6 +230,8 @@ def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: lis
         used = _others_busy_s(before, _machine_reading())
         if r >= warmup and used is not None:
             others[r - warmup] = used
+        if on_repeat:
+            on_repeat()
     return wall, cpu, others
 
 
@@ -274,7 +280,7 @@ def _judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, 
 
 def time_target_forwards_checked(
     model: PreTrainedModel, context_ids: list[int], k_max: int, *, repeats: int = 5, warmup: int = 1,
-    batch_size: int = 1,
+    batch_size: int = 1, on_repeat: RepeatCallback | None = None,
 ) -> tuple[list[float], TimingQuality]:
     """T_t(k, b) for k = 1..k_max, and how trustworthy it is.
 
@@ -290,7 +296,8 @@ def time_target_forwards_checked(
     points are measured again (up to EXTRA_ROUNDS more rounds of `repeats`, only those k), keeping the
     cleaner round. The verdict is noisy when a point is still hit after that, or when other processes
     used more than MAX_OTHERS_CPU of the machine's CPU during the repeats kept; the profile then says
-    so and is not reused silently.
+    so and is not reused silently. ``on_repeat`` is called after every pass over the k values (for
+    progress).
     """
     if k_max < 1:
         raise ValueError(f"k_max must be at least 1, got {k_max}")
@@ -300,7 +307,8 @@ def time_target_forwards_checked(
     on_cpu = model.device.type == "cpu"
     cache = prefill_cache(model, context_ids, batch_size)
     ks = list(range(1, k_max + 1))
-    points = _judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size), threads, on_cpu)
+    points = _judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size, on_repeat),
+                    threads, on_cpu)
     medians, spread = points.medians, points.spread
     hit = (spread > SPREAD_TOLERANCE) | points.too_few
     starved, shares, rounds = points.starved, [points.share], [points]
@@ -310,7 +318,8 @@ def time_target_forwards_checked(
         if not again:
             break
         remeasured.update(again)
-        new = _judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size), threads, on_cpu)
+        new = _judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size, on_repeat),
+                     threads, on_cpu)
         starved += new.starved
         shares.append(new.share)
         rounds.append(new)
@@ -390,6 +399,7 @@ def profile_costs(
     draft_step: Callable[[], object] | None = None,
     repeats: int = 5,
     batch_size: int = 1,
+    on_repeat: RepeatCallback | None = None,
 ) -> CostMeasurement:
     """Measure T_t(1..k_max, b) of the target and T_d of the draft over a cache of `context_ids`, for
     b = `batch_size` sequences at once.
@@ -397,17 +407,18 @@ def profile_costs(
     T_d comes from `draft_model` (one single-token forward of b rows) when given, else from the
     callable `draft_step` (one n-gram lookup, timed with `time_callable`'s own repeat count since it
     is cheap; each of the b sequences looks up its own, so T_d = b lookups), else it is 0.0. Giving
-    both is ambiguous and raises ValueError.
+    both is ambiguous and raises ValueError. ``on_repeat`` is called after every timed pass (progress:
+    1 + ``repeats`` passes for the target, as many again for a draft model, more when re-measuring).
     """
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
     target_forward_s, quality = time_target_forwards_checked(target_model, context_ids, k_max, repeats=repeats,
-                                                             batch_size=batch_size)
+                                                             batch_size=batch_size, on_repeat=on_repeat)
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
     draft_prefill_s = 0.0
     if draft_model is not None:
         draft_forward_s, draft_quality = time_target_forwards_checked(draft_model, context_ids, 1, repeats=repeats,
-                                                                      batch_size=batch_size)
+                                                                      batch_size=batch_size, on_repeat=on_repeat)
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")
         draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)

@@ -190,6 +190,7 @@ class AnalysisRun(Base):
     heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
     device: Mapped[Optional[str]] = mapped_column(String(200))
     dtype: Mapped[Optional[str]] = mapped_column(String(16))  # resolved; None: before dtypes (float32)
+    phase: Mapped[Optional[str]] = mapped_column(String(300))  # what the worker is doing now, in words
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -303,12 +303,21 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
             ngram_max=models.ngram_max, lookup_s=time_callable(draft_step) if draft_step else 0.0,
         )
         for number, batch_size in enumerate(missing, start=1):
+            phase = (f"profiling the cost of drafting and verifying at batch size {batch_size} "
+                     f"({number} of {len(missing)}) on {placement.device} in {placement.dtype}")
+            passes = {"done": 0, "planned": 6 * (2 if models.draft is not None else 1)}  # 1 warm-up + 5 repeats
+
+            def tick() -> None:
+                passes["done"] += 1
+                passes["planned"] = max(passes["planned"], passes["done"])  # re-measurements add passes
+                if progress:
+                    progress(passes["done"], passes["planned"], phase)
+
             if progress:
-                progress(0, 0, f"profiling the cost of drafting and verifying at batch size {batch_size} "
-                               f"({number} of {len(missing)}) on {placement.device} in {placement.dtype}")
+                progress(0, passes["planned"], phase)
             measured = profile_costs(
                 models.target.model, context, k_max, batch_size=batch_size,
-                draft_model=models.draft.model if models.draft else None, draft_step=draft_step,
+                draft_model=models.draft.model if models.draft else None, draft_step=draft_step, on_repeat=tick,
             )
             with session_factory() as session, session.begin():
                 run = session.get(AnalysisRun, run_id)
@@ -492,6 +501,25 @@ def shown_status(run: AnalysisRun, now: datetime | None = None) -> str:
     return run.status
 
 
+def _recording_phases(session_factory: sessionmaker, run_id: int,
+                      progress: ProgressCallback | None) -> ProgressCallback:
+    """A progress callback that also stores each new phase text on the run (with a heartbeat), so
+    that the web UI shows what a worker is doing while it loads models or profiles, then calls
+    ``progress``."""
+    last: list[str | None] = [None]
+
+    def record(done: int, total: int, phase: str) -> None:
+        if phase != last[0]:
+            last[0] = phase
+            with session_factory() as session, session.begin():
+                run = session.get(AnalysisRun, run_id)
+                run.phase, run.heartbeat_at = phase[:300], utcnow()
+        if progress:
+            progress(done, total, phase)
+
+    return record
+
+
 def execute_run(
     session_factory: sessionmaker,
     run_id: int,
@@ -519,6 +547,7 @@ def execute_run(
         params = RunParams.from_json(run.params)
         pair = run.pair
         _ = pair.target.spec, pair.draft.spec
+    progress = _recording_phases(session_factory, run_id, progress)
     try:
         placement = params.placement()
         if progress:
@@ -575,7 +604,7 @@ def _finish(session_factory: sessionmaker, run_id: int, status: str, error: str 
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         run.status, run.error, run.finished_at = status, error, utcnow()
-        run.cancel_requested = False
+        run.cancel_requested, run.phase = False, None
         session.flush()
         return run
 

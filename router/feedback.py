@@ -246,9 +246,12 @@ def record_feedback(session: Session, payload: Mapping[str, Any], config: Adapta
         session.add(estimate)
     covered = replace(config, gamma_max=min(config.gamma_max, len(cost.target_forward_s) - 1))
     state = apply_feedback(task_state(estimate), counts.rounds, counts.drafted, counts.accepted, cost, covered)
+    now = utcnow()
+    if estimate.decision_since is None or (state.speculate, state.gamma) != (estimate.speculate, estimate.gamma):
+        estimate.decision_since = now  # the decision in force changed (or starts being tracked) now
     for name in ("beta_a", "beta_b", "speculate", "gamma", "events", "total_rounds", "total_drafted", "total_accepted"):
         setattr(estimate, name, getattr(state, name))
-    estimate.updated_at = utcnow()
+    estimate.updated_at = now
     session.add(FeedbackEvent(route_id=str(route_id) if route_id is not None else None, policy_set_id=context.policy_set_id,
                               task_type=task, engine=counts.engine, gamma=_gamma(payload),
                               rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,

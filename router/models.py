@@ -125,6 +125,8 @@ class TaskEstimate(Base):
     total_drafted: Mapped[int] = mapped_column(BigInteger, default=0)
     total_accepted: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # when the decision in force (speculate, gamma) last changed; None: before this was recorded
+    decision_since: Mapped[Optional[datetime]] = mapped_column()
 
     __table_args__ = (UniqueConstraint("policy_set_id", "task_type"),)
 

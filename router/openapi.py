@@ -109,8 +109,10 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"task_type": {"type": "string"}, "alpha": _NUM, "prior_alpha": _NUM,
                        "speculate": {"type": "boolean"}, "gamma": {"type": "integer"},
                        "events": {"type": "integer"}, "total_rounds": {"type": "integer"},
-                       "total_drafted": {"type": "integer"}, "total_accepted": {"type": "integer"}},
-    },
+                       "total_drafted": {"type": "integer"}, "total_accepted": {"type": "integer"},
+                       "decision_since": {"type": ["string", "null"],
+                                          "description": "when speculate/gamma last changed (ISO 8601, UTC)"},
+                       "updated_at": {"type": ["string", "null"], "description": "the last feedback event"}}},
     "FeedbackResponse": {
         "type": "object", "required": ["estimate"], "additionalProperties": False,
         "properties": {"estimate": _ref("TaskEstimate")},

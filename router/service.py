@@ -212,4 +212,6 @@ def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
     return {"task_type": estimate.task_type, "alpha": estimate.beta_a / (estimate.beta_a + estimate.beta_b),
             "prior_alpha": estimate.prior_alpha, "speculate": estimate.speculate, "gamma": estimate.gamma,
             "events": estimate.events, "total_rounds": estimate.total_rounds,
-            "total_drafted": estimate.total_drafted, "total_accepted": estimate.total_accepted}
+            "total_drafted": estimate.total_drafted, "total_accepted": estimate.total_accepted,
+            "decision_since": estimate.decision_since.isoformat(timespec="seconds") if estimate.decision_since else None,
+            "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None}

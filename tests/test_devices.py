@@ -404,3 +404,34 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
     assert quiet["quality"] in ("clean", "remeasured") and "NOISY" not in second.stdout
     third = json.loads(_analyze(cli_db, *args).stdout)
     assert third["cost_profiles"]["1"] == quiet and _count(CostProfile) == 2  # a judged-good profile is reused
+
+
+def test_the_worker_records_each_phase_on_the_run_and_profiling_reports_its_passes(cli_db, model_folders):
+    from analyzer.runs import RunParams, create_run, execute_run
+
+    engine = make_engine(load_settings().resolved_database_url())
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        run_id = create_run(session, "mix", f"hf:{model_folders['target']}", f"hf:{model_folders['draft']}",
+                            RunParams(max_new_tokens=8, gamma_max=3, device="cpu", dtype="float32")).id
+    seen = []
+
+    def progress(done, total, phase):
+        with sessions() as session:
+            stored = session.get(AnalysisRun, run_id).phase
+        seen.append((done, total, phase, stored))
+
+    execute_run(sessions, run_id, cache_dir=load_settings().resolved_data_dir() / "cache", progress=progress)
+    phases = list(dict.fromkeys(phase for _, _, phase, _ in seen))
+    assert phases[0].startswith(f"loading hf:{model_folders['target']} and hf:{model_folders['draft']} on cpu (")
+    assert phases[0].endswith(") in float32")
+    assert phases[1] == "profiling the machinery overhead of generate() on cpu in float32"
+    assert phases[2] == "profiling the cost of drafting and verifying at batch size 1 (1 of 1) on cpu in float32"
+    assert phases[3] == "measuring"
+    assert all(stored == phase[:300] for _, _, phase, stored in seen)  # the web UI sees what the CLI sees
+    profiling = [(done, total) for done, total, phase, _ in seen if phase == phases[2]]
+    assert profiling[0] == (0, 12) and profiling[-1] == (12, 12)  # 6 passes each for target and draft
+    assert [done for done, _ in profiling] == list(range(13))
+    with sessions() as session:
+        assert session.get(AnalysisRun, run_id).phase is None and session.get(AnalysisRun, run_id).status == "done"
+    engine.dispose()

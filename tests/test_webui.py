@@ -15,6 +15,7 @@ from sqlalchemy import select
 from analyzer.models import AnalysisRun
 from analyzer.settings import SettingsError, load_settings
 from router.models import ClassifierVersion, PolicySet
+from router.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
 from webui.security import resolve_secret_key
@@ -221,3 +222,22 @@ def test_every_page_has_security_headers_and_no_inline_script(web, session):
         assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), path  # only <script src=...>
         assert not re.search(r"\son[a-z]+=", html), path  # no inline event handlers
     assert "Content-Security-Policy" in web.post("/v1/route", json={"prompt": "x"}).headers
+
+
+def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
+    with session.begin():
+        run = make_done_run(session, {"code": 0.95, "qa": 0.9}, per_task=4)
+        publish_policies(session, run.id)
+    before = web.get("/policies").get_data(as_text=True)
+    assert "in force now (router)" in before and before.count("as published (no feedback yet)") == 3  # code, qa, *
+    for _ in range(30):  # the engine sees almost no acceptance on code: the router turns it off
+        response = web.post("/v1/feedback", json={"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 2})
+        assert response.status_code == 200
+    estimate = response.get_json()["estimate"]
+    assert not estimate["speculate"] and estimate["events"] == 30 and estimate["decision_since"]
+    page = web.get("/policies").get_data(as_text=True)
+    row = page[page.index("<td>code</td>"):].split("</tr>")[0]
+    assert "<td>speculate</td>" in row  # the published decision ...
+    assert "<strong>off</strong>" in row and "after 30 feedback events" in row  # ... and the one in force now
+    assert f"since {estimate['decision_since'].replace('T', ' ')} UTC" in row and "changed from the published decision" in row
+    assert page.count("as published (no feedback yet)") == 2  # qa and the fallback

@@ -279,9 +279,12 @@ class _TqdmProgress:
             if total == 0:
                 click.echo(phase + " ...", err=True)
                 return
-            self.bar = tqdm(total=total, initial=done, desc=phase, unit="prompt", file=sys.stderr, dynamic_ncols=True)
+            unit = "pass" if phase.startswith("profiling") else "prompt"
+            self.bar = tqdm(total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True)
             return
         if self.bar is not None:
+            if total > self.bar.total:  # re-measurements add passes to a profile
+                self.bar.total = total
             self.bar.update(done - self.bar.n)
 
     def close(self) -> None:

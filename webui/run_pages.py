@@ -49,7 +49,8 @@ def _run_row(run: AnalysisRun) -> dict:
     return {"id": run.id, "status": status, "prompt_set": run.prompt_set.name, "target": run.pair.target.spec,
             "draft": run.pair.draft.spec, "done": done, "total": total,
             "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
-            "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds")}
+            "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds"),
+            "phase": run.phase if status in ("queued", "running") else None}
 
 
 @bp.get("/runs")

@@ -28,6 +28,7 @@
       document.getElementById("run-elapsed").textContent = fmt(s.elapsed_s);
       document.getElementById("run-eta").textContent = fmt(s.eta_s);
       document.getElementById("run-status").textContent = s.status;
+      document.getElementById("run-phase").textContent = s.phase || (s.status === "queued" ? "waiting for a worker" : "");
     }, true);
   }
 
