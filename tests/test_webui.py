@@ -135,6 +135,7 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
     for plot in ("acceptance", "histograms", "speedup", "entropy"):
         assert f'class="plot {plot}"' in text, plot
     assert text.count("<svg") >= 4 and 'class="error-bar"' in text and 'class="best"' in text
+    assert '<g class="panel">' not in text  # two tasks read fine as two lines in one chart
     data = json.loads(web.get(f"/runs/{run_id}/report.json").get_data())
     assert data["run_id"] == run_id and set(data["tasks"]) == {"code", "qa"}
     rows = list(csv.DictReader(io.StringIO(web.get(f"/runs/{run_id}/prompts.csv").get_data(as_text=True))))
@@ -241,3 +242,17 @@ def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
     assert "<strong>off</strong>" in row and "after 30 feedback events" in row  # ... and the one in force now
     assert f"since {estimate['decision_since'].replace('T', ' ')} UTC" in row and "changed from the published decision" in row
     assert page.count("as published (no feedback yet)") == 2  # qa and the fallback
+
+
+def test_per_task_plots_stay_readable_with_thirteen_tasks(web, session):
+    tasks = ["code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
+             "creative_writing", "roleplay", "extraction", "customer_support", "general"]
+    with session.begin():
+        run_id = make_done_run(session, {t: 0.1 + 0.06 * i for i, t in enumerate(tasks)}, per_task=3).id
+    text = web.get(f"/runs/{run_id}").get_data(as_text=True)
+    speedup = text[text.index('class="plot speedup"'):].split("</svg>")[0]
+    assert speedup.count('<g class="panel">') == 13  # one panel per task, not 13 overlapping lines
+    assert speedup.count('class="series"') == 13 and speedup.count('class="background"') == 13  # workload in grey
+    assert speedup.count('class="best"') == 13 and "grey: whole workload" in speedup
+    histograms = text[text.index('class="plot histograms"'):].split("</svg>")[0]
+    assert histograms.count('<g class="panel">') == 13

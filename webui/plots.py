@@ -131,6 +131,80 @@ def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[f
     return "\n".join(lines)
 
 
+MULTIPLES_FROM = 5  # more series than this in one chart overlap: draw one small panel per series instead
+
+
+def small_multiples(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], *,
+                    marks: dict[str, int] | None = None, reference: float | None = None,
+                    background: Sequence[float | None] | None = None, background_label: str = "",
+                    y_label: str = "", x_label: str = "", css_class: str = "lines", columns: int = 4) -> str:
+    """One small panel per series, on a shared y range, in a grid of ``columns``: the series in its
+    colour with ``marks[name]`` circled, ``background`` (e.g. the whole workload) in grey behind it for
+    comparison, and ``reference`` dashed. Readable with 13 task types where one chart is a tangle."""
+    x_values = list(x_values)
+    finite = [v for values in list(series.values()) + [background or []] for v in values if _ok(v)]
+    finite += [reference] if _ok(reference) else []
+    low, high = min(finite, default=0.0), max(finite, default=1.0)
+    y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
+    y_max = _nice_max(high)
+    panel_w, panel_h, pad_left, pad_top, pad_bottom = WIDTH / columns, 118, 34, 18, 22
+    rows = (len(series) + columns - 1) // columns
+    height = TOP + rows * panel_h + 34
+    lines = _open(title, css_class, height=height)
+    x0, x1 = min(x_values, default=0), max(x_values, default=1)
+    for i, (name, values) in enumerate(series.items()):
+        left, top = (i % columns) * panel_w, TOP + (i // columns) * panel_h
+        inner_w, inner_h = panel_w - pad_left - 8, panel_h - pad_top - pad_bottom
+
+        def sx(x, left=left, inner_w=inner_w):
+            return left + pad_left + inner_w * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
+
+        def sy(y, top=top, inner_h=inner_h):
+            return top + pad_top + inner_h * (1 - (y - y_min) / (y_max - y_min if y_max > y_min else 1.0))
+
+        color = PALETTE[i % len(PALETTE)]
+        lines.append(f'<g class="panel"><text x="{left + pad_left}" y="{top + 12}" font-size="11" font-weight="bold">'
+                     f'{escape(name)}</text>')
+        lines.append(f'<rect x="{left + pad_left:.1f}" y="{top + pad_top:.1f}" width="{inner_w:.1f}" height="{inner_h:.1f}" '
+                     f'fill="none" stroke="#ccc"/>')
+        for value in (y_min, y_max):
+            lines.append(f'<text x="{left + pad_left - 3:.1f}" y="{sy(value) + 4:.1f}" font-size="9" text-anchor="end">'
+                         f'{value:.3g}</text>')
+        for x in (x0, x1):
+            lines.append(f'<text x="{sx(x):.1f}" y="{top + pad_top + inner_h + 11:.1f}" font-size="9" '
+                         f'text-anchor="middle">{x}</text>')
+        if _ok(reference) and y_min <= reference <= y_max:
+            lines.append(f'<line class="reference" x1="{sx(x0):.1f}" y1="{sy(reference):.1f}" x2="{sx(x1):.1f}" '
+                         f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="3 3"/>')
+        if background:
+            points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, background) if _ok(y))
+            if points:
+                lines.append(f'<polyline class="background" points="{points}" fill="none" stroke="#bbb" stroke-width="1.5">'
+                             f'<title>{escape(background_label)}</title></polyline>')
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, values) if _ok(y))
+        if points:
+            lines.append(f'<polyline class="series" points="{points}" fill="none" stroke="{color}" stroke-width="2">'
+                         f'<title>{escape(name)}</title></polyline>')
+        mark = (marks or {}).get(name)
+        if mark in x_values and _ok(values[x_values.index(mark)]):
+            y = values[x_values.index(mark)]
+            lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="4" fill="{color}" stroke="#000">'
+                         f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+        lines.append("</g>")
+    legend = f"{y_label} against {x_label}" + (f"; grey: {background_label}" if background else "")
+    lines.append(f'<text x="{WIDTH / 2}" y="{height - 10}" font-size="11" text-anchor="middle">{escape(legend)}</text>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def per_series_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], **options) -> str:
+    """A line chart, or small multiples once there are more than MULTIPLES_FROM series."""
+    if len(series) > MULTIPLES_FROM:
+        return small_multiples(title, x_values, series, **options)
+    options.pop("background", None), options.pop("background_label", None)
+    return line_chart(title, x_values, series, **options)
+
+
 def scatter(title: str, points: Sequence[tuple[float, float, str]], *, x_label: str = "", y_label: str = "",
             diagonal: bool = True, css_class: str = "scatter") -> str:
     """Points (x, y, label) with the y = x line."""
@@ -199,19 +273,21 @@ def report_plots(report: dict) -> dict[str, str]:
             histogram_series[name] = [c / total for c in counts]
     if histogram_series:
         longest = max(len(v) for v in histogram_series.values())
-        plots["histograms"] = line_chart(
+        plots["histograms"] = per_series_chart(
             "Accepted drafts per round at each task's best gamma (share of rounds)", list(range(longest)),
             {k: v + [None] * (longest - len(v)) for k, v in histogram_series.items()},
             y_label="share of rounds", x_label="accepted drafts in a round", css_class="histograms")
     curves = {n: tasks[n].get("speedup_curve") or [] for n in names}
     longest = max((len(c) for c in curves.values()), default=0)
     if longest:
-        plots["speedup"] = line_chart(
+        workload = report.get("workload") or {}
+        plots["speedup"] = per_series_chart(
             "Predicted speedup S(g) by task" + (f" at batch size {min(int(b) for b in report['cost_profiles'])}"
                                                  if len(report.get("cost_profiles") or {}) > 1 else "")
             + " (circle: best gamma)", list(range(1, longest + 1)),
             {n: list(c) + [None] * (longest - len(c)) for n, c in curves.items()},
             marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")}, reference=1.0,
+            background=workload.get("speedup_curve"), background_label="whole workload",
             y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
     batches = sorted(int(b) for b in (report.get("cost_profiles") or {}))
     for batch in batches[1:] if len(batches) > 1 else []:  # the first is the plot above
@@ -219,11 +295,12 @@ def report_plots(report: dict) -> dict[str, str]:
         batch_curves = {n: at_batch[n].get("speedup_curve") or [] for n in names}
         width = max((len(c) for c in batch_curves.values()), default=0)
         if width:
-            plots[f"speedup_b{batch}"] = line_chart(
+            plots[f"speedup_b{batch}"] = per_series_chart(
                 f"Predicted speedup S(g) by task at batch size {batch} (circle: best gamma there)",
                 list(range(1, width + 1)), {n: list(c) + [None] * (width - len(c)) for n, c in batch_curves.items()},
                 marks={n: at_batch[n]["best_gamma"] for n in names if at_batch[n].get("best_gamma")}, reference=1.0,
-                y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
+                background=((report.get("workload") or {}).get("by_batch") or {}).get(str(batch), {}).get("speedup_curve"),
+                background_label="whole workload", y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
     table = report.get("entropy_table")
     if table and any(table["positions"]):
         edges = table["edges"]
