@@ -128,8 +128,9 @@ def _decision(results: list[PromptResult], cost: Cost, sampling: bool, curve: li
     """g*, S(g*), its bootstrap interval over the prompts and the decision with its reason;
     ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
     g_star, s_star = best_gamma(curve)
-    interval = bootstrap_speedup_interval(*_prompt_times(results, cost, sampling, g_star)) if g_star else (
-        float("nan"), float("nan"))
+    greedy, speculative = _prompt_times(results, cost, sampling, g_star) if g_star else ([], [])
+    # one prompt has no spread: no interval rather than a zero-width one
+    interval = bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
     speculate, why = decide(s_star, interval, len(results), margin) if g_star else (False, "nothing measured")
     return {"best_gamma": g_star or None, "predicted_speedup": _finite(s_star),
             "speedup_interval": [_finite(interval[0]), _finite(interval[1])], "speculate": speculate,

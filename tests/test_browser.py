@@ -6,6 +6,8 @@ report and the playground are kept in SPECROUTE_TEST_ARTIFACTS (default: test-ar
 
 from __future__ import annotations
 
+import re
+
 import os
 import shutil
 import threading
@@ -140,6 +142,11 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     assert max(seen, default=100) <= 100
     table = browser.find_element(By.ID, "task-table").text
     assert "translation" in table and "code" in table and "summarization" in table
+    workload_row = browser.find_element(By.CSS_SELECTOR, "#task-table tr.total").text
+    assert re.search(r"\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", workload_row), workload_row  # S(g*) with its interval
+    assert "(workload's: n = 2 is too few)" in table  # 2 translation prompts: too few to decide on their own
+    notes = browser.find_element(By.ID, "decision-notes").text
+    assert "translation: " in notes and "too few prompts to decide (fewer than 3), the workload's decision applies" in notes
     plots = browser.find_elements(By.CSS_SELECTOR, ".plots svg")
     assert len(plots) >= 2
     browser.save_screenshot(str(ARTIFACTS / "report.png"))

@@ -192,7 +192,9 @@ def recommendation(report: dict) -> dict:
     else:
         headline = "No results yet."
     return {"headline": headline,
-            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x)" for t, s in on],
+            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
+                   + (", the workload's decision: too few prompts)" if s.get("decision_basis") == "workload" else ")")
+                   for t, s in on],
             "off": off}
 
 
