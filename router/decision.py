@@ -216,13 +216,16 @@ class Router:
         """(speculate, gamma, S(gamma), reason) at a request batch size above 1 that the published
         per-batch curves cover (measured there, or linear between the two profiled sizes around it),
         the curve scaled by E[tokens/round] under the task's online alpha over that under the analysis'
-        alpha once feedback has moved it; None where no profile covers the batch size."""
+        alpha once feedback has moved it; None where no profile covers the batch size. As in the
+        analysis, speculation needs S(gamma) > 1 + margin and the interval's lower end (published per
+        batch size, interpolated and scaled alike) > 1.0."""
         if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
             return None
         found = interpolate_curves(policy.curves_by_batch, batch_size)
         if found is None:
             return None
         curve, lower, upper = found
+        low = self._lower_end(policy, batch_size, lower, upper)
         adjusted = ""
         if state is not None and state.events:
             curve = [s * expected_tokens_iid(state.alpha, g) / expected_tokens_iid(state.prior_alpha, g)
@@ -231,12 +234,29 @@ class Router:
         g_best, s_best = best_gamma(curve)
         if g_best == 0:
             return None
-        speculate = s_best > 1.0 + self.margin
+        if low is not None and state is not None and state.events:
+            low *= expected_tokens_iid(state.alpha, g_best) / expected_tokens_iid(state.prior_alpha, g_best)
+        speculate = s_best > 1.0 + self.margin and (low is None or low > 1.0)
         where = (f"measured at batch size {lower}" if lower == upper else
                  f"interpolated between profiled batch sizes {lower} and {upper}")
+        interval = f" (interval from {low:.2f}x)" if low is not None else ""
+        why = ("on" if speculate else f"off (needs > {1 + self.margin:.2f}x)" if s_best <= 1.0 + self.margin
+               else "off (the interval reaches a loss)")
         return (speculate, g_best, s_best,
-                f"batch size {batch_size}: S(g) {where}{adjusted}: best gamma {g_best} at {s_best:.2f}x, "
-                f"speculation {'on' if speculate else f'off (needs > {1 + self.margin:.2f}x)'}")
+                f"batch size {batch_size}: S(g) {where}{adjusted}: best gamma {g_best} at {s_best:.2f}x{interval}, "
+                f"speculation {why}")
+
+    @staticmethod
+    def _lower_end(policy: PolicySnapshot, batch_size: int, lower: int, upper: int) -> float | None:
+        """The published lower end of S(g*) at ``batch_size``, linear between the profiled sizes
+        around it; None where the policy has none (published before intervals, or one prompt)."""
+        low_at, high_at = policy.lows_by_batch.get(lower), policy.lows_by_batch.get(upper)
+        if low_at is None or high_at is None:
+            return None
+        if upper == lower:
+            return float(low_at)
+        weight = (batch_size - lower) / (upper - lower)
+        return float((1 - weight) * low_at + weight * high_at)
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         if not speculate:

@@ -92,6 +92,8 @@ class TaskPolicy(Base):
     # with too few prompts (its speculate, gamma, speedup and curves are then the workload's)
     speedup_low: Mapped[Optional[float]] = mapped_column(Float)
     speedup_high: Mapped[Optional[float]] = mapped_column(Float)
+    # {"<batch size>": the interval's lower end at that size's best gamma}
+    speedup_lows_by_batch: Mapped[Optional[dict[str, Any]]] = mapped_column()
     decision_basis: Mapped[Optional[str]] = mapped_column(String(16))
     decision_reason: Mapped[Optional[str]] = mapped_column(Text)
 

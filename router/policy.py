@@ -42,6 +42,8 @@ def _policy(task: str, summary: dict, *, fallback: bool, workload: dict | None =
                                  for b, entry in (decided.get("by_batch") or {}).items()} or None,
         speedup_low=interval[0],
         speedup_high=interval[1],
+        speedup_lows_by_batch={b: (entry.get("speedup_interval") or [None])[0]
+                               for b, entry in (decided.get("by_batch") or {}).items()} or None,
         decision_basis=summary.get("decision_basis"),
         decision_reason=summary.get("decision_reason"),
     )
@@ -111,13 +113,15 @@ class PolicySnapshot:
     curves_by_batch: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     speedup_interval: tuple[float | None, float | None] = (None, None)
     decision_basis: str | None = None
+    lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
         curves = {int(b): tuple(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
         return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
                    policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve), curves,
-                   (policy.speedup_low, policy.speedup_high), policy.decision_basis)
+                   (policy.speedup_low, policy.speedup_high), policy.decision_basis,
+                   {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()})
 
     def predicted_text(self) -> str:
         """``1.13x [1.04, 1.22]`` (the interval when the analysis gave one)."""

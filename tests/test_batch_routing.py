@@ -113,3 +113,28 @@ def test_the_batch_curve_follows_the_online_alpha_after_feedback():
 def test_cost_curve_of_the_factory_is_cpu_like():
     # the batch-1 curve the tests above compare against: verifying 3 tokens costs 1.75x a step
     assert COST_CURVE[2] / COST_CURVE[0] == pytest.approx(1.75)
+
+
+def test_the_batch_rule_also_needs_the_published_lower_end_above_break_even():
+    curve_1, curve_16 = (1.2, 1.3, 1.35, 1.3), (1.4, 1.7, 1.9, 2.0)
+    policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16},
+                            (1.1, 1.6), "task", {1: 1.1, 16: 0.95})
+    router = Router(None, {"*": policy}, policy_version=1)
+    at_16 = router.route("x", batch_size=16)
+    assert not at_16.speculate  # S(4) = 2.0, but the prompts' spread reaches 0.95x at batch 16
+    assert any("measured at batch size 16: best gamma 4 at 2.00x (interval from 0.95x), speculation off (the interval "
+               "reaches a loss)" in r for r in at_16.reasons)
+    at_8 = router.route("x", batch_size=8)  # lower end interpolated: 1.1 + 7/15 (0.95 - 1.1) = 1.03
+    assert at_8.speculate and any("(interval from 1.03x), speculation on" in r for r in at_8.reasons)
+    published = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1,
+                                                   {1: curve_1, 16: curve_16})}, policy_version=1)
+    assert published.route("x", batch_size=16).speculate  # a policy published before intervals: S alone decides
+
+
+def test_published_policies_carry_each_batch_sizes_lower_end(session):
+    with session.begin():
+        run = make_done_run(session, {"code": 0.9}, batch_curves={16: FLAT_16})
+        policy_set = publish_policies(session, run.id)
+        report_lows = {p.task_type: p.speedup_lows_by_batch for p in policy_set.policies}
+    assert set(report_lows["code"]) == {"1", "16"} and all(v > 1.0 for v in report_lows["code"].values())
+    assert report_lows[FALLBACK_TASK] == report_lows["code"]  # one task: the workload is that task

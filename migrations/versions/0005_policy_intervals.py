@@ -1,5 +1,5 @@
-"""policy intervals: the bootstrap interval of each published policy's expected speedup and what
-decided it (the task, or the workload for a task with too few prompts), with the reason in words
+"""policy intervals: the bootstrap interval of each published policy's expected speedup (and its
+lower end at every profiled batch size) and what decided it (the task, or the workload for a task with too few prompts), with the reason in words
 
 Revision ID: 0005
 Revises: 0004
@@ -16,7 +16,7 @@ down_revision: Union[str, None] = '0004'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
-COLUMNS = ('speedup_low', 'speedup_high', 'decision_basis', 'decision_reason')
+COLUMNS = ('speedup_low', 'speedup_high', 'speedup_lows_by_batch', 'decision_basis', 'decision_reason')
 
 
 def upgrade() -> None:
@@ -24,6 +24,7 @@ def upgrade() -> None:
     with op.batch_alter_table('task_policies', schema=None) as batch_op:
         batch_op.add_column(sa.Column('speedup_low', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('speedup_high', sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column('speedup_lows_by_batch', sa.JSON(none_as_null=True), nullable=True))
         batch_op.add_column(sa.Column('decision_basis', sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column('decision_reason', sa.Text(), nullable=True))
 
