@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter, process_time
 
 import numpy as np
@@ -114,12 +114,14 @@ class MachineryOverhead:
     """Seconds per step spent outside the models' forwards, measured in real generate() calls at
     batch 1: `decode_s` per plain greedy step, `round_s` per speculative round (for prompt lookup
     without the lookup itself, which the draft step counts), over `new_tokens` tokens, `repeats`
-    runs each (medians)."""
+    runs each (medians); `busy` notes interference seen while measuring (other processes' share of
+    the machine above MAX_OTHERS_CPU in every attempt), else None."""
 
     decode_s: float
     round_s: float
     new_tokens: int
     repeats: int
+    busy: str | None = None
 
 
 def device_description(model: PreTrainedModel) -> str:
@@ -486,13 +488,34 @@ def measure_machinery_overhead(
     time minus the forwards' time, per target forward pass (a greedy step, or a speculative round),
     medians over the repeats. For prompt lookup `lookup_s` (one lookup, timed alone as the draft step)
     is taken out of the round overhead so that it is not counted twice. Leaving this overhead out made
-    GPU predictions for prompt lookup about 20% too optimistic.
+    GPU predictions for prompt lookup about 20% too optimistic. While other processes use more than
+    MAX_OTHERS_CPU of the machine (/proc/stat) it is measured again, up to EXTRA_ROUNDS more times;
+    if they still do, the result says so in ``busy`` (a busy machine once made it 92 ms per round
+    against 6.5 ms quiet) and the profile that uses it counts as noisy.
     """
-    from analyzer.validate import assisted_generate, greedy_generate
-
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
+    shares = []
+    for _ in range(1 + EXTRA_ROUNDS):  # measured again while other processes hold the CPU
+        before, started = _machine_reading(), perf_counter()
+        measured = _overhead_once(target_model, context_ids, models, gamma=gamma, new_tokens=new_tokens,
+                                  draft_model=draft_model, ngram_max=ngram_max, lookup_s=lookup_s, repeats=repeats)
+        used = _others_busy_s(before, _machine_reading())
+        share = min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1))) if used is not None else None
+        shares.append(share)
+        if share is None or share <= MAX_OTHERS_CPU:
+            return measured
+    return replace(measured, busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "
+                                  f"in each of {len(shares)} attempts")
+
+
+def _overhead_once(target_model: PreTrainedModel, context_ids: list[int], models: tuple, *, gamma: int,
+                   new_tokens: int, draft_model: PreTrainedModel | None, ngram_max: int | None, lookup_s: float,
+                   repeats: int) -> MachineryOverhead:
+    """One measurement of :func:`measure_machinery_overhead` (see there)."""
+    from analyzer.validate import assisted_generate, greedy_generate
+
     decode, rounds = [], []
     for r in range(repeats):
         for speculative in ((False, True) if r % 2 == 0 else (True, False)):

@@ -254,7 +254,7 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                   prompts: list[Prompt], progress: ProgressCallback | None) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
     this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
-    noisy: that is measured again, and progress says so), or measure one on a prompt of median length;
+    noisy: it is passed over, and progress says so), or measure one on a prompt of median length;
     link them to the run and return the smallest batch size's id. The machinery overhead is measured
     once (at batch 1) for the profiles measured now."""
     from analyzer.cost import device_description, measure_machinery_overhead, profile_costs, time_callable
@@ -283,8 +283,8 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                         continue
                     if profile.quality == "noisy":
                         passed_over.append(f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
-                                           f"({'; '.join(profile.quality_notes or [])}); measuring a new one")
-                        break
+                                           f"({'; '.join(profile.quality_notes or [])}); not reused")
+                        continue
                     chosen[batch_size] = profile.id
                     break
     missing = [b for b in sizes if b not in chosen]
@@ -336,8 +336,8 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
                     round_overhead_s=overhead.round_s,
                     decode_overhead_s=overhead.decode_s,
                     target_forward_spread=measured.quality.spread if measured.quality else None,
-                    quality=measured.quality.verdict if measured.quality else None,
-                    quality_notes=measured.quality.notes if measured.quality else None,
+                    quality="noisy" if overhead.busy else measured.quality.verdict if measured.quality else None,
+                    quality_notes=([overhead.busy] if overhead.busy else []) + (measured.quality.notes if measured.quality else []),
                     library_versions=_library_versions(),
                 )
                 session.add(profile)

@@ -386,6 +386,8 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
     profile = first["cost_profiles"]["1"]
     assert profile["quality"] == "noisy"
     assert profile["quality_notes"][-1] == "other processes used 100% of the machine's CPU while profiling"
+    assert profile["quality_notes"][0] == ("machinery overhead: other processes used 100% of the machine's CPU in each "
+                                           "of 3 attempts")
     text = cli_db.invoke(cli, ["report", str(first["run_id"])]).stdout
     assert "NOISY profile (" in text and "rerun with --reprofile on a quiet machine" in text
     app = create_app({"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True})
@@ -397,13 +399,22 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
     monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: None)  # the machine is quiet again
     second = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args])
     assert second.exit_code == 0, second.stderr
-    assert "stored cost profile 1 (batch 1) was judged noisy (" in second.stderr and "measuring a new one" in second.stderr
+    assert "stored cost profile 1 (batch 1) was judged noisy (" in second.stderr and "not reused" in second.stderr
+    assert "profiling the cost of drafting and verifying at batch size 1" in second.stderr  # so it measured anew
     assert _count(CostProfile) == 2  # measured anew rather than reusing the noisy one
     second_report = json.loads(cli_db.invoke(cli, ["report", str(first["run_id"] + 1), "--format", "json"]).stdout)
     quiet = second_report["cost_profiles"]["1"]
     assert quiet["quality"] in ("clean", "remeasured") and "NOISY" not in second.stdout
     third = json.loads(_analyze(cli_db, *args).stdout)
     assert third["cost_profiles"]["1"] == quiet and _count(CostProfile) == 2  # a judged-good profile is reused
+    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: next(busy))  # busy again, and --reprofile
+    assert json.loads(_analyze(cli_db, *args, "--reprofile").stdout)["cost_profiles"]["1"]["quality"] == "noisy"
+    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: None)
+    fifth = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args])
+    assert "stored cost profile 3 (batch 1) was judged noisy (" in fifth.stderr and "not reused" in fifth.stderr
+    assert "profiling the cost" not in fifth.stderr and _count(CostProfile) == 3  # the older clean one instead
+    fifth_report = json.loads(cli_db.invoke(cli, ["report", str(first["run_id"] + 4), "--format", "json"]).stdout)
+    assert fifth_report["cost_profiles"]["1"] == quiet
 
 
 def test_the_worker_records_each_phase_on_the_run_and_profiling_reports_its_passes(cli_db, model_folders):
