@@ -2,19 +2,18 @@
 
 The cost model (DESIGN.md, "Cost model and speedup") needs T_t(k, b), the time of one target forward
 of k new tokens for each of b sequences over a warm KV cache, for k = 1..G+1 and each batch size b,
-T_d, the time of one draft step, and the per-step time of the generation machinery around the
-forwards (candidate generation, acceptance bookkeeping, logits processing), which on a GPU is
-comparable to a small model's forward. All are measured here, never assumed: on a CPU T_t(k) is far
-from flat and not even monotonic in k, on a GPU it is nearly flat up to batch 16.
+and T_d, the time of one draft step. Both are measured here, never assumed: on a CPU T_t(k) is far
+from flat and not even monotonic in k, on a GPU it is nearly flat up to batch 16. Timings are judged
+for interference as they are taken (:mod:`analyzer.interference`); the machinery's own time around
+the forwards is :mod:`analyzer.overhead`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from time import perf_counter, process_time
 
 import numpy as np
@@ -22,6 +21,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from analyzer.devices import cpu_model_name
+from analyzer.interference import (
+    EXTRA_ROUNDS,
+    MAX_OTHERS_CPU,
+    MIN_CPU_SHARE,
+    SPREAD_TOLERANCE,
+    TimingQuality,
+    judge,
+    machine_reading,
+    others_busy_s,
+)
 
 
 @dataclass(frozen=True)
@@ -52,76 +61,6 @@ class CostMeasurement:
 # Interference thresholds, from this project's 2-core machine: quiet, a forward's process CPU time is
 # 0.92-0.99 of wall time x threads and other processes use 0-2% of the CPUs; with one other busy
 # process, 0.51-0.73 and 37% (and every forward took twice as long).
-SPREAD_TOLERANCE = 0.10  # relative median absolute deviation of a point's repeats ...
-MIN_SPREAD_S = 0.0002  # ... once it exceeds timer and scheduler jitter (seconds)
-MIN_CPU_SHARE = 0.85  # a repeat's process CPU per wall second, relative to the profile's best repeats
-MIN_JUDGED_S = 0.05  # repeats shorter than this are not judged by CPU time (the CPU clock is too coarse)
-MAX_OTHERS_CPU = 0.15  # share of the machine's CPU other processes may use while we profile
-EXTRA_ROUNDS = 2  # re-measurements of the points interference hit
-QUALITY_ORDER = ("clean", "remeasured", "noisy")
-
-
-@dataclass(frozen=True)
-class TimingQuality:
-    """How trustworthy a set of timings is. ``spread`` holds each point's relative median absolute
-    deviation over its repeats (k = 1..K); ``remeasured`` the k values measured again because
-    interference hit them; ``cpu_share`` the lowest median process CPU time per wall second per torch
-    thread over a round of repeats (CPU devices, repeats long enough to judge; None otherwise);
-    ``others_cpu`` the share of the machine's CPU that other processes used during the repeats kept
-    (from /proc/stat; None elsewhere); ``verdict`` clean (nothing hit), remeasured (hit, and the
-    re-measurement or the repeats kept were clean) or noisy (still hit, or the machine was busy);
-    ``notes`` say what was seen, in words."""
-
-    spread: list[float] = field(default_factory=list)
-    remeasured: list[int] = field(default_factory=list)
-    cpu_share: float | None = None
-    others_cpu: float | None = None
-    verdict: str = "clean"
-    notes: list[str] = field(default_factory=list)
-
-    def combined(self, other: "TimingQuality", label: str) -> "TimingQuality":
-        """This quality with ``other``'s (a second set of timings, e.g. the draft step) folded in:
-        the worse verdict, both sets of notes (the other's prefixed with ``label``)."""
-        verdict = max(self.verdict, other.verdict, key=QUALITY_ORDER.index)
-        return TimingQuality(self.spread, self.remeasured, self.cpu_share, self.others_cpu, verdict,
-                             self.notes + [f"{label}: {note}" for note in other.notes])
-
-
-def _busy_jiffies() -> int | None:
-    """CPU time (clock ticks, every CPU) the machine has spent busy since boot; None off Linux."""
-    try:
-        with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # minus idle and iowait
-
-
-def _others_busy_s(before: tuple[int | None, float], after: tuple[int | None, float]) -> float | None:
-    """CPU seconds other processes used between two (busy jiffies, our CPU seconds) readings."""
-    if before[0] is None or after[0] is None:
-        return None
-    return max(0.0, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK") - (after[1] - before[1]))
-
-
-def _machine_reading() -> tuple[int | None, float]:
-    ours = os.times()
-    return _busy_jiffies(), ours.user + ours.system
-
-
-@dataclass(frozen=True)
-class MachineryOverhead:
-    """Seconds per step spent outside the models' forwards, measured in real generate() calls at
-    batch 1: `decode_s` per plain greedy step, `round_s` per speculative round (for prompt lookup
-    without the lookup itself, which the draft step counts), over `new_tokens` tokens, `repeats`
-    runs each (medians); `busy` notes interference seen while measuring (other processes' share of
-    the machine above MAX_OTHERS_CPU in every attempt), else None."""
-
-    decode_s: float
-    round_s: float
-    new_tokens: int
-    repeats: int
-    busy: str | None = None
 
 
 def device_description(model: PreTrainedModel) -> str:
@@ -223,61 +162,18 @@ def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: lis
     wall, cpu = np.empty((repeats, len(ks))), np.empty((repeats, len(ks)))
     others = np.full(repeats, np.nan)
     for r in range(warmup + repeats):
-        before = _machine_reading()
+        before = machine_reading()
         for i, k in enumerate(ks):
             cpu_start = process_time()
             elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
             if r >= warmup:
                 wall[r - warmup, i], cpu[r - warmup, i] = elapsed, process_time() - cpu_start
-        used = _others_busy_s(before, _machine_reading())
+        used = others_busy_s(before, machine_reading())
         if r >= warmup and used is not None:
             others[r - warmup] = used
         if on_repeat:
             on_repeat()
     return wall, cpu, others
-
-
-def _relative_spread(wall: np.ndarray) -> np.ndarray:
-    """Per column: median absolute deviation / median of the repeats (0 for one repeat, and 0 while
-    the deviation is within MIN_SPREAD_S of jitter)."""
-    median = np.median(wall, axis=0)
-    deviation = np.median(np.abs(wall - median), axis=0)
-    return np.where(deviation > MIN_SPREAD_S, deviation / np.where(median > 0, median, 1.0), 0.0)
-
-
-@dataclass
-class _Points:
-    """Timings of some k values: medians and spreads over the repeats our process was not starved in."""
-
-    medians: np.ndarray
-    spread: np.ndarray
-    starved: int  # repeats dropped because our process got too little CPU in them, or others used much
-    too_few: bool  # fewer than half the repeats were clean: every point counts as hit
-    share: float | None  # median process CPU per wall second per thread over the judged repeats
-    kept_wall_s: float  # wall seconds of the repeats kept ...
-    kept_others_s: float | None  # ... and the CPU seconds other processes used during them
-
-
-def _judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, on_cpu: bool) -> _Points:
-    """Drop the repeats (rows) in which our process got less than MIN_CPU_SHARE of the CPU per wall
-    second that its best repeats got, or in which other processes used more than MAX_OTHERS_CPU of
-    the machine (only rows long enough to judge, MIN_JUDGED_S), then take medians and spreads of the
-    rest."""
-    cores = os.cpu_count() or 1
-    row_wall = wall.sum(axis=1)
-    row_share = cpu.sum(axis=1) / np.where(row_wall > 0, row_wall, np.inf) / threads
-    judged = row_wall >= MIN_JUDGED_S
-    starved = np.zeros(len(wall), dtype=bool)
-    if on_cpu and judged.any():
-        starved = judged & (row_share < MIN_CPU_SHARE * row_share[judged].max())
-    with np.errstate(invalid="ignore"):
-        starved |= judged & (others / (np.where(row_wall > 0, row_wall, np.inf) * cores) > MAX_OTHERS_CPU)
-    too_few = int((~starved).sum()) < (len(wall) + 1) // 2
-    keep = np.ones(len(wall), dtype=bool) if too_few else ~starved
-    kept_others = None if np.isnan(others[keep]).any() else float(others[keep].sum())
-    share = float(np.median(row_share[judged])) if on_cpu and judged.any() else None
-    return _Points(np.median(wall[keep], axis=0), _relative_spread(wall[keep]), int(starved.sum()), too_few, share,
-                   float(row_wall[keep].sum()), kept_others)
 
 
 def time_target_forwards_checked(
@@ -309,7 +205,7 @@ def time_target_forwards_checked(
     on_cpu = model.device.type == "cpu"
     cache = prefill_cache(model, context_ids, batch_size)
     ks = list(range(1, k_max + 1))
-    points = _judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size, on_repeat),
+    points = judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size, on_repeat),
                     threads, on_cpu)
     medians, spread = points.medians, points.spread
     hit = (spread > SPREAD_TOLERANCE) | points.too_few
@@ -320,7 +216,7 @@ def time_target_forwards_checked(
         if not again:
             break
         remeasured.update(again)
-        new = _judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size, on_repeat),
+        new = judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size, on_repeat),
                      threads, on_cpu)
         starved += new.starved
         shares.append(new.share)
@@ -442,96 +338,3 @@ def profile_costs(
         quality=quality,
     )
 
-
-@contextlib.contextmanager
-def timed_forwards(*models: torch.nn.Module) -> Iterator[list[float]]:
-    """Inside the block, append the seconds of every forward call of each model (top-level module)
-    to the yielded list; GPU work is synchronised at both ends of each call, so the times are the
-    forwards' own. The hooks are removed on exit, even when the block raises."""
-    times: list[float] = []
-    started: dict[int, float] = {}
-    handles = []
-
-    def before(module, args):
-        _synchronize(next(module.parameters()).device)
-        started[id(module)] = perf_counter()
-
-    def after(module, args, output):
-        _synchronize(next(module.parameters()).device)
-        times.append(perf_counter() - started.pop(id(module), perf_counter()))
-
-    for model in models:  # first in, last out: other hooks on the model count as its forward
-        handles += [model.register_forward_pre_hook(before, prepend=True), model.register_forward_hook(after)]
-    try:
-        yield times
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def measure_machinery_overhead(
-    target_model: PreTrainedModel,
-    context_ids: list[int],
-    *,
-    gamma: int,
-    new_tokens: int = 32,
-    draft_model: PreTrainedModel | None = None,
-    ngram_max: int | None = None,
-    lookup_s: float = 0.0,
-    repeats: int = 3,
-) -> MachineryOverhead:
-    """The time real generate() spends around the forwards, per step, at batch 1.
-
-    Runs plain greedy decoding and transformers' assisted generation (draft model, or prompt lookup
-    with `ngram_max`) at lookahead `gamma` for exactly `new_tokens` tokens (EOS ignored) `repeats`
-    times each, alternating; times every forward with :func:`timed_forwards`; and returns the wall
-    time minus the forwards' time, per target forward pass (a greedy step, or a speculative round),
-    medians over the repeats. For prompt lookup `lookup_s` (one lookup, timed alone as the draft step)
-    is taken out of the round overhead so that it is not counted twice. Leaving this overhead out made
-    GPU predictions for prompt lookup about 20% too optimistic. While other processes use more than
-    MAX_OTHERS_CPU of the machine (/proc/stat) it is measured again, up to EXTRA_ROUNDS more times;
-    if they still do, the result says so in ``busy`` (a busy machine once made it 92 ms per round
-    against 6.5 ms quiet) and the profile that uses it counts as noisy.
-    """
-    if repeats < 1 or new_tokens < 1:
-        raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
-    models = (target_model,) + ((draft_model,) if draft_model is not None else ())
-    shares = []
-    for _ in range(1 + EXTRA_ROUNDS):  # measured again while other processes hold the CPU
-        before, started = _machine_reading(), perf_counter()
-        measured = _overhead_once(target_model, context_ids, models, gamma=gamma, new_tokens=new_tokens,
-                                  draft_model=draft_model, ngram_max=ngram_max, lookup_s=lookup_s, repeats=repeats)
-        used = _others_busy_s(before, _machine_reading())
-        share = min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1))) if used is not None else None
-        shares.append(share)
-        if share is None or share <= MAX_OTHERS_CPU:
-            return measured
-    return replace(measured, busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "
-                                  f"in each of {len(shares)} attempts")
-
-
-def _overhead_once(target_model: PreTrainedModel, context_ids: list[int], models: tuple, *, gamma: int,
-                   new_tokens: int, draft_model: PreTrainedModel | None, ngram_max: int | None, lookup_s: float,
-                   repeats: int) -> MachineryOverhead:
-    """One measurement of :func:`measure_machinery_overhead` (see there)."""
-    from analyzer.validate import assisted_generate, greedy_generate
-
-    decode, rounds = [], []
-    for r in range(repeats):
-        for speculative in ((False, True) if r % 2 == 0 else (True, False)):
-            with timed_forwards(*models) as forward_times:
-                _synchronize(target_model.device)
-                start = perf_counter()
-                if speculative:
-                    _, passes = assisted_generate(target_model, context_ids, new_tokens, gamma=gamma,
-                                                  draft_model=draft_model, ngram_max=ngram_max, eos_token_id=[])
-                else:
-                    _, passes = greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])
-                _synchronize(target_model.device)
-                outside = max(0.0, perf_counter() - start - sum(forward_times)) / max(passes, 1)
-            if speculative:
-                rounds.append(max(0.0, outside - lookup_s) if draft_model is None else outside)
-            else:
-                decode.append(outside)
-    return MachineryOverhead(decode_s=float(np.median(decode)), round_s=float(np.median(rounds)),
-                             new_tokens=new_tokens, repeats=repeats)

@@ -213,8 +213,8 @@ def _decide_alone(summary: dict, margin: float) -> None:
     if summary.get("speculate") is None:
         summary["speculate"] = should_speculate(summary.get("predicted_speedup") or float("nan"), margin)
         summary["decision_basis"] = "point estimate"
-        summary["decision_reason"] = summary["decision_reason"].split(": too few")[0] + (
-            f": too few prompts for an interval; decided on S(g*) alone")
+        summary["decision_reason"] = (summary["decision_reason"].split(": too few")[0]
+                                      + ": too few prompts for an interval; decided on S(g*) alone")
 
 
 def tier_note(summary: dict, cost: Cost | None) -> str | None:

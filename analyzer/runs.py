@@ -257,7 +257,8 @@ def _cost_profile(session_factory: sessionmaker, run_id: int, models: _Models, p
     noisy: it is passed over, and progress says so), or measure one on a prompt of median length;
     link them to the run and return the smallest batch size's id. The machinery overhead is measured
     once (at batch 1) for the profiles measured now."""
-    from analyzer.cost import device_description, measure_machinery_overhead, profile_costs, time_callable
+    from analyzer.cost import device_description, profile_costs, time_callable
+    from analyzer.overhead import measure_machinery_overhead
 
     placement = models.target.placement
     device = device_description(models.target.model)

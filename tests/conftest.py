@@ -42,10 +42,10 @@ def _quiet_machine(monkeypatch):
     not depend on what else the machine runs, so they see no other process and treat timing jitter
     below 10 ms (tiny models' forwards take well under that) as noise. Tests of the interference checks
     drive them with a fake clock and fake /proc/stat readings."""
-    from analyzer import cost
+    from analyzer import interference
 
-    monkeypatch.setattr(cost, "_busy_jiffies", lambda: None)
-    monkeypatch.setattr(cost, "MIN_SPREAD_S", 0.01)
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)
+    monkeypatch.setattr(interference, "MIN_SPREAD_S", 0.01)
 
 
 @pytest.fixture

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from analyzer import cost
+from analyzer import cost, interference
 from analyzer.cost import (
     CostMeasurement,
-    TimingQuality,
     device_description,
     prefill_cache,
     profile_costs,
@@ -21,6 +20,7 @@ from analyzer.cost import (
     time_target_forwards,
     time_target_forwards_checked,
 )
+from analyzer.interference import TimingQuality
 from analyzer.validate import greedy_generate
 from tests.tiny_models import make_noisy_copy, make_tiny_model
 
@@ -64,7 +64,7 @@ def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(cost, "perf_counter", fake)
     monkeypatch.setattr(cost, "process_time", fake.cpu)
-    monkeypatch.setattr(cost, "_busy_jiffies", lambda: fake.machine_busy)
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: fake.machine_busy)
     return fake
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from sqlalchemy import func, select
 
-from analyzer import cost, devices
-from analyzer.cost import measure_machinery_overhead
+from analyzer import devices, interference
+from analyzer import overhead as overhead_module
+from analyzer.overhead import measure_machinery_overhead
 from analyzer.db import make_engine, make_session_factory
 from analyzer.devices import DeviceError, ModelTooLarge, Placement, check_dtype_name, parse_batch_sizes, resolve
 from analyzer.loading import load_model, parse_spec
@@ -302,7 +303,7 @@ def test_machinery_overhead_is_the_time_outside_the_forwards_per_step(monkeypatc
     from transformers.generation import candidate_generator, logits_process
 
     clock = FakeClock()
-    monkeypatch.setattr(cost, "perf_counter", clock)
+    monkeypatch.setattr(overhead_module, "perf_counter", clock)
     target = make_tiny_model(seed=0)
     draft = make_noisy_copy(target, noise_std=0.01, seed=1)
     target.register_forward_pre_hook(lambda module, args: setattr(clock, "now", clock.now + 1.0))  # model time
@@ -376,12 +377,11 @@ def test_the_guarantee_sentence_per_dtype_and_mode():
 def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_db, model_folders, monkeypatch):
     import itertools
 
-    from analyzer import cost as cost_module
     from webui.app import create_app
 
     args = ("--target", f"hf:{model_folders['target']}", "--draft", "ngram")
     busy = itertools.count(0, 10 ** 6)  # /proc/stat as on a machine whose other processes take every core
-    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: next(busy))
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
     first = json.loads(_analyze(cli_db, *args).stdout)
     profile = first["cost_profiles"]["1"]
     assert profile["quality"] == "noisy"
@@ -396,7 +396,7 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
     finally:
         app.extensions["specroute.close"]()
     assert 'id="noisy-profile-1"' in page and "<code>specroute analyze … --reprofile</code>" in page
-    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: None)  # the machine is quiet again
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)  # the machine is quiet again
     second = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args])
     assert second.exit_code == 0, second.stderr
     assert "stored cost profile 1 (batch 1) was judged noisy (" in second.stderr and "not reused" in second.stderr
@@ -407,9 +407,9 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
     assert quiet["quality"] in ("clean", "remeasured") and "NOISY" not in second.stdout
     third = json.loads(_analyze(cli_db, *args).stdout)
     assert third["cost_profiles"]["1"] == quiet and _count(CostProfile) == 2  # a judged-good profile is reused
-    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: next(busy))  # busy again, and --reprofile
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))  # busy again, and --reprofile
     assert json.loads(_analyze(cli_db, *args, "--reprofile").stdout)["cost_profiles"]["1"]["quality"] == "noisy"
-    monkeypatch.setattr(cost_module, "_busy_jiffies", lambda: None)
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)
     fifth = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args])
     assert "stored cost profile 3 (batch 1) was judged noisy (" in fifth.stderr and "not reused" in fifth.stderr
     assert "profiling the cost" not in fifth.stderr and _count(CostProfile) == 3  # the older clean one instead
