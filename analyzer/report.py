@@ -1,11 +1,10 @@
-"""The recommendation report of one run, derived from the stored raw counts and cost profile:
-per prompt and per task type — acceptance, S(g) for every g, g*, tier and decision — plus the
-workload as a whole and the entropy table. JSON (documented shape), CSV and a text table."""
+"""The recommendation report of one run, derived from the stored raw counts and cost profiles:
+per prompt and per task type — acceptance, S(g) for every g and batch size, g* with its interval,
+tier and decision with reasons — plus the workload as a whole, replay fidelity, validation and the
+entropy table, as a JSON-ready dict (documented shape); CSV and text are in analyzer.report_text."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections import defaultdict
 
@@ -408,123 +407,3 @@ def _profile_dict(profile: CostProfile) -> dict:
         "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
         "threads": profile.threads, "context_tokens": profile.context_tokens,
     }
-
-
-CSV_COLUMNS = ["prompt_id", "external_id", "task", "prompt_tokens", "output_tokens", "alpha", "best_gamma",
-               "predicted_speedup_best", "measured_speedup"]
-
-
-def report_csv(report: dict) -> str:
-    """One CSV row per prompt, plus S(g) columns for every g."""
-    gammas = sorted({int(g) for row in report["prompts"] for g in row["predicted_speedup"]})
-    out = io.StringIO(newline="")
-    writer = csv.writer(out)
-    writer.writerow(CSV_COLUMNS + [f"speedup_g{g}" for g in gammas])
-    for row in report["prompts"]:
-        best = row["predicted_speedup"].get(str(row["best_gamma"])) if row["best_gamma"] else None
-        writer.writerow([row["prompt_id"], row["external_id"] or "", row["task"], row["prompt_tokens"],
-                         row["output_tokens"], _fmt(row["alpha"]), row["best_gamma"] or "", _fmt(best),
-                         _fmt(row["measured_speedup"])]
-                        + [_fmt(row["predicted_speedup"].get(str(g))) for g in gammas])
-    return out.getvalue()
-
-
-def _fmt(value) -> str:
-    return "" if value is None else f"{value:.4f}"
-
-
-def report_text(report: dict) -> str:
-    """A plain-text summary: the recommendation in words, then the per-task table."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-             f"{report['mode']}, {report.get('dtype') or 'float32'} on {report.get('device') or 'an unknown device'}"]
-    for batch, cp in (report.get("cost_profiles") or {}).items():
-        ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
-        overhead = (f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
-                    if cp.get("round_overhead_s") is not None else "")
-        lines.append(f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
-                     f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}")
-    if report.get("guarantee"):
-        lines.append(report["guarantee"])
-    workload = report.get("workload")
-    if workload and workload.get("best_gamma"):
-        verdict = "speculate" if workload["speculate"] else "do not speculate"
-        lines.append(f"workload: {verdict} (best gamma {workload['best_gamma']}, predicted speedup "
-                     f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})")
-    on = [t for t, s in report["tasks"].items() if s["speculate"]]
-    lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
-    header = (f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*) [90% interval]':>22} "
-              f"{'meas.':>6}  {'tier':<19} decision")
-    lines.append(header)
-    notes = []
-    for task, s in report["tasks"].items():
-        lines.append(
-            f"{task:<18} {s['n']:>3} {_num(s['alpha_mean'], 6, 3)} {_num(s['alpha_std'], 6, 3)} {_num(s['al'], 5, 2)} "
-            f"{(s['best_gamma'] or 0):>3} {speedup_with_interval(s):>22} {_num(s.get('measured_speedup'), 6, 2)}  "
-            f"{s['tier']:<19} {decision_text(s)}"
-        )
-        if s.get("decision_basis") == "workload" or s.get("tier_note"):
-            notes.append(f"  {task}: " + "; ".join(filter(None, [
-                s["decision_reason"] if s.get("decision_basis") == "workload" else None, s.get("tier_note")])))
-    if notes:
-        lines.append("why:")
-        lines.extend(notes)
-    batches = sorted({int(b) for s in report["tasks"].values() for b in s.get("by_batch") or {}})
-    if len(batches) > 1:
-        lines.append("\nbest gamma and S(g*) per batch size:")
-        lines.append(f"{'task':<18} " + " ".join(f"{'b=' + str(b):>14}" for b in batches))
-        for task, s in list(report["tasks"].items()) + ([("(workload)", report["workload"])] if report.get("workload") else []):
-            cells = []
-            for b in batches:
-                entry = (s.get("by_batch") or {}).get(str(b))
-                cells.append(f"{'-':>14}" if not entry or entry["predicted_speedup"] is None else
-                             f"{('g' + str(entry['best_gamma']) + ' ' + format(entry['predicted_speedup'], '.2f') + 'x' + (' on' if entry['speculate'] else ' off')):>14}")
-            lines.append(f"{task:<18} " + " ".join(cells))
-    summary = (report.get("validation_summary") or {}).get("run")
-    if summary:
-        covered = report["validation_summary"]["tasks"]
-        scope = (f"over {len(covered)} tasks" if len(covered) > 1 else
-                 f"all {next(iter(covered))}, so not a workload figure" if len(report["tasks"]) > 1 else "")
-        lines.append(f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs identical to plain greedy, "
-                     f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
-                     f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
-                     f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)")
-        for task, t in report["validation_summary"]["tasks"].items():
-            lines.append(f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err {_pct(t['passes_error_pct'])}, "
-                         f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x")
-    return "\n".join(lines)
-
-
-def speedup_with_interval(summary: dict) -> str:
-    """``1.13x [1.04, 1.22]``, or just ``1.13x`` without an interval, or ``-``."""
-    value, interval = summary.get("predicted_speedup"), summary.get("speedup_interval") or [None, None]
-    if value is None:
-        return "-"
-    if interval[0] is None or interval[1] is None:
-        return f"{value:.2f}x"
-    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
-
-
-def decision_text(summary: dict) -> str:
-    """``speculate`` / ``off``, marked when the workload's decision stands in for a too-small task."""
-    text = "speculate" if summary.get("speculate") else "off"
-    return text + (" (workload's)" if summary.get("decision_basis") == "workload" else "")
-
-
-def quality_text(profile: dict) -> str:
-    """A cost profile's quality in words, with the fix when it is noisy."""
-    quality = profile.get("quality")
-    if quality is None:
-        return "quality not judged (a profile from before it was)"
-    notes = "; ".join(profile.get("quality_notes") or [])
-    if quality == "noisy":
-        return (f"NOISY profile ({notes}): the machine was busy while it was measured and the advice may be wrong; "
-                "rerun with --reprofile on a quiet machine")
-    return f"quality {quality}" + (f" ({notes})" if notes else "")
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{value:.1f}%"
-
-
-def _num(value, width: int, digits: int) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"

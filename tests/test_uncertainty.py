@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from analyzer.report import build_report, report_text, tier_note
+from analyzer.report import build_report, tier_note
+from analyzer.report_text import report_text
 from analyzer.speedup import Cost, bootstrap_speedup_interval, decide
 from router.decision import Router
 from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies

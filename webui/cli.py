@@ -338,7 +338,8 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
     """
     from analyzer.devices import DeviceError, parse_batch_sizes, resolve
     from analyzer.loading import SpecError
-    from analyzer.report import build_report, report_text
+    from analyzer.report import build_report
+    from analyzer.report_text import report_text
     from analyzer.runs import RunError, RunParams, create_run, execute_run
 
     sessions = state.sessions()
@@ -399,7 +400,8 @@ def _label_with_classifier(sessions, run_id: int) -> None:
 @click.pass_obj
 def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
-    from analyzer.report import ReportError, build_report, report_csv, report_text
+    from analyzer.report import ReportError, build_report
+    from analyzer.report_text import report_csv, report_text
 
     try:
         with state.sessions()() as session:
@@ -864,7 +866,8 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     A rerun reuses what exists (the set, a finished or interrupted analysis with the same settings,
     the classifier, the policies)."""
     from analyzer.loading import parse_spec
-    from analyzer.report import build_report, report_text
+    from analyzer.report import build_report
+    from analyzer.report_text import report_text
     from analyzer.runs import RunParams, create_run, execute_run
     from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
     from router.policy import active_policy_set, publish_policies

@@ -16,7 +16,8 @@ from analyzer.db import utcnow
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
 from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, encode_prompt, load_tokenizer, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
-from analyzer.report import ReportError, build_report, report_csv
+from analyzer.report import ReportError, build_report
+from analyzer.report_text import report_csv
 from analyzer.runs import RunError, RunParams, create_run, request_cancel, shown_status
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
