@@ -164,6 +164,12 @@ def bootstrap_speedup_interval(greedy_s: Sequence[float] | np.ndarray, speculati
     return float(low), float(high)
 
 
+def clears_break_even(speedup: float, low: float | None, margin: float = DEFAULT_MARGIN) -> bool:
+    """The decision rule: S(g*) clears 1 + margin and the lower end of its interval (when there is
+    one) clears 1.0. Used by the analysis, the published policies and the router alike."""
+    return should_speculate(speedup, margin) and (low is None or not np.isfinite(low) or low > 1.0)
+
+
 def decide(speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN,
            min_prompts: int = MIN_TASK_PROMPTS) -> tuple[bool | None, str]:
     """The on/off decision for a group of n prompts from its predicted S(g*) and the bootstrap
@@ -176,7 +182,7 @@ def decide(speedup: float, interval: tuple[float, float], n: int, margin: float 
         return None, f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies"
     if not np.isfinite(speedup) or speedup <= 1.0 + margin:
         return False, f"{shown}: S(g*) does not clear {1 + margin:.2f}x"
-    if np.isfinite(low) and low <= 1.0:
+    if not clears_break_even(speedup, low, margin):
         return False, f"{shown}: S(g*) clears {1 + margin:.2f}x but the interval reaches {low:.2f}x, a possible loss"
     return True, f"{shown}: S(g*) clears {1 + margin:.2f}x and the interval stays above 1.00x"
 

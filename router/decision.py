@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from analyzer.acceptance import expected_tokens_iid
-from analyzer.speedup import Cost, best_gamma, iid_speedup, interpolate_curves
+from analyzer.speedup import Cost, best_gamma, clears_break_even, iid_speedup, interpolate_curves
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier
 from router.features import prompt_text
@@ -236,7 +236,7 @@ class Router:
             return None
         if low is not None and state is not None and state.events:
             low *= expected_tokens_iid(state.alpha, g_best) / expected_tokens_iid(state.prior_alpha, g_best)
-        speculate = s_best > 1.0 + self.margin and (low is None or low > 1.0)
+        speculate = clears_break_even(s_best, low, self.margin)
         where = (f"measured at batch size {lower}" if lower == upper else
                  f"interpolated between profiled batch sizes {lower} and {upper}")
         interval = f" (interval from {low:.2f}x)" if low is not None else ""

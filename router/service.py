@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write
 from analyzer.settings import Settings, router_pools
-from analyzer.speedup import best_gamma
+from analyzer.speedup import best_gamma, clears_break_even
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
 from router.decision_log import DecisionLog
@@ -194,12 +194,14 @@ class RouterService:
 
 
 def policy_dict(policy, margin: float = 0.05) -> dict[str, Any]:
-    """A TaskPolicy as JSON, with the best gamma and speedup at each profiled batch size."""
+    """A TaskPolicy as JSON, with the best gamma, speedup and decision at each profiled batch size
+    (the router's rule: S clears 1 + margin and the published lower end clears 1.0)."""
     by_batch = {}
+    lows = policy.speedup_lows_by_batch or {}
     for batch, curve in sorted((policy.speedup_curves_by_batch or {}).items(), key=lambda item: int(item[0])):
         gamma, speedup = best_gamma(curve)
         by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": speedup if gamma else 1.0,
-                                "speculate": bool(gamma) and speedup > 1.0 + margin}
+                                "speculate": bool(gamma) and clears_break_even(speedup, lows.get(batch), margin)}
     return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
             "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
             "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,

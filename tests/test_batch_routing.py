@@ -138,3 +138,21 @@ def test_published_policies_carry_each_batch_sizes_lower_end(session):
         report_lows = {p.task_type: p.speedup_lows_by_batch for p in policy_set.policies}
     assert set(report_lows["code"]) == {"1", "16"} and all(v > 1.0 for v in report_lows["code"].values())
     assert report_lows[FALLBACK_TASK] == report_lows["code"]  # one task: the workload is that task
+
+
+def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
+    from router.models import TaskPolicy
+    from router.service import policy_dict
+
+    curve_1, curve_16 = [1.2, 1.3, 1.35, 1.3], [1.4, 1.7, 1.9, 2.0]
+    policy = TaskPolicy(task_type="code", is_fallback=False, speculate=True, gamma=3, alpha_mean=0.8, alpha_var=0.01,
+                        n_prompts=10, expected_speedup=1.35, tier="RECOMMENDED", speedup_curve=curve_1,
+                        speedup_curves_by_batch={"1": curve_1, "16": curve_16},
+                        speedup_lows_by_batch={"1": 1.1, "16": 0.95})
+    by_batch = policy_dict(policy, 0.05)["by_batch"]
+    assert by_batch["1"] == {"gamma": 3, "expected_speedup": 1.35, "speculate": True}
+    assert by_batch["16"] == {"gamma": 4, "expected_speedup": 2.0, "speculate": False}  # the interval reaches 0.95x
+    snapshot = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", tuple(curve_1),
+                                                 {1: tuple(curve_1), 16: tuple(curve_16)}, (1.1, 1.6), "task",
+                                                 {1: 1.1, 16: 0.95})}, policy_version=1)
+    assert snapshot.route("x", batch_size=16).speculate is by_batch["16"]["speculate"]  # API and router agree

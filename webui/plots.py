@@ -83,6 +83,19 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | None],
     return "\n".join(lines)
 
 
+def _series(lines: list[str], name: str, values: Sequence[float | None], x_values: list[int], color: str,
+            sx, sy, mark: int | None, radius: int) -> None:
+    """One series as a polyline (finite values only), with ``mark`` (an x) circled as the best gamma."""
+    points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, values) if _ok(y))
+    if points:
+        lines.append(f'<polyline class="series" points="{points}" fill="none" stroke="{color}" stroke-width="2">'
+                     f'<title>{escape(name)}</title></polyline>')
+    if mark in x_values and _ok(values[x_values.index(mark)]):
+        y = values[x_values.index(mark)]
+        lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="{radius}" fill="{color}" stroke="#000">'
+                     f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+
+
 def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], *,
                marks: dict[str, int] | None = None, reference: float | None = None, y_label: str = "",
                x_label: str = "", css_class: str = "lines") -> str:
@@ -114,16 +127,7 @@ def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[f
                      f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="4 3"/>')
     for i, (name, values) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
-        points = [(sx(x), sy(y)) for x, y in zip(x_values, values) if _ok(y)]
-        if points:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            lines.append(f'<polyline class="series" points="{path}" fill="none" stroke="{color}" stroke-width="2">'
-                         f'<title>{escape(name)}</title></polyline>')
-        mark = (marks or {}).get(name)
-        if mark in x_values and _ok(values[x_values.index(mark)]):
-            y = values[x_values.index(mark)]
-            lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="5" fill="{color}" stroke="#000">'
-                         f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+        _series(lines, name, values, x_values, color, sx, sy, (marks or {}).get(name), 5)
         lx, ly = LEFT + (i % 5) * 118, TOP + plot_h + 46 + (i // 5) * 14
         lines.append(f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
                      f'<text x="{lx + 14}" y="{ly + 1}" font-size="10">{escape(name)}</text>')
@@ -181,15 +185,7 @@ def small_multiples(title: str, x_values: Sequence[int], series: dict[str, Seque
             if points:
                 lines.append(f'<polyline class="background" points="{points}" fill="none" stroke="#bbb" stroke-width="1.5">'
                              f'<title>{escape(background_label)}</title></polyline>')
-        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, values) if _ok(y))
-        if points:
-            lines.append(f'<polyline class="series" points="{points}" fill="none" stroke="{color}" stroke-width="2">'
-                         f'<title>{escape(name)}</title></polyline>')
-        mark = (marks or {}).get(name)
-        if mark in x_values and _ok(values[x_values.index(mark)]):
-            y = values[x_values.index(mark)]
-            lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="4" fill="{color}" stroke="#000">'
-                         f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+        _series(lines, name, values, x_values, color, sx, sy, (marks or {}).get(name), 4)
         lines.append("</g>")
     legend = f"{y_label} against {x_label}" + (f"; grey: {background_label}" if background else "")
     lines.append(f'<text x="{WIDTH / 2}" y="{height - 10}" font-size="11" text-anchor="middle">{escape(legend)}</text>')
