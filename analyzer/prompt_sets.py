@@ -1,5 +1,6 @@
 """Prompt-set services: import a parsed file as a named set, list sets with counts per task,
-page through a set's prompts, delete a set. Used by the CLI and the web UI alike.
+page through a set's prompts, set or correct their task labels (one prompt, or every prompt a filter
+matches), delete a set. Used by the CLI and the web UI alike.
 
 Every function takes the caller's ``Session``; the caller owns the transaction, so an import either
 stores the whole set or nothing.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 
-from sqlalchemy import delete, func, insert, or_, select
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from analyzer.ingest import IngestLimits, ParsedFile, parse_prompt_file
@@ -40,6 +41,15 @@ class PromptSetNotFound(PromptSetError, LookupError):
 
 class PromptSetInUse(PromptSetError):
     code = "prompt_set_in_use"
+
+
+class UnknownTaskType(PromptSetError):
+    code = "unknown_task_type"
+
+
+# The default task types (DESIGN.md); labels users uploaded are known too.
+DEFAULT_TASK_TYPES = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math",
+                      "reasoning", "creative_writing", "roleplay", "extraction", "customer_support", "general")
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,56 @@ def list_prompts(
     """One page of a set's prompts in file order, optionally filtered by a case-insensitive
     substring of the plain text or the id, and by task label (``""`` = unlabelled); returns the page
     and the filtered total."""
+    query = _filtered(prompt_set, search, task)
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    page = session.scalars(query.order_by(Prompt.position).offset(max(offset, 0)).limit(max(limit, 0))).all()
+    return list(page), int(total or 0)
+
+
+def known_task_types(session: Session) -> list[str]:
+    """The default task types and every label a stored prompt carries, sorted."""
+    used = session.scalars(select(Prompt.task).where(Prompt.task.is_not(None)).distinct())
+    return sorted(set(DEFAULT_TASK_TYPES) | set(used))
+
+
+def _checked_task(session: Session, task: str | None) -> str | None:
+    """``task`` stripped; "" or None unlabels; a name that is neither a default task type nor already
+    used by a stored prompt is refused (a typo would otherwise become a task type of its own)."""
+    task = (task or "").strip()
+    if not task:
+        return None
+    known = known_task_types(session)
+    if task not in known:
+        raise UnknownTaskType(f"unknown task type {task!r}; use one of {', '.join(known)} (or empty to unlabel)")
+    return task
+
+
+def set_prompt_task(session: Session, prompt_set: PromptSet, position: int, task: str | None) -> Prompt:
+    """Set (or with "" clear) the task label of the prompt at 1-based ``position`` of the set."""
+    checked = _checked_task(session, task)
+    prompt = session.scalar(select(Prompt).where(Prompt.prompt_set_id == prompt_set.id,
+                                                 Prompt.position == position - 1))
+    if prompt is None:
+        raise PromptSetNotFound(f"prompt set {prompt_set.name!r} has no prompt #{position}")
+    prompt.task = checked
+    return prompt
+
+
+def relabel_prompts(session: Session, prompt_set: PromptSet, task: str | None, *, search: str | None = None,
+                    current_task: str | None = None) -> int:
+    """Give every prompt of the set that the filter matches (as :func:`list_prompts` filters) the
+    label ``task`` ("" clears it); returns how many prompts changed."""
+    checked = _checked_task(session, task)
+    ids = select(Prompt.id).where(_filtered(prompt_set, search, current_task).whereclause)
+    result = session.execute(update(Prompt).where(Prompt.id.in_(ids)).where(
+        Prompt.task.is_not(None) if checked is None else or_(Prompt.task.is_(None), Prompt.task != checked)
+    ).values(task=checked).execution_options(synchronize_session=False))
+    return int(result.rowcount or 0)
+
+
+def _filtered(prompt_set: PromptSet, search: str | None, task: str | None):
+    """A select of the set's prompts matching the search text (plain text or id, case-insensitive)
+    and task label (``""`` = unlabelled)."""
     query = select(Prompt).where(Prompt.prompt_set_id == prompt_set.id)
     if task is not None:
         query = query.where(Prompt.task == task if task else Prompt.task.is_(None))
@@ -203,9 +263,7 @@ def list_prompts(
                 func.lower(Prompt.external_id).like(pattern, escape="\\"),
             )
         )
-    total = session.scalar(select(func.count()).select_from(query.subquery()))
-    page = session.scalars(query.order_by(Prompt.position).offset(max(offset, 0)).limit(max(limit, 0))).all()
-    return list(page), int(total or 0)
+    return query
 
 
 def delete_prompt_set(session: Session, name: str) -> None:

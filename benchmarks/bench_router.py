@@ -60,8 +60,11 @@ def percentiles_ms(values_ns: list[int]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
+FEATURES = {"name": "tfidf"}  # --features: the classifier's feature set (router.classifier.FEATURE_SETS)
+
+
 def in_process(train: tuple[list[str], list[str]], prompts: list[str], repeats: int) -> dict:
-    pipeline = build_pipeline().fit(*train)
+    pipeline = build_pipeline(features=FEATURES["name"]).fit(*train)
     classifier = TaskClassifier(0, 0, sorted(set(train[1])), pipeline)
     policies = {t: PolicySnapshot(t, i % 2 == 0, 4, 0.6, 0.01, 10, 1.3, "RECOMMENDED", (1.3,) * 8)
                 for i, t in enumerate(TASKS + ("*",))}
@@ -208,7 +211,7 @@ def prepare_database(url: str) -> None:
     engine = make_engine(url)
     migrations.upgrade(engine)
     with make_session_factory(engine)() as session, session.begin():
-        train_classifier(session, cold_start_data(), cross_validate=False)
+        train_classifier(session, cold_start_data(), cross_validate=False, features=FEATURES["name"])
         run = make_done_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(TASKS)}, per_task=3)
         publish_policies(session, run.id)
     engine.dispose()
@@ -271,15 +274,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3, help="load runs per server (medians reported)")
     parser.add_argument("--skip-http", action="store_true")
+    parser.add_argument("--features", default="tfidf", help="classifier feature set: tfidf, minilm or tfidf+minilm")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    FEATURES["name"] = args.features
     prompts = corpus_prompts(args.max_chars)
     data = cold_start_data()  # the same prompts in the same order, with labels
     train = ([t for i, t in enumerate(data.texts) if i % 3], [l for i, l in enumerate(data.labels) if i % 3])
     traffic = [t[:args.max_chars] for i, t in enumerate(data.texts) if i % 3 == 0]
     print(f"{len(prompts)} corpus prompts cut to <= {args.max_chars} chars; {os.cpu_count()} CPUs", file=sys.stderr)
     local = in_process(train, traffic, args.repeats)
-    print(f"\nin-process decision latency (1 thread), classifier trained on {len(train[0])} corpus prompts, "
+    print(f"\nin-process decision latency (1 thread), {args.features} classifier trained on {len(train[0])} corpus prompts, "
           f"timed on the other {len(traffic)} (cut to <= {args.max_chars} chars):")
     print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
     labels = {"first sight": "Router.route, first pass (fresh router; word cache holds only the vocabulary's words)",

@@ -14,7 +14,16 @@
    tokens / total time), the ratios of (d) to (a), (b) and (c), and the regret of each mode against
    the per-prompt oracle (the fastest mode for that prompt).
 
+With ``--drafter pair`` the same comparison runs with a real model draft: Qwen2.5-Coder-0.5B-Instruct
+drafting for -1.5B-Instruct (GGUF Q4_K_M, assembled by ``benchmarks/real_pair.py``, this benchmark's
+setup step; never by tests or CI). The analysis then covers ``--analysis-per-task`` sample prompts of
+each task type (a 1.5B target on two CPU cores generates ~3.5 tokens/s), mode (b) is transformers'
+own assisted-generation defaults (the draft's generation config untouched: 20 assistant tokens,
+confidence-threshold early stop) and (c)/(d) draft with the 0.5B model at the analysed gamma.
+
     python benchmarks/bench_routing.py --out benchmarks/results/routing.json
+    python benchmarks/bench_routing.py --drafter pair --per-task 2 --max-new-tokens 48 --max-chars 2000 \
+        --out benchmarks/results/routing_pair.json
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,10 +48,10 @@ import migrations  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
 from analyzer.loading import context_limit, encode_prompt, load_model, parse_spec  # noqa: E402
-from analyzer.prompt_sets import import_sample, sample_bytes  # noqa: E402
+from analyzer.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
 from analyzer.runs import RunParams, create_run, execute_run  # noqa: E402
-from analyzer.validate import assisted_generate, greedy_generate  # noqa: E402
+from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
 from router.classifier import cold_start_data, make_training_data, train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402
 from router.features import prompt_text  # noqa: E402
@@ -53,13 +61,40 @@ TARGET = "builtin:smollm2-135m-instruct"
 MODES = ("a: off", "b: always, transformers defaults", "c: always, workload gamma", "d: routed")
 
 
+def pair_setup(folder: Path | None) -> tuple[str, str]:
+    """(target spec, draft spec) of the real pair, assembling its files first if needed."""
+    from real_pair import DEFAULT_FOLDER, pair_specs
+
+    return pair_specs(folder or DEFAULT_FOLDER)
+
+
+def transformers_default_assisted(model, draft, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Assisted generation as a user who only passes ``assistant_model=`` gets it: the draft's own
+    generation config, so transformers' defaults for the lookahead and its early stop apply."""
+    config = _clean_generation_config(model, None, max_new_tokens=max_new_tokens)
+    return _generate(model, ids, config, assistant_model=draft)[0]
+
+
+def sample_subset(per_task: int) -> bytes:
+    """The first ``per_task`` bundled sample prompts of every task type, as JSONL."""
+    lines = [line for line in sample_bytes().decode().splitlines() if line.strip()]
+    taken: dict[str, int] = collections.Counter()
+    kept = []
+    for line in lines:
+        task = json.loads(line).get("task")
+        if taken[task] < per_task:
+            taken[task] += 1
+            kept.append(line)
+    return ("\n".join(kept) + "\n").encode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def held_out_prompts(per_task: int, seed: int) -> list[dict]:
+def held_out_prompts(per_task: int, seed: int, max_chars: int = 4000) -> list[dict]:
     """Corpus prompts that are not in the bundled sample, ``per_task`` per task type."""
     from importlib import resources
 
@@ -68,7 +103,7 @@ def held_out_prompts(per_task: int, seed: int) -> list[dict]:
     by_task = collections.defaultdict(list)
     for p in corpus:
         text = prompt_text(p.text, p.messages)
-        if text not in sample and len(text) <= 4000:
+        if text not in sample and len(text) <= max_chars:
             by_task[p.task].append({"text": p.text, "messages": p.messages, "task": p.task, "key": text})
     rng = random.Random(seed)
     chosen = []
@@ -79,26 +114,31 @@ def held_out_prompts(per_task: int, seed: int) -> list[dict]:
     return chosen
 
 
-def prepare(url: str, held_out: list[dict], args, cache_dir: Path) -> int:
+def prepare(url: str, held_out: list[dict], args, cache_dir: Path, target: str, draft: str) -> int:
     engine = make_engine(url)
     migrations.upgrade(engine)
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
-        import_sample(session)
-        run_id = create_run(session, "sample", TARGET, "ngram",
-                            RunParams(max_new_tokens=args.max_new_tokens, gamma_max=16, validate=0)).id
+        if args.analysis_per_task:
+            import_prompt_file(session, "sample", sample_subset(args.analysis_per_task), "sample.jsonl")
+        else:
+            import_sample(session)
+        run_id = create_run(session, "sample", target, draft,
+                            RunParams(max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max, validate=0)).id
     started = time.perf_counter()
     execute_run(sessions, run_id, cache_dir=cache_dir,
                 progress=lambda d, t, phase: print(f"\r  analysis: {phase} {d}/{t}   ", end="", file=sys.stderr))
     print(f"\n  analysis of the sample took {time.perf_counter() - started:.0f} s", file=sys.stderr)
     excluded = {p["key"] for p in held_out}
     corpus = cold_start_data()
-    kept = [(t, l) for t, l in zip(corpus.texts, corpus.labels) if t not in excluded]
+    kept = [(t, l, g) for t, l, g in zip(corpus.texts, corpus.labels, corpus.groups) if t not in excluded]
     with sessions() as session, session.begin():
-        version = train_classifier(session, make_training_data([t for t, _ in kept], [l for _, l in kept],
-                                                               "bundled corpus minus the held-out prompts"))
-        print(f"  classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f} "
-              f"(cross-validated, {len(kept)} prompts)", file=sys.stderr)
+        version = train_classifier(session, make_training_data([t for t, _, _ in kept], [l for _, l, _ in kept],
+                                                               "bundled corpus minus the held-out prompts",
+                                                               [g for _, _, g in kept]))
+        print(f"  classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f} stratified, "
+              f"{version.scores['grouped']['macro_f1']:.3f} leave-one-source-out, routing threshold "
+              f"{version.scores['calibration']['threshold']:.2f} ({len(kept)} prompts)", file=sys.stderr)
         publish_policies(session, run_id)
         report = build_report(session, run_id)
     engine.dispose()
@@ -110,17 +150,31 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=6, help="held-out prompts per task type (13 types)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drafter", choices=("ngram", "pair"), default="ngram",
+                        help="ngram: SmolLM2-135M with prompt lookup; pair: Qwen2.5-Coder 0.5B drafting for 1.5B")
+    parser.add_argument("--pair-folder", type=Path, default=None,
+                        help="where benchmarks/real_pair.py keeps the Qwen2.5-Coder GGUF files (default: its own)")
+    parser.add_argument("--analysis-per-task", type=int, default=None,
+                        help="analyze only this many sample prompts per task type (default: all; 2 with --drafter pair)")
+    parser.add_argument("--gamma-max", type=int, default=None, help="default 16 (ngram), 8 (pair)")
+    parser.add_argument("--max-chars", type=int, default=4000, help="longest held-out prompt, in characters")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
     torch.set_grad_enabled(False)
     cache_dir = Path(args.cache_dir)
+    if args.drafter == "pair":
+        target_spec, draft_spec = pair_setup(args.pair_folder)
+        args.analysis_per_task = 2 if args.analysis_per_task is None else args.analysis_per_task
+    else:
+        target_spec, draft_spec = TARGET, "ngram"
+    args.gamma_max = args.gamma_max or (8 if args.drafter == "pair" else 16)
     folder = tempfile.mkdtemp(prefix="specroute-routing-")
     url = f"sqlite:///{folder}/routing.db"
-    held_out = held_out_prompts(args.per_task, args.seed)
+    held_out = held_out_prompts(args.per_task, args.seed, args.max_chars)
     print(f"{len(held_out)} held-out prompts over {len({p['task'] for p in held_out})} task types", file=sys.stderr)
-    workload_gamma = prepare(url, held_out, args, cache_dir)
+    workload_gamma = prepare(url, held_out, args, cache_dir, target_spec, draft_spec)
     port = free_port()
     env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "OMP_NUM_THREADS": "1",
            "SPECROUTE_UI_WORKER": "false"}
@@ -134,20 +188,25 @@ def main() -> None:
             break
         except Exception:
             time.sleep(0.5)
-    loaded = load_model(parse_spec(TARGET), cache_dir=cache_dir)
+    loaded = load_model(parse_spec(target_spec), cache_dir=cache_dir)
     model, tokenizer = loaded.model, loaded.tokenizer
+    draft = None if draft_spec == "ngram" else load_model(parse_spec(draft_spec), cache_dir=cache_dir).model
     room = context_limit(model) - args.max_new_tokens
     rows = []
     try:
         for number, prompt in enumerate(held_out, start=1):
             ids = encode_prompt(tokenizer, text=prompt["text"], messages=prompt["messages"], max_prompt_tokens=room).ids
             source = prompt["messages"] if prompt["messages"] else prompt["text"]
+            drafting = {"draft_model": draft} if draft is not None else {"ngram_max": 2}
             runs = {
                 MODES[0]: lambda: (greedy_generate(model, ids, args.max_new_tokens)[0], None),
-                MODES[1]: lambda: (assisted_generate(model, ids, args.max_new_tokens, gamma=10, ngram_max=2)[0], None),
-                MODES[2]: lambda: (assisted_generate(model, ids, args.max_new_tokens, gamma=workload_gamma, ngram_max=2)[0], None),
+                MODES[1]: lambda: (
+                    transformers_default_assisted(model, draft, ids, args.max_new_tokens) if draft is not None
+                    else assisted_generate(model, ids, args.max_new_tokens, gamma=10, ngram_max=2)[0], None),
+                MODES[2]: lambda: (assisted_generate(model, ids, args.max_new_tokens, gamma=workload_gamma, **drafting)[0], None),
                 MODES[3]: lambda: (lambda r: (r.output_ids, r.decision))(
-                    generate_routed(model, tokenizer, source, router=client, max_new_tokens=args.max_new_tokens)),
+                    generate_routed(model, tokenizer, source, router=client, draft=draft,
+                                    max_new_tokens=args.max_new_tokens)),
             }
             order = list(MODES[number % 4:] + MODES[:number % 4])
             times, outputs, decision = {}, {}, None
@@ -172,7 +231,7 @@ def main() -> None:
 
 def summarize(rows: list[dict], workload_gamma: int, args) -> None:
     tasks = sorted({r["task"] for r in rows})
-    print(f"\nthreads {torch.get_num_threads()}; {len(rows)} held-out prompts, {args.max_new_tokens} new tokens max; "
+    print(f"\ndrafter {args.drafter}; threads {torch.get_num_threads()}; {len(rows)} held-out prompts, {args.max_new_tokens} new tokens max; "
           f"mode (c) gamma = {workload_gamma}; outputs identical in all modes: {sum(r['identical'] for r in rows)}/{len(rows)}; "
           f"classifier right on {sum(r['routed_task'] == r['task'] for r in rows)}/{len(rows)}")
     header = ["task", "n"] + [f"{m} tok/s" for m in MODES] + ["d/a", "d/b", "d/c", "regret a", "regret b", "regret c", "regret d", "spec'd"]

@@ -15,7 +15,7 @@ import json
 import pickle
 import platform
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Sequence
 
@@ -24,8 +24,7 @@ import scipy
 import sklearn
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
-from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.metrics import accuracy_score, f1_score
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
 from sqlalchemy import func, select
@@ -39,8 +38,22 @@ from router.features import (
     keyword_baseline,
     prompt_text,
     structural_features,
-    structural_row,
 )
+from router.encoder import EncoderUnavailable, encoder_folder
+from router.evaluation import (
+    USER_GROUP,
+    calibration,
+    decision_matrix,
+    grouped_folds,
+    out_of_fold,
+    predictions,
+    reachability,
+    scores_of,
+    softmax,
+    source_group,
+    stratified_folds,
+)
+from router.fast_scorer import FastScorer
 from router.models import ClassifierVersion, activate_only
 
 CORPUS_FILE = "corpus.jsonl"
@@ -53,65 +66,142 @@ class ClassifierError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrainingData:
-    """Texts and labels to train on, their hash, where they came from, and labels left out for
-    having fewer than MIN_PER_LABEL prompts."""
+    """Texts and labels to train on, the group of each text for grouped CV (the repository it came
+    from, or USER_GROUP for a user's own label), their hash, where they came from, and labels left
+    out for having fewer than MIN_PER_LABEL prompts."""
 
     texts: list[str]
     labels: list[str]
     sha256: str
     source: str
     dropped: dict[str, int]
+    groups: list[str] = field(default_factory=list)
 
 
-def make_training_data(texts: list[str], labels: list[str], source: str) -> TrainingData:
-    """Training data from parallel texts and labels; labels with fewer than MIN_PER_LABEL prompts
-    are left out (and listed), and the hash covers the kept pairs in sorted order."""
+def make_training_data(texts: list[str], labels: list[str], source: str,
+                       groups: Sequence[str] | None = None) -> TrainingData:
+    """Training data from parallel texts, labels and groups (default: all in USER_GROUP); labels with
+    fewer than MIN_PER_LABEL prompts are left out (and listed), and the hash covers the kept pairs in
+    sorted order."""
+    groups = list(groups) if groups is not None else [USER_GROUP] * len(texts)
     counts = Counter(labels)
     dropped = {label: n for label, n in counts.items() if n < MIN_PER_LABEL}
-    kept = [(t, l) for t, l in zip(texts, labels) if l not in dropped]
+    kept = [(t, l, g) for t, l, g in zip(texts, labels, groups) if l not in dropped]
     digest = hashlib.sha256()
-    for text, label in sorted(kept):
+    for text, label, _ in sorted(kept):
         digest.update(json.dumps([text, label], ensure_ascii=False).encode("utf-8"))
-    return TrainingData([t for t, _ in kept], [l for _, l in kept], digest.hexdigest(), source, dropped)
+    return TrainingData([t for t, _, _ in kept], [l for _, l, _ in kept], digest.hexdigest(), source, dropped,
+                        [g for _, _, g in kept])
 
 
-def training_data_from_db(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
-    """The labeled prompts of the named sets (all sets when none are named), one per distinct text."""
-    query = select(Prompt.text, Prompt.messages, Prompt.task).where(Prompt.task.is_not(None))
+def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -> dict[str, tuple[str, str]]:
+    """text -> (task, group) of the labeled prompts of the named sets (all sets when none are named),
+    one per distinct text (the first stored label wins)."""
+    query = (select(Prompt.text, Prompt.messages, Prompt.task, PromptSet.name).join(PromptSet)
+             .where(Prompt.task.is_not(None)))
     if prompt_set_names:
-        query = query.join(PromptSet).where(PromptSet.name.in_(list(prompt_set_names)))
+        query = query.where(PromptSet.name.in_(list(prompt_set_names)))
         missing = set(prompt_set_names) - set(session.scalars(
             select(PromptSet.name).where(PromptSet.name.in_(list(prompt_set_names)))))
         if missing:
             raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
-    seen: dict[str, str] = {}
-    for text, messages, task in session.execute(query.order_by(Prompt.id)):
-        seen.setdefault(prompt_text(text, messages), task)
-    source = "prompt sets " + ", ".join(prompt_set_names) if prompt_set_names else "all labeled prompts in the database"
-    return make_training_data(list(seen), list(seen.values()), source)
+    seen: dict[str, tuple[str, str]] = {}
+    for text, messages, task, set_name in session.execute(query.order_by(Prompt.id)):
+        seen.setdefault(prompt_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
+    return seen
+
+
+def _describe(prompt_set_names: Sequence[str] | None) -> str:
+    return "prompt sets " + ", ".join(prompt_set_names) if prompt_set_names else "all labeled prompts in the database"
+
+
+def training_data_from_db(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
+    """The labeled prompts of the named sets (all sets when none are named), one per distinct text
+    (the first stored label wins), each grouped by its prompt set for grouped CV."""
+    seen = _labeled_prompts(session, prompt_set_names)
+    return make_training_data(list(seen), [t for t, _ in seen.values()], _describe(prompt_set_names),
+                              [g for _, g in seen.values()])
+
+
+def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
+    """The bundled corpus plus the user's labeled prompts; for a text in both, the user's label wins
+    (the prompt keeps the corpus source as its group). Labels too rare to train on are left out after
+    merging, so a single correction of a corpus prompt counts."""
+    corpus = cold_start_data()
+    own = _labeled_prompts(session, prompt_set_names)
+    overridden = sum(1 for t, l in zip(corpus.texts, corpus.labels) if t in own and own[t][0] != l)
+    in_corpus = set(corpus.texts)
+    extra = [t for t in own if t not in in_corpus]
+    texts = corpus.texts + extra
+    labels = [own[t][0] if t in own else l for t, l in zip(corpus.texts, corpus.labels)] + [own[t][0] for t in extra]
+    groups = corpus.groups + [own[t][1] for t in extra]
+    source = (f"bundled corpus + {len(own)} labeled prompts from {_describe(prompt_set_names)}"
+              f" ({overridden} relabel a corpus prompt)" if own else "bundled corpus")
+    return make_training_data(texts, labels, source, groups)
+
+
+TRAINING_SOURCES = ("both", "labels", "corpus")
+
+
+def training_data(session: Session, source: str = "both", prompt_set_names: Sequence[str] | None = None) -> TrainingData:
+    """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
+    same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
+    ``prompt_set_names`` limits which sets' labels are used."""
+    if source not in TRAINING_SOURCES:
+        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
+    if source == "corpus":
+        if prompt_set_names:
+            raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
+        return cold_start_data()
+    if source == "both":
+        return with_corpus(session, prompt_set_names)
+    own = training_data_from_db(session, prompt_set_names)
+    if not own.texts:
+        raise ClassifierError("no labeled prompts in the database; label some on a prompt set's page, "
+                              "or train on the bundled corpus")
+    return own
 
 
 def cold_start_data() -> TrainingData:
-    """The bundled labeled corpus (router/data/corpus.jsonl; sources and licenses beside it)."""
+    """The bundled labeled corpus (router/data/corpus.jsonl; sources and licenses beside it), each
+    prompt grouped by the repository it came from."""
     data = resources.files("router.data").joinpath(CORPUS_FILE).read_bytes()
     parsed = parse_prompt_file(data, CORPUS_FILE)
+    source_of = {row["id"]: row["source"] for row in map(json.loads, data.decode("utf-8").splitlines())}
     return make_training_data([prompt_text(p.text, p.messages) for p in parsed.prompts],
-                          [p.task for p in parsed.prompts], "bundled corpus")
+                              [p.task for p in parsed.prompts], "bundled corpus",
+                              [source_group(source_of[p.external_id]) for p in parsed.prompts])
 
 
-def build_pipeline(seed: int = 0) -> Pipeline:
-    """Word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS characters,
-    plus scaled structural features of the whole prompt, into a class-balanced multinomial logistic regression, which
-    gives a probability per task."""
-    features = FeatureUnion([
-        ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=50_000,
-                                  preprocessor=classifier_text)),
-        ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2,
-                                  max_features=100_000, preprocessor=classifier_text)),
-        ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
-    ])
-    model = LogisticRegression(C=20.0, max_iter=3000, class_weight="balanced", random_state=seed)
-    return Pipeline([("features", features), ("model", model)])
+FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
+# The logistic regression's inverse regularisation strength per feature set, chosen by
+# leave-one-source-out macro-F1 on the bundled corpus (benchmarks/bench_classifier.py; RESULTS.md).
+DEFAULT_C = {"tfidf": 1.0, "minilm": 5.0, "tfidf+minilm": 20.0}
+
+
+def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:
+    """``tfidf``: word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS
+    characters plus scaled structural features of the whole prompt; ``minilm``: the sentence encoder's
+    embedding (router/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
+    regression, which gives a probability per task."""
+    if features not in FEATURE_SETS:
+        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    parts = []
+    if "tfidf" in features:
+        parts += [
+            ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=50_000,
+                                      preprocessor=classifier_text)),
+            ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2,
+                                      max_features=100_000, preprocessor=classifier_text)),
+            ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
+        ]
+    if "minilm" in features:
+        from router.encoder import EmbeddingFeatures
+
+        parts.append(("embedding", EmbeddingFeatures()))
+    c = DEFAULT_C[features] if c is None else c
+    model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)
+    return Pipeline([("features", FeatureUnion(parts)), ("model", model)])
 
 
 def library_versions() -> dict[str, str]:
@@ -120,37 +210,65 @@ def library_versions() -> dict[str, str]:
             "numpy": np.__version__, "scipy": scipy.__version__, "specroute-features": FEATURES_VERSION}
 
 
-def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5) -> dict:
-    """Stratified k-fold cross-validated macro-F1, accuracy, per-class report and confusion matrix
-    of the pipeline, and the keyword baseline's scores on the same data."""
+def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5, features: str = "tfidf",
+             c: float | None = None) -> dict:
+    """Stratified k-fold CV (macro-F1, accuracy, per-class report, confusion matrix) beside the
+    keyword baseline; leave-one-source-out CV when the data has two sources or more (``grouped``);
+    the temperature, ECE and routing threshold from the grouped out-of-fold decision values (the
+    stratified ones with a single source); and per-task reachability."""
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
-    splits = min(folds, min(Counter(data.labels).values()))
-    cv = StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed)
-    predicted = cross_val_predict(build_pipeline(seed), data.texts, data.labels, cv=cv)
+    if features not in FEATURE_SETS:
+        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    c = DEFAULT_C[features] if c is None else c
+    build = lambda: build_pipeline(seed, features, c)  # noqa: E731
+    split = stratified_folds(data.labels, folds, seed)
+    stratified, _ = out_of_fold(build, data.texts, data.labels, split, labels)
+    scores = scores_of(data.labels, predictions(stratified, labels), labels)
     baseline = [keyword_baseline(t) for t in data.texts]
-    report = classification_report(data.labels, predicted, labels=labels, output_dict=True, zero_division=0)
-    return {
-        "folds": splits,
-        "macro_f1": float(f1_score(data.labels, predicted, labels=labels, average="macro", zero_division=0)),
-        "accuracy": float(accuracy_score(data.labels, predicted)),
-        "per_class": {label: {k: float(report[label][k]) for k in ("precision", "recall", "f1-score", "support")}
-                      for label in labels},
-        "confusion": {"labels": labels, "matrix": confusion_matrix(data.labels, predicted, labels=labels).tolist()},
+    scores |= {
+        "features": features,
+        "C": c,
+        "folds": len(split),
         "baseline": {
             "macro_f1": float(f1_score(data.labels, baseline, labels=labels, average="macro", zero_division=0)),
             "accuracy": float(accuracy_score(data.labels, baseline)),
         },
     }
+    groups = sorted(set(data.groups))
+    calibrate_on, truth = stratified, data.labels
+    scores["grouped"] = None
+    if len(groups) >= 2:
+        grouped, learnable = out_of_fold(build, data.texts, data.labels, grouped_folds(data.groups), labels)
+        kept = np.nonzero(learnable)[0]
+        evaluable = sorted({data.labels[i] for i in kept})
+        if len(evaluable) >= 2:
+            truth = [data.labels[i] for i in kept]
+            calibrate_on = grouped[kept]
+            scores["grouped"] = scores_of(truth, predictions(calibrate_on, labels), evaluable) | {
+                "folds": len(groups), "groups": groups, "prompts": len(kept),
+                "single_source": sorted(set(labels) - set(evaluable))}
+    scores["calibration"] = calibration(calibrate_on, truth, labels) | {
+        "on": "leave-one-source-out" if scores["grouped"] else "stratified"}
+    recall = {label: row["recall"] for label, row in scores["per_class"].items()}
+    if scores["grouped"]:
+        recall |= {label: row["recall"] for label, row in scores["grouped"]["per_class"].items()}
+    scores["reachability"] = reachability(recall, Counter(data.labels),
+                                          set(scores["grouped"]["per_class"]) if scores["grouped"] else set())
+    return scores
 
 
 def train_classifier(session: Session, data: TrainingData, *, seed: int = 0, activate: bool = True,
-                     cross_validate: bool = True) -> ClassifierVersion:
+                     cross_validate: bool = True, features: str = "tfidf", c: float | None = None) -> ClassifierVersion:
     """Cross-validate, fit on all the data, and store a new version (the active one unless told not
-    to). ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model)."""
-    scores = evaluate(data, seed=seed) if cross_validate else {}
-    pipeline = build_pipeline(seed).fit(data.texts, data.labels)
+    to). ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the
+    version then has no calibration and no threshold of its own)."""
+    if features not in FEATURE_SETS:
+        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    c = DEFAULT_C[features] if c is None else c
+    scores = evaluate(data, seed=seed, features=features, c=c) if cross_validate else {"features": features, "C": c}
+    pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
     version = ClassifierVersion(
@@ -179,257 +297,22 @@ def activate_version(session: Session, version: int) -> ClassifierVersion:
     return chosen
 
 
-def _char_wb_ngrams(text: str, min_n: int, max_n: int) -> list[str]:
-    """The same multiset of n-grams as scikit-learn's ``char_wb`` analyzer (after preprocessing):
-    per whitespace-separated word padded with one space each side, every n-gram for n = min_n..max_n,
-    and a word no longer than n counted once as a whole."""
-    grams: list[str] = []
-    for word in text.split():
-        padded = f" {word} "
-        length = len(padded)
-        for n in range(min_n, max_n + 1):
-            if length <= n:
-                grams.append(padded)
-                break
-            grams.extend([padded[i:i + n] for i in range(length - n + 1)])
-    return grams
-
-
-_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
-_LENGTH_SALT = np.uint64(0xD6E8FEB86659FD93)
-_SPACE = 32
-
-
-def _codes(text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-
-
-class _CharGramTable:
-    """``char_wb`` n-gram lookup in numpy. With min_n >= 2, the char_wb n-grams of a text are exactly
-    the length-n windows of " " + " ".join(words) + " " with no space strictly inside (a word's padded
-    form, whole, is such a window when it is no longer than n). Each window gets a 64-bit rolling hash
-    salted with n; the vocabulary's n-grams are hashed the same way once and sorted (``indices`` maps a
-    position in that order to the vocabulary index), and every window of every n is looked up with one
-    searchsorted; a word's hits are kept for its next occurrence (in any prompt)."""
-
-    WORD_CACHE_SIZE = 50_000
-
-    def __init__(self, vocabulary: dict[str, int], min_n: int, max_n: int):
-        self.min_n, self.max_n = min_n, max_n
-        keys, indices = [], []
-        for n in range(min_n, max_n + 1):
-            grams = [g for g in vocabulary if len(g) == n]
-            if grams:
-                codes = _codes("".join(grams)).astype(np.uint64).reshape(len(grams), n)
-                hashes = codes[:, 0].copy()
-                with np.errstate(over="ignore"):
-                    for j in range(1, n):
-                        hashes = hashes * _HASH_MULTIPLIER + codes[:, j]
-                    keys.append(hashes + np.uint64(n) * _LENGTH_SALT)
-                indices.append(np.asarray([vocabulary[g] for g in grams], dtype=np.intp))
-        keys_all = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        order = np.argsort(keys_all)
-        self.keys = keys_all[order]
-        self.indices = (np.concatenate(indices) if indices else np.zeros(0, np.intp))[order]
-        if np.any(self.keys[1:] == self.keys[:-1]):
-            raise ClassifierError("char n-gram hash collision in the vocabulary")
-        with np.errstate(over="ignore"):
-            self._salts = [np.uint64(n) * _LENGTH_SALT for n in range(max_n + 1)]
-        self._word_hits: dict[str, np.ndarray] = {}
-
-    def warm(self, words: Sequence[str]) -> None:
-        """Cache these words' hits now (the loader passes the word vocabulary's single words)."""
-        distinct = list(dict.fromkeys(w for w in words if w and not any(c.isspace() for c in w)))
-        distinct = distinct[:self.WORD_CACHE_SIZE // 2]
-        if distinct and self.keys.shape[0]:
-            self._word_hits.update(zip(distinct, self._word_positions(distinct)))
-
-    def positions(self, text: str) -> np.ndarray:
-        """Sorted positions in ``keys`` of the text's n-grams found in the vocabulary, one entry per
-        occurrence. A word's n-grams do not depend on its neighbours, so each distinct word's hits
-        are computed once and kept (at most WORD_CACHE_SIZE words; the cache starts over when full)."""
-        words = text.split()
-        if not words or self.keys.shape[0] == 0:
-            return np.zeros(0, dtype=np.intp)
-        cache = self._word_hits
-        found = [cache.get(w) for w in words]
-        missing = [w for w, hits in zip(words, found) if hits is None]
-        if missing:
-            distinct = list(dict.fromkeys(missing))
-            fresh = dict(zip(distinct, self._word_positions(distinct)))
-            if len(cache) + len(fresh) > self.WORD_CACHE_SIZE:
-                cache.clear()
-            cache.update(fresh)
-            found = [hits if hits is not None else fresh[w] for w, hits in zip(words, found)]
-        hits = np.concatenate(found)
-        hits.sort()
-        return hits
-
-    def _word_positions(self, words: list[str]) -> list[np.ndarray]:
-        """For each word, the positions in ``keys`` of its padded form's n-grams (all words hashed
-        at once: the windows of " " + " ".join(words) + " " with no space strictly inside)."""
-        codes = _codes(" " + " ".join(words) + " ").astype(np.uint64)
-        spaces = codes == _SPACE
-        owner_at = np.cumsum(spaces) - 1  # a window starting at i belongs to word owner_at[i]
-        length = codes.shape[0]
-        hashes = codes
-        inner = None
-        queries, owners = [], []
-        with np.errstate(over="ignore"):
-            for n in range(2, self.max_n + 1):
-                count = length - n + 1
-                if count <= 0:
-                    break
-                hashes = hashes[:count] * _HASH_MULTIPLIER + codes[n - 1:n - 1 + count]
-                if n > 2:  # windows with a space strictly inside are not n-grams of one word
-                    step = spaces[n - 2:n - 2 + count]
-                    inner = step if inner is None else inner[:count] | step
-                if n >= self.min_n:
-                    keys = hashes + self._salts[n]
-                    queries.append(keys if inner is None else keys[~inner])
-                    owners.append(owner_at[:count] if inner is None else owner_at[:count][~inner])
-        query, owner = np.concatenate(queries), np.concatenate(owners)
-        position = np.searchsorted(self.keys, query)
-        np.minimum(position, self.keys.shape[0] - 1, out=position)
-        hit = self.keys.take(position) == query
-        position, owner = position[hit], owner[hit]
-        order = np.argsort(owner, kind="stable")
-        position, owner = position[order], owner[order]
-        bounds = np.searchsorted(owner, np.arange(len(words) + 1))
-        return [position[bounds[i]:bounds[i + 1]] for i in range(len(words))]
-
-    def features(self, text: str) -> np.ndarray:
-        """Vocabulary indices of the text's n-grams, one entry per occurrence."""
-        return self.indices[self.positions(text)]
-
-
-def _runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a sorted array and how often each occurs (in few numpy calls: this
-    runs twice per decision)."""
-    size = ids.shape[0]
-    if size == 0:
-        return ids, ids
-    first = np.empty(size, dtype=bool)
-    first[0] = True
-    np.not_equal(ids[1:], ids[:-1], out=first[1:])
-    starts = first.nonzero()[0]
-    counts = np.empty_like(starts)
-    np.subtract(starts[1:], starts[:-1], out=counts[:-1])
-    counts[-1] = size - starts[-1]
-    return ids.take(starts), counts
-
-
-class _WordGrams:
-    """A word TfidfVectorizer's analyzer (preprocessor, token pattern, word n-grams) with the
-    vocabulary lookup folded in: ``ids`` gives sorted vocabulary indices, one per occurrence."""
-
-    def __init__(self, transformer: TfidfVectorizer):
-        if transformer.stop_words is not None or transformer.analyzer != "word":
-            raise ClassifierError("FastScorer supports word n-grams without stop words only")
-        self.preprocess, self.tokenize = transformer.build_preprocessor(), transformer.build_tokenizer()
-        self.low, self.high = transformer.ngram_range
-        self.get = transformer.vocabulary_.get
-
-    def ids(self, text: str) -> np.ndarray:
-        tokens = self.tokenize(self.preprocess(text))
-        grams = list(tokens) if self.low == 1 else []
-        for n in range(max(self.low, 2), self.high + 1):
-            if n == 2:
-                grams += [f"{a} {b}" for a, b in zip(tokens, tokens[1:])]
-            else:
-                grams += [" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-        get = self.get
-        found = [i for i in map(get, grams) if i is not None]
-        ids = np.array(found, dtype=np.intp)
-        ids.sort()
-        return ids
-
-
-class FastScorer:
-    """The fitted pipeline's probabilities without scikit-learn's per-call overhead: the same
-    analyzers, vocabularies, idf weights, structural scaling and linear model, evaluated on one
-    sparse row with numpy (character n-grams found by vectorised hashing, their weights stored in
-    hash order so that the hits index them directly). ``predict_proba`` equals the pipeline's to
-    rounding (a test checks it)."""
-
-    def __init__(self, pipeline: Pipeline):
-        union, model = pipeline.named_steps["features"], pipeline.named_steps["model"]
-        weights = np.asarray(model.coef_.T, dtype=np.float64)  # (n_features, n_classes or 1)
-        # per part: (kind, ids function, idf per id, model weights per id (rows), offset)
-        self.parts: list[tuple] = []
-        self.char_tables: list[_CharGramTable] = []
-        offset = 0
-        for name, transformer in union.transformer_list:
-            if isinstance(transformer, TfidfVectorizer):
-                if not (transformer.sublinear_tf and transformer.use_idf and transformer.norm == "l2"):
-                    raise ClassifierError(f"FastScorer supports sublinear, idf-weighted, l2-normed TF-IDF only ({name})")
-                size = len(transformer.vocabulary_)
-                block = weights[offset:offset + size]
-                low, high = transformer.ngram_range
-                if transformer.analyzer == "char_wb" and low >= 2:
-                    preprocess, table = transformer.build_preprocessor(), _CharGramTable(transformer.vocabulary_, low, high)
-                    self.char_tables.append(table)
-                    self.parts.append(("tfidf", lambda text, p=preprocess, t=table: t.positions(p(text)),
-                                       transformer.idf_[table.indices], np.ascontiguousarray(block[table.indices])))
-                else:
-                    self.parts.append(("tfidf", _WordGrams(transformer).ids, transformer.idf_, block))
-                offset += size
-            else:
-                scaler = transformer.steps[-1][1]
-                size = len(scaler.scale_)
-                inverse = 1.0 / np.where(scaler.scale_ == 0, 1.0, scaler.scale_)
-                self.parts.append(("structure", structural_row, None,
-                                   np.ascontiguousarray(weights[offset:offset + size] * inverse[:, None])))
-                offset += size
-        single_words = [term for transformer in union.transformer_list if isinstance(transformer[1], TfidfVectorizer)
-                        and transformer[1].analyzer == "word" for term in transformer[1].vocabulary_ if " " not in term]
-        for table in self.char_tables:  # the first prompts then find most of their words cached
-            table.warm(single_words)
-        self.intercept = model.intercept_.astype(np.float64)
-        self.classes_ = model.classes_
-        if weights.shape[0] != offset:
-            raise ClassifierError("FastScorer: feature count does not match the model")
-
-    def cached_words(self) -> int:
-        """How many distinct words' character n-grams are cached."""
-        return sum(len(table._word_hits) for table in self.char_tables)
-
-    def scores(self, text: str) -> np.ndarray:
-        """The linear model's decision values for one text, shape (n_classes,) or (1,) for two."""
-        total = self.intercept.copy()
-        for kind, ids_of, idf, rows in self.parts:
-            if kind == "structure":
-                total += np.array(ids_of(text)) @ rows
-                continue
-            ids, counts = _runs(ids_of(text))
-            if ids.shape[0] == 0:
-                continue
-            values = (np.log(counts) + 1.0) * idf.take(ids)
-            total += (values @ rows.take(ids, axis=0)) / np.sqrt(values @ values)  # take: faster than [ids]
-        return total
-
-    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
-        """Class probabilities, shape (len(texts), n_classes), as the pipeline computes them."""
-        rows = np.array([self.scores(t) for t in texts], dtype=np.float64).reshape(len(texts), -1)
-        if rows.shape[1] == 1:  # two classes: a logistic of one decision value
-            positive = 1.0 / (1.0 + np.exp(-rows[:, 0]))
-            return np.column_stack([1.0 - positive, positive])
-        rows -= rows.max(axis=1, keepdims=True)
-        np.exp(rows, out=rows)
-        rows /= rows.sum(axis=1, keepdims=True)
-        return rows
-
-
 @dataclass
 class TaskClassifier:
-    """A loaded classifier version: predicts a task type and the probability the model gives it.
-    Small batches go through the FastScorer; large ones through the pipeline itself."""
+    """A loaded classifier version: predicts a task type and the calibrated probability of it (the
+    decision values divided by the version's temperature). Small batches go through the FastScorer;
+    large ones through the pipeline itself. ``threshold`` is the confidence the version chose on
+    grouped CV (None for a version without scores); ``rarely_reached`` names the tasks it seldom
+    predicts, with the reason."""
 
     version_id: int
     version: int
     labels: list[str]
     pipeline: Pipeline
     fast: FastScorer | None = None
+    temperature: float = 1.0
+    threshold: float | None = None
+    rarely_reached: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fast is None:
@@ -440,9 +323,10 @@ class TaskClassifier:
         if not texts:
             return []
         if len(texts) <= 64:
-            probabilities, classes = self.fast.predict_proba(list(texts)), self.fast.classes_
+            probabilities, classes = self.fast.predict_proba(list(texts), self.temperature), self.fast.classes_
         else:
-            probabilities, classes = self.pipeline.predict_proba(list(texts)), self.pipeline.classes_
+            classes = self.pipeline.classes_
+            probabilities = softmax(decision_matrix(self.pipeline, list(texts), list(classes)), self.temperature)
         best = probabilities.argmax(axis=1)
         return [(str(classes[i]), float(probabilities[row, i])) for row, i in enumerate(best)]
 
@@ -459,8 +343,29 @@ def load_version(record: ClassifierVersion) -> TaskClassifier:
     if differing:
         detail = ", ".join(f"{k} {old} (installed {new})" for k, (old, new) in sorted(differing.items()))
         raise ClassifierError(f"classifier version {record.version} was trained with {detail}; run: specroute train")
+    scores = dict(record.scores or {})
+    if "minilm" in scores.get("features", "tfidf"):
+        try:
+            encoder_folder()
+        except EncoderUnavailable as exc:
+            raise ClassifierError(f"classifier version {record.version} uses sentence embeddings: {exc}") from None
     pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above
-    return TaskClassifier(record.id, record.version, list(record.labels), pipeline)
+    calibrated = scores.get("calibration") or {}
+    rarely = {label: row["reason"] for label, row in (scores.get("reachability") or {}).items() if not row["reachable"]}
+    return TaskClassifier(record.id, record.version, list(record.labels), pipeline,
+                          temperature=float(calibrated.get("temperature", 1.0)), threshold=calibrated.get("threshold"),
+                          rarely_reached=rarely)
+
+
+def rarely_reached(session: Session) -> tuple[int | None, dict[str, str]]:
+    """The active classifier's version and the tasks it rarely predicts, with the reason (read from
+    its stored scores; nothing is unpickled)."""
+    record = session.execute(select(ClassifierVersion.version, ClassifierVersion.scores)
+                             .where(ClassifierVersion.is_active.is_(True))).first()
+    if record is None:
+        return None, {}
+    marks = (record.scores or {}).get("reachability") or {}
+    return record.version, {label: row["reason"] for label, row in marks.items() if not row["reachable"]}
 
 
 def load_active(session: Session) -> TaskClassifier | None:

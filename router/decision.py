@@ -15,11 +15,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from analyzer.acceptance import expected_tokens_iid
+from analyzer.settings import Settings, router_min_confidence, router_pools
 from analyzer.speedup import Cost, best_gamma, clears_break_even, iid_speedup, interpolate_curves
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier
 from router.features import prompt_text
 from router.policy import FALLBACK_TASK, PolicySnapshot
+
+DEFAULT_MIN_CONFIDENCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,14 @@ class RouterConfig:
 
     min_output_tokens: int = 20
     max_batch_size: int = 8
-    min_confidence: float = 0.5
+    min_confidence: float | None = None  # None: the classifier's own threshold, DEFAULT_MIN_CONFIDENCE without one
     pools: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "RouterConfig":
+        """The ``router_*`` settings (raises SettingsError naming a bad one)."""
+        return cls(settings.router_min_output_tokens, settings.router_max_batch_size,
+                   router_min_confidence(settings), router_pools(settings))
 
     def pool(self, speculate: bool, gamma: int) -> str:
         """The deployment for this decision: the configured name for "off" or the gamma, else
@@ -145,9 +154,19 @@ class Router:
             return [("unlabelled", 0.0)] * len(texts)
         return self.classifier.predict(texts)
 
+    @property
+    def min_confidence(self) -> float:
+        """The confidence bar in force: the configured one, else the classifier's own threshold."""
+        if self.config.min_confidence is not None:
+            return self.config.min_confidence
+        if self.classifier is not None and self.classifier.threshold is not None:
+            return float(self.classifier.threshold)
+        return DEFAULT_MIN_CONFIDENCE
+
     def _decide(self, request: RouteRequest, task: str, confidence: float) -> Decision:
         reasons: list[str] = []
-        confident = confidence >= self.config.min_confidence
+        bar = self.min_confidence
+        confident = confidence >= bar
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
         if key == task and policy is not None and task in self.policies:
@@ -158,9 +177,13 @@ class Router:
             else:
                 reasons.append(f"task {task} (confidence {confidence:.2f}): {policy.tier}, "
                                f"analysis predicts {policy.predicted_text()} at gamma {policy.gamma}")
+        rarely = self.classifier.rarely_reached.get(task) if self.classifier is not None else None
+        if rarely:
+            reasons.append(f"classifier v{self.classifier.version} rarely predicts {task} ({rarely}): most {task} "
+                           "traffic is routed by another task's policy")
         elif policy is not None:
             why = ("no task classifier trained" if self.classifier is None else
-                   f"confidence {confidence:.2f} < {self.config.min_confidence}" if not confident else f"no policy for task {task}")
+                   f"confidence {confidence:.2f} < {bar:.2f}" if not confident else f"no policy for task {task}")
             reasons.append(f"{why}: workload-wide policy (analysis predicts {policy.expected_speedup:.2f}x)")
         speculate, gamma = bool(policy and policy.speculate), policy.gamma if policy else 0
         alpha = policy.alpha_mean if policy else None

@@ -21,7 +21,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write
-from analyzer.settings import Settings, router_pools
+from analyzer.settings import Settings
 from analyzer.speedup import best_gamma, clears_break_even
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
@@ -39,8 +39,7 @@ class RouterService:
                  adaptation: AdaptationConfig | None = None, decision_log: bool = True, route_id_wait_s: float = 0.0):
         self.settings = settings
         self.sessions = sessions
-        self.config = RouterConfig(settings.router_min_output_tokens, settings.router_max_batch_size,
-                                   settings.router_min_confidence, router_pools(settings))
+        self.config = RouterConfig.from_settings(settings)
         self.adaptation = adaptation or AdaptationConfig()
         self.metrics = Metrics()
         self.decision_log = DecisionLog(sessions, on_drop=self.metrics.observe_dropped) if decision_log else None

@@ -1,6 +1,6 @@
 """The web UI in a real headless Chromium (Debian's chromium and chromium-driver, driven by Selenium)
 against the real waitress server with its background worker: upload and see counts, a malformed file's
-line-numbered errors, a `<script>` prompt shown as text, a small analysis with tiny models watched to
+line-numbered errors, a `<script>` prompt shown as text, task labels corrected in bulk and one by one, a small analysis with tiny models watched to
 100% and its report with the table and plots, and the playground's decision. Screenshots of the
 report and the playground are kept in SPECROUTE_TEST_ARTIFACTS (default: test-artifacts/)."""
 
@@ -117,6 +117,19 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     browser.get(base + "/prompts/tiny")
     assert "<script>document.title='pwned'</script> summarize this text" in browser.find_element(By.ID, "prompts").text
     assert browser.title != "pwned"
+
+    # label editing: every summarization prompt (the filter) relabelled in bulk, then one prompt back by its row
+    Select(browser.find_element(By.CSS_SELECTOR, "form.filters select[name=task]")).select_by_visible_text("summarization")
+    browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    Select(browser.find_element(By.ID, "bulk-task")).select_by_visible_text("general")
+    browser.find_element(By.CSS_SELECTOR, "#bulk-label button").click()
+    assert "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    browser.get(base + "/prompts/tiny")
+    assert "general 1" in browser.find_element(By.TAG_NAME, "main").text
+    Select(browser.find_element(By.ID, "task-4")).select_by_visible_text("summarization")
+    browser.find_element(By.CSS_SELECTOR, "#prompts tr:nth-child(4) form.inline-label button").click()
+    assert "prompt #4 is now summarization" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    assert "summarization 1" in browser.find_element(By.TAG_NAME, "main").text
 
     browser.get(base + "/runs/new")
     Select(browser.find_element(By.NAME, "prompt_set")).select_by_visible_text("tiny")

@@ -4,6 +4,7 @@ analysis results, and the train command."""
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 from collections import defaultdict
@@ -69,7 +70,8 @@ def test_structural_features_shape_and_values():
 
 def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subset):
     scores = evaluate(subset, seed=0)
-    assert scores["folds"] == 4  # the corpus has 4 roleplay prompts
+    assert scores["folds"] == 5 and scores["grouped"] is None  # the subset has no sources: no grouped CV
+    assert scores["calibration"]["on"] == "stratified" and scores["calibration"]["ece_after"] <= scores["calibration"]["ece_before"]
     assert scores["macro_f1"] >= scores["baseline"]["macro_f1"] + 0.3
     assert scores["accuracy"] >= 0.7
     assert set(scores["per_class"]) == set(subset.labels) and len(scores["per_class"]) == 13
@@ -150,7 +152,7 @@ def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session
 def test_train_command_on_an_imported_labeled_set(runner, tmp_path):
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     assert runner.invoke(cli, ["prompts", "import", "--sample"]).exit_code == 0
-    result = runner.invoke(cli, ["train", "--prompts", "sample", "--json"], catch_exceptions=False)
+    result = runner.invoke(cli, ["train", "--data", "labels", "--prompts", "sample", "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["version"] == 1 and len(record["labels"]) == 13 and record["training_prompt_count"] == 64
@@ -161,17 +163,31 @@ def test_train_command_on_an_imported_labeled_set(runner, tmp_path):
 
 def test_bundled_corpus_is_the_project_corpus_with_its_license_table():
     shipped = (ROOT / "router" / "data" / "corpus.jsonl").read_bytes()
-    shared = require_shared(ROOT.parent / "shared" / "data" / "prompts" / "dev.jsonl")
-    assert shipped == shared.read_bytes()
+    folder = ROOT.parent / "shared" / "data" / "prompts"
+    dev, extra = require_shared(folder / "dev.jsonl"), require_shared(folder / "dev-extra.jsonl")
+    assert shipped == dev.read_bytes() + extra.read_bytes()  # reproducible: the two files, in this order
     licenses = (ROOT / "router" / "data" / "LICENSES.md").read_text("utf-8")
-    for source in {json.loads(line)["source"].split(":")[0].split("/")[0] for line in shipped.decode().splitlines()}:
-        assert source in licenses
+    rows = [json.loads(line) for line in shipped.decode().splitlines()]
+    for owner in {row["source"].split(":")[0].split("/")[0] for row in rows}:
+        assert owner in licenses, owner
+    for row in rows:  # share-alike rows keep their license and attribution
+        assert row["license"] in licenses
+    assert "share-alike" in licenses and "attribution: Han et al. 2022, FOLIO" in licenses
+
+
+def test_bundled_corpus_covers_every_task_with_several_sources():
+    corpus = cold_start_data()
+    counts = collections.Counter(corpus.labels)
+    assert len(counts) == 13 and min(counts.values()) >= 30  # dev-extra lifted the thin classes
+    assert len(corpus.groups) == len(corpus.texts) == 1889
+    assert len(set(corpus.groups)) == 16 and "f/awesome-chatgpt-prompts" in corpus.groups
 
 
 def test_fast_scorer_equals_the_pipeline_probabilities(subset):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from router.classifier import FastScorer, _char_wb_ngrams, build_pipeline
+    from router.classifier import build_pipeline
+    from router.fast_scorer import FastScorer, _char_wb_ngrams
 
     pipeline = build_pipeline().fit(subset.texts, subset.labels)
     fast = FastScorer(pipeline)

@@ -470,30 +470,33 @@ def runs_cancel(state: CliState, run_id: int) -> None:
 
 @cli.command("train")
 @click.option("--prompts", "prompt_sets", multiple=True,
-              help="Train on the labeled prompts of this set (repeatable; default: every set).")
-@click.option("--cold-start", is_flag=True, help="Train on the bundled labeled corpus instead of the database.")
+              help="Use the labeled prompts of this set only (repeatable; default: every set).")
+@click.option("--data", "source", type=click.Choice(["both", "labels", "corpus"]), default="both", show_default=True,
+              help="both: the bundled corpus plus your labeled prompts (yours win for the same text); "
+                   "labels: your labeled prompts only; corpus: the bundled corpus only.")
+@click.option("--cold-start", is_flag=True, help="Same as --data corpus.")
+@click.option("--features", type=click.Choice(["tfidf", "minilm", "tfidf+minilm"]), default=None,
+              help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
 @click.pass_obj
-def train(state: CliState, prompt_sets: tuple[str, ...], cold_start: bool, seed: int, as_json: bool) -> None:
-    """Train the task classifier, score it by stratified cross-validation beside the keyword
-    baseline, store it as a new version and make it active.
-
-    With no labeled prompts in the database it falls back to the bundled corpus.
+def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start: bool, features: str | None,
+          seed: int, as_json: bool) -> None:
+    """Train the task classifier; score it by stratified and by leave-one-source-out cross-validation
+    beside the keyword baseline; calibrate its confidence and choose the routing threshold on the
+    grouped folds; mark the task types it rarely reaches; store it as a new version and make it active.
     """
-    from router.classifier import ClassifierError, cold_start_data, train_classifier, training_data_from_db
+    from router.classifier import ClassifierError, train_classifier, training_data
 
-    if cold_start and prompt_sets:
-        raise click.UsageError("give --prompts or --cold-start, not both")
+    if cold_start:
+        source = "corpus"
+    features = features or state.settings.classifier_features
     try:
         with state.sessions()() as session, session.begin():
-            data = cold_start_data() if cold_start else training_data_from_db(session, prompt_sets or None)
-            if not data.texts and not prompt_sets:
-                click.echo("no labeled prompts in the database; training on the bundled corpus", err=True)
-                data = cold_start_data()
-            click.echo(f"training on {len(data.texts)} prompts ({data.source}), "
-                       f"{len(set(data.labels))} task types; cross-validating ...", err=True)
-            version = train_classifier(session, data, seed=seed)
+            data = training_data(session, source, prompt_sets or None)
+            click.echo(f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
+                       f"{len(set(data.groups))} sources, features {features}; cross-validating ...", err=True)
+            version = train_classifier(session, data, seed=seed, features=features)
             record = {"version": version.version, "labels": version.labels,
                       "training_prompt_count": version.training_prompt_count,
                       "training_data_sha256": version.training_data_sha256,
@@ -504,12 +507,26 @@ def train(state: CliState, prompt_sets: tuple[str, ...], cold_start: bool, seed:
         click.echo(json.dumps(record))
         return
     scores = record["scores"]
-    click.echo(f"classifier v{record['version']} active: macro-F1 {scores['macro_f1']:.3f}, accuracy "
-               f"{scores['accuracy']:.3f} ({scores['folds']}-fold CV); keyword baseline macro-F1 "
-               f"{scores['baseline']['macro_f1']:.3f}, accuracy {scores['baseline']['accuracy']:.3f}")
+    click.echo(f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
+               f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
+               f"{scores['baseline']['macro_f1']:.3f}")
+    grouped = scores.get("grouped")
+    if grouped:
+        click.echo(f"leave-one-source-out ({grouped['folds']} sources, what unseen traffic will see): "
+                   f"macro-F1 {grouped['macro_f1']:.3f}, accuracy {grouped['accuracy']:.3f}")
+    else:
+        click.echo("leave-one-source-out: not possible, the training data has one source")
+    click.echo(f"  {'task':<18} {'F1 strat.':>9} {'F1 unseen':>9} {'n':>5}  reached")
     for label, row in scores["per_class"].items():
-        click.echo(f"  {label:<18} precision {row['precision']:.2f}  recall {row['recall']:.2f}  "
-                   f"f1 {row['f1-score']:.2f}  n={int(row['support'])}")
+        unseen = f"{grouped['per_class'][label]['f1-score']:.2f}" if grouped else "-"
+        reach = scores["reachability"][label]
+        click.echo(f"  {label:<18} {row['f1-score']:>9.2f} {unseen:>9} {int(row['support']):>5}  "
+                   + ("yes" if reach["reachable"] else f"RARELY: {reach['reason']}"))
+    calibration = scores["calibration"]
+    click.echo(f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
+               f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
+               f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
+               f"{100 * (calibration['precision'] or 0):.0f}% of those right)")
     if scores.get("dropped_labels"):
         click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
 
@@ -636,14 +653,12 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
 @click.pass_obj
 def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
     """Print the routing decision for PROMPT with the active classifier and policy set."""
-    from analyzer.settings import router_pools
     from router.classifier import ClassifierError
     from router.decision import RouterConfig, router_from_database
 
     settings = state.settings
     try:
-        config = RouterConfig(settings.router_min_output_tokens, settings.router_max_batch_size,
-                              settings.router_min_confidence, router_pools(settings))
+        config = RouterConfig.from_settings(settings)
         with state.sessions()() as session:
             router = router_from_database(session, config)
     except (ClassifierError, SettingsError) as exc:
@@ -917,10 +932,13 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
         except ClassifierError:
             classifier = None
         if classifier is None:
-            click.echo("[4/6] training the task classifier on the bundled corpus (cross-validated; about a minute)")
-            version = train_classifier(session, cold_start_data())
-            click.echo(f"      classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f}, keyword baseline "
-                       f"{version.scores['baseline']['macro_f1']:.3f}")
+            click.echo("[4/6] training the task classifier on the bundled corpus (stratified and leave-one-source-out "
+                       "cross-validation; about two minutes)")
+            version = train_classifier(session, cold_start_data(), features=state.settings.classifier_features)
+            scores = version.scores
+            click.echo(f"      classifier v{version.version} ({scores['features']}): macro-F1 {scores['macro_f1']:.3f} "
+                       f"stratified, {scores['grouped']['macro_f1']:.3f} on unseen sources; keyword baseline "
+                       f"{scores['baseline']['macro_f1']:.3f}; routing threshold {scores['calibration']['threshold']:.2f}")
         else:
             click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
     with sessions() as session, session.begin():

@@ -1,5 +1,6 @@
 """Prompt-set pages: list with counts per task type and an upload form (errors inline, with line
-numbers), one set's prompts (paginated, searchable, filterable by task), delete."""
+numbers), one set's prompts (paginated, searchable, filterable by task), their task labels set or
+corrected one at a time or for every prompt the filter matches (each change one transaction), delete."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from analyzer.prompt_sets import (
     delete_prompt_set,
     get_prompt_set,
     import_prompt_file,
+    known_task_types,
     list_prompt_sets,
     list_prompts,
+    relabel_prompts,
+    set_prompt_task,
     summarize,
 )
 from webui.ui import bp, sessions, settings
@@ -55,11 +59,15 @@ def upload_prompts():
     return redirect(url_for("ui.prompt_set", name=set_name))
 
 
-@bp.get("/prompts/<name>")
-def prompt_set(name: str):
-    page = min(max(request.args.get("page", 1, type=int), 1), 1_000_000)  # an offset the database can take
-    search = (request.args.get("q") or "").strip() or None
-    task = request.args.get("task")
+def _filter_args(source) -> tuple[str | None, str | None]:
+    """(search text, task filter) from a request's args or form; task "*" or absent = any."""
+    search = (source.get("q") or "").strip() or None
+    task = source.get("task")
+    return search, (task if task is not None and task != "*" else None)
+
+
+def _set_page(name: str, page: int, search: str | None, task: str | None, error: str | None = None,
+              status: int = 200):
     with sessions()() as session:
         try:
             found = get_prompt_set(session, name)
@@ -67,13 +75,49 @@ def prompt_set(name: str):
             return render_template("error.html", code=404, name="Not found", message=str(exc)), 404
         summary = summarize(session, [found])[0]
         prompts, total = list_prompts(session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE,
-                                      search=search, task=task if task is not None and task != "*" else None)
+                                      search=search, task=task)
         rows = [{"position": p.position + 1, "id": p.external_id, "task": p.task, "line": p.source_line,
                  "text": p.text if p.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in p.messages or [])}
                 for p in prompts]
+        tasks = known_task_types(session)
     pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
     return render_template("prompt_set.html", summary=summary, rows=rows, total=total, page=page, pages=pages,
-                           q=search or "", task=task if task is not None else "*")
+                           q=search or "", task=task if task is not None else "*", known_tasks=tasks,
+                           error=error), status
+
+
+@bp.get("/prompts/<name>")
+def prompt_set(name: str):
+    page = min(max(request.args.get("page", 1, type=int), 1), 1_000_000)  # an offset the database can take
+    search, task = _filter_args(request.args)
+    return _set_page(name, page, search, task)
+
+
+@bp.post("/prompts/<name>/labels")
+def label_prompts(name: str):
+    """Set the task of one prompt (``position``) or of every prompt the filter (``q``, ``task``)
+    matches (``bulk``) to ``new_task`` ("" unlabels); one transaction either way."""
+    search, task = _filter_args(request.form)
+    page = min(max(request.form.get("page", 1, type=int), 1), 1_000_000)
+    new_task = request.form.get("new_task")
+    position = request.form.get("position", type=int)
+    if new_task is None or (position is None and not request.form.get("bulk")):
+        return _set_page(name, page, search, task, "give new_task and either position or bulk", 400)
+    try:
+        with sessions()() as session, session.begin():
+            found = get_prompt_set(session, name)
+            if position is not None:
+                set_prompt_task(session, found, position, new_task)
+                message = f"prompt #{position} is now {new_task.strip() or 'unlabelled'}"
+            else:
+                changed = relabel_prompts(session, found, new_task, search=search, current_task=task)
+                message = f"{changed} prompt(s) relabelled {new_task.strip() or 'unlabelled'}"
+    except PromptSetNotFound as exc:
+        return render_template("error.html", code=404, name="Not found", message=str(exc)), 404
+    except PromptSetError as exc:
+        return _set_page(name, page, search, task, str(exc), 400)
+    flash(message + " (used by the next `specroute train`; past analyses keep their labels)")
+    return redirect(url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*"))
 
 
 @bp.post("/prompts/<name>/delete")

@@ -9,13 +9,21 @@ from sqlalchemy import select
 
 from analyzer.db import MAX_ID
 from analyzer.models import AnalysisRun, PromptSet
-from router.classifier import ClassifierError, activate_version, cold_start_data, train_classifier, training_data_from_db
+from router.classifier import (
+    FEATURE_SETS,
+    ClassifierError,
+    activate_version,
+    rarely_reached,
+    train_classifier,
+    training_data,
+)
 from router.decision import RouteRequest
+from router.encoder import encoder_available
 from router.models import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.service import policy_dict
 from webui.plots import heatmap
-from webui.ui import bp, sessions
+from webui.ui import bp, sessions, settings
 
 
 def _router_service():
@@ -28,7 +36,8 @@ def classifier():
         versions = list(session.scalars(select(ClassifierVersion).order_by(ClassifierVersion.version.desc())))
         rows = [{"version": v.version, "active": v.is_active, "labels": len(v.labels), "prompts": v.training_prompt_count,
                  "source": (v.scores or {}).get("source"), "macro_f1": (v.scores or {}).get("macro_f1"),
-                 "accuracy": (v.scores or {}).get("accuracy"),
+                 "accuracy": (v.scores or {}).get("accuracy"), "features": (v.scores or {}).get("features", "tfidf"),
+                 "unseen_f1": ((v.scores or {}).get("grouped") or {}).get("macro_f1"),
                  "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
                  "created_at": v.created_at.isoformat(timespec="seconds")} for v in versions]
         active = next((v for v in versions if v.is_active), None)
@@ -37,22 +46,27 @@ def classifier():
     plot = Markup(heatmap("Confusion matrix (cross-validated)", confusion["labels"], confusion["matrix"])) if confusion else None
     with sessions()() as session:
         prompt_sets = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
-    return render_template("classifier.html", versions=rows, scores=scores, plot=plot, prompt_sets=prompt_sets)
+    return render_template("classifier.html", versions=rows, scores=scores, plot=plot, prompt_sets=prompt_sets,
+                           feature_sets=FEATURE_SETS, default_features=settings().classifier_features,
+                           encoder=encoder_available())
 
 
 @bp.post("/classifier/train")
 def train():
     names = [n for n in request.form.getlist("prompt_sets") if n]
-    source = request.form.get("source", "database")
+    source = request.form.get("source", "both")
+    features = request.form.get("features") or settings().classifier_features
     try:
+        if features not in FEATURE_SETS:
+            raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
         with sessions()() as session, session.begin():
-            data = cold_start_data() if source == "corpus" else training_data_from_db(session, names or None)
-            if not data.texts:
-                raise ClassifierError("no labeled prompts in the database; train on the bundled corpus instead")
-            version = train_classifier(session, data)
+            data = training_data(session, source, names or None)
+            version = train_classifier(session, data, features=features)
+            grouped = version.scores.get("grouped")
             message = (f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
-                       f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f}, keyword baseline "
-                       f"{version.scores['baseline']['macro_f1']:.3f}")
+                       f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
+                       + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
+                       + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}")
     except ClassifierError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
@@ -114,8 +128,10 @@ def policies():
                  "policies": [policy_dict(x, p.margin) for x in p.policies]} for p in list_policy_sets(session)]
         runs = [{"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec} for r in session.scalars(
             select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc()))]
+        classifier_version, rarely = rarely_reached(session)
     estimates = {e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])}
-    return render_template("policies.html", sets=sets, runs=runs, estimates=estimates)
+    return render_template("policies.html", sets=sets, runs=runs, estimates=estimates, rarely=rarely,
+                           classifier_version=classifier_version)
 
 
 @bp.post("/policies/publish")

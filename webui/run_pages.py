@@ -19,6 +19,7 @@ from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.report import ReportError, build_report
 from analyzer.report_text import report_csv
 from analyzer.runs import RunError, RunParams, create_run, request_cancel, shown_status
+from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
 
@@ -204,9 +205,11 @@ def run(run_id: int):
     report = _report(run_id)
     with sessions()() as session:
         row = _run_row(session.get(AnalysisRun, run_id))
+        classifier_version, rarely = rarely_reached(session)
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     return render_template("report.html", report=report, run=row, plots=plots, verdict=recommendation(report),
-                           gammas=list(range(1, int(report["params"].get("gamma_max", 16)) + 1)))
+                           gammas=list(range(1, int(report["params"].get("gamma_max", 16)) + 1)),
+                           rarely=rarely, classifier_version=classifier_version)
 
 
 @bp.get("/runs/<int:run_id>/report.json")
@@ -227,7 +230,10 @@ def report_html(run_id: int):
     report = _report(run_id)
     css = resources.files("webui").joinpath("static/style.css").read_text(encoding="utf-8")
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
-    html = render_template("report_export.html", report=report, plots=plots, verdict=recommendation(report), css=Markup(css))
+    with sessions()() as session:
+        classifier_version, rarely = rarely_reached(session)
+    html = render_template("report_export.html", report=report, plots=plots, verdict=recommendation(report), css=Markup(css),
+                           rarely=rarely, classifier_version=classifier_version)
     return Response(html, mimetype="text/html",
                     headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.html"'})
 

@@ -1,0 +1,190 @@
+"""How good the task classifier is, measured two ways, and what follows from it.
+
+- Stratified k-fold CV: folds mix every source, so it measures prompts that look like the training data.
+- Leave-one-source-out CV (grouped by the repository in each prompt's ``source``, so the files of one
+  dataset stay together): every source is predicted by a model that never saw it, which is what
+  traffic from elsewhere looks like. A prompt whose task has no other source cannot be learnt from the
+  other folds: such prompts are left out of the grouped scores (and their tasks listed as having a
+  single source) rather than counted as misses; wrong predictions *of* those tasks still count.
+
+From the grouped out-of-fold decision values: a temperature that calibrates the probabilities (the
+expected calibration error and a reliability table before and after), the confidence threshold below
+which the router should use the workload policy (where following the classifier stops paying: more
+of its predictions right than wrong above it), and per task whether the classifier reaches it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Sequence
+
+import numpy as np
+from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
+from sklearn.model_selection import StratifiedKFold
+
+MIN_REACH_RECALL = 0.3  # a task predicted for fewer of its prompts (unseen sources) is "rarely reached"
+MIN_TRAINING_PROMPTS = 20  # ... as is one with fewer training prompts
+ECE_BINS = 10
+USER_GROUP = "your labels"
+
+
+def source_group(source: str | None) -> str:
+    """The group of a prompt for grouped CV: the repository part of ``owner/repo:file`` (a prompt
+    with no source, such as a user's own label, is in USER_GROUP)."""
+    return source.split(":", 1)[0] if source else USER_GROUP
+
+
+def softmax(scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise softmax of decision values divided by ``temperature`` (-inf columns get 0)."""
+    z = np.asarray(scores, dtype=np.float64) / temperature
+    z = z - z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def decision_matrix(model, texts: Sequence[str], labels: Sequence[str]) -> np.ndarray:
+    """A fitted linear classifier's decision values as a (n, len(labels)) matrix over ``labels``;
+    a label the model was not trained on gets -inf. Two classes become [0, d] (softmax = logistic)."""
+    values = np.asarray(model.decision_function(list(texts)), dtype=np.float64)
+    if values.ndim == 1:
+        values = np.column_stack([np.zeros_like(values), values])
+    out = np.full((len(texts), len(labels)), -np.inf)
+    column = {label: i for i, label in enumerate(labels)}
+    for j, label in enumerate(model.classes_):
+        out[:, column[label]] = values[:, j]
+    return out
+
+
+def out_of_fold(build: Callable[[], object], texts: Sequence[str], labels: Sequence[str],
+                folds: list[tuple[np.ndarray, np.ndarray]], all_labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Decision values of every prompt from a model fitted on the other folds, and whether its own
+    task was among that model's training labels (it can only be predicted if so)."""
+    texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
+    scores = np.full((len(texts), len(all_labels)), -np.inf)
+    learnable = np.zeros(len(texts), dtype=bool)
+    for train, test in folds:
+        trained = set(labels[train])
+        learnable[test] = [label in trained for label in labels[test]]
+        if len(trained) < 2:
+            continue  # nothing to learn from one class; the fold's prompts stay unpredicted
+        model = build().fit(list(texts[train]), list(labels[train]))
+        scores[test] = decision_matrix(model, texts[test], all_labels)
+    return scores, learnable
+
+
+def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    splits = min(folds, min(Counter(labels).values()))
+    return list(StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels))
+
+
+def grouped_folds(groups: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Leave one group out: one fold per distinct group."""
+    groups = np.asarray(groups, dtype=object)
+    indices = np.arange(len(groups))
+    return [(indices[groups != g], indices[groups == g]) for g in sorted(set(groups))]
+
+
+def predictions(scores: np.ndarray, all_labels: list[str]) -> list[str]:
+    """The argmax label per row; a row with no scores (its fold had nothing to learn) is "" (wrong)."""
+    best = scores.argmax(axis=1)
+    return ["" if not np.isfinite(scores[i]).any() else all_labels[b] for i, b in enumerate(best)]
+
+
+def scores_of(labels: Sequence[str], predicted: Sequence[str], all_labels: list[str]) -> dict:
+    """Macro-F1, accuracy, per-class precision/recall/F1/support and the confusion matrix."""
+    report = classification_report(labels, predicted, labels=all_labels, output_dict=True, zero_division=0)
+    return {
+        "macro_f1": float(f1_score(labels, predicted, labels=all_labels, average="macro", zero_division=0)),
+        "accuracy": float(accuracy_score(labels, predicted)),
+        "per_class": {label: {k: float(report[label][k]) for k in ("precision", "recall", "f1-score", "support")}
+                      for label in all_labels},
+        "confusion": {"labels": all_labels, "matrix": confusion_matrix(labels, predicted, labels=all_labels).tolist()},
+    }
+
+
+def reliability(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> tuple[float, list[dict]]:
+    """Expected calibration error (equal-width confidence bins, weighted by size) and the table."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.clip(np.searchsorted(edges, confidence, side="right") - 1, 0, bins - 1)
+    rows, ece = [], 0.0
+    for b in range(bins):
+        inside = which == b
+        n = int(inside.sum())
+        if n == 0:
+            continue
+        mean_conf, accuracy = float(confidence[inside].mean()), float(correct[inside].mean())
+        ece += n / len(confidence) * abs(mean_conf - accuracy)
+        rows.append({"low": float(edges[b]), "high": float(edges[b + 1]), "n": n,
+                     "confidence": mean_conf, "accuracy": accuracy})
+    return float(ece), rows
+
+
+def fit_temperature(scores: np.ndarray, truth: np.ndarray) -> float:
+    """The temperature whose calibrated confidences have the lowest expected calibration error on
+    these out-of-fold predictions (ties: the lower negative log-likelihood). Rows whose true label had
+    no score are left out: no temperature can help them. One parameter fitted on out-of-fold values,
+    so the "after" figure is only mildly optimistic."""
+    usable = np.isfinite(scores[np.arange(len(truth)), truth])
+    if usable.sum() < 2:
+        return 1.0
+    s, t = scores[usable], truth[usable]
+    correct = s.argmax(axis=1) == t
+
+    def cost(temperature: float) -> tuple[float, float]:
+        p = softmax(s, temperature)
+        return (round(reliability(p.max(axis=1), correct)[0], 4),
+                float(-np.log(np.maximum(p[np.arange(len(t)), t], 1e-300)).mean()))
+
+    grid = np.exp(np.linspace(np.log(0.05), np.log(50.0), 121))
+    best = grid[min(range(len(grid)), key=lambda i: cost(grid[i]))]
+    fine = np.exp(np.linspace(np.log(best) - 0.06, np.log(best) + 0.06, 25))
+    return float(fine[min(range(len(fine)), key=lambda i: cost(fine[i]))])
+
+
+def choose_threshold(confidence: np.ndarray, correct: np.ndarray) -> dict:
+    """The confidence bar at which following the classifier pays most on these out-of-fold
+    predictions: the one that maximises (right - wrong) among the predictions at or above it (ties:
+    the lower bar, which routes more requests); 1.0 when no bar leaves more right than wrong. With
+    the share of prompts it keeps and their precision."""
+    order = np.argsort(-confidence, kind="stable")
+    net = np.cumsum(np.where(correct[order], 1, -1))
+    if len(net) == 0 or net.max() <= 0:
+        return {"threshold": 1.0, "coverage": 0.0, "precision": None}
+    k = int(np.nonzero(net == net.max())[0].max())
+    threshold = float(confidence[order][k])
+    kept = confidence >= threshold
+    return {"threshold": threshold, "coverage": float(kept.mean()), "precision": float(correct[kept].mean())}
+
+
+def calibration(scores: np.ndarray, labels: Sequence[str], all_labels: list[str]) -> dict:
+    """Temperature, ECE and reliability table before and after, and the routing threshold."""
+    index = {label: i for i, label in enumerate(all_labels)}
+    truth = np.asarray([index[label] for label in labels])
+    predicted = scores.argmax(axis=1)
+    correct = (predicted == truth) & np.isfinite(scores).any(axis=1)
+    temperature = fit_temperature(scores, truth)
+    raw = softmax(np.where(np.isfinite(scores).any(axis=1, keepdims=True), scores, 0.0)).max(axis=1)
+    calibrated = softmax(np.where(np.isfinite(scores).any(axis=1, keepdims=True), scores, 0.0), temperature).max(axis=1)
+    ece_before, table_before = reliability(raw, correct)
+    ece_after, table_after = reliability(calibrated, correct)
+    return {"temperature": temperature, "ece_before": ece_before, "ece_after": ece_after,
+            "reliability_before": table_before, "reliability_after": table_after,
+            **choose_threshold(calibrated, correct)}
+
+
+def reachability(recall: dict[str, float], training_counts: Counter, unseen: set[str]) -> dict[str, dict]:
+    """Per task: reached or not, and why (recall below MIN_REACH_RECALL — on sources left out of
+    training for the tasks in ``unseen``, stratified otherwise — or fewer than MIN_TRAINING_PROMPTS
+    training prompts)."""
+    out = {}
+    for label, value in recall.items():
+        n, value = int(training_counts.get(label, 0)), float(value)
+        where = "on sources left out of training" if label in unseen else "cross-validated"
+        why = []
+        if n < MIN_TRAINING_PROMPTS:
+            why.append(f"only {n} training prompts (< {MIN_TRAINING_PROMPTS})")
+        if value < MIN_REACH_RECALL:
+            why.append(f"recall {value:.2f} {where} (< {MIN_REACH_RECALL})")
+        out[label] = {"reachable": not why, "recall": value, "recall_on": where, "training_prompts": n,
+                      "reason": "; ".join(why)}
+    return out

@@ -1,0 +1,149 @@
+"""Honest evaluation of the task classifier: leave-one-source-out CV that does not score what cannot
+be learnt, calibration that lowers the expected calibration error, a threshold with the precision it
+promises, reachability, and the router using all three."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from router.classifier import TaskClassifier, build_pipeline, evaluate, make_training_data
+from router.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
+from router.evaluation import (
+    choose_threshold,
+    fit_temperature,
+    grouped_folds,
+    reachability,
+    reliability,
+    softmax,
+    source_group,
+)
+from router.policy import PolicySnapshot
+
+
+def test_source_group_is_the_repository():
+    assert source_group("suzgunmirac/BIG-Bench-Hard:bbh/navigate.json") == "suzgunmirac/BIG-Bench-Hard"
+    assert source_group(None) == "your labels"
+    folds = grouped_folds(["a", "b", "a", "c"])
+    assert [list(test) for _, test in folds] == [[0, 2], [1], [3]]
+
+
+def test_temperature_scaling_fixes_an_overconfident_model():
+    rng = np.random.default_rng(0)
+    n, classes = 4000, 4
+    true_logits = rng.normal(0, 1.0, size=(n, classes))
+    truth = np.array([rng.choice(classes, p=p) for p in softmax(true_logits)])  # labels drawn from the true model
+    overconfident = 6.0 * true_logits
+    correct = overconfident.argmax(1) == truth
+    before, _ = reliability(softmax(overconfident).max(1), correct)
+    temperature = fit_temperature(overconfident, truth)
+    after, table = reliability(softmax(overconfident, temperature).max(1), correct)
+    assert 5.0 < temperature < 7.0  # the factor the scores were inflated by
+    assert before > 0.2 and after < 0.03
+    assert sum(row["n"] for row in table) == n
+
+
+def test_threshold_is_where_following_the_classifier_pays_most():
+    confidence = np.array([0.95, 0.9, 0.85, 0.8, 0.6, 0.55, 0.5, 0.3])
+    correct = np.array([1, 1, 1, 0, 1, 0, 0, 0], dtype=bool)
+    chosen = choose_threshold(confidence, correct)  # net right - wrong from the top: 1 2 3 2 3 2 1 0
+    assert chosen["threshold"] == 0.6 and chosen["coverage"] == 5 / 8 and chosen["precision"] == 0.8
+    never = choose_threshold(confidence, np.zeros(8, dtype=bool))
+    assert never["threshold"] == 1.0 and never["coverage"] == 0.0 and never["precision"] is None
+
+
+def test_reachability_marks_rare_and_thin_tasks():
+    marks = reachability({"code": 0.9, "extraction": 0.1, "roleplay": 0.8}, {"code": 200, "extraction": 90, "roleplay": 5},
+                         unseen={"code", "extraction"})
+    assert marks["code"]["reachable"] and not marks["extraction"]["reachable"] and not marks["roleplay"]["reachable"]
+    assert "recall 0.10 on sources left out of training" in marks["extraction"]["reason"]
+    assert "only 5 training prompts" in marks["roleplay"]["reason"]
+
+
+def synthetic() -> tuple:
+    """Three sources: translation only in source A (one source: not scored in grouped CV), code and
+    math in two sources each with different surface forms."""
+    texts, labels, groups = [], [], []
+    for i in range(12):
+        texts += [f"Translate to German: the house number {i}", f"def f{i}(x): return x + {i}",
+                  f"What is {i} plus {i + 3}?"]
+        labels += ["translation", "code", "math"]
+        groups += ["A", "A", "A"]
+        texts += [f"function g{i}(y) {{ return y * {i}; }}", f"Compute the sum of {i} and {i + 7}."]
+        labels += ["code", "math"]
+        groups += ["B", "B"]
+    return texts, labels, groups
+
+
+def test_grouped_cv_scores_only_learnable_tasks_and_calibrates():
+    texts, labels, groups = synthetic()
+    scores = evaluate(make_training_data(texts, labels, "synthetic", groups))
+    grouped = scores["grouped"]
+    assert grouped["folds"] == 2 and grouped["single_source"] == ["translation"]
+    assert set(grouped["per_class"]) == {"code", "math"} and grouped["prompts"] == 48  # 12 translation prompts left out
+    assert scores["calibration"]["on"] == "leave-one-source-out"
+    assert scores["calibration"]["temperature"] > 0
+    assert set(scores["reachability"]) == {"code", "math", "translation"}
+    assert scores["reachability"]["translation"]["recall_on"] == "cross-validated"
+    assert scores["macro_f1"] >= grouped["macro_f1"]  # unseen sources are harder
+
+
+def test_the_router_uses_the_classifier_threshold_and_names_rarely_reached_tasks():
+    texts, labels, groups = synthetic()
+    pipeline = build_pipeline().fit(texts, labels)
+    policies = {task: PolicySnapshot(task, True, 4, 0.8, 0.01, 12, 1.5, "HIGH", (1.2, 1.3, 1.4, 1.5))
+                for task in ("code", "math")}
+    fallback = PolicySnapshot("*", False, 0, 0.3, 0.01, 36, 1.0, "LOW", (0.9, 0.8, 0.7, 0.6))
+    sure = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.0, rarely_reached={"code": "recall 0.10"})
+    router = Router(sure, {**policies, "*": fallback}, policy_version=1)
+    decision = router.route("def h(z): return z - 1")
+    assert decision.task_type == "code" and decision.speculate
+    assert any("rarely predicts code (recall 0.10)" in r for r in decision.reasons)
+    strict = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.999)
+    decision = Router(strict, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
+    assert not decision.speculate and any("< 1.00: workload-wide policy" in r for r in decision.reasons)
+    configured = Router(strict, {**policies, "*": fallback}, config=RouterConfig(min_confidence=0.0), policy_version=1)
+    assert configured.min_confidence == 0.0 and configured.route("def h(z): return z - 1").speculate
+    assert Router(None, {}, policy_version=None).min_confidence == DEFAULT_MIN_CONFIDENCE
+
+
+@pytest.mark.parametrize("value, expected", [("auto", None), ("0.7", 0.7), (" AUTO ", None)])
+def test_min_confidence_setting(value, expected):
+    from analyzer.settings import load_settings, router_min_confidence
+
+    assert router_min_confidence(load_settings({"router_min_confidence": value})) == expected
+
+
+def test_min_confidence_setting_refuses_nonsense():
+    from analyzer.settings import SettingsError, load_settings, router_min_confidence
+
+    for bad in ("high", "1.5", "-0.1"):
+        with pytest.raises(SettingsError, match="SPECROUTE_ROUTER_MIN_CONFIDENCE: expected auto or a number from 0 to 1"):
+            router_min_confidence(load_settings({"router_min_confidence": bad}))
+
+
+def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_package(monkeypatch):
+    from router import encoder
+    from router.classifier import ClassifierError, load_version
+    from router.fast_scorer import FastScorer
+
+    texts, labels, _ = synthetic()
+    vectors = encoder.embed(texts[:3])
+    assert vectors.shape == (3, encoder.DIMENSIONS) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) < 0.999  # different prompts, different embeddings
+    pipeline = build_pipeline(features="tfidf+minilm").fit(texts, labels)
+    probe = ["def k(q): return q * 2", "Translate to German: the moon", "What is 3 plus 9?"]
+    assert abs(FastScorer(pipeline).predict_proba(probe) - pipeline.predict_proba(probe)).max() < 1e-6
+    classifier = TaskClassifier(1, 1, sorted(set(labels)), pipeline, temperature=2.0)
+    assert [task for task, _ in classifier.predict(probe)] == ["code", "translation", "math"]
+
+    import hashlib
+    from types import SimpleNamespace
+
+    from router.classifier import library_versions
+
+    record = SimpleNamespace(version=3, id=3, artifact=b"", artifact_sha256=hashlib.sha256(b"").hexdigest(),
+                             library_versions=library_versions(), scores={"features": "tfidf+minilm"})
+    monkeypatch.setattr(encoder.util, "find_spec", lambda name: None)  # a machine without the encoder package
+    with pytest.raises(ClassifierError, match="uses sentence embeddings: the sentence encoder is not installed"):
+        load_version(record)
