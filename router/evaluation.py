@@ -143,15 +143,18 @@ def fit_temperature(scores: np.ndarray, truth: np.ndarray) -> float:
 
 def choose_threshold(confidence: np.ndarray, correct: np.ndarray) -> dict:
     """The confidence bar at which following the classifier pays most on these out-of-fold
-    predictions: the one that maximises (right - wrong) among the predictions at or above it (ties:
-    the lower bar, which routes more requests); 1.0 when no bar leaves more right than wrong. With
-    the share of prompts it keeps and their precision."""
+    predictions: it keeps the most confident predictions up to where (right - wrong) among them peaks
+    (ties: the lower bar, which routes more requests), set halfway to the next one; 0.0 when every
+    prediction pays, 1.0 when none leaves more right than wrong. With the share of prompts it keeps
+    and their precision."""
     order = np.argsort(-confidence, kind="stable")
     net = np.cumsum(np.where(correct[order], 1, -1))
     if len(net) == 0 or net.max() <= 0:
         return {"threshold": 1.0, "coverage": 0.0, "precision": None}
     k = int(np.nonzero(net == net.max())[0].max())
-    threshold = float(confidence[order][k])
+    ranked = confidence[order]
+    # halfway to the first prediction left out; when every prediction pays, no bar at all
+    threshold = 0.0 if k == len(ranked) - 1 else float(ranked[k] + ranked[k + 1]) / 2
     kept = confidence >= threshold
     return {"threshold": threshold, "coverage": float(kept.mean()), "precision": float(correct[kept].mean())}
 

@@ -47,7 +47,8 @@ def test_threshold_is_where_following_the_classifier_pays_most():
     confidence = np.array([0.95, 0.9, 0.85, 0.8, 0.6, 0.55, 0.5, 0.3])
     correct = np.array([1, 1, 1, 0, 1, 0, 0, 0], dtype=bool)
     chosen = choose_threshold(confidence, correct)  # net right - wrong from the top: 1 2 3 2 3 2 1 0
-    assert chosen["threshold"] == 0.6 and chosen["coverage"] == 5 / 8 and chosen["precision"] == 0.8
+    assert chosen["threshold"] == pytest.approx(0.575) and chosen["coverage"] == 5 / 8 and chosen["precision"] == 0.8
+    assert choose_threshold(confidence, np.ones(8, dtype=bool))["threshold"] == 0.0  # every prediction pays
     never = choose_threshold(confidence, np.zeros(8, dtype=bool))
     assert never["threshold"] == 1.0 and never["coverage"] == 0.0 and never["precision"] is None
 

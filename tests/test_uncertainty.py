@@ -77,7 +77,8 @@ def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(sess
         assert policies["code"].decision_basis == "task" and policies["code"].speedup_low > 1.0
         snapshot = PolicySnapshot.of(small)
     router = Router(None, {"math": snapshot, FALLBACK_TASK: PolicySnapshot.of(fallback)}, policy_version=1)
-    router.classifier = type("OneTask", (), {"predict": lambda self, texts: [("math", 0.9)] * len(texts), "version": 1})()
+    router.classifier = type("OneTask", (), {"predict": lambda self, texts: [("math", 0.9)] * len(texts), "version": 1,
+                                       "threshold": None, "rarely_reached": {}})()
     decision = router.route("What is 2 + 2?", max_new_tokens=100)
     assert decision.speculate and decision.gamma == fallback.gamma
     assert decision.reasons[0].startswith("task math (confidence 0.90): only 2 prompts in the analysis, too few to "
