@@ -178,9 +178,6 @@ def ngram_rounds(prompt_len: int, output_ids: Sequence[int], gamma: int, max_new
         s += a + 1
 
 
-ROUND_MARKS = ("accepted", "corrected", "bonus", "plain")
-
-
 def _marks_from_rounds(n: int, rounds) -> list[str]:
     marks: list[str] = []
     for k, a in rounds:

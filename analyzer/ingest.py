@@ -1,4 +1,4 @@
-"""Parse and validate a prompt file (.txt, .jsonl or .csv) completely before anything is stored.
+"""Parse and check a prompt file (.txt, .jsonl or .csv) completely before anything is stored.
 
 Formats:
 - ``.txt``: one prompt per line; blank (whitespace-only) lines are skipped; a trailing ``\\r`` is
@@ -98,7 +98,7 @@ class PromptFileError(ValueError):
 
 @dataclass(frozen=True)
 class ParsedPrompt:
-    """A validated prompt: exactly one of ``text`` and ``messages`` is set."""
+    """A checked prompt: exactly one of ``text`` and ``messages`` is set."""
 
     line: int
     text: str | None
@@ -271,7 +271,7 @@ def parse_prompt_file(
     file_format: str | None = None,
     limits: IngestLimits | None = None,
 ) -> ParsedFile:
-    """Parse and validate ``data`` as a prompt file. The format comes from ``file_format`` or
+    """Parse and check ``data`` as a prompt file. The format comes from ``file_format`` or
     else from the extension of ``filename``. Returns the prompts in file order, or raises
     :class:`PromptFileError` listing every problem found."""
     limits = limits or IngestLimits()

@@ -66,7 +66,7 @@ class PromptSetSummary:
     created_at: datetime
 
 
-def validate_name(name: str) -> str:
+def checked_name(name: str) -> str:
     """The stripped name, or :class:`PromptSetError` saying what a name may contain."""
     cleaned = (name or "").strip()
     if not cleaned:
@@ -85,7 +85,7 @@ def create_prompt_set(
     session: Session, name: str, parsed: ParsedFile, source_filename: str | None = None
 ) -> PromptSet:
     """Store ``parsed`` as a new prompt set called ``name`` (prompts keep file order)."""
-    name = validate_name(name)
+    name = checked_name(name)
     if session.scalar(select(PromptSet.id).where(PromptSet.name == name)) is not None:
         raise PromptSetExists(f"a prompt set named {name!r} already exists; choose another name or delete it first")
     prompt_set = PromptSet(
@@ -128,9 +128,9 @@ def import_prompt_file(
     file_format: str | None = None,
     limits: IngestLimits | None = None,
 ) -> tuple[PromptSet, ParsedFile]:
-    """Validate ``data`` completely, then store it as a set; raises
+    """Check ``data`` completely, then store it as a set; raises
     :class:`analyzer.ingest.PromptFileError` (nothing stored) on any problem."""
-    name = validate_name(name)
+    name = checked_name(name)
     parsed = parse_prompt_file(data, filename, file_format=file_format, limits=limits)
     return create_prompt_set(session, name, parsed, filename), parsed
 

@@ -33,9 +33,6 @@ from analyzer.speedup import (
     speculative_time_s,
 )
 
-WORKLOAD = "workload"
-
-
 class ReportError(LookupError):
     """The run does not exist or has nothing to report yet."""
 

@@ -174,11 +174,6 @@ def router_pools(settings: Settings) -> dict[str, str]:
     return pools
 
 
-def setting_names() -> list[str]:
-    """All setting names, in declaration order."""
-    return [f.name for f in fields(Settings)]
-
-
 def env_name(name: str) -> str:
     """The environment variable that sets ``name``."""
     return ENV_PREFIX + name.upper()

@@ -15,13 +15,13 @@ import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import utcnow
 from analyzer.models import AnalysisRun
-from analyzer.runs import execute_run
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ def run_queued(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: s
     run_id = claim_next_run(sessions, worker_id)
     if run_id is None:
         return None
+    from analyzer.runs import execute_run  # torch and transformers load with the first run, not with the server
+
     try:
         execute_run(sessions, run_id, cache_dir=cache_dir, worker_id=worker_id, allow_network=allow_network)
     except Exception:
@@ -86,13 +88,28 @@ class Worker:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                requeue_stale(self.sessions, self.stale_after_s)
-                ran = run_queued(self.sessions, cache_dir=self.cache_dir, worker_id=self.worker_id,
-                                 allow_network=self.allow_network)
-            except Exception:  # a database hiccup must not end the worker
-                log.exception("worker loop")
-                ran = None
-            if ran is None:
-                self._stop.wait(self.poll_s)
+        work(self.sessions, cache_dir=self.cache_dir, worker_id=self.worker_id, allow_network=self.allow_network,
+             poll_s=self.poll_s, stale_after_s=self.stale_after_s, stop=self._stop)
+
+
+def work(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: str, allow_network: bool = False,
+         poll_s: float = 1.0, stale_after_s: float = STALE_AFTER_S, stop: threading.Event | None = None,
+         once: bool = False, on_run: Callable[[int], None] | None = None) -> None:
+    """The worker loop of the server's thread and of ``specroute worker`` alike: put stale runs back
+    in the queue, claim and execute the next queued run (``on_run`` is told its id when it ends), wait
+    ``poll_s`` when there was none; until ``stop`` is set, or after one attempt with ``once``. A
+    database hiccup is logged and does not end the loop."""
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            requeue_stale(sessions, stale_after_s)
+            ran = run_queued(sessions, cache_dir=cache_dir, worker_id=worker_id, allow_network=allow_network)
+        except Exception:
+            log.exception("worker loop")
+            ran = None
+        if ran is not None and on_run is not None:
+            on_run(ran)
+        if once:
+            return
+        if ran is None:
+            stop.wait(poll_s)

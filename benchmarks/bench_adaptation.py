@@ -48,7 +48,8 @@ from analyzer.loading import context_limit, encode_prompt, load_model, parse_spe
 from analyzer.models import AnalysisRun, PromptResult  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
 from analyzer.report import cost_for_run, summarize_results  # noqa: E402
-from analyzer.runs import RunParams, create_run, execute_run  # noqa: E402
+from analyzer.run_records import RunParams, create_run  # noqa: E402
+from analyzer.runs import execute_run  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
 from router.adaptation import AdaptationConfig, apply_feedback, initial_state, next_request  # noqa: E402
 

@@ -50,7 +50,8 @@ from analyzer.ingest import parse_prompt_file  # noqa: E402
 from analyzer.loading import context_limit, encode_prompt, load_model, parse_spec  # noqa: E402
 from analyzer.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
-from analyzer.runs import RunParams, create_run, execute_run  # noqa: E402
+from analyzer.run_records import RunParams, create_run  # noqa: E402
+from analyzer.runs import execute_run  # noqa: E402
 from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
 from router.classifier import cold_start_data, make_training_data, train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402

@@ -65,7 +65,8 @@ from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
 from analyzer.report_text import report_text  # noqa: E402
-from analyzer.runs import RunParams, create_run, execute_run  # noqa: E402
+from analyzer.run_records import RunParams, create_run  # noqa: E402
+from analyzer.runs import execute_run  # noqa: E402
 
 SAMPLE_FILE = ROOT / "analyzer" / "sample_data" / "sample_prompts.jsonl"
 SAMPLE_SET = "sample"

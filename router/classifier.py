@@ -39,7 +39,7 @@ from router.features import (
     prompt_text,
     structural_features,
 )
-from router.encoder import EncoderUnavailable, encoder_folder
+from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder
 from router.evaluation import (
     USER_GROUP,
     calibration,
@@ -222,6 +222,11 @@ def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5, features: str
     if features not in FEATURE_SETS:
         raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
     c = DEFAULT_C[features] if c is None else c
+    with embedding_cache():
+        return _evaluate(data, labels, seed, folds, features, c)
+
+
+def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, features: str, c: float) -> dict:
     build = lambda: build_pipeline(seed, features, c)  # noqa: E731
     split = stratified_folds(data.labels, folds, seed)
     stratified, _ = out_of_fold(build, data.texts, data.labels, split, labels)
@@ -267,8 +272,9 @@ def train_classifier(session: Session, data: TrainingData, *, seed: int = 0, act
     if features not in FEATURE_SETS:
         raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
     c = DEFAULT_C[features] if c is None else c
-    scores = evaluate(data, seed=seed, features=features, c=c) if cross_validate else {"features": features, "C": c}
-    pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)
+    with embedding_cache():  # each prompt embedded once across the folds and the final fit
+        scores = evaluate(data, seed=seed, features=features, c=c) if cross_validate else {"features": features, "C": c}
+        pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
     version = ClassifierVersion(

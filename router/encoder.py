@@ -11,6 +11,7 @@ as sentence-transformers does).
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from importlib import util
 from pathlib import Path
 from typing import Sequence
@@ -89,19 +90,35 @@ def shared_encoder() -> SentenceEncoder:
         return _shared
 
 
-_CACHE_SIZE = 20_000
+_local = threading.local()
 _cache: dict[str, np.ndarray] = {}
 
 
+@contextmanager
+def embedding_cache():
+    """Within this block (training and cross-validation, which embed the same prompts once per fold)
+    each distinct text is encoded once; outside it (routing) nothing is kept. The cache is emptied
+    when the outermost block ends."""
+    outer = not getattr(_local, "caching", False)
+    _local.caching = True
+    try:
+        yield
+    finally:
+        if outer:
+            _local.caching = False
+            _cache.clear()
+
+
 def embed(texts: Sequence[str]) -> np.ndarray:
-    """Embeddings of ``texts`` by the shared encoder, each distinct text encoded once per process
-    (cross-validation embeds the corpus once, not once per fold)."""
+    """Embeddings of ``texts`` by the shared encoder (cached inside :func:`embedding_cache`)."""
+    if not len(texts):
+        return np.zeros((0, DIMENSIONS), dtype=np.float32)
+    if not getattr(_local, "caching", False):
+        return shared_encoder().encode(list(texts))
     missing = list(dict.fromkeys(t for t in texts if t not in _cache))
     if missing:
-        if len(_cache) + len(missing) > _CACHE_SIZE:
-            _cache.clear()
         _cache.update(zip(missing, shared_encoder().encode(missing)))
-    return np.stack([_cache[t] for t in texts]) if len(texts) else np.zeros((0, DIMENSIONS), dtype=np.float32)
+    return np.stack([_cache[t] for t in texts])
 
 
 class EmbeddingFeatures:

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
 from analyzer.models import one_of
+from analyzer.speedup import TIERS
 
-TIERS = ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
 
 
 class ClassifierVersion(Base):

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from analyzer.db import make_session_factory, utcnow
 from analyzer.models import AnalysisRun, GammaCount, PromptResult
 from analyzer.prompt_sets import import_prompt_file
-from analyzer.runs import RunParams, create_run, shown_status
+from analyzer.run_records import RunParams, create_run, shown_status
 from analyzer.worker import requeue_stale, run_queued
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli

@@ -418,7 +418,8 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(cli_
 
 
 def test_the_worker_records_each_phase_on_the_run_and_profiling_reports_its_passes(cli_db, model_folders):
-    from analyzer.runs import RunParams, create_run, execute_run
+    from analyzer.run_records import RunParams, create_run
+    from analyzer.runs import execute_run
 
     engine = make_engine(load_settings().resolved_database_url())
     sessions = make_session_factory(engine)

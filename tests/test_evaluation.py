@@ -130,6 +130,10 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
 
     texts, labels, _ = synthetic()
     vectors = encoder.embed(texts[:3])
+    assert not encoder._cache  # routing keeps nothing
+    with encoder.embedding_cache():
+        assert np.array_equal(encoder.embed(texts[:3]), vectors) and len(encoder._cache) == 3
+    assert not encoder._cache  # emptied when training ends
     assert vectors.shape == (3, encoder.DIMENSIONS) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert float(vectors[0] @ vectors[1]) < 0.999  # different prompts, different embeddings
     pipeline = build_pipeline(features="tfidf+minilm").fit(texts, labels)

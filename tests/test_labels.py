@@ -135,3 +135,25 @@ def test_train_command_on_your_labels_only(runner, tmp_path):
     assert record["scores"]["calibration"]["on"] == "stratified"
     none = runner.invoke(cli, ["train", "--data", "labels", "--prompts", "nope"])
     assert none.exit_code == 1 and "no prompt set named nope" in none.stderr
+
+
+def test_train_command_reports_unseen_sources_calibration_and_reach(runner, tmp_path):
+    """Two labeled prompt sets are two sources: leave-one-source-out CV runs, math (only in the
+    second set) is single-source, and every task with fewer than 20 prompts is marked rarely reached."""
+    first = [{"prompt": f"Translate to German: sentence {i}", "task": "translation"} for i in range(5)] + \
+            [{"prompt": f"My order {i} did not arrive", "task": "customer_support"} for i in range(5)]
+    second = [{"prompt": f"Please translate into French: line {i}", "task": "translation"} for i in range(4)] + \
+             [{"prompt": f"The parcel {i} never came, help", "task": "customer_support"} for i in range(4)] + \
+             [{"prompt": f"What is {i} times {i + 2}?", "task": "math"} for i in range(4)]
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    for name, rows in (("first", first), ("second", second)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(jsonl(rows))
+        assert runner.invoke(cli, ["prompts", "import", str(path), "--name", name]).exit_code == 0
+    result = runner.invoke(cli, ["train", "--data", "labels"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "leave-one-source-out (2 sources, what unseen traffic will see): macro-F1" in out
+    assert "single-source, not scored there: math" in out
+    assert "RARELY: only 9 training prompts (< 20)" in out and "RARELY: only 4 training prompts (< 20)" in out
+    assert "calibration (leave-one-source-out folds): temperature" in out and "routing threshold" in out

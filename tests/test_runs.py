@@ -5,6 +5,7 @@ tokenizer mismatch, sampling mode."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from analyzer.acceptance import expected_tokens_iid
 from analyzer.db import make_session_factory
 from analyzer.models import AnalysisRun, CostProfile, PromptResult
 from analyzer.prompt_sets import import_prompt_file
-from analyzer.runs import RunParams, create_run, execute_run
+from analyzer.run_records import RunParams, create_run
+from analyzer.runs import execute_run
+from analyzer.speedup import recommendation_tier
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
 
@@ -73,7 +76,8 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     assert code["n"] == 2 and code["alpha_var"] is not None
     assert code["alpha_mean"] == pytest.approx(np.mean([p["alpha"] for p in report["prompts"][:2]]))
     assert code["alpha_var"] == pytest.approx(np.var([p["alpha"] for p in report["prompts"][:2]], ddof=1))
-    assert code["tier"] in ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
+    assert code["tier"] == recommendation_tier(code["alpha_mean"], code["alpha_var"])  # the seed's rule, from the numbers
+    assert report["tasks"]["translation"]["tier"] != "HIGHLY_RECOMMENDED"  # one prompt: no variance, no top tier
     assert code["speculate"] == (code["predicted_speedup"] > 1.05)
     assert report["tasks"]["translation"]["alpha_var"] is None  # one prompt: no sample variance
     assert len(report["validation"]) == 2
@@ -164,7 +168,7 @@ def _report_for_sampling(tasks: dict[str, tuple[int, bool, float]]) -> dict:
 
 
 def test_validation_sample_covers_tasks_speculating_ones_first():
-    from analyzer.runs import validation_sample
+    from analyzer.run_records import validation_sample
 
     report = _report_for_sampling({"code": (5, False, 0.98), "creative_writing": (5, True, 1.10),
                                    "extraction": (1, True, 2.9), "qa": (3, False, 0.9)})
@@ -191,3 +195,29 @@ def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_d
     assert len(one["validation"]) == 1 and one["workload"]["measured_speedup"] is None
     text = cli_db.invoke(cli, ["report", str(one["run_id"])]).stdout
     assert f"validation: 1 prompts all {one['validation'][0]['task']}, so not a workload figure" in text
+
+
+def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_folders):
+    """Prompt lookup: the drill-down re-walks the prompt and output; per gamma its accepted marks are
+    the stored accepted count and its other marks (one target token per round) the stored rounds."""
+    from webui.app import create_app
+
+    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout)
+    app = create_app({"ui_worker": False, "TESTING": True})
+    client = app.test_client()
+    checked = 0
+    try:
+        for prompt in report["prompts"]:
+            for gamma in ("1", "3"):
+                page = client.get(f"/runs/{report['run_id']}/prompts/{prompt['prompt_id']}?gamma={gamma}")
+                assert page.status_code == 200
+                html = page.get_data(as_text=True)
+                counts = prompt["per_gamma"][gamma]
+                marks = re.findall(r'<span class="tok (\w+)" title=', html)
+                assert len(marks) == prompt["output_tokens"] and "token texts unavailable" not in html
+                assert marks.count("accepted") == counts["accepted"]
+                assert len(marks) - marks.count("accepted") == counts["rounds"]
+                checked += counts["accepted"]
+    finally:
+        app.extensions["specroute.close"]()
+    assert checked > 0  # the prompts repeat themselves enough for prompt lookup to be accepted somewhere

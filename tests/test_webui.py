@@ -171,6 +171,13 @@ def test_classifier_training_playground_and_policies(web, session):
     decision = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: good night",
                                              "max_new_tokens": "100"}).get_data(as_text=True)
     assert "Speculate with gamma" in decision and "translation" in decision and "prompt_lookup_num_tokens" not in decision
+    # 6 training prompts per task (< 20): every task is marked rarely reached, on every surface
+    assert "classifier v1 rarely predicts translation (only 6 training prompts (&lt; 20))" in decision
+    policies_page = web.get("/policies").get_data(as_text=True)
+    assert policies_page.count('class="pill warn rarely"') == 2  # translation and customer_support, not the fallback
+    assert 'id="rarely-reached"' in web.get(f"/runs/{run_id}").get_data(as_text=True)
+    classifier_page = web.get("/classifier").get_data(as_text=True)
+    assert 'id="ece"' in classifier_page and 'id="reliability"' in classifier_page and "rarely</span>" in classifier_page
     short = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: hi", "max_new_tokens": "3"})
     assert "Do not speculate" in short.get_data(as_text=True)
     assert web.post("/playground", data={"csrf_token": tok, "prompt": " "}).status_code == 400

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from analyzer.db import make_session_factory, utcnow
 from analyzer.models import AnalysisRun
 from analyzer.prompt_sets import import_prompt_file
-from analyzer.runs import RunParams, create_run
+from analyzer.run_records import RunParams, create_run
 from analyzer.worker import Worker, claim_next_run, requeue_stale
 
 

@@ -18,7 +18,7 @@ from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, encode_pr
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.report import ReportError, build_report
 from analyzer.report_text import report_csv
-from analyzer.runs import RunError, RunParams, create_run, request_cancel, shown_status
+from analyzer.run_records import RunError, RunParams, create_run, request_cancel, shown_status
 from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings

@@ -1,0 +1,187 @@
+"""``specroute analyze``, ``report`` and ``runs``: analyses and their reports."""
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from analyzer.db import MAX_ID
+from analyzer.prompt_sets import (
+    PromptSetError,
+)
+
+
+from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
+
+
+# ---------------------------------------------------------------- analysis
+
+
+@cli.command("analyze")
+@click.option("--prompts", "prompt_set", required=False, help="Name of the prompt set to analyze.")
+@click.option("--target", default="builtin:smollm2-135m-instruct", show_default=True,
+              help="Target model spec: hf:<id or folder>, gguf:<folder>#<file>, builtin:smollm2-135m-instruct.")
+@click.option("--draft", default="ngram", show_default=True,
+              help="Draft: a model spec like --target, or ngram / ngram:max_ngram=N (prompt lookup).")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--gamma-max", default=16, show_default=True, type=click.IntRange(1, 64), help="Largest lookahead g analysed.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0),
+              help="0 = exact greedy replay; > 0 = sampling expectations.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--validate", "validate_n", default=0, show_default=True, type=click.IntRange(0),
+              help="Prompts to validate with real speculative decoding (greedy only).")
+@click.option("--limit", type=click.IntRange(1), help="Analyze only the first N prompts of the set.")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Prompts per target generation call (left padding).")
+@click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0.0),
+              help="Speculate only if the predicted speedup exceeds 1 + margin.")
+@click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
+@click.option("--reprofile", is_flag=True,
+              help="Measure new cost profiles even if ones exist for this pair, device, dtype and batch size.")
+@click.option("--device", help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).")
+@click.option("--dtype", help="auto, float32, bfloat16 or float16 (default: SPECROUTE_DTYPE; auto = bfloat16 on a GPU, "
+                              "float32 on the CPU). Only float32 replays are exact.")
+@click.option("--batch-sizes", "batch_sizes",
+              help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
+                   "the router decides at the request's batch size from these.")
+@click.option("--resume", "resume_run", type=click.IntRange(1, MAX_ID), help="Resume an interrupted, failed or cancelled run by id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
+            validate_n, limit, batch_size, margin, no_chat_template, reprofile, device, dtype, batch_sizes,
+            resume_run, as_json) -> None:
+    """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
+
+    Runs on --device in --dtype (resolved before anything is stored: an absent GPU or a dtype the
+    device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
+    interrupted run resumes with --resume RUN and skips finished prompts.
+    """
+    from analyzer.devices import DeviceError, parse_batch_sizes, resolve
+    from analyzer.loading import SpecError
+    from analyzer.report import build_report
+    from analyzer.report_text import report_text
+    from analyzer.run_records import RunError, RunParams, create_run
+    from analyzer.runs import execute_run
+
+    sessions = state.sessions()
+    try:
+        if resume_run is None:
+            if not prompt_set:
+                raise click.UsageError("give --prompts NAME (or --resume RUN)")
+            device, dtype = device or state.settings.device, dtype or state.settings.dtype
+            placement = resolve(device, dtype)  # here, so that a run this machine cannot execute is never stored
+            click.echo(f"device {placement.device} ({placement.name}), dtype {placement.dtype}", err=True)
+            params = RunParams(max_new_tokens=max_new_tokens, gamma_max=gamma_max, temperature=temperature,
+                               top_p=top_p, validate=validate_n, limit=limit, chat_template=not no_chat_template,
+                               batch_size=batch_size, margin=margin, reprofile=reprofile, device=device,
+                               dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes))
+            with sessions() as session, session.begin():
+                run_id = create_run(session, prompt_set, target, draft, params).id
+            click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
+        else:
+            run_id = resume_run
+        progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
+        try:
+            execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress,
+                        allow_network=state.settings.allow_downloads)
+        finally:
+            progress.close()
+        _label_with_classifier(sessions, run_id)
+        with sessions() as session:
+            report = build_report(session, run_id)
+    except (RunError, SpecError, PromptSetError, DeviceError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
+        sys.exit(130)
+    click.echo(json.dumps(report) if as_json else report_text(report))
+
+
+def _label_with_classifier(sessions, run_id: int) -> None:
+    """Give the run's unlabelled prompts the active classifier's task type (if one is trained)."""
+    from router.classifier import ClassifierError, label_run_results, load_active
+
+    with sessions() as session, session.begin():
+        try:
+            classifier = load_active(session)
+        except ClassifierError as exc:
+            click.echo(f"warning: unlabelled prompts stay 'unlabelled': {exc}", err=True)
+            return
+        if classifier is not None:
+            labelled = label_run_results(session, run_id, classifier)
+            if labelled:
+                click.echo(f"classifier v{classifier.version} labelled {labelled} unlabelled prompt(s)", err=True)
+
+
+@cli.command("report")
+@click.argument("run_id", type=click.IntRange(1, MAX_ID))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              help="Write to this file instead of stdout.")
+@click.pass_obj
+def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
+    """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
+    from analyzer.report import ReportError, build_report
+    from analyzer.report_text import report_csv, report_text
+
+    try:
+        with state.sessions()() as session:
+            data = build_report(session, run_id)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from None
+    text = {"json": lambda: json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
+    if output:
+        output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text.rstrip("\n"))
+
+
+@cli.group()
+def runs() -> None:
+    """List and cancel analysis runs."""
+
+
+@runs.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def runs_list(state: CliState, as_json: bool) -> None:
+    """Analysis runs, newest first, with status and progress."""
+    from sqlalchemy import select
+
+    from analyzer.models import AnalysisRun
+    from analyzer.run_records import shown_status
+
+    with state.sessions()() as session:
+        rows = [
+            {"id": r.id, "status": shown_status(r), "prompt_set": r.prompt_set.name, "target": r.pair.target.spec,
+             "draft": r.pair.draft.spec, "done": r.progress_done, "total": r.progress_total, "error": r.error,
+             "created_at": r.created_at.isoformat()}
+            for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))
+        ]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no analysis runs yet; start one with 'specroute analyze --prompts NAME'")
+    for r in rows:
+        error = f"  error: {r['error']}" if r["error"] else ""
+        click.echo(f"{r['id']:>4}  {r['status']:<9} {r['done']:>4}/{r['total']:<4} {r['prompt_set']}  "
+                   f"{r['target']} + {r['draft']}{error}")
+
+
+@runs.command("cancel")
+@click.argument("run_id", type=click.IntRange(1, MAX_ID))
+@click.pass_obj
+def runs_cancel(state: CliState, run_id: int) -> None:
+    """Cancel a queued run, or ask a running one to stop after its current prompt."""
+    from analyzer.run_records import RunError, request_cancel
+
+    try:
+        with state.sessions()() as session, session.begin():
+            run = request_cancel(session, run_id)
+            status = run.status
+    except RunError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else ""))

@@ -1,0 +1,130 @@
+"""The ``specroute`` command line: the group every command hangs on, the state the commands share,
+and small helpers. The commands live in the modules beside this one, one per command group.
+
+Every command that touches data first checks that the database schema is at head and, if not, says
+exactly what to run. Each command is one transaction: it stores everything or nothing.
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.settings import Settings, SettingsError, load_settings
+
+
+@dataclass
+class CliState:
+    """What the commands share: the settings in force and, once needed, the engine."""
+
+    settings: Settings
+    _engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = engine_from_settings(self.settings)
+        return self._engine
+
+    def sessions(self, *, check_schema: bool = True) -> sessionmaker[Session]:
+        """A session factory, after checking the schema is at head (unless told not to)."""
+        if check_schema:
+            try:
+                migrations.require_head(self.engine)
+            except migrations.SchemaNotCurrent as exc:
+                raise click.ClickException(str(exc)) from None
+        return make_session_factory(self.engine)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specroute")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """specroute: measure where speculative decoding pays off on your prompts, then route requests.
+
+    Settings come from SPECROUTE_* environment variables; see 'specroute settings'.
+    """
+    try:
+        state = CliState(load_settings())
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+class _TqdmProgress:
+    """A tqdm bar per phase (profiling, measuring, validating) on stderr."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        self.phase = None
+
+    def __call__(self, done: int, total: int, phase: str) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if phase != self.phase:
+            self.close()
+            self.phase = phase
+            if total == 0:
+                click.echo(phase + " ...", err=True)
+                return
+            unit = "pass" if phase.startswith("profiling") else "prompt"
+            self.bar = tqdm(total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True)
+            return
+        if self.bar is not None:
+            if total > self.bar.total:  # re-measurements add passes to a profile
+                self.bar.total = total
+            self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _cache_dir(state: CliState) -> Path:
+    return state.settings.resolved_data_dir() / "cache"
+
+
+def _tasks_text(counts: dict[str | None, int]) -> str:
+    return ", ".join(f"{task or 'unlabelled'} {count}" for task, count in counts.items()) or "empty"
+
+
+def _summary_dict(summary) -> dict:
+    return {
+        "name": summary.name,
+        "prompt_count": summary.prompt_count,
+        "file_format": summary.file_format,
+        "source_filename": summary.source_filename,
+        "duplicates_merged": summary.duplicates_merged,
+        "task_counts": {task or "": count for task, count in summary.task_counts.items()},
+        "created_at": summary.created_at.isoformat(),
+    }
+
+
+def _prompt_dict(prompt) -> dict:
+    return {
+        "position": prompt.position,
+        "line": prompt.source_line,
+        "id": prompt.external_id,
+        "task": prompt.task,
+        "text": prompt.text,
+        "messages": prompt.messages,
+    }
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="specroute")

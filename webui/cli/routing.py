@@ -1,0 +1,225 @@
+"""``specroute train``, ``policies``, ``decisions`` and ``route``: the classifier and the router."""
+
+import json
+
+import click
+from sqlalchemy import select
+
+from analyzer.db import MAX_ID
+from analyzer.settings import SettingsError
+
+
+from webui.cli.base import CliState, cli
+
+
+# ---------------------------------------------------------------- task classifier
+
+
+@cli.command("train")
+@click.option("--prompts", "prompt_sets", multiple=True,
+              help="Use the labeled prompts of this set only (repeatable; default: every set).")
+@click.option("--data", "source", type=click.Choice(["both", "labels", "corpus"]), default="both", show_default=True,
+              help="both: the bundled corpus plus your labeled prompts (yours win for the same text); "
+                   "labels: your labeled prompts only; corpus: the bundled corpus only.")
+@click.option("--cold-start", is_flag=True, help="Same as --data corpus.")
+@click.option("--features", type=click.Choice(["tfidf", "minilm", "tfidf+minilm"]), default=None,
+              help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
+@click.pass_obj
+def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start: bool, features: str | None,
+          seed: int, as_json: bool) -> None:
+    """Train the task classifier; score it by stratified and by leave-one-source-out cross-validation
+    beside the keyword baseline; calibrate its confidence and choose the routing threshold on the
+    grouped folds; mark the task types it rarely reaches; store it as a new version and make it active.
+    """
+    from router.classifier import ClassifierError, train_classifier, training_data
+
+    if cold_start:
+        source = "corpus"
+    features = features or state.settings.classifier_features
+    try:
+        with state.sessions()() as session, session.begin():
+            data = training_data(session, source, prompt_sets or None)
+            click.echo(f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
+                       f"{len(set(data.groups))} sources, features {features}; cross-validating ...", err=True)
+            version = train_classifier(session, data, seed=seed, features=features)
+            record = {"version": version.version, "labels": version.labels,
+                      "training_prompt_count": version.training_prompt_count,
+                      "training_data_sha256": version.training_data_sha256,
+                      "library_versions": version.library_versions, "scores": version.scores}
+    except ClassifierError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(record))
+        return
+    scores = record["scores"]
+    click.echo(f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
+               f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
+               f"{scores['baseline']['macro_f1']:.3f}")
+    grouped = scores.get("grouped")
+    if grouped:
+        click.echo(f"leave-one-source-out ({grouped['folds']} sources, what unseen traffic will see): "
+                   f"macro-F1 {grouped['macro_f1']:.3f}, accuracy {grouped['accuracy']:.3f}"
+                   + (f"; single-source, not scored there: {', '.join(grouped['single_source'])}"
+                      if grouped["single_source"] else ""))
+    else:
+        click.echo("leave-one-source-out: not possible, the training data has one source")
+    click.echo(f"  {'task':<18} {'F1 strat.':>9} {'F1 unseen':>9} {'n':>5}  reached")
+    for label, row in scores["per_class"].items():
+        row_unseen = grouped["per_class"].get(label) if grouped else None
+        unseen = f"{row_unseen['f1-score']:.2f}" if row_unseen else "-"
+        reach = scores["reachability"][label]
+        click.echo(f"  {label:<18} {row['f1-score']:>9.2f} {unseen:>9} {int(row['support']):>5}  "
+                   + ("yes" if reach["reachable"] else f"RARELY: {reach['reason']}"))
+    calibration = scores["calibration"]
+    click.echo(f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
+               f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
+               f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
+               f"{100 * (calibration['precision'] or 0):.0f}% of those right)")
+    if scores.get("dropped_labels"):
+        click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
+
+
+# ---------------------------------------------------------------- policies and routing
+
+
+@cli.group()
+def policies() -> None:
+    """Publish routing policies from an analysis run, list them, re-activate an older set."""
+
+
+def _policy_set_dict(policy_set) -> dict:
+    return {
+        "version": policy_set.version, "run_id": policy_set.run_id, "active": policy_set.is_active,
+        "margin": policy_set.margin, "notes": policy_set.notes, "created_at": policy_set.created_at.isoformat(),
+        "policies": {p.task_type: {"speculate": p.speculate, "gamma": p.gamma, "alpha_mean": p.alpha_mean,
+                                   "alpha_var": p.alpha_var, "n": p.n_prompts, "expected_speedup": p.expected_speedup,
+                                   "tier": p.tier, "fallback": p.is_fallback}
+                     for p in policy_set.policies},
+    }
+
+
+def _print_policy_set(data: dict) -> None:
+    state = "active" if data["active"] else "inactive"
+    click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, margin {data['margin']}")
+    for task, p in data["policies"].items():
+        label = "* (fallback)" if p["fallback"] else task
+        decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
+        click.echo(f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
+                   f"  n={p['n']}  {p['tier']}")
+
+
+@policies.command("publish")
+@click.option("--run", "run_id", required=True, type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
+@click.option("--notes", help="A note stored with the policy set.")
+@click.option("--no-activate", is_flag=True, help="Store the set without making it active.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def policies_publish(state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool) -> None:
+    """Turn an analysis run into a new, versioned policy set (active unless --no-activate)."""
+    from router.policy import PolicyError, publish_policies
+
+    try:
+        with state.sessions()() as session, session.begin():
+            data = _policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(data))
+    else:
+        _print_policy_set(data)
+
+
+@policies.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def policies_list(state: CliState, as_json: bool) -> None:
+    """Every policy set, newest first."""
+    from router.policy import list_policy_sets
+
+    with state.sessions()() as session:
+        data = [_policy_set_dict(p) for p in list_policy_sets(session)]
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    if not data:
+        click.echo("no policy sets yet; publish one with 'specroute policies publish --run RUN'")
+    for item in data:
+        _print_policy_set(item)
+
+
+@policies.command("activate")
+@click.argument("version", type=click.IntRange(1, MAX_ID))
+@click.pass_obj
+def policies_activate(state: CliState, version: int) -> None:
+    """Make policy set VERSION the active one."""
+    from router.policy import PolicyError, activate_policy_set
+
+    try:
+        with state.sessions()() as session, session.begin():
+            activate_policy_set(session, version)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"policy set v{version} is active")
+
+
+@cli.group()
+def decisions() -> None:
+    """The log of routing decisions."""
+
+
+@decisions.command("prune")
+@click.option("--older-than-days", required=True, type=click.FloatRange(0.0), help="Delete decisions older than this.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
+    """Delete logged routing decisions older than N days, in one transaction (feedback events and
+    the estimates they moved are kept; feedback naming a pruned route_id gets 404)."""
+    from datetime import timedelta
+
+    from sqlalchemy import delete, func
+
+    from analyzer.db import utcnow
+    from router.models import RouteDecision
+
+    cutoff = utcnow() - timedelta(days=older_than_days)
+    sessions = state.sessions()
+    with sessions() as session:
+        count = session.scalar(select(func.count()).select_from(RouteDecision).where(RouteDecision.created_at < cutoff))
+    if count and not yes:
+        click.confirm(f"Delete {count} routing decisions older than {older_than_days:g} days?", abort=True)
+    with sessions() as session, session.begin():
+        deleted = session.execute(delete(RouteDecision).where(RouteDecision.created_at < cutoff)).rowcount
+    click.echo(f"deleted {deleted} routing decisions older than {cutoff.isoformat(timespec='seconds')}")
+
+
+@cli.command("route")
+@click.argument("prompt")
+@click.option("--max-new-tokens", type=click.IntRange(1), help="Expected output length.")
+@click.option("--batch-size", type=click.IntRange(1), help="Batch size or concurrency of the request.")
+@click.option("--temperature", type=click.FloatRange(0.0), help="Sampling temperature of the request.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
+@click.pass_obj
+def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
+    """Print the routing decision for PROMPT with the active classifier and policy set."""
+    from router.classifier import ClassifierError
+    from router.decision import RouterConfig, router_from_database
+
+    settings = state.settings
+    try:
+        config = RouterConfig.from_settings(settings)
+        with state.sessions()() as session:
+            router = router_from_database(session, config)
+    except (ClassifierError, SettingsError) as exc:
+        raise click.ClickException(str(exc)) from None
+    decision = router.route(prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    if as_json:
+        click.echo(json.dumps(decision.as_dict()))
+        return
+    verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
+    click.echo(f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
+               f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})")
+    for reason in decision.reasons:
+        click.echo(f"  - {reason}")
+    click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
