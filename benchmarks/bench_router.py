@@ -56,6 +56,8 @@ def corpus_prompts(max_chars: int) -> list[str]:
 
 
 def percentiles_ms(values_ns: list[int]) -> tuple[float, float]:
+    if not values_ns:  # e.g. a warm-up whose every request began before its measuring started
+        return float("nan"), float("nan")
     a = np.asarray(values_ns, dtype=np.float64) / 1e6
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
