@@ -39,7 +39,7 @@ from router.features import (
     prompt_text,
     structural_features,
 )
-from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder
+from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
     USER_GROUP,
     calibration,
@@ -204,10 +204,13 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
     return Pipeline([("features", FeatureUnion(parts)), ("model", model)])
 
 
-def library_versions() -> dict[str, str]:
-    """The versions a persisted classifier is tied to."""
-    return {"python": platform.python_version(), "scikit-learn": sklearn.__version__,
-            "numpy": np.__version__, "scipy": scipy.__version__, "specroute-features": FEATURES_VERSION}
+def library_versions(features: str = "tfidf") -> dict[str, str]:
+    """The versions a persisted classifier is tied to (with sentence embeddings, also the encoder's)."""
+    versions = {"python": platform.python_version(), "scikit-learn": sklearn.__version__,
+                "numpy": np.__version__, "scipy": scipy.__version__, "specroute-features": FEATURES_VERSION}
+    if "minilm" in features:
+        versions["sentence-encoder"] = encoder_version()
+    return versions
 
 
 def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5, features: str = "tfidf",
@@ -283,7 +286,7 @@ def train_classifier(session: Session, data: TrainingData, *, seed: int = 0, act
         labels=sorted(set(data.labels)),
         training_data_sha256=data.sha256,
         training_prompt_count=len(data.texts),
-        library_versions=library_versions(),
+        library_versions=library_versions(features),
         scores={**scores, "source": data.source, "dropped_labels": data.dropped},
         artifact=artifact,
         artifact_sha256=hashlib.sha256(artifact).hexdigest(),
@@ -342,19 +345,19 @@ def load_version(record: ClassifierVersion) -> TaskClassifier:
     library versions; otherwise a ClassifierError saying to retrain."""
     if hashlib.sha256(record.artifact).hexdigest() != record.artifact_sha256:
         raise ClassifierError(f"classifier version {record.version} is corrupted (hash mismatch); run: specroute train")
-    installed = library_versions()
-    stored = dict(record.library_versions)
-    differing = {k: (stored.get(k, "none"), installed.get(k, "none")) for k in sorted(set(stored) | set(installed))
-                 if stored.get(k) != installed.get(k)}
-    if differing:
-        detail = ", ".join(f"{k} {old} (installed {new})" for k, (old, new) in sorted(differing.items()))
-        raise ClassifierError(f"classifier version {record.version} was trained with {detail}; run: specroute train")
     scores = dict(record.scores or {})
     if "minilm" in scores.get("features", "tfidf"):
         try:
             encoder_folder()
         except EncoderUnavailable as exc:
             raise ClassifierError(f"classifier version {record.version} uses sentence embeddings: {exc}") from None
+    installed = library_versions(scores.get("features", "tfidf"))
+    stored = dict(record.library_versions)
+    differing = {k: (stored.get(k, "none"), installed.get(k, "none")) for k in sorted(set(stored) | set(installed))
+                 if stored.get(k) != installed.get(k)}
+    if differing:
+        detail = ", ".join(f"{k} {old} (installed {new})" for k, (old, new) in sorted(differing.items()))
+        raise ClassifierError(f"classifier version {record.version} was trained with {detail}; run: specroute train")
     pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above
     calibrated = scores.get("calibration") or {}
     rarely = {label: row["reason"] for label, row in (scores.get("reachability") or {}).items() if not row["reachable"]}

@@ -40,6 +40,16 @@ def encoder_folder() -> Path:
     return folder
 
 
+def encoder_version() -> str:
+    """The installed encoder package's version, or "none"."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(ENCODER_PACKAGE.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
 def encoder_available() -> bool:
     try:
         encoder_folder()

@@ -122,15 +122,18 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     # label editing: every summarization prompt (the filter) relabelled in bulk, then one prompt back by its row
     Select(browser.find_element(By.CSS_SELECTOR, "form.filters select[name=task]")).select_by_visible_text("summarization")
     browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    _wait(lambda: "task=summarization" in browser.current_url and "1 matching" in browser.find_element(By.TAG_NAME, "main").text,
+          30, "the filtered page")
     Select(browser.find_element(By.ID, "bulk-task")).select_by_visible_text("general")
     browser.find_element(By.CSS_SELECTOR, "#bulk-label button").click()
-    assert "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    _wait(lambda: "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text, 30, "the bulk relabel")
     browser.get(base + "/prompts/tiny")
     assert "general 1" in browser.find_element(By.TAG_NAME, "main").text
     Select(browser.find_element(By.ID, "task-4")).select_by_visible_text("summarization")
     browser.find_element(By.CSS_SELECTOR, "#prompts tr:nth-child(4) form.inline-label button").click()
-    assert "prompt #4 is now summarization" in browser.find_element(By.CSS_SELECTOR, ".flash").text
-    assert "summarization 1" in browser.find_element(By.TAG_NAME, "main").text
+    _wait(lambda: "prompt #4 is now summarization" in browser.find_element(By.CSS_SELECTOR, ".flash").text, 30, "the row's save")
+    assert "summarization 1" in browser.find_element(By.TAG_NAME, "main").text and "general 1" not in \
+        browser.find_element(By.TAG_NAME, "main").text
 
     browser.get(base + "/runs/new")
     Select(browser.find_element(By.NAME, "prompt_set")).select_by_visible_text("tiny")

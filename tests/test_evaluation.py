@@ -148,7 +148,8 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
     from router.classifier import library_versions
 
     record = SimpleNamespace(version=3, id=3, artifact=b"", artifact_sha256=hashlib.sha256(b"").hexdigest(),
-                             library_versions=library_versions(), scores={"features": "tfidf+minilm"})
+                             library_versions=library_versions("tfidf+minilm"), scores={"features": "tfidf+minilm"})
     monkeypatch.setattr(encoder.util, "find_spec", lambda name: None)  # a machine without the encoder package
     with pytest.raises(ClassifierError, match="uses sentence embeddings: the sentence encoder is not installed"):
         load_version(record)
+    assert library_versions("tfidf+minilm")["sentence-encoder"] == "0.1.0" and "sentence-encoder" not in library_versions()

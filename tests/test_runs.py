@@ -199,7 +199,8 @@ def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_d
 
 def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_folders):
     """Prompt lookup: the drill-down re-walks the prompt and output; per gamma its accepted marks are
-    the stored accepted count and its other marks (one target token per round) the stored rounds."""
+    the stored accepted count and its other marks (one target token per round) the stored rounds, less
+    one when the budget ended the last round on accepted drafts."""
     from webui.app import create_app
 
     report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout)
@@ -216,7 +217,8 @@ def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_
                 marks = re.findall(r'<span class="tok (\w+)" title=', html)
                 assert len(marks) == prompt["output_tokens"] and "token texts unavailable" not in html
                 assert marks.count("accepted") == counts["accepted"]
-                assert len(marks) - marks.count("accepted") == counts["rounds"]
+                # one target token per round, except a last round cut short by the token budget
+                assert counts["rounds"] - (len(marks) - marks.count("accepted")) in (0, 1)
                 checked += counts["accepted"]
     finally:
         app.extensions["specroute.close"]()
