@@ -175,6 +175,10 @@ class RouterService:
                 "accuracy": scores.get("accuracy"),
                 "baseline": scores.get("baseline"),
                 "per_class": scores.get("per_class"),
+                "features": scores.get("features", "tfidf"),
+                "grouped": scores.get("grouped"),
+                "calibration": scores.get("calibration"),
+                "reachability": scores.get("reachability"),
             }}
 
     def health(self) -> dict[str, Any]:

@@ -226,6 +226,9 @@ def test_openapi_document_matches_the_real_responses(app, client, published):
         "draft_n": 30, "draft_n_accepted": 20, "predicted_n": 64}}).get_json())
     validate("Policies", client.get("/v1/policies").get_json())
     validate("Classifier", client.get("/v1/classifier").get_json())
+    active = client.get("/v1/classifier").get_json()["active"]  # 12 prompts of one source: no grouped CV
+    assert active["features"] == "tfidf" and active["grouped"] is None and active["calibration"]["on"] == "stratified"
+    assert set(active["reachability"]) == set(active["labels"]) == {"code", "qa"}
     validate("Health", client.get("/healthz").get_json())
     # the documented request shapes accept what the server accepts
     validate("RouteRequest", {"prompt": "x", "max_new_tokens": 5, "batch_size": 2, "temperature": 0.0})
