@@ -179,13 +179,19 @@ FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
 DEFAULT_C = {"tfidf": 1.0, "minilm": 5.0, "tfidf+minilm": 20.0}
 
 
+def regularisation(features: str, c: float | None = None) -> float:
+    """``c``, or the feature set's default C; a ClassifierError for an unknown feature set."""
+    if features not in FEATURE_SETS:
+        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    return DEFAULT_C[features] if c is None else c
+
+
 def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:
     """``tfidf``: word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS
     characters plus scaled structural features of the whole prompt; ``minilm``: the sentence encoder's
     embedding (router/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
     regression, which gives a probability per task."""
-    if features not in FEATURE_SETS:
-        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    c = regularisation(features, c)
     parts = []
     if "tfidf" in features:
         parts += [
@@ -199,7 +205,6 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
         from router.encoder import EmbeddingFeatures
 
         parts.append(("embedding", EmbeddingFeatures()))
-    c = DEFAULT_C[features] if c is None else c
     model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)
     return Pipeline([("features", FeatureUnion(parts)), ("model", model)])
 
@@ -222,9 +227,7 @@ def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5, features: str
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
-    if features not in FEATURE_SETS:
-        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
-    c = DEFAULT_C[features] if c is None else c
+    c = regularisation(features, c)
     with embedding_cache():
         return _evaluate(data, labels, seed, folds, features, c)
 
@@ -272,9 +275,7 @@ def train_classifier(session: Session, data: TrainingData, *, seed: int = 0, act
     """Cross-validate, fit on all the data, and store a new version (the active one unless told not
     to). ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the
     version then has no calibration and no threshold of its own)."""
-    if features not in FEATURE_SETS:
-        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
-    c = DEFAULT_C[features] if c is None else c
+    c = regularisation(features, c)
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
         scores = evaluate(data, seed=seed, features=features, c=c) if cross_validate else {"features": features, "C": c}
         pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)

@@ -163,11 +163,11 @@ def calibration(scores: np.ndarray, labels: Sequence[str], all_labels: list[str]
     """Temperature, ECE and reliability table before and after, and the routing threshold."""
     index = {label: i for i, label in enumerate(all_labels)}
     truth = np.asarray([index[label] for label in labels])
-    predicted = scores.argmax(axis=1)
-    correct = (predicted == truth) & np.isfinite(scores).any(axis=1)
+    scored = np.isfinite(scores).any(axis=1, keepdims=True)  # rows a fold's model predicted at all
+    correct = (scores.argmax(axis=1) == truth) & scored[:, 0]
     temperature = fit_temperature(scores, truth)
-    raw = softmax(np.where(np.isfinite(scores).any(axis=1, keepdims=True), scores, 0.0)).max(axis=1)
-    calibrated = softmax(np.where(np.isfinite(scores).any(axis=1, keepdims=True), scores, 0.0), temperature).max(axis=1)
+    usable = np.where(scored, scores, 0.0)  # an unscored row is uniform: its confidence is 1 / classes
+    raw, calibrated = softmax(usable).max(axis=1), softmax(usable, temperature).max(axis=1)
     ece_before, table_before = reliability(raw, correct)
     ece_after, table_after = reliability(calibrated, correct)
     return {"temperature": temperature, "ece_before": ece_before, "ece_after": ece_after,
