@@ -76,12 +76,19 @@ def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_
     runs = match_runs(matches)
     s = 0
     while s < n:
-        k = max(0, min(gamma, max_new_tokens - s - 1))
-        if s + runs[s] >= n:
-            k = min(k, n - s)
-        a = int(min(runs[s], k))
+        k, a = model_draft_round(runs, s, gamma, max_new_tokens)
         yield k, a
         s += a + 1
+
+
+def model_draft_round(runs: np.ndarray, s: int, gamma: int, max_new_tokens: int) -> tuple[int, int]:
+    """(drafted, accepted) of one model-draft round that starts after ``s`` emitted tokens with
+    lookahead ``gamma``; ``runs`` = :func:`match_runs` of the match sequence (shape (N + 1,))."""
+    n = len(runs) - 1
+    k = max(0, min(gamma, max_new_tokens - s - 1))
+    if s + runs[s] >= n:
+        k = min(k, n - s)
+    return k, int(min(runs[s], k))
 
 
 def _tally(gamma: int, n: int, rounds: Iterable[tuple[int, int]]) -> WalkCounts:
@@ -167,15 +174,22 @@ def ngram_rounds(prompt_len: int, output_ids: Sequence[int], gamma: int, max_new
                  index: NgramIndex) -> Iterator[tuple[int, int]]:
     """(drafted, accepted) of each round of the prompt-lookup walk (see :func:`walk_ngram`);
     ``index`` covers prompt + output."""
-    n = len(output_ids)
     s = 0
-    while s < n:
-        proposal = [] if max_new_tokens - s == 1 else index.propose(prompt_len + s, gamma)
-        a = 0
-        while a < len(proposal) and s + a < n and proposal[a] == output_ids[s + a]:
-            a += 1
-        yield len(proposal), a
+    while s < len(output_ids):
+        k, a = ngram_round(prompt_len, output_ids, s, gamma, max_new_tokens, index)
+        yield k, a
         s += a + 1
+
+
+def ngram_round(prompt_len: int, output_ids: Sequence[int], s: int, gamma: int, max_new_tokens: int,
+                index: NgramIndex) -> tuple[int, int]:
+    """(drafted, accepted) of one prompt-lookup round that starts after ``s`` emitted tokens with
+    lookahead ``gamma`` (``index`` covers prompt + output)."""
+    proposal = [] if max_new_tokens - s == 1 else index.propose(prompt_len + s, gamma)
+    a = 0
+    while a < len(proposal) and s + a < len(output_ids) and proposal[a] == output_ids[s + a]:
+        a += 1
+    return len(proposal), a
 
 
 def _marks_from_rounds(n: int, rounds) -> list[str]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analyzer.errors import SpecrouteError
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,13 +30,17 @@ MAX_PROFILE_BATCH_SIZE = 256
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,3})?)$")
 
 
-class DeviceError(ValueError):
+class DeviceError(SpecrouteError, ValueError):
     """The device or dtype asked for cannot be used on this machine; the message says why and what
     would work."""
+
+    status, code = 400, "invalid_device"
 
 
 class ModelTooLarge(DeviceError):
     """A model does not fit in the memory of the device it was asked to run on."""
+
+    code = "model_too_large"
 
 
 @dataclass(frozen=True)

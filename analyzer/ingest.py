@@ -13,7 +13,8 @@ Every problem is collected and reported at once (the first ``max_reported_errors
 line and field, plus the total), so a user fixes a file in one pass. A file with any error yields no
 prompts at all. Prompts repeated within a file are merged into the first occurrence and reported as
 notices, not errors. Task labels are stripped and lower-cased; an empty label means "unlabelled".
-The only exception this module raises for bad input is :class:`PromptFileError`.
+The only exception this module raises for bad input is :class:`PromptFileError`. The checks on
+each record (text, label, id, limits, duplicates) are in :mod:`analyzer.prompt_checks`.
 """
 
 from __future__ import annotations
@@ -22,66 +23,35 @@ import csv
 import hashlib
 import io
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from analyzer.errors import SpecrouteError
+from analyzer.prompt_checks import (
+    DuplicateNotice,
+    IngestLimits,
+    ParsedPrompt,
+    PromptCollector,
+    ValidationIssue,
+    json_type_name,
+)
+
 FORMATS = ("txt", "jsonl", "csv")
-MAX_LABEL_CHARS = 64
-MAX_ID_CHARS = 200
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-_SURROGATES = re.compile(r"[\ud800-\udfff]")
 
 
-@dataclass(frozen=True)
-class IngestLimits:
-    """Limits applied while parsing (see the ``max_*`` settings)."""
-
-    max_bytes: int = 20_000_000
-    max_prompt_chars: int = 100_000
-    max_prompts: int = 50_000
-    max_reported_errors: int = 50
-
-    @classmethod
-    def from_settings(cls, settings) -> "IngestLimits":
-        """The limits configured in a :class:`analyzer.settings.Settings`."""
-        return cls(
-            max_bytes=settings.max_upload_bytes,
-            max_prompt_chars=settings.max_prompt_chars,
-            max_prompts=settings.max_prompts,
-            max_reported_errors=settings.max_reported_errors,
-        )
-
-
-@dataclass(frozen=True)
-class ValidationIssue:
-    """One problem: the 1-based line it starts on (None for the whole file), the field, and what is wrong."""
-
-    line: int | None
-    field: str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"line {self.line}" if self.line is not None else "file"
-        if self.field:
-            where += f", field '{self.field}'"
-        return f"{where}: {self.message}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "field": self.field, "message": self.message}
-
-
-class PromptFileError(ValueError):
+class PromptFileError(SpecrouteError, ValueError):
     """A prompt file was rejected. ``issues`` holds the first problems (in line order) and
-    ``total`` counts them all."""
+    ``total`` counts them all (both also in ``details``)."""
+
+    status, code = 400, "invalid_prompt_file"
 
     def __init__(self, filename: str | None, issues: list[ValidationIssue], total: int):
         self.filename = filename
         self.issues = issues
         self.total = total
-        super().__init__(self.summary())
+        super().__init__(self.summary(), total=total, issues=[issue.as_dict() for issue in issues])
 
     def summary(self) -> str:
         name = self.filename or "prompt file"
@@ -94,31 +64,6 @@ class PromptFileError(ValueError):
         if self.total > len(self.issues):
             lines.append(f"  ... and {self.total - len(self.issues)} more")
         return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class ParsedPrompt:
-    """A checked prompt: exactly one of ``text`` and ``messages`` is set."""
-
-    line: int
-    text: str | None
-    messages: list[dict[str, str]] | None
-    task: str | None
-    external_id: str | None
-    content_hash: str
-    char_count: int
-
-
-@dataclass(frozen=True)
-class DuplicateNotice:
-    """A prompt on ``line`` repeated the one on ``first_line`` and was merged into it."""
-
-    line: int
-    first_line: int
-    note: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: same prompt as line {self.first_line}, merged{self.note}"
 
 
 @dataclass
@@ -145,123 +90,6 @@ def detect_format(filename: str | None) -> str:
         [ValidationIssue(None, None, f"unsupported file type '.{suffix}'; use .txt, .jsonl or .csv")],
         1,
     )
-
-
-def content_hash(text: str | None, messages: list[dict[str, str]] | None) -> str:
-    """SHA-256 of the canonical JSON form of a prompt: the key two prompts are duplicates by."""
-    payload = {"text": text} if messages is None else {"messages": messages}
-    canonical = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-class _Collector:
-    """Collects issues (all counted, the first ``keep`` kept) and accepted prompts."""
-
-    def __init__(self, limits: IngestLimits):
-        self.limits = limits
-        self.issues: list[ValidationIssue] = []
-        self.records = 0
-        self.prompts: list[ParsedPrompt] = []
-        self.duplicates: list[DuplicateNotice] = []
-        self._by_hash: dict[str, ParsedPrompt] = {}
-        self._id_lines: dict[str, tuple[int, str]] = {}
-
-    def error(self, line: int | None, field_name: str | None, message: str) -> None:
-        # text quoted from an undecodable line holds surrogates; show them as escapes, never raw
-        message = _SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", message)
-        self.issues.append(ValidationIssue(line, field_name, message))
-
-    def check_string(self, line: int, field_name: str, value: str) -> bool:
-        if _SURROGATES.search(value):
-            self.error(line, field_name, "contains an unpaired UTF-16 surrogate (invalid \\u escape)")
-            return False
-        return True
-
-    def check_text(self, line: int, field_name: str, value: Any) -> str | None:
-        if not isinstance(value, str):
-            self.error(line, field_name, f"expected a string, got {_json_type(value)}")
-            return None
-        if not self.check_string(line, field_name, value):
-            return None
-        if not value.strip():
-            self.error(line, field_name, "empty prompt")
-            return None
-        return value
-
-    def label(self, line: int, field_name: str, value: Any) -> tuple[bool, str | None]:
-        if value is None:
-            return True, None
-        if not isinstance(value, str):
-            self.error(line, field_name, f"expected a string, got {_json_type(value)}")
-            return False, None
-        label = value.strip().lower()
-        if not self.check_string(line, field_name, label):
-            return False, None
-        if len(label) > MAX_LABEL_CHARS:
-            self.error(line, field_name, f"task label longer than {MAX_LABEL_CHARS} characters")
-            return False, None
-        if _CONTROL_CHARS.search(label):
-            self.error(line, field_name, "task label contains control characters")
-            return False, None
-        return True, label or None
-
-    def identifier(self, line: int, field_name: str, value: Any) -> tuple[bool, str | None]:
-        if value is None:
-            return True, None
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            self.error(line, field_name, f"expected a string or an integer, got {_json_type(value)}")
-            return False, None
-        ident = str(value).strip()
-        if not self.check_string(line, field_name, ident):
-            return False, None
-        if len(ident) > MAX_ID_CHARS:
-            self.error(line, field_name, f"id longer than {MAX_ID_CHARS} characters")
-            return False, None
-        return True, ident or None
-
-    def add(
-        self,
-        line: int,
-        text: str | None,
-        messages: list[dict[str, str]] | None,
-        task: str | None,
-        external_id: str | None,
-        length_field: str,
-    ) -> None:
-        """Count a record; check its length and id; keep it unless it repeats an earlier prompt."""
-        self.records += 1
-        if self.records == self.limits.max_prompts + 1:
-            self.error(
-                line,
-                None,
-                f"more than {self.limits.max_prompts} prompts (SPECROUTE_MAX_PROMPTS); split the file",
-            )
-        chars = len(text) if text is not None else sum(len(m["content"]) for m in messages or [])
-        if chars > self.limits.max_prompt_chars:
-            self.error(
-                line,
-                length_field,
-                f"prompt is {chars} characters, over the limit of {self.limits.max_prompt_chars}"
-                " (SPECROUTE_MAX_PROMPT_CHARS)",
-            )
-            return
-        digest = content_hash(text, messages)
-        first = self._by_hash.get(digest)
-        if external_id is not None:
-            seen = self._id_lines.get(external_id)
-            if seen is not None and seen[1] != digest:
-                self.error(line, "id", f"id '{external_id}' is already used on line {seen[0]} by another prompt")
-                return
-            self._id_lines.setdefault(external_id, (line, digest))
-        if first is not None:
-            note = ""
-            if task != first.task:
-                note = f"; kept task '{first.task}' from line {first.line}, dropped '{task}'"
-            self.duplicates.append(DuplicateNotice(line, first.line, note))
-            return
-        prompt = ParsedPrompt(line, text, messages, task, external_id, digest, chars)
-        self._by_hash[digest] = prompt
-        self.prompts.append(prompt)
 
 
 def parse_prompt_file(
@@ -296,7 +124,7 @@ def parse_prompt_file(
     if not data.strip():
         raise fail("file is empty")
 
-    collector = _Collector(limits)
+    collector = PromptCollector(limits)
     bad_lines = _check_utf8(data, collector)
     text = data.decode("utf-8", errors="surrogateescape")
     if fmt == "txt":
@@ -314,7 +142,7 @@ def parse_prompt_file(
     return ParsedFile(fmt, hashlib.sha256(data).hexdigest(), collector.prompts, collector.duplicates)
 
 
-def _check_utf8(data: bytes, collector: _Collector) -> set[int]:
+def _check_utf8(data: bytes, collector: PromptCollector) -> set[int]:
     bad: set[int] = set()
     for number, raw in enumerate(data.split(b"\n"), start=1):
         try:
@@ -332,7 +160,7 @@ def _lines(text: str):
         yield number, line[:-1] if line.endswith("\r") else line
 
 
-def _parse_txt(text: str, bad_lines: set[int], collector: _Collector) -> None:
+def _parse_txt(text: str, bad_lines: set[int], collector: PromptCollector) -> None:
     for number, line in _lines(text):
         if number in bad_lines or not line.strip():
             continue
@@ -340,7 +168,7 @@ def _parse_txt(text: str, bad_lines: set[int], collector: _Collector) -> None:
             collector.add(number, line, None, None, None, "prompt")
 
 
-def _parse_jsonl(text: str, bad_lines: set[int], collector: _Collector) -> None:
+def _parse_jsonl(text: str, bad_lines: set[int], collector: PromptCollector) -> None:
     for number, line in _lines(text):
         if number in bad_lines or not line.strip():
             continue
@@ -351,7 +179,7 @@ def _parse_jsonl(text: str, bad_lines: set[int], collector: _Collector) -> None:
             collector.error(number, None, f"bad JSON: {detail}")
             continue
         if not isinstance(obj, dict):
-            collector.error(number, None, f"expected a JSON object, got {_json_type(obj)}")
+            collector.error(number, None, f"expected a JSON object, got {json_type_name(obj)}")
             continue
         ok = True
         has_prompt, has_messages = "prompt" in obj, "messages" in obj
@@ -376,9 +204,9 @@ def _parse_jsonl(text: str, bad_lines: set[int], collector: _Collector) -> None:
                           "prompt" if messages is None else "messages")
 
 
-def _check_messages(number: int, value: Any, collector: _Collector) -> list[dict[str, str]] | None:
+def _check_messages(number: int, value: Any, collector: PromptCollector) -> list[dict[str, str]] | None:
     if not isinstance(value, list):
-        collector.error(number, "messages", f"expected a list of messages, got {_json_type(value)}")
+        collector.error(number, "messages", f"expected a list of messages, got {json_type_name(value)}")
         return None
     if not value:
         collector.error(number, "messages", "empty message list")
@@ -387,14 +215,14 @@ def _check_messages(number: int, value: Any, collector: _Collector) -> list[dict
     for index, item in enumerate(value):
         where = f"messages[{index}]"
         if not isinstance(item, dict):
-            collector.error(number, where, f"expected an object with 'role' and 'content', got {_json_type(item)}")
+            collector.error(number, where, f"expected an object with 'role' and 'content', got {json_type_name(item)}")
             return None
         role, content = item.get("role"), item.get("content")
         if not isinstance(role, str) or not role.strip():
             collector.error(number, f"{where}.role", "expected a non-empty string")
             return None
         if not isinstance(content, str):
-            collector.error(number, f"{where}.content", f"expected a string, got {_json_type(content)}")
+            collector.error(number, f"{where}.content", f"expected a string, got {json_type_name(content)}")
             return None
         if not (collector.check_string(number, f"{where}.role", role)
                 and collector.check_string(number, f"{where}.content", content)):
@@ -406,7 +234,7 @@ def _check_messages(number: int, value: Any, collector: _Collector) -> list[dict
     return messages
 
 
-def _parse_csv(text: str, bad_lines: set[int], collector: _Collector, limits: IngestLimits) -> None:
+def _parse_csv(text: str, bad_lines: set[int], collector: PromptCollector, limits: IngestLimits) -> None:
     # The csv module's field limit is process-wide; only ever raise it, to what this file may need.
     csv.field_size_limit(max(csv.field_size_limit(), limits.max_bytes))
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
@@ -451,18 +279,3 @@ def _parse_csv(text: str, bad_lines: set[int], collector: _Collector, limits: In
         if prompt_text is not None and label_ok and id_ok:
             collector.add(start, prompt_text, None, task, external_id, "prompt")
 
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__

@@ -1,4 +1,5 @@
-"""Model spec strings, offline model loading, tokenizer compatibility and prompt encoding.
+"""Model spec strings and offline model loading (tokenizer compatibility is
+:mod:`analyzer.tokenizer_match`, prompt encoding :mod:`analyzer.prompt_encoding`).
 
 A model is named by a spec string:
 
@@ -16,9 +17,7 @@ that parsing and validating specs (web forms, the router) stays cheap.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -26,8 +25,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from analyzer.errors import SpecrouteError
 from analyzer.devices import ModelTooLarge, Placement, available_memory_bytes, gib, is_out_of_memory, model_bytes
 
 if TYPE_CHECKING:
@@ -52,18 +52,20 @@ NGRAM_DEFAULT_MAX = 2  # transformers' max_matching_ngram_size default, so valid
 DEFAULT_TARGET, DEFAULT_DRAFT = "builtin:smollm2-135m-instruct", "ngram"  # the demo's pair, the forms' defaults
 NGRAM_MAX_RANGE = (1, 8)
 
-DEFAULT_CONTEXT_TOKENS = 2048
-
 # A hub id is "name" or "owner/name" (huggingface_hub's rules, loosely).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
-class SpecError(ValueError):
+class SpecError(SpecrouteError, ValueError):
     """A model spec, or what it names, cannot be used; the message says why and what would work."""
+
+    status, code = 400, "invalid_model_spec"
 
 
 class TokenizerMismatch(SpecError):
     """Target and draft tokenize differently, so draft tokens cannot be verified by the target."""
+
+    code = "tokenizer_mismatch"
 
 
 @dataclass(frozen=True)
@@ -91,16 +93,6 @@ class LoadedModel:
     load_seconds: float
     placement: Placement = CPU_FLOAT32
     weight_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class EncodedPrompt:
-    """Prompt token ids as the target will see them; ``truncated`` says whether the head of the
-    prompt was dropped to fit, and ``original_tokens`` is the length before that."""
-
-    ids: list[int]
-    truncated: bool
-    original_tokens: int
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,148 +378,3 @@ def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = Fals
         raise SpecError(f"unknown model kind {ref.kind!r}; {_accepted_forms_message()}")
     weight_bytes = model_bytes(sum(p.numel() for p in model.parameters()), placement.dtype)
     return LoadedModel(ref, model, tokenizer, time.perf_counter() - started, placement, weight_bytes)
-
-
-def load_tokenizer(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False) -> PreTrainedTokenizerBase:
-    """Only the tokenizer of a model spec (for showing tokens, without loading weights). A
-    ``builtin:`` model must have been loaded once (its cached copy holds the tokenizer)."""
-    from transformers import AutoTokenizer
-
-    if ref.kind == "ngram":
-        raise SpecError(f"{ref.canonical!r} is model-free n-gram drafting; it has no tokenizer")
-    if ref.kind == "builtin":
-        cached = builtin_cache_folder(Path(cache_dir), ref.location)
-        if not (cached / "config.json").is_file():
-            raise SpecError(f"{ref.canonical} has not been loaded yet on this machine (its cache {cached} is empty)")
-        return AutoTokenizer.from_pretrained(str(cached))
-    kwargs = _pretrained_kwargs(ref.location, allow_network)
-    if ref.kind == "gguf":
-        kwargs["gguf_file"] = ref.gguf_file or ""
-    try:
-        return AutoTokenizer.from_pretrained(ref.location, **kwargs)
-    except OSError as error:
-        raise SpecError(f"the tokenizer of {ref.canonical!r} could not be loaded: {error}") from error
-
-
-def context_limit(model: PreTrainedModel) -> int:
-    """The longest sequence (prompt + generated tokens) the model was built for, from
-    ``config.max_position_embeddings``; 2048 when the config does not say."""
-    config = model.config
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    limit = getattr(config, "max_position_embeddings", None)
-    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_CONTEXT_TOKENS
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizers
-
-
-def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
-    return {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
-
-
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """SHA-256 (hex) over the sorted (token, id) vocabulary items, added tokens included, and the
-    bos/eos/pad/unk token ids: equal fingerprints mean the same ids for the same strings."""
-    payload = {"vocab": sorted(tokenizer.get_vocab().items()), "special": _special_ids(tokenizer)}
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def _first_differing_token(target_vocab: Mapping[str, int], draft_vocab: Mapping[str, int]):
-    target_by_id = {i: token for token, i in target_vocab.items()}
-    draft_by_id = {i: token for token, i in draft_vocab.items()}
-    for token_id in sorted(target_by_id.keys() | draft_by_id.keys()):
-        if target_by_id.get(token_id) != draft_by_id.get(token_id):
-            return token_id, target_by_id.get(token_id), draft_by_id.get(token_id)
-    return None
-
-
-def check_same_tokenizer(
-    target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase, target_name: str, draft_name: str
-) -> None:
-    """Raise :class:`TokenizerMismatch` unless target and draft map the same strings to the same ids
-    and agree on the bos/eos ids; the message names the first difference found (vocabulary sizes,
-    the first token id whose string differs with both strings, or the special ids)."""
-    if tokenizer_fingerprint(target_tok) == tokenizer_fingerprint(draft_tok):
-        return
-    prefix = f"target {target_name!r} and draft {draft_name!r} use different tokenizers"
-    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    if len(target_vocab) != len(draft_vocab):
-        raise TokenizerMismatch(
-            f"{prefix}: vocabulary sizes {len(target_vocab)} vs {len(draft_vocab)}; "
-            "speculative decoding needs a draft with the target's tokenizer"
-        )
-    differing = _first_differing_token(target_vocab, draft_vocab)
-    if differing is not None:
-        token_id, target_token, draft_token = differing
-        raise TokenizerMismatch(
-            f"{prefix}: token id {token_id} is {target_token!r} in {target_name!r} "
-            f"but {draft_token!r} in {draft_name!r}"
-        )
-    for name in ("eos", "bos"):
-        target_id, draft_id = _special_ids(target_tok)[name], _special_ids(draft_tok)[name]
-        if target_id != draft_id:
-            raise TokenizerMismatch(f"{prefix}: {name} token id {target_id} vs {draft_id}")
-    # Only pad/unk differ: harmless for greedy verification, which never emits them by rule.
-
-
-def _flat_ids(encoded: Any) -> list[int]:
-    """Token ids from whatever apply_chat_template/tokenizer returned: a list, a nested list of one
-    row, a tensor, or (transformers 5) a BatchEncoding / dict holding ``input_ids``."""
-    if isinstance(encoded, Mapping) or hasattr(encoded, "keys"):
-        encoded = encoded["input_ids"]
-    if hasattr(encoded, "tolist"):
-        encoded = encoded.tolist()
-    encoded = list(encoded)
-    if encoded and isinstance(encoded[0], (list, tuple)):
-        if len(encoded) != 1:
-            raise ValueError(f"expected one encoded sequence, got {len(encoded)}")
-        encoded = list(encoded[0])
-    return [int(token_id) for token_id in encoded]
-
-
-def _checked_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise SpecError("messages must be a non-empty list of {role, content} objects")
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise SpecError(f"message {index} must be an object with string 'role' and 'content'")
-    return messages
-
-
-def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    text: str | None = None,
-    messages: list[dict] | None = None,
-    use_chat_template: bool = True,
-    max_prompt_tokens: int,
-) -> EncodedPrompt:
-    """Token ids for one prompt, given as ``text`` or as chat ``messages`` (exactly one). Messages
-    always go through the tokenizer's chat template with the assistant generation prompt appended
-    (SpecError if it has none); plain text is wrapped as one user message when ``use_chat_template``
-    and the tokenizer has a template, and tokenized as is otherwise. Prompts longer than
-    ``max_prompt_tokens`` keep their last ``max_prompt_tokens`` ids, so the generation prompt at the
-    end survives, and are marked ``truncated``."""
-    if (text is None) == (messages is None):
-        raise SpecError("give exactly one of text or messages")
-    if max_prompt_tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if messages is not None and not has_template:
-        raise SpecError("chat messages need a tokenizer with a chat template, and this one has none")
-    if messages is None and use_chat_template and has_template:
-        messages = [{"role": "user", "content": text}]
-    if messages is not None:
-        encoded = tokenizer.apply_chat_template(
-            _checked_messages(messages), add_generation_prompt=True, tokenize=True
-        )
-    else:
-        encoded = tokenizer(text)
-    ids = _flat_ids(encoded)
-    if not ids:
-        raise SpecError("the prompt encodes to no tokens")
-    kept = ids[-max_prompt_tokens:]
-    return EncodedPrompt(ids=kept, truncated=len(kept) < len(ids), original_tokens=len(ids))

@@ -192,6 +192,9 @@ class AnalysisRun(Base):
     dtype: Mapped[Optional[str]] = mapped_column(String(16))  # resolved; None: before dtypes (float32)
     phase: Mapped[Optional[str]] = mapped_column(String(300))  # what the worker is doing now, in words
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # the ids that end the target's output in this run (the n-gram walk cuts proposals before them);
+    # None in runs from before they were stored
+    eos_token_ids: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
     error: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[Optional[datetime]] = mapped_column()
@@ -211,8 +214,10 @@ class AnalysisRun(Base):
 
 
 class PromptResult(Base):
-    """The measurement of one prompt in one run: lengths, the target's output, per-position
-    draft matches and target entropies, timings, and the task type the prompt was counted under."""
+    """The measurement of one prompt in one run: lengths, the prompt's token ids as the target saw
+    them, the target's output (text, token ids and each token's text), per-position draft matches
+    and target entropies, timings, and the task type the prompt was counted under. Results from
+    before token ids were stored have None in ``prompt_token_ids`` and ``output_token_texts``."""
 
     __tablename__ = "prompt_results"
 
@@ -227,6 +232,8 @@ class PromptResult(Base):
     output_tokens: Mapped[int] = mapped_column(Integer)
     output_text: Mapped[Optional[str]] = mapped_column(Text)
     output_token_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    prompt_token_ids: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
+    output_token_texts: Mapped[Optional[list[str]]] = mapped_column(JSON(none_as_null=True))
     draft_matches: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
     entropies: Mapped[list[float]] = mapped_column(JSON, default=list)
     alpha_sampling: Mapped[Optional[float]] = mapped_column(Float)

@@ -16,6 +16,7 @@ from importlib import resources
 from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from analyzer.errors import SpecrouteError
 from analyzer.ingest import IngestLimits, ParsedFile, parse_prompt_file
 from analyzer.models import AnalysisRun, Prompt, PromptSet
 
@@ -25,26 +26,26 @@ MAX_NAME_CHARS = 100
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
 
 
-class PromptSetError(ValueError):
+class PromptSetError(SpecrouteError, ValueError):
     """A prompt-set request that cannot be carried out; ``code`` names the kind of problem."""
 
-    code = "invalid_prompt_set"
+    status, code = 400, "invalid_prompt_set"
 
 
 class PromptSetExists(PromptSetError):
-    code = "prompt_set_exists"
+    status, code = 409, "prompt_set_exists"
 
 
 class PromptSetNotFound(PromptSetError, LookupError):
-    code = "prompt_set_not_found"
+    status, code = 404, "prompt_set_not_found"
 
 
 class PromptSetInUse(PromptSetError):
-    code = "prompt_set_in_use"
+    status, code = 409, "prompt_set_in_use"
 
 
 class UnknownTaskType(PromptSetError):
-    code = "unknown_task_type"
+    status, code = 400, "unknown_task_type"
 
 
 # The default task types (DESIGN.md); labels users uploaded are known too.

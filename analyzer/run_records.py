@@ -10,7 +10,7 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,15 +26,25 @@ from analyzer.devices import (
     resolve,
 )
 from analyzer.entropy import ENTROPY_EDGES_NATS
+from analyzer.errors import SpecrouteError
 from analyzer.loading import ModelSpecRef, display_name, parse_spec
 from analyzer.models import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.prompt_sets import get_prompt_set
+from analyzer.summary import AnalysisSummary, PromptSummary
 
 UNLABELLED = "unlabelled"
 
 
-class RunError(ValueError):
+class RunError(SpecrouteError, ValueError):
     """A run cannot be created or executed as asked; the message says why."""
+
+    status, code = 400, "invalid_run"
+
+
+class RunNotFound(RunError, LookupError):
+    """No analysis run has the id asked for."""
+
+    status, code = 404, "run_not_found"
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,7 @@ def request_cancel(session: Session, run_id: int) -> AnalysisRun:
     """Ask a queued or running run to stop after the prompt it is on."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
-        raise RunError(f"no analysis run {run_id}")
+        raise RunNotFound(f"no analysis run {run_id}")
     if run.status == "queued":
         run.status, run.finished_at = "cancelled", utcnow()
     elif run.status == "running":
@@ -222,20 +232,21 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def validation_sample(report: dict, count: int, *, already: list[dict] = ()) -> list[dict]:
-    """Up to ``count`` prompt rows of ``report`` to validate (minus those ``already`` validated),
+def validation_sample(summary: AnalysisSummary, count: int, *,
+                      already: Sequence[PromptSummary] = ()) -> list[PromptSummary]:
+    """Up to ``count`` prompts of a run's summary to validate (minus those ``already`` validated),
     stratified: one prompt per task in turn, the tasks predicted to speculate first (highest
     predicted speedup first), then the others (most prompts first); within a task in file order. So
     a sample of N covers min(N, number of tasks) tasks, and the decisions that matter most (where
     speculation is switched on) are checked first."""
-    tasks = report["tasks"]
-    order = sorted(tasks, key=lambda t: (not tasks[t].get("speculate"), -(tasks[t].get("predicted_speedup") or 0.0)
-                                         if tasks[t].get("speculate") else -tasks[t]["n"], t))
-    done = {row["prompt_id"] for row in already}
-    queues = {t: [r for r in sorted(report["prompts"], key=lambda r: r["position"])
-                  if r["task"] == t and r["prompt_id"] not in done] for t in order}
-    taken = {t: sum(1 for row in already if row["task"] == t) for t in order}
-    chosen: list[dict] = []
+    tasks = summary.tasks
+    order = sorted(tasks, key=lambda t: (not tasks[t].speculate, -(tasks[t].predicted_speedup or 0.0)
+                                         if tasks[t].speculate else -tasks[t].n, t))
+    done = {p.prompt_id for p in already}
+    queues = {t: [p for p in sorted(summary.prompts, key=lambda p: p.position)
+                  if p.task == t and p.prompt_id not in done] for t in order}
+    taken = {t: sum(1 for p in already if p.task == t) for t in order}
+    chosen: list[PromptSummary] = []
     while len(chosen) + len(done) < count and any(queues.values()):
         # the task with the fewest validated so far, ties broken by the order above
         task = min((t for t in order if queues[t]), key=lambda t: (taken[t], order.index(t)))

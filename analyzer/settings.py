@@ -15,11 +15,16 @@ from typing import Any, Mapping
 
 import platformdirs
 
+from analyzer.errors import SpecrouteError
+
 ENV_PREFIX = "SPECROUTE_"
 
 
-class SettingsError(ValueError):
-    """A setting has a value that cannot be used; the message names the setting."""
+class SettingsError(SpecrouteError, ValueError):
+    """A setting has a value that cannot be used; the message names the setting (the operator's
+    mistake, not the request's: 500)."""
+
+    status, code = 500, "invalid_setting"
 
 
 def _setting(default: Any, help: str) -> Any:

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from analyzer.prompt_encoding import eos_token_ids
+
 
 @dataclass(frozen=True)
 class ValidationMeasurement:
@@ -80,9 +82,8 @@ def _clean_generation_config(
     """A greedy GenerationConfig carrying only the model's special token ids plus `settings`; an
     `eos_token_id` of None means the model's own, an empty list means none."""
     own = model.generation_config
-    eos = own.eos_token_id if eos_token_id is None else eos_token_id
-    first_eos = (eos[0] if eos else None) if isinstance(eos, list) else eos
-    pad = own.pad_token_id if own.pad_token_id is not None else first_eos
+    eos = eos_token_ids(eos_token_id, own.eos_token_id)
+    pad = own.pad_token_id if own.pad_token_id is not None else (eos[0] if eos else None)
     return GenerationConfig(
         do_sample=False, num_beams=1, eos_token_id=eos, pad_token_id=pad, bos_token_id=own.bos_token_id, **settings
     )

@@ -18,9 +18,17 @@ plain time / speculative time, prompt processing included):
   carried across requests as transformers does with one assistant; capped at the profiled G;
 - the simple rule (start 5, bounds 2–10; after each request +1 when the mean of the last 10
   acceptance rates > 0.8, −1 when < 0.5, off when < 0.3);
-- ours: per-task decayed Beta posterior of alpha with the analysis as prior, gamma = argmax S(g)
-  with the cost curve, hysteresis and probes (router/adaptation.py), updated from each request's counts;
+- ours, as served: the product's Router (router/decision.py) over the published policies of the
+  source half (router.policy.task_policies of the analysis summary, as ``specroute policies publish``
+  builds them) and a task classifier trained on the bundled corpus without the workload's prompts
+  (``specroute train --data corpus``, calibrated threshold); each request is routed by its text, and
+  its counts move the estimate of the policy that decided (router/adaptation.py: per-task decayed Beta
+  posterior of alpha, the published S(g) curve moved by it, hysteresis, probes), as /v1/feedback does;
+- ours with the true task labels instead of the classifier (isolates the estimate from the classifier);
 - the per-prompt oracle: the best fixed choice (off or g = 1..G) for each prompt in hindsight.
+
+A round is replayed by the analyzer's own walk (analyzer.acceptance.model_draft_round /
+ngram_round), with the prompt and output token ids stored with each result.
 
     python benchmarks/bench_adaptation.py --out benchmarks/results/adaptation.json
 """
@@ -33,7 +41,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,43 +50,41 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import migrations  # noqa: E402
-from analyzer.acceptance import NgramIndex, match_runs  # noqa: E402
+from analyzer.acceptance import NgramIndex, match_runs, model_draft_round, ngram_round  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.loading import context_limit, encode_prompt, load_model, parse_spec  # noqa: E402
+from analyzer.loading import parse_spec  # noqa: E402
 from analyzer.models import AnalysisRun, PromptResult  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
-from analyzer.report import cost_for_run, summarize_results  # noqa: E402
 from analyzer.run_records import RunParams, create_run  # noqa: E402
 from analyzer.runs import execute_run  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
-from router.adaptation import AdaptationConfig, apply_feedback, initial_state, next_request  # noqa: E402
+from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_results, summarize_groups  # noqa: E402
+from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
+from router.classifier import cold_start_data, load_active, make_training_data, train_classifier  # noqa: E402
+from router.decision import Router, RouterConfig, parse_route_id  # noqa: E402
+from router.features import prompt_text  # noqa: E402
+from router.policy import FALLBACK_TASK, PolicySnapshot, task_policies  # noqa: E402
 
 
 @dataclass
 class Request:
-    """One replayable request: its task, prompt and output length, and the drafter's outcome."""
+    """One replayable request: its task, text, prompt and output length, and the drafter's outcome."""
 
     prompt_id: int
     task: str
+    text: str
     prompt_tokens: int
     n: int
     max_new_tokens: int
     runs: np.ndarray | None  # model draft: consecutive matches from each position
     index: NgramIndex | None  # n-gram draft: prompt lookup over prompt + output
-    tokens: list[int]
+    output_ids: list[int]
 
     def round(self, s: int, g: int) -> tuple[int, int]:
         """(drafted, accepted) of a round starting after s emitted tokens with lookahead g."""
         if self.runs is not None:
-            k = max(0, min(g, self.max_new_tokens - s - 1))
-            if s + self.runs[s] >= self.n:
-                k = min(k, self.n - s)
-            return k, int(min(self.runs[s], k))
-        proposal = [] if self.max_new_tokens - s == 1 else self.index.propose(self.prompt_tokens + s, g)
-        p, a = self.prompt_tokens, 0
-        while a < len(proposal) and s + a < self.n and proposal[a] == self.tokens[p + s + a]:
-            a += 1
-        return len(proposal), a
+            return model_draft_round(self.runs, s, g, self.max_new_tokens)
+        return ngram_round(self.prompt_tokens, self.output_ids, s, g, self.max_new_tokens, self.index)
 
 
 @dataclass
@@ -168,21 +174,26 @@ class SimpleRule:
 
 
 class Ours:
-    name = "ours (Beta posterior)"
+    """The product's router and online estimate (see the module docstring)."""
 
-    def __init__(self, policies: dict, cost: Cost, gamma_max: int):
-        self.config = AdaptationConfig(gamma_max=gamma_max)
-        self.cost = cost
-        self.states = {task: initial_state(p["alpha_mean"], p["speculate"], p["best_gamma"], cost,
-                                           p["predicted_speedup"], self.config) for task, p in policies.items()}
+    def __init__(self, router: Router, cost: Cost, true_labels: bool):
+        self.router, self.cost, self.true_labels = router, cost, true_labels
+        self.name = "ours, true task labels" if true_labels else "ours (classifier, as served)"
+        self.config = replace(router.adaptation, gamma_max=min(router.adaptation.gamma_max, len(cost.target_forward_s) - 1))
 
     def serve(self, request, cost):
-        task = request.task if request.task in self.states else "*"
-        state, speculate, gamma = next_request(self.states[task], self.config)
+        router = self.router
+        if self.true_labels:
+            key = request.task if request.task in router.policies else FALLBACK_TASK
+            state, speculate, gamma = next_request(router.states[key], router.adaptation)
+            router.states[key] = state
+        else:
+            decision = router.route(request.text, max_new_tokens=request.max_new_tokens)
+            key, speculate, gamma = parse_route_id(decision.route_id)[1], decision.speculate, decision.gamma
         result = replay(request, cost, lambda: gamma if speculate else 0)
-        if speculate and result.passes:
-            state = apply_feedback(state, result.passes, result.drafted, result.accepted, self.cost, self.config)
-        self.states[task] = state
+        if speculate and result.passes:  # what /v1/feedback does with the engine's counts
+            router.observe(key, apply_feedback(router.states[key], result.passes, result.drafted, result.accepted,
+                                               self.cost, self.config))
         return result
 
 
@@ -191,38 +202,49 @@ def oracle(request: Request, cost: Cost, gamma_max: int) -> Totals:
     return min(options, key=lambda t: t.spec_s)
 
 
-def policies_from(results: list[PromptResult], cost: Cost, gamma_max: int, margin: float) -> dict:
-    by_task = collections.defaultdict(list)
-    for r in results:
-        by_task[r.task_type or "unlabelled"].append(r)
-    policies = {task: summarize_results(rs, cost, gamma_max=gamma_max, margin=margin) for task, rs in by_task.items()}
-    policies["*"] = summarize_results(results, cost, gamma_max=gamma_max, margin=margin)
-    return {task: p for task, p in policies.items() if p["best_gamma"]}
+def policies_from(run: AnalysisRun, results: list[PromptResult], cost: Cost) -> dict[str, PolicySnapshot]:
+    """The policies ``specroute policies publish`` would build from these results of ``run``."""
+    params = run.params
+    options = {"gamma_max": int(params["gamma_max"]), "margin": float(params.get("margin", 0.05))}
+    tasks, workload = summarize_groups(results, cost, costs=costs_for_run(run), **options)
+    summary = AnalysisSummary(run_id=run.id, sampling=False, cost=cost, costs=costs_for_run(run), prompts=[],
+                              tasks=tasks, workload=workload, **options)
+    return {p.task_type: PolicySnapshot.of(p) for p in task_policies(summary)}
 
 
-def load_requests(session, run: AnalysisRun, cache_dir: Path) -> tuple[list[Request], list[PromptResult]]:
+def train_router_classifier(session, results: list[PromptResult]):
+    """A classifier trained as ``specroute train --data corpus`` does, on the bundled corpus less the
+    workload's own prompts (they must be unseen), with cross-validated calibration and threshold."""
+    workload = {prompt_text(r.prompt.text, r.prompt.messages) for r in results}
+    corpus = cold_start_data()
+    kept = [i for i, text in enumerate(corpus.texts) if text not in workload]
+    data = make_training_data([corpus.texts[i] for i in kept], [corpus.labels[i] for i in kept],
+                              "bundled corpus less the workload", [corpus.groups[i] for i in kept])
+    train_classifier(session, data)
+    session.commit()
+    classifier = load_active(session)
+    print(f"classifier: {len(kept)} corpus prompts ({len(corpus.texts) - len(kept)} workload prompts left out), "
+          f"threshold {classifier.threshold}", file=sys.stderr)
+    return classifier
+
+
+def load_requests(session, run: AnalysisRun) -> tuple[list[Request], list[PromptResult]]:
+    """The run's results as replayable requests (prompt and output token ids as stored with them)."""
     params = run.params
     draft = parse_spec(run.pair.draft.spec)
-    results = list(session.query(PromptResult).filter_by(run_id=run.id).order_by(PromptResult.id))
-    tokenizer = model = None
-    if draft.kind == "ngram":
-        loaded = load_model(parse_spec(run.pair.target.spec), cache_dir=cache_dir)
-        tokenizer, model = loaded.tokenizer, loaded.model
-        eos = model.generation_config.eos_token_id
-        eos_ids = eos if isinstance(eos, list) else [eos]
+    results = load_results(session, run.id)
     requests = []
     for r in results:
+        if r.prompt_token_ids is None:
+            raise SystemExit(f"run {run.id} is from before prompt token ids were stored; analyze again")
+        text = prompt_text(r.prompt.text, r.prompt.messages)
         if draft.kind == "ngram":
-            limit = params.get("max_prompt_tokens") or max(16, context_limit(model) - params["max_new_tokens"])
-            prompt_ids = encode_prompt(tokenizer, text=r.prompt.text if r.prompt.messages is None else None,
-                                       messages=r.prompt.messages, use_chat_template=params.get("chat_template", True),
-                                       max_prompt_tokens=limit).ids
-            tokens = prompt_ids + list(r.output_token_ids)
-            index = NgramIndex(tokens, int(draft.options.get("max_ngram", 2)), eos_ids)
-            request = Request(r.prompt_id, r.task_type or "unlabelled", len(prompt_ids), r.output_tokens,
-                              params["max_new_tokens"], None, index, tokens)
+            index = NgramIndex(list(r.prompt_token_ids) + list(r.output_token_ids), int(draft.options.get("max_ngram", 2)),
+                               run.eos_token_ids or [])
+            request = Request(r.prompt_id, r.task_type or "unlabelled", text, len(r.prompt_token_ids), r.output_tokens,
+                              params["max_new_tokens"], None, index, list(r.output_token_ids))
         else:
-            request = Request(r.prompt_id, r.task_type or "unlabelled", r.prompt_tokens, r.output_tokens,
+            request = Request(r.prompt_id, r.task_type or "unlabelled", text, r.prompt_tokens, r.output_tokens,
                               params["max_new_tokens"], match_runs(r.draft_matches), None, [])
         requests.append(request)
     return requests, results
@@ -279,12 +301,16 @@ def main() -> None:
         run = session.get(AnalysisRun, args.run)
         cost = cost_for_run(run)
         gamma_max = int(run.params["gamma_max"])
-        margin = float(run.params.get("margin", 0.05))
-        requests, results = load_requests(session, run, cache_dir)
+        requests, results = load_requests(session, run)
         checked = check_replay(requests, results, cost)
         print(f"run {run.id}: {len(requests)} prompts, draft {run.pair.draft.spec}, g = 1..{gamma_max}; "
               f"fixed-g replays equal the stored walks for {checked}/{checked} (prompt, g)", file=sys.stderr)
-        names = [Fixed.name, TransformersHeuristic.name, SimpleRule.name, Ours.name, "per-prompt oracle"]
+        classifier = train_router_classifier(session, results)
+        predicted = classifier.predict([r.text for r in requests])
+        right = sum(task == r.task for (task, _), r in zip(predicted, requests))
+        print(f"classifier: {right}/{len(requests)} workload prompts get their true task", file=sys.stderr)
+        names = [Fixed.name, TransformersHeuristic.name, SimpleRule.name, "ours (classifier, as served)",
+                 "ours, true task labels", "per-prompt oracle"]
         per_seed = {name: [] for name in names}
         for seed in range(args.seeds):
             rng = np.random.default_rng(seed)
@@ -293,8 +319,14 @@ def main() -> None:
             totals = {name: Totals() for name in names}
             for fold in range(2):
                 source, traffic = halves[fold], halves[1 - fold]
-                policies = policies_from([results[i] for i in source], cost, gamma_max, margin)
-                servers = [Fixed(), TransformersHeuristic(gamma_max), SimpleRule(), Ours(policies, cost, gamma_max)]
+                policies = policies_from(run, [results[i] for i in source], cost)
+
+                def router(with_classifier: bool) -> Router:
+                    return Router(classifier if with_classifier else None, policies, policy_version=1, cost=cost,
+                                  config=RouterConfig(), adaptation=AdaptationConfig(gamma_max=gamma_max),
+                                  margin=float(run.params.get("margin", 0.05)))
+                servers = [Fixed(), TransformersHeuristic(gamma_max), SimpleRule(), Ours(router(True), cost, False),
+                           Ours(router(False), cost, True)]
                 stream = np.concatenate([rng.permutation(traffic) for _ in range(args.epochs)])
                 for i in stream:
                     for server in servers:
@@ -314,7 +346,7 @@ def main() -> None:
         row = table[name]
         print(f"{name} | {row['tokens_per_pass']:.3f} | {row['speedup']:.3f}x | "
               f"{row['speedup_min']:.3f}..{row['speedup_max']:.3f} | {row['acceptance']:.3f}")
-    ours = table[Ours.name]["speedup"]
+    ours = table["ours (classifier, as served)"]["speedup"]
     beaten = [n for n in names[:3] if table[n]["speedup"] < ours]
     print(f"ours beats {len(beaten)}/3 baselines on predicted speedup: {', '.join(beaten) or 'none'}")
     if args.out:

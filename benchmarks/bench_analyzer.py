@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analyzer.acceptance import NgramIndex, alpha_from_matches, walk_model_draft, walk_ngram  # noqa: E402
 from analyzer.cost import profile_costs  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.loading import encode_prompt, load_model, parse_spec  # noqa: E402
+from analyzer.loading import load_model, parse_spec  # noqa: E402
+from analyzer.prompt_encoding import encode_prompt, eos_token_ids  # noqa: E402
 from analyzer.measure import draft_match_sequence, generate_target, teacher_forced_logits  # noqa: E402
 from analyzer.speedup import Cost, leviathan_speedup, predicted_speedup  # noqa: E402
 from analyzer.validate import assisted_generate, greedy_generate  # noqa: E402
@@ -198,8 +199,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     loaded = load_model(parse_spec("builtin:smollm2-135m-instruct"), cache_dir=Path(args.cache_dir))
     target, tokenizer = loaded.model, loaded.tokenizer
-    eos = target.generation_config.eos_token_id
-    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    eos_ids = eos_token_ids(target.generation_config.eos_token_id, tokenizer.eos_token_id)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompts = sample_prompts(args.prompts)
     results = []
@@ -226,8 +226,7 @@ def run_real_pair(prompts: list, args) -> dict:
     target_spec, draft_spec = pair_specs(args.pair_folder or DEFAULT_FOLDER)
     target = load_model(parse_spec(target_spec), cache_dir=Path(args.cache_dir))
     draft = load_model(parse_spec(draft_spec), cache_dir=Path(args.cache_dir))
-    eos = target.model.generation_config.eos_token_id
-    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    eos_ids = eos_token_ids(target.model.generation_config.eos_token_id, target.tokenizer.eos_token_id)
     pad = target.tokenizer.pad_token_id
     return run_drafter("Qwen2.5-Coder 0.5B -> 1.5B", target.model, draft.model, target.tokenizer, prompts, args,
                        eos_ids, pad if pad is not None else eos_ids[0])

@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=1, help="server processes (specroute serve --workers)")
-    parser.add_argument("--threads", type=int, default=8, help="waitress threads per process")
+    parser.add_argument("--threads", type=int, default=8, help="server threads per process")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     prompts = corpus_prompts(2000)

@@ -6,8 +6,8 @@
    holds only the classifier vocabulary's words), then passes interleaved with the same decisions made through the scikit-learn
    pipeline's own ``predict_proba`` (the baseline our FastScorer replaces), then the fast path
    alone; p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
-2. Over HTTP: ``specroute serve``'s waitress server (subprocess, ``--threads``, with each of
-   ``--workers`` process counts) on a temporary SQLite database, driven by an asyncio load generator in another process with ``--concurrency``
+2. Over HTTP: ``specroute serve`` (subprocess, ``--threads``, with each of ``--workers`` process
+   counts: waitress for 1, gunicorn's gthread workers above 1) on a temporary SQLite database, driven by an asyncio load generator in another process with ``--concurrency``
    keep-alive connections posting /v1/route; the same generator against a bare WSGI app on the same
    server settings gives the server's own ceiling in the same run. Decisions are logged as in
    production.
@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import migrations  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
+from analyzer.simulated_run import create_simulated_run  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
 from router.classifier import TaskClassifier, build_pipeline, cold_start_data, train_classifier  # noqa: E402
 from router.decision import Router  # noqa: E402
 from router.features import prompt_text  # noqa: E402
 from router.policy import PolicySnapshot, publish_policies  # noqa: E402
-from tests.factories import make_done_run  # noqa: E402
 
 TASKS = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
          "creative_writing", "roleplay", "extraction", "customer_support", "general")
@@ -214,7 +214,7 @@ def prepare_database(url: str) -> None:
     migrations.upgrade(engine)
     with make_session_factory(engine)() as session, session.begin():
         train_classifier(session, cold_start_data(), cross_validate=False, features=FEATURES["name"])
-        run = make_done_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(TASKS)}, per_task=3)
+        run = create_simulated_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(TASKS)}, per_task=3)
         publish_policies(session, run.id)
     engine.dispose()
 
@@ -269,7 +269,7 @@ def main() -> None:
     parser.add_argument("--max-chars", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the corpus in process")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=8, help="waitress threads (per process)")
+    parser.add_argument("--threads", type=int, default=8, help="server threads (per process)")
     parser.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
                         help="comma-separated server process counts to measure (specroute serve --workers)")
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -303,7 +303,8 @@ def main() -> None:
     if not args.skip_http:
         served = http(prompts, args)
         result["http"] = served
-        print(f"\nHTTP, waitress {args.threads} threads per process, asyncio load generator in another process, "
+        print(f"\nHTTP, {args.threads} threads per process (waitress for 1 process and the bare app, gunicorn "
+              f"gthread above 1), asyncio load generator in another process, "
               f"concurrency {args.concurrency}, {args.seconds:.0f} s per run after {args.warmup:.0f} s warm-up, "
               f"median of {args.runs} runs (servers interleaved):")
         print("server | req/s | p50 ms | p99 ms | errors")

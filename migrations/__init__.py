@@ -11,11 +11,15 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
+from analyzer.errors import SpecrouteError
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent
 
 
-class SchemaNotCurrent(RuntimeError):
+class SchemaNotCurrent(SpecrouteError, RuntimeError):
     """The database is not at the newest revision; the message says what to run."""
+
+    status, code = 503, "schema_not_current"
 
 
 def alembic_config(url: str) -> Config:

@@ -5,11 +5,18 @@ Each task keeps a Beta posterior of alpha: a fixed prior from the analysis (mean
 (rounds, drafted, accepted); under i.i.d. acceptance a round accepts a ~ min(Geometric, g) tokens and
 ends with a rejection with probability 1 - alpha^g, so the event adds ``accepted`` successes and the
 expected number of rejecting rounds as failures, with alpha solved from accepted / rounds =
-alpha (1 - alpha^g) / (1 - alpha). The gamma in force is argmax S(g) of the posterior alpha with the
-stored cost curve, scaled by the analysis' burstiness factor (real-sequence S over i.i.d. S at the
-published gamma). Speculation turns off when S(g*) falls below 1 + off_margin and on again only above
-1 + on_margin (hysteresis), and while off every ``probe_every``-th request speculates at the prior's
-gamma so that evidence keeps arriving.
+alpha (1 - alpha^g) / (1 - alpha).
+
+The speedup curve in force is the one the analysis measured and published, S_pub(g) (real match
+sequences, the device's cost per round), moved by the posterior: a round's cost does not depend on
+alpha, only the tokens it yields do, so
+
+    S(g) = S_pub(g) * E_iid(alpha_post, g) / E_iid(alpha_prior, g),   E_iid(a, g) = (1 - a^(g+1)) / (1 - a),
+
+which is the published curve itself until feedback moves alpha (the i.i.d. formula is used only
+where nothing was published). gamma = argmax S(g). Speculation turns off when S(g*) falls below
+1 + off_margin and on again only above 1 + on_margin (hysteresis), and while off every
+``probe_every``-th request speculates at the current gamma so that evidence keeps arriving.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analyzer.acceptance import expected_tokens_iid
-from analyzer.speedup import Cost, iid_speedup
+from analyzer.speedup import Cost, best_gamma, iid_speedup
 
 
 @dataclass(frozen=True)
@@ -36,14 +43,15 @@ class AdaptationConfig:
 
 @dataclass(frozen=True)
 class TaskState:
-    """The online state of one task: Beta(a, b) of alpha, the decision in force and running totals."""
+    """The online state of one task: Beta(a, b) of alpha, the decision in force, the published S(g)
+    curve it moves, and running totals."""
 
     beta_a: float
     beta_b: float
     speculate: bool
     gamma: int
     prior_alpha: float
-    burstiness: float = 1.0
+    published_curve: tuple[float, ...] = ()  # S_pub(g) at g = 1..G (NaN where not finite)
     events: int = 0
     requests_while_off: int = 0
     total_rounds: int = 0
@@ -75,24 +83,34 @@ def alpha_from_round_counts(rounds: int, accepted: int, gamma: float) -> float:
     return (low + high) / 2
 
 
-def initial_state(prior_alpha: float, published_speculate: bool, published_gamma: int, cost: Cost,
-                  published_speedup: float | None, config: AdaptationConfig) -> TaskState:
+def initial_state(prior_alpha: float, published_speculate: bool, published_gamma: int,
+                  published_curve: tuple[float, ...], config: AdaptationConfig) -> TaskState:
     """The state before any feedback: the analysis' alpha as a prior of ``prior_strength`` tokens,
-    its decision, and the burstiness factor that maps i.i.d. speedups onto the measured ones."""
+    its decision, and its measured S(g) curve."""
     alpha = float(np.clip(prior_alpha, 1e-3, 1 - 1e-3))
-    burstiness = 1.0
-    if published_speedup and published_gamma >= 1:
-        iid = iid_speedup(alpha, published_gamma, cost)
-        burstiness = float(np.clip(published_speedup / iid, 0.5, 2.0)) if iid > 0 else 1.0
     return TaskState(beta_a=alpha * config.prior_strength, beta_b=(1 - alpha) * config.prior_strength,
                      speculate=published_speculate, gamma=max(published_gamma, 1), prior_alpha=alpha,
-                     burstiness=burstiness)
+                     published_curve=tuple(published_curve))
 
 
 def speedup_curve(state: TaskState, cost: Cost, gamma_max: int) -> np.ndarray:
-    """Predicted S(g) for g = 1..gamma_max from the posterior alpha, shape (gamma_max,)."""
+    """S(g) for g = 1..G under the posterior alpha, shape (G,) with G = min(gamma_max, the
+    profiled lookaheads, the published curve's length): the published curve scaled by
+    E_iid(alpha_post, g) / E_iid(alpha_prior, g) (see the module docstring); NaN where the published
+    value is not finite. Without a published curve: the i.i.d. prediction with ``cost``."""
     top = min(gamma_max, len(cost.target_forward_s) - 1)
-    return np.array([state.burstiness * iid_speedup(state.alpha, g, cost) for g in range(1, top + 1)])
+    published = np.asarray(state.published_curve[:top], dtype=np.float64)
+    if not np.isfinite(published).any():
+        return np.array([iid_speedup(state.alpha, g, cost) for g in range(1, top + 1)])
+    gammas = range(1, len(published) + 1)
+    scale = np.array([expected_tokens_iid(state.alpha, g) / expected_tokens_iid(state.prior_alpha, g) for g in gammas])
+    return published * scale
+
+
+def speedup_at(state: TaskState, gamma: int, cost: Cost, gamma_max: int) -> float:
+    """S(gamma) under the posterior alpha (see :func:`speedup_curve`); NaN outside the curve."""
+    curve = speedup_curve(state, cost, gamma_max)
+    return float(curve[gamma - 1]) if 1 <= gamma <= len(curve) else float("nan")
 
 
 def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, cost: Cost,
@@ -115,15 +133,15 @@ def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, c
 
 def decide(state: TaskState, cost: Cost, config: AdaptationConfig) -> TaskState:
     """Re-choose gamma = argmax S(g) and switch speculation with hysteresis."""
-    curve = speedup_curve(state, cost, config.gamma_max)
-    best = int(np.argmax(curve))
-    best_speedup = float(curve[best])
+    g_best, best_speedup = best_gamma(speedup_curve(state, cost, config.gamma_max))
+    if g_best == 0:
+        return state
     speculate = state.speculate
     if speculate and best_speedup < 1.0 + config.off_margin:
         speculate = False
     elif not speculate and best_speedup > 1.0 + config.on_margin:
         speculate = True
-    return replace(state, gamma=best + 1, speculate=speculate,
+    return replace(state, gamma=g_best, speculate=speculate,
                    requests_while_off=0 if speculate else state.requests_while_off)
 
 

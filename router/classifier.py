@@ -30,6 +30,7 @@ from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
 from analyzer.models import Prompt, PromptResult, PromptSet
 from router.features import (
@@ -60,8 +61,11 @@ CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2
 
 
-class ClassifierError(RuntimeError):
-    """Training or loading the classifier is not possible; the message says why and what to do."""
+class ClassifierError(SpecrouteError, RuntimeError):
+    """Training or loading the classifier is not possible; the message says why and what to do (the
+    API meets it when the stored classifier cannot be loaded: 503)."""
+
+    status, code = 503, "classifier_unavailable"
 
 
 @dataclass(frozen=True)

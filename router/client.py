@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from analyzer.acceptance import walk_ngram
-from analyzer.loading import context_limit, encode_prompt
+from analyzer.prompt_encoding import context_limit, encode_prompt, eos_token_ids
 from analyzer.validate import assisted_generate, count_forward_passes, greedy_generate
 
 
@@ -115,9 +115,8 @@ def generate_routed(model, tokenizer, messages_or_prompt: str | Sequence[Mapping
     elif "prompt_lookup_num_tokens" in settings:
         ngram_max = int(settings.get("max_matching_ngram_size", 2))
         output, rounds = assisted_generate(model, ids, max_new_tokens, gamma=gamma, ngram_max=ngram_max)
-        eos = model.generation_config.eos_token_id
         walk = walk_ngram(ids, output, gamma, max_new_tokens, max_ngram=ngram_max,
-                          eos_ids=eos if isinstance(eos, list) else [eos] if eos is not None else [])
+                          eos_ids=eos_token_ids(model.generation_config.eos_token_id))
         drafted, accepted = walk.drafted, walk.accepted
     else:
         if draft is None:

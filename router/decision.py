@@ -9,6 +9,7 @@ touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -16,13 +17,27 @@ from typing import Any, Mapping, Sequence
 
 from analyzer.acceptance import expected_tokens_iid
 from analyzer.settings import Settings, router_min_confidence, router_pools
-from analyzer.speedup import Cost, best_gamma, clears_break_even, iid_speedup, interpolate_curves
-from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
+from analyzer.speedup import Cost, best_gamma, clears_break_even, interpolate_curves
+from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request, speedup_at
 from router.classifier import TaskClassifier
 from router.features import prompt_text
 from router.policy import FALLBACK_TASK, PolicySnapshot
 
 DEFAULT_MIN_CONFIDENCE = 0.5
+ROUTE_ID = re.compile(r"v(\d{1,9})-[0-9a-f]{32}-(.{1,64})", re.DOTALL)
+
+
+def new_route_id(policy_version: int | None, task: str) -> str:
+    """A decision's route_id, ``v<policy set version>-<32 random hex digits>-<task>`` (version 0
+    before any policy set; ``task``: the task whose policy decided, "*" for the fallback), so that
+    feedback knows what it is about without looking the decision up."""
+    return f"v{policy_version or 0}-{uuid.uuid4().hex}-{task}"
+
+
+def parse_route_id(route_id: str) -> tuple[int, str] | None:
+    """(policy set version, task) of a route_id from :func:`new_route_id`; None for anything else."""
+    found = ROUTE_ID.fullmatch(route_id)
+    return (int(found.group(1)), found.group(2)) if found else None
 
 
 @dataclass(frozen=True)
@@ -115,8 +130,7 @@ class Router:
         self.states: dict[str, TaskState] = {}
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
-                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, cost, p.expected_speedup,
-                                                  self.adaptation)
+                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, p.speedup_curve, self.adaptation)
         self.states.update(states or {})
         self._lock = threading.Lock()
 
@@ -195,7 +209,7 @@ class Router:
                 self.states[key] = state
             alpha = state.alpha
             if self.cost is not None:
-                expected = state.burstiness * iid_speedup(state.alpha, gamma, self.cost)
+                expected = speedup_at(state, gamma, self.cost, self.adaptation.gamma_max)
             if state.events:
                 reasons.append(f"online estimate after {state.events} feedback events: alpha {state.alpha:.2f}, "
                                f"gamma {state.gamma}, speculation {'on' if state.speculate else 'off'}")
@@ -222,7 +236,7 @@ class Router:
             reasons.append(f"temperature {request.temperature}: acceptance was measured greedy; sampling accepts less")
         gamma = gamma if speculate else 0
         return Decision(
-            route_id=str(uuid.uuid4()),
+            route_id=new_route_id(self.policy_version, key),
             speculate=speculate,
             gamma=gamma,
             task_type=task,
@@ -302,9 +316,9 @@ def router_from_database(session, config: RouterConfig | None = None,
 
     from analyzer.loading import parse_spec
     from analyzer.models import AnalysisRun
-    from analyzer.report import cost_for_run
+    from analyzer.summary import cost_for_run
     from router.classifier import load_active
-    from router.feedback import task_state
+    from router.feedback import estimate_state
     from router.models import TaskEstimate
     from router.policy import active_policy_set
 
@@ -315,8 +329,9 @@ def router_from_database(session, config: RouterConfig | None = None,
     draft_kind, ngram_max, cost = "ngram", 2, None
     if policy_set is not None:
         policies = {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies}
-        states = {e.task_type: task_state(e) for e in session.scalars(
-            select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))}
+        fallback = policies.get(FALLBACK_TASK)
+        states = {e.task_type: estimate_state(e, (policies.get(e.task_type) or fallback).speedup_curve)
+                  for e in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))}
         run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id else None
         if run is not None:
             draft = parse_spec(run.pair.draft.spec)

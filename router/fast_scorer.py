@@ -10,11 +10,14 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import Pipeline
 
+from analyzer.errors import SpecrouteError
 from router.features import structural_row
 
 
-class ScorerError(RuntimeError):
+class ScorerError(SpecrouteError, RuntimeError):
     """The pipeline has a part the fast path cannot evaluate."""
+
+    status, code = 500, "scorer_unsupported"
 
 
 def _char_wb_ngrams(text: str, min_n: int, max_n: int) -> list[str]:

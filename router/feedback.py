@@ -27,27 +27,39 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
+from analyzer.errors import SpecrouteError
 from analyzer.models import AnalysisRun
-from analyzer.report import cost_for_run
 from analyzer.speedup import Cost
+from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
-from router.models import ClassifierVersion, FeedbackEvent, RouteDecision, TaskEstimate
-from router.policy import FALLBACK_TASK, active_policy_set
+from router.decision import parse_route_id
+from router.models import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
+from router.policy import FALLBACK_TASK, PolicySnapshot
 
 
-class FeedbackError(ValueError):
-    """A feedback payload that cannot be used; the message names the field. ``code`` says which kind:
-    invalid_feedback (the payload), unknown_route_id, or no_active_policy."""
+class FeedbackError(SpecrouteError, ValueError):
+    """A feedback payload that cannot be used; the message names the field. The subclasses are the
+    other kinds: an unknown route_id, no active policy set."""
 
-    def __init__(self, message: str, code: str = "invalid_feedback"):
-        super().__init__(message)
-        self.code = code
+    status, code = 400, "invalid_feedback"
+
+
+class UnknownRouteId(FeedbackError):
+    """The feedback names a route_id no decision was given (or of a policy set that does not exist)."""
+
+    status, code = 404, "unknown_route_id"
+
+
+class NoActivePolicy(FeedbackError):
+    """Feedback arrived while no policy set is active."""
+
+    status, code = 409, "no_active_policy"
 
 
 @dataclass(frozen=True)
@@ -170,12 +182,52 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     return counts
 
 
-def task_state(estimate: TaskEstimate) -> TaskState:
-    """The adaptation state stored in a TaskEstimate row."""
-    return TaskState(beta_a=estimate.beta_a, beta_b=estimate.beta_b, speculate=estimate.speculate,
-                     gamma=estimate.gamma, prior_alpha=estimate.prior_alpha, burstiness=estimate.burstiness,
-                     events=estimate.events, total_rounds=estimate.total_rounds,
-                     total_drafted=estimate.total_drafted, total_accepted=estimate.total_accepted)
+@dataclass(frozen=True)
+class FeedbackRequest:
+    """One feedback payload, checked and normalised once: the counts, and the policy set version and
+    task it is about (from its ``route_id``, or its ``task_type`` under the active set)."""
+
+    counts: FeedbackCounts
+    route_id: str | None
+    policy_version: int | None  # None: the active policy set
+    task: str
+    gamma: int | None
+    raw: Mapping[str, Any]
+
+
+def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
+    """Check a payload and normalise its counts (raises FeedbackError naming the field)."""
+    counts = normalise(payload)
+    route_id, task = payload.get("route_id"), payload.get("task_type")
+    if route_id is not None and not isinstance(route_id, str):
+        raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
+    if task is not None and (not isinstance(task, str) or len(task) > 64):
+        raise FeedbackError("field 'task_type' must be a string of at most 64 characters")
+    if route_id is not None:
+        found = parse_route_id(route_id)
+        if found is None:
+            raise UnknownRouteId(f"unknown route_id {route_id!r}: send the route_id of a decision as it was given")
+        version, task = found  # version 0: decided before any policy set was active
+        return FeedbackRequest(counts, route_id, version or None, task, _gamma(payload), dict(payload))
+    if not task:
+        raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
+    return FeedbackRequest(counts, None, None, task, _gamma(payload), dict(payload))
+
+
+STATE_COLUMNS = ("beta_a", "beta_b", "speculate", "gamma", "prior_alpha", "events", "total_rounds", "total_drafted",
+                 "total_accepted")
+
+
+def estimate_state(estimate: TaskEstimate, published_curve: Sequence[float]) -> TaskState:
+    """The adaptation state stored in a TaskEstimate row, moving the policy's ``published_curve``."""
+    return TaskState(**{name: getattr(estimate, name) for name in STATE_COLUMNS},
+                     published_curve=tuple(published_curve))
+
+
+def store_state(estimate: TaskEstimate, state: TaskState) -> None:
+    """Write ``state`` into its TaskEstimate row (the inverse of :func:`estimate_state`)."""
+    for name in STATE_COLUMNS:
+        setattr(estimate, name, getattr(state, name))
 
 
 @dataclass(frozen=True)
@@ -183,7 +235,8 @@ class PolicyContext:
     """What feedback needs of a policy set, as a loaded Router holds it (saves the queries)."""
 
     policy_set_id: int
-    policies: Mapping[str, Any]  # task type (and FALLBACK_TASK) -> alpha_mean, speculate, gamma, expected_speedup
+    version: int
+    policies: Mapping[str, PolicySnapshot]  # task type (and FALLBACK_TASK) -> its published policy
     cost: Cost
     classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
 
@@ -192,6 +245,10 @@ class PolicyContext:
         """Task types feedback may name: those with a published policy and those the classifier predicts."""
         return frozenset(self.policies) - {FALLBACK_TASK} | self.classifier_labels
 
+    def policy(self, task: str) -> PolicySnapshot:
+        """The policy that decides for ``task`` (the fallback where it has none)."""
+        return self.policies.get(task) or self.policies[FALLBACK_TASK]
+
 
 def active_classifier_labels(session: Session) -> frozenset[str]:
     """The task types of the active classifier version (empty before the first training)."""
@@ -199,62 +256,65 @@ def active_classifier_labels(session: Session) -> frozenset[str]:
     return frozenset(labels or ())
 
 
-def record_feedback(session: Session, payload: Mapping[str, Any], config: AdaptationConfig | None = None,
-                    context: PolicyContext | None = None) -> TaskEstimate:
-    """Store one feedback event and update its task's estimate under the active policy set
-    (created from the published policy on the task's first event); returns the estimate. Run it in
-    a transaction begun with ``analyzer.db.lock_for_write`` when other writers may be about.
-    ``context``: the policy set as the caller has it loaded (else it is read from the database)."""
+def policy_context(session: Session, version: int | None = None) -> PolicyContext | None:
+    """Policy set ``version`` (the active one for None) as feedback needs it; None when there is none."""
+    query = select(PolicySet).options(selectinload(PolicySet.policies))
+    policy_set = session.scalar(query.where(PolicySet.is_active.is_(True)) if version is None
+                                else query.where(PolicySet.version == version))
+    if policy_set is None or policy_set.run_id is None:
+        return None
+    return PolicyContext(policy_set.id, policy_set.version, {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
+                         cost_for_run(session.get(AnalysisRun, policy_set.run_id)), active_classifier_labels(session))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What one feedback event did: the task's estimate row and state under ``policy_set_id``."""
+
+    estimate: TaskEstimate
+    state: TaskState
+    policy_set_id: int
+
+
+def record_feedback(session: Session, request: FeedbackRequest, config: AdaptationConfig | None = None,
+                    context: PolicyContext | None = None) -> Recorded:
+    """Store one feedback event and update its task's estimate under the policy set its route_id
+    names (the active one for feedback by task_type), created from the published policy on the
+    task's first event. Run it in a transaction begun with ``analyzer.db.lock_for_write`` when other
+    writers may be about. ``context``: the active policy set as the caller has it loaded (else it is
+    read from the database)."""
     config = config or AdaptationConfig()
-    counts = normalise(payload)
+    if context is None or (request.policy_version is not None and request.policy_version != context.version):
+        context = policy_context(session, request.policy_version)
+    if context is None and request.policy_version is not None:
+        raise UnknownRouteId(f"unknown route_id {request.route_id!r}: policy set v{request.policy_version} does not exist")
     if context is None:
-        policy_set = active_policy_set(session)
-        if policy_set is None:
-            raise FeedbackError("no active policy set; publish one with 'specroute policies publish --run RUN'",
-                                "no_active_policy")
-        context = PolicyContext(policy_set.id, {p.task_type: p for p in policy_set.policies},
-                                cost_for_run(session.get(AnalysisRun, policy_set.run_id)),
-                                active_classifier_labels(session))
-    route_id = payload.get("route_id")
-    if route_id is not None and not isinstance(route_id, str):
-        raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
-    if payload.get("task_type") is not None and (not isinstance(payload["task_type"], str) or len(payload["task_type"]) > 64):
-        raise FeedbackError("field 'task_type' must be a string of at most 64 characters")
-    if route_id is not None:
-        decision = session.scalar(select(RouteDecision).where(RouteDecision.route_id == str(route_id)))
-        if decision is None:
-            raise FeedbackError(f"unknown route_id {route_id!r}", "unknown_route_id")
-        task = decision.task_type
-    elif isinstance(payload.get("task_type"), str) and payload["task_type"]:
-        task = payload["task_type"]
-        if task not in context.known_tasks:  # a made-up task would get an estimate and a metrics label
-            known = ", ".join(sorted(context.known_tasks)) or "none yet"
-            raise FeedbackError(f"unknown task_type {task!r}: name a task type with a published policy or one the "
-                                f"classifier predicts ({known}), or send the decision's route_id")
-    else:
-        raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
-    policy = context.policies.get(task) or context.policies[FALLBACK_TASK]
-    cost = context.cost
+        raise NoActivePolicy("no active policy set; publish one with 'specroute policies publish --run RUN'")
+    task = request.task
+    if request.route_id is not None and task not in context.policies and task not in context.known_tasks:
+        raise UnknownRouteId(f"unknown route_id {request.route_id!r}: policy set v{context.version} has no task {task!r}")
+    if request.route_id is None and task not in context.known_tasks:  # a made-up task would get an estimate and a metrics label
+        known = ", ".join(sorted(context.known_tasks)) or "none yet"
+        raise FeedbackError(f"unknown task_type {task!r}: name a task type with a published policy or one the "
+                            f"classifier predicts ({known}), or send the decision's route_id")
+    policy, cost, counts = context.policy(task), context.cost, request.counts
     estimate = session.scalar(select(TaskEstimate).where(  # FOR UPDATE: no lost updates on PostgreSQL
         TaskEstimate.policy_set_id == context.policy_set_id, TaskEstimate.task_type == task).with_for_update())
     if estimate is None:
-        start = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, cost, policy.expected_speedup, config)
-        estimate = TaskEstimate(policy_set_id=context.policy_set_id, task_type=task, beta_a=start.beta_a, beta_b=start.beta_b,
-                                speculate=start.speculate, gamma=start.gamma, prior_alpha=start.prior_alpha,
-                                burstiness=start.burstiness, events=0, total_rounds=0, total_drafted=0,
-                                total_accepted=0)
+        estimate = TaskEstimate(policy_set_id=context.policy_set_id, task_type=task)
+        store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, policy.speedup_curve, config))
         session.add(estimate)
     covered = replace(config, gamma_max=min(config.gamma_max, len(cost.target_forward_s) - 1))
-    state = apply_feedback(task_state(estimate), counts.rounds, counts.drafted, counts.accepted, cost, covered)
+    state = apply_feedback(estimate_state(estimate, policy.speedup_curve), counts.rounds, counts.drafted,
+                           counts.accepted, cost, covered)
     now = utcnow()
     if estimate.decision_since is None or (state.speculate, state.gamma) != (estimate.speculate, estimate.gamma):
         estimate.decision_since = now  # the decision in force changed (or starts being tracked) now
-    for name in ("beta_a", "beta_b", "speculate", "gamma", "events", "total_rounds", "total_drafted", "total_accepted"):
-        setattr(estimate, name, getattr(state, name))
+    store_state(estimate, state)
     estimate.updated_at = now
-    session.add(FeedbackEvent(route_id=str(route_id) if route_id is not None else None, policy_set_id=context.policy_set_id,
-                              task_type=task, engine=counts.engine, gamma=_gamma(payload),
+    session.add(FeedbackEvent(route_id=request.route_id, policy_set_id=context.policy_set_id,
+                              task_type=task, engine=counts.engine, gamma=request.gamma,
                               rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
-                              output_tokens=counts.output_tokens, raw=dict(payload)))
+                              output_tokens=counts.output_tokens, raw=dict(request.raw)))
     session.flush()
-    return estimate
+    return Recorded(estimate, state, context.policy_set_id)

@@ -118,7 +118,6 @@ class TaskEstimate(Base):
     beta_a: Mapped[float] = mapped_column(Float)
     beta_b: Mapped[float] = mapped_column(Float)
     prior_alpha: Mapped[float] = mapped_column(Float)
-    burstiness: Mapped[float] = mapped_column(Float, default=1.0)
     speculate: Mapped[bool] = mapped_column(Boolean)
     gamma: Mapped[int] = mapped_column(Integer)
     # running totals outgrow 32 bits on a busy server (PostgreSQL INTEGER): 64-bit
@@ -133,13 +132,17 @@ class TaskEstimate(Base):
     __table_args__ = (UniqueConstraint("policy_set_id", "task_type"),)
 
 
+ROUTE_ID_LENGTH = 128  # v<version>-<32 hex>-<task of up to 64 characters>
+
+
 class RouteDecision(Base):
-    """A decision the router gave, kept so that feedback can name it by ``route_id``."""
+    """A decision the router gave, kept for the record (the decision log); feedback does not read it:
+    its ``route_id`` names the policy set version and task (router.decision.new_route_id)."""
 
     __tablename__ = "route_decisions"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    route_id: Mapped[str] = mapped_column(String(36), unique=True)
+    route_id: Mapped[str] = mapped_column(String(ROUTE_ID_LENGTH), unique=True)
     policy_set_id: Mapped[Optional[int]] = mapped_column(ForeignKey("policy_sets.id"), index=True)
     classifier_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("classifier_versions.id"))
     task_type: Mapped[str] = mapped_column(String(64))
@@ -158,7 +161,7 @@ class FeedbackEvent(Base):
     __tablename__ = "feedback_events"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    route_id: Mapped[Optional[str]] = mapped_column(String(36), index=True)
+    route_id: Mapped[Optional[str]] = mapped_column(String(ROUTE_ID_LENGTH), index=True)
     policy_set_id: Mapped[Optional[int]] = mapped_column(ForeignKey("policy_sets.id"), index=True)
     task_type: Mapped[str] = mapped_column(String(64), index=True)
     engine: Mapped[str] = mapped_column(String(32))

@@ -144,30 +144,30 @@ SCHEMAS: dict[str, Any] = {
                                "properties": {"gamma": {"type": "integer"}, "expected_speedup": _NUM,
                                               "speculate": {"type": "boolean"}}}}},
     },
+    "PolicySet": {
+        "type": "object", "required": ["version", "active", "run_id", "margin", "notes", "created_at", "activated_at"],
+        "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
+                       "run_id": {"type": ["integer", "null"]}, "margin": _NUM, "notes": {"type": ["string", "null"]},
+                       "created_at": {"type": "string"}, "activated_at": {"type": ["string", "null"]}},
+    },
     "Policies": {
         "type": "object", "required": ["active", "versions"], "additionalProperties": False,
         "properties": {
-            "active": {"oneOf": [{"type": "null"}, {
-                "type": "object", "additionalProperties": False,
-                "required": ["version", "run_id", "margin", "activated_at", "policies", "estimates"],
-                "properties": {"version": {"type": "integer"}, "run_id": {"type": ["integer", "null"]},
-                               "margin": _NUM, "activated_at": {"type": ["string", "null"]},
-                               "policies": {"type": "array", "items": _ref("Policy")},
-                               "estimates": {"type": "array", "items": _ref("TaskEstimate")}}}]},
-            "versions": {"type": "array", "items": {
-                "type": "object", "required": ["version", "active", "run_id", "created_at", "notes"],
-                "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
-                               "run_id": {"type": ["integer", "null"]}, "created_at": {"type": "string"},
-                               "notes": {"type": ["string", "null"]}}}},
+            "active": {"oneOf": [{"type": "null"}, {"allOf": [_ref("PolicySet"), {
+                "type": "object", "required": ["policies", "estimates"],
+                "properties": {"policies": {"type": "array", "items": _ref("Policy")},
+                               "estimates": {"type": "array", "items": _ref("TaskEstimate")}}}]}]},
+            "versions": {"type": "array", "items": _ref("PolicySet")},
         },
     },
     "Classifier": {
         "type": "object", "required": ["active"], "additionalProperties": False,
         "properties": {"active": {"oneOf": [{"type": "null"}, {
             "type": "object",
-            "required": ["version", "labels", "training_prompt_count", "training_data_sha256", "library_versions",
-                         "created_at", "source", "macro_f1", "accuracy", "baseline", "per_class"],
-            "properties": {"version": {"type": "integer"}, "labels": {"type": "array", "items": {"type": "string"}},
+            "required": ["version", "active", "labels", "training_prompt_count", "training_data_sha256",
+                         "library_versions", "created_at", "source", "macro_f1", "accuracy", "baseline", "per_class"],
+            "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
+                           "labels": {"type": "array", "items": {"type": "string"}},
                            "training_prompt_count": {"type": "integer"},
                            "training_data_sha256": {"type": "string"},
                            "library_versions": {"type": "object"}, "created_at": {"type": "string"},

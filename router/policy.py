@@ -10,42 +10,51 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
+from analyzer.errors import SpecrouteError
 from analyzer.models import AnalysisRun
-from analyzer.report import build_report
+from analyzer.summary import AnalysisSummary, GroupSummary, summarize_run
 from router.models import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
 
 
-class PolicyError(ValueError):
+class PolicyError(SpecrouteError, ValueError):
     """A policy set cannot be published or activated as asked; the message says why."""
 
+    status, code = 400, "invalid_policy_request"
 
-def _policy(task: str, summary: dict, *, fallback: bool, workload: dict | None = None) -> TaskPolicy:
-    """The policy row of one task (or of the workload, ``fallback``). A task decided by the workload
+
+def task_policies(summary: AnalysisSummary) -> list[TaskPolicy]:
+    """The policy rows of a run's summary: one per task type with a g*, and the fallback ("*") from
+    the whole workload (none without results or a cost profile). A task decided by the workload
     (too few prompts) keeps its own alpha, n and tier but takes the workload's decision, gamma,
     speedup, interval and curves, so that routing it is routing the workload."""
-    decided = workload if summary.get("decision_basis") == "workload" and workload is not None else summary
-    interval = decided.get("speedup_interval") or [None, None]
+    workload = summary.workload
+    if workload is None or summary.cost is None:
+        return []
+    rows = [(task, group, False) for task, group in summary.tasks.items() if group.best_gamma]
+    return [_policy(task, group, workload, fallback) for task, group, fallback in rows + [(FALLBACK_TASK, workload, True)]]
+
+
+def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: bool) -> TaskPolicy:
+    decided = workload if summary.decision_basis == "workload" else summary
     return TaskPolicy(
         task_type=task,
         is_fallback=fallback,
-        speculate=bool(decided["speculate"]),
-        gamma=int(decided["best_gamma"] or 0),
-        alpha_mean=float(summary["alpha_mean"] if summary["alpha_mean"] is not None else 0.0),
-        alpha_var=summary["alpha_var"],
-        n_prompts=int(summary["n"]),
-        expected_speedup=float(decided["predicted_speedup"] or 0.0),
-        tier=summary["tier"],
-        speedup_curve=[v if v is not None else 0.0 for v in decided["speedup_curve"]],
-        speedup_curves_by_batch={b: [v if v is not None else 0.0 for v in entry["speedup_curve"]]
-                                 for b, entry in (decided.get("by_batch") or {}).items()} or None,
-        speedup_low=interval[0],
-        speedup_high=interval[1],
-        speedup_lows_by_batch={b: (entry.get("speedup_interval") or [None])[0]
-                               for b, entry in (decided.get("by_batch") or {}).items()} or None,
-        decision_basis=summary.get("decision_basis"),
-        decision_reason=summary.get("decision_reason"),
+        speculate=bool(decided.speculate),
+        gamma=decided.best_gamma or 0,
+        alpha_mean=summary.alpha_mean if summary.alpha_mean is not None else 0.0,
+        alpha_var=summary.alpha_var,
+        n_prompts=summary.n,
+        expected_speedup=decided.predicted_speedup or 0.0,
+        tier=summary.tier,
+        speedup_curve=list(decided.speedup_curve),
+        speedup_curves_by_batch={str(b): list(entry.speedup_curve) for b, entry in decided.by_batch.items()} or None,
+        speedup_low=decided.speedup_interval[0],
+        speedup_high=decided.speedup_interval[1],
+        speedup_lows_by_batch={str(b): entry.speedup_interval[0] for b, entry in decided.by_batch.items()} or None,
+        decision_basis=summary.decision_basis,
+        decision_reason=summary.decision_reason,
     )
 
 
@@ -58,14 +67,12 @@ def publish_policies(session: Session, run_id: int, *, notes: str | None = None,
         raise PolicyError(f"no analysis run {run_id}")
     if run.status != "done":
         raise PolicyError(f"run {run_id} is {run.status}; only a finished run can be published")
-    report = build_report(session, run_id)
-    if not report["prompts"] or report["workload"] is None or report["cost_profile"] is None:
+    policies = task_policies(summarize_run(session, run))
+    if not policies:
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
     policy_set = PolicySet(version=latest + 1, run_id=run_id, margin=float(run.params.get("margin", 0.05)), notes=notes)
-    policy_set.policies = [_policy(task, summary, fallback=False, workload=report["workload"])
-                           for task, summary in report["tasks"].items() if summary.get("best_gamma")]
-    policy_set.policies.append(_policy(FALLBACK_TASK, report["workload"], fallback=True))
+    policy_set.policies = policies
     session.add(policy_set)
     session.flush()
     if activate:
@@ -96,9 +103,15 @@ def list_policy_sets(session: Session) -> list[PolicySet]:
     ))
 
 
+def _curve(values) -> tuple[float, ...]:
+    """A stored S(g) curve as floats, NaN where it was not finite (stored as null)."""
+    return tuple(float("nan") if v is None else float(v) for v in values)
+
+
 @dataclass(frozen=True)
 class PolicySnapshot:
     """An immutable copy of one task's policy, for the decision path (no database access there);
+    ``speedup_curve[g-1]`` is the published S(g) at batch 1 (NaN where not finite);
     ``curves_by_batch`` maps each profiled batch size to its S(g) curve (empty: batch 1 only)."""
 
     task_type: str
@@ -117,9 +130,9 @@ class PolicySnapshot:
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
-        curves = {int(b): tuple(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
+        curves = {int(b): _curve(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
         return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
-                   policy.n_prompts, policy.expected_speedup, policy.tier, tuple(policy.speedup_curve), curves,
+                   policy.n_prompts, policy.expected_speedup, policy.tier, _curve(policy.speedup_curve), curves,
                    (policy.speedup_low, policy.speedup_high), policy.decision_basis,
                    {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()})
 

@@ -43,7 +43,7 @@ def _event(rng, alpha, gamma, tokens=64):
 
 def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping():
     rng = np.random.default_rng(0)
-    state = initial_state(0.85, True, 5, COST, published_speedup=None, config=CONFIG)
+    state = initial_state(0.85, True, 5, (), CONFIG)
     assert state.speculate and abs(state.alpha - 0.85) < 1e-9
     for _ in range(40):
         state = apply_feedback(state, *_event(rng, 0.85, state.gamma), COST, CONFIG)
@@ -60,18 +60,18 @@ def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping()
 
 
 def test_hysteresis_keeps_the_current_decision_between_the_margins():
-    near = initial_state(0.45, False, 2, COST, None, CONFIG)
+    near = initial_state(0.45, False, 2, (), CONFIG)
     from router.adaptation import decide, speedup_curve
 
     best = float(speedup_curve(near, COST, 8).max())
     config = AdaptationConfig(gamma_max=8, on_margin=best - 1 + 0.01, off_margin=best - 1 - 0.01)
     assert decide(near, COST, config).speculate is False  # below the on threshold: stays off
-    on = initial_state(0.45, True, 2, COST, None, config)
+    on = initial_state(0.45, True, 2, (), config)
     assert decide(on, COST, config).speculate is True  # above the off threshold: stays on
 
 
 def test_probes_while_off_every_nth_request():
-    state = initial_state(0.05, False, 3, COST, None, AdaptationConfig(probe_every=5))
+    state = initial_state(0.05, False, 3, (), AdaptationConfig(probe_every=5))
     probes = []
     for _ in range(20):
         state, speculate, gamma = next_request(state, AdaptationConfig(probe_every=5))
@@ -79,9 +79,23 @@ def test_probes_while_off_every_nth_request():
     assert probes.count(True) == 4 and probes[4] and not probes[3]
 
 
-def test_burstiness_factor_maps_iid_speedup_onto_the_published_one():
+def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
+    from analyzer.acceptance import expected_tokens_iid
     from analyzer.speedup import iid_speedup
+    from router.adaptation import decide, speedup_curve
 
-    iid = iid_speedup(0.7, 4, COST)
-    state = initial_state(0.7, True, 4, COST, published_speedup=iid * 1.2, config=CONFIG)
-    assert state.burstiness == pytest.approx(1.2)
+    # a bursty task: the measured curve peaks at g = 2 where the i.i.d. formula would pick a longer g
+    published = (1.10, 1.30, 1.20, float("nan"), 0.95, 0.90, 0.85, 0.80)
+    config = AdaptationConfig(gamma_max=8)
+    state = initial_state(0.7, True, 2, published, config)
+    curve = speedup_curve(state, COST, 8)
+    assert np.allclose(curve, published, equal_nan=True)  # nothing i.i.d. about it before feedback
+    iid = [iid_speedup(0.7, g, COST) for g in range(1, 9)]
+    assert int(np.argmax(iid)) + 1 != 2
+    assert decide(state, COST, config).gamma == 2 and decide(state, COST, config).speculate
+    lower = apply_feedback(state, rounds=100, drafted=200, accepted=20, cost=COST, config=config)
+    ratio = [expected_tokens_iid(lower.alpha, g) / expected_tokens_iid(0.7, g) for g in range(1, 9)]
+    assert lower.alpha < 0.6
+    assert np.allclose(speedup_curve(lower, COST, 8), np.array(published) * ratio, equal_nan=True)
+    assert not lower.speculate or lower.gamma < 2  # fewer tokens per round: the curve falls, the best g does not rise
+    assert len(speedup_curve(state, COST, 3)) == 3  # cut at the gamma in reach

@@ -13,6 +13,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from sqlalchemy import func, select
 
+from analyzer.db import lock_for_write
 from router.classifier import make_training_data, train_classifier
 from router.models import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
 from router.policy import activate_policy_set, publish_policies
@@ -205,9 +206,11 @@ def test_batch_of_a_thousand(client, published):
 def test_a_newly_activated_policy_set_is_picked_up(client, session, published):
     assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 1
     with session.begin():
+        lock_for_write(session)  # the app's decision log writes beside us
         publish_policies(session, published.id)
     assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 2
     with session.begin():
+        lock_for_write(session)
         activate_policy_set(session, 1)
         assert session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True))) == 1
     assert client.post("/v1/route", json={"prompt": "x"}).get_json()["policy_version"] == 1

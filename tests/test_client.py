@@ -12,7 +12,7 @@ import torch
 import waitress
 from sqlalchemy import func, select
 
-from analyzer.loading import encode_prompt
+from analyzer.prompt_encoding import encode_prompt
 from analyzer.validate import greedy_generate
 from router.client import RouterClient, RouterClientError, generate_routed
 from router.models import FeedbackEvent, TaskEstimate

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import func, select
 
 from router.classifier import make_training_data, train_classifier
-from router.feedback import FeedbackError, normalise, record_feedback
-from router.models import FeedbackEvent, RouteDecision, TaskEstimate
+from router.feedback import FeedbackError, normalise, parse_feedback, record_feedback
+from router.decision import new_route_id, parse_route_id
+from router.models import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
 from tests.factories import make_done_run
 
@@ -69,34 +70,67 @@ def test_bad_payloads_name_the_field(payload, message):
         normalise(payload)
 
 
+def record(session, payload):
+    return record_feedback(session, parse_feedback(payload)).estimate
+
+
 def test_feedback_moves_the_task_estimate_and_is_stored(session):
     with session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.1})
         with pytest.raises(FeedbackError, match="no active policy set"):
-            record_feedback(session, {"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 1})
+            record(session, {"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 1})
         policy_set = publish_policies(session, run.id)
-        session.add(RouteDecision(route_id="r-1", policy_set_id=policy_set.id, task_type="code", confidence=0.9,
-                                  speculate=True, gamma=4, expected_speedup=1.5))
-        first = record_feedback(session, {"route_id": "r-1", "rounds": 16, "drafted": 64, "accepted": 48})
+        route_id = new_route_id(policy_set.version, "code")  # no stored decision needed
+        first = record(session, {"route_id": route_id, "rounds": 16, "drafted": 64, "accepted": 48})
         assert first.task_type == "code" and first.events == 1 and first.speculate
         alpha_before = first.beta_a / (first.beta_a + first.beta_b)
         for _ in range(30):  # the engine now sees almost no acceptance for code
-            estimate = record_feedback(session, {"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 4})
+            estimate = record(session, {"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 4})
         assert estimate.events == 31 and estimate.total_drafted == 64 * 31
         assert estimate.beta_a / (estimate.beta_a + estimate.beta_b) < alpha_before - 0.3
         assert not estimate.speculate
         with pytest.raises(FeedbackError, match="unknown route_id 'nope'"):
-            record_feedback(session, {"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1})
+            record(session, {"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1})
         with pytest.raises(FeedbackError, match="give 'route_id'"):
-            record_feedback(session, {"rounds": 1, "drafted": 1, "accepted": 1})
+            record(session, {"rounds": 1, "drafted": 1, "accepted": 1})
         assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 31
         assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
         for made_up in ("poetry", "*", "astrology"):  # no policy, not a classifier label: refused, nothing stored
             with pytest.raises(FeedbackError, match=rf"unknown task_type '{re.escape(made_up)}': name a task type with "
                                                     r"a published policy or one the classifier predicts \(code, qa\)"):
-                record_feedback(session, {"task_type": made_up, "rounds": 5, "drafted": 5, "accepted": 5})
+                record(session, {"task_type": made_up, "rounds": 5, "drafted": 5, "accepted": 5})
         assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
         texts = [f"write a poem about the sea number {i}" for i in range(3)] + [f"def f{i}(): pass" for i in range(3)]
         train_classifier(session, make_training_data(texts, ["poetry"] * 3 + ["code"] * 3, "t"), cross_validate=False)
-        learned = record_feedback(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
+        learned = record(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
         assert learned.task_type == "poetry"  # a classifier label without a policy: the workload-wide fallback
+
+
+def test_a_route_id_names_its_policy_set_and_task():
+    route_id = new_route_id(12, "customer support: de")
+    assert parse_route_id(route_id) == (12, "customer support: de") and len(route_id) <= 128
+    assert parse_route_id(new_route_id(None, "*")) == (0, "*")
+    for bad in ("nope", "v1-xyz-code", "v1-" + "a" * 32 + "-", "v-" + "a" * 32 + "-code", "v1-" + "a" * 32 + "-" + "t" * 65):
+        assert parse_route_id(bad) is None
+
+
+def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(session):
+    from router.feedback import NoActivePolicy, UnknownRouteId
+
+    with session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.1})
+        with pytest.raises(NoActivePolicy):  # decided before any policy set, none active now
+            record(session, {"route_id": new_route_id(None, "*"), "rounds": 1, "drafted": 1, "accepted": 1})
+        old = publish_policies(session, run.id)
+        new = publish_policies(session, run.id)  # now active
+        moved = record(session, {"route_id": new_route_id(old.version, "code"), "rounds": 16, "drafted": 64, "accepted": 48})
+        assert moved.policy_set_id == old.id and moved.task_type == "code" and moved.events == 1
+        assert session.scalar(select(func.count()).select_from(TaskEstimate).where(TaskEstimate.policy_set_id == new.id)) == 0
+        fallback = record(session, {"route_id": new_route_id(new.version, "*"), "rounds": 4, "drafted": 8, "accepted": 2})
+        assert fallback.policy_set_id == new.id and fallback.task_type == "*"
+        with pytest.raises(UnknownRouteId, match="policy set v9 does not exist"):
+            record(session, {"route_id": new_route_id(9, "code"), "rounds": 1, "drafted": 1, "accepted": 1})
+        with pytest.raises(UnknownRouteId, match="has no task 'astrology'"):
+            record(session, {"route_id": new_route_id(new.version, "astrology"), "rounds": 1, "drafted": 1, "accepted": 1})
+        event = session.scalars(select(FeedbackEvent).order_by(FeedbackEvent.id)).first()
+        assert event.route_id.startswith(f"v{old.version}-") and event.policy_set_id == old.id

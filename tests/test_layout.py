@@ -32,3 +32,11 @@ def test_flask_only_in_router_api_and_webui():
     for path in (ROOT / "router").rglob("*.py"):
         if path.name != "api.py":
             assert "flask" not in _imports(path), f"{path.relative_to(ROOT)} imports flask"
+
+
+def test_benchmarks_do_not_import_the_tests():
+    # a benchmark measures the product: what it sets up comes from the product or benchmarks/, not the tests
+    benchmark_files = sorted((ROOT / "benchmarks").rglob("*.py"))
+    assert benchmark_files
+    for path in benchmark_files:
+        assert "tests" not in _imports(path), f"{path.relative_to(ROOT)} imports the tests package"

@@ -16,17 +16,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from analyzer import loading
 from analyzer.loading import (
-    EncodedPrompt,
     SpecError,
     TokenizerMismatch,
-    check_same_tokenizer,
-    context_limit,
     display_name,
-    encode_prompt,
     load_model,
     parse_spec,
-    tokenizer_fingerprint,
 )
+from analyzer.prompt_encoding import EncodedPrompt, context_limit, encode_prompt
+from analyzer.tokenizer_match import check_same_tokenizer, tokenizer_fingerprint
 from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_model_folder
 
 # ---------------------------------------------------------------------------------------------

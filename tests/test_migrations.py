@@ -92,7 +92,7 @@ def _realistic_rows(url: str) -> None:
     from router.classifier import make_training_data, train_classifier
     from router.decision_log import DecisionLog
     from router.decision import Router
-    from router.feedback import record_feedback
+    from router.feedback import parse_feedback, record_feedback
     from router.policy import PolicySnapshot, publish_policies
     from tests.factories import make_done_run
 
@@ -115,9 +115,15 @@ def _realistic_rows(url: str) -> None:
     log.close()
     with sessions() as session, session.begin():
         for d in decisions[:3]:
-            record_feedback(session, {"route_id": d.route_id, "rounds": 5, "drafted": 12, "accepted": 7})
-        record_feedback(session, {"task_type": "code", "timings": {"draft_n": 10, "draft_n_accepted": 6, "predicted_n": 20}})
+            record_feedback(session, parse_feedback({"route_id": d.route_id, "rounds": 5, "drafted": 12, "accepted": 7}))
+        record_feedback(session, parse_feedback({"task_type": "code", "timings": {"draft_n": 10, "draft_n_accepted": 6,
+                                                                                  "predicted_n": 20}}))
     engine.dispose()
+
+
+# columns a later revision drops, with the value an old row holds there (0008: the online estimate
+# moves the published curve, no burstiness factor)
+DROPPED_LATER = {("task_estimates", "burstiness"): 1.0}
 
 
 def _tables(engine) -> dict[str, list[str]]:
@@ -146,11 +152,14 @@ def _database_at(tmp_path, revision: str):
     with source.connect() as read, old.begin() as write:  # the rows, as far as the old schema has columns
         for name, columns in old_tables.items():
             kept = [c for c in columns if c in source_tables[name]]
-            rows = [tuple(r) for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")]
+            dropped = [c for c in columns if (name, c) in DROPPED_LATER]
+            rows = [tuple(r) + tuple(DROPPED_LATER[name, c] for c in dropped)
+                    for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")]
             assert rows, f"no rows for {name}: the filler must cover every table"
-            write.exec_driver_sql(f"INSERT INTO {name} ({', '.join(kept)}) VALUES ({', '.join('?' * len(kept))})", rows)
+            names = kept + dropped
+            write.exec_driver_sql(f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
     source.dispose()
-    return old, old_tables
+    return old, {name: [c for c in columns if (name, c) not in DROPPED_LATER] for name, columns in old_tables.items()}
 
 
 @pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])

@@ -103,7 +103,8 @@ def test_policies_and_route_commands(runner, engine, monkeypatch, tmp_path):
     published = runner.invoke(cli, ["policies", "publish", "--run", str(run_id), "--json"], catch_exceptions=False)
     assert published.exit_code == 0, published.stderr
     data = json.loads(published.stdout)
-    assert data["version"] == 1 and data["active"] and data["policies"]["code"]["speculate"]
+    assert data["version"] == 1 and data["active"]
+    assert {p["task_type"]: p["speculate"] for p in data["policies"]} == {"code": True, "qa": False, "*": False}
     assert "policy set v1 (active)" in runner.invoke(cli, ["policies", "list"]).stdout
     decision = json.loads(runner.invoke(cli, ["route", "some prompt", "--max-new-tokens", "5", "--json"]).stdout)
     assert decision["speculate"] is False and decision["policy_version"] == 1

@@ -156,31 +156,36 @@ def test_sampling_mode_stores_expectations(cli_db, model_folders):
             assert counts["expected_tokens_per_round"] == pytest.approx(expected_tokens_iid(alpha, int(g)))
 
 
-def _report_for_sampling(tasks: dict[str, tuple[int, bool, float]]) -> dict:
-    """A report skeleton: task -> (prompts, speculate, predicted speedup); prompts in task order."""
+def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
+    """A run summary: task -> (prompts, speculate, predicted speedup); prompts in task order."""
+    from analyzer.summary import AnalysisSummary, GroupSummary, PromptSummary
+
     prompts, position = [], 0
     for task, (n, _, _) in tasks.items():
         for _ in range(n):
-            prompts.append({"prompt_id": 100 + position, "position": position, "task": task})
+            prompts.append(PromptSummary(prompt_id=100 + position, position=position, task=task, alpha=0.5,
+                                         speedup_curve=[1.0], best_gamma=1, rounds={1: 10}))
             position += 1
-    return {"prompts": prompts, "tasks": {t: {"n": n, "speculate": on, "predicted_speedup": s}
-                                          for t, (n, on, s) in tasks.items()}}
+    groups = {t: GroupSummary(n=n, speculate=on, predicted_speedup=s, alpha_mean=0.5, alpha_var=0.01, alpha_std=0.1,
+                              tier="CONDITIONAL", output_tokens=10 * n) for t, (n, on, s) in tasks.items()}
+    return AnalysisSummary(run_id=1, gamma_max=1, sampling=False, margin=0.05, cost=None, costs={}, prompts=prompts,
+                           tasks=groups, workload=None)
 
 
 def test_validation_sample_covers_tasks_speculating_ones_first():
     from analyzer.run_records import validation_sample
 
-    report = _report_for_sampling({"code": (5, False, 0.98), "creative_writing": (5, True, 1.10),
-                                   "extraction": (1, True, 2.9), "qa": (3, False, 0.9)})
-    tasks = lambda rows: [r["task"] for r in rows]  # noqa: E731
-    assert tasks(validation_sample(report, 3)) == ["extraction", "creative_writing", "code"]
-    assert tasks(validation_sample(report, 6)) == ["extraction", "creative_writing", "code", "qa", "creative_writing", "code"]
-    first = validation_sample(report, 3)
-    assert [r["position"] for r in first] == [10, 5, 0]  # the first prompt of each task in file order
+    summary = _summary_for_sampling({"code": (5, False, 0.98), "creative_writing": (5, True, 1.10),
+                                     "extraction": (1, True, 2.9), "qa": (3, False, 0.9)})
+    tasks = lambda rows: [r.task for r in rows]  # noqa: E731
+    assert tasks(validation_sample(summary, 3)) == ["extraction", "creative_writing", "code"]
+    assert tasks(validation_sample(summary, 6)) == ["extraction", "creative_writing", "code", "qa", "creative_writing", "code"]
+    first = validation_sample(summary, 3)
+    assert [r.position for r in first] == [10, 5, 0]  # the first prompt of each task in file order
     # a resumed validation keeps the balance: code and extraction are done, creative_writing comes next
-    again = validation_sample(report, 4, already=[first[0], first[2]])
+    again = validation_sample(summary, 4, already=[first[0], first[2]])
     assert tasks(again) == ["creative_writing", "qa"]
-    assert len(validation_sample(report, 100)) == 14
+    assert len(validation_sample(summary, 100)) == 14
 
 
 def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_db, model_folders):
@@ -197,29 +202,158 @@ def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_d
     assert f"validation: 1 prompts all {one['validation'][0]['task']}, so not a workload figure" in text
 
 
-def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_folders):
-    """Prompt lookup: the drill-down re-walks the prompt and output; per gamma its accepted marks are
-    the stored accepted count and its other marks (one target token per round) the stored rounds, less
-    one when the budget ended the last round on accepted drafts."""
+def _drill_down_marks(report: dict, gammas: tuple[str, ...], monkeypatch) -> dict[tuple[int, str], list[str]]:
+    """The marks of each prompt's output tokens on its drill-down page per gamma, read with no
+    tokenizer to be had (the page must need only what the run stored)."""
+    import transformers
+
     from webui.app import create_app
 
-    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout)
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("the drill-down loaded a tokenizer")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
     app = create_app({"ui_worker": False, "TESTING": True})
     client = app.test_client()
-    checked = 0
+    marks = {}
     try:
         for prompt in report["prompts"]:
-            for gamma in ("1", "3"):
+            for gamma in gammas:
                 page = client.get(f"/runs/{report['run_id']}/prompts/{prompt['prompt_id']}?gamma={gamma}")
                 assert page.status_code == 200
                 html = page.get_data(as_text=True)
-                counts = prompt["per_gamma"][gamma]
-                marks = re.findall(r'<span class="tok (\w+)" title=', html)
-                assert len(marks) == prompt["output_tokens"] and "token texts unavailable" not in html
-                assert marks.count("accepted") == counts["accepted"]
-                # one target token per round, except a last round cut short by the token budget
-                assert counts["rounds"] - (len(marks) - marks.count("accepted")) in (0, 1)
-                checked += counts["accepted"]
+                assert "measured before specroute stored token ids" not in html
+                marks[prompt["prompt_id"], gamma] = re.findall(r'<span class="tok (\w+)" title=', html)
     finally:
         app.extensions["specroute.close"]()
-    assert checked > 0  # the prompts repeat themselves enough for prompt lookup to be accepted somewhere
+    return marks
+
+
+def _assert_marks_agree_with_counts(report: dict, marks: dict[tuple[int, str], list[str]]) -> int:
+    """Per prompt and gamma: one mark per output token, the accepted marks are the stored accepted
+    count, and the other marks (one target token per round) the stored rounds, less one when the
+    budget ended the last round on accepted drafts. Returns the accepted marks seen."""
+    accepted = 0
+    for (prompt_id, gamma), shown in marks.items():
+        prompt = next(p for p in report["prompts"] if p["prompt_id"] == prompt_id)
+        counts = prompt["per_gamma"][gamma]
+        assert len(shown) == prompt["output_tokens"]
+        assert shown.count("accepted") == counts["accepted"]
+        assert counts["rounds"] - (len(shown) - shown.count("accepted")) in (0, 1)
+        accepted += counts["accepted"]
+    return accepted
+
+
+def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_folders, monkeypatch):
+    """Prompt lookup: the drill-down replays the stored prompt and output ids with the run's n-gram
+    size and EOS ids, so its marks agree with the stored counts at every gamma."""
+    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout)
+    marks = _drill_down_marks(report, ("1", "3"), monkeypatch)
+    # the prompts repeat themselves enough for prompt lookup to be accepted somewhere
+    assert _assert_marks_agree_with_counts(report, marks) > 0
+
+
+def test_the_drill_down_of_a_model_draft_run_marks_what_the_counts_say(cli_db, model_folders, monkeypatch):
+    """A model draft: the drill-down walks the stored draft matches, never the n-gram rule, so its
+    marks agree with the stored counts at every gamma."""
+    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
+                                 f"hf:{model_folders['draft']}").stdout)
+    marks = _drill_down_marks(report, ("1", "2", "4"), monkeypatch)
+    assert _assert_marks_agree_with_counts(report, marks) > 0  # the noisy copy agrees with the target in part
+
+
+def _count_tokenizations(monkeypatch) -> list[str]:
+    """Make every tokenizer the run loads count its tokenizations (outermost calls of __call__,
+    encode, tokenize and apply_chat_template; nested ones are the same tokenization) into the
+    returned list, one entry naming the prompt per call."""
+    from analyzer import run_models
+
+    calls: list[str] = []
+    depth = [0]
+
+    def counted(method):
+        def wrapper(self, *args, **kwargs):
+            if depth[0] == 0:
+                first = args[0] if args else next(iter(kwargs.values()), None)
+                calls.append(first if isinstance(first, str) else json.dumps(first, sort_keys=True))
+            depth[0] += 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return wrapper
+
+    real_load = run_models.load_model
+
+    def load_counting(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        base = type(loaded.tokenizer)
+        names = ("__call__", "encode", "tokenize", "apply_chat_template")
+        loaded.tokenizer.__class__ = type(f"Counting{base.__name__}", (base,), {n: counted(getattr(base, n)) for n in names})
+        return loaded
+
+    monkeypatch.setattr(run_models, "load_model", load_counting)
+    return calls
+
+
+def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(cli_db, model_folders, monkeypatch, tmp_path):
+    """Profiling, measuring and validating share one tokenization per prompt; the stored prompt ids
+    are a fresh tokenization under the run's rule (chat template, truncation to the context left by
+    the output budget), the output ids decode to the stored output, and each stored token text is
+    that token decoded alone."""
+    from collections import Counter
+
+    from analyzer.db import make_engine
+    from analyzer.loading import load_model, parse_spec
+    from analyzer.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
+    from analyzer.settings import load_settings
+
+    calls = _count_tokenizations(monkeypatch)
+    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
+                                 f"hf:{model_folders['draft']}", "--validate", "2", "--reprofile").stdout)
+    assert len(report["validation"]) == 2 and report["cost_profile"]["target_k_s"]  # all three phases ran
+    expected = {json.dumps([{"content": p["prompt"], "role": "user"}], sort_keys=True) for p in PROMPTS}
+    assert Counter(calls) == {key: 1 for key in expected}
+
+    target = load_model(parse_spec(f"hf:{model_folders['target']}"), cache_dir=tmp_path)
+    tokenizer = target.tokenizer
+    limit = prompt_token_limit(target.model, 12)
+    engine = make_engine(load_settings().resolved_database_url())
+    try:
+        with make_session_factory(engine)() as session:
+            run = session.get(AnalysisRun, report["run_id"])
+            assert run.eos_token_ids == eos_token_ids(target.model.generation_config.eos_token_id,
+                                                      tokenizer.eos_token_id) == [3]
+            results = list(session.scalars(select(PromptResult).where(PromptResult.run_id == run.id)))
+            assert len(results) == len(PROMPTS)
+            for result in results:
+                fresh = encode_prompt(tokenizer, text=result.prompt.text, use_chat_template=True, max_prompt_tokens=limit)
+                assert result.prompt_token_ids == fresh.ids and result.prompt_tokens == len(fresh.ids)
+                assert tokenizer.decode(result.output_token_ids, skip_special_tokens=False) == result.output_text
+                assert result.output_token_texts == [tokenizer.decode([t], skip_special_tokens=False)
+                                                     for t in result.output_token_ids]
+                assert len(result.output_token_ids) == result.output_tokens
+    finally:
+        engine.dispose()
+
+
+def test_a_resumed_run_reuses_the_stored_ids_of_the_prompts_it_measured(engine, model_folders, tmp_path, monkeypatch):
+    factory = make_session_factory(engine)
+    with factory() as session, session.begin():
+        import_prompt_file(session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl")
+        run_id = create_run(session, "mix", f"hf:{model_folders['target']}", "ngram",
+                            RunParams(max_new_tokens=8, gamma_max=3, validate=4)).id
+
+    def stop_after_two(done, total, phase):
+        if phase == "measuring" and done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_run(factory, run_id, cache_dir=tmp_path, progress=stop_after_two)
+    with factory() as session:
+        measured = {r.prompt.text for r in session.scalars(select(PromptResult))}
+    assert len(measured) == 2
+    calls = _count_tokenizations(monkeypatch)
+    execute_run(factory, run_id, cache_dir=tmp_path)  # measures two, validates all four
+    texts = [json.loads(c)[0]["content"] for c in calls]
+    assert sorted(texts) == sorted(p["prompt"] for p in PROMPTS if p["prompt"] not in measured)

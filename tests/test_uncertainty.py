@@ -5,11 +5,14 @@ decision disagree."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from analyzer.report import build_report, tier_note
+from analyzer.report import build_report
+from analyzer.summary import GroupSummary, tier_note
 from analyzer.report_text import report_text
 from analyzer.speedup import Cost, bootstrap_speedup_interval, decide
 from router.decision import Router
@@ -102,9 +105,9 @@ def test_a_mixed_workload_whose_interval_reaches_a_loss_stays_off_and_says_why(s
 
 def test_tier_note_explains_a_speculating_task_with_a_low_tier():
     flat = Cost([0.010, 0.0102, 0.0104, 0.0106, 0.0108], 0.00001, draft_cost_per_token=False)
-    summary = {"tier": "NOT_RECOMMENDED", "speculate": True, "best_gamma": 4, "alpha_mean": 0.28, "al": 1.37,
-               "decision_basis": "task"}
+    summary = GroupSummary(tier="NOT_RECOMMENDED", speculate=True, best_gamma=4, alpha_mean=0.28, al=1.37,
+                           decision_basis="task", n=5, alpha_var=0.01, alpha_std=0.1, output_tokens=100)
     assert tier_note(summary, flat) == ("the tier reads alpha alone (0.28); the decision weighs the cost: a round at "
                                         "gamma 4 costs 1.08x a decoding step here and yields 1.37 tokens on average")
-    assert tier_note({**summary, "tier": "RECOMMENDED"}, flat) is None
-    assert tier_note({**summary, "speculate": False}, flat) is None
+    assert tier_note(replace(summary, tier="RECOMMENDED"), flat) is None
+    assert tier_note(replace(summary, speculate=False), flat) is None

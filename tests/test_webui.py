@@ -12,7 +12,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from analyzer.models import AnalysisRun
+from analyzer.models import AnalysisRun, PromptResult
 from analyzer.settings import SettingsError, load_settings
 from router.models import ClassifierVersion, PolicySet
 from router.policy import publish_policies
@@ -146,7 +146,7 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
     assert not re.search(r'<(script|link|img)[^>]+(src|href)=', html)  # opens offline: nothing to fetch
     prompt_id = data["prompts"][0]["prompt_id"]
     detail = web.get(f"/runs/{run_id}/prompts/{prompt_id}?gamma=3").get_data(as_text=True)
-    assert "At gamma 3:" in detail and 'class="tok accepted"' in detail and "showing token ids" in detail
+    assert "At gamma 3:" in detail and "measured before specroute stored token ids" in detail  # simulated: no ids
     code_best = data["tasks"][data["prompts"][0]["task"]]["best_gamma"]
     assert code_best != 4  # so that opening at the task's g* is told apart from the old default
     opened = web.get(f"/runs/{run_id}/prompts/{prompt_id}").get_data(as_text=True)
@@ -155,6 +155,32 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
     assert web.get(f"/runs/{run_id}/prompts/99999").status_code == 404
     assert web.get("/runs/4242").status_code == 404
 
+
+def test_the_drill_down_colours_stored_tokens_as_the_counts_say_and_never_guesses(web, session):
+    """A result from before token ids were stored shows its output and a message, no colours (no
+    n-gram or tokenizer guess); once its ids and token texts are stored, the model draft's marks per
+    gamma are the stored accepted count and rounds."""
+    with session.begin():
+        run_id = make_done_run(session, {"code": 0.7}, per_task=1, n_tokens=40).id
+        result = session.scalar(select(PromptResult).where(PromptResult.run_id == run_id))
+        result.output_text = "the old output"
+    path = f"/runs/{run_id}/prompts/{result.prompt_id}"
+    before = web.get(f"{path}?gamma=2").get_data(as_text=True)
+    assert "measured before specroute stored token ids" in before and "the old output" in before
+    assert not re.findall(r'<span class="tok \w+" title=', before)
+    with session.begin():
+        result = session.scalar(select(PromptResult).where(PromptResult.run_id == run_id))
+        result.prompt_token_ids = [5, 6, 7]
+        result.output_token_ids = list(range(100, 140))
+        result.output_token_texts = [f"w{i} " for i in range(40)]
+        counts = {c.gamma: (c.accepted, c.rounds) for c in result.gamma_counts}
+    for gamma in (1, 3, 8):
+        page = web.get(f"{path}?gamma={gamma}").get_data(as_text=True)
+        marks = re.findall(r'<span class="tok (\w+)" title="\w+">w\d+ </span>', page)
+        accepted, rounds = counts[gamma]
+        assert len(marks) == 40 and marks.count("accepted") == accepted > 0
+        assert rounds - (len(marks) - marks.count("accepted")) in (0, 1)
+        assert "measured before" not in page
 
 def test_classifier_training_playground_and_policies(web, session):
     texts = [f'{{"prompt": "Translate to German: sentence {i}", "task": "translation"}}' for i in range(6)] + \

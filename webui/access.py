@@ -13,17 +13,19 @@ A request proves the token with ``Authorization: Bearer <token>`` (compared in c
 in the web UI, with a session signed in on ``/login`` (the session keeps a hash of the token, so
 changing the token signs everybody out). Missing or wrong: the API answers 401 in its error shape
 with ``WWW-Authenticate: Bearer``; a page sends the browser to the sign-in page; a form answers 401.
-The token is never logged or shown.
+The token is never logged or shown. The check is :class:`Access`, made once by the app factory and
+used by both the request hook and the ``POST /v1/route`` fast path (which answers before Flask).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any, Callable, Mapping
 
 from flask import Flask, Response, redirect, render_template, request, session, url_for
 
-from router.api import API_PREFIXES, UNAUTHORIZED, RouteFastPath, error_response
+from router.api import Unauthorized, is_api_path
 
 SESSION_KEY = "specroute_token"
 OPEN_ENDPOINTS = {"static", "ui.static", "ui.login", "router_api.healthz"}
@@ -62,27 +64,45 @@ def needs_token(kind: str, scope: str) -> bool:
     return kind == "write" or (kind == "route" and scope in ("writes,route", "all")) or (kind == "read" and scope == "all")
 
 
-def init_access(app: Flask, token: str, scope: str) -> None:
-    """Guard ``app`` with ``token`` (nothing to do when it is empty); the sign-in page is ``ui.login``."""
-    app.config["SPECROUTE_AUTH"] = bool(token)
-    if not token:
+class Access:
+    """The token check: whether a request of a kind ("open", "route", "read", "write") with this
+    Authorization header may go on, given ``SPECROUTE_API_TOKEN`` (``token``, "" for none) and its
+    scope. The request hook and the route fast path both ask :meth:`allows`."""
+
+    def __init__(self, token: str, scope: str):
+        self.token, self.scope = token, scope
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token)
+
+    def allows(self, kind: str, authorization: str | None) -> bool:
+        return not (self.token and needs_token(kind, self.scope)) or bearer_ok(authorization, self.token)
+
+    def route_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
+        """The check of a route request's WSGI environ for the fast path; None when routing is open,
+        so that the fast path checks nothing."""
+        if self.allows("route", None):
+            return None
+        return lambda environ: self.allows("route", environ.get("HTTP_AUTHORIZATION"))
+
+
+def init_access(app: Flask, access: Access) -> None:
+    """Guard ``app``'s requests with ``access`` (nothing to do without a token); the sign-in page is
+    ``ui.login``. An API request without the token raises :class:`router.api.Unauthorized` (401 in
+    the error shape, from the app's error handler)."""
+    app.config["SPECROUTE_AUTH"] = access.enabled
+    if not access.enabled:
         return
-    fast_path = app.wsgi_app
-    if isinstance(fast_path, RouteFastPath) and needs_token("route", scope):
-        fast_path.authorize = lambda environ: bearer_ok(environ.get("HTTP_AUTHORIZATION"), token)
 
     @app.before_request
     def _check_token():
-        kind = kind_of_request()
-        if not needs_token(kind, scope) or bearer_ok(request.headers.get("Authorization"), token):
+        if access.allows(kind_of_request(), request.headers.get("Authorization")):
             return None
-        api = request.path.startswith(API_PREFIXES)
-        if not api and signed_in(token):
+        if is_api_path(request.path):
+            raise Unauthorized()
+        if signed_in(access.token):
             return None
-        if api:
-            response = error_response(401, "unauthorized", UNAUTHORIZED)
-            response.headers["WWW-Authenticate"] = 'Bearer realm="specroute"'
-            return response
         if request.method == "GET":
             return redirect(url_for("ui.login", next=request.full_path.rstrip("?")))
         return Response(render_template("login.html", next="/", message="Sign in with the server's API token to do this."),

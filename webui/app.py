@@ -3,18 +3,25 @@
 ``create_app(config=None)`` reads the settings (declared defaults, then ``SPECROUTE_*`` variables,
 then ``config``), refuses to start on a database whose schema is not at head, and keeps the routing
 service in ``app.extensions``. No app exists at import time.
+
+Errors are answered in one place, :func:`handle_error`, for every path: the API's in its JSON error
+shape, the pages with an error page; authentication is one :class:`webui.access.Access`, shared by
+the request hook and the route fast path.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 from typing import Any, Mapping
 
 from flask import Flask, render_template, request
+from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
 import migrations
 from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
+from analyzer.errors import SpecrouteError
 from analyzer.settings import api_token_scope, load_settings
 from analyzer.worker import Worker
 from router import api
@@ -23,13 +30,12 @@ from webui import access, prompt_pages, router_pages, run_pages, ui
 from webui.security import resolve_secret_key
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
+log = logging.getLogger(__name__)
 
 
-def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = True,
-               route_id_wait_s: float = 0.0) -> Flask:
+def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = True) -> Flask:
     """A configured app. ``config`` holds setting names (see ``specroute settings``); Flask's own
-    keys (upper case, e.g. ``TESTING``) are passed to ``app.config``. ``route_id_wait_s``: how long
-    feedback waits for a route_id another server process has not stored yet (``serve --workers``)."""
+    keys (upper case, e.g. ``TESTING``) are passed to ``app.config``."""
     config = dict(config or {})
     flask_keys = {k: config.pop(k) for k in list(config) if k.isupper() and not k.startswith("SPECROUTE_")}
     settings = load_settings(config)
@@ -45,12 +51,15 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
     app.json.sort_keys = False
     sessions = make_session_factory(engine)
-    router_service = RouterService(settings, sessions, route_id_wait_s=route_id_wait_s)
+    router_service = RouterService(settings, sessions)
     app.extensions["specroute.engine"] = engine
     app.extensions["specroute.sessions"] = sessions
-    api.init_app(app, router_service, page_error=_page_error, headers=SECURITY_HEADERS)
+    rules = access.Access(settings.api_token, api_token_scope(settings))
+    app.extensions["specroute.access"] = rules
+    api.init_app(app, router_service, headers=SECURITY_HEADERS, authorize=rules.route_check())
     app.register_blueprint(ui.bp)
-    access.init_access(app, settings.api_token, api_token_scope(settings))
+    access.init_access(app, rules)
+    app.register_error_handler(Exception, handle_error)
     worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache",
                     allow_network=settings.allow_downloads).start() if settings.ui_worker else None
     app.extensions["specroute.worker"] = worker
@@ -95,8 +104,19 @@ def _security_headers(response):
     return response
 
 
-def _page_error(exc):
-    if exc.code == 413 and request.path == "/prompts":
+def handle_error(exc: Exception):
+    """The app's one error handler: every exception a view, a hook or Flask raises. On the API's
+    paths the JSON error shape (router.api.error_response), elsewhere an error page (ui.page_error);
+    the status is a SpecrouteError's class status, an HTTP error's own, or 500 for anything else
+    (logged here, never shown). Views hold their database sessions in ``with`` blocks, so an
+    exception has rolled back and closed them before it gets here."""
+    if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
+        return exc  # redirects (e.g. a missing trailing slash) stay redirects
+    if not isinstance(exc, (SpecrouteError, HTTPException)):
+        log.error("unexpected error on %s %s", request.method, request.path, exc_info=exc)
+    if api.is_api_path(request.path):
+        return api.error_response(exc)
+    if isinstance(exc, HTTPException) and exc.code == 413 and request.path == "/prompts":
         limit = ui.settings().max_upload_bytes
         return render_template("error.html", code=413, name="File too large",
                                message=f"The file is larger than the {limit:,} bytes this server accepts "

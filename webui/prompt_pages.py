@@ -9,7 +9,6 @@ from flask import flash, redirect, render_template, request, url_for
 from analyzer.ingest import IngestLimits, PromptFileError
 from analyzer.prompt_sets import (
     PromptSetError,
-    PromptSetNotFound,
     delete_prompt_set,
     get_prompt_set,
     import_prompt_file,
@@ -69,10 +68,7 @@ def _filter_args(source) -> tuple[str | None, str | None]:
 def _set_page(name: str, page: int, search: str | None, task: str | None, error: str | None = None,
               status: int = 200):
     with sessions()() as session:
-        try:
-            found = get_prompt_set(session, name)
-        except PromptSetNotFound as exc:
-            return render_template("error.html", code=404, name="Not found", message=str(exc)), 404
+        found = get_prompt_set(session, name)  # PromptSetNotFound: the app's 404 page
         summary = summarize(session, [found])[0]
         prompts, total = list_prompts(session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE,
                                       search=search, task=task)
@@ -112,10 +108,8 @@ def label_prompts(name: str):
             else:
                 changed = relabel_prompts(session, found, new_task, search=search, current_task=task)
                 message = f"{changed} prompt(s) relabelled {new_task.strip() or 'unlabelled'}"
-    except PromptSetNotFound as exc:
-        return render_template("error.html", code=404, name="Not found", message=str(exc)), 404
-    except PromptSetError as exc:
-        return _set_page(name, page, search, task, str(exc), 400)
+    except PromptSetError as exc:  # shown on the set's page; a set that is not there is the app's 404 page
+        return _set_page(name, page, search, task, str(exc), exc.status)
     flash(message + " (used by the next `specroute train`; past analyses keep their labels)")
     return redirect(url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*"))
 

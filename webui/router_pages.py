@@ -7,7 +7,7 @@ from flask import current_app, flash, redirect, render_template, request, url_fo
 from markupsafe import Markup
 from sqlalchemy import select
 
-from analyzer.db import MAX_ID
+from analyzer.db import MAX_ID, lock_for_write
 from analyzer.models import AnalysisRun, PromptSet
 from router.classifier import (
     FEATURE_SETS,
@@ -21,7 +21,7 @@ from router.decision import RouteRequest
 from router.encoder import encoder_available
 from router.models import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
-from router.service import policy_dict
+from router.records import policy_set_dict
 from webui.plots import heatmap
 from webui.ui import bp, sessions, settings
 
@@ -121,9 +121,7 @@ def playground():
 @bp.get("/policies")
 def policies():
     with sessions()() as session:
-        sets = [{"version": p.version, "active": p.is_active, "run_id": p.run_id, "notes": p.notes,
-                 "created_at": p.created_at.isoformat(timespec="seconds"),
-                 "policies": [policy_dict(x, p.margin) for x in p.policies]} for p in list_policy_sets(session)]
+        sets = [policy_set_dict(p) for p in list_policy_sets(session)]
         runs = [{"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec} for r in session.scalars(
             select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc()))]
         classifier_version, rarely = rarely_reached(session)
@@ -139,6 +137,7 @@ def publish():
         if not 1 <= run_id <= MAX_ID:
             raise ValueError(run_id)
         with sessions()() as session, session.begin():
+            lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
             version = publish_policies(session, run_id, notes=request.form.get("notes") or None).version
     except (ValueError, PolicyError) as exc:
         flash(str(exc) if isinstance(exc, PolicyError) else "choose a finished run", "error")
@@ -152,6 +151,7 @@ def publish():
 def activate_policies(version: int):
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             activate_policy_set(session, version)
     except PolicyError as exc:
         flash(str(exc), "error")

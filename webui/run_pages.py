@@ -7,18 +7,19 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from flask import Response, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask import Response, abort, flash, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import select
 
-from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
 from analyzer.db import utcnow
+from analyzer.errors import SpecrouteError, error_payload
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
-from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, encode_prompt, load_tokenizer, parse_spec
+from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
-from analyzer.report import ReportError, build_report
+from analyzer.output_marks import output_marks
+from analyzer.report import build_report
 from analyzer.report_text import report_csv
-from analyzer.run_records import RunError, RunParams, create_run, request_cancel, shown_status
+from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
 from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
@@ -143,7 +144,7 @@ def start_run():
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
-    except (RunError, SpecError, LookupError, ValueError) as exc:
+    except SpecrouteError as exc:  # RunError, SpecError, PromptSetNotFound: shown in the form
         return _new_run_page([str(exc)], values, 400)
     flash(f"analysis run {run_id} queued; it starts as soon as the worker is free")
     return redirect(url_for("ui.run", run_id=run_id))
@@ -154,18 +155,14 @@ def run_status(run_id: int):
     with sessions()() as session:
         run = session.get(AnalysisRun, run_id)
         if run is None:
-            return jsonify({"error": {"code": "not_found", "message": f"no analysis run {run_id}", "details": {}}}), 404
+            return jsonify(error_payload("not_found", f"no analysis run {run_id}")), 404
         return jsonify(_run_row(run))
 
 
 @bp.post("/runs/<int:run_id>/cancel")
 def cancel_run(run_id: int):
-    try:
-        with sessions()() as session, session.begin():
-            run = request_cancel(session, run_id)
-            status = run.status
-    except RunError as exc:
-        abort(404, description=str(exc))
+    with sessions()() as session, session.begin():
+        status = request_cancel(session, run_id).status  # RunNotFound: the app's 404 page
     flash(f"run {run_id}: " + ("cancelled" if status == "cancelled" else
                                "stopping after the prompt it is on" if status == "running" else f"already {status}"))
     return redirect(request.referrer or url_for("ui.runs"))
@@ -173,10 +170,7 @@ def cancel_run(run_id: int):
 
 def _report(run_id: int) -> dict:
     with sessions()() as session:
-        try:
-            return build_report(session, run_id)
-        except ReportError as exc:
-            abort(404, description=str(exc))
+        return build_report(session, run_id)  # ReportError: the app's 404 page
 
 
 def recommendation(report: dict) -> dict:
@@ -238,27 +232,19 @@ def report_html(run_id: int):
                     headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.html"'})
 
 
-def _tokenizer(spec: str):
-    cache = current_app.extensions.setdefault("specroute.tokenizers", {})
-    if spec not in cache:
-        cache[spec] = load_tokenizer(parse_spec(spec), cache_dir=settings().resolved_data_dir() / "cache")
-    return cache[spec]
-
-
 def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
     """g* of one task of a run, from that task's stored results (None before profiling)."""
     from sqlalchemy.orm import selectinload
 
-    from analyzer.report import cost_for_run, summarize_results
+    from analyzer.summary import cost_for_run, summarize_group
 
     cost = cost_for_run(run)
     if cost is None:
         return None
     results = list(session.scalars(select(PromptResult).where(PromptResult.run_id == run.id, PromptResult.task_type == task)
                                    .options(selectinload(PromptResult.gamma_counts))))
-    summary = summarize_results(results, cost, gamma_max=int(run.params.get("gamma_max", 16)),
-                                sampling=float(run.params.get("temperature", 0.0)) > 0)
-    return summary.get("best_gamma")
+    return summarize_group(results, cost, gamma_max=int(run.params.get("gamma_max", 16)),
+                           sampling=float(run.params.get("temperature", 0.0)) > 0).best_gamma
 
 
 @bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
@@ -268,7 +254,7 @@ def prompt_detail(run_id: int, prompt_id: int):
         if result is None:
             abort(404, description=f"run {run_id} has no result for prompt {prompt_id}")
         run_row = session.get(AnalysisRun, run_id)
-        params, target, draft = run_row.params, run_row.pair.target.spec, run_row.pair.draft.spec
+        params = run_row.params
         prompt = result.prompt
         text = prompt.text if prompt.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in prompt.messages or [])
         counts = {g.gamma: g for g in result.gamma_counts}
@@ -277,32 +263,12 @@ def prompt_detail(run_id: int, prompt_id: int):
         if gamma is None:  # open at the best gamma of the prompt's task
             gamma = _task_best_gamma(session, run_row, result.task_type) or min(4, gamma_max)
         gamma = min(max(gamma, 1), gamma_max)
-        output_ids, matches = list(result.output_token_ids), result.draft_matches
+        marks = output_marks(run_row, result, gamma)  # from the stored ids: no tokenizer, no torch
         info = {"task": result.task_type, "external_id": prompt.external_id, "prompt_tokens": result.prompt_tokens,
                 "output_tokens": result.output_tokens, "output_text": result.output_text, "text": text,
                 "messages": prompt.messages, "rounds": counts[gamma].rounds if gamma in counts else None,
                 "accepted": counts[gamma].accepted if gamma in counts else None,
                 "drafted": counts[gamma].drafted if gamma in counts else None}
-    note = None
-    tokens = [str(t) for t in output_ids]
-    marks: list[str] = []
-    try:
-        tokenizer = _tokenizer(target)
-        tokens = [tokenizer.decode([t]) for t in output_ids]
-        ref = parse_spec(draft)
-        if ref.kind == "ngram":
-            prompt_ids = encode_prompt(tokenizer, text=prompt.text, messages=prompt.messages,
-                                       use_chat_template=params.get("chat_template", True),
-                                       max_prompt_tokens=max(info["prompt_tokens"], 1)).ids
-            eos = tokenizer.eos_token_id
-            marks = token_marks_ngram(prompt_ids, output_ids, gamma, int(params["max_new_tokens"]),
-                                      max_ngram=int(ref.options.get("max_ngram", 2)),
-                                      eos_ids=[eos] if eos is not None else [])
-    except SpecError as exc:
-        note = f"token texts unavailable ({exc}); showing token ids"
-    if matches is not None and not marks:
-        marks = token_marks_model_draft(matches, gamma, int(params["max_new_tokens"]))
-    pieces = list(zip(tokens, marks or ["plain"] * len(tokens)))
     return render_template("prompt_detail.html", run_id=run_id, prompt_id=prompt_id, info=info, gamma=gamma,
-                           gammas=list(range(1, gamma_max + 1)), pieces=pieces, note=note)
+                           gammas=list(range(1, gamma_max + 1)), pieces=marks.pieces, note=marks.note)
 

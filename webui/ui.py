@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 
-from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
+from flask import Blueprint, Response, current_app, redirect, render_template, request, session, url_for
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 
+from analyzer.errors import SpecrouteError
 from analyzer.models import AnalysisRun, PromptSet
 from analyzer.settings import Settings
 from router.models import ClassifierVersion, PolicySet
@@ -62,9 +64,24 @@ def num(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def page_error(exc: HTTPException):
-    """An HTML error page for UI paths (status, name, and the message; never a traceback)."""
-    return render_template("error.html", code=exc.code, name=exc.name, message=exc.description), exc.code
+PAGE_INTERNAL_ERROR = "Internal server error; the server log has the details."
+
+
+def page_error(exc: Exception):
+    """An HTML error page for UI paths: the status, its name and the message, never a traceback. A
+    SpecrouteError has its class's status and its message, an HTTP error its own; anything else is a
+    500 that tells nothing of the failure (the app's handler logs it)."""
+    if isinstance(exc, SpecrouteError):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, HTTPException):
+        status, message = exc.code or 500, exc.description or exc.name
+    else:
+        status, message = 500, PAGE_INTERNAL_ERROR
+    try:
+        return render_template("error.html", code=status, name=HTTP_STATUS_CODES.get(status, "Error"),
+                               message=message), status
+    except Exception:  # noqa: BLE001 - the page itself failed (e.g. the database behind its header): plain text
+        return Response(message, status=status, mimetype="text/plain")
 
 
 @bp.get("/")

@@ -7,11 +7,6 @@ from pathlib import Path
 import click
 
 from analyzer.db import MAX_ID
-from analyzer.prompt_sets import (
-    PromptSetError,
-)
-
-
 from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 
 
@@ -57,11 +52,10 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
     device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
     interrupted run resumes with --resume RUN and skips finished prompts.
     """
-    from analyzer.devices import DeviceError, parse_batch_sizes, resolve
-    from analyzer.loading import SpecError
+    from analyzer.devices import parse_batch_sizes, resolve
     from analyzer.report import build_report
     from analyzer.report_text import report_text
-    from analyzer.run_records import RunError, RunParams, create_run
+    from analyzer.run_records import RunParams, create_run
     from analyzer.runs import execute_run
 
     sessions = state.sessions()
@@ -90,8 +84,6 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         _label_with_classifier(sessions, run_id)
         with sessions() as session:
             report = build_report(session, run_id)
-    except (RunError, SpecError, PromptSetError, DeviceError) as exc:
-        raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
         sys.exit(130)
@@ -122,14 +114,11 @@ def _label_with_classifier(sessions, run_id: int) -> None:
 @click.pass_obj
 def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
-    from analyzer.report import ReportError, build_report
+    from analyzer.report import build_report
     from analyzer.report_text import report_csv, report_text
 
-    try:
-        with state.sessions()() as session:
-            data = build_report(session, run_id)
-    except ReportError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session:
+        data = build_report(session, run_id)
     text = {"json": lambda: json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
     if output:
         output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
@@ -176,12 +165,8 @@ def runs_list(state: CliState, as_json: bool) -> None:
 @click.pass_obj
 def runs_cancel(state: CliState, run_id: int) -> None:
     """Cancel a queued run, or ask a running one to stop after its current prompt."""
-    from analyzer.run_records import RunError, request_cancel
+    from analyzer.run_records import request_cancel
 
-    try:
-        with state.sessions()() as session, session.begin():
-            run = request_cancel(session, run_id)
-            status = run.status
-    except RunError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session, session.begin():
+        status = request_cancel(session, run_id).status
     click.echo(f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else ""))

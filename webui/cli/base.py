@@ -3,6 +3,10 @@ and small helpers. The commands live in the modules beside this one, one per com
 
 Every command that touches data first checks that the database schema is at head and, if not, says
 exactly what to run. Each command is one transaction: it stores everything or nothing.
+
+Errors have one handler, :class:`SpecrouteGroup`: a :class:`analyzer.errors.SpecrouteError` from any
+command (or from reading the settings) prints ``Error: <message>`` on stderr and exits with the
+class's ``exit_code`` (1); click's usage errors exit 2, an interrupted analysis 130.
 """
 
 import sys
@@ -15,7 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import engine_from_settings, make_session_factory
-from analyzer.settings import Settings, SettingsError, load_settings
+from analyzer.errors import SpecrouteError
+from analyzer.settings import Settings, load_settings
 
 
 @dataclass
@@ -32,12 +37,10 @@ class CliState:
         return self._engine
 
     def sessions(self, *, check_schema: bool = True) -> sessionmaker[Session]:
-        """A session factory, after checking the schema is at head (unless told not to)."""
+        """A session factory, after checking the schema is at head (unless told not to:
+        SchemaNotCurrent says what to run)."""
         if check_schema:
-            try:
-                migrations.require_head(self.engine)
-            except migrations.SchemaNotCurrent as exc:
-                raise click.ClickException(str(exc)) from None
+            migrations.require_head(self.engine)
         return make_session_factory(self.engine)
 
     def close(self) -> None:
@@ -45,7 +48,26 @@ class CliState:
             self._engine.dispose()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class CommandFailed(click.ClickException):
+    """A SpecrouteError as click reports it: ``Error: <message>`` on stderr, the class's exit code."""
+
+    def __init__(self, error: SpecrouteError):
+        super().__init__(error.message)
+        self.exit_code = error.exit_code
+
+
+class SpecrouteGroup(click.Group):
+    """The root group: every command runs inside its ``invoke``, so this is the one place that turns
+    a SpecrouteError into a message and an exit code (no command catches them to do the same)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecrouteError as exc:
+            raise CommandFailed(exc) from None
+
+
+@click.group(cls=SpecrouteGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specroute")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -53,10 +75,7 @@ def cli(ctx: click.Context) -> None:
 
     Settings come from SPECROUTE_* environment variables; see 'specroute settings'.
     """
-    try:
-        state = CliState(load_settings())
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
+    state = CliState(load_settings())  # SettingsError: SpecrouteGroup reports it
     ctx.obj = state
     ctx.call_on_close(state.close)
 

@@ -10,7 +10,6 @@ import migrations
 from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
 from analyzer.prompt_sets import (
     SAMPLE_NAME,
-    PromptSetError,
     delete_prompt_set,
     get_prompt_set,
     import_prompt_file,
@@ -111,15 +110,11 @@ def prompts_import(
                     session, name or file.stem, data, file.name, file_format=file_format, limits=limits
                 )
             summary = summarize(session, [prompt_set])[0]
-    except PromptFileError as exc:
+    except PromptFileError as exc:  # every listed issue on its own line, not the one-line "Error: ..."
         if as_json:
-            click.echo(json.dumps({"error": {"code": "invalid_prompt_file", "message": exc.summary(),
-                                             "details": {"total": exc.total,
-                                                         "issues": [i.as_dict() for i in exc.issues]}}}))
+            click.echo(json.dumps(exc.payload()))
         click.echo(exc.report(), err=True)
-        sys.exit(1)
-    except PromptSetError as exc:
-        raise click.ClickException(str(exc)) from None
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]}))
         return
@@ -164,13 +159,10 @@ def prompts_show(
     state: CliState, name: str, limit: int, offset: int, search: str | None, task: str | None, as_json: bool
 ) -> None:
     """Show a prompt set: its counts per task and a page of its prompts."""
-    try:
-        with state.sessions()() as session:
-            prompt_set = get_prompt_set(session, name)
-            summary = summarize(session, [prompt_set])[0]
-            page, total = list_prompts(session, prompt_set, offset=offset, limit=limit, search=search, task=task)
-    except PromptSetError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session:
+        prompt_set = get_prompt_set(session, name)
+        summary = summarize(session, [prompt_set])[0]
+        page, total = list_prompts(session, prompt_set, offset=offset, limit=limit, search=search, task=task)
     if as_json:
         click.echo(json.dumps({**_summary_dict(summary), "matching": total, "offset": offset,
                                "prompts": [_prompt_dict(p) for p in page]}))
@@ -195,9 +187,6 @@ def prompts_delete(state: CliState, name: str, yes: bool) -> None:
     """Delete a prompt set (refused while an analysis run uses it)."""
     if not yes:
         click.confirm(f"Delete prompt set {name!r}?", abort=True)
-    try:
-        with state.sessions()() as session, session.begin():
-            delete_prompt_set(session, name)
-    except PromptSetError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session, session.begin():
+        delete_prompt_set(session, name)
     click.echo(f"deleted prompt set '{name}'")

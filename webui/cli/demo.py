@@ -7,6 +7,7 @@ import click
 from sqlalchemy import select
 
 import migrations
+from analyzer.db import lock_for_write
 from analyzer.models import AnalysisRun
 from analyzer.prompt_sets import (
     SAMPLE_NAME,
@@ -138,6 +139,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
         else:
             click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
     with sessions() as session, session.begin():
+        lock_for_write(session)
         active = active_policy_set(session)
         if active is None or active.run_id != run_id:
             active = publish_policies(session, run_id, notes="specroute demo")

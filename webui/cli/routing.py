@@ -5,10 +5,7 @@ import json
 import click
 from sqlalchemy import select
 
-from analyzer.db import MAX_ID
-from analyzer.settings import SettingsError
-
-
+from analyzer.db import MAX_ID, lock_for_write
 from webui.cli.base import CliState, cli
 
 
@@ -33,23 +30,18 @@ def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start
     beside the keyword baseline; calibrate its confidence and choose the routing threshold on the
     grouped folds; mark the task types it rarely reaches; store it as a new version and make it active.
     """
-    from router.classifier import ClassifierError, train_classifier, training_data
+    from router.classifier import train_classifier, training_data
+    from router.records import classifier_dict
 
     if cold_start:
         source = "corpus"
     features = features or state.settings.classifier_features
-    try:
-        with state.sessions()() as session, session.begin():
-            data = training_data(session, source, prompt_sets or None)
-            click.echo(f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
-                       f"{len(set(data.groups))} sources, features {features}; cross-validating ...", err=True)
-            version = train_classifier(session, data, seed=seed, features=features)
-            record = {"version": version.version, "labels": version.labels,
-                      "training_prompt_count": version.training_prompt_count,
-                      "training_data_sha256": version.training_data_sha256,
-                      "library_versions": version.library_versions, "scores": version.scores}
-    except ClassifierError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session, session.begin():
+        data = training_data(session, source, prompt_sets or None)
+        click.echo(f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
+                   f"{len(set(data.groups))} sources, features {features}; cross-validating ...", err=True)
+        version = train_classifier(session, data, seed=seed, features=features)
+        record = {**classifier_dict(version), "scores": version.scores}
     if as_json:
         click.echo(json.dumps(record))
         return
@@ -89,25 +81,14 @@ def policies() -> None:
     """Publish routing policies from an analysis run, list them, re-activate an older set."""
 
 
-def _policy_set_dict(policy_set) -> dict:
-    return {
-        "version": policy_set.version, "run_id": policy_set.run_id, "active": policy_set.is_active,
-        "margin": policy_set.margin, "notes": policy_set.notes, "created_at": policy_set.created_at.isoformat(),
-        "policies": {p.task_type: {"speculate": p.speculate, "gamma": p.gamma, "alpha_mean": p.alpha_mean,
-                                   "alpha_var": p.alpha_var, "n": p.n_prompts, "expected_speedup": p.expected_speedup,
-                                   "tier": p.tier, "fallback": p.is_fallback}
-                     for p in policy_set.policies},
-    }
-
-
 def _print_policy_set(data: dict) -> None:
     state = "active" if data["active"] else "inactive"
     click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, margin {data['margin']}")
-    for task, p in data["policies"].items():
-        label = "* (fallback)" if p["fallback"] else task
+    for p in data["policies"]:
+        label = "* (fallback)" if p["fallback"] else p["task_type"]
         decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
         click.echo(f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
-                   f"  n={p['n']}  {p['tier']}")
+                   f"  n={p['n_prompts']}  {p['tier']}")
 
 
 @policies.command("publish")
@@ -118,13 +99,12 @@ def _print_policy_set(data: dict) -> None:
 @click.pass_obj
 def policies_publish(state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool) -> None:
     """Turn an analysis run into a new, versioned policy set (active unless --no-activate)."""
-    from router.policy import PolicyError, publish_policies
+    from router.policy import publish_policies
+    from router.records import policy_set_dict
 
-    try:
-        with state.sessions()() as session, session.begin():
-            data = _policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session, session.begin():
+        lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
+        data = policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
     if as_json:
         click.echo(json.dumps(data))
     else:
@@ -137,9 +117,10 @@ def policies_publish(state: CliState, run_id: int, notes: str | None, no_activat
 def policies_list(state: CliState, as_json: bool) -> None:
     """Every policy set, newest first."""
     from router.policy import list_policy_sets
+    from router.records import policy_set_dict
 
     with state.sessions()() as session:
-        data = [_policy_set_dict(p) for p in list_policy_sets(session)]
+        data = [policy_set_dict(p) for p in list_policy_sets(session)]
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -154,13 +135,11 @@ def policies_list(state: CliState, as_json: bool) -> None:
 @click.pass_obj
 def policies_activate(state: CliState, version: int) -> None:
     """Make policy set VERSION the active one."""
-    from router.policy import PolicyError, activate_policy_set
+    from router.policy import activate_policy_set
 
-    try:
-        with state.sessions()() as session, session.begin():
-            activate_policy_set(session, version)
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
+    with state.sessions()() as session, session.begin():
+        lock_for_write(session)
+        activate_policy_set(session, version)
     click.echo(f"policy set v{version} is active")
 
 
@@ -203,16 +182,11 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
 @click.pass_obj
 def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
     """Print the routing decision for PROMPT with the active classifier and policy set."""
-    from router.classifier import ClassifierError
     from router.decision import RouterConfig, router_from_database
 
-    settings = state.settings
-    try:
-        config = RouterConfig.from_settings(settings)
-        with state.sessions()() as session:
-            router = router_from_database(session, config)
-    except (ClassifierError, SettingsError) as exc:
-        raise click.ClickException(str(exc)) from None
+    config = RouterConfig.from_settings(state.settings)
+    with state.sessions()() as session:
+        router = router_from_database(session, config)
     decision = router.route(prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
     if as_json:
         click.echo(json.dumps(decision.as_dict()))

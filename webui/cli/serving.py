@@ -44,11 +44,13 @@ def worker(state: CliState, once: bool, poll: float) -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0 picks a free one).")
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Worker threads per server process.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Server processes sharing the port (one per CPU core serves the most routing requests). "
-                   "Each keeps its own metrics; online estimates are shared through the database.")
+              help="Server processes sharing the port (one per CPU core serves the most routing requests): "
+                   "more than 1 runs them under gunicorn, which restarts one that dies. Each keeps its own "
+                   "metrics; online estimates are shared through the database.")
 @click.pass_obj
 def serve(state: CliState, host: str, port: int, threads: int, workers: int) -> None:
-    """Serve the web UI and the routing API on waitress, a production WSGI server, until Ctrl-C."""
+    """Serve the web UI and the routing API until Ctrl-C or SIGTERM: on waitress in one process, on
+    gunicorn's pre-fork server (threaded workers) with --workers above 1."""
     state.sessions()  # the schema check, with its message
     _serve(state, host, port, threads, workers=workers)
 
@@ -56,10 +58,15 @@ def serve(state: CliState, host: str, port: int, threads: int, workers: int) -> 
 def _serve(state: CliState, host: str, port: int, threads: int, urls: list[str] | None = None, workers: int = 1) -> None:
     import socket
 
-    import waitress
-
-    from webui.app import create_app
-
+    if workers > 1:
+        try:
+            import webui.app  # noqa: F401 - imported once, before the forks: an import error stops here
+            from webui.prefork import PreforkServer
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in ("gunicorn", "fcntl"):  # fcntl: gunicorn on Windows
+                raise
+            raise click.ClickException("--workers above 1 runs on gunicorn, which is not installed "
+                                       "(it runs on POSIX systems only); use --workers 1") from None
     state.close()  # no connection crosses a fork
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -69,90 +76,42 @@ def _serve(state: CliState, host: str, port: int, threads: int, urls: list[str] 
     effective_host, effective_port = listener.getsockname()[:2]
     base = f"http://{effective_host if family != socket.AF_INET6 else f'[{effective_host}]'}:{effective_port}"
 
-    def serve_here(ui_worker: bool) -> None:
-        try:
-            app = create_app({} if ui_worker else {"ui_worker": False}, route_id_wait_s=1.0 if workers > 1 else 0.0)
-        except SettingsError as exc:
-            raise click.ClickException(str(exc)) from None
-        server = waitress.create_server(app, sockets=[listener], threads=threads, ident="specroute",
-                                        max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1)
-        try:
-            server.run()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.close()
-            app.extensions["specroute.close"]()
-
     processes = "" if workers == 1 else f", {workers} processes"
     click.echo(f"specroute serving on {base} ({threads} threads{processes}); Ctrl-C stops", err=True)
     for line in urls or [f"web UI: {base}/", f"API: {base}/v1/route (OpenAPI at {base}/openapi.json)"]:
         click.echo("  " + line.replace("{base}", base), err=True)
     if workers == 1:
-        import signal
-
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does: logs flushed
-        serve_here(ui_worker=True)
+        _serve_one_process(listener, threads)
         return
-    _supervise(serve_here, workers)
+    # the socket is bound here, before any fork, so that port 0 is resolved once and printed above
+    PreforkServer(listener.detach(), _server_app, workers=workers, threads=threads).run()
 
 
-def _supervise(serve_here, workers: int) -> None:
-    """Fork ``workers`` server processes on the shared listening socket and keep them running: one
-    that dies is started again (unless it died within 10 s of its start: then all stop, exit 1);
-    Ctrl-C or SIGTERM stops them all. Only the first runs the analysis worker thread."""
+def _server_app(runs_analysis: bool):
+    """One server process's app; ``runs_analysis`` False keeps its analysis worker thread off (when
+    True, SPECROUTE_UI_WORKER decides)."""
+    from webui.app import create_app
+
+    return create_app({} if runs_analysis else {"ui_worker": False})
+
+
+def _serve_one_process(listener, threads: int) -> None:
+    """waitress on ``listener`` in this process (threads only: it works on every OS) until Ctrl-C or SIGTERM."""
     import signal
-    import time
 
-    def start(index: int) -> int:
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                signal.signal(signal.SIGTERM, signal.default_int_handler)
-                serve_here(ui_worker=index == 0)
-            except BaseException as exc:  # noqa: BLE001 - a child never returns into the parent's code
-                if not isinstance(exc, KeyboardInterrupt):
-                    click.echo(f"specroute server process {index}: {exc}", err=True)
-                    code = 1
-            finally:
-                os._exit(code)
-        return pid
+    import waitress
 
-    children = {start(i): (i, time.monotonic()) for i in range(workers)}
-    stopping = []
-
-    def stop(*_args) -> None:
-        stopping.append(True)
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    signal.signal(signal.SIGTERM, stop)
-    failed = False
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does: logs flushed
     try:
-        while children:
-            try:
-                pid, status = os.wait()
-            except KeyboardInterrupt:
-                stop()
-                continue
-            except ChildProcessError:
-                break
-            index, started = children.pop(pid, (None, 0.0))
-            if index is None or stopping:
-                continue
-            click.echo(f"specroute server process {index} (pid {pid}) exited with status {status}", err=True)
-            if time.monotonic() - started < 10:
-                click.echo("it died within 10 s of its start; stopping every server process", err=True)
-                failed = True
-                stop()
-            else:
-                children[start(index)] = (index, time.monotonic())
+        app = _server_app(True)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    server = waitress.create_server(app, sockets=[listener], threads=threads, ident="specroute",
+                                    max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
     finally:
-        if children:
-            stop()
-    if failed:
-        raise SystemExit(1)
+        server.close()
+        app.extensions["specroute.close"]()

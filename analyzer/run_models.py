@@ -1,0 +1,70 @@
+"""The pair a run measures with: target and drafter loaded once on the run's device in its dtype,
+with the ids that end and pad the target's output, and the run's one rule for turning a prompt into
+the target's token ids (chat template, truncation) and output ids into the texts shown per token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from analyzer.devices import Placement
+from analyzer.loading import LoadedModel, ModelSpecRef, load_model, parse_spec
+from analyzer.models import ModelPair, Prompt
+from analyzer.prompt_encoding import (
+    EncodedPrompt,
+    encode_prompt,
+    eos_token_ids,
+    prompt_token_limit,
+    token_texts,
+)
+from analyzer.run_records import RunParams
+from analyzer.tokenizer_match import check_same_tokenizer
+
+
+@dataclass
+class RunModels:
+    """``target`` and ``draft`` (None for prompt lookup, whose options ``draft_ref`` holds) as
+    loaded; ``eos_ids`` end the target's output (its generation config's, else its tokenizer's);
+    ``pad_id`` pads batches (the tokenizer's pad, else the first EOS)."""
+
+    target: LoadedModel
+    draft: LoadedModel | None
+    draft_ref: ModelSpecRef
+    eos_ids: list[int]
+    pad_id: int
+
+    @property
+    def ngram_max(self) -> int | None:
+        """The prompt-lookup n-gram size (None for a model draft)."""
+        return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
+
+    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
+        """The prompt's token ids under the run's rule: the chat template unless the run turned it off,
+        and at most :func:`prompt_token_limit` ids (the last ones). One tokenizer call; a run calls
+        this once per prompt and reuses the ids everywhere (they are stored with the result)."""
+        return encode_prompt(
+            self.target.tokenizer,
+            text=prompt.text,
+            messages=prompt.messages,
+            use_chat_template=params.chat_template,
+            max_prompt_tokens=prompt_token_limit(self.target.model, params.max_new_tokens, params.max_prompt_tokens),
+        )
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's text on its own (stored, so showing a result needs no tokenizer)."""
+        return token_texts(self.target.tokenizer, token_ids)
+
+
+def load_run_models(pair: ModelPair, cache_dir: Path, allow_network: bool, placement: Placement) -> RunModels:
+    """Load target and draft once, on the run's device in the run's dtype; a draft whose tokenizer
+    differs from the target's is refused (:class:`analyzer.loading.TokenizerMismatch`)."""
+    target_ref, draft_ref = parse_spec(pair.target.spec), parse_spec(pair.draft.spec)
+    target = load_model(target_ref, cache_dir=cache_dir, allow_network=allow_network, placement=placement)
+    draft = None
+    if draft_ref.kind != "ngram":
+        draft = load_model(draft_ref, cache_dir=cache_dir, allow_network=allow_network, placement=placement)
+        check_same_tokenizer(target.tokenizer, draft.tokenizer, pair.target.spec, pair.draft.spec)
+    eos_ids = eos_token_ids(target.model.generation_config.eos_token_id, target.tokenizer.eos_token_id)
+    pad = target.tokenizer.pad_token_id
+    pad_id = int(pad if pad is not None else eos_ids[0])
+    return RunModels(target, draft, draft_ref, eos_ids, pad_id)

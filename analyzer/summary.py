@@ -1,0 +1,393 @@
+"""The analysis summary: what one run found, typed, built once from the stored raw counts and cost
+profiles. Per prompt: alpha, the S(g) curve and its g*. Per task type and for the workload: n, alpha
+mean and variance, tier, acceptance length, the pooled S(g) curve at every profiled batch size, g*
+with its bootstrap interval, the decision with its basis and reason, and the speedup measured by real
+speculative decoding. The report (JSON, CSV, text, HTML) serialises it; publishing policies and
+choosing prompts to validate read it."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
+from analyzer.models import AnalysisRun, CostProfile, PromptResult, ValidationResult
+from analyzer.speedup import (
+    DEFAULT_MARGIN,
+    INTERVAL_LEVEL,
+    Cost,
+    best_gamma,
+    bootstrap_speedup_interval,
+    decide,
+    iid_speedup,
+    leviathan_speedup,
+    mean_and_variance,
+    pooled_speedup,
+    predicted_speedup,
+    recommendation_tier,
+    should_speculate,
+    speculative_time_s,
+)
+
+UNLABELLED = "unlabelled"
+
+
+def finite(value: float | None) -> float | None:
+    """``value`` as a float, None for None, NaN and infinities (JSON has no NaN)."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+# ---------------------------------------------------------------- the types
+
+
+@dataclass(kw_only=True)
+class GroupDecision:
+    """The decision for a group of prompts at one batch size: g* (None: nothing measured), S(g*)
+    with its interval, speculate (None while undecided: too few prompts), on what basis ("task",
+    "workload" or "point estimate") and why, and the pooled S(g) curve, ``speedup_curve[g-1]`` =
+    S(g), None where it is not finite."""
+
+    best_gamma: int | None = None
+    predicted_speedup: float | None = None
+    speedup_interval: tuple[float | None, float | None] = (None, None)
+    speculate: bool | None = False
+    decision_basis: str = "task"
+    decision_reason: str = "nothing measured"
+    speedup_curve: list[float | None] = field(default_factory=list)
+
+    def decision_dict(self) -> dict:
+        """The decision's fields as JSON-ready data."""
+        return {"best_gamma": self.best_gamma, "predicted_speedup": self.predicted_speedup,
+                "speedup_interval": list(self.speedup_interval), "speculate": self.speculate,
+                "decision_basis": self.decision_basis, "decision_reason": self.decision_reason,
+                "speedup_curve": list(self.speedup_curve)}
+
+
+@dataclass(kw_only=True)
+class GroupSummary(GroupDecision):
+    """What a task type (or the workload) found: the decision at batch 1 (inherited fields), the
+    acceptance statistics, the i.i.d. and Leviathan curves for comparison, the accepted-length
+    histogram at g*, the speedup measured by validation, the decision at each profiled batch size,
+    replay fidelity, and why tier and decision disagree (``tier_note``)."""
+
+    n: int
+    alpha_mean: float | None
+    alpha_var: float | None
+    alpha_std: float | None
+    tier: str
+    output_tokens: int
+    interval_level: float | None = None
+    al: float | None = None
+    iid_curve: list[float | None] = field(default_factory=list)
+    leviathan_curve: list[float | None] = field(default_factory=list)
+    histogram: list[int] = field(default_factory=list)
+    measured_speedup: float | None = None
+    measured_n: int = 0
+    measured_tasks: list[str] = field(default_factory=list)
+    by_batch: dict[int, GroupDecision] = field(default_factory=dict)
+    fidelity: dict | None = None
+    tier_note: str | None = None
+
+    def as_dict(self) -> dict:
+        """The report's JSON for this group (see README "Analysis report JSON")."""
+        data = asdict(self)
+        data["speedup_interval"] = list(self.speedup_interval)
+        data["by_batch"] = {str(b): entry.decision_dict() for b, entry in sorted(self.by_batch.items())}
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptSummary:
+    """One prompt's outcome: alpha, S(g) for g = 1..G (``speedup_curve[g-1]``), its g* (None when
+    nothing is finite), and the replayed rounds at every g."""
+
+    prompt_id: int
+    position: int
+    task: str
+    alpha: float | None
+    speedup_curve: list[float | None]
+    best_gamma: int | None
+    rounds: dict[int, int]
+
+
+@dataclass(kw_only=True)
+class AnalysisSummary:
+    """A run's findings: per prompt, per task type and for the workload (None without results)."""
+
+    run_id: int
+    gamma_max: int
+    sampling: bool
+    margin: float
+    cost: Cost | None
+    costs: dict[int, Cost]
+    prompts: list[PromptSummary]
+    tasks: dict[str, GroupSummary]
+    workload: GroupSummary | None
+
+
+# ---------------------------------------------------------------- cost of a run
+
+
+def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
+    """The cost model of one stored profile; the machinery overhead counts as 0 where a profile from
+    before it was measured has none."""
+    tokens = max(profile.context_tokens, 1)
+    return Cost(
+        profile.target_forward_s,
+        profile.draft_step_s,
+        draft_cost_per_token=draft_kind != "ngram",
+        target_prefill_s_per_token=(profile.target_prefill_s or 0.0) / tokens,
+        draft_prefill_s_per_token=(profile.draft_prefill_s or 0.0) / tokens,
+        round_overhead_s=profile.round_overhead_s or 0.0,
+        decode_overhead_s=profile.decode_overhead_s or 0.0,
+    )
+
+
+def cost_for_run(run: AnalysisRun) -> Cost | None:
+    """The cost model of a run at its smallest profiled batch size (None before profiling)."""
+    profile = run.cost_profile
+    if profile is None:
+        return None
+    return cost_from_profile(profile, run.pair.draft.kind)
+
+
+def costs_for_run(run: AnalysisRun) -> dict[int, Cost]:
+    """The run's cost model per profiled batch size ({} before profiling). Runs from before batch
+    sizes were profiled have their one profile at batch 1."""
+    costs = {link.batch_size: cost_from_profile(link.cost_profile, run.pair.draft.kind) for link in run.batch_profiles}
+    if not costs and run.cost_profile is not None:
+        costs[run.cost_profile.batch_size or 1] = cost_for_run(run)
+    return costs
+
+
+# ---------------------------------------------------------------- curves and decisions
+
+
+def _alpha(result: PromptResult, sampling: bool) -> float:
+    if sampling:
+        return result.alpha_sampling if result.alpha_sampling is not None else float("nan")
+    return alpha_from_matches(result.draft_matches or [])
+
+
+def _prompt_curve(result: PromptResult, cost: Cost, sampling: bool) -> list[float]:
+    if sampling:
+        alpha = _alpha(result, sampling)
+        return [iid_speedup(alpha, g.gamma, cost) if math.isfinite(alpha) else float("nan") for g in result.gamma_counts]
+    return [predicted_speedup(result.output_tokens, g.drafted_hist, cost, result.prompt_tokens)
+            for g in result.gamma_counts]
+
+
+def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int) -> list[float]:
+    curve = []
+    for g in range(1, gamma_max + 1):
+        if sampling:
+            tokens = sum(r.output_tokens for r in results)
+            spec = sum(
+                r.output_tokens / r.gamma_counts[g - 1].expected_tokens_per_round * cost.round_s(g)
+                for r in results if r.gamma_counts[g - 1].expected_tokens_per_round
+            )
+            curve.append(tokens * cost.decode_s / spec if spec else float("nan"))
+        else:
+            curve.append(pooled_speedup(
+                [r.output_tokens for r in results], [r.gamma_counts[g - 1].drafted_hist for r in results], cost,
+                [r.prompt_tokens for r in results],
+            ))
+    return curve
+
+
+def _prompt_times(results: list[PromptResult], cost: Cost, sampling: bool, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt (with output), predicted seconds without and with speculation at ``gamma``; the
+    pooled speedup of a group is their sums' ratio (as in ``_group_curve``)."""
+    greedy, speculative = [], []
+    for r in results:
+        if r.output_tokens <= 0:
+            continue
+        if sampling:
+            tokens_per_round = r.gamma_counts[gamma - 1].expected_tokens_per_round
+            if not tokens_per_round:
+                continue
+            greedy.append(r.output_tokens * cost.decode_s)
+            speculative.append(r.output_tokens / tokens_per_round * cost.round_s(gamma))
+        else:
+            target_prefill, draft_prefill = cost.prefill_s(r.prompt_tokens)
+            greedy.append(target_prefill + r.output_tokens * cost.decode_s)
+            speculative.append(target_prefill + draft_prefill
+                               + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, cost))
+    return np.array(greedy), np.array(speculative)
+
+
+def _decision(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int, margin: float) -> GroupDecision:
+    """g*, S(g*), its bootstrap interval over the prompts and the decision with its reason;
+    ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
+    curve = _group_curve(results, cost, sampling, gamma_max)
+    g_star, s_star = best_gamma(curve)
+    greedy, speculative = _prompt_times(results, cost, sampling, g_star) if g_star else ([], [])
+    # one prompt has no spread: no interval rather than a zero-width one
+    interval = bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
+    speculate, why = decide(s_star, interval, len(results), margin) if g_star else (False, "nothing measured")
+    return GroupDecision(best_gamma=g_star or None, predicted_speedup=finite(s_star),
+                         speedup_interval=(finite(interval[0]), finite(interval[1])), speculate=speculate,
+                         decision_basis="task" if speculate is not None else "workload", decision_reason=why,
+                         speedup_curve=[finite(v) for v in curve])
+
+
+def _fidelity(results: list[PromptResult]) -> dict | None:
+    """Replay fidelity of a group: the share of output positions where the teacher-forced target pass
+    disagreed with the generated token (pooled and the worst prompt), over the prompts where it was
+    measured; None where it was not (float32 and sampling runs)."""
+    measured = [r for r in results if r.replay_mismatches is not None]
+    if not measured:
+        return None
+    tokens = sum(r.output_tokens for r in measured)
+    shares = [r.replay_mismatches / r.output_tokens for r in measured if r.output_tokens]
+    return {"prompts": len(measured), "positions": tokens,
+            "mismatches": int(sum(r.replay_mismatches for r in measured)),
+            "mismatch_share": finite(sum(r.replay_mismatches for r in measured) / tokens) if tokens else None,
+            "worst_prompt_share": finite(max(shares)) if shares else None,
+            "prompts_with_mismatch": int(sum(1 for r in measured if r.replay_mismatches))}
+
+
+def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max: int, margin: float = DEFAULT_MARGIN,
+                    sampling: bool = False, costs: dict[int, Cost] | None = None,
+                    measured: dict[int, float] | None = None) -> GroupSummary:
+    """The summary of any group of one run's results (a task type, the workload): n, alpha mean and
+    variance, tier, the pooled S(g) curve, g*, the decision (None while too few prompts decide it),
+    at batch 1 and at every batch size in ``costs``; ``measured``: prompt id -> speedup measured by
+    validation."""
+    measured = measured or {}
+    alpha_mean, alpha_var = mean_and_variance([_alpha(r, sampling) for r in results])
+    summary = GroupSummary(
+        n=len(results), alpha_mean=finite(alpha_mean), alpha_var=finite(alpha_var) if alpha_var is not None else None,
+        alpha_std=finite(math.sqrt(alpha_var)) if alpha_var is not None else None,
+        tier=recommendation_tier(alpha_mean, alpha_var), output_tokens=int(sum(r.output_tokens for r in results)),
+        fidelity=_fidelity(results),
+    )
+    if cost is None:
+        return summary
+    decision = _decision(results, cost, sampling, gamma_max, margin)
+    g_star = decision.best_gamma
+    c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
+    if g_star and not sampling:
+        al = mean_acceptance_length(sum(r.gamma_counts[g_star - 1].accepted for r in results),
+                                    sum(r.gamma_counts[g_star - 1].rounds for r in results))
+    elif g_star:
+        al = float(np.mean([r.gamma_counts[g_star - 1].expected_tokens_per_round or np.nan for r in results]))
+    else:
+        al = float("nan")
+    validated = [measured[r.prompt_id] for r in results if r.prompt_id in measured]
+    known_alpha = math.isfinite(alpha_mean)
+    return replace(
+        summary, **{k: getattr(decision, k) for k in decision.__dataclass_fields__},
+        interval_level=INTERVAL_LEVEL, al=finite(al),
+        iid_curve=[finite(iid_speedup(alpha_mean, g, cost)) if known_alpha else None for g in range(1, gamma_max + 1)],
+        leviathan_curve=[finite(leviathan_speedup(alpha_mean, g, c)) if known_alpha else None
+                         for g in range(1, gamma_max + 1)],
+        histogram=np.sum([r.gamma_counts[g_star - 1].accepted_hist for r in results], axis=0).tolist() if g_star else [],
+        measured_speedup=finite(float(np.mean(validated))) if validated else None,
+        measured_n=len(validated),
+        measured_tasks=sorted({r.task_type or UNLABELLED for r in results if r.prompt_id in measured}),
+        by_batch={b: _decision(results, c_b, sampling, gamma_max, margin) for b, c_b in sorted((costs or {}).items())},
+    )
+
+
+def _take_workload_decision(summary: GroupDecision, workload: GroupDecision) -> None:
+    """A group too small to decide (speculate None) takes the workload's decision, and says so."""
+    if summary.speculate is None:
+        summary.speculate = bool(workload.speculate)
+        summary.decision_basis = "workload"
+        summary.decision_reason += f" ({'speculate at gamma ' + str(workload.best_gamma) if workload.speculate else 'off'})"
+
+
+def _decide_alone(summary: GroupDecision, margin: float) -> None:
+    """The workload has nothing to fall back to: too few prompts are decided on S(g*) alone, and say so."""
+    if summary.speculate is None:
+        summary.speculate = should_speculate(summary.predicted_speedup or float("nan"), margin)
+        summary.decision_basis = "point estimate"
+        summary.decision_reason = (summary.decision_reason.split(": too few")[0]
+                                   + ": too few prompts for an interval; decided on S(g*) alone")
+
+
+def tier_note(summary: GroupSummary, cost: Cost | None) -> str | None:
+    """Why the decision and the tier disagree, in words (None when they agree): the tier reads alpha
+    alone, the decision also weighs what a round costs on this device."""
+    gamma = summary.best_gamma
+    if cost is None or not gamma or summary.alpha_mean is None:
+        return None
+    if summary.speculate == (summary.tier in ("HIGHLY_RECOMMENDED", "RECOMMENDED")):
+        return None
+    cost_text = (f"a round at gamma {gamma} costs {cost.round_s(gamma) / cost.decode_s:.2f}x a decoding step here"
+                 + (f" and yields {summary.al:.2f} tokens on average" if summary.al else ""))
+    base = f"the tier reads alpha alone ({summary.alpha_mean:.2f}); the decision weighs the cost: {cost_text}"
+    if summary.decision_basis == "workload":
+        base += "; and this task has too few prompts, so the workload's decision applies"
+    return base
+
+
+def summarize_groups(results: list[PromptResult], cost: Cost | None, *, gamma_max: int, margin: float = DEFAULT_MARGIN,
+                     sampling: bool = False, costs: dict[int, Cost] | None = None,
+                     measured: dict[int, float] | None = None) -> tuple[dict[str, GroupSummary], GroupSummary | None]:
+    """(per task type, workload) for a set of one run's results, with the decision rules applied: a
+    task too small to decide takes the workload's decision (at every batch size), the workload decides
+    on S(g*) alone when it is too small itself, and a validation sample from one task is no workload
+    figure."""
+    by_task: dict[str, list[PromptResult]] = defaultdict(list)
+    for result in results:
+        by_task[result.task_type or UNLABELLED].append(result)
+    options = {"gamma_max": gamma_max, "margin": margin, "sampling": sampling, "costs": costs, "measured": measured}
+    tasks = {task: summarize_group(group, cost, **options) for task, group in sorted(by_task.items())}
+    if not results:
+        return tasks, None
+    workload = summarize_group(results, cost, **options)
+    if len(by_task) > 1 and len(workload.measured_tasks) == 1:
+        workload.measured_speedup = None  # a sample of one task says nothing about the others
+    for decision in [workload, *workload.by_batch.values()]:
+        _decide_alone(decision, margin)
+    for summary in tasks.values():
+        _take_workload_decision(summary, workload)
+        for batch, entry in summary.by_batch.items():
+            _take_workload_decision(entry, workload.by_batch[batch])
+    for summary in [*tasks.values(), workload]:
+        summary.tier_note = tier_note(summary, cost)
+    return tasks, workload
+
+
+def load_results(session: Session, run_id: int) -> list[PromptResult]:
+    """A run's results in prompt order, with their per-gamma counts and prompts loaded."""
+    return list(session.scalars(
+        select(PromptResult).where(PromptResult.run_id == run_id)
+        .options(selectinload(PromptResult.gamma_counts), selectinload(PromptResult.prompt))
+        .order_by(PromptResult.prompt_id)
+    ))
+
+
+def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
+                  validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+    """The summary of ``run`` from its stored counts, profiles and validations (pass ``results`` /
+    ``validations`` when already loaded)."""
+    run_id = run.id
+    params = run.params
+    gamma_max = int(params.get("gamma_max", 16))
+    sampling = float(params.get("temperature", 0.0)) > 0
+    margin = float(params.get("margin", DEFAULT_MARGIN))
+    cost, costs = cost_for_run(run), costs_for_run(run)
+    results = load_results(session, run_id) if results is None else results
+    if validations is None:
+        validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run_id)))
+    measured = {v.prompt_id: v.measured_speedup for v in validations}
+    prompts = []
+    for result in results:
+        curve = _prompt_curve(result, cost, sampling) if cost else []
+        g_star, _ = best_gamma(curve) if curve else (0, float("nan"))
+        prompts.append(PromptSummary(
+            prompt_id=result.prompt_id, position=result.prompt.position, task=result.task_type or UNLABELLED,
+            alpha=finite(_alpha(result, sampling)), speedup_curve=[finite(v) for v in curve], best_gamma=g_star or None,
+            rounds={g.gamma: g.rounds for g in result.gamma_counts}))
+    tasks, workload = summarize_groups(results, cost, gamma_max=gamma_max, margin=margin, sampling=sampling,
+                                       costs=costs, measured=measured)
+    return AnalysisSummary(run_id=run_id, gamma_max=gamma_max, sampling=sampling, margin=margin, cost=cost,
+                           costs=costs, prompts=prompts, tasks=tasks, workload=workload)

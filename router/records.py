@@ -1,0 +1,72 @@
+"""The router's stored records as JSON-ready data, one serialiser per record, shared by the API, the
+web pages and the command line: policy sets with their policies, online estimates, classifier
+versions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.speedup import best_gamma, clears_break_even
+from router.models import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
+
+
+def policy_dict(policy: TaskPolicy, margin: float = 0.05) -> dict[str, Any]:
+    """A TaskPolicy, with the best gamma, speedup and decision at each profiled batch size (the
+    router's rule: S clears 1 + margin and the published lower end clears 1.0)."""
+    by_batch = {}
+    lows = policy.speedup_lows_by_batch or {}
+    for batch, curve in sorted((policy.speedup_curves_by_batch or {}).items(), key=lambda item: int(item[0])):
+        gamma, speedup = best_gamma(curve)
+        by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": speedup if gamma else 1.0,
+                                "speculate": bool(gamma) and clears_break_even(speedup, lows.get(batch), margin)}
+    return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
+            "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
+            "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,
+            "speedup_interval": [policy.speedup_low, policy.speedup_high], "decision_basis": policy.decision_basis,
+            "decision_reason": policy.decision_reason, "by_batch": by_batch}
+
+
+def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
+    """A policy set: version, whether active, its run, margin, notes, times and (``with_policies``)
+    its policies, the fallback ("*") last."""
+    data = {"version": policy_set.version, "active": policy_set.is_active, "run_id": policy_set.run_id,
+            "margin": policy_set.margin, "notes": policy_set.notes,
+            "created_at": policy_set.created_at.isoformat(timespec="seconds"),
+            "activated_at": policy_set.activated_at.isoformat(timespec="seconds") if policy_set.activated_at else None}
+    if with_policies:
+        data["policies"] = [policy_dict(p, policy_set.margin) for p in policy_set.policies]
+    return data
+
+
+def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
+    """A TaskEstimate (alpha is the posterior mean)."""
+    return {"task_type": estimate.task_type, "alpha": estimate.beta_a / (estimate.beta_a + estimate.beta_b),
+            "prior_alpha": estimate.prior_alpha, "speculate": estimate.speculate, "gamma": estimate.gamma,
+            "events": estimate.events, "total_rounds": estimate.total_rounds,
+            "total_drafted": estimate.total_drafted, "total_accepted": estimate.total_accepted,
+            "decision_since": estimate.decision_since.isoformat(timespec="seconds") if estimate.decision_since else None,
+            "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None}
+
+
+def classifier_dict(record: ClassifierVersion) -> dict[str, Any]:
+    """A classifier version's record (no artifact): labels, training data, library versions, and its
+    scores (stratified and leave-one-source-out CV, baseline, per class, calibration, reachability)."""
+    scores = record.scores or {}
+    return {
+        "version": record.version,
+        "active": record.is_active,
+        "labels": list(record.labels),
+        "training_prompt_count": record.training_prompt_count,
+        "training_data_sha256": record.training_data_sha256,
+        "library_versions": dict(record.library_versions),
+        "created_at": record.created_at.isoformat(),
+        "source": scores.get("source"),
+        "macro_f1": scores.get("macro_f1"),
+        "accuracy": scores.get("accuracy"),
+        "baseline": scores.get("baseline"),
+        "per_class": scores.get("per_class"),
+        "features": scores.get("features", "tfidf"),
+        "grouped": scores.get("grouped"),
+        "calibration": scores.get("calibration"),
+        "reachability": scores.get("reachability"),
+    }
