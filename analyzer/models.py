@@ -213,6 +213,37 @@ class AnalysisRun(Base):
     )
 
 
+CHUNK_KINDS = ("profile", "measure", "validate")
+CHUNK_STATUSES = ("pending", "claimed", "done")
+
+
+class RunChunk(Base):
+    """A piece of a run that any worker may claim: the cost profile (once per run, first), a slice
+    of the prompts to measure (``prompt_ids``), or the validation (last, once every prompt is
+    measured). A claimed chunk whose ``heartbeat_at`` is older than the worker's stale limit is
+    claimed again by another worker (the results it stored stay; the rest is measured)."""
+
+    __tablename__ = "run_chunks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("analysis_runs.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    prompt_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_at: Mapped[Optional[datetime]] = mapped_column()
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
+    done_at: Mapped[Optional[datetime]] = mapped_column()
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "position"),
+        CheckConstraint(one_of("kind", CHUNK_KINDS), name="kind"),
+        CheckConstraint(one_of("status", CHUNK_STATUSES), name="status"),
+    )
+
+
 class PromptResult(Base):
     """The measurement of one prompt in one run: lengths, the prompt's token ids as the target saw
     them, the target's output (text, token ids and each token's text), per-position draft matches

@@ -66,6 +66,7 @@ class RunParams:
     device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
+    chunk_size: int = 32  # prompts per chunk that one worker claims (analyzer/chunks.py)
     # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
     entropy_edges: tuple[float | None, ...] = tuple(e if e != float("inf") else None for e in ENTROPY_EDGES_NATS)
 
@@ -87,6 +88,8 @@ class RunParams:
             raise RunError("batching is for greedy runs only (sampling uses one seed per prompt)")
         if self.margin < 0:
             raise RunError("margin must be >= 0")
+        if not 1 <= self.chunk_size <= 100_000:
+            raise RunError("chunk_size must be between 1 and 100,000")
         try:
             check_device_name(self.device), check_dtype_name(self.dtype)
         except DeviceError as error:
@@ -208,6 +211,12 @@ def recording_phases(session_factory: sessionmaker, run_id: int,
             progress(done, total, phase)
 
     return record
+
+
+def run_status(session_factory: sessionmaker, run_id: int) -> str | None:
+    """The stored status of a run (None when there is no such run)."""
+    with session_factory() as session:
+        return session.scalar(select(AnalysisRun.status).where(AnalysisRun.id == run_id))
 
 
 def cancelled(session_factory: sessionmaker, run_id: int) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.acceptance import (
@@ -32,7 +33,8 @@ from analyzer.acceptance import (
     walk_model_draft,
     walk_ngram,
 )
-from analyzer.db import utcnow
+from analyzer.chunks import ClaimedChunk, claim_chunk, complete, plan_chunks, renew, take_over
+from analyzer.db import lock_for_write, utcnow
 from analyzer.measure import (
     draft_match_sequence,
     generate_target,
@@ -44,6 +46,7 @@ from analyzer.measure import (
 from analyzer.models import (
     AnalysisRun,
     GammaCount,
+    ModelPair,
     Prompt,
     PromptResult,
     ValidationResult,
@@ -177,6 +180,38 @@ def _store(session: Session, run: AnalysisRun, result: dict) -> None:
     run.heartbeat_at = utcnow()
 
 
+class ModelCache:
+    """The pair a worker has loaded, kept across the chunks of its runs (one pair at a time), and
+    the prompts it has tokenized for the loaded pair (each prompt once)."""
+
+    def __init__(self, cache_dir: Path, allow_network: bool = False):
+        self.cache_dir, self.allow_network = cache_dir, allow_network
+        self.key: tuple | None = None
+        self.models: RunModels | None = None
+        self.encoded: dict[int, EncodedPrompt] = {}
+
+    def load(self, pair: ModelPair, params: RunParams, progress: ProgressCallback | None) -> RunModels:
+        """The run's pair on the device and dtype it asks for, loaded unless it already is."""
+        placement = params.placement()
+        key = (pair.target.spec, pair.draft.spec, placement.device, placement.dtype, params.chat_template,
+               params.max_prompt_tokens, params.max_new_tokens)
+        if key != self.key:
+            self.models = self.key = None
+            self.encoded = {}
+            if progress:
+                progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
+                         + f" on {placement.device} ({placement.name}) in {placement.dtype}")
+            self.models = load_run_models(pair, self.cache_dir, self.allow_network, placement)
+            self.key = key
+        return self.models
+
+    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
+        """The prompt's token ids under the run's rule (:meth:`RunModels.encode`), once per prompt."""
+        if prompt.id not in self.encoded:
+            self.encoded[prompt.id] = self.models.encode(prompt, params)
+        return self.encoded[prompt.id]
+
+
 def execute_run(
     session_factory: sessionmaker,
     run_id: int,
@@ -185,80 +220,118 @@ def execute_run(
     progress: ProgressCallback | None = None,
     worker_id: str | None = None,
     allow_network: bool = False,
+    models: ModelCache | None = None,
+    poll_s: float = 0.5,
 ) -> AnalysisRun:
-    """Execute (or resume) a run: resolve its device and dtype on this machine, load the pair there
-    (hub ids download only with ``allow_network``), profile or reuse the cost curves for each batch
-    size, measure every prompt not yet measured, validate, and mark the run done. Returns the run as
-    stored at the end. A device or dtype this machine cannot give, or a model that does not fit,
-    fails the run with a message saying so (nothing is measured)."""
+    """Execute (or resume) a run in this process: take over its unfinished chunks, then claim them
+    one after the other (:mod:`analyzer.chunks`), waiting while other workers hold some, until the
+    run is done, failed or cancelled. Returns the run as stored at the end. A device or dtype this
+    machine cannot give, or a model that does not fit, fails the run with a message saying so."""
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    models = models or ModelCache(cache_dir, allow_network)
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         if run is None:
             raise RunNotFound(f"no analysis run {run_id}")
         if run.status == "done":
             return run
-        run.status, run.worker_id, run.error, run.cancel_requested = "running", worker_id, None, False
-        run.started_at = run.started_at or utcnow()
-        run.heartbeat_at = utcnow()
-        params = RunParams.from_json(run.params)
-        pair = run.pair
-        _ = pair.target.spec, pair.draft.spec
+        if run.status in ("failed", "cancelled", "running"):  # a resume: whoever held it is gone
+            run.status = "queued"
+        run.error, run.cancel_requested = None, False
+        plan_chunks(session, run)
+        take_over(session, run_id)
+    while True:
+        chunk = claim_chunk(session_factory, worker_id, run_id=run_id)
+        if chunk is None:
+            with session_factory() as session:
+                run = session.get(AnalysisRun, run_id)
+                if run.status not in ("queued", "running"):
+                    return run
+                stop = run.cancel_requested
+            if stop:
+                return finish(session_factory, run_id, "cancelled")
+            time.sleep(poll_s)  # other workers hold the chunks left
+            continue
+        execute_chunk(session_factory, chunk, worker_id=worker_id, models=models, progress=progress)
+
+
+def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_id: str, models: ModelCache,
+                  progress: ProgressCallback | None = None) -> bool:
+    """Do one claimed chunk: the cost profile, the measurement of its prompts (those not stored
+    yet; each batch committed and the chunk's heartbeat renewed), or the validation; then mark it
+    done (which finishes the run after its last chunk). Returns False when the chunk was left
+    unfinished: the run was cancelled (then marked so) or another worker took the chunk over. Any
+    error fails the run, with its text, and is raised."""
+    run_id = chunk.run_id
     progress = recording_phases(session_factory, run_id, progress)
     try:
-        placement = params.placement()
-        if progress:
-            progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
-                     + f" on {placement.device} ({placement.name}) in {placement.dtype}")
-        models = load_run_models(pair, cache_dir, allow_network, placement)
-        with session_factory() as session, session.begin():
+        with session_factory() as session:
             run = session.get(AnalysisRun, run_id)
-            run.device = _device_text(models)
-            run.dtype = placement.dtype
-            run.library_versions = library_versions()
-            run.eos_token_ids = list(models.eos_ids)
-            for spec, loaded in ((run.pair.target, models.target), (run.pair.draft, models.draft)):
-                if loaded is not None:
-                    spec.tokenizer_sha256 = tokenizer_fingerprint(loaded.tokenizer)
-            prompts = selected_prompts(session, run)
-            stored_ids = dict(session.execute(select(PromptResult.prompt_id, PromptResult.prompt_token_ids)
-                                              .where(PromptResult.run_id == run_id)).all())
-        encoded = _tokenize_once(models, [p for p in prompts if stored_ids.get(p.id) is None], params, progress)
-        prompt_ids = {**{pid: list(ids) for pid, ids in stored_ids.items() if ids is not None},
-                      **{pid: enc.ids for pid, enc in encoded.items()}}
-        profile_run_costs(session_factory, run_id, models, params, [prompt_ids[p.id] for p in prompts], progress)
-        pending = [p for p in prompts if p.id not in stored_ids]
-        done = len(prompts) - len(pending)
-        if progress:
-            progress(done, len(prompts), "measuring")
-        for start in range(0, len(pending), params.batch_size):
-            if cancelled(session_factory, run_id):
-                return finish(session_factory, run_id, "cancelled")
-            batch = [(p, encoded[p.id]) for p in pending[start:start + params.batch_size]]
-            results = _measure_batch(models, batch, params)
-            with session_factory() as session, session.begin():
-                run = session.get(AnalysisRun, run_id)
-                for result in results:
-                    _store(session, run, result)
-            done += len(results)
-            if progress:
-                progress(done, len(prompts), "measuring")
-        if params.validate and params.temperature == 0:
-            _validate(session_factory, run_id, models, params, prompt_ids, progress)
-        return finish(session_factory, run_id, "done")
+            params, pair = RunParams.from_json(run.params), run.pair
+            _ = pair.target.spec, pair.draft.spec
+            prompts = [p for p in selected_prompts(session, run)]
+        loaded = models.load(pair, params, progress)
+        _record_machine(session_factory, run_id, loaded, params)
+        if chunk.kind == "profile":
+            median = sorted(prompts, key=_prompt_chars)[len(prompts) // 2]
+            profile_run_costs(session_factory, run_id, loaded, params, [models.encode(median, params).ids], progress)
+        elif chunk.kind == "measure":
+            if not _measure_chunk(session_factory, chunk, worker_id, models, params, prompts, progress):
+                return False
+        elif params.validate and params.temperature == 0:
+            _validate(session_factory, run_id, loaded, params, progress)
+        complete(session_factory, chunk, worker_id)
+        return True
     except BaseException as exc:
         finish(session_factory, run_id, "failed", error=error_text(exc))
         raise
 
 
-def _tokenize_once(models: RunModels, prompts: list[Prompt], params: RunParams,
-                   progress: ProgressCallback | None) -> dict[int, EncodedPrompt]:
-    """The one tokenization of each prompt in a run (:meth:`RunModels.encode`), by prompt id. The
-    cost profile, the measurement and the validation all take the ids from here, and the stored
-    result keeps them, so a resumed run reuses the stored ids of the prompts it has measured."""
-    if progress and prompts:
-        progress(0, 0, f"tokenizing {len(prompts)} prompts")
-    return {prompt.id: models.encode(prompt, params) for prompt in prompts}
+def _prompt_chars(prompt: Prompt) -> int:
+    return len(prompt.text or "") + sum(len(str(m.get("content", ""))) for m in prompt.messages or [])
+
+
+def _record_machine(session_factory: sessionmaker, run_id: int, models: RunModels, params: RunParams) -> None:
+    """Store on the run where it is measured: device, dtype, library versions, EOS ids, tokenizers."""
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        run.device = _device_text(models)
+        run.dtype = models.target.placement.dtype
+        run.library_versions = library_versions()
+        run.eos_token_ids = list(models.eos_ids)
+        for spec, loaded in ((run.pair.target, models.target), (run.pair.draft, models.draft)):
+            if loaded is not None:
+                spec.tokenizer_sha256 = tokenizer_fingerprint(loaded.tokenizer)
+
+
+def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id: str, models: ModelCache,
+                   params: RunParams, prompts: list[Prompt], progress: ProgressCallback | None) -> bool:
+    """Measure the chunk's prompts that have no result yet, a batch at a time; False when the run
+    was cancelled (marked so here) or the chunk is no longer this worker's."""
+    mine = set(chunk.prompt_ids)
+    with session_factory() as session:
+        stored = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == chunk.run_id)))
+    pending = [p for p in prompts if p.id in mine and p.id not in stored]
+    where = "measuring"
+    for start in range(0, len(pending), params.batch_size):
+        if not renew(session_factory, chunk, worker_id):
+            if cancelled(session_factory, chunk.run_id):
+                finish(session_factory, chunk.run_id, "cancelled")
+            return False
+        batch = [(p, models.encode(p, params)) for p in pending[start:start + params.batch_size]]
+        results = _measure_batch(models.models, batch, params)
+        try:
+            with session_factory() as session, session.begin():
+                run = session.get(AnalysisRun, chunk.run_id)
+                for result in results:
+                    _store(session, run, result)
+                done, total = run.progress_done, run.progress_total
+        except IntegrityError:  # a worker this chunk was taken from stored them after all
+            continue
+        if progress:
+            progress(done, total, where)
+    return True
 
 
 def _device_text(models: RunModels) -> str:
@@ -268,17 +341,19 @@ def _device_text(models: RunModels) -> str:
 
 
 def _validate(session_factory: sessionmaker, run_id: int, models: RunModels, params: RunParams,
-              prompt_ids: dict[int, list[int]], progress: ProgressCallback | None) -> None:
+              progress: ProgressCallback | None) -> None:
     """Run real speculative decoding at each validated prompt's task g* beside plain greedy, on a
-    sample drawn across tasks (:func:`validation_sample`), from the prompt ids the run measured."""
+    sample drawn across tasks (:func:`validation_sample`), from the prompt ids the run measured
+    (stored with each result)."""
     from analyzer.summary import summarize_run
     from analyzer.validate import validate_prompt
 
     with session_factory() as session:
         summary = summarize_run(session, session.get(AnalysisRun, run_id))
         validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
-        outputs = dict(session.execute(select(PromptResult.prompt_id, PromptResult.output_token_ids)
-                                       .where(PromptResult.run_id == run_id)).all())
+        stored = {pid: (prompt_ids, output) for pid, prompt_ids, output in session.execute(
+            select(PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids)
+            .where(PromptResult.run_id == run_id))}
     already = [p for p in summary.prompts if p.prompt_id in validated]
     chosen = validation_sample(summary, params.validate, already=already)
     for number, prompt in enumerate(chosen, start=1):
@@ -286,7 +361,7 @@ def _validate(session_factory: sessionmaker, run_id: int, models: RunModels, par
             progress(number - 1, len(chosen), "validating with real speculative decoding")
         gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
         measured = validate_prompt(
-            models.target.model, list(prompt_ids[prompt.prompt_id]), params.max_new_tokens, gamma=gamma,
+            models.target.model, list(stored[prompt.prompt_id][0]), params.max_new_tokens, gamma=gamma,
             draft_model=models.draft.model if models.draft else None, ngram_max=models.ngram_max,
             eos_token_id=models.eos_ids,
         )
@@ -299,7 +374,7 @@ def _validate(session_factory: sessionmaker, run_id: int, models: RunModels, par
                 outputs_identical=measured.outputs_identical,
                 target_forward_passes=measured.target_forward_passes,
                 replayed_rounds=prompt.rounds.get(gamma),
-                replay_identical=measured.speculative_ids == list(outputs.get(prompt.prompt_id) or []),
+                replay_identical=measured.speculative_ids == list(stored[prompt.prompt_id][1] or []),
             ))
     if progress and chosen:
         progress(len(chosen), len(chosen), "validating with real speculative decoding")

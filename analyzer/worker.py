@@ -1,10 +1,11 @@
-"""Background execution of queued analysis runs.
+"""Background execution of queued analysis runs, spread over any number of workers.
 
-Runs started from the web UI are stored as ``queued``; a worker claims one at a time with an atomic
-``UPDATE ... WHERE status = 'queued'`` (so several workers, threads or ``specroute worker``
-processes, never take the same run) and executes it, resuming from the prompts already stored. A run
-left ``running`` by a worker that died (no heartbeat for ``stale_after_s``) is put back in the queue,
-so a server restart never loses a run.
+A run's work is planned as chunks (:mod:`analyzer.chunks`: the cost profile, slices of its prompts,
+the validation); a worker (the server's thread, or a ``specroute worker`` process on any machine)
+claims one chunk at a time from any queued or running run (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, the write lock on SQLite), executes it, and claims the next. A chunk left by a worker
+that died (no heartbeat for ``stale_after_s``) is claimed again, so a server restart or a killed
+worker never loses a run, and the run finishes exactly once, after its last chunk.
 """
 
 from __future__ import annotations
@@ -13,59 +14,34 @@ import logging
 import os
 import socket
 import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.db import utcnow
-from analyzer.models import AnalysisRun
+from analyzer.chunks import STALE_AFTER_S, claim_chunk
 
 log = logging.getLogger(__name__)
 
-STALE_AFTER_S = 600.0
 
-
-def requeue_stale(sessions: sessionmaker[Session], stale_after_s: float = STALE_AFTER_S) -> list[int]:
-    """Put ``running`` runs whose heartbeat is older than ``stale_after_s`` back in the queue."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    with sessions() as session, session.begin():
-        stale = list(session.scalars(select(AnalysisRun.id).where(
-            AnalysisRun.status == "running", AnalysisRun.heartbeat_at < cutoff)))
-        for run_id in stale:
-            session.execute(update(AnalysisRun).where(AnalysisRun.id == run_id, AnalysisRun.status == "running")
-                            .values(status="queued", worker_id=None))
-    return stale
-
-
-def claim_next_run(sessions: sessionmaker[Session], worker_id: str) -> int | None:
-    """Atomically take the oldest queued run for ``worker_id``; None when the queue is empty."""
-    with sessions() as session, session.begin():
-        candidates = list(session.scalars(select(AnalysisRun.id).where(AnalysisRun.status == "queued")
-                                          .order_by(AnalysisRun.id).limit(5)))
-        for run_id in candidates:
-            taken = session.execute(update(AnalysisRun).where(AnalysisRun.id == run_id, AnalysisRun.status == "queued")
-                                    .values(status="running", worker_id=worker_id, heartbeat_at=utcnow()))
-            if taken.rowcount == 1:
-                return run_id
-    return None
-
-
-def run_queued(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: str, allow_network: bool = False) -> int | None:
-    """Claim and execute one queued run; returns its id (None when nothing was queued). A failing run
-    is recorded as failed by ``execute_run`` and does not stop the worker."""
-    run_id = claim_next_run(sessions, worker_id)
-    if run_id is None:
+def run_next_chunk(sessions: sessionmaker[Session], *, worker_id: str, cache_dir: Path, allow_network: bool = False,
+                   stale_after_s: float = STALE_AFTER_S, kept: dict | None = None) -> int | None:
+    """Claim and execute one chunk of any run; returns its run's id (None when nothing could be
+    claimed). ``kept`` keeps the loaded pair between calls. A failing chunk fails its run (recorded
+    by ``execute_chunk``) and does not stop the worker."""
+    chunk = claim_chunk(sessions, worker_id, stale_after_s=stale_after_s)
+    if chunk is None:
         return None
-    from analyzer.runs import execute_run  # torch and transformers load with the first run, not with the server
+    from analyzer.runs import ModelCache, execute_chunk  # torch loads with the first run, not with the server
 
+    kept = {} if kept is None else kept
+    if "models" not in kept:
+        kept["models"] = ModelCache(cache_dir, allow_network)
     try:
-        execute_run(sessions, run_id, cache_dir=cache_dir, worker_id=worker_id, allow_network=allow_network)
+        execute_chunk(sessions, chunk, worker_id=worker_id, models=kept["models"])
     except Exception:
-        log.exception("analysis run %s failed", run_id)
-    return run_id
+        log.exception("analysis run %s failed (chunk %s)", chunk.run_id, chunk.position)
+    return chunk.run_id
 
 
 class Worker:
@@ -95,21 +71,28 @@ class Worker:
 def work(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: str, allow_network: bool = False,
          poll_s: float = 1.0, stale_after_s: float = STALE_AFTER_S, stop: threading.Event | None = None,
          once: bool = False, on_run: Callable[[int], None] | None = None) -> None:
-    """The worker loop of the server's thread and of ``specroute worker`` alike: put stale runs back
-    in the queue, claim and execute the next queued run (``on_run`` is told its id when it ends), wait
-    ``poll_s`` when there was none; until ``stop`` is set, or after one attempt with ``once``. A
-    database hiccup is logged and does not end the loop."""
+    """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
+    the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
+    or cancelled), wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``,
+    until the first run it worked on has stopped or nothing is left to claim. The loaded pair is kept
+    between chunks. A database hiccup is logged and does not end the loop."""
+    from analyzer.run_records import run_status
+
     stop = stop or threading.Event()
+    kept: dict = {}
+    first: int | None = None
     while not stop.is_set():
         try:
-            requeue_stale(sessions, stale_after_s)
-            ran = run_queued(sessions, cache_dir=cache_dir, worker_id=worker_id, allow_network=allow_network)
+            ran = run_next_chunk(sessions, worker_id=worker_id, cache_dir=cache_dir, allow_network=allow_network,
+                                 stale_after_s=stale_after_s, kept=kept)
+            status = run_status(sessions, ran) if ran is not None else None
         except Exception:
             log.exception("worker loop")
-            ran = None
-        if ran is not None and on_run is not None:
+            ran = status = None
+        first = first if first is not None else ran
+        if ran is not None and status not in ("queued", "running") and on_run is not None:
             on_run(ran)
-        if once:
+        if once and (ran is None or (ran == first and status not in ("queued", "running"))):
             return
         if ran is None:
             stop.wait(poll_s)

@@ -6,9 +6,13 @@ The database gets the bundled corpus classifier and a policy set for all 13 task
 ``--concurrency`` keep-alive connections loops: 70% ``POST /v1/route`` (a corpus prompt), 10%
 ``POST /v1/route/batch`` (10 prompts), 20% ``POST /v1/feedback`` (half naming the route_id of this
 connection's last decision, half by task type). The generator runs in its own process; the server
-in another (``--workers`` processes; their RSS is summed).
+in another (``--workers`` processes; their RSS is summed). With ``--database both`` (the default) the
+whole measurement runs on a temporary SQLite file, then on a throw-away PostgreSQL server
+(``benchmarks/pg_server.py``), and one table has a database column. ``--checkout DIR`` serves (and
+prepares the database with) the specroute of another checkout, e.g. a git worktree of an older commit.
 
     python benchmarks/bench_load.py --out benchmarks/results/load.json
+    python benchmarks/bench_load.py --workers 2 --checkout /tmp/before16
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_router import TASKS, corpus_prompts, free_port, prepare_database, read_response, wait_for  # noqa: E402
+from bench_router import (DATABASES, ROOT, TASKS, corpus_prompts, databases, free_port, prepare_database,  # noqa: E402
+                          read_response, server_env, wait_for)
 
-ROUTE_ID = re.compile(rb'"route_id":"([0-9a-f-]{36})"')
+ROUTE_ID = re.compile(rb'"route_id":"([^"]+)"')
 KINDS = ("route", "batch", "feedback")
 
 
@@ -96,24 +101,14 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=1, help="server processes (specroute serve --workers)")
-    parser.add_argument("--threads", type=int, default=8, help="server threads per process")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    prompts = corpus_prompts(2000)
-    folder = tempfile.mkdtemp(prefix="specroute-bench-load-")
-    url = f"sqlite:///{folder}/load.db"
-    prepare_database(url)
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
-           "OMP_NUM_THREADS": "1"}
+def measure(url: str, root: Path, folder: str, prompts: list[str], args) -> dict:
+    """One server (``args.workers`` processes) of the checkout at ``root`` on the database at ``url``
+    under the mixed load for ``args.seconds``: rows per kind, and its resident memory."""
+    prepare_database(url, root)
     port = free_port()
-    log = open(Path(folder) / "server.log", "wb")
+    log = open(Path(folder) / f"server-{port}.log", "wb")
     server = subprocess.Popen([sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--threads", str(args.threads),
-                               "--workers", str(args.workers)], env=env, cwd=Path(__file__).resolve().parent.parent,
+                               "--workers", str(args.workers)], env=server_env(root, url, folder), cwd=root,
                               stdout=log, stderr=subprocess.STDOUT)
     samples: list[tuple[float, int]] = []
     try:
@@ -147,25 +142,58 @@ def main() -> None:
         chosen = [r for r in results if kind == "all" or r[0] == kind]
         latencies = np.asarray([r[1] for r in chosen], dtype=np.float64) / 1e6
         rows[kind] = {"requests": len(chosen), "per_s": len(chosen) / args.seconds,
-                      "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
+                      "p50_ms": float(np.percentile(latencies, 50)) if chosen else float("nan"),
+                      "p99_ms": float(np.percentile(latencies, 99)) if chosen else float("nan"),
                       "errors": sum(1 for r in chosen if r[2] >= 400),
                       "statuses": sorted({r[2] for r in chosen})}
     memory = np.asarray([m for t, m in samples], dtype=np.float64)
-    first = memory[[i for i, (t, _) in enumerate(samples) if t - started <= 10.0]]
-    last = memory[[i for i, (t, _) in enumerate(samples) if t - started >= args.seconds - 10.0]]
-    growth = float(np.mean(last) / np.mean(first) - 1.0)
-    print(f"specroute serve --workers {args.workers} --threads {args.threads}; {args.concurrency} connections for "
-          f"{args.seconds:.0f} s; {os.cpu_count()} CPUs; load generator in another process")
-    print("kind | requests | per s | p50 ms | p99 ms | errors")
-    for kind, r in rows.items():
-        print(f"{kind} | {r['requests']} | {r['per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']}")
-    print(f"server RSS: first 10 s mean {np.mean(first) / 2**20:.1f} MiB, last 10 s mean {np.mean(last) / 2**20:.1f} MiB, "
-          f"growth {100 * growth:+.2f}% (target < 10%); max {memory.max() / 2**20:.1f} MiB")
-    print(f"first response at +{t0 - started:.2f} s")
+    window = min(10.0, args.seconds / 2)
+    first = memory[[i for i, (t, _) in enumerate(samples) if t - started <= window]]
+    last = memory[[i for i, (t, _) in enumerate(samples) if t - started >= args.seconds - window]]
+    growth = float(np.mean(last) / np.mean(first) - 1.0) if len(first) and len(last) else float("nan")
+    return {"rows": rows, "rss_mib": [(t - started, m / 2**20) for t, m in samples], "rss_growth": growth,
+            "rss_first_mib": float(np.mean(first)) / 2**20 if len(first) else float("nan"),
+            "rss_last_mib": float(np.mean(last)) / 2**20 if len(last) else float("nan"),
+            "rss_max_mib": float(memory.max()) / 2**20 if len(memory) else float("nan"),
+            "first_response_s": t0 - started, "window_s": window}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=1, help="server processes (specroute serve --workers)")
+    parser.add_argument("--threads", type=int, default=8, help="server threads per process")
+    parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both",
+                        help="database(s) to measure on, one after the other (default both; postgresql starts a "
+                             "throw-away server with initdb/pg_ctl, found on PATH or under /usr/lib/postgresql)")
+    parser.add_argument("--checkout", type=Path, default=ROOT,
+                        help="serve the specroute of this checkout (default: this one), e.g. a git worktree "
+                             "of an older commit, to compare versions under the same load generator")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    kinds = list(DATABASES) if args.database == "both" else [args.database]
+    root = args.checkout.resolve()
+    prompts = corpus_prompts(2000)
+    folder = tempfile.mkdtemp(prefix="specroute-bench-load-")
+    measured = {}
+    with databases(kinds, folder, "load") as urls:
+        for kind, url in urls.items():
+            measured[kind] = measure(url, root, folder, prompts, args)
+    print(f"specroute serve --workers {args.workers} --threads {args.threads} ({root}); {args.concurrency} connections "
+          f"for {args.seconds:g} s per database; {os.cpu_count()} CPUs; load generator in another process")
+    print("database | kind | requests | per s | p50 ms | p99 ms | errors")
+    for kind, result in measured.items():
+        for name, r in result["rows"].items():
+            print(f"{kind} | {name} | {r['requests']} | {r['per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']}")
+    for kind, result in measured.items():
+        print(f"{kind}: server RSS first {result['window_s']:g} s mean {result['rss_first_mib']:.1f} MiB, last "
+              f"{result['window_s']:g} s mean {result['rss_last_mib']:.1f} MiB, growth {100 * result['rss_growth']:+.2f}% "
+              f"(target < 10%); max {result['rss_max_mib']:.1f} MiB; first response at +{result['first_response_s']:.2f} s")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "rss_mib": [(t - started, m / 2**20) for t, m in samples],
-                                        "rss_growth": growth, "workers": args.workers, "threads": args.threads,
-                                        "concurrency": args.concurrency, "seconds": args.seconds}, indent=1))
+        args.out.write_text(json.dumps({"databases": measured, "workers": args.workers, "threads": args.threads,
+                                        "concurrency": args.concurrency, "seconds": args.seconds,
+                                        "checkout": str(root)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,18 +7,26 @@
    pipeline's own ``predict_proba`` (the baseline our FastScorer replaces), then the fast path
    alone; p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
 2. Over HTTP: ``specroute serve`` (subprocess, ``--threads``, with each of ``--workers`` process
-   counts: waitress for 1, gunicorn's gthread workers above 1) on a temporary SQLite database, driven by an asyncio load generator in another process with ``--concurrency``
-   keep-alive connections posting /v1/route; the same generator against a bare WSGI app on the same
-   server settings gives the server's own ceiling in the same run. Decisions are logged as in
-   production.
+   counts: waitress for 1, gunicorn's gthread workers above 1) on each ``--database``: a temporary
+   SQLite file and a database on a throw-away PostgreSQL server (``benchmarks/pg_server.py``: initdb
+   into a temporary folder, fsync on), driven by an asyncio load generator in another process with
+   ``--concurrency`` keep-alive connections posting each of ``--endpoints`` (``/v1/route``: corpus
+   prompts; ``/v1/feedback``: counts for the 13 tasks, half by task_type, half by a route_id); the
+   same generator against a bare WSGI app on the same server settings gives the server's own
+   ceiling in the same run. Decisions are logged and feedback stored as in production. Every
+   server is up for the whole run and the runs are interleaved; one table, with a database column.
+   ``--checkout DIR`` serves (and prepares the databases with) the specroute of another checkout,
+   e.g. ``git worktree add /tmp/before16 28f438c``, so that two versions meet the same load generator.
 
     python benchmarks/bench_router.py --out benchmarks/results/router.json
+    python benchmarks/bench_router.py --skip-in-process --database both --checkout /tmp/before16
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -33,15 +41,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import migrations  # noqa: E402
-from analyzer.db import make_engine, make_session_factory  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from analyzer.db import make_engine  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.simulated_run import create_simulated_run  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
-from router.classifier import TaskClassifier, build_pipeline, cold_start_data, train_classifier  # noqa: E402
+from pg_server import create_database, throwaway_postgres  # noqa: E402
+from router.classifier import TaskClassifier, build_pipeline, cold_start_data  # noqa: E402
 from router.decision import Router  # noqa: E402
 from router.features import prompt_text  # noqa: E402
-from router.policy import PolicySnapshot, publish_policies  # noqa: E402
+from router.policy import PolicySnapshot  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATABASES = ("sqlite", "postgresql")
+ENDPOINTS = {"route": "/v1/route", "feedback": "/v1/feedback"}
 
 TASKS = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
          "creative_writing", "roleplay", "extraction", "customer_support", "general")
@@ -206,62 +219,130 @@ waitress.serve(app, host="127.0.0.1", port=int(sys.argv[1]), threads=int(sys.arg
 
 
 def server_name(workers: int) -> str:
-    return f"specroute /v1/route, {workers} process{'es' if workers > 1 else ''}"
+    return f"specroute, {workers} process{'es' if workers > 1 else ''}"
 
 
-def prepare_database(url: str) -> None:
+PREPARE = """
+import json, sys
+import migrations
+from analyzer.db import make_engine, make_session_factory
+from analyzer.simulated_run import create_simulated_run
+from router.classifier import cold_start_data, train_classifier
+from router.policy import publish_policies
+url, features, tasks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+engine = make_engine(url)
+migrations.upgrade(engine)
+with make_session_factory(engine)() as session, session.begin():
+    train_classifier(session, cold_start_data(), cross_validate=False, features=features)
+    run = create_simulated_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(tasks)}, per_task=3)
+    publish_policies(session, run.id)
+engine.dispose()
+"""
+
+
+def server_env(root: Path, url: str, folder: str) -> dict:
+    """The environment of a server (or preparation) process of the specroute checkout at ``root``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+            "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
+            "OMP_NUM_THREADS": "1"}
+
+
+def prepare_database(url: str, root: Path = ROOT) -> None:
+    """Migrate the database at ``url`` to head and give it the bundled corpus classifier and a policy
+    set (version 1) for all 13 tasks, with the specroute of the checkout at ``root`` (in a process
+    there, so that an older checkout gets its own schema)."""
+    subprocess.run([sys.executable, "-c", PREPARE, url, FEATURES["name"], json.dumps(TASKS)], cwd=root,
+                   env=server_env(root, url, tempfile.gettempdir()), check=True)
+
+
+@contextlib.contextmanager
+def databases(kinds: list[str], folder: str, name: str):
+    """{kind: URL} of a fresh database of each kind: a SQLite file in ``folder``, or database ``name``
+    on a throw-away PostgreSQL server (stopped on exit)."""
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for kind in kinds:
+            if kind == "sqlite":
+                urls[kind] = f"sqlite:///{folder}/{name}.db"
+            else:
+                urls[kind] = create_database(stack.enter_context(throwaway_postgres()), name)
+        yield urls
+
+
+def feedback_bodies(count: int, seed: int = 0) -> list[bytes]:
+    """Feedback as an engine sends it: counts for the 13 tasks, half by task_type, half by a route_id of
+    policy set version 1 (the only one: feedback does not look a decision up)."""
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for i in range(count):
+        task = TASKS[i % len(TASKS)]
+        rounds = int(rng.integers(1, 31))
+        drafted = int(rng.integers(0, 4 * rounds + 1))
+        counts = {"rounds": rounds, "drafted": drafted, "accepted": int(rng.integers(0, drafted + 1))}
+        named = {"route_id": f"v1-{rng.bytes(16).hex()}-{task}"} if i % 2 else {"task_type": task}
+        bodies.append(json.dumps({**named, **counts}).encode())
+    return bodies
+
+
+def count_rows(url: str, table: str) -> int:
     engine = make_engine(url)
-    migrations.upgrade(engine)
-    with make_session_factory(engine)() as session, session.begin():
-        train_classifier(session, cold_start_data(), cross_validate=False, features=FEATURES["name"])
-        run = create_simulated_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(TASKS)}, per_task=3)
-        publish_policies(session, run.id)
-    engine.dispose()
+    try:
+        with engine.connect() as connection:
+            return connection.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar()
+    finally:
+        engine.dispose()
 
 
 def http(prompts: list[str], args) -> dict:
+    """Every (database, workers) server and the bare app up together; each of ``args.runs`` rounds drives
+    each (server, endpoint) in turn; medians per row."""
     folder = tempfile.mkdtemp(prefix="specroute-bench-router-")
-    url = f"sqlite:///{folder}/router.db"
-    prepare_database(url)
-    bodies = [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts]
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
-           "OMP_NUM_THREADS": "1"}
-    results = {}
-    servers = [("bare WSGI app", [sys.executable, "-c", BARE_APP])] + [
-        (server_name(workers), [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)])
-        for workers in args.workers]
-    started, logs = {}, []
-    try:
-        for name, command in servers:  # all up at once, so that their runs can be interleaved
-            port = free_port()
-            argv = command + ([str(port), str(args.threads)] if name.startswith("bare") else
-                              ["--port", str(port), "--threads", str(args.threads)])
-            logs.append(open(Path(folder) / f"server-{port}.log", "wb"))
-            started[name] = (port, subprocess.Popen(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
-                                                    stdout=logs[-1], stderr=subprocess.STDOUT))
-        for name, (port, _) in started.items():
-            wait_for(port)
-            drive(port, "/v1/route", bodies, args.concurrency, 2.0, 1.0)  # every process has loaded its router
-        runs = {name: [] for name in started}
-        for _ in range(args.runs):
-            for name, (port, _) in started.items():
-                runs[name].append(drive(port, "/v1/route", bodies, args.concurrency, args.seconds, args.warmup))
-    finally:
-        for _, server in started.values():
-            server.terminate()
-            server.wait(timeout=30)
-        for log in logs:
-            log.close()
-    for name, measured in runs.items():
-        results[name] = {"runs": measured, "requests_per_s": float(np.median([r["requests_per_s"] for r in measured])),
-                         "p50_ms": float(np.median([r["p50_ms"] for r in measured])),
-                         "p99_ms": float(np.median([r["p99_ms"] for r in measured])),
-                         "errors": int(sum(r["errors"] for r in measured))}
-    engine = make_engine(url)
-    with engine.connect() as connection:
-        results["decisions_logged"] = connection.exec_driver_sql("SELECT count(*) FROM route_decisions").scalar()
-    engine.dispose()
-    return results
+    bodies = {"route": [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts],
+              "feedback": feedback_bodies(2000)}
+    root = args.checkout.resolve()
+    started, logs, rows = {}, [], {}
+    with databases(args.database, folder, "router") as urls:
+        for url in urls.values():
+            prepare_database(url, root)
+        servers = [(("-", "bare WSGI app"), [sys.executable, "-c", BARE_APP], urls.get("sqlite", "sqlite://"))] + [
+            ((kind, server_name(workers)), [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)], url)
+            for kind, url in urls.items() for workers in args.workers]
+        try:
+            for key, command, url in servers:  # all up at once, so that their runs can be interleaved
+                port = free_port()
+                argv = command + ([str(port), str(args.threads)] if key[1].startswith("bare") else
+                                  ["--port", str(port), "--threads", str(args.threads)])
+                logs.append(open(Path(folder) / f"server-{port}.log", "wb"))
+                started[key] = (port, subprocess.Popen(argv, env=server_env(root, url, folder), cwd=root,
+                                                       stdout=logs[-1], stderr=subprocess.STDOUT))
+            plan = [(key, "route" if key[0] == "-" else endpoint) for key in started
+                    for endpoint in (["-"] if key[0] == "-" else args.endpoints)]
+            for key, (port, _) in started.items():
+                wait_for(port)
+                if key[0] != "-":
+                    drive(port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0)  # every process has loaded its router
+            runs = {step: [] for step in plan}
+            for _ in range(args.runs):
+                for key, endpoint in plan:
+                    port = started[key][0]
+                    runs[(key, endpoint)].append(drive(port, ENDPOINTS[endpoint], bodies[endpoint], args.concurrency,
+                                                       args.seconds, args.warmup))
+        finally:
+            for _, server in started.values():
+                server.terminate()
+                server.wait(timeout=30)
+            for log in logs:
+                log.close()
+        for ((kind, server), endpoint), measured in runs.items():
+            rows[f"{kind} | {server} | {'-' if kind == '-' else ENDPOINTS[endpoint]}"] = {
+                "database": kind, "server": server, "endpoint": "-" if kind == "-" else ENDPOINTS[endpoint], "runs": measured,
+                "requests_per_s": float(np.median([r["requests_per_s"] for r in measured])),
+                "p50_ms": float(np.median([r["p50_ms"] for r in measured])),
+                "p99_ms": float(np.median([r["p99_ms"] for r in measured])),
+                "errors": int(sum(r["errors"] for r in measured))}
+        stored = {kind: {"decisions_logged": count_rows(url, "route_decisions"),
+                         "feedback_events": count_rows(url, "feedback_events")} for kind, url in urls.items()}
+    return {"rows": rows, "stored": stored, "checkout": str(root)}
 
 
 def main() -> None:
@@ -276,45 +357,58 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3, help="load runs per server (medians reported)")
     parser.add_argument("--skip-http", action="store_true")
+    parser.add_argument("--skip-in-process", action="store_true", help="measure over HTTP only")
+    parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both",
+                        help="database(s) the HTTP servers run on (default both; postgresql starts a throw-away "
+                             "server with initdb/pg_ctl, found on PATH or under /usr/lib/postgresql)")
+    parser.add_argument("--endpoints", type=lambda v: v.split(","), default=["route", "feedback"],
+                        help="comma-separated endpoints to drive over HTTP: route (POST /v1/route), "
+                             "feedback (POST /v1/feedback)")
+    parser.add_argument("--checkout", type=Path, default=ROOT,
+                        help="serve the specroute of this checkout (default: this one), e.g. a git worktree "
+                             "of an older commit, to compare versions under the same load generator")
     parser.add_argument("--features", default="tfidf", help="classifier feature set: tfidf, minilm or tfidf+minilm")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.database = list(DATABASES) if args.database == "both" else [args.database]
+    if set(args.endpoints) - set(ENDPOINTS):
+        parser.error(f"--endpoints: choose from {', '.join(ENDPOINTS)}")
     FEATURES["name"] = args.features
     prompts = corpus_prompts(args.max_chars)
     data = cold_start_data()  # the same prompts in the same order, with labels
     train = ([t for i, t in enumerate(data.texts) if i % 3], [l for i, l in enumerate(data.labels) if i % 3])
     traffic = [t[:args.max_chars] for i, t in enumerate(data.texts) if i % 3 == 0]
     print(f"{len(prompts)} corpus prompts cut to <= {args.max_chars} chars; {os.cpu_count()} CPUs", file=sys.stderr)
-    local = in_process(train, traffic, args.repeats)
-    print(f"\nin-process decision latency (1 thread), {args.features} classifier trained on {len(train[0])} corpus prompts, "
-          f"timed on the other {len(traffic)} (cut to <= {args.max_chars} chars):")
-    print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
-    labels = {"first sight": "Router.route, first pass (fresh router; word cache holds only the vocabulary's words)",
-              "fast": "Router.route (FastScorer), interleaved", "pipeline": "baseline: pipeline.predict_proba, interleaved",
-              "fast alone": "Router.route (FastScorer), alone"}
-    for name in ("first sight", "fast", "pipeline", "fast alone"):
-        r = local[name]
-        print(f"{labels[name]} | "
-              f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}")
-    print(f"same task from both paths: {100 * local['same_task']:.2f}%; "
-          f"{local['long_prompts']} prompts of 1500-2000 chars; {local['cached_words']} words cached; "
-          f"p50 speedup {local['pipeline']['p50_ms'] / local['fast']['p50_ms']:.1f}x")
-    result = {"in_process": local}
+    result = {}
+    if not args.skip_in_process:
+        local = in_process(train, traffic, args.repeats)
+        print(f"\nin-process decision latency (1 thread), {args.features} classifier trained on {len(train[0])} corpus prompts, "
+              f"timed on the other {len(traffic)} (cut to <= {args.max_chars} chars):")
+        print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
+        labels = {"first sight": "Router.route, first pass (fresh router; word cache holds only the vocabulary's words)",
+                  "fast": "Router.route (FastScorer), interleaved", "pipeline": "baseline: pipeline.predict_proba, interleaved",
+                  "fast alone": "Router.route (FastScorer), alone"}
+        for name in ("first sight", "fast", "pipeline", "fast alone"):
+            r = local[name]
+            print(f"{labels[name]} | "
+                  f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}")
+        print(f"same task from both paths: {100 * local['same_task']:.2f}%; "
+              f"{local['long_prompts']} prompts of 1500-2000 chars; {local['cached_words']} words cached; "
+              f"p50 speedup {local['pipeline']['p50_ms'] / local['fast']['p50_ms']:.1f}x")
+        result["in_process"] = local
     if not args.skip_http:
         served = http(prompts, args)
         result["http"] = served
-        print(f"\nHTTP, {args.threads} threads per process (waitress for 1 process and the bare app, gunicorn "
-              f"gthread above 1), asyncio load generator in another process, "
-              f"concurrency {args.concurrency}, {args.seconds:.0f} s per run after {args.warmup:.0f} s warm-up, "
+        print(f"\nHTTP ({served['checkout']}), {args.threads} threads per process (waitress for 1 process and the bare "
+              f"app, gunicorn gthread above 1), asyncio load generator in another process, "
+              f"concurrency {args.concurrency}, {args.seconds:g} s per run after {args.warmup:g} s warm-up, "
               f"median of {args.runs} runs (servers interleaved):")
-        print("server | req/s | p50 ms | p99 ms | errors")
-        for name in ["bare WSGI app"] + [server_name(w) for w in args.workers]:
-            r = served[name]
-            print(f"{name} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']}")
-        for workers in args.workers:
-            share = served[server_name(workers)]['requests_per_s'] / served['bare WSGI app']['requests_per_s']
-            print(f"{server_name(workers)} / bare WSGI app (1 process): {share:.2f}")
-        print(f"decisions logged: {served['decisions_logged']}")
+        print("database | server | endpoint | req/s | p50 ms | p99 ms | errors")
+        for r in served["rows"].values():
+            print(f"{r['database']} | {r['server']} | {r['endpoint']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
+                  f"{r['p99_ms']:.2f} | {r['errors']}")
+        for kind, stored in served["stored"].items():
+            print(f"{kind}: {stored['decisions_logged']} decisions logged, {stored['feedback_events']} feedback events stored")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
 

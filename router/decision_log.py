@@ -2,9 +2,9 @@
 
 Answering a route request must not wait for a database write, so decisions go into a bounded queue
 and one background thread stores them in batches (one transaction per batch, at most every
-``interval_s``). Feedback naming a ``route_id`` not stored yet calls ``flush()`` and looks again, so a decision is always
-stored before its feedback is looked up. When the queue is full (the database cannot keep up) new
-decisions are dropped from the log, counted, and still answered.
+``interval_s``); feedback does not read the log (its ``route_id`` names the policy set and task).
+When the queue is full (the database cannot keep up) new decisions are dropped from the log,
+counted, and still answered.
 """
 
 from __future__ import annotations

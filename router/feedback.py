@@ -41,6 +41,7 @@ from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initi
 from router.decision import parse_route_id
 from router.models import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicySnapshot
+from router.records import estimate_dict
 
 
 class FeedbackError(SpecrouteError, ValueError):
@@ -269,23 +270,24 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
 
 @dataclass(frozen=True)
 class Recorded:
-    """What one feedback event did: the task's estimate row and state under ``policy_set_id``."""
+    """What one feedback event did: the task's estimate row and state under ``policy_set_id``, and
+    ``snapshot``, the estimate as the API answers it right after this event (later events of the
+    same batch move the row itself)."""
 
     estimate: TaskEstimate
     state: TaskState
     policy_set_id: int
+    snapshot: dict[str, Any]
 
 
-def record_feedback(session: Session, request: FeedbackRequest, config: AdaptationConfig | None = None,
-                    context: PolicyContext | None = None) -> Recorded:
-    """Store one feedback event and update its task's estimate under the policy set its route_id
-    names (the active one for feedback by task_type), created from the published policy on the
-    task's first event. Run it in a transaction begun with ``analyzer.db.lock_for_write`` when other
-    writers may be about. ``context``: the active policy set as the caller has it loaded (else it is
-    read from the database)."""
-    config = config or AdaptationConfig()
+def _checked_context(session: Session, request: FeedbackRequest, context: PolicyContext | None,
+                     loaded: dict[int | None, PolicyContext | None]) -> PolicyContext:
+    """The policy set ``request`` is about, with its task checked; raises FeedbackError and writes
+    nothing. ``loaded``: policy sets read from the database so far (by version, None: the active one)."""
     if context is None or (request.policy_version is not None and request.policy_version != context.version):
-        context = policy_context(session, request.policy_version)
+        if request.policy_version not in loaded:
+            loaded[request.policy_version] = policy_context(session, request.policy_version)
+        context = loaded[request.policy_version]
     if context is None and request.policy_version is not None:
         raise UnknownRouteId(f"unknown route_id {request.route_id!r}: policy set v{request.policy_version} does not exist")
     if context is None:
@@ -297,13 +299,38 @@ def record_feedback(session: Session, request: FeedbackRequest, config: Adaptati
         known = ", ".join(sorted(context.known_tasks)) or "none yet"
         raise FeedbackError(f"unknown task_type {task!r}: name a task type with a published policy or one the "
                             f"classifier predicts ({known}), or send the decision's route_id")
-    policy, cost, counts = context.policy(task), context.cost, request.counts
-    estimate = session.scalar(select(TaskEstimate).where(  # FOR UPDATE: no lost updates on PostgreSQL
-        TaskEstimate.policy_set_id == context.policy_set_id, TaskEstimate.task_type == task).with_for_update())
-    if estimate is None:
-        estimate = TaskEstimate(policy_set_id=context.policy_set_id, task_type=task)
-        store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, policy.speedup_curve, config))
-        session.add(estimate)
+    return context
+
+
+def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnapshot],
+                   config: AdaptationConfig) -> dict[tuple[int, str], TaskEstimate]:
+    """The estimate rows of ``wanted`` ((policy set id, task) -> its policy), each read and locked once
+    (SELECT ... FOR UPDATE, in sorted order), and those missing created from their policy's prior (in
+    sorted order): two transactions that want some of the same rows then wait for each other instead
+    of deadlocking."""
+    rows: dict[tuple[int, str], TaskEstimate] = {}
+    by_set: dict[int, list[str]] = {}
+    for policy_set_id, task in sorted(wanted):
+        by_set.setdefault(policy_set_id, []).append(task)
+    for policy_set_id, tasks in by_set.items():
+        for estimate in session.scalars(select(TaskEstimate).where(
+                TaskEstimate.policy_set_id == policy_set_id, TaskEstimate.task_type.in_(tasks))
+                .order_by(TaskEstimate.task_type).with_for_update()):
+            rows[(policy_set_id, estimate.task_type)] = estimate
+    for key in sorted(wanted):
+        if key not in rows:
+            policy = wanted[key]
+            estimate = TaskEstimate(policy_set_id=key[0], task_type=key[1])
+            store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, policy.speedup_curve, config))
+            session.add(estimate)
+            rows[key] = estimate
+    return rows
+
+
+def _apply(session: Session, request: FeedbackRequest, context: PolicyContext, estimate: TaskEstimate,
+           config: AdaptationConfig) -> Recorded:
+    """Move ``estimate`` by one checked event and add the event's row."""
+    policy, cost, counts = context.policy(request.task), context.cost, request.counts
     covered = replace(config, gamma_max=min(config.gamma_max, len(cost.target_forward_s) - 1))
     state = apply_feedback(estimate_state(estimate, policy.speedup_curve), counts.rounds, counts.drafted,
                            counts.accepted, cost, covered)
@@ -313,8 +340,43 @@ def record_feedback(session: Session, request: FeedbackRequest, config: Adaptati
     store_state(estimate, state)
     estimate.updated_at = now
     session.add(FeedbackEvent(route_id=request.route_id, policy_set_id=context.policy_set_id,
-                              task_type=task, engine=counts.engine, gamma=request.gamma,
+                              task_type=request.task, engine=counts.engine, gamma=request.gamma,
                               rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
                               output_tokens=counts.output_tokens, raw=dict(request.raw)))
+    return Recorded(estimate, state, context.policy_set_id, estimate_dict(estimate))
+
+
+def record_feedback_batch(session: Session, items: Sequence[tuple[FeedbackRequest, PolicyContext | None]],
+                          config: AdaptationConfig | None = None) -> list[Recorded | FeedbackError]:
+    """Store feedback events in the caller's transaction, in the order given: each ``(request,
+    context)`` is checked against the policy set its route_id names (the active one for feedback by
+    task_type; ``context``: the active set as the caller has it loaded, else it is read), every
+    estimate row the events touch is read and locked once, created from the published policy on its
+    task's first event, and the events are applied to it one after the other. An event that fails its
+    checks comes back as its FeedbackError in its place, with nothing of it stored; the others go on.
+    Run it in a transaction begun with ``analyzer.db.lock_for_write`` when other writers may be about."""
+    config = config or AdaptationConfig()
+    loaded: dict[int | None, PolicyContext | None] = {}
+    checked: list[PolicyContext | FeedbackError] = []
+    for request, context in items:
+        try:
+            checked.append(_checked_context(session, request, context, loaded))
+        except FeedbackError as exc:
+            checked.append(exc)
+    rows = _estimate_rows(session, {(c.policy_set_id, r.task): c.policy(r.task) for (r, _), c in zip(items, checked)
+                                    if isinstance(c, PolicyContext)}, config)
+    outcomes: list[Recorded | FeedbackError] = [
+        _apply(session, request, context, rows[(context.policy_set_id, request.task)], config)
+        if isinstance(context, PolicyContext) else context for (request, _), context in zip(items, checked)]
     session.flush()
-    return Recorded(estimate, state, context.policy_set_id)
+    return outcomes
+
+
+def record_feedback(session: Session, request: FeedbackRequest, config: AdaptationConfig | None = None,
+                    context: PolicyContext | None = None) -> Recorded:
+    """Store one feedback event and update its task's estimate (``record_feedback_batch`` of one;
+    raises its FeedbackError)."""
+    outcome = record_feedback_batch(session, [(request, context)], config)[0]
+    if isinstance(outcome, FeedbackError):
+        raise outcome
+    return outcome

@@ -19,12 +19,12 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.db import lock_for_write
 from analyzer.settings import Settings
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
 from router.decision_log import DecisionLog
-from router.feedback import PolicyContext, estimate_state, parse_feedback, record_feedback
+from router.feedback import FeedbackRequest, PolicyContext, Recorded, estimate_state, parse_feedback
+from router.feedback_writer import FeedbackWriter
 from router.metrics import Metrics
 from router.models import ClassifierVersion, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
@@ -42,8 +42,8 @@ class RouterService:
         self.adaptation = adaptation or AdaptationConfig()
         self.metrics = Metrics()
         self.decision_log = DecisionLog(sessions, on_drop=self.metrics.observe_dropped) if decision_log else None
+        self.feedback_writer = FeedbackWriter(sessions, self.adaptation, on_recorded=self._observe_feedback)
         self._reload_lock = threading.Lock()
-        self._feedback_lock = threading.Lock()
         self._router: Router | None = None
         self._loaded_versions: tuple[int | None, int | None] | None = None
         self._checked_at = 0.0
@@ -101,18 +101,22 @@ class RouterService:
         return decisions
 
     def feedback(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Store one feedback event, move its task's estimate, and return the estimate in force."""
+        """Store one feedback event, move its task's estimate, and return the estimate right after
+        this event. The event is stored by the feedback writer, in one transaction with whatever other
+        feedback is pending in this process (group commit); this returns when that has committed."""
         request = parse_feedback(payload)  # a bad payload fails before anything is touched
-        router = self.router
-        with self._feedback_lock, self.sessions() as session, session.begin():
-            lock_for_write(session)  # feedback from other processes waits instead of failing
-            recorded = record_feedback(session, request, self.adaptation, self._policy_context(router))
-            result = estimate_dict(recorded.estimate)
-        if recorded.policy_set_id == router.policy_set_id:
-            router.observe(request.task, recorded.state)
+        recorded = self.feedback_writer.submit(request, self._policy_context(self.router))
         counts = request.counts
-        self.metrics.observe_feedback(request.task, counts.engine, counts.drafted, counts.accepted, result["alpha"])
-        return result
+        self.metrics.observe_feedback(request.task, counts.engine, counts.drafted, counts.accepted,
+                                      recorded.snapshot["alpha"])
+        return recorded.snapshot
+
+    def _observe_feedback(self, request: FeedbackRequest, recorded: Recorded) -> None:
+        """The serving Router takes an estimate as soon as its event is committed (called by the
+        feedback writer in event order, so a later event's state is never overwritten by an earlier one's)."""
+        router = self._router
+        if router is not None and recorded.policy_set_id == router.policy_set_id:
+            router.observe(request.task, recorded.state)
 
     @staticmethod
     def _policy_context(router: Router) -> PolicyContext | None:
@@ -151,6 +155,7 @@ class RouterService:
                 "policy_version": router.policy_version if router else None}
 
     def close(self) -> None:
-        """Store the queued decisions and stop the log's thread."""
+        """Store the queued feedback and decisions and stop the writers' threads."""
+        self.feedback_writer.close()
         if self.decision_log is not None:
             self.decision_log.close()

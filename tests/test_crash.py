@@ -1,5 +1,5 @@
 """Crash safety: ``kill -9`` the process analysing a run mid-way; the run is shown as interrupted once
-its heartbeat is stale, a worker takes it back, finishes it, and the prompts finished before the
+its heartbeat is stale, a worker claims its chunk again, finishes it, and the prompts finished before the
 kill keep their results exactly, never duplicated (one row per run and prompt)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from analyzer.db import make_session_factory, utcnow
-from analyzer.models import AnalysisRun, GammaCount, PromptResult
+from analyzer.models import AnalysisRun, GammaCount, PromptResult, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run, shown_status
-from analyzer.worker import requeue_stale, run_queued
+from analyzer.worker import work
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
 
@@ -63,12 +63,15 @@ def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
         run = session.get(AnalysisRun, run_id)
         assert run.status == "running" and shown_status(run) == "running"  # the heartbeat is still fresh
         assert shown_status(run, now=utcnow() + timedelta(minutes=5)) == "interrupted"
-    with sessions() as session, session.begin():  # time passes: the dead worker's heartbeat goes stale
+    with sessions() as session, session.begin():  # time passes: the dead worker's heartbeats go stale
         session.get(AnalysisRun, run_id).heartbeat_at = utcnow() - timedelta(minutes=15)
+        for chunk in session.scalars(select(RunChunk).where(RunChunk.run_id == run_id, RunChunk.status == "claimed")):
+            chunk.heartbeat_at = utcnow() - timedelta(minutes=15)
     listed = CliRunner(env={"SPECROUTE_DATABASE_URL": db_url}).invoke(cli, ["runs", "list", "--json"], catch_exceptions=False)
     assert [r["status"] for r in json.loads(listed.output) if r["id"] == run_id] == ["interrupted"]
-    assert requeue_stale(sessions) == [run_id]
-    assert run_queued(sessions, cache_dir=tmp_path / "cache", worker_id="second") == run_id
+    finished = []  # another worker claims the dead one's chunk and the ones left, and finishes the run
+    work(sessions, cache_dir=tmp_path / "cache", worker_id="second", once=True, on_run=finished.append)
+    assert finished == [run_id]
     after = _results(sessions, run_id)
     with sessions() as session:
         run = session.get(AnalysisRun, run_id)

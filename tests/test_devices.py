@@ -437,12 +437,11 @@ def test_the_worker_records_each_phase_on_the_run_and_profiling_reports_its_pass
     phases = list(dict.fromkeys(phase for _, _, phase, _ in seen))
     assert phases[0].startswith(f"loading hf:{model_folders['target']} and hf:{model_folders['draft']} on cpu (")
     assert phases[0].endswith(") in float32")
-    assert phases[1] == "tokenizing 4 prompts"  # once, for profiling, measuring and validating
-    assert phases[2] == "profiling the machinery overhead of generate() on cpu in float32"
-    assert phases[3] == "profiling the cost of drafting and verifying at batch size 1 (1 of 1) on cpu in float32"
-    assert phases[4] == "measuring"
+    assert phases[1] == "profiling the machinery overhead of generate() on cpu in float32"
+    assert phases[2] == "profiling the cost of drafting and verifying at batch size 1 (1 of 1) on cpu in float32"
+    assert phases[3] == "measuring"
     assert all(stored == phase[:300] for _, _, phase, stored in seen)  # the web UI sees what the CLI sees
-    profiling = [(done, total) for done, total, phase, _ in seen if phase == phases[3]]
+    profiling = [(done, total) for done, total, phase, _ in seen if phase == phases[2]]
     assert profiling[0] == (0, 12) and profiling[-1] == (12, 12)  # 6 passes each for target and draft
     assert [done for done, _ in profiling] == list(range(13))
     with sessions() as session:

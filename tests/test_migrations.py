@@ -16,7 +16,7 @@ from analyzer.db import Base, make_engine
 EXPECTED_TABLES = {
     "prompt_sets", "prompts", "model_specs", "model_pairs", "cost_profiles", "run_cost_profiles", "analysis_runs",
     "prompt_results", "gamma_counts", "validation_results", "classifier_versions", "policy_sets",
-    "task_policies", "task_estimates", "route_decisions", "feedback_events",
+    "task_policies", "task_estimates", "route_decisions", "feedback_events", "run_chunks",
 }
 
 
@@ -92,6 +92,7 @@ def _realistic_rows(url: str) -> None:
     from router.classifier import make_training_data, train_classifier
     from router.decision_log import DecisionLog
     from router.decision import Router
+    from analyzer.chunks import plan_chunks
     from router.feedback import parse_feedback, record_feedback
     from router.policy import PolicySnapshot, publish_policies
     from tests.factories import make_done_run
@@ -101,6 +102,7 @@ def _realistic_rows(url: str) -> None:
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
         run = make_done_run(session, {"code": 0.8, "qa": 0.3, "translation": 0.6}, per_task=3)
+        plan_chunks(session, run)  # a done run's chunks (its prompts are measured: the profile alone)
         session.add(ValidationResult(run_id=run.id, prompt_id=session.scalars(select(Prompt.id)).first(), gamma=3, greedy_time_s=1.0,
                                      speculative_time_s=0.8, measured_speedup=1.25, predicted_speedup=1.2,
                                      outputs_identical=True, target_forward_passes=40))

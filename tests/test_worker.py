@@ -1,4 +1,5 @@
-"""The run queue: atomic claims, stale runs put back, and a worker thread executing a queued run."""
+"""The run queue: chunks claimed once each and in order, stale chunks claimed again, a run finished
+once, and a worker thread executing a queued run."""
 
 from __future__ import annotations
 
@@ -8,36 +9,64 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from analyzer.db import make_session_factory, utcnow
-from analyzer.models import AnalysisRun
+from analyzer.models import AnalysisRun, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
-from analyzer.worker import Worker, claim_next_run, requeue_stale
+from analyzer.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew
+from analyzer.worker import Worker
 
 
-def _queue(session, n: int, target: str = "hf:/nowhere/target") -> list[int]:
+def _queue(session, n: int, target: str = "hf:/nowhere/target", **params) -> list[int]:
     import_prompt_file(session, "q", b"hello\nworld\n", "q.txt")
-    return [create_run(session, "q", target, "ngram", RunParams(max_new_tokens=4, gamma_max=2)).id for _ in range(n)]
+    return [create_run(session, "q", target, "ngram", RunParams(max_new_tokens=4, gamma_max=2, **params)).id
+            for _ in range(n)]
 
 
-def test_claims_are_exclusive_and_in_order(engine):
+def _claims(sessions, workers: list[str]) -> list[tuple[int, str] | None]:
+    claimed = [claim_chunk(sessions, w) for w in workers]
+    return [(c.run_id, c.kind) if c else None for c in claimed]
+
+
+def test_chunks_are_claimed_once_each_in_order_and_the_run_finishes_once(engine):
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
-        ids = _queue(session, 3)
-    assert [claim_next_run(sessions, f"w{i}") for i in range(4)] == ids + [None]
+        first, second = _queue(session, 2, chunk_size=1, validate=1)
+    # each run: its profile first (the measurements wait for it), one chunk per prompt, then validation
+    assert _claims(sessions, ["w0", "w1", "w2"]) == [(first, "profile"), (second, "profile"), None]
     with sessions() as session:
-        assert [r.worker_id for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id))] == ["w0", "w1", "w2"]
+        chunks = list(session.scalars(select(RunChunk).where(RunChunk.run_id == first).order_by(RunChunk.position)))
+        assert [(c.kind, c.prompt_ids, c.status) for c in chunks] == [
+            ("profile", [], "claimed"), ("measure", [1], "pending"), ("measure", [2], "pending"), ("validate", [], "pending")]
+        assert session.get(AnalysisRun, first).status == "running" and chunks[0].worker_id == "w0"
+    profile = ClaimedChunk(chunks[0].id, first, 0, "profile", (), 4)
+    assert not complete(sessions, profile, "w0")
+    measured = [claim_chunk(sessions, w) for w in ("w3", "w4")]
+    assert [(c.kind, c.prompt_ids) for c in measured] == [("measure", (1,)), ("measure", (2,))]
+    assert claim_chunk(sessions, "w5") is None  # validation waits for both measurements
+    assert not complete(sessions, measured[0], "w3") and not complete(sessions, measured[1], "w4")
+    validation = claim_chunk(sessions, "w5")
+    assert validation.kind == "validate"
+    assert complete(sessions, validation, "w5") and not complete(sessions, validation, "w5")  # finished once
+    with sessions() as session:
+        run = session.get(AnalysisRun, first)
+        assert run.status == "done" and run.finished_at is not None
+        assert chunk_progress(session, first) == {"chunks": 4, "done": 4, "claimed": 0, "workers": 4}
 
 
-def test_stale_running_runs_go_back_to_the_queue(engine):
+def test_a_chunk_whose_worker_stopped_is_claimed_again_and_the_old_worker_lets_go(engine):
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
-        old, fresh = _queue(session, 2)
-    claim_next_run(sessions, "dead"), claim_next_run(sessions, "alive")
+        run_id = _queue(session, 1)[0]
+    held = claim_chunk(sessions, "dead")
+    assert claim_chunk(sessions, "alive", stale_after_s=600) is None  # the profile is held, not stale
+    assert renew(sessions, held, "dead")
     with sessions() as session, session.begin():
-        session.get(AnalysisRun, old).heartbeat_at = utcnow() - timedelta(minutes=30)
-    assert requeue_stale(sessions, stale_after_s=600) == [old]
+        session.get(RunChunk, held.id).heartbeat_at = utcnow() - timedelta(minutes=30)
+    again = claim_chunk(sessions, "alive", stale_after_s=600)
+    assert (again.id, again.run_id) == (held.id, run_id)
+    assert not renew(sessions, held, "dead") and renew(sessions, again, "alive")
     with sessions() as session:
-        assert session.get(AnalysisRun, old).status == "queued" and session.get(AnalysisRun, fresh).status == "running"
+        assert session.get(RunChunk, held.id).attempts == 2
 
 
 def test_worker_thread_executes_a_queued_run_and_records_its_failure(engine, tmp_path):

@@ -10,7 +10,9 @@ from importlib import resources
 from flask import Response, abort, flash, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import select
+from sqlalchemy.orm import object_session
 
+from analyzer.chunks import chunk_progress
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
@@ -24,7 +26,7 @@ from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
 
-FORM_LIMITS = {"max_new_tokens": (1, 1024), "gamma_max": (1, 32), "validate": (0, 1000)}
+FORM_LIMITS = {"max_new_tokens": (1, 1024), "gamma_max": (1, 32), "validate": (0, 1000), "chunk_size": (1, 100_000)}
 MAX_FORM_PROMPTS = 1_000_000
 
 
@@ -53,7 +55,8 @@ def _run_row(run: AnalysisRun) -> dict:
             "draft": run.pair.draft.spec, "done": done, "total": total,
             "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
             "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds"),
-            "phase": run.phase if status in ("queued", "running") else None}
+            "phase": run.phase if status in ("queued", "running") else None,
+            "chunks": chunk_progress(object_session(run), run.id)}
 
 
 @bp.get("/runs")
@@ -70,7 +73,8 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
     defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""),
                 "target": _default_choice(targets, DEFAULT_TARGET), "draft": _default_choice(drafts, DEFAULT_DRAFT),
                 "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0, "limit": "",
-                "validate": 2, "device": settings().device, "dtype": check_dtype_name(settings().dtype), "batch_sizes": ""}
+                "validate": 2, "device": settings().device, "dtype": check_dtype_name(settings().dtype), "batch_sizes": "",
+                "chunk_size": RunParams.chunk_size}
     return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
                            dtypes=DTYPE_CHOICES, values={**defaults, **(values or {})}), status
 
@@ -99,13 +103,15 @@ def new_run():
 def start_run():
     form = request.form
     values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
-                                             "temperature", "validate", "device", "dtype", "batch_sizes", "limit")}
+                                             "temperature", "validate", "device", "dtype", "batch_sizes", "limit",
+                                             "chunk_size")}
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
         errors.append("choose a target from the list (the operator sets it with SPECROUTE_MODELS)")
     if values["draft"] not in drafts:
         errors.append("choose a draft from the list (the operator sets it with SPECROUTE_MODELS)")
+    values["chunk_size"] = values["chunk_size"].strip() or str(RunParams.chunk_size)  # blank: the default
     numbers = {}
     for key, (low, high) in FORM_LIMITS.items():
         try:
@@ -140,13 +146,13 @@ def start_run():
     params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
                        temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0,
                        device=placement["device"], dtype=placement["dtype"],
-                       profile_batch_sizes=placement["batch_sizes"], limit=limit)
+                       profile_batch_sizes=placement["batch_sizes"], limit=limit, chunk_size=numbers["chunk_size"])
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
     except SpecrouteError as exc:  # RunError, SpecError, PromptSetNotFound: shown in the form
         return _new_run_page([str(exc)], values, 400)
-    flash(f"analysis run {run_id} queued; it starts as soon as the worker is free")
+    flash(f"analysis run {run_id} queued; it starts as soon as a worker is free")
     return redirect(url_for("ui.run", run_id=run_id))
 
 

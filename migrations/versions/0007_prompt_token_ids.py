@@ -4,7 +4,7 @@ walk cuts proposals before them)
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-11-27 10:00:00
+Create Date: 2026-11-26 15:00:00
 """
 from typing import Sequence, Union
 

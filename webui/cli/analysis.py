@@ -40,17 +40,23 @@ from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 @click.option("--batch-sizes", "batch_sizes",
               help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
                    "the router decides at the request's batch size from these.")
+@click.option("--chunk-size", default=32, show_default=True, type=click.IntRange(1, 100_000),
+              help="Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines).")
+@click.option("--queue", "queue_only", is_flag=True,
+              help="Only queue the run (print its id) for the workers to execute, instead of executing it here.")
 @click.option("--resume", "resume_run", type=click.IntRange(1, MAX_ID), help="Resume an interrupted, failed or cancelled run by id.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
             validate_n, limit, batch_size, margin, no_chat_template, reprofile, device, dtype, batch_sizes,
-            resume_run, as_json) -> None:
+            chunk_size, queue_only, resume_run, as_json) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
     Runs on --device in --dtype (resolved before anything is stored: an absent GPU or a dtype the
     device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
-    interrupted run resumes with --resume RUN and skips finished prompts.
+    interrupted run resumes with --resume RUN and skips finished prompts. The run is split in chunks
+    of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
+    claim some of them too; --queue leaves all of it to them.
     """
     from analyzer.devices import parse_batch_sizes, resolve
     from analyzer.report import build_report
@@ -69,10 +75,13 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
             params = RunParams(max_new_tokens=max_new_tokens, gamma_max=gamma_max, temperature=temperature,
                                top_p=top_p, validate=validate_n, limit=limit, chat_template=not no_chat_template,
                                batch_size=batch_size, margin=margin, reprofile=reprofile, device=device,
-                               dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes))
+                               dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes), chunk_size=chunk_size)
             with sessions() as session, session.begin():
                 run_id = create_run(session, prompt_set, target, draft, params).id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
+            if queue_only:
+                click.echo(json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id))
+                return
         else:
             run_id = resume_run
         progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())

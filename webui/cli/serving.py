@@ -12,12 +12,15 @@ from webui.cli.base import CliState, _cache_dir, cli
 
 
 @cli.command("worker")
-@click.option("--once", is_flag=True, help="Execute at most one queued run, then exit.")
+@click.option("--once", is_flag=True, help="Work until the first run this worker took part in has stopped (or nothing is queued), then exit.")
 @click.option("--poll", default=2.0, show_default=True, type=click.FloatRange(0.1), help="Seconds between queue checks.")
+@click.option("--stale-after", default=600.0, show_default=True, type=click.FloatRange(1.0),
+              help="Seconds without a heartbeat after which another worker's chunk is claimed again.")
 @click.pass_obj
-def worker(state: CliState, once: bool, poll: float) -> None:
-    """Execute analysis runs queued from the web UI (any number of workers may run; each run is
-    taken by one). Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on the server to leave all
+def worker(state: CliState, once: bool, poll: float, stale_after: float) -> None:
+    """Execute queued analysis runs, a chunk at a time (any number of workers, on any machines that
+    share the database, work on the same run; a chunk left by a worker that died is claimed again
+    after --stale-after). Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on the server to leave all
     runs to these processes."""
     import socket
 
@@ -34,7 +37,7 @@ def worker(state: CliState, once: bool, poll: float) -> None:
 
     try:
         work(sessions, cache_dir=_cache_dir(state), worker_id=worker_id, allow_network=state.settings.allow_downloads,
-             poll_s=poll, once=once, on_run=report)
+             poll_s=poll, stale_after_s=stale_after, once=once, on_run=report)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

@@ -28,7 +28,9 @@
       document.getElementById("run-elapsed").textContent = fmt(s.elapsed_s);
       document.getElementById("run-eta").textContent = fmt(s.eta_s);
       document.getElementById("run-status").textContent = s.status;
-      document.getElementById("run-phase").textContent = s.phase || (s.status === "queued" ? "waiting for a worker" : "");
+      var chunks = s.chunks && s.chunks.chunks > 1 ? " · chunks " + s.chunks.done + "/" + s.chunks.chunks + " done, " +
+          s.chunks.claimed + " being worked on, " + s.chunks.workers + " worker" + (s.chunks.workers === 1 ? "" : "s") + " so far" : "";
+      document.getElementById("run-phase").textContent = (s.phase || (s.status === "queued" ? "waiting for a worker" : "")) + chunks;
     }, true);
   }
 
