@@ -132,15 +132,20 @@ def complete(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: st
     now = utcnow()
     with sessions() as session, session.begin():
         lock_for_write(session)
+        # completions of one run take turns (PostgreSQL: the run's row lock), so the last one sees
+        # every other chunk done and finishes the run
+        session.execute(select(AnalysisRun.id).where(AnalysisRun.id == chunk.run_id).with_for_update())
         session.execute(update(RunChunk).where(RunChunk.id == chunk.id, RunChunk.status != "done")
                         .values(status="done", done_at=now, heartbeat_at=now))
         left = session.scalar(select(func.count()).select_from(RunChunk).where(
             RunChunk.run_id == chunk.run_id, RunChunk.status != "done"))
         if left:
             return False
+        results = session.scalar(select(func.count()).select_from(PromptResult).where(PromptResult.run_id == chunk.run_id))
         finished = session.execute(update(AnalysisRun).where(
             AnalysisRun.id == chunk.run_id, AnalysisRun.status == "running")
-            .values(status="done", finished_at=now, phase=None, cancel_requested=False, error=None)).rowcount
+            .values(status="done", finished_at=now, phase=None, cancel_requested=False, error=None,
+                    progress_done=results)).rowcount
         return bool(finished)
 
 

@@ -36,6 +36,7 @@ from analyzer.prompt_checks import (
     PromptCollector,
     ValidationIssue,
     json_type_name,
+    message_problem,
 )
 
 FORMATS = ("txt", "jsonl", "csv")
@@ -205,32 +206,16 @@ def _parse_jsonl(text: str, bad_lines: set[int], collector: PromptCollector) -> 
 
 
 def _check_messages(number: int, value: Any, collector: PromptCollector) -> list[dict[str, str]] | None:
-    if not isinstance(value, list):
-        collector.error(number, "messages", f"expected a list of messages, got {json_type_name(value)}")
+    problem = message_problem(value)
+    if problem is not None:
+        collector.error(number, "messages" + problem[0], problem[1])
         return None
-    if not value:
-        collector.error(number, "messages", "empty message list")
-        return None
-    messages: list[dict[str, str]] = []
-    for index, item in enumerate(value):
+    messages = [{"role": m["role"], "content": m["content"]} for m in value]
+    for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not isinstance(item, dict):
-            collector.error(number, where, f"expected an object with 'role' and 'content', got {json_type_name(item)}")
+        if not (collector.check_string(number, f"{where}.role", message["role"])
+                and collector.check_string(number, f"{where}.content", message["content"])):
             return None
-        role, content = item.get("role"), item.get("content")
-        if not isinstance(role, str) or not role.strip():
-            collector.error(number, f"{where}.role", "expected a non-empty string")
-            return None
-        if not isinstance(content, str):
-            collector.error(number, f"{where}.content", f"expected a string, got {json_type_name(content)}")
-            return None
-        if not (collector.check_string(number, f"{where}.role", role)
-                and collector.check_string(number, f"{where}.content", content)):
-            return None
-        messages.append({"role": role, "content": content})
-    if not any(m["content"].strip() for m in messages):
-        collector.error(number, "messages", "empty prompt: every message content is blank")
-        return None
     return messages
 
 

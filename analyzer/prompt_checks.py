@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 MAX_LABEL_CHARS = 64
 MAX_ID_CHARS = 200
@@ -226,3 +226,34 @@ def json_type_name(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def message_problem(messages: Any) -> tuple[str, str] | None:
+    """The first thing wrong with a chat message list, as (where, problem), ``where`` relative to
+    the list ("", "[2]", "[2].role"); None for a non-empty list of objects with a non-empty string
+    ``role`` and a string ``content``, some content not blank. The one rule for files, the API and
+    the tokenizer."""
+    if not isinstance(messages, list):
+        return "", f"expected a list of messages, got {json_type_name(messages)}"
+    if not messages:
+        return "", "empty message list"
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            return f"[{index}]", f"expected an object with 'role' and 'content', got {json_type_name(message)}"
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role.strip():
+            return f"[{index}].role", "expected a non-empty string"
+        if not isinstance(content, str):
+            return f"[{index}].content", f"expected a string, got {json_type_name(content)}"
+    if not any(m["content"].strip() for m in messages):
+        return "", "empty prompt: every message content is blank"
+    return None
+
+
+def prompt_text(text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                separator: str = "\n") -> str:
+    """A prompt as one text: the plain prompt, or the chat messages as "role: content" lines
+    (joined by ``separator``)."""
+    if messages:
+        return separator.join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+    return text or ""

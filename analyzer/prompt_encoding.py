@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analyzer.loading import SpecError
+from analyzer.prompt_checks import message_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -81,12 +82,9 @@ def _flat_ids(encoded: Any) -> list[int]:
 
 
 def _checked_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise SpecError("messages must be a non-empty list of {role, content} objects")
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise SpecError(f"message {index} must be an object with string 'role' and 'content'")
+    problem = message_problem(messages)
+    if problem is not None:
+        raise SpecError(f"messages{problem[0]}: {problem[1]}")
     return messages
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -174,9 +174,7 @@ def _store(session: Session, run: AnalysisRun, result: dict) -> None:
     row.gamma_counts = [GammaCount(**counts) for counts in result["per_gamma"]]
     session.add(row)
     session.flush()
-    run.progress_done = session.scalar(
-        select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run.id)
-    )
+    run.progress_done = AnalysisRun.progress_done + 1  # in SQL: workers storing at once all count
     run.heartbeat_at = utcnow()
 
 
@@ -326,6 +324,7 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
                 run = session.get(AnalysisRun, chunk.run_id)
                 for result in results:
                     _store(session, run, result)
+                session.flush()  # the increments, in SQL; reading the run now loads the counts
                 done, total = run.progress_done, run.progress_total
         except IntegrityError:  # a worker this chunk was taken from stored them after all
             continue

@@ -62,7 +62,7 @@ from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_
 from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
 from router.classifier import cold_start_data, load_active, make_training_data, train_classifier  # noqa: E402
 from router.decision import Router, RouterConfig, parse_route_id  # noqa: E402
-from router.features import prompt_text  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import FALLBACK_TASK, PolicySnapshot, task_policies  # noqa: E402
 
 

@@ -49,7 +49,7 @@ from analyzer.speedup import Cost  # noqa: E402
 from pg_server import create_database, throwaway_postgres  # noqa: E402
 from router.classifier import TaskClassifier, build_pipeline, cold_start_data  # noqa: E402
 from router.decision import Router  # noqa: E402
-from router.features import prompt_text  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import PolicySnapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

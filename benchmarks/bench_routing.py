@@ -56,7 +56,7 @@ from analyzer.runs import execute_run  # noqa: E402
 from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
 from router.classifier import cold_start_data, make_training_data, train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402
-from router.features import prompt_text  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
 
 TARGET = "builtin:smollm2-135m-instruct"

@@ -23,6 +23,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
+from analyzer.prompt_checks import message_problem
 from router.decision import RouteRequest
 from router.openapi import MAX_BATCH, openapi_document
 from router.service import RouterService
@@ -171,15 +172,12 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
             raise EmptyPrompt(f"field '{where}prompt' is empty", field=where + "prompt")
         length = len(prompt)
     else:
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(f"field '{where}messages' must be a non-empty array", field=where + "messages")
-        for i, message in enumerate(messages):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
-                raise ApiError(f"field '{where}messages[{i}]' must be an object with string 'role' and 'content'",
-                               field=f"{where}messages[{i}]")
-        if not any(m["content"].strip() for m in messages):
+        problem = message_problem(messages)
+        if problem is not None and problem[1].startswith("empty prompt"):
             raise EmptyPrompt(f"field '{where}messages' has no content", field=where + "messages")
+        if problem is not None:
+            field = f"{where}messages{problem[0]}"
+            raise ApiError(f"field '{field}': {problem[1]}", field=field)
         length = sum(len(m["content"]) for m in messages)
     if length > max_chars:
         raise PromptTooLong(f"the prompt of '{where or 'the request'}' has {length} characters; "

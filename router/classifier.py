@@ -33,11 +33,11 @@ from sqlalchemy.orm import Session
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
 from analyzer.models import Prompt, PromptResult, PromptSet
+from analyzer.prompt_checks import prompt_text
 from router.features import (
     FEATURES_VERSION,
     classifier_text,
     keyword_baseline,
-    prompt_text,
     structural_features,
 )
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version

@@ -20,7 +20,7 @@ from analyzer.settings import Settings, router_min_confidence, router_pools
 from analyzer.speedup import Cost, best_gamma, clears_break_even, interpolate_curves
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request, speedup_at
 from router.classifier import TaskClassifier
-from router.features import prompt_text
+from analyzer.prompt_checks import prompt_text
 from router.policy import FALLBACK_TASK, PolicySnapshot
 
 DEFAULT_MIN_CONFIDENCE = 0.5

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -20,13 +20,6 @@ STRUCTURAL_FEATURES = (
     "log_chars", "log_lines", "code_fences", "code_words", "braces", "json_keys", "non_ascii",
     "non_latin_letters", "digits", "question_marks", "urls", "starts_translate", "starts_summarize",
 )
-
-
-def prompt_text(text: str | None = None, messages: Sequence[dict[str, Any]] | None = None) -> str:
-    """The text to classify: the plain prompt, or the chat messages as "role: content" lines."""
-    if messages:
-        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
-    return text or ""
 
 
 def structural_row(text: str) -> list[float]:

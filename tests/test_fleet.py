@@ -118,7 +118,7 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
     try:
         for name, port in ports.items():
             fleet.start(f"serve-{name}", "serve", "--port", str(port), "--threads", "4")
-        workers = {name: fleet.start(name, "worker", "--poll", "0.2", "--stale-after", "4") for name in ("w1", "w2")}
+        workers = {"w1": fleet.start("w1", "worker", "--poll", "0.2", "--stale-after", "4")}
         for name, port in ports.items():
             fleet.wait_healthy(f"serve-{name}", port)
         a, b = (f"http://127.0.0.1:{ports[n]}" for n in ("a", "b"))
@@ -138,10 +138,10 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
         assert started.status_code == 200, started.text[-2000:]
         run_id = int(re.search(r"/runs/(\d+)$", started.url).group(1))
 
-        # both workers take chunks; w1 is killed in the middle of one: frozen (SIGSTOP) while it holds a
-        # chunk, killed (SIGKILL) when some but not all of that chunk's prompts are stored, else let go on
+        # w1 works alone until it has finished a chunk and is caught half way through the next one
+        # (frozen with SIGSTOP, kept frozen when some but not all of its prompts are stored); w2 joins;
+        # once w2 holds a chunk, w1 is killed with SIGKILL
         sessions = make_session_factory(make_engine(url))
-        pids = {name: str(p.pid) for name, p in workers.items()}
 
         def state():
             with sessions() as session:
@@ -149,26 +149,30 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
                 stored = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run_id)))
             return chunks, stored
 
-        def held_by_w1(chunk) -> bool:
-            return chunk.kind == "measure" and chunk.status == "claimed" and f":{pids['w1']}:" in chunk.worker_id
+        def worker_of(chunk) -> str | None:
+            return next((n for n, p in workers.items() if f":{p.pid}:" in (chunk.worker_id or "")), None)
 
-        killed_chunk, deadline = None, time.monotonic() + 300
-        while killed_chunk is None and time.monotonic() < deadline:
+        frozen, deadline = None, time.monotonic() + 300
+        while frozen is None and time.monotonic() < deadline:
             chunks, _ = state()
-            w1_finished_one = any(c.status == "done" and f":{pids['w1']}:" in (c.worker_id or "") for c in chunks)
-            if w1_finished_one and any(held_by_w1(c) for c in chunks):
+            assert not chunks or any(c.status != "done" for c in chunks), "the run ended before w1 was caught mid-chunk"
+            if any(c.kind == "measure" and c.status == "done" for c in chunks):
                 os.kill(workers["w1"].pid, signal.SIGSTOP)
                 chunks, stored = state()
-                for chunk in filter(held_by_w1, chunks):
-                    if 0 < len(stored & set(chunk.prompt_ids)) < len(chunk.prompt_ids):
-                        os.kill(workers["w1"].pid, signal.SIGKILL)
-                        killed_chunk = chunk.id
-                if killed_chunk is None:
+                frozen = next((c.id for c in chunks if c.kind == "measure" and c.status == "claimed"
+                               and 0 < len(stored & set(c.prompt_ids)) < len(c.prompt_ids)), None)
+                if frozen is None:
                     os.kill(workers["w1"].pid, signal.SIGCONT)
-            assert all(p.poll() is None for p in workers.values()) or killed_chunk, fleet.log("w1") + fleet.log("w2")
-            assert not chunks or any(c.status != "done" for c in chunks), "the run ended before w1 was caught mid-chunk"
+            assert workers["w1"].poll() is None, fleet.log("w1")
             time.sleep(0.005)
-        assert killed_chunk is not None, "no chunk of w1 was caught half done"
+        assert frozen is not None, "no chunk of w1 was caught half done"
+        workers["w2"] = fleet.start("w2", "worker", "--poll", "0.2", "--stale-after", "4")
+        pids = {name: str(p.pid) for name, p in workers.items()}
+        while time.monotonic() < deadline and not any(worker_of(c) == "w2" for c in state()[0]):
+            assert workers["w2"].poll() is None, fleet.log("w2")
+            time.sleep(0.05)
+        os.kill(workers["w1"].pid, signal.SIGKILL)
+        killed_chunk = frozen
         workers["w1"].wait(timeout=30)
 
         # the other worker claims the dead one's chunk once its heartbeat is stale, and finishes the run

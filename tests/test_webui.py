@@ -228,6 +228,19 @@ def test_secret_key_rules(tmp_path):
     assert resolve_secret_key(load_settings({"secret_key": strong}, environ={})) == strong
 
 
+def test_processes_starting_together_agree_on_one_generated_key(tmp_path):
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        keys = pool.map(_generated_key, [str(tmp_path)] * 12)
+    assert len(set(keys)) == 1 and (tmp_path / "secret_key").read_text() == keys[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["secret_key"]  # no temporary file left
+
+
+def _generated_key(folder: str) -> str:
+    return resolve_secret_key(load_settings({"data_dir": folder}, environ={}))
+
+
 def test_upload_over_the_size_limit_gets_a_friendly_page(engine, db_url, tmp_path):
     app = create_app({"database_url": db_url, "data_dir": str(tmp_path), "ui_worker": False, "max_upload_bytes": 1000,
                       "api_max_body_bytes": 1000, "TESTING": True})

@@ -7,6 +7,7 @@ from __future__ import annotations
 from flask import flash, redirect, render_template, request, url_for
 
 from analyzer.ingest import IngestLimits, PromptFileError
+from analyzer.prompt_checks import prompt_text
 from analyzer.prompt_sets import (
     PromptSetError,
     delete_prompt_set,
@@ -73,7 +74,7 @@ def _set_page(name: str, page: int, search: str | None, task: str | None, error:
         prompts, total = list_prompts(session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE,
                                       search=search, task=task)
         rows = [{"position": p.position + 1, "id": p.external_id, "task": p.task, "line": p.source_line,
-                 "text": p.text if p.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in p.messages or [])}
+                 "text": prompt_text(p.text, p.messages)}
                 for p in prompts]
         tasks = known_task_types(session)
     pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)

@@ -18,6 +18,7 @@ from analyzer.errors import SpecrouteError, error_payload
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
 from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
+from analyzer.prompt_checks import prompt_text
 from analyzer.output_marks import output_marks
 from analyzer.report import build_report
 from analyzer.report_text import report_csv
@@ -262,7 +263,7 @@ def prompt_detail(run_id: int, prompt_id: int):
         run_row = session.get(AnalysisRun, run_id)
         params = run_row.params
         prompt = result.prompt
-        text = prompt.text if prompt.text is not None else "\n".join(f"{m['role']}: {m['content']}" for m in prompt.messages or [])
+        text = prompt_text(prompt.text, prompt.messages)
         counts = {g.gamma: g for g in result.gamma_counts}
         gamma_max = int(params.get("gamma_max", 16))
         gamma = request.args.get("gamma", type=int)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from flask import abort, request, session
@@ -37,9 +38,18 @@ def resolve_secret_key(settings: Settings, *, testing: bool = False) -> str:
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_hex(32)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(key)
+    # written whole under another name, then linked into place: processes starting together on one
+    # data folder (server replicas, gunicorn workers) never read a half-written key, and all keep the
+    # first one linked
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".secret_key.")
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(key)
+        os.link(temporary, path)
+    except FileExistsError:
+        return path.read_text().strip()
+    finally:
+        os.unlink(temporary)
     return key
 
 

@@ -8,6 +8,7 @@ import click
 
 import migrations
 from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
+from analyzer.prompt_checks import prompt_text
 from analyzer.prompt_sets import (
     SAMPLE_NAME,
     delete_prompt_set,
@@ -172,7 +173,7 @@ def prompts_show(
     click.echo(f"tasks: {_tasks_text(summary.task_counts)}")
     click.echo(f"showing {len(page)} of {total} matching, from #{offset + 1}:" if page else f"{total} matching")
     for p in page:
-        body = p.text if p.text is not None else " | ".join(f"{m['role']}: {m['content']}" for m in p.messages)
+        body = prompt_text(p.text, p.messages, separator=" | ")
         body = " ".join(body.split())
         label = p.task or "-"
         ident = f" id={p.external_id}" if p.external_id else ""
