@@ -1,8 +1,8 @@
 """A throw-away PostgreSQL server for the benchmarks: ``initdb`` into a temporary folder, ``pg_ctl
 start`` on a free loopback port (its unix socket in that folder), stopped and removed on exit. The
 server binaries are found on PATH or under /usr/lib/postgresql/<version>/bin (Debian's layout); as
-root, the server runs as the ``postgres`` user (PostgreSQL refuses to run as root). The tests have
-their own copy of this in tests/conftest.py (benchmarks import nothing from the tests).
+root, the server runs as the ``postgres`` user (PostgreSQL refuses to run as root). The tests'
+``postgres_url`` fixture uses it too (benchmarks import nothing from the tests).
 
     with throwaway_postgres() as url:   # postgresql+psycopg://specroute@127.0.0.1:<port>/postgres
         ...

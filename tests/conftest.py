@@ -4,17 +4,13 @@ and (once per session) a throw-away PostgreSQL server for the portability tests.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import migrations
+from benchmarks.pg_server import pg_bin, throwaway_postgres
 from analyzer.db import make_engine, make_session_factory
 
 
@@ -79,21 +75,6 @@ def runner(tmp_path, monkeypatch):
     return CliRunner()
 
 
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
-        return str(candidate)
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
     """URL of a PostgreSQL server started for this test session in a temporary folder
@@ -103,32 +84,13 @@ def postgres_url():
     if given:
         yield given
         return
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not (initdb and pg_ctl):
+    if not (pg_bin("initdb") and pg_bin("pg_ctl")):
         message = "PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    as_postgres: list[str] = []
-    root = tempfile.mkdtemp(prefix="specroute-pg-", dir="/tmp")
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        shutil.chown(root, "postgres")
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-    data = os.path.join(root, "data")
-    port = _free_port()
-    subprocess.run(as_postgres + [initdb, "-D", data, "-A", "trust", "-U", "specroute", "--no-sync"],
-                   check=True, capture_output=True)
-    subprocess.run(
-        as_postgres + [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-w", "-o",
-                       f"-p {port} -k {root} -h 127.0.0.1 -F", "start"],
-        check=True, capture_output=True,
-    )
-    try:
-        yield f"postgresql+psycopg://specroute@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(as_postgres + [pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
-        time.sleep(0.2)
-        shutil.rmtree(root, ignore_errors=True)
+    with throwaway_postgres(fsync=False) as url:  # the benchmarks' server (benchmarks/pg_server.py)
+        yield url
 
 
 @pytest.fixture
