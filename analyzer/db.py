@@ -8,6 +8,7 @@ URL is a SQLite one.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 from sqlalchemy import JSON, MetaData, DateTime, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, sessionmaker, Session
+
+try:
+    import fcntl
+except ImportError:  # Windows: SQLite's busy handler alone
+    fcntl = None
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -67,12 +73,17 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
     """Create an engine for ``url``. For SQLite files the parent folder is created and every
     connection gets WAL journaling, foreign keys and a busy timeout; transactions begin with an
     explicit BEGIN when they start (pysqlite's own BEGIN comes only before the first write, so a
-    read-then-write transaction could see stale data), or BEGIN IMMEDIATE (see ``lock_for_write``)."""
+    read-then-write transaction could see stale data), or BEGIN IMMEDIATE (see ``lock_for_write``),
+    which on POSIX first takes an exclusive lock on ``<database>.write-lock`` (held to the end of the
+    transaction), so that writers of every process take turns in the kernel's queue."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
+    lock_file = None
     if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        database = Path(parsed.database).expanduser()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock_file = database.with_name(database.name + ".write-lock") if fcntl is not None else None
     engine = create_engine(url, connect_args={"timeout": sqlite_busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
@@ -86,12 +97,36 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _sqlite_begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(_WRITE_LOCK) else "BEGIN")
+        if not connection.get_execution_options().get(_WRITE_LOCK):
+            connection.exec_driver_sql("BEGIN")
+            return
+        if lock_file is not None and _LOCK_FD not in connection.info:
+            # writers queue on a file lock first: the kernel wakes the next one as soon as it is
+            # released, where SQLite's busy handler would sleep in growing steps (up to 100 ms)
+            descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            connection.info[_LOCK_FD] = descriptor
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _release_file_lock(connection):
+        descriptor = connection.info.pop(_LOCK_FD, None)
+        if descriptor is not None:
+            os.close(descriptor)  # closing the descriptor releases its lock
+
+    @event.listens_for(engine.pool, "checkin")
+    @event.listens_for(engine.pool, "invalidate")
+    def _release_with_the_connection(_dbapi_connection, record, *_args):
+        descriptor = record.info.pop(_LOCK_FD, None) if record is not None else None
+        if descriptor is not None:  # a transaction that ended without commit or rollback
+            os.close(descriptor)
 
     return engine
 
 
 _WRITE_LOCK = "specroute_write_lock"
+_LOCK_FD = "specroute_write_lock_fd"
 MAX_ID = 2**63 - 1  # the largest primary key a database column holds; larger ids from users are "not found"
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.db import utcnow
+from analyzer.db import lock_for_write, utcnow
 from router.decision import Decision
 from router.models import RouteDecision
 
@@ -82,6 +82,7 @@ class DecisionLog:
             while rows:
                 try:
                     with self._sessions() as session, session.begin():
+                        lock_for_write(session)  # queue with the other writers (a file lock on SQLite)
                         session.execute(insert(RouteDecision), rows)
                     self.written += len(rows)
                 except Exception:  # the log must never take the service down; say what was lost

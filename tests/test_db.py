@@ -38,3 +38,41 @@ def test_timestamps_come_back_timezone_aware_utc(session):
     with session.begin():
         stored = session.scalar(select(PromptSet.created_at))
     assert stored == stamp and stored.tzinfo == timezone.utc and stored.hour == 1
+
+
+def test_writers_take_turns_on_a_file_lock_released_at_commit(tmp_path):
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from analyzer.db import lock_for_write, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path}/lock.db")
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (writer TEXT, at REAL)"))
+    sessions = make_session_factory(engine)
+    events: list[tuple[str, float]] = []
+    holding = threading.Event()
+
+    def write(name: str, hold_s: float) -> None:
+        with sessions() as session, session.begin():
+            lock_for_write(session)
+            events.append((f"{name} in", time.monotonic()))
+            holding.set()
+            time.sleep(hold_s)
+            session.execute(text("INSERT INTO t VALUES (:w, :a)"), {"w": name, "a": time.monotonic()})
+            events.append((f"{name} out", time.monotonic()))
+
+    first = threading.Thread(target=write, args=("first", 0.3))
+    first.start()
+    holding.wait(5)
+    second = threading.Thread(target=write, args=("second", 0.0))
+    second.start()
+    first.join(10), second.join(10)
+    assert [name for name, _ in events] == ["first in", "first out", "second in", "second out"]
+    assert (tmp_path / "lock.db.write-lock").exists()
+    with sessions() as session, session.begin():  # released: the next writer goes straight in
+        lock_for_write(session)
+        assert session.execute(text("SELECT count(*) FROM t")).scalar() == 2
+    engine.dispose()
