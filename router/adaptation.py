@@ -21,6 +21,7 @@ where nothing was published). gamma = argmax S(g). Speculation turns off when S(
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -108,9 +109,18 @@ def speedup_curve(state: TaskState, cost: Cost, gamma_max: int) -> np.ndarray:
 
 
 def speedup_at(state: TaskState, gamma: int, cost: Cost, gamma_max: int) -> float:
-    """S(gamma) under the posterior alpha (see :func:`speedup_curve`); NaN outside the curve."""
-    curve = speedup_curve(state, cost, gamma_max)
-    return float(curve[gamma - 1]) if 1 <= gamma <= len(curve) else float("nan")
+    """S(gamma) under the posterior alpha, the one point of :func:`speedup_curve` (it is on the
+    router's decision path: no whole curve per request); NaN outside the curve."""
+    top = min(gamma_max, len(cost.target_forward_s) - 1)
+    published = state.published_curve[:top]
+    if not 1 <= gamma <= top:
+        return float("nan")
+    if any(math.isfinite(v) for v in published):
+        if gamma > len(published):
+            return float("nan")
+        return float(published[gamma - 1] * expected_tokens_iid(state.alpha, gamma)
+                     / expected_tokens_iid(state.prior_alpha, gamma))
+    return float(iid_speedup(state.alpha, gamma, cost))
 
 
 def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, cost: Cost,

@@ -99,3 +99,16 @@ def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
     assert np.allclose(speedup_curve(lower, COST, 8), np.array(published) * ratio, equal_nan=True)
     assert not lower.speculate or lower.gamma < 2  # fewer tokens per round: the curve falls, the best g does not rise
     assert len(speedup_curve(state, COST, 3)) == 3  # cut at the gamma in reach
+
+
+def test_the_speedup_at_one_gamma_is_that_point_of_the_curve():
+    from router.adaptation import speedup_at, speedup_curve
+
+    published = (1.10, 1.30, float("nan"), 0.95)
+    for curve in (published, ()):
+        state = apply_feedback(initial_state(0.7, True, 2, curve, CONFIG), rounds=50, drafted=100, accepted=30,
+                               cost=COST, config=CONFIG)
+        whole = speedup_curve(state, COST, 8)
+        for gamma in range(0, 10):
+            expected = float(whole[gamma - 1]) if 1 <= gamma <= len(whole) else float("nan")
+            assert speedup_at(state, gamma, COST, 8) == pytest.approx(expected, nan_ok=True)
