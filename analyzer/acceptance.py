@@ -11,6 +11,13 @@ t_1..t_N and what the drafter would propose:
   (leftmost) earlier occurrence of the context's trailing n-gram (n = max_ngram down to 1), up to g
   of them, cut before any EOS, exactly as transformers' PromptLookupCandidateGenerator does.
 
+Engines differ in three details of the loop, gathered in a :class:`DraftingRule`: transformers
+drafts in the very first round (its prefill verifies the first drafts), never drafts into the last
+token of the budget, and cuts a prompt-lookup proposal before an EOS; llama.cpp (llama-cpp-python's
+``Llama.generate`` with a draft model or ``LlamaPromptLookupDecoding``) decodes the prompt alone
+first (the first output token comes from that pass, nothing drafted), drafts a full lookahead
+whatever budget is left, and proposes EOS tokens like any other.
+
 Per g the walk yields raw counts (rounds, drafted, accepted, the histogram of accepted lengths, the
 histogram of drafted lengths, per-position accepted counts); every rate is derived from them here.
 Drafts past the end of the target's output are not counted (after an EOS nothing is drafted).
@@ -22,6 +29,32 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class DraftingRule:
+    """How an engine's speculative loop drafts (see the module docstring): ``prefill_round`` the
+    first output token comes from the prompt's own pass with nothing drafted; ``cap_at_budget``
+    drafts are limited to budget - s - 1 tokens; ``cut_at_eos`` prompt-lookup proposals stop
+    before an EOS."""
+
+    name: str
+    prefill_round: bool
+    cap_at_budget: bool
+    cut_at_eos: bool
+
+
+TRANSFORMERS_RULE = DraftingRule("transformers", prefill_round=False, cap_at_budget=True, cut_at_eos=True)
+LLAMA_CPP_RULE = DraftingRule("llama.cpp", prefill_round=True, cap_at_budget=False, cut_at_eos=False)
+DRAFTING_RULES = {rule.name: rule for rule in (TRANSFORMERS_RULE, LLAMA_CPP_RULE)}
+
+
+def drafting_rule(engine: str | None) -> DraftingRule:
+    """The drafting rule of ``engine`` (None: transformers, the engine of runs stored before engines)."""
+    try:
+        return DRAFTING_RULES[engine or "transformers"]
+    except KeyError:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(DRAFTING_RULES)}") from None
 
 
 @dataclass(frozen=True)
@@ -55,7 +88,8 @@ def _counter(gamma: int):
     return np.zeros(gamma + 1, dtype=np.int64), np.zeros(gamma + 1, dtype=np.int64), np.zeros(gamma, dtype=np.int64)
 
 
-def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int) -> WalkCounts:
+def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
+                     rule: DraftingRule = TRANSFORMERS_RULE) -> WalkCounts:
     """Replay greedy speculative decoding with a model draft at lookahead ``gamma``.
 
     ``matches``: shape (N,), m_i in {0, 1}; ``max_new_tokens`` >= N is the generation budget
@@ -67,25 +101,29 @@ def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_to
     n = len(matches)
     if max_new_tokens < n:
         raise ValueError("max_new_tokens is smaller than the output")
-    return _tally(gamma, n, model_draft_rounds(matches, gamma, max_new_tokens))
+    return _tally(gamma, n, model_draft_rounds(matches, gamma, max_new_tokens, rule))
 
 
-def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int) -> Iterator[tuple[int, int]]:
+def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
+                       rule: DraftingRule = TRANSFORMERS_RULE) -> Iterator[tuple[int, int]]:
     """(drafted, accepted) of each round of the model-draft walk (see :func:`walk_model_draft`)."""
     n = len(matches)
     runs = match_runs(matches)
     s = 0
     while s < n:
-        k, a = model_draft_round(runs, s, gamma, max_new_tokens)
+        k, a = model_draft_round(runs, s, gamma, max_new_tokens, rule)
         yield k, a
         s += a + 1
 
 
-def model_draft_round(runs: np.ndarray, s: int, gamma: int, max_new_tokens: int) -> tuple[int, int]:
+def model_draft_round(runs: np.ndarray, s: int, gamma: int, max_new_tokens: int,
+                      rule: DraftingRule = TRANSFORMERS_RULE) -> tuple[int, int]:
     """(drafted, accepted) of one model-draft round that starts after ``s`` emitted tokens with
     lookahead ``gamma``; ``runs`` = :func:`match_runs` of the match sequence (shape (N + 1,))."""
     n = len(runs) - 1
-    k = max(0, min(gamma, max_new_tokens - s - 1))
+    if s == 0 and rule.prefill_round:
+        return 0, 0
+    k = max(0, min(gamma, max_new_tokens - s - 1)) if rule.cap_at_budget else gamma
     if s + runs[s] >= n:
         k = min(k, n - s)
     return k, int(min(runs[s], k))
@@ -118,12 +156,14 @@ class NgramIndex:
     """First occurrence of every n-gram (n = 1..max_ngram) in prompt + output, so that a prompt-lookup
     proposal at any round start costs O(max_ngram) instead of a scan of the context."""
 
-    def __init__(self, tokens: Sequence[int], max_ngram: int, eos_ids: Iterable[int] = ()):
+    def __init__(self, tokens: Sequence[int], max_ngram: int, eos_ids: Iterable[int] = (),
+                 rule: DraftingRule = TRANSFORMERS_RULE):
         if max_ngram < 1:
             raise ValueError("max_ngram must be >= 1")
         self.tokens = list(tokens)
         self.max_ngram = max_ngram
-        self.eos_ids = frozenset(eos_ids)
+        self.eos_ids = frozenset(eos_ids) if rule.cut_at_eos else frozenset()
+        self.rule = rule
         self.first: list[dict[tuple[int, ...], int]] = []
         for n in range(1, max_ngram + 1):
             first: dict[tuple[int, ...], int] = {}
@@ -135,7 +175,8 @@ class NgramIndex:
         """The prompt-lookup proposal for the context ``tokens[:context_len]``: n-gram sizes from
         min(max_ngram, context_len - 1) down to 1; for the first size whose trailing n-gram occurs
         earlier, the up to ``gamma`` tokens after that leftmost occurrence, cut before the first EOS
-        (an empty cut means no proposal, as in transformers)."""
+        (an empty cut means no proposal, as in transformers) where the index's rule cuts at EOS
+        (llama-cpp-python's LlamaPromptLookupDecoding does not)."""
         for n in range(min(self.max_ngram, context_len - 1), 0, -1):
             start = self.first[n - 1].get(tuple(self.tokens[context_len - n:context_len]))
             if start is None or start + n >= context_len:
@@ -157,16 +198,18 @@ def walk_ngram(
     max_ngram: int = 2,
     eos_ids: Iterable[int] = (),
     index: NgramIndex | None = None,
+    rule: DraftingRule = TRANSFORMERS_RULE,
 ) -> WalkCounts:
     """Replay greedy prompt-lookup decoding at lookahead ``gamma``: at each round start the proposal
     comes from the context prompt + output[:s]; its leading tokens equal to the output are accepted;
-    the round emits accepted + 1 tokens. With one token of budget left nothing is proposed."""
+    the round emits accepted + 1 tokens. With one token of budget left nothing is proposed (under
+    transformers' rule; ``rule`` is the engine's, and a given ``index`` carries its own)."""
     if gamma < 1:
         raise ValueError("gamma must be >= 1")
     p, n = len(prompt_ids), len(output_ids)
     if max_new_tokens < n:
         raise ValueError("max_new_tokens is smaller than the output")
-    index = index or NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids)
+    index = index or NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids, rule)
     return _tally(gamma, n, ngram_rounds(p, output_ids, gamma, max_new_tokens, index))
 
 
@@ -185,7 +228,11 @@ def ngram_round(prompt_len: int, output_ids: Sequence[int], s: int, gamma: int, 
                 index: NgramIndex) -> tuple[int, int]:
     """(drafted, accepted) of one prompt-lookup round that starts after ``s`` emitted tokens with
     lookahead ``gamma`` (``index`` covers prompt + output)."""
-    proposal = [] if max_new_tokens - s == 1 else index.propose(prompt_len + s, gamma)
+    rule = index.rule
+    if s == 0 and rule.prefill_round:
+        return 0, 0
+    last_token = rule.cap_at_budget and max_new_tokens - s == 1
+    proposal = [] if last_token else index.propose(prompt_len + s, gamma)
     a = 0
     while a < len(proposal) and s + a < len(output_ids) and proposal[a] == output_ids[s + a]:
         a += 1
@@ -201,17 +248,19 @@ def _marks_from_rounds(n: int, rounds) -> list[str]:
     return marks[:n]
 
 
-def token_marks_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int) -> list[str]:
+def token_marks_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
+                            rule: DraftingRule = TRANSFORMERS_RULE) -> list[str]:
     """What produced each output token in the walk of :func:`walk_model_draft` at ``gamma``:
     "accepted" (a draft the target kept), "corrected" (the target's token after a rejected draft),
     "bonus" (the target's token after a fully accepted round) or "plain" (a round with no drafts)."""
-    return _marks_from_rounds(len(matches), model_draft_rounds(matches, gamma, max_new_tokens))
+    return _marks_from_rounds(len(matches), model_draft_rounds(matches, gamma, max_new_tokens, rule))
 
 
 def token_marks_ngram(prompt_ids: Sequence[int], output_ids: Sequence[int], gamma: int, max_new_tokens: int, *,
-                      max_ngram: int = 2, eos_ids: Iterable[int] = ()) -> list[str]:
+                      max_ngram: int = 2, eos_ids: Iterable[int] = (),
+                      rule: DraftingRule = TRANSFORMERS_RULE) -> list[str]:
     """Per output token, as :func:`token_marks_model_draft`, for the prompt-lookup walk of :func:`walk_ngram`."""
-    index = NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids)
+    index = NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids, rule)
     return _marks_from_rounds(len(output_ids), ngram_rounds(len(prompt_ids), output_ids, gamma, max_new_tokens, index))
 
 

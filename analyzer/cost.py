@@ -11,7 +11,6 @@ the forwards is :mod:`analyzer.overhead`.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter, process_time
@@ -21,16 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from analyzer.devices import cpu_model_name
-from analyzer.interference import (
-    EXTRA_ROUNDS,
-    MAX_OTHERS_CPU,
-    MIN_CPU_SHARE,
-    SPREAD_TOLERANCE,
-    TimingQuality,
-    judge,
-    machine_reading,
-    others_busy_s,
-)
+from analyzer.interference import TimingQuality, checked_timings, machine_reading, others_busy_s
 
 
 @dataclass(frozen=True)
@@ -204,55 +194,11 @@ def time_target_forwards_checked(
     threads = max(1, torch.get_num_threads())
     on_cpu = model.device.type == "cpu"
     cache = prefill_cache(model, context_ids, batch_size)
-    ks = list(range(1, k_max + 1))
-    points = judge(*_timing_matrix(model, cache, context_ids, ks, repeats, warmup, batch_size, on_repeat),
-                    threads, on_cpu)
-    medians, spread = points.medians, points.spread
-    hit = (spread > SPREAD_TOLERANCE) | points.too_few
-    starved, shares, rounds = points.starved, [points.share], [points]
-    remeasured: set[int] = set()
-    for _ in range(EXTRA_ROUNDS):
-        again = [k for k in ks if hit[k - 1]]
-        if not again:
-            break
-        remeasured.update(again)
-        new = judge(*_timing_matrix(model, cache, context_ids, again, repeats, 0, batch_size, on_repeat),
-                     threads, on_cpu)
-        starved += new.starved
-        shares.append(new.share)
-        rounds.append(new)
-        for i, k in enumerate(again):
-            new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
-            if (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
-                medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
-    others_s = [p.kept_others_s for p in rounds]
-    kept_wall = sum(p.kept_wall_s for p in rounds)
-    others_share = (min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
-                    if kept_wall > 0 and None not in others_s else None)
-    still = [k for k in ks if hit[k - 1]]
-    notes = []
-    if starved:
-        notes.append(f"{starved} repeat{'s' if starved != 1 else ''} dropped: another process held the CPU (our "
-                     f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
-                     f"than {MAX_OTHERS_CPU:.0%} of the machine)")
-    if remeasured:
-        notes.append(f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
-                     f"{SPREAD_TOLERANCE:.0%} or were starved of CPU")
-    if still:
-        notes.append(f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
-                     "repeats after re-measuring")
-    busy = others_share is not None and others_share > MAX_OTHERS_CPU
-    if busy:
-        notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
-    verdict = "noisy" if still or busy else "remeasured" if remeasured or starved else "clean"
-    judged = [v for v in shares if v is not None]
-    quality = TimingQuality([float(v) for v in spread], sorted(remeasured),
-                            float(min(judged)) if judged else None, others_share, verdict, notes)
-    return [float(t) for t in medians], quality
 
+    def measure(ks: list[int], rounds_warmup: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _timing_matrix(model, cache, context_ids, ks, repeats, rounds_warmup, batch_size, on_repeat)
 
-def _ks(values: list[int]) -> str:
-    return ", ".join(str(k) for k in values)
+    return checked_timings(measure, k_max, warmup=warmup, threads=threads, on_cpu=on_cpu)
 
 
 def time_draft_model_step(draft_model: PreTrainedModel, context_ids: list[int], *, repeats: int = 5,

@@ -201,19 +201,30 @@ def is_out_of_memory(error: BaseException) -> bool:
         "out of memory" in text or "can't allocate memory" in text or isinstance(error, MemoryError))
 
 
-def guarantee_sentence(dtype: str | None, *, sampling: bool = False, fidelity: dict | None = None) -> str:
+def guarantee_sentence(dtype: str | None, *, sampling: bool = False, fidelity: dict | None = None,
+                       engine: str | None = None) -> str:
     """What this run's numbers guarantee, in one plain sentence. float32 greedy: an exact replay;
     bfloat16/float16 greedy: an estimate whose measured fidelity is quoted when known; sampling: an
-    expectation under i.i.d. acceptance."""
+    expectation under i.i.d. acceptance. In llama.cpp (quantized weights, whose batched and one-token
+    kernels differ) always an estimate with its measured fidelity."""
     dtype = dtype or "float32"
+    if engine == "llama.cpp":
+        return _estimate_sentence(f"llama.cpp, {dtype} weights: the replay is an estimate, not exact — llama.cpp's "
+                                  "batched verification and one-token decoding use different kernels, so real "
+                                  "speculative decoding can take other paths", fidelity)
     if sampling:
         return ("Sampling mode: the speedups are expectations under i.i.d. acceptance (alpha = mean overlap), "
                 "not a replay of any particular generation.")
     if dtype == "float32":
         return ("float32: the replay is exact — each round counted here is what greedy assisted generation "
                 "does on this device, token for token (tested; only a float near-tie can flip an argmax).")
-    parts = [f"{dtype}: the replay is an estimate, not exact — batched verification and one-token decoding round "
-             "differently, so real speculative decoding can take other paths"]
+    return _estimate_sentence(f"{dtype}: the replay is an estimate, not exact — batched verification and one-token "
+                              "decoding round differently, so real speculative decoding can take other paths", fidelity)
+
+
+def _estimate_sentence(opening: str, fidelity: dict | None) -> str:
+    """``opening`` followed by the measured fidelity, or how to measure it."""
+    parts = [opening]
     if fidelity and fidelity.get("mismatch_share") is not None:
         parts.append(f"; a teacher-forced pass disagreed with the generated token at "
                      f"{100 * fidelity['mismatch_share']:.2f}% of positions")

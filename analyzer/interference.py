@@ -12,6 +12,7 @@ not disturbed; :mod:`analyzer.cost` re-measures what stays disturbed and records
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,3 +117,68 @@ def judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, o
                    float(row_wall[keep].sum()), kept_others)
 
 
+
+
+TimingMatrix = Callable[[list[int], int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def checked_timings(measure: TimingMatrix, k_max: int, *, warmup: int, threads: int,
+                    on_cpu: bool) -> tuple[list[float], TimingQuality]:
+    """Medians of T(k) for k = 1..k_max and how trustworthy they are, whatever engine times them.
+
+    ``measure(ks, warmup)`` returns (wall seconds, process CPU seconds) of shape (repeats, len(ks)),
+    interleaved over ks within each repeat after ``warmup`` untimed rounds, and the CPU seconds other
+    processes used per repeat (NaN where unknown). :func:`judge` drops the starved repeats; points
+    whose repeats spread more than SPREAD_TOLERANCE, or that kept fewer than half their repeats, are
+    measured again (up to EXTRA_ROUNDS more rounds, only those k, keeping the cleaner round). The
+    verdict is noisy when a point is still hit after that, or when other processes used more than
+    MAX_OTHERS_CPU of the machine during the repeats kept; remeasured when interference was seen and
+    measured around; clean otherwise, with notes in words.
+    """
+    ks = list(range(1, k_max + 1))
+    points = judge(*measure(ks, warmup), threads, on_cpu)
+    medians, spread = points.medians, points.spread
+    hit = (spread > SPREAD_TOLERANCE) | points.too_few
+    starved, shares, rounds = points.starved, [points.share], [points]
+    remeasured: set[int] = set()
+    for _ in range(EXTRA_ROUNDS):
+        again = [k for k in ks if hit[k - 1]]
+        if not again:
+            break
+        remeasured.update(again)
+        new = judge(*measure(again, 0), threads, on_cpu)
+        starved += new.starved
+        shares.append(new.share)
+        rounds.append(new)
+        for i, k in enumerate(again):
+            new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
+            if (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
+                medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
+    others_s = [p.kept_others_s for p in rounds]
+    kept_wall = sum(p.kept_wall_s for p in rounds)
+    others_share = (min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
+                    if kept_wall > 0 and None not in others_s else None)
+    still = [k for k in ks if hit[k - 1]]
+    notes = []
+    if starved:
+        notes.append(f"{starved} repeat{'s' if starved != 1 else ''} dropped: another process held the CPU (our "
+                     f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
+                     f"than {MAX_OTHERS_CPU:.0%} of the machine)")
+    if remeasured:
+        notes.append(f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
+                     f"{SPREAD_TOLERANCE:.0%} or were starved of CPU")
+    if still:
+        notes.append(f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
+                     "repeats after re-measuring")
+    busy = others_share is not None and others_share > MAX_OTHERS_CPU
+    if busy:
+        notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
+    verdict = "noisy" if still or busy else "remeasured" if remeasured or starved else "clean"
+    judged = [v for v in shares if v is not None]
+    quality = TimingQuality([float(v) for v in spread], sorted(remeasured),
+                            float(min(judged)) if judged else None, others_share, verdict, notes)
+    return [float(t) for t in medians], quality
+
+
+def _ks(values: list[int]) -> str:
+    return ", ".join(str(k) for k in values)

@@ -133,6 +133,8 @@ class CostProfile(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
+    # the engine that timed it (analyzer/engines.py); profiles of one engine never price another's runs
+    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     device: Mapped[str] = mapped_column(String(200))
     dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -182,6 +184,7 @@ class AnalysisRun(Base):
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
     cost_profile_id: Mapped[Optional[int]] = mapped_column(ForeignKey("cost_profiles.id"))
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     progress_done: Mapped[int] = mapped_column(Integer, default=0)
     progress_total: Mapped[int] = mapped_column(Integer, default=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
+from analyzer.acceptance import drafting_rule, token_marks_model_draft, token_marks_ngram
 from analyzer.loading import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.models import AnalysisRun, PromptResult
 
@@ -32,7 +32,8 @@ class OutputMarks:
 def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMarks:
     """The marks of ``result``'s output tokens at lookahead ``gamma`` in ``run``: replayed from the
     stored draft matches (a model draft) or from the stored prompt and output ids with the run's
-    n-gram size and EOS ids (prompt lookup), exactly as the run counted them. A result without stored
+    n-gram size and EOS ids (prompt lookup), under its engine's drafting rule, exactly as the run
+    counted them. A result without stored
     token ids gets no pieces and :data:`BEFORE_TOKEN_IDS`; a sampling run plain pieces; marks that
     disagree with the stored accepted count (which the walk makes impossible) plain pieces and a note
     saying so, so colours never contradict the counts."""
@@ -44,12 +45,13 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
     if float(run.params.get("temperature", 0.0)) > 0:
         return OutputMarks(plain, SAMPLING)
     max_new_tokens = int(run.params["max_new_tokens"])
+    rule = drafting_rule(run.params.get("engine"))
     if ngram.kind == "ngram":
         marks = token_marks_ngram(result.prompt_token_ids, output_ids, gamma, max_new_tokens,
                                   max_ngram=int(ngram.options.get("max_ngram", NGRAM_DEFAULT_MAX)),
-                                  eos_ids=run.eos_token_ids)
+                                  eos_ids=run.eos_token_ids, rule=rule)
     elif result.draft_matches is not None:
-        marks = token_marks_model_draft(result.draft_matches, gamma, max_new_tokens)
+        marks = token_marks_model_draft(result.draft_matches, gamma, max_new_tokens, rule)
     else:
         return OutputMarks(plain, "this result has no stored draft matches, so no token is marked as drafted")
     stored = {count.gamma: count.accepted for count in result.gamma_counts}.get(gamma)

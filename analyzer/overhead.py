@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from time import perf_counter
 
@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from analyzer.cost import _synchronize
 from analyzer.interference import EXTRA_ROUNDS, MAX_OTHERS_CPU, machine_reading, others_busy_s
+
 
 @dataclass(frozen=True)
 class MachineryOverhead:
@@ -87,11 +88,19 @@ def measure_machinery_overhead(
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
+    return retried_while_busy(lambda: _overhead_once(
+        target_model, context_ids, models, gamma=gamma, new_tokens=new_tokens, draft_model=draft_model,
+        ngram_max=ngram_max, lookup_s=lookup_s, repeats=repeats))
+
+
+def retried_while_busy(measure_once: Callable[[], MachineryOverhead]) -> MachineryOverhead:
+    """``measure_once()``, measured again while other processes use more than MAX_OTHERS_CPU of the
+    machine (/proc/stat), up to EXTRA_ROUNDS more times; the last result notes it in ``busy`` when
+    they always did. Shared by every engine's overhead measurement."""
     shares = []
-    for _ in range(1 + EXTRA_ROUNDS):  # measured again while other processes hold the CPU
+    for _ in range(1 + EXTRA_ROUNDS):
         before, started = machine_reading(), perf_counter()
-        measured = _overhead_once(target_model, context_ids, models, gamma=gamma, new_tokens=new_tokens,
-                                  draft_model=draft_model, ngram_max=ngram_max, lookup_s=lookup_s, repeats=repeats)
+        measured = measure_once()
         used = others_busy_s(before, machine_reading())
         share = min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1))) if used is not None else None
         shares.append(share)

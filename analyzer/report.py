@@ -116,11 +116,13 @@ def build_report(session: Session, run_id: int) -> dict:
         "target": run.pair.target.spec,
         "draft": run.pair.draft.spec,
         "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else
+        f"greedy (replay estimate in llama.cpp, {dtype} weights)" if run.engine == "llama.cpp" else
         "greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})",
         "params": params,
+        "engine": run.engine,
         "device": run.device,
         "dtype": dtype,
-        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity),
+        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity, engine=run.engine),
         "cost_profile": _profile_dict(profile) if profile else None,
         "cost_profiles": {str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles}
         or ({str(profile.batch_size or 1): _profile_dict(profile)} if profile else {}),
@@ -142,7 +144,8 @@ def _profile_dict(profile: CostProfile) -> dict:
         "target_k_s": list(profile.target_forward_s), "draft_s": profile.draft_step_s,
         "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
         "round_overhead_s": profile.round_overhead_s, "decode_overhead_s": profile.decode_overhead_s,
-        "device": profile.device, "dtype": profile.dtype or "float32", "batch_size": profile.batch_size or 1,
+        "engine": profile.engine, "device": profile.device, "dtype": profile.dtype or "float32",
+        "batch_size": profile.batch_size or 1,
         "quality": profile.quality, "quality_notes": list(profile.quality_notes or []),
         "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
         "threads": profile.threads, "context_tokens": profile.context_tokens,

@@ -33,7 +33,8 @@ def _fmt(value) -> str:
 def report_text(report: dict) -> str:
     """A plain-text summary: the recommendation in words, then the per-task table."""
     lines = [f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-             f"{report['mode']}, {report.get('dtype') or 'float32'} on {report.get('device') or 'an unknown device'}"]
+             f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {report.get('dtype') or 'float32'} "
+             f"on {report.get('device') or 'an unknown device'}"]
     for batch, cp in (report.get("cost_profiles") or {}).items():
         ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
         overhead = (f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"

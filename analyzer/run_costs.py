@@ -5,7 +5,7 @@ linked to the run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
@@ -15,22 +15,25 @@ from analyzer.models import AnalysisRun, CostProfile, RunCostProfile
 from analyzer.run_models import RunModels
 from analyzer.run_records import ProgressCallback, RunParams
 
+if TYPE_CHECKING:
+    from analyzer.llamacpp_run import LlamaCppRunModels
 
-def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunModels, params: RunParams,
-                      prompt_ids: list[list[int]], progress: ProgressCallback | None) -> int:
+
+def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels,
+                      params: RunParams, prompt_ids: list[list[int]], progress: ProgressCallback | None) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
     this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
     noisy: it is passed over, and progress says so), or measure one on the prompt of median length
     among ``prompt_ids`` (the run's prompts, already tokenized); link them to the run and return the
     smallest batch size's id. The machinery overhead is measured once (at batch 1) for the profiles
-    measured now."""
-    from analyzer.cost import device_description, profile_costs, time_callable
-    from analyzer.overhead import measure_machinery_overhead
-
-    placement = models.target.placement
-    device = device_description(models.target.model)
+    measured now. Profiles are the run's engine's: measured by it (``models``), reused only from it."""
+    device, dtype = models.device_text(), models.dtype_text()
+    if models.engine == "transformers":
+        placement = models.target.placement
+        where, machinery, sizes = f"{placement.device} in {dtype}", "generate()", params.batch_sizes(placement)
+    else:
+        where, machinery, sizes = f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,)
     k_max = params.gamma_max + 1
-    sizes = params.batch_sizes(placement)
     chosen: dict[int, int] = {}
     passed_over: list[str] = []
     with session_factory() as session, session.begin():
@@ -44,7 +47,8 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunMod
                 for profile in session.scalars(
                     select(CostProfile)
                     .where(CostProfile.pair_id == run.pair_id, CostProfile.device == device,
-                           CostProfile.dtype == placement.dtype, CostProfile.batch_size == batch_size)
+                           CostProfile.dtype == dtype, CostProfile.batch_size == batch_size,
+                           CostProfile.engine == models.engine)
                     .order_by(CostProfile.id.desc())
                 ):
                     if len(profile.target_forward_s) < k_max:
@@ -62,17 +66,12 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunMod
     if missing:
         encoded = sorted(prompt_ids, key=len)
         context = list(encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32)
-        draft_step = _prompt_lookup_step(context, models, params) if models.draft is None else None
         if progress:
-            progress(0, 0, f"profiling the machinery overhead of generate() on {placement.device} in {placement.dtype}")
-        overhead = measure_machinery_overhead(
-            models.target.model, context, gamma=min(4, params.gamma_max),
-            new_tokens=min(32, params.max_new_tokens), draft_model=models.draft.model if models.draft else None,
-            ngram_max=models.ngram_max, lookup_s=time_callable(draft_step) if draft_step else 0.0,
-        )
+            progress(0, 0, f"profiling the machinery overhead of {machinery} on {where}")
+        overhead = models.measure_overhead(context, params)
         for number, batch_size in enumerate(missing, start=1):
             phase = (f"profiling the cost of drafting and verifying at batch size {batch_size} "
-                     f"({number} of {len(missing)}) on {placement.device} in {placement.dtype}")
+                     f"({number} of {len(missing)}) on {where}")
             passes = {"done": 0, "planned": 6 * (2 if models.draft is not None else 1)}  # 1 warm-up + 5 repeats
 
             def tick() -> None:
@@ -83,16 +82,14 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunMod
 
             if progress:
                 progress(0, passes["planned"], phase)
-            measured = profile_costs(
-                models.target.model, context, k_max, batch_size=batch_size,
-                draft_model=models.draft.model if models.draft else None, draft_step=draft_step, on_repeat=tick,
-            )
+            measured = models.measure_costs(context, k_max, batch_size, tick)
             with session_factory() as session, session.begin():
                 run = session.get(AnalysisRun, run_id)
                 profile = CostProfile(
                     pair_id=run.pair_id,
                     device=measured.device,
-                    dtype=placement.dtype,
+                    dtype=dtype,
+                    engine=models.engine,
                     batch_size=batch_size,
                     threads=measured.threads,
                     context_tokens=measured.context_tokens,
@@ -106,7 +103,7 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunMod
                     target_forward_spread=measured.quality.spread if measured.quality else None,
                     quality="noisy" if overhead.busy else measured.quality.verdict if measured.quality else None,
                     quality_notes=([overhead.busy] if overhead.busy else []) + (measured.quality.notes if measured.quality else []),
-                    library_versions=library_versions(),
+                    library_versions=models.library_versions(),
                 )
                 session.add(profile)
                 session.flush()
@@ -122,22 +119,6 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunMod
                 run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile_id=profile_id))
         run.cost_profile_id = chosen[min(chosen)]
         return run.cost_profile_id
-
-
-def _prompt_lookup_step(context: list[int], models: RunModels, params: RunParams) -> Callable[[], object]:
-    """One prompt-lookup proposal as transformers computes it (a scan of the whole context), which
-    is what an engine pays per round; the lookup of our analysis is indexed and not representative."""
-    import torch
-    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
-
-    generator = PromptLookupCandidateGenerator(
-        eos_token_id=torch.tensor(models.eos_ids, device=models.target.model.device),
-        num_output_tokens=params.gamma_max,
-        max_matching_ngram_size=models.ngram_max or 2,
-        max_length=len(context) + params.max_new_tokens,
-    )
-    input_ids = torch.tensor([context], dtype=torch.long, device=models.target.model.device)
-    return lambda: generator.get_candidates(input_ids)
 
 
 def library_versions() -> dict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
+
 from analyzer.devices import Placement
 from analyzer.loading import LoadedModel, ModelSpecRef, load_model, parse_spec
 from analyzer.models import ModelPair, Prompt
@@ -32,6 +34,8 @@ class RunModels:
     draft_ref: ModelSpecRef
     eos_ids: list[int]
     pad_id: int
+    engine: str = "transformers"
+    rule: DraftingRule = TRANSFORMERS_RULE
 
     @property
     def ngram_max(self) -> int | None:
@@ -53,6 +57,70 @@ class RunModels:
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Each token's text on its own (stored, so showing a result needs no tokenizer)."""
         return token_texts(self.target.tokenizer, token_ids)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def tokenizers(self) -> tuple[object, object | None]:
+        """The target's and the draft's tokenizer (None for prompt lookup), as loaded."""
+        return self.target.tokenizer, self.draft.tokenizer if self.draft is not None else None
+
+    def device_text(self) -> str:
+        from analyzer.cost import device_description
+
+        return device_description(self.target.model)
+
+    def dtype_text(self) -> str:
+        return self.target.placement.dtype
+
+    def library_versions(self) -> dict:
+        from analyzer.run_costs import library_versions
+
+        return library_versions()
+
+    def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
+        """The cost profile at ``batch_size`` over a cache of ``context`` (:func:`analyzer.cost.profile_costs`)."""
+        from analyzer.cost import profile_costs
+
+        draft_step = self._prompt_lookup_step(context, k_max - 1) if self.draft is None else None
+        return profile_costs(self.target.model, context, k_max, batch_size=batch_size,
+                             draft_model=self.draft.model if self.draft else None, draft_step=draft_step,
+                             on_repeat=on_repeat)
+
+    def measure_overhead(self, context: list[int], params: RunParams):
+        """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`)."""
+        from analyzer.cost import time_callable
+        from analyzer.overhead import measure_machinery_overhead
+
+        lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
+        return measure_machinery_overhead(
+            self.target.model, context, gamma=min(4, params.gamma_max), new_tokens=min(32, params.max_new_tokens),
+            draft_model=self.draft.model if self.draft else None, ngram_max=self.ngram_max,
+            lookup_s=time_callable(lookup) if lookup else 0.0,
+        )
+
+    def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):
+        """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`)."""
+        from analyzer.validate import validate_prompt
+
+        return validate_prompt(self.target.model, prompt_ids, params.max_new_tokens, gamma=gamma,
+                               draft_model=self.draft.model if self.draft else None, ngram_max=self.ngram_max,
+                               eos_token_id=self.eos_ids)
+
+    def _prompt_lookup_step(self, context: list[int], gamma: int):
+        """One prompt-lookup proposal as transformers computes it (a scan of the whole context), which
+        is what an engine pays per round; the lookup of our analysis is indexed and not representative."""
+        import torch
+        from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+        generator = PromptLookupCandidateGenerator(
+            eos_token_id=torch.tensor(self.eos_ids, device=self.target.model.device),
+            num_output_tokens=gamma, max_matching_ngram_size=self.ngram_max or 2,
+            max_length=len(context) + 4096,
+        )
+        input_ids = torch.tensor([context], dtype=torch.long, device=self.target.model.device)
+        return lambda: generator.get_candidates(input_ids)
 
 
 def load_run_models(pair: ModelPair, cache_dir: Path, allow_network: bool, placement: Placement) -> RunModels:

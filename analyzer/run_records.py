@@ -25,6 +25,7 @@ from analyzer.devices import (
     default_batch_sizes,
     resolve,
 )
+from analyzer.engines import DEFAULT_ENGINE, LLAMA_CPP, EngineError, check_engine_name
 from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.errors import SpecrouteError
 from analyzer.loading import ModelSpecRef, display_name, parse_spec
@@ -63,6 +64,7 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
+    engine: str = DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
     device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
@@ -91,13 +93,28 @@ class RunParams:
         if not 1 <= self.chunk_size <= 100_000:
             raise RunError("chunk_size must be between 1 and 100,000")
         try:
-            check_device_name(self.device), check_dtype_name(self.dtype)
-        except DeviceError as error:
+            check_device_name(self.device), check_dtype_name(self.dtype), check_engine_name(self.engine)
+        except (DeviceError, EngineError) as error:
             raise RunError(str(error)) from None
         sizes = self.profile_batch_sizes
         if sizes is not None and (not sizes or any(not 1 <= int(b) <= MAX_PROFILE_BATCH_SIZE for b in sizes)):
             raise RunError(f"profile batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}")
+        if self.engine == LLAMA_CPP:
+            self._check_llama_cpp()
         return self
+
+    def _check_llama_cpp(self) -> None:
+        """Raise :class:`RunError` for the first setting the llama.cpp engine cannot measure."""
+        if self.temperature != 0:
+            raise RunError("the llama.cpp engine measures greedy decoding only; use temperature 0")
+        if check_device_name(self.device) not in ("auto", "cpu"):
+            raise RunError(f"the llama.cpp engine runs on the CPU here; use device auto or cpu, not {self.device!r}")
+        if check_dtype_name(self.dtype) != "auto":
+            raise RunError("the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
+                           f"shipped; leave dtype auto, not {self.dtype!r}")
+        if self.batch_size != 1 or tuple(self.profile_batch_sizes or (1,)) != (1,):
+            raise RunError("the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1 "
+                           "and profile batch size 1 only")
 
     @classmethod
     def from_json(cls, data: dict) -> "RunParams":
@@ -149,15 +166,30 @@ def create_run(session: Session, prompt_set_name: str, target: str, draft: str, 
     target_ref, draft_ref = parse_spec(target), parse_spec(draft)
     if target_ref.kind == "ngram":
         raise RunError("the target must be a model, not 'ngram'")
+    if params.engine == LLAMA_CPP:
+        _check_llama_cpp_specs(target_ref, draft_ref)
     prompt_set = get_prompt_set(session, prompt_set_name)
     pair = get_or_create_pair(session, target_ref, draft_ref)
     total = prompt_set.prompt_count if params.limit is None else min(params.limit, prompt_set.prompt_count)
-    run = AnalysisRun(
-        prompt_set=prompt_set, pair=pair, status="queued", params=asdict(params), progress_total=total
-    )
+    run = AnalysisRun(prompt_set=prompt_set, pair=pair, status="queued", params=asdict(params),
+                      progress_total=total, engine=params.engine)
     session.add(run)
     session.flush()
     return run
+
+
+LLAMA_CPP_SPEC_KINDS = ("gguf", "builtin")  # the spec kinds llama.cpp loads natively (GGUF files)
+
+
+def _check_llama_cpp_specs(target: ModelSpecRef, draft: ModelSpecRef) -> None:
+    """Raise :class:`RunError` unless llama.cpp can load the pair: a GGUF target (``gguf:`` or
+    ``builtin:``) and a GGUF or n-gram draft."""
+    if target.kind not in LLAMA_CPP_SPEC_KINDS:
+        raise RunError(f"the llama.cpp engine loads GGUF files only: the target must be gguf:<folder>#<file.gguf> "
+                       f"or builtin:<name>, not {target.canonical!r}")
+    if draft.kind not in LLAMA_CPP_SPEC_KINDS + ("ngram",):
+        raise RunError(f"the llama.cpp engine loads GGUF files only: the draft must be ngram, "
+                       f"gguf:<folder>#<file.gguf> or builtin:<name>, not {draft.canonical!r}")
 
 
 def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
@@ -52,7 +53,7 @@ from analyzer.models import (
     ValidationResult,
 )
 from analyzer.prompt_encoding import EncodedPrompt
-from analyzer.run_costs import library_versions, profile_run_costs
+from analyzer.run_costs import profile_run_costs
 from analyzer.run_models import RunModels, load_run_models
 from analyzer.run_records import (
     UNLABELLED,
@@ -68,73 +69,97 @@ from analyzer.run_records import (
 )
 from analyzer.tokenizer_match import tokenizer_fingerprint
 
+if TYPE_CHECKING:
+    from analyzer.llamacpp_run import LlamaCppRunModels
 
-def _measure_batch(models: RunModels, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams) -> list[dict]:
-    """Measure a batch of (prompt, its token ids) and return one result dict per prompt."""
+
+def _measure_batch(models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]],
+                   params: RunParams) -> list[dict]:
+    """Measure a batch of (prompt, its token ids) in the run's engine and return one result dict per prompt."""
+    if models.engine == "transformers":
+        passes = _transformers_passes(models, batch, params)
+    else:
+        passes = [models.measure(enc, params) for _, enc in batch]
+    return [_result(models, prompt, enc, measured, params) for (prompt, enc), measured in zip(batch, passes)]
+
+
+def _transformers_passes(models: RunModels, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams) -> list[dict]:
+    """The target generation of a batch (left-padded, one generate call), each prompt's teacher-forced
+    draft pass (a model draft) and, in half precision, the replay's fidelity."""
     sampling = params.temperature > 0
     generations = generate_target(
         models.target.model, [enc.ids for _, enc in batch], params.max_new_tokens,
         eos_ids=models.eos_ids, pad_id=models.pad_id, temperature=params.temperature, top_p=params.top_p,
         seed=params.seed + batch[0][0].id, keep_logits=sampling,
     )
-    results = []
-    for (prompt, enc), generation in zip(batch, generations):
-        started = time.perf_counter()
+    passes = []
+    for (_, enc), generation in zip(batch, generations):
         output = generation.output_ids
-        index = None
-        if models.draft is not None:
-            draft_logits = teacher_forced_logits(models.draft.model, enc.ids, output)
-            matches = draft_match_sequence(draft_logits, output)
-        else:
-            index = NgramIndex(list(enc.ids) + list(output), models.ngram_max, models.eos_ids)
-            matches = ngram_first_token_matches(enc.ids, output, index=index)
-        alpha_sampling = None
-        per_gamma = []
-        if sampling:
-            if models.draft is not None:
-                betas = sampling_overlaps(generation.logits, draft_logits, params.temperature, params.top_p)
-            else:
-                betas = _ngram_sampling_overlaps(generation.logits, enc.ids, output, index, params)
-            alpha_sampling = float(np.mean(betas)) if betas.size else float("nan")
-            for g in range(1, params.gamma_max + 1):
-                per_gamma.append({"gamma": g, "rounds": 0, "drafted": 0, "accepted": 0,
-                                  "accepted_hist": [0] * (g + 1), "drafted_hist": [0] * (g + 1),
-                                  "position_accepted": [0] * g,
-                                  "expected_tokens_per_round": expected_tokens_iid(alpha_sampling, g)
-                                  if np.isfinite(alpha_sampling) else None})
-        else:
-            for g in range(1, params.gamma_max + 1):
-                if models.draft is not None:
-                    counts = walk_model_draft(matches, g, params.max_new_tokens)
-                else:
-                    counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
-                per_gamma.append({
-                    "gamma": g, "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
-                    "accepted_hist": counts.accepted_hist.tolist(), "drafted_hist": counts.drafted_hist.tolist(),
-                    "position_accepted": counts.position_accepted.tolist(),
-                    "expected_tokens_per_round": (counts.output_tokens / counts.rounds) if counts.rounds else None,
-                })
-        draft_time = time.perf_counter() - started
+        started = time.perf_counter()
+        draft_logits = teacher_forced_logits(models.draft.model, enc.ids, output) if models.draft else None
+        draft_s = time.perf_counter() - started
         mismatches = None
         if not sampling and models.target.placement.dtype != "float32":
             mismatches = int(teacher_forced_mismatches(models.target.model, enc.ids, output).sum())
-        results.append({
-            "prompt": prompt,
-            "prompt_ids": list(enc.ids),
-            "prompt_truncated": enc.truncated,
-            "output_ids": list(output),
-            "output_text": models.target.tokenizer.decode(output, skip_special_tokens=False),
-            "output_token_texts": models.token_texts(output),
-            "matches": matches.astype(int).tolist(),
-            "entropies": [round(float(e), 5) for e in generation.entropies],
-            "alpha": alpha_from_matches(matches),
-            "alpha_sampling": alpha_sampling,
-            "replay_mismatches": mismatches,
-            "target_time_s": generation.time_s,
-            "draft_time_s": draft_time,
-            "per_gamma": per_gamma,
-        })
-    return results
+        passes.append({"output": output, "entropies": generation.entropies, "target_time_s": generation.time_s,
+                       "matches": draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
+                       "mismatches": mismatches, "target_logits": generation.logits, "draft_logits": draft_logits,
+                       "draft_time_s": draft_s})
+    return passes
+
+
+def _result(models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: EncodedPrompt, measured: dict,
+            params: RunParams) -> dict:
+    """One prompt's result: the walks at every g under the engine's drafting rule (or, sampling, the
+    i.i.d. expectation from the overlaps), with the passes that fed them."""
+    started = time.perf_counter()
+    output, matches, index = measured["output"], measured["matches"], None
+    if matches is None:
+        index = NgramIndex(list(enc.ids) + list(output), models.ngram_max, models.eos_ids, models.rule)
+        matches = ngram_first_token_matches(enc.ids, output, index=index)
+    alpha_sampling = None
+    per_gamma = []
+    if params.temperature > 0:
+        if models.draft is not None:
+            betas = sampling_overlaps(measured["target_logits"], measured["draft_logits"], params.temperature,
+                                      params.top_p)
+        else:
+            betas = _ngram_sampling_overlaps(measured["target_logits"], enc.ids, output, index, params)
+        alpha_sampling = float(np.mean(betas)) if betas.size else float("nan")
+        for g in range(1, params.gamma_max + 1):
+            per_gamma.append({"gamma": g, "rounds": 0, "drafted": 0, "accepted": 0,
+                              "accepted_hist": [0] * (g + 1), "drafted_hist": [0] * (g + 1),
+                              "position_accepted": [0] * g,
+                              "expected_tokens_per_round": expected_tokens_iid(alpha_sampling, g)
+                              if np.isfinite(alpha_sampling) else None})
+    else:
+        for g in range(1, params.gamma_max + 1):
+            if models.draft is not None:
+                counts = walk_model_draft(matches, g, params.max_new_tokens, models.rule)
+            else:
+                counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
+            per_gamma.append({
+                "gamma": g, "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
+                "accepted_hist": counts.accepted_hist.tolist(), "drafted_hist": counts.drafted_hist.tolist(),
+                "position_accepted": counts.position_accepted.tolist(),
+                "expected_tokens_per_round": (counts.output_tokens / counts.rounds) if counts.rounds else None,
+            })
+    return {
+        "prompt": prompt,
+        "prompt_ids": list(enc.ids),
+        "prompt_truncated": enc.truncated,
+        "output_ids": list(output),
+        "output_text": models.tokenizer.decode(output, skip_special_tokens=False),
+        "output_token_texts": models.token_texts(output),
+        "matches": np.asarray(matches).astype(int).tolist(),
+        "entropies": [round(float(e), 5) for e in measured["entropies"]],
+        "alpha": alpha_from_matches(matches),
+        "alpha_sampling": alpha_sampling,
+        "replay_mismatches": measured["mismatches"],
+        "target_time_s": measured["target_time_s"],
+        "draft_time_s": measured["draft_time_s"] + time.perf_counter() - started,
+        "per_gamma": per_gamma,
+    }
 
 
 def _ngram_sampling_overlaps(target_logits, prompt_ids, output, index: NgramIndex, params: RunParams) -> np.ndarray:
@@ -188,18 +213,26 @@ class ModelCache:
         self.models: RunModels | None = None
         self.encoded: dict[int, EncodedPrompt] = {}
 
-    def load(self, pair: ModelPair, params: RunParams, progress: ProgressCallback | None) -> RunModels:
-        """The run's pair on the device and dtype it asks for, loaded unless it already is."""
-        placement = params.placement()
-        key = (pair.target.spec, pair.draft.spec, placement.device, placement.dtype, params.chat_template,
-               params.max_prompt_tokens, params.max_new_tokens)
+    def load(self, pair: ModelPair, params: RunParams,
+             progress: ProgressCallback | None) -> RunModels | LlamaCppRunModels:
+        """The run's pair in its engine, on the device and dtype it asks for, loaded unless it already is."""
+        llama_cpp = params.engine == "llama.cpp"
+        placement = None if llama_cpp else params.placement()
+        where = "in llama.cpp on the CPU" if llama_cpp else f"on {placement.device} ({placement.name}) in {placement.dtype}"
+        key = (params.engine, pair.target.spec, pair.draft.spec, where, params.chat_template,
+               params.max_prompt_tokens, params.max_new_tokens, params.gamma_max if llama_cpp else None)
         if key != self.key:
             self.models = self.key = None
             self.encoded = {}
             if progress:
                 progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
-                         + f" on {placement.device} ({placement.name}) in {placement.dtype}")
-            self.models = load_run_models(pair, self.cache_dir, self.allow_network, placement)
+                         + f" {where}")
+            if llama_cpp:
+                from analyzer.llamacpp_run import load_llamacpp_models
+
+                self.models = load_llamacpp_models(pair, self.cache_dir, params)
+            else:
+                self.models = load_run_models(pair, self.cache_dir, self.allow_network, placement)
             self.key = key
         return self.models
 
@@ -290,17 +323,19 @@ def _prompt_chars(prompt: Prompt) -> int:
     return len(prompt.text or "") + sum(len(str(m.get("content", ""))) for m in prompt.messages or [])
 
 
-def _record_machine(session_factory: sessionmaker, run_id: int, models: RunModels, params: RunParams) -> None:
-    """Store on the run where it is measured: device, dtype, library versions, EOS ids, tokenizers."""
+def _record_machine(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels,
+                    params: RunParams) -> None:
+    """Store on the run where it is measured: device, dtype (for llama.cpp the weights' type as
+    shipped), library versions, EOS ids, tokenizers."""
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
-        run.device = _device_text(models)
-        run.dtype = models.target.placement.dtype
-        run.library_versions = library_versions()
+        run.device = models.device_text()
+        run.dtype = models.dtype_text()
+        run.library_versions = models.library_versions()
         run.eos_token_ids = list(models.eos_ids)
-        for spec, loaded in ((run.pair.target, models.target), (run.pair.draft, models.draft)):
-            if loaded is not None:
-                spec.tokenizer_sha256 = tokenizer_fingerprint(loaded.tokenizer)
+        for spec, tokenizer in zip((run.pair.target, run.pair.draft), models.tokenizers()):
+            if tokenizer is not None:
+                spec.tokenizer_sha256 = tokenizer_fingerprint(tokenizer)
 
 
 def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id: str, models: ModelCache,
@@ -333,19 +368,12 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
     return True
 
 
-def _device_text(models: RunModels) -> str:
-    from analyzer.cost import device_description
-
-    return device_description(models.target.model)
-
-
-def _validate(session_factory: sessionmaker, run_id: int, models: RunModels, params: RunParams,
+def _validate(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels, params: RunParams,
               progress: ProgressCallback | None) -> None:
-    """Run real speculative decoding at each validated prompt's task g* beside plain greedy, on a
-    sample drawn across tasks (:func:`validation_sample`), from the prompt ids the run measured
-    (stored with each result)."""
+    """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
+    plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
+    run measured (stored with each result)."""
     from analyzer.summary import summarize_run
-    from analyzer.validate import validate_prompt
 
     with session_factory() as session:
         summary = summarize_run(session, session.get(AnalysisRun, run_id))
@@ -359,11 +387,7 @@ def _validate(session_factory: sessionmaker, run_id: int, models: RunModels, par
         if progress:
             progress(number - 1, len(chosen), "validating with real speculative decoding")
         gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
-        measured = validate_prompt(
-            models.target.model, list(stored[prompt.prompt_id][0]), params.max_new_tokens, gamma=gamma,
-            draft_model=models.draft.model if models.draft else None, ngram_max=models.ngram_max,
-            eos_token_id=models.eos_ids,
-        )
+        measured = models.validate(list(stored[prompt.prompt_id][0]), params, gamma)
         with session_factory() as session, session.begin():
             session.add(ValidationResult(
                 run_id=run_id, prompt_id=prompt.prompt_id, gamma=gamma,

@@ -106,6 +106,12 @@ class Settings:
         "(also POST /v1/route, /v1/route/batch and the playground), 'all' (also every API GET and web page; "
         "/healthz stays open).",
     )
+    engine: str = _setting(
+        "transformers", "Engine that analyses measure and price in: transformers (eager PyTorch forwards, any "
+        "model spec) or llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
+        "[llamacpp] extra). Used by 'specroute analyze' and 'demo' unless --engine is given, and as the web form's "
+        "default; recorded on the run, its cost profiles and the policies published from it.",
+    )
     device: str = _setting(
         "auto", "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
         "cpu, cuda or cuda:N. Used by 'specroute analyze' and 'demo' unless --device is given, and as the web "
@@ -255,11 +261,12 @@ def load_settings(
 def _checked(settings: Settings) -> Settings:
     """Refuse settings whose value is of the right type but not a known choice."""
     from analyzer.devices import DeviceError, check_device_name, check_dtype_name
+    from analyzer.engines import EngineError, check_engine_name
 
-    for name, check in (("device", check_device_name), ("dtype", check_dtype_name)):
+    for name, check in (("device", check_device_name), ("dtype", check_dtype_name), ("engine", check_engine_name)):
         try:
             check(getattr(settings, name))
-        except DeviceError as error:
+        except (DeviceError, EngineError) as error:
             raise SettingsError(f"{env_name(name)}: {error}") from None
     return settings
 

@@ -25,7 +25,8 @@ SIMULATED_COST_CURVE = [0.040, 0.060, 0.070, 0.075, 0.080, 0.085, 0.090, 0.095, 
 def create_simulated_run(session: Session, tasks: dict[str, float], *, per_task: int | dict[str, int] = 4,
                          gamma_max: int = 8, n_tokens: int = 64, draft_spec: str = "hf:/models/draft",
                          draft_step_s: float = 0.004, seed: int = 0, name: str = "synthetic",
-                         batch_curves: dict[int, list[float]] | None = None) -> AnalysisRun:
+                         batch_curves: dict[int, list[float]] | None = None,
+                         engine: str = "transformers") -> AnalysisRun:
     """A done run over a new prompt set ``name`` with ``per_task`` prompts per task (or {task: count});
     ``tasks`` maps each task to p, and each prompt's draft matches are Bernoulli(p) over ``n_tokens``
     tokens (seeded by ``seed``), walked for g = 1..gamma_max. Its batch-1 profile is
@@ -39,15 +40,17 @@ def create_simulated_run(session: Session, tasks: dict[str, float], *, per_task:
     draft_kind = "ngram" if draft_spec.startswith("ngram") else "hf"
     draft = ModelSpec(spec=draft_spec, kind=draft_kind, display_name="draft")
     pair = ModelPair(target=target, draft=draft)
-    profile = CostProfile(pair=pair, device="test-device", threads=2, context_tokens=100, repeats=5,
+    profile = CostProfile(pair=pair, engine=engine, device="test-device", threads=2, context_tokens=100, repeats=5,
                           target_forward_s=SIMULATED_COST_CURVE[: gamma_max + 1], draft_step_s=draft_step_s)
-    run = AnalysisRun(prompt_set=prompt_set, pair=pair, cost_profile=profile, status="done",
-                      params={"max_new_tokens": n_tokens, "gamma_max": gamma_max, "margin": 0.05, "temperature": 0.0},
+    run = AnalysisRun(prompt_set=prompt_set, pair=pair, cost_profile=profile, status="done", engine=engine,
+                      params={"max_new_tokens": n_tokens, "gamma_max": gamma_max, "margin": 0.05, "temperature": 0.0,
+                              "engine": engine},
                       progress_done=len(lines), progress_total=len(lines))
     run.batch_profiles.append(RunCostProfile(cost_profile=profile, batch_size=1))
     for batch_size, curve in sorted((batch_curves or {}).items()):
         run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile=CostProfile(
-            pair=pair, device="test-device", threads=2, context_tokens=100, repeats=5, batch_size=batch_size,
+            pair=pair, engine=engine, device="test-device", threads=2, context_tokens=100, repeats=5,
+            batch_size=batch_size,
             target_forward_s=list(curve[: gamma_max + 1]), draft_step_s=draft_step_s)))
     session.add(run)
     session.flush()

@@ -78,12 +78,17 @@ class Decision:
     engine: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
-        """The decision as JSON-ready data (engine settings copied one level deep)."""
-        engine = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.engine.items()}
+        """The decision as JSON-ready data (engine settings copied, nested ones too)."""
+        engine = _copied(self.engine)
         return {"route_id": self.route_id, "speculate": self.speculate, "gamma": self.gamma,
                 "task_type": self.task_type, "confidence": self.confidence,
                 "predicted_acceptance": self.predicted_acceptance, "expected_speedup": self.expected_speedup,
                 "reasons": list(self.reasons), "policy_version": self.policy_version, "engine": engine}
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every dict in it copied (the decision's settings stay its own)."""
+    return {k: _copied(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class Router:
         adaptation: AdaptationConfig | None = None,
         policy_set_id: int | None = None,
         margin: float = 0.05,
+        priced_by: str | None = None,
     ):
         self.classifier = classifier
         self.policies = {task: p for task, p in policies.items() if task != FALLBACK_TASK}
@@ -127,6 +133,7 @@ class Router:
         self.cost = cost
         self.adaptation = adaptation or AdaptationConfig()
         self.margin = margin
+        self.priced_by = priced_by  # the engine whose cost priced the policies (None: no policy set)
         self.states: dict[str, TaskState] = {}
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
@@ -296,15 +303,28 @@ class Router:
         return float((1 - weight) * low_at + weight * high_at)
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
+        """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
+        pool = self.config.pool(speculate, gamma)
+        return {"transformers": self._transformers_settings(speculate, gamma),
+                "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},
+                "pool": pool, "priced_by": self.priced_by}
+
+    def _transformers_settings(self, speculate: bool, gamma: int) -> dict[str, Any]:
+        """generate() settings: no assistant, prompt lookup, or a draft model at a constant gamma."""
         if not speculate:
-            transformers = {"assistant_model": False}
-        elif self.draft_kind == "ngram":
-            transformers = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": self.ngram_max}
-        else:
-            transformers = {"assistant_model": True, "assistant_generation_config": {
-                "num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}}
-        return {"transformers": transformers, "pool": self.config.pool(speculate, gamma)}
+            return {"assistant_model": False}
+        if self.draft_kind == "ngram":
+            return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": self.ngram_max}
+        return {"assistant_model": True, "assistant_generation_config": {
+            "num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}}
+
+    def _llama_cpp_speculative(self, speculate: bool, gamma: int) -> dict[str, Any] | None:
+        """What the llama.cpp pool speculates with (llama.cpp fixes it per server, so the pool names it):
+        prompt lookup or a draft model, at most ``gamma`` drafted tokens; None when not speculating."""
+        if not speculate:
+            return None
+        return {"draft": "prompt-lookup" if self.draft_kind == "ngram" else "model", "n_max": gamma}
 
 
 def router_from_database(session, config: RouterConfig | None = None,
@@ -341,4 +361,5 @@ def router_from_database(session, config: RouterConfig | None = None,
     return Router(classifier, policies, policy_version=policy_set.version if policy_set else None,
                   policy_set_id=policy_set.id if policy_set else None, draft_kind=draft_kind, ngram_max=ngram_max,
                   config=config, cost=cost, states=states, adaptation=adaptation,
-                  margin=policy_set.margin if policy_set is not None else 0.05)
+                  margin=policy_set.margin if policy_set is not None else 0.05,
+                  priced_by=policy_set.engine if policy_set is not None else None)

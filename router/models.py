@@ -58,6 +58,8 @@ class PolicySet(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     version: Mapped[int] = mapped_column(Integer, unique=True)
     run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("analysis_runs.id"), index=True)
+    # the engine whose cost priced the policies (the run's): the decisions' settings are for it first
+    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=0.05)
     notes: Mapped[Optional[str]] = mapped_column(Text)

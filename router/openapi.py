@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.engines import ENGINES
+
 MAX_BATCH = 1000
 
 _INT1 = {"type": "integer", "minimum": 1}
@@ -66,13 +68,27 @@ SCHEMAS: dict[str, Any] = {
             "reasons": {"type": "array", "items": {"type": "string"}},
             "policy_version": {"type": ["integer", "null"]},
             "engine": {
-                "type": "object", "required": ["transformers", "pool"], "additionalProperties": False,
+                "type": "object", "required": ["transformers", "llama.cpp", "pool", "priced_by"],
+                "additionalProperties": False,
                 "properties": {
                     "transformers": {"type": "object", "description": "generate() settings: "
                                      "{assistant_model: false}, or prompt_lookup_num_tokens and "
                                      "max_matching_ngram_size, or assistant_model: true with the values to set "
                                      "on the draft's generation_config."},
+                    "llama.cpp": {
+                        "type": "object", "required": ["pool", "speculative"], "additionalProperties": False,
+                        "description": "llama.cpp fixes speculation per server: the pool to send the request to "
+                                       "and what that pool speculates with (null: a plain pool).",
+                        "properties": {
+                            "pool": {"type": "string"},
+                            "speculative": {"oneOf": [{"type": "null"}, {
+                                "type": "object", "required": ["draft", "n_max"], "additionalProperties": False,
+                                "properties": {"draft": {"enum": ["prompt-lookup", "model"]}, "n_max": _INT1}}]},
+                        },
+                    },
                     "pool": {"type": "string", "description": "Deployment to send the request to."},
+                    "priced_by": {"enum": [*ENGINES, None],
+                                  "description": "The engine whose cost priced the active policy set (null: none)."},
                 },
             },
         },
@@ -145,9 +161,12 @@ SCHEMAS: dict[str, Any] = {
                                               "speculate": {"type": "boolean"}}}}},
     },
     "PolicySet": {
-        "type": "object", "required": ["version", "active", "run_id", "margin", "notes", "created_at", "activated_at"],
+        "type": "object",
+        "required": ["version", "active", "run_id", "engine", "margin", "notes", "created_at", "activated_at"],
         "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
-                       "run_id": {"type": ["integer", "null"]}, "margin": _NUM, "notes": {"type": ["string", "null"]},
+                       "run_id": {"type": ["integer", "null"]},
+                       "engine": {"enum": list(ENGINES), "description": "The engine whose cost priced the set."},
+                       "margin": _NUM, "notes": {"type": ["string", "null"]},
                        "created_at": {"type": "string"}, "activated_at": {"type": ["string", "null"]}},
     },
     "Policies": {

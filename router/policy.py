@@ -61,7 +61,8 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
 def publish_policies(session: Session, run_id: int, *, notes: str | None = None, activate: bool = True) -> PolicySet:
     """Build a new policy set from run ``run_id`` (which must be done and have results): per task
     {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve, and
-    the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload."""
+    the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload. The set
+    records the run's engine: the one whose cost priced these decisions."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise PolicyError(f"no analysis run {run_id}")
@@ -71,7 +72,8 @@ def publish_policies(session: Session, run_id: int, *, notes: str | None = None,
     if not policies:
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
-    policy_set = PolicySet(version=latest + 1, run_id=run_id, margin=float(run.params.get("margin", 0.05)), notes=notes)
+    policy_set = PolicySet(version=latest + 1, run_id=run_id, engine=run.engine,
+                           margin=float(run.params.get("margin", 0.05)), notes=notes)
     policy_set.policies = policies
     session.add(policy_set)
     session.flush()

@@ -27,10 +27,10 @@ def policy_dict(policy: TaskPolicy, margin: float = 0.05) -> dict[str, Any]:
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
-    """A policy set: version, whether active, its run, margin, notes, times and (``with_policies``)
-    its policies, the fallback ("*") last."""
+    """A policy set: version, whether active, its run, the engine that priced it, margin, notes, times
+    and (``with_policies``) its policies, the fallback ("*") last."""
     data = {"version": policy_set.version, "active": policy_set.is_active, "run_id": policy_set.run_id,
-            "margin": policy_set.margin, "notes": policy_set.notes,
+            "engine": policy_set.engine, "margin": policy_set.margin, "notes": policy_set.notes,
             "created_at": policy_set.created_at.isoformat(timespec="seconds"),
             "activated_at": policy_set.activated_at.isoformat(timespec="seconds") if policy_set.activated_at else None}
     if with_policies:

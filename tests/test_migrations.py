@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect, select, text
 
 import analyzer.models  # noqa: F401
 import migrations
@@ -217,3 +217,37 @@ def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working
 
 def test_there_is_an_earlier_revision_to_upgrade_from():
     assert len(_revisions_oldest_first()) >= 2  # else the test above checks nothing
+
+
+ENGINE_TABLES = ("analysis_runs", "cost_profiles", "policy_sets")
+
+
+def _engines(engine) -> dict[str, list[str]]:
+    with engine.connect() as connection:
+        return {table: [e for (e,) in connection.exec_driver_sql(f"SELECT engine FROM {table} ORDER BY id")]
+                for table in ENGINE_TABLES}
+
+
+def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_downgrade(tmp_path):
+    from analyzer.db import make_session_factory
+    from analyzer.models import AnalysisRun
+    from router.policy import publish_policies
+
+    old, _ = _database_at(tmp_path, "0009")
+    assert all("engine" not in {c["name"] for c in inspect(old).get_columns(t)} for t in ENGINE_TABLES)
+    migrations.upgrade(old)
+    assert _engines(old) == {t: ["transformers"] for t in ENGINE_TABLES}
+    with make_session_factory(old)() as session, session.begin():
+        run = session.scalar(select(AnalysisRun))
+        run.engine = run.cost_profile.engine = "llama.cpp"
+        assert publish_policies(session, run.id).engine == "llama.cpp"
+    assert _engines(old) == {"analysis_runs": ["llama.cpp"], "cost_profiles": ["llama.cpp"],
+                             "policy_sets": ["transformers", "llama.cpp"]}
+    migrations.downgrade(old, "0009")
+    assert all("engine" not in {c["name"] for c in inspect(old).get_columns(t)} for t in ENGINE_TABLES)
+    with old.connect() as connection:  # the rows stay
+        assert connection.exec_driver_sql("SELECT count(*) FROM policy_sets").scalar() == 2
+    migrations.upgrade(old)
+    assert _engines(old) == {t: ["transformers"] * (2 if t == "policy_sets" else 1) for t in ENGINE_TABLES}
+    assert _differences(old) == []
+    old.dispose()

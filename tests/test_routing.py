@@ -55,12 +55,14 @@ def _snapshot(task, speculate, gamma, speedup, alpha=0.8):
 
 def test_route_rules_short_outputs_batches_and_fallback():
     policies = {FALLBACK_TASK: _snapshot(FALLBACK_TASK, True, 3, 1.3, alpha=0.6)}
-    router = Router(None, policies, policy_version=4, draft_kind="ngram", ngram_max=3,
+    router = Router(None, policies, policy_version=4, draft_kind="ngram", ngram_max=3, priced_by="transformers",
                     config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}))
     decision = router.route("anything at all", max_new_tokens=256, batch_size=1)
     assert (decision.speculate, decision.gamma, decision.task_type, decision.policy_version) == (True, 3, "unlabelled", 4)
     assert decision.engine == {"transformers": {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 3},
-                               "pool": "vllm-spec3"}
+                               "llama.cpp": {"pool": "vllm-spec3",
+                                             "speculative": {"draft": "prompt-lookup", "n_max": 3}},
+                               "pool": "vllm-spec3", "priced_by": "transformers"}
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)
     assert (short.speculate, short.gamma, short.engine["pool"]) == (False, 0, "spec-off")

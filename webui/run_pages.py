@@ -16,6 +16,7 @@ from analyzer.chunks import chunk_progress
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
+from analyzer.engines import ENGINES, EngineError, check_engine_name
 from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.models import AnalysisRun, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
@@ -52,7 +53,8 @@ def _run_row(run: AnalysisRun) -> dict:
     done, total = run.progress_done, run.progress_total
     status = shown_status(run)
     eta = elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
-    return {"id": run.id, "status": status, "prompt_set": run.prompt_set.name, "target": run.pair.target.spec,
+    return {"id": run.id, "status": status, "engine": run.engine, "prompt_set": run.prompt_set.name,
+            "target": run.pair.target.spec,
             "draft": run.pair.draft.spec, "done": done, "total": total,
             "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
             "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds"),
@@ -74,10 +76,11 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
     defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""),
                 "target": _default_choice(targets, DEFAULT_TARGET), "draft": _default_choice(drafts, DEFAULT_DRAFT),
                 "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0, "limit": "",
-                "validate": 2, "device": settings().device, "dtype": check_dtype_name(settings().dtype), "batch_sizes": "",
+                "validate": 2, "engine": settings().engine, "device": settings().device,
+                "dtype": check_dtype_name(settings().dtype), "batch_sizes": "",
                 "chunk_size": RunParams.chunk_size}
     return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
-                           dtypes=DTYPE_CHOICES, values={**defaults, **(values or {})}), status
+                           dtypes=DTYPE_CHOICES, engines=ENGINES, values={**defaults, **(values or {})}), status
 
 
 def _default_choice(choices: list[str], preferred: str) -> str:
@@ -104,8 +107,8 @@ def new_run():
 def start_run():
     form = request.form
     values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
-                                             "temperature", "validate", "device", "dtype", "batch_sizes", "limit",
-                                             "chunk_size")}
+                                             "temperature", "validate", "engine", "device", "dtype", "batch_sizes",
+                                             "limit", "chunk_size")}
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
@@ -136,17 +139,19 @@ def start_run():
                 raise ValueError
         except ValueError:
             errors.append(f"prompts to analyze must be blank (all) or a whole number from 1 to {MAX_FORM_PROMPTS:,}")
+    values["engine"] = values["engine"] or settings().engine  # absent (an older form): the setting
     placement = {}
-    for key, check in (("device", check_device_name), ("dtype", check_dtype_name), ("batch_sizes", parse_batch_sizes)):
+    for key, check in (("engine", check_engine_name), ("device", check_device_name), ("dtype", check_dtype_name),
+                       ("batch_sizes", parse_batch_sizes)):
         try:
             placement[key] = check(values[key] or None)
-        except DeviceError as exc:
+        except (DeviceError, EngineError) as exc:
             errors.append(str(exc))
     if errors:
         return _new_run_page(errors, values, 400)
     params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
                        temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0,
-                       device=placement["device"], dtype=placement["dtype"],
+                       engine=placement["engine"], device=placement["device"], dtype=placement["dtype"],
                        profile_batch_sizes=placement["batch_sizes"], limit=limit, chunk_size=numbers["chunk_size"])
     try:
         with sessions()() as session, session.begin():

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from analyzer.db import MAX_ID
+from analyzer.engines import ENGINES, LLAMA_CPP
 from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 
 
@@ -34,6 +35,9 @@ from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
 @click.option("--reprofile", is_flag=True,
               help="Measure new cost profiles even if ones exist for this pair, device, dtype and batch size.")
+@click.option("--engine", type=click.Choice(ENGINES),
+              help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, transformers). llama.cpp: "
+                   "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.")
 @click.option("--device", help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).")
 @click.option("--dtype", help="auto, float32, bfloat16 or float16 (default: SPECROUTE_DTYPE; auto = bfloat16 on a GPU, "
                               "float32 on the CPU). Only float32 replays are exact.")
@@ -48,17 +52,17 @@ from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
-            validate_n, limit, batch_size, margin, no_chat_template, reprofile, device, dtype, batch_sizes,
+            validate_n, limit, batch_size, margin, no_chat_template, reprofile, engine, device, dtype, batch_sizes,
             chunk_size, queue_only, resume_run, as_json) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
-    Runs on --device in --dtype (resolved before anything is stored: an absent GPU or a dtype the
-    device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
+    Runs in --engine on --device in --dtype (resolved before anything is stored: an absent GPU or a
+    dtype the device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
     interrupted run resumes with --resume RUN and skips finished prompts. The run is split in chunks
     of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
     claim some of them too; --queue leaves all of it to them.
     """
-    from analyzer.devices import parse_batch_sizes, resolve
+    from analyzer.devices import parse_batch_sizes
     from analyzer.report import build_report
     from analyzer.report_text import report_text
     from analyzer.run_records import RunParams, create_run
@@ -69,13 +73,13 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         if resume_run is None:
             if not prompt_set:
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
+            engine = engine or state.settings.engine
             device, dtype = device or state.settings.device, dtype or state.settings.dtype
-            placement = resolve(device, dtype)  # here, so that a run this machine cannot execute is never stored
-            click.echo(f"device {placement.device} ({placement.name}), dtype {placement.dtype}", err=True)
             params = RunParams(max_new_tokens=max_new_tokens, gamma_max=gamma_max, temperature=temperature,
                                top_p=top_p, validate=validate_n, limit=limit, chat_template=not no_chat_template,
-                               batch_size=batch_size, margin=margin, reprofile=reprofile, device=device,
+                               batch_size=batch_size, margin=margin, reprofile=reprofile, engine=engine, device=device,
                                dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes), chunk_size=chunk_size)
+            click.echo(_placement_text(params.check(), queue_only), err=True)  # never stored if it cannot run here
             with sessions() as session, session.begin():
                 run_id = create_run(session, prompt_set, target, draft, params).id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
@@ -97,6 +101,21 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
         sys.exit(130)
     click.echo(json.dumps(report) if as_json else report_text(report))
+
+
+def _placement_text(params, queue_only: bool = False) -> str:
+    """Where the run will measure, resolved on this machine (DeviceError if it cannot, EngineUnavailable
+    when its engine is not installed here and it is not only queued for other workers: nothing is stored)."""
+    if params.engine == LLAMA_CPP:
+        if not queue_only:
+            from analyzer.llamacpp_engine import require_llama_cpp
+
+            require_llama_cpp()
+        return "engine llama.cpp on the CPU, the GGUF files' own quantization"
+    from analyzer.devices import resolve
+
+    placement = resolve(params.device, params.dtype)
+    return f"engine {params.engine}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
 
 
 def _label_with_classifier(sessions, run_id: int) -> None:
@@ -145,7 +164,7 @@ def runs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def runs_list(state: CliState, as_json: bool) -> None:
-    """Analysis runs, newest first, with status and progress."""
+    """Analysis runs, newest first, with status, engine and progress."""
     from sqlalchemy import select
 
     from analyzer.models import AnalysisRun
@@ -153,9 +172,9 @@ def runs_list(state: CliState, as_json: bool) -> None:
 
     with state.sessions()() as session:
         rows = [
-            {"id": r.id, "status": shown_status(r), "prompt_set": r.prompt_set.name, "target": r.pair.target.spec,
-             "draft": r.pair.draft.spec, "done": r.progress_done, "total": r.progress_total, "error": r.error,
-             "created_at": r.created_at.isoformat()}
+            {"id": r.id, "status": shown_status(r), "engine": r.engine, "prompt_set": r.prompt_set.name,
+             "target": r.pair.target.spec, "draft": r.pair.draft.spec, "done": r.progress_done,
+             "total": r.progress_total, "error": r.error, "created_at": r.created_at.isoformat()}
             for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))
         ]
     if as_json:
@@ -165,8 +184,8 @@ def runs_list(state: CliState, as_json: bool) -> None:
         click.echo("no analysis runs yet; start one with 'specroute analyze --prompts NAME'")
     for r in rows:
         error = f"  error: {r['error']}" if r["error"] else ""
-        click.echo(f"{r['id']:>4}  {r['status']:<9} {r['done']:>4}/{r['total']:<4} {r['prompt_set']}  "
-                   f"{r['target']} + {r['draft']}{error}")
+        click.echo(f"{r['id']:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
+                   f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}")
 
 
 @runs.command("cancel")

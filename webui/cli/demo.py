@@ -57,7 +57,8 @@ def _shown_value(name: str, value):
 
 
 from analyzer.loading import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET  # noqa: E402
-DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "device", "dtype")
+DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "engine",
+                   "device", "dtype")
 
 
 @cli.command("demo")
@@ -100,7 +101,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
                f"{_tasks_text(summary.task_counts)}")
     params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit,
-                       device=state.settings.device, dtype=state.settings.dtype)
+                       engine=state.settings.engine, device=state.settings.device, dtype=state.settings.dtype)
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
         candidates = [r for r in session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set.id)

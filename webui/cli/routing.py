@@ -83,7 +83,8 @@ def policies() -> None:
 
 def _print_policy_set(data: dict) -> None:
     state = "active" if data["active"] else "inactive"
-    click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, margin {data['margin']}")
+    click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, priced in {data['engine']}, "
+               f"margin {data['margin']}")
     for p in data["policies"]:
         label = "* (fallback)" if p["fallback"] else p["task_type"]
         decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
@@ -197,3 +198,5 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     for reason in decision.reasons:
         click.echo(f"  - {reason}")
     click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
+    click.echo(f"  llama.cpp: {json.dumps(decision.engine['llama.cpp']['speculative'])}; "
+               f"priced by: {decision.engine['priced_by'] or 'no policy set'}")
