@@ -94,21 +94,27 @@ def profile_llamacpp_costs(target: LlamaCppModel, context_ids: list[int], k_max:
     (batch 1: llama-cpp-python runs one sequence per context). The verify passes run in a context
     that keeps every position's logits, as the speculating server's does; the draft step is one
     single-token decode of ``draft``, or one prompt lookup of llama-cpp-python (``ngram_max``) with a
-    full lookahead over the context (its cost is per round, not per drafted token)."""
+    full lookahead over the context (its cost is per round, not per drafted token). The prompt's pass
+    is timed in both contexts: ``target_prefill_s`` is the plain one's, and ``draft_prefill_s`` what the
+    speculating deployment pays beyond it (its context keeps every position's logits, plus the draft
+    model's own prompt pass), so S(g) weighs the request's whole time as the two servers spend it."""
     verifier = LlamaCppModel(target.path, n_ctx=context_size(len(context_ids), 0, k_max), threads=target.threads,
                              logits_all=True)
     try:
         forward_s, quality = time_decodes_checked(verifier, context_ids, k_max, repeats=repeats, on_repeat=on_repeat)
+        speculating_prefill_s = time_prefill(verifier, context_ids)
     finally:
         verifier.close()
     target_prefill_s = time_prefill(target, context_ids)
-    draft_prefill_s = 0.0
+    # the speculating context computes and keeps the logits of every prompt position too: its prompt
+    # pass costs more than the plain one's (10-30% on the embedded model), which the draft's share carries
+    draft_prefill_s = max(0.0, speculating_prefill_s - target_prefill_s)
     if draft is not None:
         draft_forward_s, draft_quality = time_decodes_checked(draft, context_ids, 1, repeats=repeats,
                                                               on_repeat=on_repeat)
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")
-        draft_prefill_s = time_prefill(draft, context_ids)
+        draft_prefill_s += time_prefill(draft, context_ids)
     else:
         lookup = prompt_lookup(max(1, k_max - 1), ngram_max or 2)
         ids = np.asarray(context_ids, dtype=np.intc)
