@@ -21,7 +21,13 @@ each task type (a 1.5B target on two CPU cores generates ~3.5 tokens/s), mode (b
 own assisted-generation defaults (the draft's generation config untouched: 20 assistant tokens,
 confidence-threshold early stop) and (c)/(d) draft with the 0.5B model at the analysed gamma.
 
+With ``--engine llama.cpp`` the policies come from a llama.cpp analysis of the sample (the GGUF run
+quantized as shipped) and the workload is served by ``python -m llama_cpp.server`` pools, plain and
+prompt-lookup, since llama.cpp fixes speculation per server: off, always-on and routed choose pools
+(benchmarks/llamacpp_routing.py; its docstring says how they are timed).
+
     python benchmarks/bench_routing.py --out benchmarks/results/routing.json
+    python benchmarks/bench_routing.py --engine llama.cpp --out benchmarks/results/routing_llamacpp.json
     python benchmarks/bench_routing.py --drafter pair --per-task 2 --max-new-tokens 48 --max-chars 2000 \
         --out benchmarks/results/routing_pair.json
 """
@@ -58,6 +64,7 @@ from router.classifier import cold_start_data, make_training_data, train_classif
 from router.client import RouterClient, generate_routed  # noqa: E402
 from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
+from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
 
 TARGET = "builtin:smollm2-135m-instruct"
 MODES = ("a: off", "b: always, transformers defaults", "c: always, workload gamma", "d: routed")
@@ -126,7 +133,8 @@ def prepare(url: str, held_out: list[dict], args, cache_dir: Path, target: str, 
         else:
             import_sample(session)
         run_id = create_run(session, "sample", target, draft,
-                            RunParams(max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max, validate=0)).id
+                            RunParams(engine=args.engine, max_new_tokens=args.max_new_tokens,
+                                      gamma_max=args.gamma_max, validate=0)).id
     started = time.perf_counter()
     execute_run(sessions, run_id, cache_dir=cache_dir,
                 progress=lambda d, t, phase: print(f"\r  analysis: {phase} {d}/{t}   ", end="", file=sys.stderr))
@@ -152,6 +160,10 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=6, help="held-out prompts per task type (13 types)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("transformers", "llama.cpp"), default="transformers",
+                        help="what analyzes the sample and serves the workload (llama.cpp: pools of llama_cpp.server)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of each llama.cpp pool (default: every core, as the llama.cpp analysis uses)")
     parser.add_argument("--drafter", choices=("ngram", "pair"), default="ngram",
                         help="ngram: SmolLM2-135M with prompt lookup; pair: Qwen2.5-Coder 0.5B drafting for 1.5B")
     parser.add_argument("--pair-folder", type=Path, default=None,
@@ -160,9 +172,13 @@ def main() -> None:
                         help="analyze only this many sample prompts per task type (default: all; 2 with --drafter pair)")
     parser.add_argument("--gamma-max", type=int, default=None, help="default 16 (ngram), 8 (pair)")
     parser.add_argument("--max-chars", type=int, default=4000, help="longest held-out prompt, in characters")
+    parser.add_argument("--tasks", default=None, help="comma-separated task types of the workload (default: all)")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.engine == "llama.cpp" and args.drafter != "ngram":
+        parser.error("--engine llama.cpp serves prompt lookup only (llama-cpp-python's server drafts with "
+                     "prompt-lookup-decoding, not a draft model): use --drafter ngram")
     torch.set_num_threads(2)
     torch.set_grad_enabled(False)
     cache_dir = Path(args.cache_dir)
@@ -175,8 +191,14 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="specroute-routing-")
     url = f"sqlite:///{folder}/routing.db"
     held_out = held_out_prompts(args.per_task, args.seed, args.max_chars)
+    if args.tasks:
+        held_out = [p for p in held_out if p["task"] in args.tasks.split(",")]
     print(f"{len(held_out)} held-out prompts over {len({p['task'] for p in held_out})} task types", file=sys.stderr)
     workload_gamma = prepare(url, held_out, args, cache_dir, target_spec, draft_spec)
+    if args.engine == "llama.cpp":
+        rows = run_llamacpp_modes(url, target_spec, held_out, workload_gamma, args)
+        summarize_llamacpp(rows, workload_gamma, args)
+        return
     port = free_port()
     env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "OMP_NUM_THREADS": "1",
            "SPECROUTE_UI_WORKER": "false"}

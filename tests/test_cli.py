@@ -82,14 +82,15 @@ def test_import_usage_errors(runner, tmp_path):
 
 
 def test_demo_runs_the_main_job_and_reuses_it(runner):
-    """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving."""
-    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1")
+    """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
+    transformers here; its default engine, llama.cpp, is tested in tests/test_llamacpp.py)."""
+    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1", "--engine", "transformers")
     first = run(runner, *quick)
     assert first.exit_code == 0, first.output
     assert "database" in first.output and f"empty -> {migrations.head_revision()}" in first.output
     assert "imported the bundled sample prompts as 'sample'" in first.output
     assert "64 prompts over 13 task types" in first.output
-    assert "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting" in first.output
+    assert "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting in transformers" in first.output
     assert "[4/6] training the task classifier on the bundled corpus" in first.output and "keyword baseline" in first.output
     assert "[5/6] published policy set v1 from run 1" in first.output
     assert "run 1" in first.output and "[6/6] not serving" in first.output

@@ -186,3 +186,21 @@ def test_a_worker_without_llama_cpp_python_fails_the_run_with_the_install_hint(c
         run = session.scalar(select(AnalysisRun))
         assert run.status == "failed" and "pip install -e '.[llamacpp]'" in run.error
     engine.dispose()
+
+
+def test_the_demo_analyses_in_llama_cpp_by_default(runner, smollm2):
+    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1")
+    first = runner.invoke(cli, list(quick), catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    assert "with ngram drafting in llama.cpp" in first.output and "llama.cpp engine" in first.output
+    runs = json.loads(runner.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert [(r["engine"], r["status"], r["done"]) for r in runs] == [("llama.cpp", "done", 3)]
+    policies = json.loads(runner.invoke(cli, ["policies", "list", "--json"]).stdout)
+    assert [p["engine"] for p in policies] == ["llama.cpp"]
+
+
+def test_the_demo_without_llama_cpp_python_says_both_ways_on(runner, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    result = runner.invoke(cli, ["demo", "--no-serve", "--limit", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "pip install -e '.[llamacpp]'" in result.stderr and "specroute demo --engine transformers" in result.stderr

@@ -1,6 +1,7 @@
 """``specroute settings`` and ``demo`` (the main job on the embedded defaults)."""
 
 import json
+import os
 import sys
 
 import click
@@ -16,7 +17,8 @@ from analyzer.prompt_sets import (
     import_sample,
     summarize,
 )
-from analyzer.settings import SECRET_SETTINGS, describe_settings
+from analyzer.engines import ENGINES, LLAMA_CPP
+from analyzer.settings import SECRET_SETTINGS, describe_settings, env_name
 
 
 from webui.cli.serving import _serve
@@ -57,6 +59,7 @@ def _shown_value(name: str, value):
 
 
 from analyzer.loading import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET  # noqa: E402
+DEMO_ENGINE = LLAMA_CPP  # the engine users serve GGUF models with on CPUs (benchmarks/RESULTS.md: "Which engine")
 DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "engine",
                    "device", "dtype")
 
@@ -69,14 +72,17 @@ DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "li
               help="Prompts to validate with real speculative decoding.")
 @click.option("--limit", type=click.IntRange(1), help="Analyze only the first N sample prompts (a quick look).")
 @click.option("--no-serve", is_flag=True, help="Stop after the report instead of serving it.")
+@click.option("--engine", type=click.Choice(ENGINES),
+              help=f"Engine of the analysis (default: SPECROUTE_ENGINE when it is set, else {DEMO_ENGINE}, which "
+                   "needs the [llamacpp] extra; --engine transformers needs nothing more).")
 @click.pass_obj
 def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n: int, limit: int | None,
-         no_serve: bool) -> None:
+         no_serve: bool, engine: str | None) -> None:
     """The main job on the embedded defaults: upgrade the database, import the bundled sample
-    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting, train the classifier on
-    the bundled corpus, publish the policies, print the report, and serve the web UI and the router.
-    A rerun reuses what exists (the set, a finished or interrupted analysis with the same settings,
-    the classifier, the policies)."""
+    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting in llama.cpp (or --engine),
+    train the classifier on the bundled corpus, publish the policies, print the report, and serve the
+    web UI and the router. A rerun reuses what exists (the set, a finished or interrupted analysis
+    with the same settings, the classifier, the policies)."""
     from analyzer.loading import parse_spec
     from analyzer.report import build_report
     from analyzer.report_text import report_text
@@ -85,6 +91,9 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
     from router.policy import active_policy_set, publish_policies
 
+    engine = engine or (state.settings.engine if os.environ.get(env_name("engine")) else DEMO_ENGINE)
+    if engine == LLAMA_CPP:
+        _require_llama_cpp_for_demo()
     where = state.engine.url.render_as_string(hide_password=True)
     before = migrations.current_revision(state.engine)
     migrations.upgrade(state.engine)
@@ -101,7 +110,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
                f"{_tasks_text(summary.task_counts)}")
     params = RunParams(max_new_tokens=max_new_tokens, gamma_max=16, validate=validate_n, limit=limit,
-                       engine=state.settings.engine, device=state.settings.device, dtype=state.settings.dtype)
+                       engine=engine, device=state.settings.device, dtype=state.settings.dtype)
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
         candidates = [r for r in session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set.id)
@@ -115,7 +124,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
         click.echo(f"[3/6] analysis run {run_id} already done (reused)")
     else:
         click.echo(f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
-                   f"{DEMO_DRAFT} drafting, {max_new_tokens} new tokens, gamma 1..16, {validate_n} validated")
+                   f"{DEMO_DRAFT} drafting in {engine}, {max_new_tokens} new tokens, gamma 1..16, {validate_n} validated")
         progress = _TqdmProgress(enabled=True)
         try:
             execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
@@ -155,3 +164,13 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     click.echo("[6/6] serving the report and the router")
     _serve(state, host, port, 8, [f"report: {{base}}/runs/{run_id}", "web UI: {base}/",
                                   "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)"])
+
+
+def _require_llama_cpp_for_demo() -> None:
+    """Stop before anything is done when the demo's engine is not installed, saying both ways on."""
+    from analyzer.llamacpp_engine import EngineUnavailable, require_llama_cpp
+
+    try:
+        require_llama_cpp()
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(f"{exc}; or run the demo in transformers: specroute demo --engine transformers") from None
