@@ -161,7 +161,8 @@ class LlamaCppModel:
         """The logits of the last position decoded, shape (V,) float32 (a copy)."""
         return np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,)).copy()
 
-    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]) -> LlamaGeneration:
+    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                        eos_ids: Sequence[int]) -> LlamaGeneration:
         """Greedy generation as llama.cpp serves it: the prompt in one pass (batches of ``n_batch``), then
         one ``llama_decode`` per token, the argmax of each step's logits taken (what its greedy sampler
         does), up to ``max_new_tokens`` or the first EOS."""

@@ -86,6 +86,10 @@ class LlamaCppRunModels:
     def tokenizers(self) -> tuple[object, object | None]:
         return self.tokenizer, self.draft_tokenizer
 
+    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int) -> list[dict]:
+        """:meth:`measure` of each prompt (llama.cpp runs one sequence per context; greedy, so no seed)."""
+        return [self.measure(enc, params) for enc in encoded]
+
     def measure(self, enc: EncodedPrompt, params: RunParams) -> dict:
         """One prompt's passes: the greedy generation, the draft's match sequence (a model draft) and
         the fidelity of the replay (batched teacher-forced target pass against one-token decoding)."""

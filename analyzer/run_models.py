@@ -79,6 +79,36 @@ class RunModels:
 
         return library_versions()
 
+    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int) -> list[dict]:
+        """The passes of a batch of prompts: the target generation (left-padded, one generate call),
+        each prompt's teacher-forced draft pass (a model draft) and, in half precision, the replay's
+        fidelity; per prompt a dict of output, entropies, target_time_s, matches (None for prompt
+        lookup), mismatches, draft_time_s and, sampling, the raw logits."""
+        import time
+
+        from analyzer.measure import (draft_match_sequence, generate_target, teacher_forced_logits,
+                                      teacher_forced_mismatches)
+
+        sampling = params.temperature > 0
+        generations = generate_target(
+            self.target.model, [enc.ids for enc in encoded], params.max_new_tokens, eos_ids=self.eos_ids,
+            pad_id=self.pad_id, temperature=params.temperature, top_p=params.top_p, seed=seed, keep_logits=sampling,
+        )
+        passes = []
+        for enc, generation in zip(encoded, generations):
+            output = generation.output_ids
+            started = time.perf_counter()
+            draft_logits = teacher_forced_logits(self.draft.model, enc.ids, output) if self.draft else None
+            draft_s = time.perf_counter() - started
+            mismatches = None
+            if not sampling and self.target.placement.dtype != "float32":
+                mismatches = int(teacher_forced_mismatches(self.target.model, enc.ids, output).sum())
+            passes.append({"output": output, "entropies": generation.entropies, "target_time_s": generation.time_s,
+                           "matches": draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
+                           "mismatches": mismatches, "target_logits": generation.logits,
+                           "draft_logits": draft_logits, "draft_time_s": draft_s})
+        return passes
+
     def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
         """The cost profile at ``batch_size`` over a cache of ``context`` (:func:`analyzer.cost.profile_costs`)."""
         from analyzer.cost import profile_costs

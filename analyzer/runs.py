@@ -36,14 +36,7 @@ from analyzer.acceptance import (
 )
 from analyzer.chunks import ClaimedChunk, claim_chunk, complete, plan_chunks, renew, take_over
 from analyzer.db import lock_for_write, utcnow
-from analyzer.measure import (
-    draft_match_sequence,
-    generate_target,
-    processed_probabilities,
-    sampling_overlaps,
-    teacher_forced_logits,
-    teacher_forced_mismatches,
-)
+from analyzer.measure import processed_probabilities, sampling_overlaps
 from analyzer.models import (
     AnalysisRun,
     GammaCount,
@@ -76,36 +69,8 @@ if TYPE_CHECKING:
 def _measure_batch(models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]],
                    params: RunParams) -> list[dict]:
     """Measure a batch of (prompt, its token ids) in the run's engine and return one result dict per prompt."""
-    if models.engine == "transformers":
-        passes = _transformers_passes(models, batch, params)
-    else:
-        passes = [models.measure(enc, params) for _, enc in batch]
+    passes = models.measure_batch([enc for _, enc in batch], params, seed=params.seed + batch[0][0].id)
     return [_result(models, prompt, enc, measured, params) for (prompt, enc), measured in zip(batch, passes)]
-
-
-def _transformers_passes(models: RunModels, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams) -> list[dict]:
-    """The target generation of a batch (left-padded, one generate call), each prompt's teacher-forced
-    draft pass (a model draft) and, in half precision, the replay's fidelity."""
-    sampling = params.temperature > 0
-    generations = generate_target(
-        models.target.model, [enc.ids for _, enc in batch], params.max_new_tokens,
-        eos_ids=models.eos_ids, pad_id=models.pad_id, temperature=params.temperature, top_p=params.top_p,
-        seed=params.seed + batch[0][0].id, keep_logits=sampling,
-    )
-    passes = []
-    for (_, enc), generation in zip(batch, generations):
-        output = generation.output_ids
-        started = time.perf_counter()
-        draft_logits = teacher_forced_logits(models.draft.model, enc.ids, output) if models.draft else None
-        draft_s = time.perf_counter() - started
-        mismatches = None
-        if not sampling and models.target.placement.dtype != "float32":
-            mismatches = int(teacher_forced_mismatches(models.target.model, enc.ids, output).sum())
-        passes.append({"output": output, "entropies": generation.entropies, "target_time_s": generation.time_s,
-                       "matches": draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
-                       "mismatches": mismatches, "target_logits": generation.logits, "draft_logits": draft_logits,
-                       "draft_time_s": draft_s})
-    return passes
 
 
 def _result(models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: EncodedPrompt, measured: dict,
@@ -218,7 +183,8 @@ class ModelCache:
         """The run's pair in its engine, on the device and dtype it asks for, loaded unless it already is."""
         llama_cpp = params.engine == "llama.cpp"
         placement = None if llama_cpp else params.placement()
-        where = "in llama.cpp on the CPU" if llama_cpp else f"on {placement.device} ({placement.name}) in {placement.dtype}"
+        where = ("in llama.cpp on the CPU" if llama_cpp
+                 else f"on {placement.device} ({placement.name}) in {placement.dtype}")
         key = (params.engine, pair.target.spec, pair.draft.spec, where, params.chat_template,
                params.max_prompt_tokens, params.max_new_tokens, params.gamma_max if llama_cpp else None)
         if key != self.key:
