@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from analyzer.devices import cpu_model_name
-from analyzer.interference import TimingQuality, checked_timings, machine_reading, others_busy_s
+from analyzer.interference import TimingQuality, checked_timings, interleaved_repeats
 
 
 @dataclass(frozen=True)
@@ -146,24 +146,14 @@ RepeatCallback = Callable[[], None]
 def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: list[int], ks: list[int],
                    repeats: int, warmup: int, batch_size: int,
                    on_repeat: RepeatCallback | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(wall seconds, process CPU seconds), shape (repeats, len(ks)), of one forward of k new tokens
-    for each k in `ks`, interleaved (for r: for k), after `warmup` untimed rounds; and the CPU seconds
-    other processes used during each repeat, shape (repeats,) (NaN where /proc/stat is unreadable)."""
-    wall, cpu = np.empty((repeats, len(ks))), np.empty((repeats, len(ks)))
-    others = np.full(repeats, np.nan)
-    for r in range(warmup + repeats):
-        before = machine_reading()
-        for i, k in enumerate(ks):
-            cpu_start = process_time()
-            elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
-            if r >= warmup:
-                wall[r - warmup, i], cpu[r - warmup, i] = elapsed, process_time() - cpu_start
-        used = others_busy_s(before, machine_reading())
-        if r >= warmup and used is not None:
-            others[r - warmup] = used
-        if on_repeat:
-            on_repeat()
-    return wall, cpu, others
+    """:func:`analyzer.interference.interleaved_repeats` of one forward of the last k context ids over
+    ``cache`` for each k in ``ks``."""
+    def time_one(k: int) -> tuple[float, float]:
+        cpu_start = process_time()
+        elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
+        return elapsed, process_time() - cpu_start
+
+    return interleaved_repeats(time_one, ks, repeats, warmup, on_repeat)
 
 
 def time_target_forwards_checked(

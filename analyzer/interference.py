@@ -122,6 +122,28 @@ def judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, o
 TimingMatrix = Callable[[list[int], int], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
+def interleaved_repeats(time_one: Callable[[int], tuple[float, float]], ks: list[int], repeats: int, warmup: int,
+                        on_repeat: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wall seconds, process CPU seconds), shape (repeats, len(ks)), of ``time_one(k)`` (which times one
+    call of k new tokens and returns both) for each k, interleaved (for r: for k) after ``warmup``
+    untimed rounds; and the CPU seconds other processes used during each repeat, shape (repeats,) (NaN
+    where /proc/stat is unreadable). ``on_repeat`` is called after every pass over the ks (progress)."""
+    wall, cpu = np.empty((repeats, len(ks))), np.empty((repeats, len(ks)))
+    others = np.full(repeats, np.nan)
+    for r in range(warmup + repeats):
+        before = machine_reading()
+        for i, k in enumerate(ks):
+            elapsed, used_cpu = time_one(k)
+            if r >= warmup:
+                wall[r - warmup, i], cpu[r - warmup, i] = elapsed, used_cpu
+        used = others_busy_s(before, machine_reading())
+        if r >= warmup and used is not None:
+            others[r - warmup] = used
+        if on_repeat:
+            on_repeat()
+    return wall, cpu, others
+
+
 def checked_timings(measure: TimingMatrix, k_max: int, *, warmup: int, threads: int,
                     on_cpu: bool) -> tuple[list[float], TimingQuality]:
     """Medians of T(k) for k = 1..k_max and how trustworthy they are, whatever engine times them.

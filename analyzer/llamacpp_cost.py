@@ -18,7 +18,7 @@ import numpy as np
 
 from analyzer.cost import CostMeasurement, time_callable
 from analyzer.devices import cpu_model_name
-from analyzer.interference import checked_timings, machine_reading, others_busy_s
+from analyzer.interference import checked_timings, interleaved_repeats
 from analyzer.llamacpp_engine import LlamaCppModel, context_size
 from analyzer.llamacpp_speculative import GreedyLlamaDraft, prompt_lookup, run_generate
 from analyzer.overhead import MachineryOverhead, retried_while_busy
@@ -27,8 +27,9 @@ RepeatCallback = Callable[[], None]
 
 
 def device_text(model: LlamaCppModel) -> str:
-    """Where llama.cpp runs: the CPU's name and the threads it decodes with."""
-    return f"cpu ({cpu_model_name()}; llama.cpp, {model.threads} threads)"
+    """Where llama.cpp runs, as transformers' profiles say it: the CPU's name, the library, and the threads
+    it decodes with (which change T_t(k) as much as the chip does, so profiles are reused per thread count)."""
+    return f"cpu: {cpu_model_name()}, llama-cpp-python {model._llama_cpp.__version__}, {model.threads} threads"
 
 
 def _trailing(context_ids: list[int], k: int) -> list[int]:
@@ -38,29 +39,21 @@ def _trailing(context_ids: list[int], k: int) -> list[int]:
 
 def _decode_matrix(model: LlamaCppModel, context_ids: list[int], ks: list[int], repeats: int, warmup: int,
                    on_repeat: RepeatCallback | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(wall, process CPU) seconds, shape (repeats, len(ks)), of one decode of the last k context ids
-    over the cached context (rolled back after each), interleaved over ks, after ``warmup`` untimed
-    rounds; and the CPU seconds other processes used per repeat (NaN where unknown)."""
+    """:func:`analyzer.interference.interleaved_repeats` of one decode of the last k context ids over the
+    cached context, rolled back after each."""
     length = len(context_ids)
-    wall, cpu = np.empty((repeats, len(ks))), np.empty((repeats, len(ks)))
-    others = np.full(repeats, np.nan)
-    for r in range(warmup + repeats):
-        before = machine_reading()
-        for i, k in enumerate(ks):
-            model.rewind(length)
-            tokens = _trailing(context_ids, k)
-            cpu_start, start = process_time(), perf_counter()
-            model.llm.eval(tokens)
-            elapsed = perf_counter() - start
-            if r >= warmup:
-                wall[r - warmup, i], cpu[r - warmup, i] = elapsed, process_time() - cpu_start
-        used = others_busy_s(before, machine_reading())
-        if r >= warmup and used is not None:
-            others[r - warmup] = used
-        if on_repeat:
-            on_repeat()
-    model.rewind(length)
-    return wall, cpu, others
+
+    def time_one(k: int) -> tuple[float, float]:
+        model.rewind(length)
+        tokens = _trailing(context_ids, k)
+        cpu_start, start = process_time(), perf_counter()
+        model.llm.eval(tokens)
+        return perf_counter() - start, process_time() - cpu_start
+
+    try:
+        return interleaved_repeats(time_one, ks, repeats, warmup, on_repeat)
+    finally:
+        model.rewind(length)
 
 
 def time_decodes_checked(model: LlamaCppModel, context_ids: list[int], k_max: int, *, repeats: int = 5,

