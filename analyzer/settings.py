@@ -109,8 +109,8 @@ class Settings:
     engine: str = _setting(
         "transformers", "Engine that analyses measure and price in: transformers (eager PyTorch forwards, any "
         "model spec) or llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
-        "[llamacpp] extra). Used by 'specroute analyze' and 'demo' unless --engine is given, and as the web form's "
-        "default; recorded on the run, its cost profiles and the policies published from it.",
+        "[llamacpp] extra). Used by 'specroute analyze' unless --engine is given (and by 'demo' when set; the "
+        "demo's own default is llama.cpp), and as the web form's default; recorded on the run, its cost profiles and the policies published from it.",
     )
     device: str = _setting(
         "auto", "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
