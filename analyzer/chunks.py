@@ -24,7 +24,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
-from analyzer.models import AnalysisRun, PromptResult, RunChunk
+from analyzer.orm import AnalysisRun, PromptResult, RunChunk
 from analyzer.run_records import selected_prompts
 
 DEFAULT_CHUNK_SIZE = 32

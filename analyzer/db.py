@@ -1,6 +1,6 @@
 """The database: one declarative base for every table, engine and session construction.
 
-Analyzer tables (``analyzer.models``) and router tables (``router.models``) subclass :class:`Base`.
+Analyzer tables (``analyzer.orm``) and router tables (``router.orm``) subclass :class:`Base`.
 The schema is created and changed only by Alembic (``migrations/``); nothing here calls
 ``create_all``. Everything here is portable SQL; the SQLite pragmas below are applied only when the
 URL is a SQLite one.

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from analyzer.errors import SpecrouteError
-from analyzer.loading import ModelSpecRef, SpecError, _builtin_gguf_path, builtin_cache_folder
+from analyzer.loading import _builtin_gguf_path, builtin_cache_folder
+from analyzer.specs import ModelSpecRef, SpecError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

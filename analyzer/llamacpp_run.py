@@ -22,8 +22,8 @@ from analyzer.llamacpp_engine import (
     replay_mismatches,
     require_llama_cpp,
 )
-from analyzer.loading import ModelSpecRef, parse_spec
-from analyzer.models import ModelPair, Prompt
+from analyzer.specs import ModelSpecRef, parse_spec
+from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import EncodedPrompt, encode_prompt, token_texts
 from analyzer.run_records import RunParams
 from analyzer.tokenizer_match import check_same_tokenizer

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analyzer.acceptance import drafting_rule, token_marks_model_draft, token_marks_ngram
-from analyzer.loading import NGRAM_DEFAULT_MAX, parse_spec
-from analyzer.models import AnalysisRun, PromptResult
+from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
+from analyzer.orm import AnalysisRun, PromptResult
 
 BEFORE_TOKEN_IDS = ("this result was measured before specroute stored token ids with each result, so its tokens "
                     "cannot be coloured; run the analysis again to see them")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from analyzer.loading import SpecError
+from analyzer.specs import SpecError
 from analyzer.prompt_checks import message_problem
 
 if TYPE_CHECKING:

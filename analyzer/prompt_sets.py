@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import IngestLimits, ParsedFile, parse_prompt_file
-from analyzer.models import AnalysisRun, Prompt, PromptSet
+from analyzer.orm import AnalysisRun, Prompt, PromptSet
 
 SAMPLE_NAME = "sample"
 SAMPLE_FILE = "sample_prompts.jsonl"

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from analyzer.devices import guarantee_sentence
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.errors import SpecrouteError
-from analyzer.models import AnalysisRun, CostProfile, ValidationResult
+from analyzer.orm import AnalysisRun, CostProfile, ValidationResult
 from analyzer.summary import UNLABELLED, finite, load_results, summarize_run
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from analyzer.models import AnalysisRun, CostProfile, RunCostProfile
+from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
 from analyzer.run_models import RunModels
 from analyzer.run_records import ProgressCallback, RunParams
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
 
 from analyzer.devices import Placement
-from analyzer.loading import LoadedModel, ModelSpecRef, load_model, parse_spec
-from analyzer.models import ModelPair, Prompt
+from analyzer.loading import LoadedModel, load_model
+from analyzer.specs import ModelSpecRef, parse_spec
+from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import (
     EncodedPrompt,
     encode_prompt,

@@ -28,8 +28,8 @@ from analyzer.devices import (
 from analyzer.engines import DEFAULT_ENGINE, LLAMA_CPP, EngineError, check_engine_name
 from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.errors import SpecrouteError
-from analyzer.loading import ModelSpecRef, display_name, parse_spec
-from analyzer.models import AnalysisRun, ModelPair, ModelSpec, Prompt
+from analyzer.specs import ModelSpecRef, display_name, parse_spec
+from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.prompt_sets import get_prompt_set
 from analyzer.summary import AnalysisSummary, PromptSummary
 

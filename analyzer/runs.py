@@ -37,7 +37,7 @@ from analyzer.acceptance import (
 from analyzer.chunks import ClaimedChunk, claim_chunk, complete, plan_chunks, renew, take_over
 from analyzer.db import lock_for_write, utcnow
 from analyzer.measure import processed_probabilities, sampling_overlaps
-from analyzer.models import (
+from analyzer.orm import (
     AnalysisRun,
     GammaCount,
     ModelPair,

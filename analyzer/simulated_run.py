@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from analyzer.acceptance import walk_model_draft
-from analyzer.models import (
+from analyzer.orm import (
     AnalysisRun, CostProfile, GammaCount, ModelPair, ModelSpec, PromptResult, RunCostProfile,
 )
 from analyzer.prompt_sets import import_prompt_file

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
-from analyzer.models import AnalysisRun, CostProfile, PromptResult, ValidationResult
+from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.speedup import (
     DEFAULT_MARGIN,
     INTERVAL_LEVEL,

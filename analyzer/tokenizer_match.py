@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from analyzer.loading import TokenizerMismatch
+from analyzer.specs import TokenizerMismatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

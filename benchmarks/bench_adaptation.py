@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import migrations  # noqa: E402
 from analyzer.acceptance import NgramIndex, match_runs, model_draft_round, ngram_round  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.loading import parse_spec  # noqa: E402
-from analyzer.models import AnalysisRun, PromptResult  # noqa: E402
+from analyzer.specs import parse_spec  # noqa: E402
+from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
 from analyzer.run_records import RunParams, create_run  # noqa: E402
 from analyzer.runs import execute_run  # noqa: E402
@@ -61,7 +61,8 @@ from analyzer.speedup import Cost  # noqa: E402
 from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_results, summarize_groups  # noqa: E402
 from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
 from router.classifier import cold_start_data, load_active, make_training_data, train_classifier  # noqa: E402
-from router.decision import Router, RouterConfig, parse_route_id  # noqa: E402
+from router.decision import Router, RouterConfig  # noqa: E402
+from router.route_ids import parse_route_id  # noqa: E402
 from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import FALLBACK_TASK, PolicySnapshot, task_policies  # noqa: E402
 

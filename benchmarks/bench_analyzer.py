@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analyzer.acceptance import NgramIndex, alpha_from_matches, walk_model_draft, walk_ngram  # noqa: E402
 from analyzer.cost import profile_costs  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.loading import load_model, parse_spec  # noqa: E402
+from analyzer.loading import load_model
+from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.prompt_encoding import encode_prompt, eos_token_ids  # noqa: E402
 from analyzer.measure import draft_match_sequence, generate_target, teacher_forced_logits  # noqa: E402
 from analyzer.speedup import Cost, leviathan_speedup, predicted_speedup  # noqa: E402

@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import migrations  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.loading import load_model, parse_spec  # noqa: E402
+from analyzer.loading import load_model
+from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.prompt_encoding import context_limit, encode_prompt  # noqa: E402
 from analyzer.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from analyzer.report import build_report  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from analyzer.db import make_engine, make_session_factory
 from analyzer.llamacpp_engine import default_threads, gguf_file, load_tokenizer
-from analyzer.loading import parse_spec
+from analyzer.specs import parse_spec
 from analyzer.prompt_encoding import encode_prompt
 from analyzer.settings import load_settings
 from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cache, pool_name, running_pools

@@ -4,8 +4,8 @@
 from alembic import context
 from sqlalchemy import pool
 
-import analyzer.models  # noqa: F401  (registers analyzer tables)
-import router.models  # noqa: F401  (registers router tables)
+import analyzer.orm  # noqa: F401  (registers analyzer tables)
+import router.orm  # noqa: F401  (registers router tables)
 from analyzer.db import Base, make_engine
 from analyzer.settings import load_settings
 

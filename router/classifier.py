@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
-from analyzer.models import Prompt, PromptResult, PromptSet
+from analyzer.orm import Prompt, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
 from router.features import (
     FEATURES_VERSION,
@@ -55,7 +55,7 @@ from router.evaluation import (
     stratified_folds,
 )
 from router.fast_scorer import FastScorer
-from router.models import ClassifierVersion, activate_only
+from router.orm import ClassifierVersion, activate_only
 
 CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2

@@ -9,9 +9,7 @@ touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
 
-import re
 import threading
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -22,24 +20,9 @@ from router.adaptation import AdaptationConfig, TaskState, initial_state, next_r
 from router.classifier import TaskClassifier
 from analyzer.prompt_checks import prompt_text
 from router.policy import FALLBACK_TASK, PolicySnapshot
+from router.route_ids import new_route_id
 
 DEFAULT_MIN_CONFIDENCE = 0.5
-ROUTE_ID = re.compile(r"v(\d{1,9})-[0-9a-f]{32}-(.{1,64})", re.DOTALL)
-
-
-def new_route_id(policy_version: int | None, task: str) -> str:
-    """A decision's route_id, ``v<policy set version>-<32 random hex digits>-<task>`` (version 0
-    before any policy set; ``task``: the task whose policy decided, "*" for the fallback), so that
-    feedback knows what it is about without looking the decision up."""
-    return f"v{policy_version or 0}-{uuid.uuid4().hex}-{task}"
-
-
-def parse_route_id(route_id: str) -> tuple[int, str] | None:
-    """(policy set version, task) of a route_id from :func:`new_route_id`; None for anything else."""
-    found = ROUTE_ID.fullmatch(route_id)
-    return (int(found.group(1)), found.group(2)) if found else None
-
-
 @dataclass(frozen=True)
 class RouterConfig:
     """Request rules and deployment naming (see the ``router_*`` settings)."""
@@ -334,12 +317,12 @@ def router_from_database(session, config: RouterConfig | None = None,
     policy; without a policy set nothing speculates)."""
     from sqlalchemy import select
 
-    from analyzer.loading import parse_spec
-    from analyzer.models import AnalysisRun
+    from analyzer.specs import parse_spec
+    from analyzer.orm import AnalysisRun
     from analyzer.summary import cost_for_run
     from router.classifier import load_active
     from router.feedback import estimate_state
-    from router.models import TaskEstimate
+    from router.orm import TaskEstimate
     from router.policy import active_policy_set
 
     classifier = load_active(session)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
 from router.decision import Decision
-from router.models import RouteDecision
+from router.orm import RouteDecision
 
 log = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.speedup import Cost
 from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
-from router.decision import parse_route_id
-from router.models import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
+from router.route_ids import parse_route_id
+from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicySnapshot
 from router.records import estimate_dict
 

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.summary import AnalysisSummary, GroupSummary, summarize_run
-from router.models import PolicySet, TaskPolicy, activate_only
+from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.speedup import best_gamma, clears_break_even
-from router.models import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
+from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
 
 
 def policy_dict(policy: TaskPolicy, margin: float = 0.05) -> dict[str, Any]:

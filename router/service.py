@@ -26,7 +26,7 @@ from router.decision_log import DecisionLog
 from router.feedback import FeedbackRequest, PolicyContext, Recorded, estimate_state, parse_feedback
 from router.feedback_writer import FeedbackWriter
 from router.metrics import Metrics
-from router.models import ClassifierVersion, PolicySet, TaskEstimate
+from router.orm import ClassifierVersion, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
 from router.records import classifier_dict, estimate_dict, policy_set_dict
 

@@ -11,9 +11,9 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.models import AnalysisRun, PromptSet
+from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import SettingsError
-from router.models import FeedbackEvent
+from router.orm import FeedbackEvent
 from router.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app

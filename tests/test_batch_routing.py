@@ -141,7 +141,7 @@ def test_published_policies_carry_each_batch_sizes_lower_end(session):
 
 
 def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
-    from router.models import TaskPolicy
+    from router.orm import TaskPolicy
     from router.records import policy_dict
 
     curve_1, curve_16 = [1.2, 1.3, 1.35, 1.3], [1.4, 1.7, 1.9, 2.0]

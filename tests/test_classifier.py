@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from analyzer.models import AnalysisRun, ModelPair, ModelSpec, PromptResult
+from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
 from tests.conftest import require_shared
 from analyzer.prompt_sets import import_prompt_file
 from router.classifier import (
@@ -29,7 +29,7 @@ from router.classifier import (
     training_data_from_db,
 )
 from router.features import keyword_baseline, structural_features, STRUCTURAL_FEATURES
-from router.models import ClassifierVersion
+from router.orm import ClassifierVersion
 from webui.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -125,7 +125,7 @@ def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
     from sqlalchemy import func, select
 
     from analyzer.db import make_engine, make_session_factory, utcnow
-    from router.models import RouteDecision
+    from router.orm import RouteDecision
 
     assert run(runner, "db", "upgrade").exit_code == 0
     engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'specroute.db'}")

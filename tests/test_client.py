@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from analyzer.prompt_encoding import encode_prompt
 from analyzer.validate import greedy_generate
 from router.client import RouterClient, RouterClientError, generate_routed
-from router.models import FeedbackEvent, TaskEstimate
+from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
 from tests.factories import make_done_run
 from tests.tiny_tokenizer import _seeded_tiny_model, build_tiny_tokenizer, tiny_llama_config

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from router.models import FeedbackEvent, TaskEstimate
+from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
 from tests.factories import make_done_run
 

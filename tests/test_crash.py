@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from analyzer.db import make_session_factory, utcnow
-from analyzer.models import AnalysisRun, GammaCount, PromptResult, RunChunk
+from analyzer.orm import AnalysisRun, GammaCount, PromptResult, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run, shown_status
 from analyzer.worker import work

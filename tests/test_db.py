@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from analyzer.db import make_engine
-from analyzer.models import Prompt, PromptSet
+from analyzer.orm import Prompt, PromptSet
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path):

@@ -17,8 +17,9 @@ from analyzer import overhead as overhead_module
 from analyzer.overhead import measure_machinery_overhead
 from analyzer.db import make_engine, make_session_factory
 from analyzer.devices import DeviceError, ModelTooLarge, Placement, check_dtype_name, parse_batch_sizes, resolve
-from analyzer.loading import load_model, parse_spec
-from analyzer.models import AnalysisRun, CostProfile, PromptResult, RunCostProfile
+from analyzer.loading import load_model
+from analyzer.specs import parse_spec
+from analyzer.orm import AnalysisRun, CostProfile, PromptResult, RunCostProfile
 from analyzer.settings import SettingsError, load_settings
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from tests.tiny_models import make_noisy_copy, make_tiny_model

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from analyzer.db import make_engine, make_session_factory
 from analyzer.engines import ENGINES, EngineError, check_engine_name
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.report import build_report
 from analyzer.report_text import report_text

@@ -14,7 +14,7 @@ from werkzeug.test import Client
 
 import migrations
 from analyzer.errors import SpecrouteError, error_payload
-from analyzer.models import PromptSet
+from analyzer.orm import PromptSet
 from analyzer.prompt_sets import PromptSetNotFound, import_prompt_file
 from analyzer.settings import SettingsError
 from router.api import RouteFastPath, Unauthorized

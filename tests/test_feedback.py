@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 
 from router.classifier import make_training_data, train_classifier
 from router.feedback import FeedbackError, normalise, parse_feedback, record_feedback
-from router.decision import new_route_id, parse_route_id
-from router.models import FeedbackEvent, TaskEstimate
+from router.route_ids import new_route_id, parse_route_id
+from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
 from tests.factories import make_done_run
 

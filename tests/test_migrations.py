@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-import analyzer.models  # noqa: F401
+import analyzer.orm  # noqa: F401
 import migrations
-import router.models  # noqa: F401
+import router.orm  # noqa: F401
 from analyzer.db import Base, make_engine
 
 EXPECTED_TABLES = {
@@ -88,7 +88,7 @@ def _realistic_rows(url: str) -> None:
     from analyzer.db import make_session_factory
     from sqlalchemy import select
 
-    from analyzer.models import Prompt, ValidationResult
+    from analyzer.orm import Prompt, ValidationResult
     from router.classifier import make_training_data, train_classifier
     from router.decision_log import DecisionLog
     from router.decision import Router
@@ -230,7 +230,7 @@ def _engines(engine) -> dict[str, list[str]]:
 
 def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_downgrade(tmp_path):
     from analyzer.db import make_session_factory
-    from analyzer.models import AnalysisRun
+    from analyzer.orm import AnalysisRun
     from router.policy import publish_policies
 
     old, _ = _database_at(tmp_path, "0009")

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.db import lock_for_write, make_session_factory
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
 from tests.factories import make_routing_database

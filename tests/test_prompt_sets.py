@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from analyzer.ingest import PromptFileError
-from analyzer.models import AnalysisRun, ModelPair, ModelSpec, Prompt, PromptSet
+from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt, PromptSet
 from analyzer.prompt_sets import (
     PromptSetError,
     PromptSetExists,

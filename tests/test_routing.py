@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from router.classifier import make_training_data, train_classifier
 from router.decision import Router, RouterConfig, router_from_database
-from router.models import PolicySet
+from router.orm import PolicySet
 from router.policy import FALLBACK_TASK, PolicyError, PolicySnapshot, activate_policy_set, publish_policies
 from tests.factories import make_done_run
 from webui.cli import cli

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from analyzer.acceptance import expected_tokens_iid
 from analyzer.db import make_session_factory
-from analyzer.models import AnalysisRun, CostProfile, PromptResult
+from analyzer.orm import AnalysisRun, CostProfile, PromptResult
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
 from analyzer.runs import execute_run
@@ -304,7 +304,8 @@ def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(cli_db,
     from collections import Counter
 
     from analyzer.db import make_engine
-    from analyzer.loading import load_model, parse_spec
+    from analyzer.loading import load_model
+    from analyzer.specs import parse_spec
     from analyzer.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
     from analyzer.settings import load_settings
 

@@ -12,9 +12,9 @@ import re
 import pytest
 from sqlalchemy import select
 
-from analyzer.models import AnalysisRun, PromptResult
+from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.settings import SettingsError, load_settings
-from router.models import ClassifierVersion, PolicySet
+from router.orm import ClassifierVersion, PolicySet
 from router.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app

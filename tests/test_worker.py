@@ -9,7 +9,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from analyzer.db import make_session_factory, utcnow
-from analyzer.models import AnalysisRun, RunChunk
+from analyzer.orm import AnalysisRun, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
 from analyzer.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew

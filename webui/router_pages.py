@@ -8,7 +8,7 @@ from markupsafe import Markup
 from sqlalchemy import select
 
 from analyzer.db import MAX_ID, lock_for_write
-from analyzer.models import AnalysisRun, PromptSet
+from analyzer.orm import AnalysisRun, PromptSet
 from router.classifier import (
     FEATURE_SETS,
     ClassifierError,
@@ -19,7 +19,7 @@ from router.classifier import (
 )
 from router.decision import RouteRequest
 from router.encoder import encoder_available
-from router.models import ClassifierVersion
+from router.orm import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
 from webui.plots import heatmap

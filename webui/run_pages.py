@@ -17,8 +17,8 @@ from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
 from analyzer.engines import ENGINES, EngineError, check_engine_name
-from analyzer.loading import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
-from analyzer.models import AnalysisRun, PromptResult, PromptSet
+from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
+from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
 from analyzer.output_marks import output_marks
 from analyzer.report import build_report

@@ -13,9 +13,9 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError
-from analyzer.models import AnalysisRun, PromptSet
+from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import Settings
-from router.models import ClassifierVersion, PolicySet
+from router.orm import ClassifierVersion, PolicySet
 from webui import access
 from webui.security import check_csrf, csrf_token
 

@@ -167,7 +167,7 @@ def runs_list(state: CliState, as_json: bool) -> None:
     """Analysis runs, newest first, with status, engine and progress."""
     from sqlalchemy import select
 
-    from analyzer.models import AnalysisRun
+    from analyzer.orm import AnalysisRun
     from analyzer.run_records import shown_status
 
     with state.sessions()() as session:

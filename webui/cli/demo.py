@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import (
     SAMPLE_NAME,
     PromptSetError,
@@ -58,7 +58,7 @@ def _shown_value(name: str, value):
     return value
 
 
-from analyzer.loading import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET  # noqa: E402
+from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET  # noqa: E402
 DEMO_ENGINE = LLAMA_CPP  # the engine users serve GGUF models with on CPUs (benchmarks/RESULTS.md: "Which engine")
 DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template", "engine",
                    "device", "dtype")
@@ -83,7 +83,7 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     train the classifier on the bundled corpus, publish the policies, print the report, and serve the
     web UI and the router. A rerun reuses what exists (the set, a finished or interrupted analysis
     with the same settings, the classifier, the policies)."""
-    from analyzer.loading import parse_spec
+    from analyzer.specs import parse_spec
     from analyzer.report import build_report
     from analyzer.report_text import report_text
     from analyzer.run_records import RunParams, create_run

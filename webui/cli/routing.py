@@ -161,7 +161,7 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
     from sqlalchemy import delete, func
 
     from analyzer.db import utcnow
-    from router.models import RouteDecision
+    from router.orm import RouteDecision
 
     cutoff = utcnow() - timedelta(days=older_than_days)
     sessions = state.sessions()

@@ -4,7 +4,7 @@ import os
 
 import click
 
-from analyzer.models import AnalysisRun
+from analyzer.orm import AnalysisRun
 from analyzer.settings import SettingsError
 
 

@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
-from analyzer.models import one_of
+from analyzer.orm import one_of
 from analyzer.speedup import TIERS
 
 
