@@ -8,9 +8,10 @@
   beside a measurement on the same machine, and is measured once per pair, device and dtype: later
   runs reuse it), then the measurement chunks in file order, then the validation chunk once every
   prompt is measured.
-- A worker renews its chunk's heartbeat after each batch; a chunk whose heartbeat is older than the
-  claimer's ``stale_after_s`` is claimed again (the results stored from it stay: the new claimer
-  measures only the rest), and a worker whose chunk was taken over stops working on it.
+- A worker renews its chunk's heartbeat before each batch; a chunk whose heartbeat is older than the
+  claimer's ``stale_after_s`` (the setting of that name, 600 s by default) is claimed again (the
+  results stored from it stay: the new claimer measures only the rest), and a worker whose chunk was
+  taken over stops working on it.
 - The run finishes exactly once: the transaction that marks the last chunk done also moves the run
   from running to done (a conditional UPDATE, so two finishers cannot both win).
 """
@@ -26,9 +27,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import lock_for_write, utcnow
 from analyzer.orm import AnalysisRun, PromptResult, RunChunk
 from analyzer.run_records import selected_prompts
+from analyzer.settings import STALE_AFTER_S
 
 DEFAULT_CHUNK_SIZE = 32
-STALE_AFTER_S = 600.0
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def _parse_jsonl(text: str, bad_lines: set[int], collector: PromptCollector) -> 
 def _check_messages(number: int, value: Any, collector: PromptCollector) -> list[dict[str, str]] | None:
     problem = message_problem(value)
     if problem is not None:
-        collector.error(number, "messages" + problem[0], problem[1])
+        collector.error(number, "messages" + problem.where, problem.message)
         return None
     messages = [{"role": m["role"], "content": m["content"]} for m in value]
     for index, message in enumerate(messages):

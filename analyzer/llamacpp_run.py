@@ -25,6 +25,7 @@ from analyzer.llamacpp_engine import (
 from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import EncodedPrompt, encode_prompt, token_texts
+from analyzer.run_models import PromptPasses
 from analyzer.run_records import RunParams
 from analyzer.tokenizer_match import check_same_tokenizer
 
@@ -86,11 +87,12 @@ class LlamaCppRunModels:
     def tokenizers(self) -> tuple[object, object | None]:
         return self.tokenizer, self.draft_tokenizer
 
-    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int) -> list[dict]:
+    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *,
+                      seed: int) -> list[PromptPasses]:
         """:meth:`measure` of each prompt (llama.cpp runs one sequence per context; greedy, so no seed)."""
         return [self.measure(enc, params) for enc in encoded]
 
-    def measure(self, enc: EncodedPrompt, params: RunParams) -> dict:
+    def measure(self, enc: EncodedPrompt, params: RunParams) -> PromptPasses:
         """One prompt's passes: the greedy generation, the draft's match sequence (a model draft) and
         the fidelity of the replay (batched teacher-forced target pass against one-token decoding)."""
         generation = self.target.generate_greedy(enc.ids, params.max_new_tokens, self.eos_ids)
@@ -98,9 +100,9 @@ class LlamaCppRunModels:
         started = time.perf_counter()
         matches = draft_matches(self.draft, enc.ids, output) if self.draft is not None else None
         draft_s = time.perf_counter() - started
-        return {"output": output, "entropies": generation.entropies, "target_time_s": generation.time_s,
-                "matches": matches, "draft_time_s": draft_s,
-                "mismatches": int(replay_mismatches(self.target, enc.ids, output).sum())}
+        return PromptPasses(output_ids=output, entropies=generation.entropies,
+                            target_time_s=generation.time_s, matches=matches, draft_time_s=draft_s,
+                            replay_mismatches=int(replay_mismatches(self.target, enc.ids, output).sum()))
 
     def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
         from analyzer.llamacpp_cost import profile_llamacpp_costs
@@ -113,10 +115,11 @@ class LlamaCppRunModels:
 
     def measure_overhead(self, context: list[int], params: RunParams):
         from analyzer.llamacpp_cost import measure_llamacpp_overhead
+        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS
 
-        return measure_llamacpp_overhead(self.target, context, gamma=min(4, params.gamma_max),
-                                         new_tokens=min(32, params.max_new_tokens), draft=self.draft,
-                                         ngram_max=self.ngram_max)
+        return measure_llamacpp_overhead(self.target, context, gamma=min(OVERHEAD_GAMMA, params.gamma_max),
+                                         new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
+                                         draft=self.draft, ngram_max=self.ngram_max)
 
     def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):
         """Plain against speculative greedy generation in llama.cpp (2 repeats, alternated)."""

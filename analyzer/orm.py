@@ -25,6 +25,8 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
 
+from analyzer.run_params import RunParams
+
 RUN_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 PROMPT_FORMATS = ("txt", "jsonl", "csv")
 MODEL_KINDS = ("hf", "gguf", "builtin", "ngram")
@@ -202,6 +204,9 @@ class AnalysisRun(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[Optional[datetime]] = mapped_column()
     finished_at: Mapped[Optional[datetime]] = mapped_column()
+    # the analysis summary, computed once when the run finished (analyzer.summary.run_summary); None:
+    # not computed yet (a run from before it was stored, or an unfinished one)
+    summary: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()
@@ -214,6 +219,11 @@ class AnalysisRun(Base):
         CheckConstraint(one_of("status", RUN_STATUSES), name="status"),
         CheckConstraint("progress_done >= 0 AND progress_total >= 0", name="progress_nonnegative"),
     )
+
+    @property
+    def run_params(self) -> RunParams:
+        """The run's parameters, typed (the stored JSON parsed once per access)."""
+        return RunParams.from_json(self.params)
 
 
 CHUNK_KINDS = ("profile", "measure", "validate")

@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 MAX_LABEL_CHARS = 64
 MAX_ID_CHARS = 200
@@ -228,25 +228,39 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def message_problem(messages: Any) -> tuple[str, str] | None:
-    """The first thing wrong with a chat message list, as (where, problem), ``where`` relative to
-    the list ("", "[2]", "[2].role"); None for a non-empty list of objects with a non-empty string
-    ``role`` and a string ``content``, some content not blank. The one rule for files, the API and
-    the tokenizer."""
+class MessageProblem(NamedTuple):
+    """What is wrong with a chat message list: ``where`` relative to the list ("", "[2]",
+    "[2].role"), ``message`` in words, and ``code``, what callers branch on (one of
+    :data:`MESSAGE_PROBLEMS`)."""
+
+    where: str
+    message: str
+    code: str
+
+
+MESSAGE_PROBLEMS = ("not_a_list", "empty_list", "not_an_object", "bad_role", "bad_content", "empty_prompt")
+
+
+def message_problem(messages: Any) -> MessageProblem | None:
+    """The first thing wrong with a chat message list; None for a non-empty list of objects with a
+    non-empty string ``role`` and a string ``content``, some content not blank. The one rule for
+    files, the API and the tokenizer."""
     if not isinstance(messages, list):
-        return "", f"expected a list of messages, got {json_type_name(messages)}"
+        return MessageProblem("", f"expected a list of messages, got {json_type_name(messages)}", "not_a_list")
     if not messages:
-        return "", "empty message list"
+        return MessageProblem("", "empty message list", "empty_list")
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            return f"[{index}]", f"expected an object with 'role' and 'content', got {json_type_name(message)}"
+            return MessageProblem(f"[{index}]", "expected an object with 'role' and 'content', got "
+                                  f"{json_type_name(message)}", "not_an_object")
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role.strip():
-            return f"[{index}].role", "expected a non-empty string"
+            return MessageProblem(f"[{index}].role", "expected a non-empty string", "bad_role")
         if not isinstance(content, str):
-            return f"[{index}].content", f"expected a string, got {json_type_name(content)}"
+            return MessageProblem(f"[{index}].content", f"expected a string, got {json_type_name(content)}",
+                                  "bad_content")
     if not any(m["content"].strip() for m in messages):
-        return "", "empty prompt: every message content is blank"
+        return MessageProblem("", "empty prompt: every message content is blank", "empty_prompt")
     return None
 
 

@@ -84,7 +84,7 @@ def _flat_ids(encoded: Any) -> list[int]:
 def _checked_messages(messages: Any) -> list[dict]:
     problem = message_problem(messages)
     if problem is not None:
-        raise SpecError(f"messages{problem[0]}: {problem[1]}")
+        raise SpecError(f"messages{problem.where}: {problem.message}")
     return messages
 
 

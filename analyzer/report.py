@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from analyzer.devices import guarantee_sentence
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.errors import SpecrouteError
-from analyzer.orm import AnalysisRun, CostProfile, ValidationResult
-from analyzer.summary import UNLABELLED, finite, load_results, summarize_run
+from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
+from analyzer.run_params import RunParams
+from analyzer.summary import UNLABELLED, AnalysisSummary, finite, load_results, run_summary
 
 
 class ReportError(SpecrouteError, LookupError):
@@ -49,64 +50,38 @@ def validation_summary(rows: list[dict]) -> dict | None:
 
 def build_report(session: Session, run_id: int) -> dict:
     """The report of run ``run_id`` (see README "Analysis report JSON" for the shape): the run's
-    :class:`~analyzer.summary.AnalysisSummary` serialised, with the raw per-prompt counts, the cost
-    profiles, the entropy table and the validation rows."""
+    stored :class:`~analyzer.summary.AnalysisSummary` (:func:`~analyzer.summary.run_summary`)
+    serialised, with the raw per-prompt counts, the cost profiles, the entropy table and the
+    validation rows. The caller commits: a summary computed here (a run from before summaries were
+    stored) is stored with the run."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise ReportError(f"no analysis run {run_id}")
-    params = run.params
     results = load_results(session, run_id)
     validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run_id)))
-    summary = summarize_run(session, run, results=results, validations=validations)
-    measured = {v.prompt_id: v.measured_speedup for v in validations}
-    prompts = []
-    for result, found in zip(results, summary.prompts):
-        prompts.append({
-            "prompt_id": result.prompt_id,
-            "external_id": result.prompt.external_id,
-            "position": result.prompt.position,
-            "task": result.task_type,
-            "prompt_tokens": result.prompt_tokens,
-            "prompt_truncated": result.prompt_truncated,
-            "output_tokens": result.output_tokens,
-            "per_gamma": {
-                str(g.gamma): {"rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted,
-                               "histogram": g.accepted_hist, "drafted_histogram": g.drafted_hist,
-                               "position_accepted": g.position_accepted,
-                               "expected_tokens_per_round": finite(g.expected_tokens_per_round)}
-                for g in result.gamma_counts
-            },
-            "alpha": found.alpha,
-            "predicted_speedup": {str(g): v for g, v in enumerate(found.speedup_curve, start=1)},
-            "best_gamma": found.best_gamma,
-            "measured_speedup": finite(measured.get(result.prompt_id)),
-            "replay_mismatch_share": finite(result.replay_mismatches / result.output_tokens)
-            if result.replay_mismatches is not None and result.output_tokens else None,
-        })
-    workload = summary.workload
-    task_of = {r.prompt_id: r.task_type or UNLABELLED for r in results}
-    rounds_at = {(p.prompt_id, g): rounds for p in summary.prompts for g, rounds in p.rounds.items()}
-    validation_rows = [
-        {"prompt_id": v.prompt_id, "task": task_of.get(v.prompt_id), "gamma": v.gamma,
-         "predicted_speedup": v.predicted_speedup, "measured_speedup": v.measured_speedup,
-         "outputs_identical": v.outputs_identical, "replay_identical": v.replay_identical,
-         "greedy_time_s": v.greedy_time_s, "speculative_time_s": v.speculative_time_s,
-         "target_forward_passes": v.target_forward_passes,
-         "replayed_rounds": v.replayed_rounds if v.replayed_rounds is not None else rounds_at.get((v.prompt_id, v.gamma)),
-         "passes_error_pct": None}
-        for v in validations
-    ]
-    for row in validation_rows:
-        if row["target_forward_passes"] is not None and row["replayed_rounds"]:
-            row["passes_error_pct"] = 100.0 * (row["target_forward_passes"] - row["replayed_rounds"]) / row["replayed_rounds"]
-    by_task_rows: dict[str, list[dict]] = defaultdict(list)
-    for row in validation_rows:
-        by_task_rows[row["task"]].append(row)
+    summary = run_summary(session, run, results=results, validations=validations)
+    validation_rows = _validation_rows(validations, results, summary)
+    return {
+        **_run_fields(run, summary, validation_rows),
+        **_cost_profile_fields(run),
+        "prompts": _prompt_rows(results, summary, validations),
+        "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
+        "workload": summary.workload.as_dict() if summary.workload else None,
+        "entropy_table": _entropy_table(results, run.run_params) if not summary.sampling else None,
+        "validation": validation_rows,
+        "validation_summary": {"run": validation_summary(validation_rows),
+                               "tasks": {task: validation_summary(rows)
+                                         for task, rows in _rows_by_task(validation_rows)}},
+    }
+
+
+def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: list[dict]) -> dict:
+    """The run's identity, status, parameters (every one, the defaults filled in), engine, device
+    and dtype, how it measured (``mode``) and what that guarantees."""
     dtype = run.dtype or "float32"
     sampling = summary.sampling
-    run_fidelity = dict(workload.fidelity or {}) if workload else {}
+    run_fidelity = dict(summary.workload.fidelity or {}) if summary.workload else {}
     run_fidelity.update(validation_summary(validation_rows) or {})
-    profile = run.cost_profile
     return {
         "run_id": run.id,
         "status": run.status,
@@ -118,25 +93,94 @@ def build_report(session: Session, run_id: int) -> dict:
         "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else
         f"greedy (replay estimate in llama.cpp, {dtype} weights)" if run.engine == "llama.cpp" else
         "greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})",
-        "params": params,
+        "params": _plain_params(run.run_params),
         "engine": run.engine,
         "device": run.device,
         "dtype": dtype,
         "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity, engine=run.engine),
+    }
+
+
+def _plain_params(params: RunParams) -> dict:
+    """The parameters as JSON-ready data (tuples as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in params.to_json().items()}
+
+
+def _cost_profile_fields(run: AnalysisRun) -> dict:
+    """``cost_profile`` (the smallest batch size's) and ``cost_profiles`` (per batch size; runs from
+    before batch sizes were profiled have their one profile there)."""
+    profile = run.cost_profile
+    return {
         "cost_profile": _profile_dict(profile) if profile else None,
         "cost_profiles": {str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles}
         or ({str(profile.batch_size or 1): _profile_dict(profile)} if profile else {}),
-        "prompts": prompts,
-        "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
-        "workload": workload.as_dict() if workload else None,
-        "entropy_table": long_run_by_entropy(
-            [r.draft_matches or [] for r in results], [r.entropies or [] for r in results],
-            edges=[float("inf") if e is None else e for e in params.get("entropy_edges") or ENTROPY_EDGES_NATS],
-        ) if not sampling else None,
-        "validation": validation_rows,
-        "validation_summary": {"run": validation_summary(validation_rows),
-                               "tasks": {t: validation_summary(rows) for t, rows in sorted(by_task_rows.items())}},
     }
+
+
+def _prompt_rows(results: list[PromptResult], summary: AnalysisSummary,
+                 validations: list[ValidationResult]) -> list[dict]:
+    """One row per prompt: its raw counts at every g and what the summary found for it."""
+    found = {p.prompt_id: p for p in summary.prompts}
+    measured = {v.prompt_id: v.measured_speedup for v in validations}
+    return [{
+        "prompt_id": result.prompt_id,
+        "external_id": result.prompt.external_id,
+        "position": result.prompt.position,
+        "task": result.task_type,
+        "prompt_tokens": result.prompt_tokens,
+        "prompt_truncated": result.prompt_truncated,
+        "output_tokens": result.output_tokens,
+        "per_gamma": {
+            str(g.gamma): {"rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted,
+                           "histogram": g.accepted_hist, "drafted_histogram": g.drafted_hist,
+                           "position_accepted": g.position_accepted,
+                           "expected_tokens_per_round": finite(g.expected_tokens_per_round)}
+            for g in result.gamma_counts
+        },
+        "alpha": found[result.prompt_id].alpha,
+        "predicted_speedup": {str(g): v
+                              for g, v in enumerate(found[result.prompt_id].speedup_curve, start=1)},
+        "best_gamma": found[result.prompt_id].best_gamma,
+        "measured_speedup": finite(measured.get(result.prompt_id)),
+        "replay_mismatch_share": finite(result.replay_mismatches / result.output_tokens)
+        if result.replay_mismatches is not None and result.output_tokens else None,
+    } for result in results]
+
+
+def _validation_rows(validations: list[ValidationResult], results: list[PromptResult],
+                     summary: AnalysisSummary) -> list[dict]:
+    """One row per validated prompt: predicted against measured, outputs identical, and target
+    forward passes against the replayed rounds (``passes_error_pct``)."""
+    task_of = {r.prompt_id: r.task_type or UNLABELLED for r in results}
+    rounds_at = {(p.prompt_id, g): rounds for p in summary.prompts for g, rounds in p.rounds.items()}
+    rows = []
+    for v in validations:
+        replayed = (v.replayed_rounds if v.replayed_rounds is not None
+                    else rounds_at.get((v.prompt_id, v.gamma)))
+        rows.append({
+            "prompt_id": v.prompt_id, "task": task_of.get(v.prompt_id), "gamma": v.gamma,
+            "predicted_speedup": v.predicted_speedup, "measured_speedup": v.measured_speedup,
+            "outputs_identical": v.outputs_identical, "replay_identical": v.replay_identical,
+            "greedy_time_s": v.greedy_time_s, "speculative_time_s": v.speculative_time_s,
+            "target_forward_passes": v.target_forward_passes, "replayed_rounds": replayed,
+            "passes_error_pct": 100.0 * (v.target_forward_passes - replayed) / replayed
+            if v.target_forward_passes is not None and replayed else None,
+        })
+    return rows
+
+
+def _rows_by_task(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_task[row["task"]].append(row)
+    return sorted(by_task.items())
+
+
+def _entropy_table(results: list[PromptResult], params: RunParams) -> dict:
+    """P(long accepted run | the target's entropy) over every greedy result, in the run's buckets."""
+    edges = params.entropy_edges or ENTROPY_EDGES_NATS
+    return long_run_by_entropy([r.draft_matches or [] for r in results], [r.entropies or [] for r in results],
+                               edges=[float("inf") if e is None else e for e in edges])
 
 
 def _profile_dict(profile: CostProfile) -> dict:

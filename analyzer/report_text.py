@@ -92,6 +92,45 @@ def report_text(report: dict) -> str:
     return "\n".join(lines)
 
 
+def recommendation(report: dict) -> dict:
+    """The report's verdict in plain words: the headline (speculate on the workload, or why not, from
+    its decision's code), the tasks to speculate on (with gamma and speedup, the best first) and the
+    tasks to leave off."""
+    tasks = report["tasks"]
+    on = sorted(((t, s) for t, s in tasks.items() if s.get("speculate")),
+                key=lambda item: -(item[1]["predicted_speedup"] or 0))
+    off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
+    workload = report.get("workload") or {}
+    if workload.get("speculate"):
+        headline = (f"Speculate: across this workload, {report['draft']} drafting at gamma "
+                    f"{workload['best_gamma']} is predicted to run {workload['predicted_speedup']:.2f}x "
+                    "as fast as plain decoding.")
+    elif workload:
+        headline = ("Do not speculate on this workload as a whole: "
+                    + _why_not(workload, report["params"]["margin"]))
+    else:
+        headline = "No results yet."
+    return {"headline": headline,
+            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
+                   + (", the workload's decision: too few prompts)" if s.get("decision_basis") == "workload"
+                      else ")")
+                   for t, s in on],
+            "off": off}
+
+
+def _why_not(workload: dict, margin: float) -> str:
+    """Why the workload's decision is off, in words, from its decision code."""
+    speedup = workload.get("predicted_speedup")
+    if workload.get("decision_code") == "nothing_measured" or speedup is None:
+        return "no speedup could be predicted (no cost profile or no output yet)."
+    predicted = f"the best gamma is predicted to give {speedup:.2f}x"
+    if workload.get("decision_code") == "interval_reaches_loss":
+        level = f"{workload['interval_level']:.0%} " if workload.get("interval_level") else ""
+        low = workload["speedup_interval"][0]
+        return f"{predicted}, but its {level}interval reaches {low:.2f}x, a possible loss."
+    return f"{predicted}, below the {1 + margin:.2f}x needed."
+
+
 def speedup_with_interval(summary: dict) -> str:
     """``1.13x [1.04, 1.22]``, or just ``1.13x`` without an interval, or ``-``."""
     value, interval = summary.get("predicted_speedup"), summary.get("speedup_interval") or [None, None]

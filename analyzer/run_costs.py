@@ -5,112 +5,200 @@ linked to the run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
 from analyzer.run_models import RunModels
 from analyzer.run_records import ProgressCallback, RunParams
 
 if TYPE_CHECKING:
+    from analyzer.cost import CostMeasurement
     from analyzer.llamacpp_run import LlamaCppRunModels
+    from analyzer.overhead import MachineryOverhead
+
+# a run without prompts is profiled over a context of this many pad tokens
+FALLBACK_CONTEXT_TOKENS = 32
+# the machinery overhead is measured at this lookahead, or at the run's gamma_max when that is smaller
+OVERHEAD_GAMMA = 4
+# each timed generation of the overhead measurement makes this many tokens (or max_new_tokens, when fewer)
+OVERHEAD_NEW_TOKENS = 32
+# the passes each timed model makes while profiling (the defaults of analyzer.cost.profile_costs and
+# analyzer.llamacpp_cost.profile_llamacpp_costs): the progress bar plans this many per model, and
+# re-measurements of noisy points add passes beyond the plan
+WARMUP_PASSES = 1
+TIMED_REPEATS = 5
+PASSES_PER_TIMED_MODEL = WARMUP_PASSES + TIMED_REPEATS
 
 
-def profile_run_costs(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels,
-                      params: RunParams, prompt_ids: list[list[int]], progress: ProgressCallback | None) -> int:
+@dataclass(frozen=True)
+class _ProfilingPlan:
+    """Where a run's profiles are measured: ``device`` and ``dtype`` as profiles store them, ``where``
+    and ``machinery`` (whose overhead is measured) as progress shows them, and the ``batch_sizes`` to
+    profile (llama.cpp runs batch 1 only)."""
+
+    device: str
+    dtype: str
+    where: str
+    machinery: str
+    batch_sizes: tuple[int, ...]
+
+
+def profile_run_costs(session_factory: sessionmaker, run_id: int,
+                      loaded_models: RunModels | LlamaCppRunModels, params: RunParams,
+                      prompt_ids: list[list[int]], progress: ProgressCallback | None) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
     this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
     noisy: it is passed over, and progress says so), or measure one on the prompt of median length
     among ``prompt_ids`` (the run's prompts, already tokenized); link them to the run and return the
     smallest batch size's id. The machinery overhead is measured once (at batch 1) for the profiles
-    measured now. Profiles are the run's engine's: measured by it (``models``), reused only from it."""
-    device, dtype = models.device_text(), models.dtype_text()
-    if models.engine == "transformers":
-        placement = models.target.placement
-        where, machinery, sizes = f"{placement.device} in {dtype}", "generate()", params.batch_sizes(placement)
-    else:
-        where, machinery, sizes = f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,)
+    measured now. Profiles are the run's engine's: measured by it (``loaded_models``), reused only
+    from it."""
+    plan = _profiling_plan(loaded_models, params)
     k_max = params.gamma_max + 1
+    chosen, passed_over = _linked_or_reusable_profiles(session_factory, run_id, loaded_models, plan, k_max,
+                                                       reuse=not params.reprofile)
+    missing = [b for b in plan.batch_sizes if b not in chosen]
+    for note in passed_over:
+        if progress:
+            progress(0, 0, note)
+    if missing:
+        context = _profiling_context(prompt_ids, loaded_models.pad_id)
+        if progress:
+            progress(0, 0, f"profiling the machinery overhead of {plan.machinery} on {plan.where}")
+        overhead = loaded_models.measure_overhead(context, params)
+        for number, batch_size in enumerate(missing, start=1):
+            phase = (f"profiling the cost of drafting and verifying at batch size {batch_size} "
+                     f"({number} of {len(missing)}) on {plan.where}")
+            measured = _measure_cost_profile(loaded_models, context, k_max, batch_size, phase, progress)
+            chosen[batch_size] = _store_cost_profile(session_factory, run_id, loaded_models, plan.dtype,
+                                                     batch_size, measured, overhead)
+            if progress and measured.quality and measured.quality.verdict != "clean":
+                progress(0, 0, f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
+                               + "; ".join(measured.quality.notes))
+    return _link_profiles_to_run(session_factory, run_id, chosen)
+
+
+def _profiling_plan(loaded_models: RunModels | LlamaCppRunModels, params: RunParams) -> _ProfilingPlan:
+    """Where the run's engine measures its profiles, and at which batch sizes."""
+    device, dtype = loaded_models.device_text(), loaded_models.dtype_text()
+    if loaded_models.engine == "transformers":
+        placement = loaded_models.target.placement
+        return _ProfilingPlan(device, dtype, f"{placement.device} in {dtype}", "generate()",
+                              params.batch_sizes(placement))
+    return _ProfilingPlan(device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,))
+
+
+def _linked_or_reusable_profiles(session_factory: sessionmaker, run_id: int,
+                                 loaded_models: RunModels | LlamaCppRunModels, plan: _ProfilingPlan,
+                                 k_max: int, *, reuse: bool) -> tuple[dict[int, int], list[str]]:
+    """The profile ids already linked to the run (a resumed run keeps its profiles) and, with
+    ``reuse``, the newest stored one for each other batch size (:func:`_newest_reusable_profile`), by
+    batch size; and the notes on stored profiles passed over as noisy."""
     chosen: dict[int, int] = {}
     passed_over: list[str] = []
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         for link in run.batch_profiles:
-            chosen[link.batch_size] = link.cost_profile_id  # a resumed run keeps its profiles
-        if not params.reprofile:
-            for batch_size in sizes:
+            chosen[link.batch_size] = link.cost_profile_id
+        if reuse:
+            for batch_size in plan.batch_sizes:
                 if batch_size in chosen:
                     continue
-                for profile in session.scalars(
-                    select(CostProfile)
-                    .where(CostProfile.pair_id == run.pair_id, CostProfile.device == device,
-                           CostProfile.dtype == dtype, CostProfile.batch_size == batch_size,
-                           CostProfile.engine == models.engine)
-                    .order_by(CostProfile.id.desc())
-                ):
-                    if len(profile.target_forward_s) < k_max:
-                        continue
-                    if profile.quality == "noisy":
-                        passed_over.append(f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
-                                           f"({'; '.join(profile.quality_notes or [])}); not reused")
-                        continue
-                    chosen[batch_size] = profile.id
-                    break
-    missing = [b for b in sizes if b not in chosen]
-    for note in passed_over:
-        if progress:
-            progress(0, 0, note)
-    if missing:
-        encoded = sorted(prompt_ids, key=len)
-        context = list(encoded[len(encoded) // 2] if encoded else [models.pad_id] * 32)
-        if progress:
-            progress(0, 0, f"profiling the machinery overhead of {machinery} on {where}")
-        overhead = models.measure_overhead(context, params)
-        for number, batch_size in enumerate(missing, start=1):
-            phase = (f"profiling the cost of drafting and verifying at batch size {batch_size} "
-                     f"({number} of {len(missing)}) on {where}")
-            passes = {"done": 0, "planned": 6 * (2 if models.draft is not None else 1)}  # 1 warm-up + 5 repeats
+                profile_id = _newest_reusable_profile(session, run, loaded_models.engine, plan, batch_size,
+                                                      k_max, passed_over)
+                if profile_id is not None:
+                    chosen[batch_size] = profile_id
+    return chosen, passed_over
 
-            def tick() -> None:
-                passes["done"] += 1
-                passes["planned"] = max(passes["planned"], passes["done"])  # re-measurements add passes
-                if progress:
-                    progress(passes["done"], passes["planned"], phase)
 
-            if progress:
-                progress(0, passes["planned"], phase)
-            measured = models.measure_costs(context, k_max, batch_size, tick)
-            with session_factory() as session, session.begin():
-                run = session.get(AnalysisRun, run_id)
-                profile = CostProfile(
-                    pair_id=run.pair_id,
-                    device=measured.device,
-                    dtype=dtype,
-                    engine=models.engine,
-                    batch_size=batch_size,
-                    threads=measured.threads,
-                    context_tokens=measured.context_tokens,
-                    repeats=measured.repeats,
-                    target_forward_s=list(measured.target_forward_s),
-                    draft_step_s=measured.draft_step_s,
-                    target_prefill_s=measured.target_prefill_s,
-                    draft_prefill_s=measured.draft_prefill_s,
-                    round_overhead_s=overhead.round_s,
-                    decode_overhead_s=overhead.decode_s,
-                    target_forward_spread=measured.quality.spread if measured.quality else None,
-                    quality="noisy" if overhead.busy else measured.quality.verdict if measured.quality else None,
-                    quality_notes=([overhead.busy] if overhead.busy else []) + (measured.quality.notes if measured.quality else []),
-                    library_versions=models.library_versions(),
-                )
-                session.add(profile)
-                session.flush()
-                chosen[batch_size] = profile.id
-            if progress and measured.quality and measured.quality.verdict != "clean":
-                progress(0, 0, f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
-                               + "; ".join(measured.quality.notes))
+def _newest_reusable_profile(session: Session, run: AnalysisRun, engine: str, plan: _ProfilingPlan,
+                             batch_size: int, k_max: int, passed_over: list[str]) -> int | None:
+    """The id of the newest stored profile of the run's pair in ``engine`` on the plan's device and
+    dtype at ``batch_size`` that covers ``k_max`` and was not judged noisy (each noisy one passed over
+    adds a note to ``passed_over``); None when there is none."""
+    for profile in session.scalars(
+        select(CostProfile)
+        .where(CostProfile.pair_id == run.pair_id, CostProfile.device == plan.device,
+               CostProfile.dtype == plan.dtype, CostProfile.batch_size == batch_size,
+               CostProfile.engine == engine)
+        .order_by(CostProfile.id.desc())
+    ):
+        if len(profile.target_forward_s) < k_max:
+            continue
+        if profile.quality == "noisy":
+            passed_over.append(f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
+                               f"({'; '.join(profile.quality_notes or [])}); not reused")
+            continue
+        return profile.id
+    return None
+
+
+def _profiling_context(prompt_ids: list[list[int]], pad_id: int) -> list[int]:
+    """The context profiles are measured over: the prompt of median length (pad tokens without prompts)."""
+    encoded = sorted(prompt_ids, key=len)
+    return list(encoded[len(encoded) // 2] if encoded else [pad_id] * FALLBACK_CONTEXT_TOKENS)
+
+
+def _measure_cost_profile(loaded_models: RunModels | LlamaCppRunModels, context: list[int], k_max: int,
+                          batch_size: int, phase: str, progress: ProgressCallback | None) -> CostMeasurement:
+    """The engine's cost measurement at ``batch_size``, telling ``progress`` of every timed pass
+    under ``phase`` (planned: :data:`PASSES_PER_TIMED_MODEL` for the target, as many for a draft model)."""
+    timed_models = 2 if loaded_models.draft is not None else 1
+    passes_done, passes_planned = 0, PASSES_PER_TIMED_MODEL * timed_models
+
+    def tick() -> None:
+        nonlocal passes_done, passes_planned
+        passes_done += 1
+        passes_planned = max(passes_planned, passes_done)  # re-measurements add passes
+        if progress:
+            progress(passes_done, passes_planned, phase)
+
+    if progress:
+        progress(0, passes_planned, phase)
+    return loaded_models.measure_costs(context, k_max, batch_size, tick)
+
+
+def _store_cost_profile(session_factory: sessionmaker, run_id: int,
+                        loaded_models: RunModels | LlamaCppRunModels, dtype: str, batch_size: int,
+                        measured: CostMeasurement, overhead: MachineryOverhead) -> int:
+    """Store a profile measured now (the cost measurement with the machinery ``overhead``; judged
+    noisy when the overhead was measured on a busy machine) for the run's pair; returns its id."""
+    quality = measured.quality
+    with session_factory() as session, session.begin():
+        run = session.get(AnalysisRun, run_id)
+        profile = CostProfile(
+            pair_id=run.pair_id,
+            device=measured.device,
+            dtype=dtype,
+            engine=loaded_models.engine,
+            batch_size=batch_size,
+            threads=measured.threads,
+            context_tokens=measured.context_tokens,
+            repeats=measured.repeats,
+            target_forward_s=list(measured.target_forward_s),
+            draft_step_s=measured.draft_step_s,
+            target_prefill_s=measured.target_prefill_s,
+            draft_prefill_s=measured.draft_prefill_s,
+            round_overhead_s=overhead.round_s,
+            decode_overhead_s=overhead.decode_s,
+            target_forward_spread=quality.spread if quality else None,
+            quality="noisy" if overhead.busy else quality.verdict if quality else None,
+            quality_notes=([overhead.busy] if overhead.busy else []) + (quality.notes if quality else []),
+            library_versions=loaded_models.library_versions(),
+        )
+        session.add(profile)
+        session.flush()
+        return profile.id
+
+
+def _link_profiles_to_run(session_factory: sessionmaker, run_id: int, chosen: dict[int, int]) -> int:
+    """Link each chosen profile (by batch size) to the run unless it already is, and make the smallest
+    batch size's the run's profile; returns its id."""
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         linked = {link.batch_size for link in run.batch_profiles}

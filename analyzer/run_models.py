@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
 
@@ -22,6 +23,29 @@ from analyzer.prompt_encoding import (
 )
 from analyzer.run_records import RunParams
 from analyzer.tokenizer_match import check_same_tokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+@dataclass
+class PromptPasses:
+    """What a run's engine measured of one prompt (``measure_batch`` of either engine gives one per
+    prompt): the ``output_ids`` (N,) the target generated in ``target_time_s``, with the ``entropies``
+    (N,) in nats of its next-token distributions; a model draft's ``matches`` (N,) int8 (None for
+    prompt lookup, whose matches the run finds from the output), found in ``draft_time_s``;
+    ``replay_mismatches``, the positions where teacher-forced verification departs from decoding
+    (None where not checked); and, sampling, the raw ``target_logits`` and ``draft_logits`` (N, V)."""
+
+    output_ids: list[int]
+    entropies: np.ndarray
+    target_time_s: float
+    matches: np.ndarray | None
+    replay_mismatches: int | None
+    draft_time_s: float
+    target_logits: torch.Tensor | None = None
+    draft_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,11 +104,11 @@ class RunModels:
 
         return library_versions()
 
-    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int) -> list[dict]:
+    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *,
+                      seed: int) -> list[PromptPasses]:
         """The passes of a batch of prompts: the target generation (left-padded, one generate call),
         each prompt's teacher-forced draft pass (a model draft) and, in half precision, the replay's
-        fidelity; per prompt a dict of output, entropies, target_time_s, matches (None for prompt
-        lookup), mismatches, draft_time_s and, sampling, the raw logits."""
+        fidelity; one :class:`PromptPasses` per prompt (with the raw logits when sampling)."""
         import time
 
         from analyzer.measure import (draft_match_sequence, generate_target, teacher_forced_logits,
@@ -104,10 +128,12 @@ class RunModels:
             mismatches = None
             if not sampling and self.target.placement.dtype != "float32":
                 mismatches = int(teacher_forced_mismatches(self.target.model, enc.ids, output).sum())
-            passes.append({"output": output, "entropies": generation.entropies, "target_time_s": generation.time_s,
-                           "matches": draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
-                           "mismatches": mismatches, "target_logits": generation.logits,
-                           "draft_logits": draft_logits, "draft_time_s": draft_s})
+            passes.append(PromptPasses(
+                output_ids=output, entropies=generation.entropies, target_time_s=generation.time_s,
+                matches=draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
+                replay_mismatches=mismatches, draft_time_s=draft_s,
+                target_logits=generation.logits, draft_logits=draft_logits,
+            ))
         return passes
 
     def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
@@ -123,10 +149,12 @@ class RunModels:
         """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`)."""
         from analyzer.cost import time_callable
         from analyzer.overhead import measure_machinery_overhead
+        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS
 
         lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
         return measure_machinery_overhead(
-            self.target.model, context, gamma=min(4, params.gamma_max), new_tokens=min(32, params.max_new_tokens),
+            self.target.model, context, gamma=min(OVERHEAD_GAMMA, params.gamma_max),
+            new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
             draft_model=self.draft.model if self.draft else None, ngram_max=self.ngram_max,
             lookup_s=time_callable(lookup) if lookup else 0.0,
         )

@@ -7,7 +7,6 @@ module; executing a run is :mod:`analyzer.runs`.
 from __future__ import annotations
 
 import traceback
-from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -16,123 +15,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import utcnow
-from analyzer.devices import (
-    MAX_PROFILE_BATCH_SIZE,
-    DeviceError,
-    Placement,
-    check_device_name,
-    check_dtype_name,
-    default_batch_sizes,
-    resolve,
-)
-from analyzer.engines import DEFAULT_ENGINE, LLAMA_CPP, EngineError, check_engine_name
-from analyzer.entropy import ENTROPY_EDGES_NATS
-from analyzer.errors import SpecrouteError
+from analyzer.engines import LLAMA_CPP
 from analyzer.specs import ModelSpecRef, display_name, parse_spec
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.prompt_sets import get_prompt_set
-from analyzer.summary import AnalysisSummary, PromptSummary
+from analyzer.run_params import RunError, RunNotFound, RunParams  # noqa: F401  (importers name them here)
+from analyzer.settings import STALE_AFTER_S
+from analyzer.summary import AnalysisSummary, PromptSummary, store_summary
 
 UNLABELLED = "unlabelled"
-
-
-class RunError(SpecrouteError, ValueError):
-    """A run cannot be created or executed as asked; the message says why."""
-
-    status, code = 400, "invalid_run"
-
-
-class RunNotFound(RunError, LookupError):
-    """No analysis run has the id asked for."""
-
-    status, code = 404, "run_not_found"
-
-
-@dataclass(frozen=True)
-class RunParams:
-    """Parameters of an analysis run (stored as JSON on the run)."""
-
-    max_new_tokens: int = 128
-    gamma_max: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    validate: int = 0
-    limit: int | None = None
-    chat_template: bool = True
-    batch_size: int = 1
-    margin: float = 0.05
-    seed: int = 0
-    reprofile: bool = False
-    max_prompt_tokens: int | None = None
-    engine: str = DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
-    device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
-    chunk_size: int = 32  # prompts per chunk that one worker claims (analyzer/chunks.py)
-    # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
-    entropy_edges: tuple[float | None, ...] = tuple(e if e != float("inf") else None for e in ENTROPY_EDGES_NATS)
-
-    def check(self) -> "RunParams":
-        """Raise :class:`RunError` naming the first parameter out of range."""
-        if not 1 <= self.max_new_tokens <= 4096:
-            raise RunError("max_new_tokens must be between 1 and 4096")
-        if not 1 <= self.gamma_max <= 64:
-            raise RunError("gamma_max must be between 1 and 64")
-        if self.temperature < 0:
-            raise RunError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise RunError("top_p must be in (0, 1]")
-        if self.validate < 0 or (self.limit is not None and self.limit < 1):
-            raise RunError("validate must be >= 0 and limit >= 1")
-        if self.batch_size < 1:
-            raise RunError("batch_size must be >= 1")
-        if self.batch_size > 1 and self.temperature > 0:
-            raise RunError("batching is for greedy runs only (sampling uses one seed per prompt)")
-        if self.margin < 0:
-            raise RunError("margin must be >= 0")
-        if not 1 <= self.chunk_size <= 100_000:
-            raise RunError("chunk_size must be between 1 and 100,000")
-        try:
-            check_device_name(self.device), check_dtype_name(self.dtype), check_engine_name(self.engine)
-        except (DeviceError, EngineError) as error:
-            raise RunError(str(error)) from None
-        sizes = self.profile_batch_sizes
-        if sizes is not None and (not sizes or any(not 1 <= int(b) <= MAX_PROFILE_BATCH_SIZE for b in sizes)):
-            raise RunError(f"profile batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}")
-        if self.engine == LLAMA_CPP:
-            self._check_llama_cpp()
-        return self
-
-    def _check_llama_cpp(self) -> None:
-        """Raise :class:`RunError` for the first setting the llama.cpp engine cannot measure."""
-        if self.temperature != 0:
-            raise RunError("the llama.cpp engine measures greedy decoding only; use temperature 0")
-        if check_device_name(self.device) not in ("auto", "cpu"):
-            raise RunError(f"the llama.cpp engine runs on the CPU here; use device auto or cpu, not {self.device!r}")
-        if check_dtype_name(self.dtype) != "auto":
-            raise RunError("the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
-                           f"shipped; leave dtype auto, not {self.dtype!r}")
-        if self.batch_size != 1 or tuple(self.profile_batch_sizes or (1,)) != (1,):
-            raise RunError("the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1 "
-                           "and profile batch size 1 only")
-
-    @classmethod
-    def from_json(cls, data: dict) -> "RunParams":
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if "entropy_edges" in values:
-            values["entropy_edges"] = tuple(values["entropy_edges"])
-        if values.get("profile_batch_sizes") is not None:
-            values["profile_batch_sizes"] = tuple(int(b) for b in values["profile_batch_sizes"])
-        return cls(**values)
-
-    def placement(self) -> Placement:
-        """The device and dtype this run asks for, resolved on this machine (DeviceError if absent)."""
-        return resolve(self.device, self.dtype)
-
-    def batch_sizes(self, placement: Placement) -> tuple[int, ...]:
-        """The batch sizes to profile: the ones asked for, else the device's default."""
-        return tuple(self.profile_batch_sizes) if self.profile_batch_sizes else default_batch_sizes(placement)
 
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -171,7 +62,7 @@ def create_run(session: Session, prompt_set_name: str, target: str, draft: str, 
     prompt_set = get_prompt_set(session, prompt_set_name)
     pair = get_or_create_pair(session, target_ref, draft_ref)
     total = prompt_set.prompt_count if params.limit is None else min(params.limit, prompt_set.prompt_count)
-    run = AnalysisRun(prompt_set=prompt_set, pair=pair, status="queued", params=asdict(params),
+    run = AnalysisRun(prompt_set=prompt_set, pair=pair, status="queued", params=params.to_json(),
                       progress_total=total, engine=params.engine)
     session.add(run)
     session.flush()
@@ -195,8 +86,9 @@ def _check_llama_cpp_specs(target: ModelSpecRef, draft: ModelSpecRef) -> None:
 def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:
     """The run's prompts in file order (the first ``limit`` of the set)."""
     query = select(Prompt).where(Prompt.prompt_set_id == run.prompt_set_id).order_by(Prompt.position)
-    if run.params.get("limit"):
-        query = query.limit(run.params["limit"])
+    limit = run.run_params.limit
+    if limit:
+        query = query.limit(limit)
     return list(session.scalars(query))
 
 
@@ -212,16 +104,15 @@ def request_cancel(session: Session, run_id: int) -> AnalysisRun:
     return run
 
 
-INTERRUPTED_AFTER_S = 180.0
-
-
-def shown_status(run: AnalysisRun, now: datetime | None = None) -> str:
+def shown_status(run: AnalysisRun, now: datetime | None = None, *,
+                 stale_after_s: float = STALE_AFTER_S) -> str:
     """The status to show: "interrupted" for a run stored as running whose worker has not written a
-    heartbeat for INTERRUPTED_AFTER_S (it died or was killed; ``specroute analyze --resume RUN`` or
-    any worker after ten minutes picks it up again), else the stored status."""
+    heartbeat for ``stale_after_s`` (the setting; it died or was killed: from then on any worker
+    claims its chunk again, and ``specroute analyze --resume RUN`` takes it over at once), else the
+    stored status."""
     if run.status == "running" and run.heartbeat_at is not None:
         heartbeat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=timezone.utc)
-        if ((now or utcnow()) - heartbeat).total_seconds() > INTERRUPTED_AFTER_S:
+        if ((now or utcnow()) - heartbeat).total_seconds() > stale_after_s:
             return "interrupted"
     return run.status
 
@@ -257,12 +148,17 @@ def cancelled(session_factory: sessionmaker, run_id: int) -> bool:
 
 
 def finish(session_factory: sessionmaker, run_id: int, status: str, error: str | None = None) -> AnalysisRun:
+    """Record the end of a run (done, failed or cancelled, with the error text), then compute and
+    store its analysis summary over the results it kept, in a transaction of its own so that the
+    end is recorded even if that fails. Returns the run."""
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         run.status, run.error, run.finished_at = status, error, utcnow()
         run.cancel_requested, run.phase = False, None
         session.flush()
-        return run
+    with session_factory() as session, session.begin():
+        store_summary(session, session.get(AnalysisRun, run_id))
+    return run
 
 
 def error_text(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,7 @@ from analyzer.orm import (
 )
 from analyzer.prompt_encoding import EncodedPrompt
 from analyzer.run_costs import profile_run_costs
-from analyzer.run_models import RunModels, load_run_models
+from analyzer.run_models import PromptPasses, RunModels, load_run_models
 from analyzer.run_records import (
     UNLABELLED,
     ProgressCallback,
@@ -66,65 +67,124 @@ if TYPE_CHECKING:
     from analyzer.llamacpp_run import LlamaCppRunModels
 
 
-def _measure_batch(models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]],
-                   params: RunParams) -> list[dict]:
-    """Measure a batch of (prompt, its token ids) in the run's engine and return one result dict per prompt."""
-    passes = models.measure_batch([enc for _, enc in batch], params, seed=params.seed + batch[0][0].id)
-    return [_result(models, prompt, enc, measured, params) for (prompt, enc), measured in zip(batch, passes)]
+@dataclass
+class CountsAtGamma:
+    """One prompt's counts at lookahead ``gamma`` as :class:`GammaCount` stores them: greedy, the
+    walk's rounds, drafted and accepted tokens and their histograms; sampling, zeros with the i.i.d.
+    ``expected_tokens_per_round`` (None where it is undefined)."""
+
+    gamma: int
+    rounds: int
+    drafted: int
+    accepted: int
+    accepted_hist: list[int]
+    drafted_hist: list[int]
+    position_accepted: list[int]
+    expected_tokens_per_round: float | None
 
 
-def _result(models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: EncodedPrompt, measured: dict,
-            params: RunParams) -> dict:
+@dataclass
+class MeasuredPrompt:
+    """One prompt's result as :func:`_store` stores it: the prompt, its ids (``prompt_truncated`` when
+    cut to the run's limit), the output (ids, text, each token's text), the draft's ``matches`` (N,) of
+    0/1, the ``entropies`` (N,) in nats, greedy ``alpha`` and, sampling, ``alpha_sampling``, the
+    replay's mismatches, the target's and the draft's seconds, and the counts at every g."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    prompt_truncated: bool
+    output_ids: list[int]
+    output_text: str
+    output_token_texts: list[str]
+    matches: list[int]
+    entropies: list[float]
+    alpha: float
+    alpha_sampling: float | None
+    replay_mismatches: int | None
+    target_time_s: float
+    draft_time_s: float
+    counts_per_gamma: list[CountsAtGamma]
+
+
+def _measure_batch(loaded_models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]],
+                   params: RunParams) -> list[MeasuredPrompt]:
+    """Measure a batch of (prompt, its token ids) in the run's engine; one result per prompt."""
+    passes = loaded_models.measure_batch([enc for _, enc in batch], params, seed=params.seed + batch[0][0].id)
+    return [_result(loaded_models, prompt, enc, measured, params)
+            for (prompt, enc), measured in zip(batch, passes)]
+
+
+def _result(loaded_models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: EncodedPrompt,
+            measured: PromptPasses, params: RunParams) -> MeasuredPrompt:
     """One prompt's result: the walks at every g under the engine's drafting rule (or, sampling, the
     i.i.d. expectation from the overlaps), with the passes that fed them."""
     started = time.perf_counter()
-    output, matches, index = measured["output"], measured["matches"], None
+    output, matches, index = measured.output_ids, measured.matches, None
     if matches is None:
-        index = NgramIndex(list(enc.ids) + list(output), models.ngram_max, models.eos_ids, models.rule)
+        index = NgramIndex(list(enc.ids) + list(output), loaded_models.ngram_max, loaded_models.eos_ids,
+                           loaded_models.rule)
         matches = ngram_first_token_matches(enc.ids, output, index=index)
     alpha_sampling = None
-    per_gamma = []
     if params.temperature > 0:
-        if models.draft is not None:
-            betas = sampling_overlaps(measured["target_logits"], measured["draft_logits"], params.temperature,
-                                      params.top_p)
-        else:
-            betas = _ngram_sampling_overlaps(measured["target_logits"], enc.ids, output, index, params)
-        alpha_sampling = float(np.mean(betas)) if betas.size else float("nan")
-        for g in range(1, params.gamma_max + 1):
-            per_gamma.append({"gamma": g, "rounds": 0, "drafted": 0, "accepted": 0,
-                              "accepted_hist": [0] * (g + 1), "drafted_hist": [0] * (g + 1),
-                              "position_accepted": [0] * g,
-                              "expected_tokens_per_round": expected_tokens_iid(alpha_sampling, g)
-                              if np.isfinite(alpha_sampling) else None})
+        alpha_sampling = _alpha_sampling(loaded_models, enc, measured, index, params)
+        counts_per_gamma = _sampling_counts(alpha_sampling, params.gamma_max)
     else:
-        for g in range(1, params.gamma_max + 1):
-            if models.draft is not None:
-                counts = walk_model_draft(matches, g, params.max_new_tokens, models.rule)
-            else:
-                counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
-            per_gamma.append({
-                "gamma": g, "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
-                "accepted_hist": counts.accepted_hist.tolist(), "drafted_hist": counts.drafted_hist.tolist(),
-                "position_accepted": counts.position_accepted.tolist(),
-                "expected_tokens_per_round": (counts.output_tokens / counts.rounds) if counts.rounds else None,
-            })
-    return {
-        "prompt": prompt,
-        "prompt_ids": list(enc.ids),
-        "prompt_truncated": enc.truncated,
-        "output_ids": list(output),
-        "output_text": models.tokenizer.decode(output, skip_special_tokens=False),
-        "output_token_texts": models.token_texts(output),
-        "matches": np.asarray(matches).astype(int).tolist(),
-        "entropies": [round(float(e), 5) for e in measured["entropies"]],
-        "alpha": alpha_from_matches(matches),
-        "alpha_sampling": alpha_sampling,
-        "replay_mismatches": measured["mismatches"],
-        "target_time_s": measured["target_time_s"],
-        "draft_time_s": measured["draft_time_s"] + time.perf_counter() - started,
-        "per_gamma": per_gamma,
-    }
+        counts_per_gamma = _greedy_counts(loaded_models, enc, output, matches, index, params)
+    return MeasuredPrompt(
+        prompt=prompt,
+        prompt_ids=list(enc.ids),
+        prompt_truncated=enc.truncated,
+        output_ids=list(output),
+        output_text=loaded_models.tokenizer.decode(output, skip_special_tokens=False),
+        output_token_texts=loaded_models.token_texts(output),
+        matches=np.asarray(matches).astype(int).tolist(),
+        entropies=[round(float(e), 5) for e in measured.entropies],
+        alpha=alpha_from_matches(matches),
+        alpha_sampling=alpha_sampling,
+        replay_mismatches=measured.replay_mismatches,
+        target_time_s=measured.target_time_s,
+        draft_time_s=measured.draft_time_s + time.perf_counter() - started,
+        counts_per_gamma=counts_per_gamma,
+    )
+
+
+def _alpha_sampling(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPrompt, measured: PromptPasses,
+                    index: NgramIndex | None, params: RunParams) -> float:
+    """The mean overlap of target and draft distributions over the output (NaN for an empty output)."""
+    if loaded_models.draft is not None:
+        betas = sampling_overlaps(measured.target_logits, measured.draft_logits, params.temperature,
+                                  params.top_p)
+    else:
+        betas = _ngram_sampling_overlaps(measured.target_logits, enc.ids, measured.output_ids, index, params)
+    return float(np.mean(betas)) if betas.size else float("nan")
+
+
+def _sampling_counts(alpha_sampling: float, gamma_max: int) -> list[CountsAtGamma]:
+    """Sampling has no walk: zero counts at every g, with the i.i.d. expected tokens per round."""
+    return [CountsAtGamma(gamma=g, rounds=0, drafted=0, accepted=0,
+                          accepted_hist=[0] * (g + 1), drafted_hist=[0] * (g + 1), position_accepted=[0] * g,
+                          expected_tokens_per_round=expected_tokens_iid(alpha_sampling, g)
+                          if np.isfinite(alpha_sampling) else None)
+            for g in range(1, gamma_max + 1)]
+
+
+def _greedy_counts(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPrompt, output: list[int],
+                   matches, index: NgramIndex | None, params: RunParams) -> list[CountsAtGamma]:
+    """The walk at every g: over the draft's matches (a model draft, under the engine's rule) or the
+    n-gram lookup (prompt lookup)."""
+    counts_per_gamma = []
+    for g in range(1, params.gamma_max + 1):
+        if loaded_models.draft is not None:
+            counts = walk_model_draft(matches, g, params.max_new_tokens, loaded_models.rule)
+        else:
+            counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
+        counts_per_gamma.append(CountsAtGamma(
+            gamma=g, rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
+            accepted_hist=counts.accepted_hist.tolist(), drafted_hist=counts.drafted_hist.tolist(),
+            position_accepted=counts.position_accepted.tolist(),
+            expected_tokens_per_round=(counts.output_tokens / counts.rounds) if counts.rounds else None,
+        ))
+    return counts_per_gamma
 
 
 def _ngram_sampling_overlaps(target_logits, prompt_ids, output, index: NgramIndex, params: RunParams) -> np.ndarray:
@@ -139,43 +199,44 @@ def _ngram_sampling_overlaps(target_logits, prompt_ids, output, index: NgramInde
     return betas
 
 
-def _store(session: Session, run: AnalysisRun, result: dict) -> None:
-    prompt: Prompt = result["prompt"]
+def _store(session: Session, run: AnalysisRun, measured: MeasuredPrompt) -> None:
+    """Add one prompt's result with its counts at every g, and count it in the run's progress."""
+    prompt = measured.prompt
     row = PromptResult(
         run_id=run.id,
         prompt_id=prompt.id,
         task_type=prompt.task or UNLABELLED,
         task_source="label" if prompt.task else None,
-        prompt_tokens=len(result["prompt_ids"]),
-        prompt_truncated=result["prompt_truncated"],
-        prompt_token_ids=result["prompt_ids"],
-        output_tokens=len(result["output_ids"]),
-        output_text=result["output_text"],
-        output_token_ids=result["output_ids"],
-        output_token_texts=result["output_token_texts"],
-        draft_matches=result["matches"],
-        entropies=result["entropies"],
-        alpha_sampling=result["alpha_sampling"],
-        replay_mismatches=result["replay_mismatches"],
-        target_time_s=result["target_time_s"],
-        draft_time_s=result["draft_time_s"],
-        total_time_s=result["target_time_s"] + result["draft_time_s"],
+        prompt_tokens=len(measured.prompt_ids),
+        prompt_truncated=measured.prompt_truncated,
+        prompt_token_ids=measured.prompt_ids,
+        output_tokens=len(measured.output_ids),
+        output_text=measured.output_text,
+        output_token_ids=measured.output_ids,
+        output_token_texts=measured.output_token_texts,
+        draft_matches=measured.matches,
+        entropies=measured.entropies,
+        alpha_sampling=measured.alpha_sampling,
+        replay_mismatches=measured.replay_mismatches,
+        target_time_s=measured.target_time_s,
+        draft_time_s=measured.draft_time_s,
+        total_time_s=measured.target_time_s + measured.draft_time_s,
     )
-    row.gamma_counts = [GammaCount(**counts) for counts in result["per_gamma"]]
+    row.gamma_counts = [GammaCount(**asdict(counts)) for counts in measured.counts_per_gamma]
     session.add(row)
     session.flush()
     run.progress_done = AnalysisRun.progress_done + 1  # in SQL: workers storing at once all count
     run.heartbeat_at = utcnow()
 
 
-class ModelCache:
-    """The pair a worker has loaded, kept across the chunks of its runs (one pair at a time), and
-    the prompts it has tokenized for the loaded pair (each prompt once)."""
+class LoadedModelCache:
+    """The pair a worker has loaded (``loaded``), kept across the chunks of its runs (one pair at a
+    time), and the prompts it has tokenized for the loaded pair (each prompt once)."""
 
     def __init__(self, cache_dir: Path, allow_network: bool = False):
         self.cache_dir, self.allow_network = cache_dir, allow_network
         self.key: tuple | None = None
-        self.models: RunModels | None = None
+        self.loaded: RunModels | LlamaCppRunModels | None = None
         self.encoded: dict[int, EncodedPrompt] = {}
 
     def load(self, pair: ModelPair, params: RunParams,
@@ -188,7 +249,7 @@ class ModelCache:
         key = (params.engine, pair.target.spec, pair.draft.spec, where, params.chat_template,
                params.max_prompt_tokens, params.max_new_tokens, params.gamma_max if llama_cpp else None)
         if key != self.key:
-            self.models = self.key = None
+            self.loaded = self.key = None
             self.encoded = {}
             if progress:
                 progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
@@ -196,16 +257,16 @@ class ModelCache:
             if llama_cpp:
                 from analyzer.llamacpp_run import load_llamacpp_models
 
-                self.models = load_llamacpp_models(pair, self.cache_dir, params)
+                self.loaded = load_llamacpp_models(pair, self.cache_dir, params)
             else:
-                self.models = load_run_models(pair, self.cache_dir, self.allow_network, placement)
+                self.loaded = load_run_models(pair, self.cache_dir, self.allow_network, placement)
             self.key = key
-        return self.models
+        return self.loaded
 
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
         """The prompt's token ids under the run's rule (:meth:`RunModels.encode`), once per prompt."""
         if prompt.id not in self.encoded:
-            self.encoded[prompt.id] = self.models.encode(prompt, params)
+            self.encoded[prompt.id] = self.loaded.encode(prompt, params)
         return self.encoded[prompt.id]
 
 
@@ -217,7 +278,7 @@ def execute_run(
     progress: ProgressCallback | None = None,
     worker_id: str | None = None,
     allow_network: bool = False,
-    models: ModelCache | None = None,
+    model_cache: LoadedModelCache | None = None,
     poll_s: float = 0.5,
 ) -> AnalysisRun:
     """Execute (or resume) a run in this process: take over its unfinished chunks, then claim them
@@ -225,7 +286,7 @@ def execute_run(
     run is done, failed or cancelled. Returns the run as stored at the end. A device or dtype this
     machine cannot give, or a model that does not fit, fails the run with a message saying so."""
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-    models = models or ModelCache(cache_dir, allow_network)
+    model_cache = model_cache or LoadedModelCache(cache_dir, allow_network)
     with session_factory() as session, session.begin():
         lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
@@ -250,11 +311,11 @@ def execute_run(
                 return finish(session_factory, run_id, "cancelled")
             time.sleep(poll_s)  # other workers hold the chunks left
             continue
-        execute_chunk(session_factory, chunk, worker_id=worker_id, models=models, progress=progress)
+        execute_chunk(session_factory, chunk, worker_id=worker_id, model_cache=model_cache, progress=progress)
 
 
-def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_id: str, models: ModelCache,
-                  progress: ProgressCallback | None = None) -> bool:
+def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_id: str,
+                  model_cache: LoadedModelCache, progress: ProgressCallback | None = None) -> bool:
     """Do one claimed chunk: the cost profile, the measurement of its prompts (those not stored
     yet; each batch committed and the chunk's heartbeat renewed), or the validation; then mark it
     done (which finishes the run after its last chunk). Returns False when the chunk was left
@@ -268,16 +329,17 @@ def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_
             params, pair = RunParams.from_json(run.params), run.pair
             _ = pair.target.spec, pair.draft.spec
             prompts = [p for p in selected_prompts(session, run)]
-        loaded = models.load(pair, params, progress)
-        _record_machine(session_factory, run_id, loaded, params)
+        loaded_models = model_cache.load(pair, params, progress)
+        _record_machine(session_factory, run_id, loaded_models, params)
         if chunk.kind == "profile":
             median = sorted(prompts, key=_prompt_chars)[len(prompts) // 2]
-            profile_run_costs(session_factory, run_id, loaded, params, [models.encode(median, params).ids], progress)
+            profile_run_costs(session_factory, run_id, loaded_models, params,
+                              [model_cache.encode(median, params).ids], progress)
         elif chunk.kind == "measure":
-            if not _measure_chunk(session_factory, chunk, worker_id, models, params, prompts, progress):
+            if not _measure_chunk(session_factory, chunk, worker_id, model_cache, params, prompts, progress):
                 return False
         elif params.validate and params.temperature == 0:
-            _validate(session_factory, run_id, loaded, params, progress)
+            _validate(session_factory, run_id, loaded_models, params, progress)
         complete(session_factory, chunk, worker_id)
         return True
     except BaseException as exc:
@@ -289,23 +351,24 @@ def _prompt_chars(prompt: Prompt) -> int:
     return len(prompt.text or "") + sum(len(str(m.get("content", ""))) for m in prompt.messages or [])
 
 
-def _record_machine(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels,
+def _record_machine(session_factory: sessionmaker, run_id: int, loaded_models: RunModels | LlamaCppRunModels,
                     params: RunParams) -> None:
     """Store on the run where it is measured: device, dtype (for llama.cpp the weights' type as
     shipped), library versions, EOS ids, tokenizers."""
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
-        run.device = models.device_text()
-        run.dtype = models.dtype_text()
-        run.library_versions = models.library_versions()
-        run.eos_token_ids = list(models.eos_ids)
-        for spec, tokenizer in zip((run.pair.target, run.pair.draft), models.tokenizers()):
+        run.device = loaded_models.device_text()
+        run.dtype = loaded_models.dtype_text()
+        run.library_versions = loaded_models.library_versions()
+        run.eos_token_ids = list(loaded_models.eos_ids)
+        for spec, tokenizer in zip((run.pair.target, run.pair.draft), loaded_models.tokenizers()):
             if tokenizer is not None:
                 spec.tokenizer_sha256 = tokenizer_fingerprint(tokenizer)
 
 
-def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id: str, models: ModelCache,
-                   params: RunParams, prompts: list[Prompt], progress: ProgressCallback | None) -> bool:
+def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id: str,
+                   model_cache: LoadedModelCache, params: RunParams, prompts: list[Prompt],
+                   progress: ProgressCallback | None) -> bool:
     """Measure the chunk's prompts that have no result yet, a batch at a time; False when the run
     was cancelled (marked so here) or the chunk is no longer this worker's."""
     mine = set(chunk.prompt_ids)
@@ -318,8 +381,8 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
             if cancelled(session_factory, chunk.run_id):
                 finish(session_factory, chunk.run_id, "cancelled")
             return False
-        batch = [(p, models.encode(p, params)) for p in pending[start:start + params.batch_size]]
-        results = _measure_batch(models.models, batch, params)
+        batch = [(p, model_cache.encode(p, params)) for p in pending[start:start + params.batch_size]]
+        results = _measure_batch(model_cache.loaded, batch, params)
         try:
             with session_factory() as session, session.begin():
                 run = session.get(AnalysisRun, chunk.run_id)
@@ -334,8 +397,8 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
     return True
 
 
-def _validate(session_factory: sessionmaker, run_id: int, models: RunModels | LlamaCppRunModels, params: RunParams,
-              progress: ProgressCallback | None) -> None:
+def _validate(session_factory: sessionmaker, run_id: int, loaded_models: RunModels | LlamaCppRunModels,
+              params: RunParams, progress: ProgressCallback | None) -> None:
     """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
     plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
     run measured (stored with each result)."""
@@ -353,7 +416,7 @@ def _validate(session_factory: sessionmaker, run_id: int, models: RunModels | Ll
         if progress:
             progress(number - 1, len(chosen), "validating with real speculative decoding")
         gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
-        measured = models.validate(list(stored[prompt.prompt_id][0]), params, gamma)
+        measured = loaded_models.validate(list(stored[prompt.prompt_id][0]), params, gamma)
         with session_factory() as session, session.begin():
             session.add(ValidationResult(
                 run_id=run_id, prompt_id=prompt.prompt_id, gamma=gamma,

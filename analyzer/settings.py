@@ -18,6 +18,7 @@ import platformdirs
 from analyzer.errors import SpecrouteError
 
 ENV_PREFIX = "SPECROUTE_"
+STALE_AFTER_S = 600.0  # Settings.stale_after_s's default, for code that is called without the settings
 
 
 class SettingsError(SpecrouteError, ValueError):
@@ -125,6 +126,12 @@ class Settings:
     ui_worker: bool = _setting(
         True, "Run analyses queued from the web UI in a background thread of the server; set false "
         "when separate 'specroute worker' processes do it."
+    )
+    stale_after_s: float = _setting(
+        STALE_AFTER_S, "Seconds without a heartbeat after which a running analysis counts as abandoned by "
+        "its worker (killed, or its machine gone): the run is shown as interrupted, and any worker claims "
+        "its chunk again ('specroute worker --stale-after' defaults to it). Workers renew the heartbeat "
+        "before every batch of prompts, so keep it well above the slowest batch (or model load)."
     )
 
     def resolved_data_dir(self) -> Path:

@@ -23,9 +23,9 @@ from typing import Sequence
 import numpy as np
 
 from analyzer.acceptance import expected_tokens_iid
+from analyzer.run_params import DEFAULT_MARGIN
 
 TIERS = ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
-DEFAULT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -94,24 +94,6 @@ def iid_speedup(alpha: float, gamma: int, cost: Cost) -> float:
     """S(g) from the i.i.d. acceptance formula with the real cost curve:
     E_iid(alpha, g) * T_t(1) / round_s(g). Misses burstiness; reported for comparison."""
     return expected_tokens_iid(alpha, gamma) * cost.decode_s / cost.round_s(gamma)
-
-
-def interpolate_curves(curves: dict[int, Sequence[float]], batch_size: float) -> tuple[list[float], int, int] | None:
-    """S(g) at ``batch_size`` from curves measured at some batch sizes ({b: [S(1), S(2), ...]}):
-    linear in b between the two measured sizes around it (the measured curve itself at a measured
-    size), over the g both cover. Returns (curve, lower b, upper b), or None outside the measured
-    range or when fewer than one curve is given."""
-    sizes = sorted(b for b, curve in curves.items() if len(curve))
-    if not sizes or not sizes[0] <= batch_size <= sizes[-1]:
-        return None
-    upper = next(b for b in sizes if b >= batch_size)
-    lower = max(b for b in sizes if b <= batch_size)
-    low_curve, high_curve = curves[lower], curves[upper]
-    width = min(len(low_curve), len(high_curve))
-    if upper == lower:
-        return [float(v) for v in low_curve[:width]], lower, upper
-    weight = (batch_size - lower) / (upper - lower)
-    return ([float((1 - weight) * low_curve[i] + weight * high_curve[i]) for i in range(width)], lower, upper)
 
 
 def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:

@@ -3,16 +3,22 @@ profiles. Per prompt: alpha, the S(g) curve and its g*. Per task type and for th
 mean and variance, tier, acceptance length, the pooled S(g) curve at every profiled batch size, g*
 with its bootstrap interval, the decision with its basis and reason, and the speedup measured by real
 speculative decoding. The report (JSON, CSV, text, HTML) serialises it; publishing policies and
-choosing prompts to validate read it."""
+choosing prompts to validate read it.
+
+A finished run's summary is computed once and stored with the run (``AnalysisRun.summary``):
+:func:`store_summary` when the run finishes, :func:`run_summary` for every reader, which computes
+and stores it only where none is stored or what it was computed from has changed since (runs from
+before it was stored, a resumed run, new validations or cost profiles)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
@@ -20,10 +26,11 @@ from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResul
 from analyzer.speedup import (
     DEFAULT_MARGIN,
     INTERVAL_LEVEL,
+    MIN_TASK_PROMPTS,
     Cost,
     best_gamma,
     bootstrap_speedup_interval,
-    decide,
+    clears_break_even,
     iid_speedup,
     leviathan_speedup,
     mean_and_variance,
@@ -45,27 +52,114 @@ def finite(value: float | None) -> float | None:
 # ---------------------------------------------------------------- the types
 
 
+# Why a group is speculated or not, as a code (the sentence is rendered from it and its numbers):
+DECISION_CODES = (
+    "nothing_measured",  # no finite S(g): no cost profile yet, or no output
+    "too_few_prompts",  # fewer than min_prompts: the workload's decision applies (basis "workload")
+    "point_estimate",  # the workload itself has too few prompts: decided on S(g*) alone
+    "below_margin",  # S(g*) does not clear 1 + margin
+    "interval_reaches_loss",  # S(g*) clears 1 + margin, but the interval's lower end does not clear 1.0
+    "clears",  # S(g*) clears 1 + margin and the interval stays above 1.0
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionReason:
+    """Why a group is speculated or not, structured: a code of :data:`DECISION_CODES` and the
+    numbers its sentence shows: S(g*) and its interval (None where not finite), n, the margin, the
+    fewest prompts that decide alone, and for a group too small to decide the workload's decision it
+    took (``workload_speculate`` None: not taken yet). :meth:`text` renders the sentence."""
+
+    code: str = "nothing_measured"
+    speedup: float | None = None
+    interval: tuple[float | None, float | None] = (None, None)
+    n: int = 0
+    margin: float = DEFAULT_MARGIN
+    min_prompts: int = MIN_TASK_PROMPTS
+    workload_speculate: bool | None = None
+    workload_gamma: int | None = None
+
+    def text(self) -> str:
+        """The reason in words, e.g. ``1.13x [1.04, 1.22], n = 5: S(g*) clears 1.05x and the interval
+        stays above 1.00x`` (the sentence the published policies store)."""
+        if self.code == "nothing_measured":
+            return "nothing measured"
+        speedup = _or_nan(self.speedup)
+        low, high = (_or_nan(v) for v in self.interval)
+        shown = (f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {self.n}" if self.interval[0] is not None
+                 else f"{speedup:.2f}x, n = {self.n}")
+        needed = f"{1 + self.margin:.2f}x"
+        if self.code == "too_few_prompts":
+            taken = ("" if self.workload_speculate is None else
+                     f" (speculate at gamma {self.workload_gamma})" if self.workload_speculate else " (off)")
+            return (f"{shown}: too few prompts to decide (fewer than {self.min_prompts}), "
+                    f"the workload's decision applies{taken}")
+        if self.code == "point_estimate":
+            return f"{shown}: too few prompts for an interval; decided on S(g*) alone"
+        if self.code == "below_margin":
+            return f"{shown}: S(g*) does not clear {needed}"
+        if self.code == "interval_reaches_loss":
+            return f"{shown}: S(g*) clears {needed} but the interval reaches {low:.2f}x, a possible loss"
+        if self.code == "clears":
+            return f"{shown}: S(g*) clears {needed} and the interval stays above 1.00x"
+        raise ValueError(f"unknown decision code {self.code!r}")
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def decide_group(speedup: float, interval: tuple[float, float], n: int,
+                 margin: float = DEFAULT_MARGIN) -> tuple[bool | None, DecisionReason]:
+    """The decision rule for a group of n prompts from S(g*) and its bootstrap interval: speculate
+    when S(g*) clears 1 + margin **and** the interval's lower end clears 1.0; None when n <
+    MIN_TASK_PROMPTS (too few prompts to decide: the caller applies the workload's decision).
+    Returns (decision, reason)."""
+    low, high = interval
+    if n < MIN_TASK_PROMPTS:
+        speculate, code = None, "too_few_prompts"
+    elif not should_speculate(speedup, margin):
+        speculate, code = False, "below_margin"
+    elif not clears_break_even(speedup, low, margin):
+        speculate, code = False, "interval_reaches_loss"
+    else:
+        speculate, code = True, "clears"
+    return speculate, DecisionReason(code=code, speedup=finite(speedup), interval=(finite(low), finite(high)),
+                                     n=n, margin=margin)
+
+
 @dataclass(kw_only=True)
 class GroupDecision:
     """The decision for a group of prompts at one batch size: g* (None: nothing measured), S(g*)
     with its interval, speculate (None while undecided: too few prompts), on what basis ("task",
-    "workload" or "point estimate") and why, and the pooled S(g) curve, ``speedup_curve[g-1]`` =
-    S(g), None where it is not finite."""
+    "workload" or "point estimate"), why (``reason``: its code and sentence are ``decision_code``
+    and ``decision_reason``), and the pooled S(g) curve, ``speedup_curve[g-1]`` = S(g), None where it
+    is not finite."""
 
     best_gamma: int | None = None
     predicted_speedup: float | None = None
     speedup_interval: tuple[float | None, float | None] = (None, None)
     speculate: bool | None = False
     decision_basis: str = "task"
-    decision_reason: str = "nothing measured"
+    reason: DecisionReason = field(default_factory=DecisionReason)
     speedup_curve: list[float | None] = field(default_factory=list)
+
+    @property
+    def decision_code(self) -> str:
+        """Why, as one of :data:`DECISION_CODES`."""
+        return self.reason.code
+
+    @property
+    def decision_reason(self) -> str:
+        """Why, in words."""
+        return self.reason.text()
 
     def decision_dict(self) -> dict:
         """The decision's fields as JSON-ready data."""
         return {"best_gamma": self.best_gamma, "predicted_speedup": self.predicted_speedup,
                 "speedup_interval": list(self.speedup_interval), "speculate": self.speculate,
-                "decision_basis": self.decision_basis, "decision_reason": self.decision_reason,
-                "speedup_curve": list(self.speedup_curve)}
+                "decision_basis": self.decision_basis, "decision_code": self.decision_code,
+                "decision_reason": self.decision_reason, "speedup_curve": list(self.speedup_curve)}
 
 
 @dataclass(kw_only=True)
@@ -96,7 +190,9 @@ class GroupSummary(GroupDecision):
     def as_dict(self) -> dict:
         """The report's JSON for this group (see README "Analysis report JSON")."""
         data = asdict(self)
-        data["speedup_interval"] = list(self.speedup_interval)
+        del data["reason"]
+        data.update(speedup_interval=list(self.speedup_interval), decision_code=self.decision_code,
+                    decision_reason=self.decision_reason)
         data["by_batch"] = {str(b): entry.decision_dict() for b, entry in sorted(self.by_batch.items())}
         return data
 
@@ -229,10 +325,11 @@ def _decision(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max
     greedy, speculative = _prompt_times(results, cost, sampling, g_star) if g_star else ([], [])
     # one prompt has no spread: no interval rather than a zero-width one
     interval = bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
-    speculate, why = decide(s_star, interval, len(results), margin) if g_star else (False, "nothing measured")
+    speculate, reason = (decide_group(s_star, interval, len(results), margin) if g_star
+                         else (False, DecisionReason()))
     return GroupDecision(best_gamma=g_star or None, predicted_speedup=finite(s_star),
                          speedup_interval=(finite(interval[0]), finite(interval[1])), speculate=speculate,
-                         decision_basis="task" if speculate is not None else "workload", decision_reason=why,
+                         decision_basis="task" if speculate is not None else "workload", reason=reason,
                          speedup_curve=[finite(v) for v in curve])
 
 
@@ -269,7 +366,12 @@ def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max
     )
     if cost is None:
         return summary
-    decision = _decision(results, cost, sampling, gamma_max, margin)
+    by_batch = {b: _decision(results, c_b, sampling, gamma_max, margin)
+                for b, c_b in sorted((costs or {}).items())}
+    # the batch-1 decision is usually one of those already made (same profile): one bootstrap, not two
+    same = next((entry for b, entry in by_batch.items() if costs[b] == cost), None)
+    decision = (replace(same, speedup_curve=list(same.speedup_curve)) if same is not None
+                else _decision(results, cost, sampling, gamma_max, margin))
     g_star = decision.best_gamma
     c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
     if g_star and not sampling:
@@ -291,7 +393,7 @@ def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max
         measured_speedup=finite(float(np.mean(validated))) if validated else None,
         measured_n=len(validated),
         measured_tasks=sorted({r.task_type or UNLABELLED for r in results if r.prompt_id in measured}),
-        by_batch={b: _decision(results, c_b, sampling, gamma_max, margin) for b, c_b in sorted((costs or {}).items())},
+        by_batch=by_batch,
     )
 
 
@@ -300,7 +402,8 @@ def _take_workload_decision(summary: GroupDecision, workload: GroupDecision) -> 
     if summary.speculate is None:
         summary.speculate = bool(workload.speculate)
         summary.decision_basis = "workload"
-        summary.decision_reason += f" ({'speculate at gamma ' + str(workload.best_gamma) if workload.speculate else 'off'})"
+        summary.reason = replace(summary.reason, workload_speculate=bool(workload.speculate),
+                                 workload_gamma=workload.best_gamma)
 
 
 def _decide_alone(summary: GroupDecision, margin: float) -> None:
@@ -308,8 +411,7 @@ def _decide_alone(summary: GroupDecision, margin: float) -> None:
     if summary.speculate is None:
         summary.speculate = should_speculate(summary.predicted_speedup or float("nan"), margin)
         summary.decision_basis = "point estimate"
-        summary.decision_reason = (summary.decision_reason.split(": too few")[0]
-                                   + ": too few prompts for an interval; decided on S(g*) alone")
+        summary.reason = replace(summary.reason, code="point_estimate")
 
 
 def tier_note(summary: GroupSummary, cost: Cost | None) -> str | None:
@@ -370,10 +472,8 @@ def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptRes
     """The summary of ``run`` from its stored counts, profiles and validations (pass ``results`` /
     ``validations`` when already loaded)."""
     run_id = run.id
-    params = run.params
-    gamma_max = int(params.get("gamma_max", 16))
-    sampling = float(params.get("temperature", 0.0)) > 0
-    margin = float(params.get("margin", DEFAULT_MARGIN))
+    params = run.run_params
+    gamma_max, sampling, margin = int(params.gamma_max), params.sampling, float(params.margin)
     cost, costs = cost_for_run(run), costs_for_run(run)
     results = load_results(session, run_id) if results is None else results
     if validations is None:
@@ -391,3 +491,93 @@ def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptRes
                                        costs=costs, measured=measured)
     return AnalysisSummary(run_id=run_id, gamma_max=gamma_max, sampling=sampling, margin=margin, cost=cost,
                            costs=costs, prompts=prompts, tasks=tasks, workload=workload)
+
+
+# ---------------------------------------------------------------- the stored summary
+
+SUMMARY_FORMAT = 1  # the stored JSON's shape; a summary stored in another is computed again
+FINISHED_STATUSES = ("done", "failed", "cancelled")
+
+
+def summary_to_json(summary: AnalysisSummary) -> dict[str, Any]:
+    """The summary as JSON-ready data (dict keys as strings, tuples as lists; nothing is NaN: curves
+    and statistics already hold None where not finite); :func:`summary_from_json` reads it back
+    equal."""
+    return _plain(asdict(summary))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def summary_from_json(data: Mapping[str, Any]) -> AnalysisSummary:
+    """The summary that :func:`summary_to_json` wrote."""
+    return AnalysisSummary(
+        run_id=data["run_id"], gamma_max=data["gamma_max"], sampling=data["sampling"], margin=data["margin"],
+        cost=Cost(**data["cost"]) if data["cost"] is not None else None,
+        costs={int(b): Cost(**c) for b, c in data["costs"].items()},
+        prompts=[PromptSummary(**dict(p, rounds={int(g): r for g, r in p["rounds"].items()}))
+                 for p in data["prompts"]],
+        tasks={task: _group_from_json(group, GroupSummary) for task, group in data["tasks"].items()},
+        workload=_group_from_json(data["workload"], GroupSummary) if data["workload"] is not None else None,
+    )
+
+
+def _group_from_json(data: Mapping[str, Any], kind: type[GroupDecision]) -> GroupDecision:
+    values = dict(data, speedup_interval=tuple(data["speedup_interval"]),
+                  reason=DecisionReason(**dict(data["reason"], interval=tuple(data["reason"]["interval"]))))
+    if "by_batch" in values:
+        values["by_batch"] = {int(b): _group_from_json(entry, GroupDecision)
+                              for b, entry in data["by_batch"].items()}
+    return kind(**values)
+
+
+def _summary_basis(session: Session, run: AnalysisRun, results: list[PromptResult] | None,
+                   validations: list[ValidationResult] | None) -> dict[str, Any]:
+    """What a run's summary is computed from, to tell a stored one that is still true: the count and
+    last id of its results and of its validations (a resumed run adds results, a validation adds
+    rows; none is changed in place), and its cost profiles."""
+    def count_and_last(rows: list | None, model: type[PromptResult] | type[ValidationResult]) -> list:
+        if rows is not None:
+            return [len(rows), max((row.id for row in rows), default=None)]
+        count, last = session.execute(
+            select(func.count(model.id), func.max(model.id)).where(model.run_id == run.id)).one()
+        return [int(count), last]
+
+    return {"results": count_and_last(results, PromptResult),
+            "validations": count_and_last(validations, ValidationResult),
+            "cost_profile": run.cost_profile_id,
+            "profiles": {str(link.batch_size): link.cost_profile_id for link in run.batch_profiles}}
+
+
+def store_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
+                  validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+    """Compute ``run``'s summary and store it with the run (``AnalysisRun.summary``), as when a run
+    finishes or is priced anew; the caller commits. Returns it."""
+    return _store(session, run, _summary_basis(session, run, results, validations), results, validations)
+
+
+def _store(session: Session, run: AnalysisRun, basis: dict[str, Any], results: list[PromptResult] | None,
+           validations: list[ValidationResult] | None) -> AnalysisSummary:
+    summary = summarize_run(session, run, results=results, validations=validations)
+    run.summary = {"format": SUMMARY_FORMAT, "basis": basis, "summary": summary_to_json(summary)}
+    return summary
+
+
+def run_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
+                validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+    """``run``'s summary: the stored one while it is still true (same results, validations and cost
+    profiles), else computed, and stored when the run is finished (a queued or running run's is
+    computed each time: its results are still coming). Pass ``results`` / ``validations`` (all of the
+    run's) when already loaded. The report, publishing and the web pages read it."""
+    stored = run.summary
+    basis = _summary_basis(session, run, results, validations)
+    if stored and stored.get("format") == SUMMARY_FORMAT and stored.get("basis") == basis:
+        return summary_from_json(stored["summary"])
+    if run.status in FINISHED_STATUSES:
+        return _store(session, run, basis, results, validations)
+    return summarize_run(session, run, results=results, validations=validations)

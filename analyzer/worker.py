@@ -4,8 +4,8 @@ A run's work is planned as chunks (:mod:`analyzer.chunks`: the cost profile, sli
 the validation); a worker (the server's thread, or a ``specroute worker`` process on any machine)
 claims one chunk at a time from any queued or running run (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL, the write lock on SQLite), executes it, and claims the next. A chunk left by a worker
-that died (no heartbeat for ``stale_after_s``) is claimed again, so a server restart or a killed
-worker never loses a run, and the run finishes exactly once, after its last chunk.
+that died (no heartbeat for ``stale_after_s``, the setting) is claimed again, so a server restart or
+a killed worker never loses a run, and the run finishes exactly once, after its last chunk.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.chunks import STALE_AFTER_S, claim_chunk
+from analyzer.chunks import claim_chunk
+from analyzer.settings import STALE_AFTER_S
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,14 @@ def run_next_chunk(sessions: sessionmaker[Session], *, worker_id: str, cache_dir
     chunk = claim_chunk(sessions, worker_id, stale_after_s=stale_after_s)
     if chunk is None:
         return None
-    from analyzer.runs import ModelCache, execute_chunk  # torch loads with the first run, not with the server
+    # torch loads with the first run, not with the server
+    from analyzer.runs import LoadedModelCache, execute_chunk
 
     kept = {} if kept is None else kept
-    if "models" not in kept:
-        kept["models"] = ModelCache(cache_dir, allow_network)
+    if "model_cache" not in kept:
+        kept["model_cache"] = LoadedModelCache(cache_dir, allow_network)
     try:
-        execute_chunk(sessions, chunk, worker_id=worker_id, models=kept["models"])
+        execute_chunk(sessions, chunk, worker_id=worker_id, model_cache=kept["model_cache"])
     except Exception:
         log.exception("analysis run %s failed (chunk %s)", chunk.run_id, chunk.position)
     return chunk.run_id

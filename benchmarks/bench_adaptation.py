@@ -41,7 +41,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,7 @@ from router.classifier import cold_start_data, load_active, make_training_data, 
 from router.decision import Router, RouterConfig  # noqa: E402
 from router.route_ids import parse_route_id  # noqa: E402
 from analyzer.prompt_checks import prompt_text  # noqa: E402
-from router.policy import FALLBACK_TASK, PolicySnapshot, task_policies  # noqa: E402
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, task_policies  # noqa: E402
 
 
 @dataclass
@@ -180,7 +180,6 @@ class Ours:
     def __init__(self, router: Router, cost: Cost, true_labels: bool):
         self.router, self.cost, self.true_labels = router, cost, true_labels
         self.name = "ours, true task labels" if true_labels else "ours (classifier, as served)"
-        self.config = replace(router.adaptation, gamma_max=min(router.adaptation.gamma_max, len(cost.target_forward_s) - 1))
 
     def serve(self, request, cost):
         router = self.router
@@ -194,7 +193,7 @@ class Ours:
         result = replay(request, cost, lambda: gamma if speculate else 0)
         if speculate and result.passes:  # what /v1/feedback does with the engine's counts
             router.observe(key, apply_feedback(router.states[key], result.passes, result.drafted, result.accepted,
-                                               self.cost, self.config))
+                                               router.curve_of(key), router.adaptation))
         return result
 
 
@@ -323,9 +322,11 @@ def main() -> None:
                 policies = policies_from(run, [results[i] for i in source], cost)
 
                 def router(with_classifier: bool) -> Router:
+                    params = run.run_params
                     return Router(classifier if with_classifier else None, policies, policy_version=1, cost=cost,
-                                  config=RouterConfig(), adaptation=AdaptationConfig(gamma_max=gamma_max),
-                                  margin=float(run.params.get("margin", 0.05)))
+                                  config=RouterConfig(), adaptation=AdaptationConfig(),
+                                  contract=PolicyContract(gamma_max=gamma_max,
+                                                          margin=params.margin, engine=run.engine))
                 servers = [Fixed(), TransformersHeuristic(gamma_max), SimpleRule(), Ours(router(True), cost, False),
                            Ours(router(False), cost, True)]
                 stream = np.concatenate([rng.permutation(traffic) for _ in range(args.epochs)])

@@ -24,6 +24,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.prompt_checks import message_problem
+from router import strict_json
 from router.decision import RouteRequest
 from router.openapi import MAX_BATCH, openapi_document
 from router.service import RouterService
@@ -173,11 +174,11 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
         length = len(prompt)
     else:
         problem = message_problem(messages)
-        if problem is not None and problem[1].startswith("empty prompt"):
+        if problem is not None and problem.code == "empty_prompt":
             raise EmptyPrompt(f"field '{where}messages' has no content", field=where + "messages")
         if problem is not None:
-            field = f"{where}messages{problem[0]}"
-            raise ApiError(f"field '{field}': {problem[1]}", field=field)
+            field = f"{where}messages{problem.where}"
+            raise ApiError(f"field '{field}': {problem.message}", field=field)
         length = sum(len(m["content"]) for m in messages)
     if length > max_chars:
         raise PromptTooLong(f"the prompt of '{where or 'the request'}' has {length} characters; "
@@ -309,7 +310,13 @@ class RouteFastPath:
             if not isinstance(exc, SpecrouteError):
                 log.exception("unexpected error on POST /v1/route")
             status, payload, extra = api_error(exc, self.body_limit)
-        body = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+        try:
+            text = strict_json.dumps(payload, separators=(",", ":"))
+        except strict_json.NonFiniteNumber as exc:  # answered as the app answers it: logged, a 500 naming it
+            log.error("unexpected error on POST /v1/route", exc_info=exc)
+            status, payload, extra = api_error(exc, self.body_limit)
+            text = json.dumps(payload, separators=(",", ":"))
+        body = text.encode() + b"\n"
         start_response(f"{status} {HTTP_STATUS_CODES.get(status, 'Error')}",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] + self.headers
                        + list(extra.items()))

@@ -9,17 +9,27 @@ touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
 
+import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from analyzer.acceptance import expected_tokens_iid
-from analyzer.settings import Settings, router_min_confidence, router_pools
-from analyzer.speedup import Cost, best_gamma, clears_break_even, interpolate_curves
-from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request, speedup_at
-from router.classifier import TaskClassifier
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from analyzer.orm import AnalysisRun
+from analyzer.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.prompt_checks import prompt_text
-from router.policy import FALLBACK_TASK, PolicySnapshot
+from analyzer.settings import Settings, router_min_confidence, router_pools
+from analyzer.specs import parse_spec
+from analyzer.speedup import Cost
+from analyzer.summary import cost_for_run
+from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
+from router.classifier import TaskClassifier, load_active
+from router.feedback import estimate_state
+from router.orm import TaskEstimate
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, active_policy_set
+from router.reasons import Reason, reason
 from router.route_ids import new_route_id
 
 DEFAULT_MIN_CONFIDENCE = 0.5
@@ -47,7 +57,8 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do for one request, why, and how to do it in each engine."""
+    """What to do for one request, why (structured :class:`Reason` s, rendered to text at the edge),
+    and how to do it in each engine."""
 
     route_id: str
     speculate: bool
@@ -56,17 +67,29 @@ class Decision:
     confidence: float
     predicted_acceptance: float | None
     expected_speedup: float
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     policy_version: int | None
     engine: dict[str, Any]
 
+    @property
+    def reason_texts(self) -> list[str]:
+        """The reasons as sentences, in order."""
+        return [r.text for r in self.reasons]
+
+    @property
+    def reason_codes(self) -> list[str]:
+        """The reasons' codes, in order."""
+        return [r.code for r in self.reasons]
+
     def as_dict(self) -> dict[str, Any]:
-        """The decision as JSON-ready data (engine settings copied, nested ones too)."""
+        """The decision as JSON-ready data (engine settings copied, nested ones too): ``reasons`` as
+        text for people, ``reason_codes`` as ``{"code", **params}`` for programs."""
         engine = _copied(self.engine)
         return {"route_id": self.route_id, "speculate": self.speculate, "gamma": self.gamma,
                 "task_type": self.task_type, "confidence": self.confidence,
                 "predicted_acceptance": self.predicted_acceptance, "expected_speedup": self.expected_speedup,
-                "reasons": list(self.reasons), "policy_version": self.policy_version, "engine": engine}
+                "reasons": self.reason_texts, "reason_codes": [r.as_dict() for r in self.reasons],
+                "policy_version": self.policy_version, "engine": engine}
 
 
 def _copied(value: Any) -> Any:
@@ -85,9 +108,21 @@ class RouteRequest:
     temperature: float | None = None
 
 
+@dataclass
+class _Choice:
+    """A decision while it is being made: speculate, gamma, the alpha and speedup it expects, why."""
+
+    speculate: bool
+    gamma: int
+    alpha: float | None
+    expected: float
+    reasons: list[Reason]
+
+
 class Router:
     """A loaded classifier, policy set and per-task online states; ``route`` decides in well under
-    a millisecond and is safe to call from several threads."""
+    a millisecond and is safe to call from several threads. ``contract``: what the policy set's run
+    fixed (gamma_max, margin, engine); the online estimates adapt under it."""
 
     def __init__(
         self,
@@ -102,8 +137,7 @@ class Router:
         states: Mapping[str, TaskState] | None = None,
         adaptation: AdaptationConfig | None = None,
         policy_set_id: int | None = None,
-        margin: float = 0.05,
-        priced_by: str | None = None,
+        contract: PolicyContract | None = None,
     ):
         self.classifier = classifier
         self.policies = {task: p for task, p in policies.items() if task != FALLBACK_TASK}
@@ -114,15 +148,24 @@ class Router:
         self.ngram_max = ngram_max
         self.config = config or RouterConfig()
         self.cost = cost
-        self.adaptation = adaptation or AdaptationConfig()
-        self.margin = margin
-        self.priced_by = priced_by  # the engine whose cost priced the policies (None: no policy set)
+        self.contract = contract or PolicyContract()
+        self.adaptation = (adaptation or AdaptationConfig()).for_contract(self.contract)
+        self.curves = {task: p.curve(self.contract, cost) for task, p in policies.items()}
         self.states: dict[str, TaskState] = {}
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
-                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, p.speedup_curve, self.adaptation)
+                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, self.adaptation)
         self.states.update(states or {})
         self._lock = threading.Lock()
+
+    @property
+    def margin(self) -> float:
+        return self.contract.margin
+
+    @property
+    def priced_by(self) -> str | None:
+        """The engine whose cost priced the policies (None: no policy set)."""
+        return self.contract.engine
 
     @property
     def classifier_version(self) -> int | None:
@@ -151,7 +194,12 @@ class Router:
         with self._lock:
             current = self.states.get(task)
             keep = current.requests_while_off if current is not None else 0
-            self.states[task] = TaskState(**{**asdict(state), "requests_while_off": keep})
+            self.states[task] = replace(state, requests_while_off=keep)
+
+    def curve_of(self, task: str) -> PolicyCurve | None:
+        """The policy curve that ``task``'s decisions and estimate follow (the fallback's where it has
+        none; None without a policy set)."""
+        return self.curves.get(task) or self.curves.get(FALLBACK_TASK)
 
     def _classify(self, texts: list[str]) -> list[tuple[str, float]]:
         if self.classifier is None:
@@ -167,123 +215,115 @@ class Router:
             return float(self.classifier.threshold)
         return DEFAULT_MIN_CONFIDENCE
 
+    # ---------------------------------------------------------------- the decision, step by step
+
     def _decide(self, request: RouteRequest, task: str, confidence: float) -> Decision:
-        reasons: list[str] = []
-        bar = self.min_confidence
-        confident = confidence >= bar
+        """Which policy decides, what it published, what feedback made of it, then the request's rules."""
+        confident = confidence >= self.min_confidence
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
-        if key == task and policy is not None and task in self.policies:
-            if policy.decision_basis == "workload":
-                reasons.append(f"task {task} (confidence {confidence:.2f}): only {policy.n_prompts} prompts in the analysis, "
-                               f"too few to decide: the workload's decision applies ({policy.predicted_text()} at gamma "
-                               f"{policy.gamma})")
-            else:
-                reasons.append(f"task {task} (confidence {confidence:.2f}): {policy.tier}, "
-                               f"analysis predicts {policy.predicted_text()} at gamma {policy.gamma}")
-        rarely = self.classifier.rarely_reached.get(task) if self.classifier is not None else None
-        if rarely:
-            reasons.append(f"classifier v{self.classifier.version} rarely predicts {task} ({rarely}): most {task} "
-                           "traffic is routed by another task's policy")
-        elif policy is not None:
-            why = ("no task classifier trained" if self.classifier is None else
-                   f"confidence {confidence:.2f} < {bar:.2f}" if not confident else f"no policy for task {task}")
-            reasons.append(f"{why}: workload-wide policy (analysis predicts {policy.expected_speedup:.2f}x)")
-        speculate, gamma = bool(policy and policy.speculate), policy.gamma if policy else 0
-        alpha = policy.alpha_mean if policy else None
-        expected = policy.expected_speedup if policy else 1.0
-        state = self.states.get(key)
-        if state is not None:
-            with self._lock:
-                state, speculate, gamma = next_request(self.states[key], self.adaptation)
-                self.states[key] = state
-            alpha = state.alpha
-            if self.cost is not None:
-                expected = speedup_at(state, gamma, self.cost, self.adaptation.gamma_max)
-            if state.events:
-                reasons.append(f"online estimate after {state.events} feedback events: alpha {state.alpha:.2f}, "
-                               f"gamma {state.gamma}, speculation {'on' if state.speculate else 'off'}")
-            if speculate and not state.speculate:
-                reasons.append(f"probe: every {self.adaptation.probe_every}th request of an 'off' task speculates "
-                               "so that feedback can turn it back on")
-        batch_rule = self._at_batch_size(policy, state, request.batch_size)
-        if batch_rule is not None:
-            speculate, gamma, expected, reason = batch_rule
-            reasons.append(reason)
-        elif policy is None:
-            reasons.append("no published policy: speculation off")
-        elif not speculate:
-            reasons.append("no predicted gain: speculation off")
-        if speculate and request.max_new_tokens is not None and request.max_new_tokens < self.config.min_output_tokens:
-            speculate = False
-            reasons.append(f"expected output {request.max_new_tokens} tokens < {self.config.min_output_tokens}: off")
-        if batch_rule is None and speculate and request.batch_size is not None \
-                and request.batch_size > self.config.max_batch_size:
-            speculate = False
-            reasons.append(f"batch size {request.batch_size} > {self.config.max_batch_size} and no cost profile covers "
-                           "it: the batch already uses the idle compute; off")
-        if speculate and request.temperature:
-            reasons.append(f"temperature {request.temperature}: acceptance was measured greedy; sampling accepts less")
-        gamma = gamma if speculate else 0
+        choice = _Choice(bool(policy and policy.speculate), policy.gamma if policy else 0,
+                         policy.alpha_mean if policy else None, policy.expected_speedup if policy else 1.0,
+                         self._policy_reasons(task, confidence, key, policy))
+        state = self._follow_estimate(key, policy, choice)
+        self._request_rules(request, policy, state, choice)
+        gamma = choice.gamma if choice.speculate else 0
         return Decision(
             route_id=new_route_id(self.policy_version, key),
-            speculate=speculate,
+            speculate=choice.speculate,
             gamma=gamma,
             task_type=task,
             confidence=confidence,
-            predicted_acceptance=alpha,
-            expected_speedup=float(expected) if speculate else 1.0,
-            reasons=tuple(reasons),
+            predicted_acceptance=choice.alpha,
+            expected_speedup=float(choice.expected) if choice.speculate else 1.0,
+            reasons=tuple(choice.reasons),
             policy_version=self.policy_version,
-            engine=self._engine(speculate, gamma),
+            engine=self._engine(choice.speculate, gamma),
         )
 
+    def _policy_reasons(self, task: str, confidence: float, key: str, policy: PolicySnapshot | None) -> list[Reason]:
+        """Which policy decides, and why that one."""
+        found: list[Reason] = []
+        if key == task and policy is not None and task in self.policies:
+            low, high = policy.speedup_interval
+            shown = dict(task=task, confidence=confidence, gamma=policy.gamma, speedup=policy.expected_speedup,
+                         low=low, high=high)
+            if policy.decision_basis == "workload":
+                found.append(reason("task_too_few_prompts", n_prompts=policy.n_prompts, **shown))
+            else:
+                found.append(reason("task_policy", tier=policy.tier, **shown))
+        rarely = self.classifier.rarely_reached.get(task) if self.classifier is not None else None
+        if rarely:
+            found.append(reason("rarely_reached", classifier_version=self.classifier.version, task=task,
+                                detail=rarely))
+        elif policy is not None:
+            cause = ("no_classifier" if self.classifier is None else
+                     "low_confidence" if confidence < self.min_confidence else "no_task_policy")
+            found.append(reason("workload_policy", cause=cause, task=task, confidence=confidence,
+                                min_confidence=self.min_confidence, speedup=policy.expected_speedup))
+        return found
+
+    def _follow_estimate(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
+        """The online estimate of ``key`` decides where there is one (probes included); the expected
+        speedup is its policy curve's at the chosen gamma under the estimate's alpha."""
+        state = self.states.get(key)
+        if state is None:
+            return None
+        with self._lock:
+            state, choice.speculate, choice.gamma = next_request(self.states[key], self.adaptation)
+            self.states[key] = state
+        choice.alpha = state.alpha
+        curve = self.curve_of(key)
+        if self.cost is not None and curve is not None:
+            expected = curve.with_prior(state.prior_alpha).speedup(choice.gamma, BASE, state.alpha)
+            choice.expected = expected if math.isfinite(expected) else choice.expected
+        if state.events:
+            choice.reasons.append(reason("online_estimate", events=state.events, alpha=state.alpha,
+                                         gamma=state.gamma, speculate=state.speculate))
+        if choice.speculate and not state.speculate:
+            choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
+        return state
+
+    def _request_rules(self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None,
+                       choice: _Choice) -> None:
+        """The request's own rules: its batch size's curve, short outputs, unprofiled batches, sampling."""
+        point = self._at_batch_size(policy, state, request.batch_size)
+        if point is not None:
+            choice.speculate, choice.gamma, choice.expected = point.speculate, point.gamma, point.speedup
+            choice.reasons.append(reason(
+                "batch_size_curve", batch_size=request.batch_size, lower=point.lower_batch, upper=point.upper_batch,
+                alpha=state.alpha if point.rescaled and state is not None else None, gamma=point.gamma,
+                speedup=point.speedup, low=point.low, speculate=point.speculate, margin=self.margin))
+        elif policy is None:
+            choice.reasons.append(reason("no_policy"))
+        elif not choice.speculate:
+            choice.reasons.append(reason("no_predicted_gain"))
+        if choice.speculate and request.max_new_tokens is not None \
+                and request.max_new_tokens < self.config.min_output_tokens:
+            choice.speculate = False
+            choice.reasons.append(reason("short_output", max_new_tokens=request.max_new_tokens,
+                                         min_output_tokens=self.config.min_output_tokens))
+        if point is None and choice.speculate and request.batch_size is not None \
+                and request.batch_size > self.config.max_batch_size:
+            choice.speculate = False
+            choice.reasons.append(reason("batch_not_profiled", batch_size=request.batch_size,
+                                         max_batch_size=self.config.max_batch_size))
+        if choice.speculate and request.temperature:
+            choice.reasons.append(reason("sampling", temperature=request.temperature))
+
     def _at_batch_size(self, policy: PolicySnapshot | None, state: TaskState | None,
-                       batch_size: int | None) -> tuple[bool, int, float, str] | None:
-        """(speculate, gamma, S(gamma), reason) at a request batch size above 1 that the published
-        per-batch curves cover (measured there, or linear between the two profiled sizes around it),
-        the curve scaled by E[tokens/round] under the task's online alpha over that under the analysis'
-        alpha once feedback has moved it; None where no profile covers the batch size. As in the
-        analysis, speculation needs S(gamma) > 1 + margin and the interval's lower end (published per
-        batch size, interpolated and scaled alike) > 1.0."""
+                       batch_size: int | None) -> CurvePoint | None:
+        """The policy curve's decision at a request batch size above 1 that the published per-batch
+        curves cover (measured there, or linear between the two profiled sizes around it), under the
+        task's online alpha once feedback has moved it; None where no profile covers the batch size."""
         if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
             return None
-        found = interpolate_curves(policy.curves_by_batch, batch_size)
-        if found is None:
-            return None
-        curve, lower, upper = found
-        low = self._lower_end(policy, batch_size, lower, upper)
-        adjusted = ""
-        if state is not None and state.events:
-            curve = [s * expected_tokens_iid(state.alpha, g) / expected_tokens_iid(state.prior_alpha, g)
-                     for g, s in enumerate(curve, start=1)]
-            adjusted = f", adjusted to the online alpha {state.alpha:.2f}"
-        g_best, s_best = best_gamma(curve)
-        if g_best == 0:
-            return None
-        if low is not None and state is not None and state.events:
-            low *= expected_tokens_iid(state.alpha, g_best) / expected_tokens_iid(state.prior_alpha, g_best)
-        speculate = clears_break_even(s_best, low, self.margin)
-        where = (f"measured at batch size {lower}" if lower == upper else
-                 f"interpolated between profiled batch sizes {lower} and {upper}")
-        interval = f" (interval from {low:.2f}x)" if low is not None else ""
-        why = ("on" if speculate else f"off (needs > {1 + self.margin:.2f}x)" if s_best <= 1.0 + self.margin
-               else "off (the interval reaches a loss)")
-        return (speculate, g_best, s_best,
-                f"batch size {batch_size}: S(g) {where}{adjusted}: best gamma {g_best} at {s_best:.2f}x{interval}, "
-                f"speculation {why}")
-
-    @staticmethod
-    def _lower_end(policy: PolicySnapshot, batch_size: int, lower: int, upper: int) -> float | None:
-        """The published lower end of S(g*) at ``batch_size``, linear between the profiled sizes
-        around it; None where the policy has none (published before intervals, or one prompt)."""
-        low_at, high_at = policy.lows_by_batch.get(lower), policy.lows_by_batch.get(upper)
-        if low_at is None or high_at is None:
-            return None
-        if upper == lower:
-            return float(low_at)
-        weight = (batch_size - lower) / (upper - lower)
-        return float((1 - weight) * low_at + weight * high_at)
+        curve = policy.curve(self.contract)
+        moved = state is not None and state.events > 0
+        if moved:
+            curve = curve.with_prior(state.prior_alpha)
+        point = curve.at(batch_size, state.alpha if moved else None)
+        return point if point is not None and point.gamma is not None else None
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
@@ -310,21 +350,11 @@ class Router:
         return {"draft": "prompt-lookup" if self.draft_kind == "ngram" else "model", "n_max": gamma}
 
 
-def router_from_database(session, config: RouterConfig | None = None,
+def router_from_database(session: Session, config: RouterConfig | None = None,
                          adaptation: AdaptationConfig | None = None) -> Router:
     """A Router over the active classifier, the active policy set and its tasks' online estimates
     (either may be missing: without a classifier every prompt is 'unlabelled' and gets the fallback
     policy; without a policy set nothing speculates)."""
-    from sqlalchemy import select
-
-    from analyzer.specs import parse_spec
-    from analyzer.orm import AnalysisRun
-    from analyzer.summary import cost_for_run
-    from router.classifier import load_active
-    from router.feedback import estimate_state
-    from router.orm import TaskEstimate
-    from router.policy import active_policy_set
-
     classifier = load_active(session)
     policy_set = active_policy_set(session)
     policies: dict[str, PolicySnapshot] = {}
@@ -332,8 +362,7 @@ def router_from_database(session, config: RouterConfig | None = None,
     draft_kind, ngram_max, cost = "ngram", 2, None
     if policy_set is not None:
         policies = {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies}
-        fallback = policies.get(FALLBACK_TASK)
-        states = {e.task_type: estimate_state(e, (policies.get(e.task_type) or fallback).speedup_curve)
+        states = {e.task_type: estimate_state(e)
                   for e in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))}
         run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id else None
         if run is not None:
@@ -344,5 +373,4 @@ def router_from_database(session, config: RouterConfig | None = None,
     return Router(classifier, policies, policy_version=policy_set.version if policy_set else None,
                   policy_set_id=policy_set.id if policy_set else None, draft_kind=draft_kind, ngram_max=ngram_max,
                   config=config, cost=cost, states=states, adaptation=adaptation,
-                  margin=policy_set.margin if policy_set is not None else 0.05,
-                  priced_by=policy_set.engine if policy_set is not None else None)
+                  contract=PolicyContract.of(policy_set))

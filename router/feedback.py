@@ -26,7 +26,7 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import select
@@ -40,7 +40,8 @@ from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
 from router.route_ids import parse_route_id
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
-from router.policy import FALLBACK_TASK, PolicySnapshot
+from analyzer.policy_curve import PolicyCurve
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
 
 
@@ -219,10 +220,9 @@ STATE_COLUMNS = ("beta_a", "beta_b", "speculate", "gamma", "prior_alpha", "event
                  "total_accepted")
 
 
-def estimate_state(estimate: TaskEstimate, published_curve: Sequence[float]) -> TaskState:
-    """The adaptation state stored in a TaskEstimate row, moving the policy's ``published_curve``."""
-    return TaskState(**{name: getattr(estimate, name) for name in STATE_COLUMNS},
-                     published_curve=tuple(published_curve))
+def estimate_state(estimate: TaskEstimate) -> TaskState:
+    """The adaptation state stored in a TaskEstimate row."""
+    return TaskState(**{name: getattr(estimate, name) for name in STATE_COLUMNS})
 
 
 def store_state(estimate: TaskEstimate, state: TaskState) -> None:
@@ -240,6 +240,7 @@ class PolicyContext:
     policies: Mapping[str, PolicySnapshot]  # task type (and FALLBACK_TASK) -> its published policy
     cost: Cost
     classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
+    contract: PolicyContract = PolicyContract()  # the set's gamma_max, margin and engine
 
     @property
     def known_tasks(self) -> frozenset[str]:
@@ -249,6 +250,10 @@ class PolicyContext:
     def policy(self, task: str) -> PolicySnapshot:
         """The policy that decides for ``task`` (the fallback where it has none)."""
         return self.policies.get(task) or self.policies[FALLBACK_TASK]
+
+    def curve(self, task: str) -> PolicyCurve:
+        """The policy curve that ``task``'s estimate moves."""
+        return self.policy(task).curve(self.contract, self.cost)
 
 
 def active_classifier_labels(session: Session) -> frozenset[str]:
@@ -265,7 +270,8 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
     if policy_set is None or policy_set.run_id is None:
         return None
     return PolicyContext(policy_set.id, policy_set.version, {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
-                         cost_for_run(session.get(AnalysisRun, policy_set.run_id)), active_classifier_labels(session))
+                         cost_for_run(session.get(AnalysisRun, policy_set.run_id)), active_classifier_labels(session),
+                         PolicyContract.of(policy_set))
 
 
 @dataclass(frozen=True)
@@ -321,7 +327,7 @@ def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnap
         if key not in rows:
             policy = wanted[key]
             estimate = TaskEstimate(policy_set_id=key[0], task_type=key[1])
-            store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, policy.speedup_curve, config))
+            store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config))
             session.add(estimate)
             rows[key] = estimate
     return rows
@@ -330,10 +336,9 @@ def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnap
 def _apply(session: Session, request: FeedbackRequest, context: PolicyContext, estimate: TaskEstimate,
            config: AdaptationConfig) -> Recorded:
     """Move ``estimate`` by one checked event and add the event's row."""
-    policy, cost, counts = context.policy(request.task), context.cost, request.counts
-    covered = replace(config, gamma_max=min(config.gamma_max, len(cost.target_forward_s) - 1))
-    state = apply_feedback(estimate_state(estimate, policy.speedup_curve), counts.rounds, counts.drafted,
-                           counts.accepted, cost, covered)
+    counts = request.counts
+    state = apply_feedback(estimate_state(estimate), counts.rounds, counts.drafted, counts.accepted,
+                           context.curve(request.task), config.for_contract(context.contract))
     now = utcnow()
     if estimate.decision_since is None or (state.speculate, state.gamma) != (estimate.speculate, estimate.gamma):
         estimate.decision_since = now  # the decision in force changed (or starts being tracked) now

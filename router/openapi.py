@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.engines import ENGINES
+from router.reasons import REASON_CODES
 
 MAX_BATCH = 1000
 
@@ -53,10 +54,15 @@ SCHEMAS: dict[str, Any] = {
             "temperature": {"type": "number", "minimum": 0},
         },
     },
+    "Reason": {
+        "type": "object", "required": ["code"], "additionalProperties": True,
+        "description": "One reason of a decision: a code and its parameters (router/reasons.py lists them).",
+        "properties": {"code": {"type": "string", "enum": list(REASON_CODES)}},
+    },
     "Decision": {
         "type": "object", "additionalProperties": False,
         "required": ["route_id", "speculate", "gamma", "task_type", "confidence", "predicted_acceptance",
-                     "expected_speedup", "reasons", "policy_version", "engine"],
+                     "expected_speedup", "reasons", "reason_codes", "policy_version", "engine"],
         "properties": {
             "route_id": {"type": "string", "description": "Name this in feedback."},
             "speculate": {"type": "boolean"},
@@ -65,7 +71,9 @@ SCHEMAS: dict[str, Any] = {
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
             "predicted_acceptance": {"type": ["number", "null"]},
             "expected_speedup": _NUM,
-            "reasons": {"type": "array", "items": {"type": "string"}},
+            "reasons": {"type": "array", "items": {"type": "string"},
+                        "description": "Why, in words for people (reason_codes holds the same, for programs)."},
+            "reason_codes": {"type": "array", "items": _ref("Reason")},
             "policy_version": {"type": ["integer", "null"]},
             "engine": {
                 "type": "object", "required": ["transformers", "llama.cpp", "pool", "priced_by"],
@@ -162,11 +170,16 @@ SCHEMAS: dict[str, Any] = {
     },
     "PolicySet": {
         "type": "object",
-        "required": ["version", "active", "run_id", "engine", "margin", "notes", "created_at", "activated_at"],
+        "required": ["version", "active", "run_id", "engine", "margin", "gamma_max", "notes", "created_at",
+                     "activated_at"],
         "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
                        "run_id": {"type": ["integer", "null"]},
                        "engine": {"enum": list(ENGINES), "description": "The engine whose cost priced the set."},
-                       "margin": _NUM, "notes": {"type": ["string", "null"]},
+                       "margin": _NUM,
+                       "gamma_max": {"type": "integer", "minimum": 1,
+                                     "description": "The largest gamma the run analysed: the router prices and "
+                                                    "adapts over 1..gamma_max."},
+                       "notes": {"type": ["string", "null"]},
                        "created_at": {"type": "string"}, "activated_at": {"type": ["string", "null"]}},
     },
     "Policies": {

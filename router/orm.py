@@ -25,6 +25,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
 from analyzer.orm import one_of
+from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.speedup import TIERS
 
 
@@ -61,7 +62,9 @@ class PolicySet(Base):
     # the engine whose cost priced the policies (the run's): the decisions' settings are for it first
     engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
-    margin: Mapped[float] = mapped_column(Float, default=0.05)
+    margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
+    # the largest gamma the run analysed: the router prices and adapts over g = 1..gamma_max
+    gamma_max: Mapped[int] = mapped_column(Integer, default=DEFAULT_GAMMA_MAX, server_default=str(DEFAULT_GAMMA_MAX))
     notes: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     activated_at: Mapped[Optional[datetime]] = mapped_column()
@@ -152,7 +155,7 @@ class RouteDecision(Base):
     speculate: Mapped[bool] = mapped_column(Boolean)
     gamma: Mapped[int] = mapped_column(Integer)
     expected_speedup: Mapped[float] = mapped_column(Float)
-    reasons: Mapped[list[str]] = mapped_column(default=list)
+    reasons: Mapped[list[Any]] = mapped_column(default=list)  # [{"code", **params}] (router/reasons.py)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)  # for pruning by age
 
 

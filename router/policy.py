@@ -6,16 +6,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import numpy as np
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun
-from analyzer.summary import AnalysisSummary, GroupSummary, summarize_run
+from analyzer.policy_curve import PolicyCurve, as_curve
+from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
+from analyzer.speedup import Cost
+from analyzer.summary import AnalysisSummary, GroupSummary, run_summary
 from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
+PRIOR_ALPHA_RANGE = (1e-3, 1 - 1e-3)  # the analysis' alpha as a prior: never exactly 0 or 1
+
+
+@dataclass(frozen=True)
+class PolicyContract:
+    """What the router needs of the run behind a policy set, published with it: the largest gamma the
+    run analysed, the margin its decisions cleared, and the engine whose cost priced them."""
+
+    gamma_max: int = DEFAULT_GAMMA_MAX
+    margin: float = DEFAULT_MARGIN
+    engine: str | None = None  # None: no policy set
+
+    @classmethod
+    def of(cls, policy_set: PolicySet | None) -> "PolicyContract":
+        """The contract of a stored policy set (the defaults, engine None, without one)."""
+        if policy_set is None:
+            return cls()
+        return cls(int(policy_set.gamma_max), float(policy_set.margin), policy_set.engine)
 
 
 class PolicyError(SpecrouteError, ValueError):
@@ -68,12 +91,13 @@ def publish_policies(session: Session, run_id: int, *, notes: str | None = None,
         raise PolicyError(f"no analysis run {run_id}")
     if run.status != "done":
         raise PolicyError(f"run {run_id} is {run.status}; only a finished run can be published")
-    policies = task_policies(summarize_run(session, run))
+    policies = task_policies(run_summary(session, run))
     if not policies:
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
-    policy_set = PolicySet(version=latest + 1, run_id=run_id, engine=run.engine,
-                           margin=float(run.params.get("margin", 0.05)), notes=notes)
+    params = run.run_params
+    policy_set = PolicySet(version=latest + 1, run_id=run_id, engine=run.engine, margin=params.margin,
+                           gamma_max=params.gamma_max, notes=notes)
     policy_set.policies = policies
     session.add(policy_set)
     session.flush()
@@ -105,11 +129,6 @@ def list_policy_sets(session: Session) -> list[PolicySet]:
     ))
 
 
-def _curve(values) -> tuple[float, ...]:
-    """A stored S(g) curve as floats, NaN where it was not finite (stored as null)."""
-    return tuple(float("nan") if v is None else float(v) for v in values)
-
-
 @dataclass(frozen=True)
 class PolicySnapshot:
     """An immutable copy of one task's policy, for the decision path (no database access there);
@@ -132,13 +151,20 @@ class PolicySnapshot:
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
-        curves = {int(b): _curve(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
+        curves = {int(b): as_curve(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
         return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
-                   policy.n_prompts, policy.expected_speedup, policy.tier, _curve(policy.speedup_curve), curves,
+                   policy.n_prompts, policy.expected_speedup, policy.tier, as_curve(policy.speedup_curve), curves,
                    (policy.speedup_low, policy.speedup_high), policy.decision_basis,
                    {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()})
 
-    def predicted_text(self) -> str:
-        """``1.13x [1.04, 1.22]`` (the interval when the analysis gave one)."""
-        low, high = self.speedup_interval
-        return f"{self.expected_speedup:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+    @property
+    def prior_alpha(self) -> float:
+        """The analysis' alpha as the online estimate's prior (kept inside PRIOR_ALPHA_RANGE)."""
+        return float(np.clip(self.alpha_mean, *PRIOR_ALPHA_RANGE))
+
+    def curve(self, contract: PolicyContract, cost: Cost | None = None) -> PolicyCurve:
+        """This policy's :class:`PolicyCurve` under the policy set's contract (``cost``: the run's
+        batch-1 cost, which bounds the gammas priced and prices policies published without a curve)."""
+        return PolicyCurve(self.speedup_curve, self.curves_by_batch, self.lows_by_batch, self.speedup_interval[0],
+                           margin=contract.margin, gamma_max=contract.gamma_max, prior_alpha=self.prior_alpha,
+                           cost=cost)

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.speedup import best_gamma, clears_break_even
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
+from router.policy import PolicyContract, PolicySnapshot
 
 
-def policy_dict(policy: TaskPolicy, margin: float = 0.05) -> dict[str, Any]:
-    """A TaskPolicy, with the best gamma, speedup and decision at each profiled batch size (the
-    router's rule: S clears 1 + margin and the published lower end clears 1.0)."""
+def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> dict[str, Any]:
+    """A TaskPolicy, with the best gamma, speedup and decision at each profiled batch size, as its
+    policy curve decides them under the set's contract (the router's rule)."""
+    curve = PolicySnapshot.of(policy).curve(contract or PolicyContract())
     by_batch = {}
-    lows = policy.speedup_lows_by_batch or {}
-    for batch, curve in sorted((policy.speedup_curves_by_batch or {}).items(), key=lambda item: int(item[0])):
-        gamma, speedup = best_gamma(curve)
-        by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": speedup if gamma else 1.0,
-                                "speculate": bool(gamma) and clears_break_even(speedup, lows.get(batch), margin)}
+    for batch in curve.batch_sizes:
+        point = curve.at(batch)
+        gamma = point.gamma if point is not None and point.gamma is not None else 0
+        by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": point.speedup if gamma else 1.0,
+                                "speculate": bool(gamma) and point.speculate}
     return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
             "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
             "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,
@@ -27,14 +28,17 @@ def policy_dict(policy: TaskPolicy, margin: float = 0.05) -> dict[str, Any]:
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
-    """A policy set: version, whether active, its run, the engine that priced it, margin, notes, times
-    and (``with_policies``) its policies, the fallback ("*") last."""
+    """A policy set: version, whether active, its run, the engine that priced it, its margin and
+    gamma_max (the contract the router decides under), notes, times and (``with_policies``) its
+    policies, the fallback ("*") last."""
     data = {"version": policy_set.version, "active": policy_set.is_active, "run_id": policy_set.run_id,
-            "engine": policy_set.engine, "margin": policy_set.margin, "notes": policy_set.notes,
+            "engine": policy_set.engine, "margin": policy_set.margin, "gamma_max": policy_set.gamma_max,
+            "notes": policy_set.notes,
             "created_at": policy_set.created_at.isoformat(timespec="seconds"),
             "activated_at": policy_set.activated_at.isoformat(timespec="seconds") if policy_set.activated_at else None}
     if with_policies:
-        data["policies"] = [policy_dict(p, policy_set.margin) for p in policy_set.policies]
+        contract = PolicyContract.of(policy_set)
+        data["policies"] = [policy_dict(p, contract) for p in policy_set.policies]
     return data
 
 

@@ -85,8 +85,7 @@ class RouterService:
         for estimate in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == router.policy_set_id)):
             current = router.states.get(estimate.task_type)
             if current is None or estimate.events > current.events:
-                policy = router.policies.get(estimate.task_type) or router.fallback
-                router.observe(estimate.task_type, estimate_state(estimate, policy.speedup_curve if policy else ()))
+                router.observe(estimate.task_type, estimate_state(estimate))
 
     # ------------------------------------------------------------------ endpoints
 
@@ -125,7 +124,7 @@ class RouterService:
             return None
         labels = frozenset(router.classifier.labels) if router.classifier is not None else frozenset()
         return PolicyContext(router.policy_set_id, router.policy_version, {**router.policies, FALLBACK_TASK: router.fallback},
-                             router.cost, labels)
+                             router.cost, labels, router.contract)
 
     def policies(self) -> dict[str, Any]:
         """The active policy set with its policies and online estimates, and every stored version."""

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from analyzer.acceptance import expected_tokens_iid, walk_model_draft
+from analyzer.policy_curve import BASE, PolicyCurve
 from analyzer.speedup import Cost
 from router.adaptation import (
     AdaptationConfig,
@@ -20,6 +21,22 @@ from tests.factories import COST_CURVE
 
 COST = Cost(COST_CURVE, 0.004)
 CONFIG = AdaptationConfig(gamma_max=8)
+
+
+def policy_curve(published=(), gamma_max=8) -> PolicyCurve:
+    """A policy's curve as the router holds it: ``published`` S(g) at batch 1 (empty: nothing was
+    published, the i.i.d. formula prices it) with the test's cost."""
+    return PolicyCurve(tuple(published), gamma_max=gamma_max, cost=COST)
+
+
+def speedup_curve(state, curve: PolicyCurve, gamma_max=None) -> np.ndarray:
+    """S(g) under the state's posterior alpha, as the adaptation decides from it."""
+    if gamma_max is not None:
+        curve = PolicyCurve(curve.base, gamma_max=gamma_max, cost=curve.cost)
+    return np.array(curve.with_prior(state.prior_alpha).curve(BASE, state.alpha))
+
+
+CURVE = policy_curve()
 
 
 @given(alpha=st.floats(0.01, 0.99), gamma=st.integers(1, 12))
@@ -43,16 +60,16 @@ def _event(rng, alpha, gamma, tokens=64):
 
 def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping():
     rng = np.random.default_rng(0)
-    state = initial_state(0.85, True, 5, (), CONFIG)
+    state = initial_state(0.85, True, 5, CONFIG)
     assert state.speculate and abs(state.alpha - 0.85) < 1e-9
     for _ in range(40):
-        state = apply_feedback(state, *_event(rng, 0.85, state.gamma), COST, CONFIG)
+        state = apply_feedback(state, *_event(rng, 0.85, state.gamma), CURVE, CONFIG)
     assert state.speculate and state.alpha > 0.75 and state.gamma >= 3
     switches, was_on = 0, state.speculate
     for _ in range(200):  # acceptance collapses; while off, only probes bring feedback
         state, speculate, gamma = next_request(state, CONFIG)
         if speculate:
-            state = apply_feedback(state, *_event(rng, 0.05, gamma), COST, CONFIG)
+            state = apply_feedback(state, *_event(rng, 0.05, gamma), CURVE, CONFIG)
         switches += state.speculate != was_on
         was_on = state.speculate
     assert not state.speculate and state.alpha < 0.5  # from 0.85; only probes report once it is off
@@ -60,18 +77,18 @@ def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping()
 
 
 def test_hysteresis_keeps_the_current_decision_between_the_margins():
-    near = initial_state(0.45, False, 2, (), CONFIG)
-    from router.adaptation import decide, speedup_curve
+    near = initial_state(0.45, False, 2, CONFIG)
+    from router.adaptation import decide
 
-    best = float(speedup_curve(near, COST, 8).max())
+    best = float(speedup_curve(near, CURVE).max())
     config = AdaptationConfig(gamma_max=8, on_margin=best - 1 + 0.01, off_margin=best - 1 - 0.01)
-    assert decide(near, COST, config).speculate is False  # below the on threshold: stays off
-    on = initial_state(0.45, True, 2, (), config)
-    assert decide(on, COST, config).speculate is True  # above the off threshold: stays on
+    assert decide(near, CURVE, config).speculate is False  # below the on threshold: stays off
+    on = initial_state(0.45, True, 2, config)
+    assert decide(on, CURVE, config).speculate is True  # above the off threshold: stays on
 
 
 def test_probes_while_off_every_nth_request():
-    state = initial_state(0.05, False, 3, (), AdaptationConfig(probe_every=5))
+    state = initial_state(0.05, False, 3, AdaptationConfig(probe_every=5))
     probes = []
     for _ in range(20):
         state, speculate, gamma = next_request(state, AdaptationConfig(probe_every=5))
@@ -82,33 +99,34 @@ def test_probes_while_off_every_nth_request():
 def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
     from analyzer.acceptance import expected_tokens_iid
     from analyzer.speedup import iid_speedup
-    from router.adaptation import decide, speedup_curve
+    from router.adaptation import decide
 
     # a bursty task: the measured curve peaks at g = 2 where the i.i.d. formula would pick a longer g
     published = (1.10, 1.30, 1.20, float("nan"), 0.95, 0.90, 0.85, 0.80)
     config = AdaptationConfig(gamma_max=8)
-    state = initial_state(0.7, True, 2, published, config)
-    curve = speedup_curve(state, COST, 8)
+    state = initial_state(0.7, True, 2, config)
+    published_curve = policy_curve(published)
+    curve = speedup_curve(state, published_curve)
     assert np.allclose(curve, published, equal_nan=True)  # nothing i.i.d. about it before feedback
     iid = [iid_speedup(0.7, g, COST) for g in range(1, 9)]
     assert int(np.argmax(iid)) + 1 != 2
-    assert decide(state, COST, config).gamma == 2 and decide(state, COST, config).speculate
-    lower = apply_feedback(state, rounds=100, drafted=200, accepted=20, cost=COST, config=config)
+    assert decide(state, published_curve, config).gamma == 2 and decide(state, published_curve, config).speculate
+    lower = apply_feedback(state, rounds=100, drafted=200, accepted=20, curve=published_curve, config=config)
     ratio = [expected_tokens_iid(lower.alpha, g) / expected_tokens_iid(0.7, g) for g in range(1, 9)]
     assert lower.alpha < 0.6
-    assert np.allclose(speedup_curve(lower, COST, 8), np.array(published) * ratio, equal_nan=True)
+    assert np.allclose(speedup_curve(lower, published_curve), np.array(published) * ratio, equal_nan=True)
     assert not lower.speculate or lower.gamma < 2  # fewer tokens per round: the curve falls, the best g does not rise
-    assert len(speedup_curve(state, COST, 3)) == 3  # cut at the gamma in reach
+    assert len(speedup_curve(state, published_curve, gamma_max=3)) == 3  # cut at the gamma the run analysed
 
 
 def test_the_speedup_at_one_gamma_is_that_point_of_the_curve():
-    from router.adaptation import speedup_at, speedup_curve
-
     published = (1.10, 1.30, float("nan"), 0.95)
-    for curve in (published, ()):
-        state = apply_feedback(initial_state(0.7, True, 2, curve, CONFIG), rounds=50, drafted=100, accepted=30,
-                               cost=COST, config=CONFIG)
-        whole = speedup_curve(state, COST, 8)
+    for values in (published, ()):
+        curve = policy_curve(values)
+        state = apply_feedback(initial_state(0.7, True, 2, CONFIG), rounds=50, drafted=100, accepted=30,
+                               curve=curve, config=CONFIG)
+        whole = speedup_curve(state, curve)
         for gamma in range(0, 10):
             expected = float(whole[gamma - 1]) if 1 <= gamma <= len(whole) else float("nan")
-            assert speedup_at(state, gamma, COST, 8) == pytest.approx(expected, nan_ok=True)
+            point = curve.with_prior(state.prior_alpha).speedup(gamma, BASE, state.alpha)
+            assert point == pytest.approx(expected, nan_ok=True)

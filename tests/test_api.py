@@ -151,7 +151,9 @@ def test_route_feedback_adaptation_and_decision_log(app, client, session, publis
     qa = client.post("/v1/route", json={"messages": [{"role": "user", "content": "What is the capital of France? Answer briefly."}]}).get_json()
     assert qa["task_type"] == "qa" and not qa["speculate"] and qa["gamma"] == 0
     short = client.post("/v1/route", json={"prompt": "def f(x): return x  # fix this python function", "max_new_tokens": 5}).get_json()
-    assert not short["speculate"] and any("5 tokens < 20" in r for r in short["reasons"])
+    assert not short["speculate"] and {"code": "short_output", "max_new_tokens": 5, "min_output_tokens": 20} \
+        in short["reason_codes"]
+    assert len(short["reasons"]) == len(short["reason_codes"])  # the same reasons, in words
     # the engine now reports almost no acceptance for code: the estimate falls and speculation turns off
     first = client.post("/v1/feedback", json={"route_id": code["route_id"], "rounds": 40, "drafted": 40 * code["gamma"],
                                               "accepted": 2}).get_json()["estimate"]
@@ -163,7 +165,7 @@ def test_route_feedback_adaptation_and_decision_log(app, client, session, publis
     after = client.post("/v1/route", json={"prompt": "def g(y): return y * 2  # fix this python function",
                                            "max_new_tokens": 128}).get_json()
     assert after["task_type"] == "code" and not after["speculate"]
-    assert any("online estimate after 21 feedback events" in r for r in after["reasons"])
+    assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [21]
     # every decision was logged; feedback by route_id found it
     app.extensions["specroute.router"].decision_log.flush()
     with session.begin():
@@ -186,7 +188,8 @@ def test_one_probe_in_twenty_while_off_then_back_on(client, published):
                  for i in range(40)]
     assert all(d["task_type"] == "qa" for d in decisions)
     probes = [i for i, d in enumerate(decisions) if d["speculate"]]
-    assert probes == [19, 39] and all("probe" in " ".join(decisions[i]["reasons"]) for i in probes)
+    assert probes == [19, 39]
+    assert [i for i, d in enumerate(decisions) if any(r["code"] == "probe" for r in d["reason_codes"])] == probes
     for _ in range(15):  # qa turns out to accept nearly everything
         estimate = client.post("/v1/feedback", json={"task_type": "qa", "rounds": 10, "drafted": 40,
                                                      "accepted": 40}).get_json()["estimate"]

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from analyzer.acceptance import expected_tokens_iid
-from analyzer.speedup import best_gamma, interpolate_curves
+from analyzer.policy_curve import PolicyCurve
+from analyzer.speedup import best_gamma
 from router.adaptation import TaskState
 from router.decision import Router, RouterConfig, router_from_database
-from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
 from tests.factories import COST_CURVE, make_done_run
 
 FLAT_16 = [0.100 * (1 + 0.02 * (k - 1)) for k in range(1, 10)]  # T(k, 16): a GPU-like batch
@@ -27,12 +28,17 @@ def _router(session, batch_curves, alpha=0.9, config=None):
     return router, curves[FALLBACK_TASK]
 
 
-def test_interpolate_curves_is_linear_between_measured_sizes_and_none_outside():
-    curves = {1: [1.0, 2.0], 4: [4.0, 8.0], 16: [2.0]}
-    assert interpolate_curves(curves, 1) == ([1.0, 2.0], 1, 1)
-    assert interpolate_curves(curves, 2) == ([2.0, 4.0], 1, 4)
-    assert interpolate_curves(curves, 10) == ([3.0], 4, 16)  # over the g both curves cover
-    assert interpolate_curves(curves, 17) is None and interpolate_curves({}, 2) is None
+def _reason(decision, code: str) -> dict | None:
+    """The parameters of ``decision``'s first reason with ``code`` (None when it has none)."""
+    return next((dict(r.params) for r in decision.reasons if r.code == code), None)
+
+
+def test_the_policy_curve_interpolates_linearly_between_measured_sizes_and_not_outside():
+    curve = PolicyCurve((1.0, 2.0), {1: (1.0, 2.0), 4: (4.0, 8.0), 16: (2.0,)})
+    assert curve.curve(1) == (1.0, 2.0) and curve.at(1).measured
+    assert curve.curve(2) == (2.0, 4.0) and (curve.at(2).lower_batch, curve.at(2).upper_batch) == (1, 4)
+    assert curve.curve(10) == (3.0,)  # over the g both curves cover
+    assert curve.curve(17) is None and curve.at(17) is None and PolicyCurve(()).curve(2) is None
 
 
 def test_published_policies_carry_one_curve_per_profiled_batch_size(session):
@@ -48,14 +54,16 @@ def test_flat_cost_at_batch_16_keeps_speculating_beyond_max_batch_size(session):
     decision = router.route("def add(a, b):", max_new_tokens=200, batch_size=16)
     assert decision.speculate and decision.gamma == gamma and decision.expected_speedup == pytest.approx(speedup)
     assert speedup > 1.5 and gamma >= 6
-    assert any(r.startswith(f"batch size 16: S(g) measured at batch size 16: best gamma {gamma}") for r in decision.reasons)
-    assert not any("> 8" in r for r in decision.reasons)  # the cut-off is not used where a profile exists
+    at_16 = _reason(decision, "batch_size_curve")
+    assert (at_16["batch_size"], at_16["lower"], at_16["upper"], at_16["gamma"]) == (16, 16, 16, gamma)
+    assert at_16["alpha"] is None and at_16["speculate"]
+    assert "batch_not_profiled" not in decision.reason_codes  # the cut-off is not used where a profile exists
     between = router.route("def add(a, b):", max_new_tokens=200, batch_size=8)
     weight = 7 / 15
     expected_curve = [(1 - weight) * a + weight * b for a, b in zip(curves["1"], curves["16"])]
     g8, s8 = best_gamma(expected_curve)
     assert (between.speculate, between.gamma) == (True, g8) and between.expected_speedup == pytest.approx(s8)
-    assert any("interpolated between profiled batch sizes 1 and 16" in r for r in between.reasons)
+    assert {k: _reason(between, "batch_size_curve")[k] for k in ("lower", "upper")} == {"lower": 1, "upper": 16}
 
 
 def test_steep_cost_at_batch_16_turns_speculation_off(session):
@@ -64,13 +72,14 @@ def test_steep_cost_at_batch_16_turns_speculation_off(session):
     assert speedup < 1.05
     decision = router.route("def add(a, b):", max_new_tokens=200, batch_size=16)
     assert not decision.speculate and decision.gamma == 0
-    assert any("batch size 16: S(g) measured at batch size 16" in r and "speculation off (needs > 1.05x)" in r
-               for r in decision.reasons)
+    off = _reason(decision, "batch_size_curve")
+    assert (off["lower"], off["upper"], off["speculate"], off["margin"]) == (16, 16, False, 0.05)
+    assert off["speedup"] == pytest.approx(speedup) and off["speedup"] <= 1.05  # off: below the margin
     single = router.route("def add(a, b):", max_new_tokens=200, batch_size=1)
     assert single.speculate  # at batch 1 the analysis still says yes
     beyond = router.route("def add(a, b):", max_new_tokens=200, batch_size=32)
     assert not beyond.speculate
-    assert any("batch size 32 > 8 and no cost profile covers it" in r for r in beyond.reasons)
+    assert _reason(beyond, "batch_not_profiled") == {"batch_size": 32, "max_batch_size": 8}
 
 
 def test_without_batch_profiles_the_max_batch_size_cut_off_applies(session):
@@ -78,13 +87,13 @@ def test_without_batch_profiles_the_max_batch_size_cut_off_applies(session):
     assert set(curves) == {"1"}
     assert router.route("def f():", max_new_tokens=200, batch_size=4).speculate
     cut = router.route("def f():", max_new_tokens=200, batch_size=16)
-    assert not cut.speculate and any("batch size 16 > 8 and no cost profile covers it" in r for r in cut.reasons)
+    assert not cut.speculate and _reason(cut, "batch_not_profiled") == {"batch_size": 16, "max_batch_size": 8}
 
 
 def test_short_outputs_stay_off_at_any_batch_size(session):
     router, _ = _router(session, {16: FLAT_16})
     decision = router.route("def f():", max_new_tokens=5, batch_size=16)
-    assert not decision.speculate and any("5 tokens < 20" in r for r in decision.reasons)
+    assert not decision.speculate and _reason(decision, "short_output") == {"max_new_tokens": 5, "min_output_tokens": 20}
 
 
 def test_the_batch_curve_follows_the_online_alpha_after_feedback():
@@ -101,8 +110,9 @@ def test_the_batch_curve_follows_the_online_alpha_after_feedback():
     decision = adapted.route("x", batch_size=16)
     assert gamma == 1 and speedup == pytest.approx(1.4 * 1.3 / 1.8)  # below the 1.05x margin: off
     assert (decision.speculate, decision.gamma, decision.expected_speedup) == (False, 0, 1.0)
-    assert any(f"adjusted to the online alpha 0.30: best gamma 1 at {speedup:.2f}x, speculation off" in r
-               for r in decision.reasons)
+    moved = _reason(decision, "batch_size_curve")
+    assert moved["alpha"] == pytest.approx(0.3) and moved["gamma"] == 1 and not moved["speculate"]
+    assert moved["speedup"] == pytest.approx(speedup)
     recovered = Router(None, {"*": policy}, policy_version=1,
                        states={"*": TaskState(beta_a=45.0, beta_b=5.0, speculate=True, gamma=4, prior_alpha=0.8, events=12)})
     up = [s * expected_tokens_iid(0.9, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)]
@@ -122,10 +132,10 @@ def test_the_batch_rule_also_needs_the_published_lower_end_above_break_even():
     router = Router(None, {"*": policy}, policy_version=1)
     at_16 = router.route("x", batch_size=16)
     assert not at_16.speculate  # S(4) = 2.0, but the prompts' spread reaches 0.95x at batch 16
-    assert any("measured at batch size 16: best gamma 4 at 2.00x (interval from 0.95x), speculation off (the interval "
-               "reaches a loss)" in r for r in at_16.reasons)
+    loss = _reason(at_16, "batch_size_curve")
+    assert (loss["gamma"], loss["speedup"], loss["low"], loss["speculate"]) == (4, 2.0, 0.95, False)
     at_8 = router.route("x", batch_size=8)  # lower end interpolated: 1.1 + 7/15 (0.95 - 1.1) = 1.03
-    assert at_8.speculate and any("(interval from 1.03x), speculation on" in r for r in at_8.reasons)
+    assert at_8.speculate and _reason(at_8, "batch_size_curve")["low"] == pytest.approx(1.1 + 7 / 15 * (0.95 - 1.1))
     published = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1,
                                                    {1: curve_1, 16: curve_16})}, policy_version=1)
     assert published.route("x", batch_size=16).speculate  # a policy published before intervals: S alone decides
@@ -149,7 +159,7 @@ def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
                         n_prompts=10, expected_speedup=1.35, tier="RECOMMENDED", speedup_curve=curve_1,
                         speedup_curves_by_batch={"1": curve_1, "16": curve_16},
                         speedup_lows_by_batch={"1": 1.1, "16": 0.95})
-    by_batch = policy_dict(policy, 0.05)["by_batch"]
+    by_batch = policy_dict(policy, PolicyContract(margin=0.05))["by_batch"]
     assert by_batch["1"] == {"gamma": 3, "expected_speedup": 1.35, "speculate": True}
     assert by_batch["16"] == {"gamma": 4, "expected_speedup": 2.0, "speculate": False}  # the interval reaches 0.95x
     snapshot = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", tuple(curve_1),

@@ -20,6 +20,7 @@ from analyzer.db import make_session_factory, utcnow
 from analyzer.orm import AnalysisRun, GammaCount, PromptResult, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run, shown_status
+from analyzer.settings import STALE_AFTER_S
 from analyzer.worker import work
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
@@ -62,7 +63,8 @@ def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
     with sessions() as session:
         run = session.get(AnalysisRun, run_id)
         assert run.status == "running" and shown_status(run) == "running"  # the heartbeat is still fresh
-        assert shown_status(run, now=utcnow() + timedelta(minutes=5)) == "interrupted"
+        assert shown_status(run, now=utcnow() + timedelta(seconds=STALE_AFTER_S - 60)) == "running"
+        assert shown_status(run, now=utcnow() + timedelta(seconds=STALE_AFTER_S + 60)) == "interrupted"
     with sessions() as session, session.begin():  # time passes: the dead worker's heartbeats go stale
         session.get(AnalysisRun, run_id).heartbeat_at = utcnow() - timedelta(minutes=15)
         for chunk in session.scalars(select(RunChunk).where(RunChunk.run_id == run_id, RunChunk.status == "claimed")):

@@ -22,7 +22,7 @@ from analyzer.run_records import RunError, RunParams, create_run
 from analyzer.settings import SettingsError, load_settings
 from router.classifier import make_training_data, train_classifier
 from router.decision import Router
-from router.policy import PolicySnapshot, publish_policies
+from router.policy import PolicyContract, PolicySnapshot, publish_policies
 from tests.factories import make_done_run
 from tests.test_api import _validator
 from webui.app import create_app
@@ -225,7 +225,8 @@ def test_policies_list_names_the_engine(runner):
 
 def test_a_model_draft_speculates_in_llama_cpp_with_a_model_and_without_a_policy_set_nothing_priced():
     policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", (1.1, 1.2, 1.35, 1.3))
-    decision = Router(None, {"*": policy}, policy_version=1, draft_kind="hf", priced_by="transformers").route("x")
+    decision = Router(None, {"*": policy}, policy_version=1, draft_kind="hf",
+                      contract=PolicyContract(engine="transformers")).route("x")
     assert decision.engine["llama.cpp"] == {"pool": "spec-k3", "speculative": {"draft": "model", "n_max": 3}}
     assert decision.engine["priced_by"] == "transformers"
     copied = decision.as_dict()["engine"]

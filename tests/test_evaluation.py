@@ -99,10 +99,13 @@ def test_the_router_uses_the_classifier_threshold_and_names_rarely_reached_tasks
     router = Router(sure, {**policies, "*": fallback}, policy_version=1)
     decision = router.route("def h(z): return z - 1")
     assert decision.task_type == "code" and decision.speculate
-    assert any("rarely predicts code (recall 0.10)" in r for r in decision.reasons)
+    assert {"code": "rarely_reached", "classifier_version": 1, "task": "code", "detail": "recall 0.10"} in \
+        [r.as_dict() for r in decision.reasons]
     strict = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.999)
     decision = Router(strict, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
-    assert not decision.speculate and any("< 1.00: workload-wide policy" in r for r in decision.reasons)
+    workload = [r.params for r in decision.reasons if r.code == "workload_policy"]
+    assert not decision.speculate and workload[0]["cause"] == "low_confidence"
+    assert workload[0]["min_confidence"] == 0.999 and workload[0]["confidence"] < 0.999
     configured = Router(strict, {**policies, "*": fallback}, config=RouterConfig(min_confidence=0.0), policy_version=1)
     assert configured.min_confidence == 0.0 and configured.route("def h(z): return z - 1").speculate
     assert Router(None, {}, policy_version=None).min_confidence == DEFAULT_MIN_CONFIDENCE

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import replace
 
 import pytest
 from sqlalchemy import event, func, select, text
@@ -100,12 +99,11 @@ def _post_while_locked(app, groups: list[list[dict]]) -> list[tuple[int, dict]]:
 def _replay(session, task: str) -> list:
     """The task's states after each of its stored events, applied one after the other in id order."""
     context = policy_context(session)
-    policy, config = context.policy(task), AdaptationConfig()
-    covered = replace(config, gamma_max=min(config.gamma_max, len(context.cost.target_forward_s) - 1))
-    state = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, policy.speedup_curve, config)
+    policy, config = context.policy(task), AdaptationConfig().for_contract(context.contract)
+    state = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
     states = []
     for e in session.scalars(select(FeedbackEvent).where(FeedbackEvent.task_type == task).order_by(FeedbackEvent.id)):
-        state = apply_feedback(state, e.rounds, e.drafted, e.accepted, context.cost, covered)
+        state = apply_feedback(state, e.rounds, e.drafted, e.accepted, context.curve(task), config)
         states.append(state)
     return states
 

@@ -218,6 +218,6 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
         estimates = {e["task_type"]: e for e in requests.get(f"{b}/v1/policies", timeout=30).json()["active"]["estimates"]}
         assert estimates[task]["events"] == 3 and estimates[task]["total_drafted"] == 480
         after = _route(b, prompts[0])
-        assert any("online estimate after 3 feedback events" in r for r in after["reasons"]), after["reasons"]
+        assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [3], after["reasons"]
     finally:
         fleet.stop()

@@ -10,7 +10,14 @@ from sqlalchemy import select
 from router.classifier import make_training_data, train_classifier
 from router.decision import Router, RouterConfig, router_from_database
 from router.orm import PolicySet
-from router.policy import FALLBACK_TASK, PolicyError, PolicySnapshot, activate_policy_set, publish_policies
+from router.policy import (
+    FALLBACK_TASK,
+    PolicyContract,
+    PolicyError,
+    PolicySnapshot,
+    activate_policy_set,
+    publish_policies,
+)
 from tests.factories import make_done_run
 from webui.cli import cli
 
@@ -55,7 +62,8 @@ def _snapshot(task, speculate, gamma, speedup, alpha=0.8):
 
 def test_route_rules_short_outputs_batches_and_fallback():
     policies = {FALLBACK_TASK: _snapshot(FALLBACK_TASK, True, 3, 1.3, alpha=0.6)}
-    router = Router(None, policies, policy_version=4, draft_kind="ngram", ngram_max=3, priced_by="transformers",
+    router = Router(None, policies, policy_version=4, draft_kind="ngram", ngram_max=3,
+                    contract=PolicyContract(engine="transformers"),
                     config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}))
     decision = router.route("anything at all", max_new_tokens=256, batch_size=1)
     assert (decision.speculate, decision.gamma, decision.task_type, decision.policy_version) == (True, 3, "unlabelled", 4)
@@ -66,16 +74,18 @@ def test_route_rules_short_outputs_batches_and_fallback():
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)
     assert (short.speculate, short.gamma, short.engine["pool"]) == (False, 0, "spec-off")
-    assert any("10 tokens < 20" in reason for reason in short.reasons)
+    assert [r.as_dict() for r in short.reasons if r.code == "short_output"] == [
+        {"code": "short_output", "max_new_tokens": 10, "min_output_tokens": 20}]
     batched = router.route("anything", batch_size=32)
-    assert not batched.speculate and any("batch size 32 > 8" in reason for reason in batched.reasons)
+    assert not batched.speculate and batched.reason_codes[-1] == "batch_not_profiled"
+    assert batched.reasons[-1].params == {"batch_size": 32, "max_batch_size": 8}
     assert short.route_id != batched.route_id
 
 
 def test_route_with_no_policy_is_off():
     decision = Router(None, {}, policy_version=None).route("hello")
     assert (decision.speculate, decision.gamma, decision.engine["transformers"]) == (False, 0, {"assistant_model": False})
-    assert "no published policy" in " ".join(decision.reasons)
+    assert decision.reason_codes == ["no_policy"]
 
 
 def test_route_uses_the_task_policy_when_confident_and_model_draft_settings(session):

@@ -84,8 +84,9 @@ def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(sess
                                        "threshold": None, "rarely_reached": {}})()
     decision = router.route("What is 2 + 2?", max_new_tokens=100)
     assert decision.speculate and decision.gamma == fallback.gamma
-    assert decision.reasons[0].startswith("task math (confidence 0.90): only 2 prompts in the analysis, too few to "
-                                          "decide: the workload's decision applies (")
+    first = decision.reasons[0]
+    assert first.code == "task_too_few_prompts" and (first.params["task"], first.params["n_prompts"]) == ("math", 2)
+    assert first.params["confidence"] == 0.9 and first.params["gamma"] == fallback.gamma
 
 
 def test_a_mixed_workload_whose_interval_reaches_a_loss_stays_off_and_says_why(session):

@@ -103,7 +103,7 @@ def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
     bad = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
                                   "max_new_tokens": "0", "gamma_max": "99", "temperature": "x", "validate": "0"})
     text = bad.get_data(as_text=True)
-    assert "max new tokens must be a whole number from 1 to 1024" in text and "gamma max must be" in text
+    assert "max new tokens must be a whole number from 1 to 4096" in text and "gamma max must be" in text
     assert "temperature must be a number" in text
     too_many = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target",
                                        "draft": "ngram", "max_new_tokens": "32", "gamma_max": "8", "temperature": "0",

@@ -26,7 +26,9 @@ from analyzer.settings import api_token_scope, load_settings
 from analyzer.worker import Worker
 from router import api
 from router.service import RouterService
+from router.strict_json import NonFiniteNumber
 from webui import access, prompt_pages, router_pages, run_pages, ui
+from webui.json_provider import StrictJSONProvider
 from webui.security import resolve_secret_key
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
@@ -49,7 +51,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.config["SECRET_KEY"] = resolve_secret_key(settings, testing=bool(app.config.get("TESTING")))
     app.config["MAX_CONTENT_LENGTH"] = max(settings.api_max_body_bytes, settings.max_upload_bytes + 1_000_000)
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
-    app.json.sort_keys = False
+    app.json = StrictJSONProvider(app)  # no NaN or Infinity in any answer: raises NonFiniteNumber, a 500
     sessions = make_session_factory(engine)
     router_service = RouterService(settings, sessions)
     app.extensions["specroute.engine"] = engine
@@ -108,11 +110,12 @@ def handle_error(exc: Exception):
     """The app's one error handler: every exception a view, a hook or Flask raises. On the API's
     paths the JSON error shape (router.api.error_response), elsewhere an error page (ui.page_error);
     the status is a SpecrouteError's class status, an HTTP error's own, or 500 for anything else
-    (logged here, never shown). Views hold their database sessions in ``with`` blocks, so an
-    exception has rolled back and closed them before it gets here."""
+    (logged here, never shown). A NaN or Infinity in an answer (the JSON provider's NonFiniteNumber)
+    is logged too and answered 500 naming it. Views hold their database sessions in ``with`` blocks,
+    so an exception has rolled back and closed them before it gets here."""
     if isinstance(exc, HTTPException) and (exc.code is None or exc.code < 400):
         return exc  # redirects (e.g. a missing trailing slash) stay redirects
-    if not isinstance(exc, (SpecrouteError, HTTPException)):
+    if not isinstance(exc, (SpecrouteError, HTTPException)) or isinstance(exc, NonFiniteNumber):
         log.error("unexpected error on %s %s", request.method, request.path, exc_info=exc)
     if api.is_api_path(request.path):
         return api.error_response(exc)

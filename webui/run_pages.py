@@ -22,14 +22,32 @@ from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
 from analyzer.output_marks import output_marks
 from analyzer.report import build_report
-from analyzer.report_text import report_csv
+from analyzer.report_text import recommendation, report_csv
+from analyzer.run_params import DEFAULT_GAMMA_MAX, LIMITS, Limit
 from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
+from analyzer.summary import UNLABELLED, run_summary
 from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
 
-FORM_LIMITS = {"max_new_tokens": (1, 1024), "gamma_max": (1, 32), "validate": (0, 1000), "chunk_size": (1, 100_000)}
-MAX_FORM_PROMPTS = 1_000_000
+# The form's numbers and their limits: analyzer.run_params.LIMITS, as on the command line and in
+# RunParams.check (the new-run page's inputs take their min and max attributes from here too).
+WHOLE_NUMBER_FIELDS = ("max_new_tokens", "gamma_max", "validate", "chunk_size")
+FORM_LIMITS = {name: LIMITS[name] for name in (*WHOLE_NUMBER_FIELDS, "temperature", "limit")}
+
+
+def _bound_text(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def range_words(limit: Limit) -> str:
+    """A limit as the form's error messages say it: ``from 1 to 4096``, ``of at least 1``,
+    ``above 0 and at most 1``."""
+    low = _bound_text(limit.low)
+    if limit.high is None:
+        return f"above {low}" if limit.low_open else f"of at least {low}"
+    high = _bound_text(limit.high)
+    return f"above {low} and at most {high}" if limit.low_open else f"from {low} to {high}"
 
 
 def model_choices() -> tuple[list[str], list[str]]:
@@ -75,12 +93,13 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
         names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
     defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""),
                 "target": _default_choice(targets, DEFAULT_TARGET), "draft": _default_choice(drafts, DEFAULT_DRAFT),
-                "max_new_tokens": 64, "gamma_max": 16, "temperature": 0.0, "limit": "",
+                "max_new_tokens": 64, "gamma_max": DEFAULT_GAMMA_MAX, "temperature": 0.0, "limit": "",
                 "validate": 2, "engine": settings().engine, "device": settings().device,
                 "dtype": check_dtype_name(settings().dtype), "batch_sizes": "",
                 "chunk_size": RunParams.chunk_size}
     return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
-                           dtypes=DTYPE_CHOICES, engines=ENGINES, values={**defaults, **(values or {})}), status
+                           limits=FORM_LIMITS, dtypes=DTYPE_CHOICES, engines=ENGINES,
+                           values={**defaults, **(values or {})}), status
 
 
 def _default_choice(choices: list[str], preferred: str) -> str:
@@ -117,28 +136,29 @@ def start_run():
         errors.append("choose a draft from the list (the operator sets it with SPECROUTE_MODELS)")
     values["chunk_size"] = values["chunk_size"].strip() or str(RunParams.chunk_size)  # blank: the default
     numbers = {}
-    for key, (low, high) in FORM_LIMITS.items():
+    for key in WHOLE_NUMBER_FIELDS:
         try:
             numbers[key] = int(values[key])
-            if not low <= numbers[key] <= high:
+            if not FORM_LIMITS[key].admits(numbers[key]):
                 raise ValueError
         except ValueError:
-            errors.append(f"{key.replace('_', ' ')} must be a whole number from {low} to {high}")
+            errors.append(f"{key.replace('_', ' ')} must be a whole number {range_words(FORM_LIMITS[key])}")
     try:
         temperature = float(values["temperature"] or 0)
-        if not 0 <= temperature <= 5:
+        if not FORM_LIMITS["temperature"].admits(temperature):  # NaN is admitted by no limit
             raise ValueError
     except ValueError:
-        errors.append("temperature must be a number from 0 to 5")
+        errors.append(f"temperature must be a number {range_words(FORM_LIMITS['temperature'])}")
         temperature = 0.0
     limit = None
     if values["limit"].strip():
         try:
             limit = int(values["limit"])
-            if not 1 <= limit <= MAX_FORM_PROMPTS:
+            if not FORM_LIMITS["limit"].admits(limit):
                 raise ValueError
         except ValueError:
-            errors.append(f"prompts to analyze must be blank (all) or a whole number from 1 to {MAX_FORM_PROMPTS:,}")
+            errors.append("prompts to analyze must be blank (all) or a whole number "
+                          f"{range_words(FORM_LIMITS['limit'])}")
     values["engine"] = values["engine"] or settings().engine  # absent (an older form): the setting
     placement = {}
     for key, check in (("engine", check_engine_name), ("device", check_device_name), ("dtype", check_dtype_name),
@@ -181,29 +201,9 @@ def cancel_run(run_id: int):
 
 
 def _report(run_id: int) -> dict:
-    with sessions()() as session:
+    # committed: a run from before summaries were stored gets its summary stored by the first view
+    with sessions()() as session, session.begin():
         return build_report(session, run_id)  # ReportError: the app's 404 page
-
-
-def recommendation(report: dict) -> dict:
-    """The report's verdict in plain words: where to speculate (and with which gamma), where not."""
-    tasks = report["tasks"]
-    on = sorted(((t, s) for t, s in tasks.items() if s.get("speculate")), key=lambda x: -(x[1]["predicted_speedup"] or 0))
-    off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
-    workload = report.get("workload") or {}
-    if workload.get("speculate"):
-        headline = (f"Speculate: across this workload, {report['draft']} drafting at gamma {workload['best_gamma']} "
-                    f"is predicted to run {workload['predicted_speedup']:.2f}x as fast as plain decoding.")
-    elif workload:
-        headline = ("Do not speculate on this workload as a whole: the best gamma is predicted to give "
-                    f"{(workload.get('predicted_speedup') or 0):.2f}x, below the {1 + report['params'].get('margin', 0.05):.2f}x needed.")
-    else:
-        headline = "No results yet."
-    return {"headline": headline,
-            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
-                   + (", the workload's decision: too few prompts)" if s.get("decision_basis") == "workload" else ")")
-                   for t, s in on],
-            "off": off}
 
 
 @bp.get("/runs/<int:run_id>")
@@ -214,7 +214,7 @@ def run(run_id: int):
         classifier_version, rarely = rarely_reached(session)
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     return render_template("report.html", report=report, run=row, plots=plots, verdict=recommendation(report),
-                           gammas=list(range(1, int(report["params"].get("gamma_max", 16)) + 1)),
+                           gammas=list(range(1, report["params"]["gamma_max"] + 1)),
                            rarely=rarely, classifier_version=classifier_version)
 
 
@@ -245,32 +245,22 @@ def report_html(run_id: int):
 
 
 def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
-    """g* of one task of a run, from that task's stored results (None before profiling)."""
-    from sqlalchemy.orm import selectinload
-
-    from analyzer.summary import cost_for_run, summarize_group
-
-    cost = cost_for_run(run)
-    if cost is None:
-        return None
-    results = list(session.scalars(select(PromptResult).where(PromptResult.run_id == run.id, PromptResult.task_type == task)
-                                   .options(selectinload(PromptResult.gamma_counts))))
-    return summarize_group(results, cost, gamma_max=int(run.params.get("gamma_max", 16)),
-                           sampling=float(run.params.get("temperature", 0.0)) > 0).best_gamma
+    """g* of one task of a run, from the run's summary (None before profiling)."""
+    group = run_summary(session, run).tasks.get(task or UNLABELLED)
+    return group.best_gamma if group else None
 
 
 @bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
 def prompt_detail(run_id: int, prompt_id: int):
-    with sessions()() as session:
+    with sessions()() as session, session.begin():  # committed: the summary, where this view computed it
         result = session.scalar(select(PromptResult).where(PromptResult.run_id == run_id, PromptResult.prompt_id == prompt_id))
         if result is None:
             abort(404, description=f"run {run_id} has no result for prompt {prompt_id}")
         run_row = session.get(AnalysisRun, run_id)
-        params = run_row.params
         prompt = result.prompt
         text = prompt_text(prompt.text, prompt.messages)
         counts = {g.gamma: g for g in result.gamma_counts}
-        gamma_max = int(params.get("gamma_max", 16))
+        gamma_max = run_row.run_params.gamma_max
         gamma = request.args.get("gamma", type=int)
         if gamma is None:  # open at the best gamma of the prompt's task
             gamma = _task_best_gamma(session, run_row, result.task_type) or min(4, gamma_max)

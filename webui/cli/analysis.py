@@ -8,7 +8,8 @@ import click
 
 from analyzer.db import MAX_ID
 from analyzer.engines import ENGINES, LLAMA_CPP
-from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
+from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
+from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli, run_param_range
 
 
 # ---------------------------------------------------------------- analysis
@@ -20,17 +21,18 @@ from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
               help="Target model spec: hf:<id or folder>, gguf:<folder>#<file>, builtin:smollm2-135m-instruct.")
 @click.option("--draft", default="ngram", show_default=True,
               help="Draft: a model spec like --target, or ngram / ngram:max_ngram=N (prompt lookup).")
-@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1, 4096))
-@click.option("--gamma-max", default=16, show_default=True, type=click.IntRange(1, 64), help="Largest lookahead g analysed.")
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0),
+@click.option("--max-new-tokens", default=128, show_default=True, type=run_param_range("max_new_tokens"))
+@click.option("--gamma-max", default=DEFAULT_GAMMA_MAX, show_default=True, type=run_param_range("gamma_max"),
+              help="Largest lookahead g analysed.")
+@click.option("--temperature", default=0.0, show_default=True, type=run_param_range("temperature"),
               help="0 = exact greedy replay; > 0 = sampling expectations.")
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
-@click.option("--validate", "validate_n", default=0, show_default=True, type=click.IntRange(0),
+@click.option("--top-p", default=1.0, show_default=True, type=run_param_range("top_p"))
+@click.option("--validate", "validate_n", default=0, show_default=True, type=run_param_range("validate"),
               help="Prompts to validate with real speculative decoding (greedy only).")
-@click.option("--limit", type=click.IntRange(1), help="Analyze only the first N prompts of the set.")
-@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1, 64),
+@click.option("--limit", type=run_param_range("limit"), help="Analyze only the first N prompts of the set.")
+@click.option("--batch-size", default=1, show_default=True, type=run_param_range("batch_size"),
               help="Prompts per target generation call (left padding).")
-@click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0.0),
+@click.option("--margin", default=DEFAULT_MARGIN, show_default=True, type=run_param_range("margin"),
               help="Speculate only if the predicted speedup exceeds 1 + margin.")
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
 @click.option("--reprofile", is_flag=True,
@@ -44,7 +46,7 @@ from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli
 @click.option("--batch-sizes", "batch_sizes",
               help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
                    "the router decides at the request's batch size from these.")
-@click.option("--chunk-size", default=32, show_default=True, type=click.IntRange(1, 100_000),
+@click.option("--chunk-size", default=32, show_default=True, type=run_param_range("chunk_size"),
               help="Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines).")
 @click.option("--queue", "queue_only", is_flag=True,
               help="Only queue the run (print its id) for the workers to execute, instead of executing it here.")

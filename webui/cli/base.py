@@ -10,6 +10,7 @@ class's ``exit_code`` (1); click's usage errors exit 2, an interrupted analysis 
 """
 
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import migrations
 from analyzer.db import engine_from_settings, make_session_factory
 from analyzer.errors import SpecrouteError
+from analyzer.run_params import LIMITS, RunParams
 from analyzer.settings import Settings, load_settings
 
 
@@ -78,6 +80,19 @@ def cli(ctx: click.Context) -> None:
     state = CliState(load_settings())  # SettingsError: SpecrouteGroup reports it
     ctx.obj = state
     ctx.call_on_close(state.close)
+
+
+def run_param_range(name: str) -> click.ParamType:
+    """The click type of the analysis run parameter ``name``: its range in
+    :data:`analyzer.run_params.LIMITS` (the one the web form and ``RunParams.check`` use), an
+    ``IntRange`` where :class:`RunParams` declares the parameter an ``int``, else a ``FloatRange``."""
+    limit = LIMITS[name]
+    declared = typing.get_type_hints(RunParams)[name]
+    whole = declared is int or int in typing.get_args(declared)
+    if whole:
+        high = None if limit.high is None else int(limit.high)
+        return click.IntRange(int(limit.low), high, min_open=limit.low_open)
+    return click.FloatRange(limit.low, limit.high, min_open=limit.low_open)
 
 
 class _TqdmProgress:

@@ -195,7 +195,7 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
     click.echo(f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
                f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})")
-    for reason in decision.reasons:
+    for reason in decision.reason_texts:
         click.echo(f"  - {reason}")
     click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
     click.echo(f"  llama.cpp: {json.dumps(decision.engine['llama.cpp']['speculative'])}; "

@@ -14,10 +14,11 @@ from webui.cli.base import CliState, _cache_dir, cli
 @cli.command("worker")
 @click.option("--once", is_flag=True, help="Work until the first run this worker took part in has stopped (or nothing is queued), then exit.")
 @click.option("--poll", default=2.0, show_default=True, type=click.FloatRange(0.1), help="Seconds between queue checks.")
-@click.option("--stale-after", default=600.0, show_default=True, type=click.FloatRange(1.0),
-              help="Seconds without a heartbeat after which another worker's chunk is claimed again.")
+@click.option("--stale-after", type=click.FloatRange(1.0),
+              help="Seconds without a heartbeat after which another worker's chunk is claimed again "
+                   "(default: SPECROUTE_STALE_AFTER_S, 600).")
 @click.pass_obj
-def worker(state: CliState, once: bool, poll: float, stale_after: float) -> None:
+def worker(state: CliState, once: bool, poll: float, stale_after: float | None) -> None:
     """Execute queued analysis runs, a chunk at a time (any number of workers, on any machines that
     share the database, work on the same run; a chunk left by a worker that died is claimed again
     after --stale-after). Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on the server to leave all
@@ -27,6 +28,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float) -> None
     from analyzer.worker import work
 
     sessions = state.sessions()
+    stale_after_s = state.settings.stale_after_s if stale_after is None else stale_after
     worker_id = f"{socket.gethostname()}:{os.getpid()}:cli"
     click.echo(f"worker {worker_id} waiting for queued runs; Ctrl-C stops", err=True)
 
@@ -37,7 +39,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float) -> None
 
     try:
         work(sessions, cache_dir=_cache_dir(state), worker_id=worker_id, allow_network=state.settings.allow_downloads,
-             poll_s=poll, stale_after_s=stale_after, once=once, on_run=report)
+             poll_s=poll, stale_after_s=stale_after_s, once=once, on_run=report)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

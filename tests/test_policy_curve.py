@@ -1,0 +1,118 @@
+"""The one policy curve (analyzer/policy_curve.py) and the decision contract around it: the rule,
+interpolation, the online rescaling, the gammas in reach, the policy set's contract reaching the
+router and the adaptation, and reasons as codes rendered to text at the edge."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from analyzer.acceptance import expected_tokens_iid
+from analyzer.policy_curve import BASE, PolicyCurve, acceptance_scale
+from analyzer.speedup import Cost, iid_speedup
+from router.adaptation import AdaptationConfig
+from router.decision import Router, RouterConfig
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
+from router.reasons import REASON_CODES, Reason, reason, reason_text
+from tests.factories import COST_CURVE
+
+COST = Cost(COST_CURVE, 0.004)
+
+
+def test_the_rule_needs_the_margin_and_a_lower_end_above_break_even():
+    assert PolicyCurve((1.04, 1.06, 1.01)).at().gamma == 2
+    assert PolicyCurve((1.04, 1.06, 1.01)).at().speculate  # 1.06 > 1.05, no interval published
+    assert not PolicyCurve((1.04, 1.06, 1.01), margin=0.10).at().speculate
+    assert not PolicyCurve((1.04, 1.06, 1.01), base_low=0.99).at().speculate  # the spread reaches a loss
+    assert PolicyCurve((1.04, 1.06, 1.01), base_low=1.01).at().speculate
+    nothing = PolicyCurve((math.nan, math.nan)).at()
+    assert nothing.gamma is None and math.isnan(nothing.speedup) and not nothing.speculate
+
+
+def test_batch_sizes_interpolate_curve_and_lower_end_between_profiled_sizes():
+    curve = PolicyCurve((1.2, 1.3), {1: (1.2, 1.3), 16: (1.4, 2.0)}, {1: 1.1, 16: 0.95})
+    assert curve.covers(8) and not curve.covers(17) and curve.at(17) is None
+    point = curve.at(8)
+    weight = 7 / 15
+    assert point.gamma == 2 and point.speedup == pytest.approx((1 - weight) * 1.3 + weight * 2.0)
+    assert point.low == pytest.approx((1 - weight) * 1.1 + weight * 0.95) and not point.measured
+    assert (point.lower_batch, point.upper_batch) == (1, 16)
+    assert curve.at(16).measured and curve.at(16).low == 0.95 and not curve.at(16).speculate
+
+
+@given(alpha=st.floats(0.01, 0.99), prior=st.floats(0.01, 0.99), gamma=st.integers(1, 8))
+@settings(max_examples=100, deadline=None)
+def test_rescaling_moves_each_point_by_the_tokens_per_round_under_the_online_alpha(alpha, prior, gamma):
+    published = tuple(1.0 + 0.1 * g for g in range(1, 9))
+    curve = PolicyCurve(published, prior_alpha=prior)
+    expected = published[gamma - 1] * expected_tokens_iid(alpha, gamma) / expected_tokens_iid(prior, gamma)
+    assert curve.speedup(gamma, BASE, alpha) == pytest.approx(expected)
+    assert curve.curve(BASE, alpha)[gamma - 1] == pytest.approx(expected)
+    assert curve.speedup(gamma) == published[gamma - 1]  # no alpha: the published curve itself
+    assert acceptance_scale(prior, prior, gamma) == pytest.approx(1.0)
+
+
+def test_gammas_in_reach_follow_gamma_max_and_the_cost_curve():
+    published = tuple(1.0 + 0.01 * g for g in range(1, 31))
+    assert PolicyCurve(published, gamma_max=24).top_gamma == 24
+    assert len(PolicyCurve(published, gamma_max=24).curve()) == 24
+    assert PolicyCurve(published, gamma_max=24, cost=COST).top_gamma == len(COST_CURVE) - 1  # k <= K priced
+    assert math.isnan(PolicyCurve(published, gamma_max=24).speedup(25))
+    assert PolicyCurve(published, gamma_max=24).speedup(24) == published[23]
+
+
+def test_without_a_published_curve_the_iid_formula_prices_it():
+    curve = PolicyCurve((), gamma_max=8, prior_alpha=0.6, cost=COST)
+    assert curve.curve() == pytest.approx(tuple(iid_speedup(0.6, g, COST) for g in range(1, 9)))
+    assert PolicyCurve((), gamma_max=8).curve() == ()  # nor a cost: nothing to say
+
+
+def test_the_policy_sets_contract_reaches_the_router_and_its_adaptation():
+    policy = PolicySnapshot("*", True, 20, 0.95, 0.01, 10, 3.0, "RECOMMENDED", tuple(1.0 + 0.1 * g for g in range(1, 25)))
+    router = Router(None, {FALLBACK_TASK: policy}, policy_version=1, contract=PolicyContract(24, 0.2, "llama.cpp"),
+                    cost=Cost([0.04] * 25, 0.001), adaptation=AdaptationConfig(prior_strength=10))
+    assert (router.adaptation.gamma_max, router.adaptation.on_margin, router.adaptation.prior_strength) == (24, 0.2, 10)
+    assert router.curve_of("code").gamma_max == 24 and router.curve_of("code").margin == 0.2
+    decision = router.route("x", max_new_tokens=100)
+    assert decision.gamma == 20 and decision.expected_speedup == pytest.approx(3.0)  # the curve's S(20), not NaN
+    assert decision.engine["priced_by"] == "llama.cpp"
+    assert AdaptationConfig().for_contract(PolicyContract(7, 0.01)) == AdaptationConfig(on_margin=0.01, gamma_max=7)
+
+
+def test_every_reason_code_renders_and_unknown_codes_are_refused():
+    with pytest.raises(ValueError, match="unknown reason code"):
+        Reason("made_up")
+    assert reason_text(reason("short_output", max_new_tokens=5, min_output_tokens=20)) == \
+        "expected output 5 tokens < 20: off"
+    assert reason("no_policy").as_dict() == {"code": "no_policy"}
+    assert set(REASON_CODES) >= {"task_policy", "workload_policy", "batch_size_curve", "online_estimate", "probe"}
+
+
+_SNAPSHOT = st.builds(
+    lambda speculate, gamma, alpha, n, speedup, low, curve, basis: PolicySnapshot(
+        "*", speculate, gamma, alpha, 0.01, n, speedup, "CONDITIONAL", tuple(curve), {1: tuple(curve), 16: tuple(
+            s * 1.3 for s in curve)}, (low, speedup + 0.1) if low is not None else (None, None), basis,
+        {1: low, 16: low} if low is not None else {}),
+    st.booleans(), st.integers(1, 8), st.floats(0.01, 0.99), st.integers(1, 50), st.floats(0.5, 3.0),
+    st.one_of(st.none(), st.floats(0.5, 3.0)), st.lists(st.floats(0.5, 3.0), min_size=8, max_size=8),
+    st.sampled_from(["task", "workload"]))
+
+
+@given(snapshot=_SNAPSHOT, max_new_tokens=st.one_of(st.none(), st.integers(1, 300)),
+       batch_size=st.one_of(st.none(), st.integers(1, 40)), temperature=st.one_of(st.none(), st.floats(0, 2)),
+       with_cost=st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_json(snapshot, max_new_tokens, batch_size,
+                                                                                  temperature, with_cost):
+    router = Router(None, {FALLBACK_TASK: snapshot, "code": snapshot}, policy_version=3,
+                    cost=Cost(COST_CURVE, 0.004) if with_cost else None, config=RouterConfig())
+    decision = router.route("x", max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    data = decision.as_dict()
+    assert data["reasons"] == [reason_text(Reason(r["code"], {k: v for k, v in r.items() if k != "code"}))
+                               for r in data["reason_codes"]]
+    json.dumps(data, allow_nan=False)  # raises on NaN or infinity anywhere
+    assert data["gamma"] == 0 if not data["speculate"] else 1 <= data["gamma"] <= 8
+    assert "workload_policy" in decision.reason_codes  # no classifier: the workload-wide policy decided

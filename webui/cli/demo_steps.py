@@ -1,0 +1,191 @@
+"""The steps of ``specroute demo`` (:func:`webui.cli.demo.demo`), one function each, in the order the
+command calls them: upgrade the database, import the sample prompts, analyze them, train the
+classifier, publish the policies (and print the report), serve. Each prints its numbered line; each
+reuses what a previous demo left (the set, a finished or interrupted analysis with the same settings,
+the classifier, the policies)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+from analyzer.db import lock_for_write
+from analyzer.engines import LLAMA_CPP
+from analyzer.orm import AnalysisRun
+from analyzer.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
+from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET
+from webui.cli.base import CliState, _TqdmProgress, _cache_dir, _tasks_text
+from webui.cli.serving import _serve
+
+if TYPE_CHECKING:
+    from analyzer.run_records import RunParams
+
+# the engine users serve GGUF models with on CPUs (benchmarks/RESULTS.md: "Which engine")
+DEMO_ENGINE = LLAMA_CPP
+DEMO_GAMMA_MAX = 16  # the demo analyzes lookaheads g = 1..16
+# a stored run is reused by the demo when these of its parameters are the demo's
+DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template",
+                   "engine", "device", "dtype")
+DEMO_SERVE_THREADS = 8  # the server's threads, as `specroute serve` starts it by default
+
+__all__ = ["DEMO_DRAFT", "DEMO_ENGINE", "DEMO_GAMMA_MAX", "DEMO_PARAM_KEYS", "DEMO_SERVE_THREADS",
+           "DEMO_TARGET", "analyze_sample", "import_sample_prompts", "publish_policies_and_print_report",
+           "require_engine", "serve_report", "train_classifier_once", "upgrade_database"]
+
+
+def require_engine(engine: str) -> None:
+    """Stop before anything is done when the demo's engine is not installed, saying both ways on."""
+    if engine != LLAMA_CPP:
+        return
+    from analyzer.llamacpp_engine import EngineUnavailable, require_llama_cpp
+
+    try:
+        require_llama_cpp()
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(f"{exc}; or run the demo in transformers: "
+                                "specroute demo --engine transformers") from None
+
+
+def upgrade_database(state: CliState) -> None:
+    """[1/6] Upgrade the database to the newest revision, printing from which revision to which."""
+    where = state.engine.url.render_as_string(hide_password=True)
+    before = migrations.current_revision(state.engine)
+    migrations.upgrade(state.engine)
+    click.echo(f"[1/6] database {where}: {before or 'empty'} -> {migrations.current_revision(state.engine)}")
+
+
+def import_sample_prompts(sessions: sessionmaker[Session]) -> int:
+    """[2/6] The bundled sample prompt set, imported unless it already is; prints its task types and
+    returns its id."""
+    with sessions() as session, session.begin():
+        try:
+            prompt_set = get_prompt_set(session, SAMPLE_NAME)
+            click.echo(f"[2/6] sample prompts already imported as '{SAMPLE_NAME}' (reused)")
+        except PromptSetError:
+            prompt_set, _ = import_sample(session)
+            click.echo(f"[2/6] imported the bundled sample prompts as '{SAMPLE_NAME}'")
+        summary = summarize(session, [prompt_set])[0]
+    click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
+               f"{_tasks_text(summary.task_counts)}")
+    return prompt_set.id
+
+
+def analyze_sample(state: CliState, sessions: sessionmaker[Session], prompt_set_id: int, *,
+                   max_new_tokens: int, validate_n: int, limit: int | None, engine: str) -> int:
+    """[3/6] The analysis of the sample with the demo's pair and these settings: a finished run is
+    reused, an interrupted one resumed, else a new one is created and executed (Ctrl-C keeps what
+    is finished and exits with 130). Returns the run's id."""
+    from analyzer.run_records import RunParams
+
+    params = RunParams(max_new_tokens=max_new_tokens, gamma_max=DEMO_GAMMA_MAX, validate=validate_n,
+                       limit=limit, engine=engine, device=state.settings.device, dtype=state.settings.dtype)
+    run_id, status = _reused_or_new_run(sessions, prompt_set_id, params)
+    if status == "done":
+        click.echo(f"[3/6] analysis run {run_id} already done (reused)")
+        return run_id
+    click.echo(f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
+               f"{DEMO_DRAFT} drafting in {engine}, {max_new_tokens} new tokens, gamma 1..{DEMO_GAMMA_MAX}, "
+               f"{validate_n} validated")
+    _execute_run_with_progress(state, sessions, run_id)
+    return run_id
+
+
+def _reused_or_new_run(sessions: sessionmaker[Session], prompt_set_id: int,
+                       params: RunParams) -> tuple[int, str]:
+    """The newest done run of the demo's pair over the set with the demo's parameters, else the
+    newest such run not cancelled, else a new one; its id and status ("new" for a new one)."""
+    from analyzer.run_records import create_run
+    from analyzer.specs import parse_spec
+
+    canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
+    with sessions() as session, session.begin():
+        runs_of_set = session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set_id)
+                                      .order_by(AnalysisRun.id.desc()))
+        candidates = [r for r in runs_of_set
+                      if (r.pair.target.spec, r.pair.draft.spec) == canonical
+                      and _has_demo_params(r, params) and r.status != "cancelled"]
+        reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
+        if reuse is not None:
+            return reuse.id, reuse.status
+        return create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params).id, "new"
+
+
+def _has_demo_params(run: AnalysisRun, params: RunParams) -> bool:
+    """Whether the run's parameters named in :data:`DEMO_PARAM_KEYS` are those of ``params``."""
+    from analyzer.run_records import RunParams
+
+    stored = RunParams.from_json(run.params)
+    return all(getattr(stored, k) == getattr(params, k) for k in DEMO_PARAM_KEYS)
+
+
+def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session], run_id: int) -> None:
+    """Execute (or resume) the run here with progress bars; Ctrl-C says how to resume and exits 130."""
+    from analyzer.runs import execute_run
+
+    progress = _TqdmProgress(enabled=True)
+    try:
+        execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; finished prompts are kept and 'specroute demo' resumes run {run_id}",
+                   err=True)
+        sys.exit(130)
+    finally:
+        progress.close()
+
+
+def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
+    """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
+    cross-validated scores."""
+    from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
+
+    with sessions() as session, session.begin():
+        try:
+            classifier = load_active(session)
+        except ClassifierError:
+            classifier = None
+        if classifier is not None:
+            click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
+            return
+        click.echo("[4/6] training the task classifier on the bundled corpus (stratified and "
+                   "leave-one-source-out cross-validation; about two minutes)")
+        version = train_classifier(session, cold_start_data(), features=state.settings.classifier_features)
+        scores = version.scores
+        click.echo(f"      classifier v{version.version} ({scores['features']}): "
+                   f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
+                   f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
+                   f"routing threshold {scores['calibration']['threshold']:.2f}")
+
+
+def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: int) -> None:
+    """[5/6] Publish the run's policies unless they are the active set, then print the run's report."""
+    from analyzer.report import build_report
+    from analyzer.report_text import report_text
+    from router.policy import active_policy_set, publish_policies
+
+    with sessions() as session, session.begin():
+        lock_for_write(session)
+        active = active_policy_set(session)
+        if active is None or active.run_id != run_id:
+            active = publish_policies(session, run_id, notes="specroute demo")
+            click.echo(f"[5/6] published policy set v{active.version} from run {run_id}")
+        else:
+            click.echo(f"[5/6] policy set v{active.version} from run {run_id} already active (reused)")
+        report = build_report(session, run_id)
+    click.echo("\n" + report_text(report) + "\n")
+
+
+def serve_report(state: CliState, host: str, port: int, run_id: int, *, serve: bool) -> None:
+    """[6/6] Serve the report, the web UI and the router on ``host:port`` until stopped (with
+    ``serve`` False, only say where ``specroute serve`` shows the report)."""
+    if not serve:
+        click.echo(f"[6/6] not serving (--no-serve); 'specroute serve' shows the report at /runs/{run_id}")
+        return
+    click.echo("[6/6] serving the report and the router")
+    urls = [f"report: {{base}}/runs/{run_id}", "web UI: {base}/",
+            "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)"]
+    _serve(state, host, port, DEMO_SERVE_THREADS, urls)
