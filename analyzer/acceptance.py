@@ -310,9 +310,10 @@ def position_rates(position_accepted: np.ndarray, rounds: int) -> tuple[np.ndarr
     return unconditional, conditional
 
 
-def expected_tokens_iid(alpha: float, gamma: int) -> float:
+def expected_tokens_iid(alpha: float, gamma: float) -> float:
     """Expected tokens per round under i.i.d. acceptance: (1 - alpha^(g+1)) / (1 - alpha); g + 1 at
-    alpha = 1 and 1 at alpha = 0 (g = 0 gives 1: plain decoding)."""
+    alpha = 1 and 1 at alpha = 0 (g = 0 gives 1: plain decoding; a fractional g, the mean drafted per
+    round of a feedback event, is read the same way)."""
     if gamma < 0:
         raise ValueError("gamma must be >= 0")
     if alpha >= 1.0:

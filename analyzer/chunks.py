@@ -29,8 +29,6 @@ from analyzer.orm import AnalysisRun, PromptResult, RunChunk
 from analyzer.run_records import selected_prompts
 from analyzer.settings import STALE_AFTER_S
 
-DEFAULT_CHUNK_SIZE = 32
-
 
 @dataclass(frozen=True)
 class ClaimedChunk:
@@ -50,14 +48,14 @@ def plan_chunks(session: Session, run: AnalysisRun) -> list[RunChunk]:
     existing = list(session.scalars(select(RunChunk).where(RunChunk.run_id == run.id)))
     if existing:
         return existing
-    params = run.params
-    size = int(params.get("chunk_size") or DEFAULT_CHUNK_SIZE)
+    params = run.run_params
+    size = params.chunk_size
     measured = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run.id)))
     pending = [p.id for p in selected_prompts(session, run) if p.id not in measured]
     chunks = [RunChunk(run_id=run.id, position=0, kind="profile", prompt_ids=[])]
     chunks += [RunChunk(run_id=run.id, position=i // size + 1, kind="measure", prompt_ids=pending[i:i + size])
                for i in range(0, len(pending), size)]
-    if params.get("validate") and not float(params.get("temperature") or 0.0) > 0:
+    if params.validate and not params.sampling:
         chunks.append(RunChunk(run_id=run.id, position=len(chunks), kind="validate", prompt_ids=[]))
     session.add_all(chunks)
     session.flush()

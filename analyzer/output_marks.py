@@ -42,10 +42,11 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
     if result.prompt_token_ids is None or texts is None or (ngram.kind == "ngram" and run.eos_token_ids is None):
         return OutputMarks([], BEFORE_TOKEN_IDS)
     plain = [(text, "plain") for text in texts]
-    if float(run.params.get("temperature", 0.0)) > 0:
+    params = run.run_params
+    if params.sampling:
         return OutputMarks(plain, SAMPLING)
-    max_new_tokens = int(run.params["max_new_tokens"])
-    rule = drafting_rule(run.params.get("engine"))
+    max_new_tokens = params.max_new_tokens
+    rule = drafting_rule(params.engine)
     if ngram.kind == "ngram":
         marks = token_marks_ngram(result.prompt_token_ids, output_ids, gamma, max_new_tokens,
                                   max_ngram=int(ngram.options.get("max_ngram", NGRAM_DEFAULT_MAX)),

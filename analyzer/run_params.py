@@ -57,10 +57,17 @@ class Limit:
     def text(self) -> str:
         """``between 1 and 64``, ``>= 0``, ``in (0, 1]``."""
         if self.low_open:
-            return f"in ({self.low:g}, {self.high:g}]"
+            return f"in ({_number(self.low)}, {_number(self.high)}]"
         if self.high is None:
-            return f">= {self.low:g}"
-        return f"between {self.low:,g} and {self.high:,g}"
+            return f">= {_number(self.low)}"
+        return f"between {_number(self.low)} and {_number(self.high)}"
+
+
+def _number(value: float | None) -> str:
+    """``10,000,000``, ``0.5``: whole numbers with thousands separators, others as they are."""
+    if value is None:
+        return "none"
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 # The one set of limits: CLI options, web form fields and RunParams.check all read these.
@@ -70,7 +77,7 @@ LIMITS: dict[str, Limit] = {
     "temperature": Limit(0.0, 5.0),
     "top_p": Limit(0.0, 1.0, low_open=True),
     "validate": Limit(0, 10_000),
-    "limit": Limit(1),
+    "limit": Limit(1, 10_000_000),
     "batch_size": Limit(1, 64),
     "margin": Limit(0.0, 1.0),
     "chunk_size": Limit(1, 100_000),

@@ -148,17 +148,23 @@ def cancelled(session_factory: sessionmaker, run_id: int) -> bool:
 
 
 def finish(session_factory: sessionmaker, run_id: int, status: str, error: str | None = None) -> AnalysisRun:
-    """Record the end of a run (done, failed or cancelled, with the error text), then compute and
-    store its analysis summary over the results it kept, in a transaction of its own so that the
-    end is recorded even if that fails. Returns the run."""
+    """Record the end of a run (done, failed or cancelled, with the error text), then store its
+    analysis summary (:func:`store_finished_summary`). Returns the run."""
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         run.status, run.error, run.finished_at = status, error, utcnow()
         run.cancel_requested, run.phase = False, None
         session.flush()
+    store_finished_summary(session_factory, run_id)
+    return run
+
+
+def store_finished_summary(session_factory: sessionmaker, run_id: int) -> None:
+    """Compute and store the analysis summary of a run that just finished, over the results it kept,
+    once: the report, publishing and the pages read it. Its own transaction, after the one that
+    recorded the end (which stays recorded if this fails, and holds no lock while it computes)."""
     with session_factory() as session, session.begin():
         store_summary(session, session.get(AnalysisRun, run_id))
-    return run
 
 
 def error_text(exc: BaseException) -> str:

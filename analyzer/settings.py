@@ -19,6 +19,7 @@ from analyzer.errors import SpecrouteError
 
 ENV_PREFIX = "SPECROUTE_"
 STALE_AFTER_S = 600.0  # Settings.stale_after_s's default, for code that is called without the settings
+MIN_STALE_AFTER_S = 1.0  # what `specroute worker --stale-after` accepts too
 
 
 class SettingsError(SpecrouteError, ValueError):
@@ -275,6 +276,9 @@ def _checked(settings: Settings) -> Settings:
             check(getattr(settings, name))
         except (DeviceError, EngineError) as error:
             raise SettingsError(f"{env_name(name)}: {error}") from None
+    if settings.stale_after_s < MIN_STALE_AFTER_S:
+        raise SettingsError(f"{env_name('stale_after_s')}: must be at least {MIN_STALE_AFTER_S:g} seconds, "
+                            f"got {settings.stale_after_s:g} (workers would take each other's chunks at once)")
     return settings
 
 

@@ -17,6 +17,7 @@ from analyzer.orm import (
     AnalysisRun, CostProfile, GammaCount, ModelPair, ModelSpec, PromptResult, RunCostProfile,
 )
 from analyzer.prompt_sets import import_prompt_file
+from analyzer.run_params import RunParams
 
 # T_t(k) for k = 1..9: a CPU-like curve (verifying is not free) and a cheap draft step
 SIMULATED_COST_CURVE = [0.040, 0.060, 0.070, 0.075, 0.080, 0.085, 0.090, 0.095, 0.100]
@@ -43,8 +44,7 @@ def create_simulated_run(session: Session, tasks: dict[str, float], *, per_task:
     profile = CostProfile(pair=pair, engine=engine, device="test-device", threads=2, context_tokens=100, repeats=5,
                           target_forward_s=SIMULATED_COST_CURVE[: gamma_max + 1], draft_step_s=draft_step_s)
     run = AnalysisRun(prompt_set=prompt_set, pair=pair, cost_profile=profile, status="done", engine=engine,
-                      params={"max_new_tokens": n_tokens, "gamma_max": gamma_max, "margin": 0.05, "temperature": 0.0,
-                              "engine": engine},
+                      params=RunParams(max_new_tokens=n_tokens, gamma_max=gamma_max, engine=engine).to_json(),
                       progress_done=len(lines), progress_total=len(lines))
     run.batch_profiles.append(RunCostProfile(cost_profile=profile, batch_size=1))
     for batch_size, curve in sorted((batch_curves or {}).items()):

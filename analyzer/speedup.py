@@ -102,13 +102,14 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_iid(alpha, gamma) / (gamma * c + 1.0)
 
 
-def best_gamma(speedups: Sequence[float]) -> tuple[int, float]:
-    """(g*, S(g*)) for ``speedups[g-1]`` = S(g), g = 1..G; the smallest g among ties; (0, nan) when
-    nothing is finite."""
-    values = np.asarray(speedups, dtype=np.float64)
+def best_gamma(speedups: Sequence[float | None]) -> tuple[int | None, float]:
+    """(g*, S(g*)) for ``speedups[g-1]`` = S(g), g = 1..G; the smallest g among ties; (None, nan)
+    when nothing is finite. "No gamma" is None everywhere in the code; only the API writes it as 0
+    (a decision's ``gamma`` when it does not speculate, a batch size without a g*)."""
+    values = np.asarray([np.nan if v is None else v for v in speedups], dtype=np.float64)
     finite = np.isfinite(values)
     if not finite.any():
-        return 0, float("nan")
+        return None, float("nan")
     index = int(np.argmax(np.where(finite, values, -np.inf)))
     return index + 1, float(values[index])
 
@@ -150,23 +151,6 @@ def clears_break_even(speedup: float, low: float | None, margin: float = DEFAULT
     """The decision rule: S(g*) clears 1 + margin and the lower end of its interval (when there is
     one) clears 1.0. Used by the analysis, the published policies and the router alike."""
     return should_speculate(speedup, margin) and (low is None or not np.isfinite(low) or low > 1.0)
-
-
-def decide(speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN,
-           min_prompts: int = MIN_TASK_PROMPTS) -> tuple[bool | None, str]:
-    """The on/off decision for a group of n prompts from its predicted S(g*) and the bootstrap
-    interval around it: speculate when S(g*) clears 1 + margin **and** the interval's lower end
-    clears 1.0 (a gain the spread of the prompts cannot turn into a loss). None when n < min_prompts:
-    too few prompts to decide, the caller applies the workload's decision. Returns (decision, why)."""
-    low, high = interval
-    shown = f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {n}" if np.isfinite(low) else f"{speedup:.2f}x, n = {n}"
-    if n < min_prompts:
-        return None, f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies"
-    if not np.isfinite(speedup) or speedup <= 1.0 + margin:
-        return False, f"{shown}: S(g*) does not clear {1 + margin:.2f}x"
-    if not clears_break_even(speedup, low, margin):
-        return False, f"{shown}: S(g*) clears {1 + margin:.2f}x but the interval reaches {low:.2f}x, a possible loss"
-    return True, f"{shown}: S(g*) clears {1 + margin:.2f}x and the interval stays above 1.00x"
 
 
 def recommendation_tier(alpha_mean: float, alpha_var: float | None) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 import numpy as np
 from sqlalchemy import func, select
@@ -257,7 +257,7 @@ def costs_for_run(run: AnalysisRun) -> dict[int, Cost]:
     sizes were profiled have their one profile at batch 1."""
     costs = {link.batch_size: cost_from_profile(link.cost_profile, run.pair.draft.kind) for link in run.batch_profiles}
     if not costs and run.cost_profile is not None:
-        costs[run.cost_profile.batch_size or 1] = cost_for_run(run)
+        costs[run.cost_profile.batch_size or 1] = cost_from_profile(run.cost_profile, run.pair.draft.kind)
     return costs
 
 
@@ -283,14 +283,16 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
     for g in range(1, gamma_max + 1):
         if sampling:
             tokens = sum(r.output_tokens for r in results)
-            spec = sum(
-                r.output_tokens / r.gamma_counts[g - 1].expected_tokens_per_round * cost.round_s(g)
-                for r in results if r.gamma_counts[g - 1].expected_tokens_per_round
-            )
+            spec = 0.0
+            for r in results:
+                tokens_per_round = r.gamma_counts[g - 1].expected_tokens_per_round
+                if tokens_per_round:
+                    spec += r.output_tokens / tokens_per_round * cost.round_s(g)
             curve.append(tokens * cost.decode_s / spec if spec else float("nan"))
         else:
             curve.append(pooled_speedup(
-                [r.output_tokens for r in results], [r.gamma_counts[g - 1].drafted_hist for r in results], cost,
+                [r.output_tokens for r in results], [np.asarray(r.gamma_counts[g - 1].drafted_hist) for r in results],
+                cost,
                 [r.prompt_tokens for r in results],
             ))
     return curve
@@ -322,12 +324,13 @@ def _decision(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max
     ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
     curve = _group_curve(results, cost, sampling, gamma_max)
     g_star, s_star = best_gamma(curve)
-    greedy, speculative = _prompt_times(results, cost, sampling, g_star) if g_star else ([], [])
+    greedy, speculative = (_prompt_times(results, cost, sampling, g_star) if g_star
+                           else (np.empty(0), np.empty(0)))
     # one prompt has no spread: no interval rather than a zero-width one
     interval = bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
     speculate, reason = (decide_group(s_star, interval, len(results), margin) if g_star
                          else (False, DecisionReason()))
-    return GroupDecision(best_gamma=g_star or None, predicted_speedup=finite(s_star),
+    return GroupDecision(best_gamma=g_star, predicted_speedup=finite(s_star),
                          speedup_interval=(finite(interval[0]), finite(interval[1])), speculate=speculate,
                          decision_basis="task" if speculate is not None else "workload", reason=reason,
                          speedup_curve=[finite(v) for v in curve])
@@ -341,12 +344,13 @@ def _fidelity(results: list[PromptResult]) -> dict | None:
     if not measured:
         return None
     tokens = sum(r.output_tokens for r in measured)
-    shares = [r.replay_mismatches / r.output_tokens for r in measured if r.output_tokens]
-    return {"prompts": len(measured), "positions": tokens,
-            "mismatches": int(sum(r.replay_mismatches for r in measured)),
-            "mismatch_share": finite(sum(r.replay_mismatches for r in measured) / tokens) if tokens else None,
+    mismatches = [(r.replay_mismatches or 0, r.output_tokens) for r in measured]
+    shares = [wrong / tokens for wrong, tokens in mismatches if tokens]
+    total_wrong = sum(wrong for wrong, _ in mismatches)
+    return {"prompts": len(measured), "positions": tokens, "mismatches": int(total_wrong),
+            "mismatch_share": finite(total_wrong / tokens) if tokens else None,
             "worst_prompt_share": finite(max(shares)) if shares else None,
-            "prompts_with_mismatch": int(sum(1 for r in measured if r.replay_mismatches))}
+            "prompts_with_mismatch": int(sum(1 for wrong, _ in mismatches if wrong))}
 
 
 def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max: int, margin: float = DEFAULT_MARGIN,
@@ -369,7 +373,7 @@ def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max
     by_batch = {b: _decision(results, c_b, sampling, gamma_max, margin)
                 for b, c_b in sorted((costs or {}).items())}
     # the batch-1 decision is usually one of those already made (same profile): one bootstrap, not two
-    same = next((entry for b, entry in by_batch.items() if costs[b] == cost), None)
+    same = next((entry for b, entry in by_batch.items() if (costs or {})[b] == cost), None)
     decision = (replace(same, speedup_curve=list(same.speedup_curve)) if same is not None
                 else _decision(results, cost, sampling, gamma_max, margin))
     g_star = decision.best_gamma
@@ -440,11 +444,14 @@ def summarize_groups(results: list[PromptResult], cost: Cost | None, *, gamma_ma
     by_task: dict[str, list[PromptResult]] = defaultdict(list)
     for result in results:
         by_task[result.task_type or UNLABELLED].append(result)
-    options = {"gamma_max": gamma_max, "margin": margin, "sampling": sampling, "costs": costs, "measured": measured}
-    tasks = {task: summarize_group(group, cost, **options) for task, group in sorted(by_task.items())}
+    def summarized(group: list[PromptResult]) -> GroupSummary:
+        return summarize_group(group, cost, gamma_max=gamma_max, margin=margin, sampling=sampling, costs=costs,
+                               measured=measured)
+
+    tasks = {task: summarized(group) for task, group in sorted(by_task.items())}
     if not results:
         return tasks, None
-    workload = summarize_group(results, cost, **options)
+    workload = summarized(results)
     if len(by_task) > 1 and len(workload.measured_tasks) == 1:
         workload.measured_speedup = None  # a sample of one task says nothing about the others
     for decision in [workload, *workload.by_batch.values()]:
@@ -482,10 +489,10 @@ def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptRes
     prompts = []
     for result in results:
         curve = _prompt_curve(result, cost, sampling) if cost else []
-        g_star, _ = best_gamma(curve) if curve else (0, float("nan"))
+        g_star, _ = best_gamma(curve)
         prompts.append(PromptSummary(
             prompt_id=result.prompt_id, position=result.prompt.position, task=result.task_type or UNLABELLED,
-            alpha=finite(_alpha(result, sampling)), speedup_curve=[finite(v) for v in curve], best_gamma=g_star or None,
+            alpha=finite(_alpha(result, sampling)), speedup_curve=[finite(v) for v in curve], best_gamma=g_star,
             rounds={g.gamma: g.rounds for g in result.gamma_counts}))
     tasks, workload = summarize_groups(results, cost, gamma_max=gamma_max, margin=margin, sampling=sampling,
                                        costs=costs, measured=measured)
@@ -527,7 +534,10 @@ def summary_from_json(data: Mapping[str, Any]) -> AnalysisSummary:
     )
 
 
-def _group_from_json(data: Mapping[str, Any], kind: type[GroupDecision]) -> GroupDecision:
+_Group = TypeVar("_Group", bound=GroupDecision)
+
+
+def _group_from_json(data: Mapping[str, Any], kind: type[_Group]) -> _Group:
     values = dict(data, speedup_interval=tuple(data["speedup_interval"]),
                   reason=DecisionReason(**dict(data["reason"], interval=tuple(data["reason"]["interval"]))))
     if "by_batch" in values:

@@ -31,6 +31,9 @@ from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from router.policy import PRIOR_ALPHA_RANGE, PolicyContract
 
 
+SMALLEST_GAMMA = 1  # what a probe drafts for a policy published without a g* (NO_GAMMA)
+
+
 @dataclass(frozen=True)
 class AdaptationConfig:
     """Knobs of the online estimate (see the module docstring). ``on_margin`` and ``gamma_max`` are
@@ -96,16 +99,16 @@ def initial_state(prior_alpha: float, published_speculate: bool, published_gamma
     and its decision."""
     alpha = float(np.clip(prior_alpha, *PRIOR_ALPHA_RANGE))
     return TaskState(beta_a=alpha * config.prior_strength, beta_b=(1 - alpha) * config.prior_strength,
-                     speculate=published_speculate, gamma=max(published_gamma, 1), prior_alpha=alpha)
+                     speculate=published_speculate, gamma=max(published_gamma, SMALLEST_GAMMA), prior_alpha=alpha)
 
 
 def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, curve: PolicyCurve,
                    config: AdaptationConfig) -> TaskState:
     """The state after one feedback event (counts from a speculative generation)."""
-    totals = dict(events=state.events + 1, total_rounds=state.total_rounds + rounds,
-                  total_drafted=state.total_drafted + drafted, total_accepted=state.total_accepted + accepted)
+    counted = replace(state, events=state.events + 1, total_rounds=state.total_rounds + rounds,
+                      total_drafted=state.total_drafted + drafted, total_accepted=state.total_accepted + accepted)
     if rounds <= 0 or drafted <= 0:
-        return replace(state, **totals)
+        return counted
     gamma_used = drafted / rounds
     alpha_hat = alpha_from_round_counts(rounds, accepted, gamma_used)
     rejections = rounds * (1.0 - alpha_hat ** gamma_used)
@@ -113,8 +116,7 @@ def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, c
     prior_b = (1 - state.prior_alpha) * config.prior_strength
     beta_a = prior_a + config.decay * (state.beta_a - prior_a) + accepted
     beta_b = prior_b + config.decay * (state.beta_b - prior_b) + rejections
-    updated = replace(state, beta_a=beta_a, beta_b=beta_b, **totals)
-    return decide(updated, curve, config)
+    return decide(replace(counted, beta_a=beta_a, beta_b=beta_b), curve, config)
 
 
 def decide(state: TaskState, curve: PolicyCurve, config: AdaptationConfig) -> TaskState:

@@ -28,7 +28,7 @@ from router.adaptation import AdaptationConfig, TaskState, initial_state, next_r
 from router.classifier import TaskClassifier, load_active
 from router.feedback import estimate_state
 from router.orm import TaskEstimate
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, active_policy_set
+from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyContract, PolicySnapshot, active_policy_set
 from router.reasons import Reason, reason
 from router.route_ids import new_route_id
 
@@ -222,12 +222,12 @@ class Router:
         confident = confidence >= self.min_confidence
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
-        choice = _Choice(bool(policy and policy.speculate), policy.gamma if policy else 0,
+        choice = _Choice(bool(policy and policy.speculate), policy.gamma if policy else NO_GAMMA,
                          policy.alpha_mean if policy else None, policy.expected_speedup if policy else 1.0,
                          self._policy_reasons(task, confidence, key, policy))
         state = self._follow_estimate(key, policy, choice)
         self._request_rules(request, policy, state, choice)
-        gamma = choice.gamma if choice.speculate else 0
+        gamma = choice.gamma if choice.speculate else NO_GAMMA
         return Decision(
             route_id=new_route_id(self.policy_version, key),
             speculate=choice.speculate,
@@ -252,10 +252,10 @@ class Router:
                 found.append(reason("task_too_few_prompts", n_prompts=policy.n_prompts, **shown))
             else:
                 found.append(reason("task_policy", tier=policy.tier, **shown))
-        rarely = self.classifier.rarely_reached.get(task) if self.classifier is not None else None
-        if rarely:
-            found.append(reason("rarely_reached", classifier_version=self.classifier.version, task=task,
-                                detail=rarely))
+        classifier = self.classifier
+        rarely = classifier.rarely_reached.get(task) if classifier is not None else None
+        if classifier is not None and rarely:
+            found.append(reason("rarely_reached", classifier_version=classifier.version, task=task, detail=rarely))
         elif policy is not None:
             cause = ("no_classifier" if self.classifier is None else
                      "low_confidence" if confidence < self.min_confidence else "no_task_policy")
@@ -288,7 +288,7 @@ class Router:
                        choice: _Choice) -> None:
         """The request's own rules: its batch size's curve, short outputs, unprofiled batches, sampling."""
         point = self._at_batch_size(policy, state, request.batch_size)
-        if point is not None:
+        if point is not None and point.gamma is not None:
             choice.speculate, choice.gamma, choice.expected = point.speculate, point.gamma, point.speedup
             choice.reasons.append(reason(
                 "batch_size_curve", batch_size=request.batch_size, lower=point.lower_batch, upper=point.upper_batch,
@@ -318,11 +318,10 @@ class Router:
         task's online alpha once feedback has moved it; None where no profile covers the batch size."""
         if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
             return None
-        curve = policy.curve(self.contract)
-        moved = state is not None and state.events > 0
-        if moved:
-            curve = curve.with_prior(state.prior_alpha)
-        point = curve.at(batch_size, state.alpha if moved else None)
+        curve, alpha = policy.curve(self.contract), None
+        if state is not None and state.events > 0:  # feedback moved alpha: rescale from the estimate's prior
+            curve, alpha = curve.with_prior(state.prior_alpha), state.alpha
+        point = curve.at(batch_size, alpha)
         return point if point is not None and point.gamma is not None else None
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:

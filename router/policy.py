@@ -21,6 +21,7 @@ from analyzer.summary import AnalysisSummary, GroupSummary, run_summary
 from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
+NO_GAMMA = 0  # how the database and the API write "no gamma" (None in the code: analyzer.speedup.best_gamma)
 PRIOR_ALPHA_RANGE = (1e-3, 1 - 1e-3)  # the analysis' alpha as a prior: never exactly 0 or 1
 
 
@@ -65,7 +66,7 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
         task_type=task,
         is_fallback=fallback,
         speculate=bool(decided.speculate),
-        gamma=decided.best_gamma or 0,
+        gamma=decided.best_gamma or NO_GAMMA,
         alpha_mean=summary.alpha_mean if summary.alpha_mean is not None else 0.0,
         alpha_var=summary.alpha_var,
         n_prompts=summary.n,

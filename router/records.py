@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
-from router.policy import PolicyContract, PolicySnapshot
+from router.policy import NO_GAMMA, PolicyContract, PolicySnapshot
 
 
 def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> dict[str, Any]:
@@ -17,7 +17,7 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
     by_batch = {}
     for batch in curve.batch_sizes:
         point = curve.at(batch)
-        gamma = point.gamma if point is not None and point.gamma is not None else 0
+        gamma = point.gamma if point is not None and point.gamma is not None else NO_GAMMA
         by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": point.speedup if gamma else 1.0,
                                 "speculate": bool(gamma) and point.speculate}
     return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,

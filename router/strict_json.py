@@ -28,13 +28,18 @@ def _pointer_token(key: Any) -> str:
 
 def non_finite_path(value: Any) -> tuple[str, float] | None:
     """The JSON pointer (``""`` is the value itself, ``/a/0`` is ``value["a"][0]``) and the number of the
-    first NaN or infinite float in ``value``, looking through dicts (keys and values), lists and tuples;
-    None if it holds none there."""
+    first NaN or infinite float in ``value``, looking through dicts (keys and values), lists and tuples
+    (each container once: a circular one ends the walk); None if it holds none there."""
     stack: list[tuple[str, Any]] = [("", value)]
+    seen: set[int] = set()
     while stack:
         path, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             return path, item
+        if isinstance(item, (dict, list, tuple)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, dict):
             children = []
             for key, child in item.items():

@@ -54,7 +54,8 @@ def _at_pointer(value, pointer: str):
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    | st.floats(allow_nan=True, allow_infinity=True),
     lambda children: (st.lists(children, max_size=4) | st.tuples(children, children)
                       | st.dictionaries(st.text(max_size=6), children, max_size=4)),
     max_leaves=30)
@@ -124,7 +125,8 @@ def test_an_api_view_answering_nan_gets_a_logged_json_500(app, client, caplog):
 
 def test_the_real_policies_endpoint_refuses_infinity(app, client, monkeypatch):
     service = app.extensions[api.EXTENSION]
-    monkeypatch.setattr(service, "policies", lambda: {"active": {"policies": [{"gamma": 24, "margin": math.inf}]}})
+    answer = {"active": {"policies": [{"gamma": 24, "margin": math.inf}]}}
+    monkeypatch.setattr(service, "policies", lambda: answer)
     _assert_non_finite_500(client.get("/v1/policies"), "/active/policies/0/margin")
 
 

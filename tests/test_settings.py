@@ -26,3 +26,6 @@ def test_bad_values_and_unknown_names_are_errors_naming_the_setting():
         load_settings(environ={"SPECROUTE_MAX_UPLOAD_BYTES": "0"})
     with pytest.raises(SettingsError, match="unknown setting 'max_prompt'"):
         load_settings({"max_prompt": 1}, environ={})
+    with pytest.raises(SettingsError, match="SPECROUTE_STALE_AFTER_S: must be at least 1 seconds, got 0.5"):
+        load_settings(environ={"SPECROUTE_STALE_AFTER_S": "0.5"})
+    assert load_settings(environ={"SPECROUTE_STALE_AFTER_S": "1"}).stale_after_s == 1.0

@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 from analyzer.report import build_report
 from analyzer.summary import GroupSummary, tier_note
 from analyzer.report_text import report_text
-from analyzer.speedup import Cost, bootstrap_speedup_interval, decide
+from analyzer.speedup import Cost, bootstrap_speedup_interval
+from analyzer.summary import decide_group
 from router.decision import Router
 from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
 from tests.factories import make_done_run
@@ -44,15 +45,20 @@ def test_bootstrap_interval_lies_within_the_prompts_own_speedups(pairs):
     assert ratios.min() - 1e-9 <= low <= high <= ratios.max() + 1e-9
 
 
-@pytest.mark.parametrize("speedup, interval, n, expected, fragment", [
-    (1.30, (1.10, 1.50), 2, None, "1.30x [1.10, 1.50], n = 2: too few prompts to decide (fewer than 3), the workload's"),
-    (1.03, (1.00, 1.06), 9, False, "1.03x [1.00, 1.06], n = 9: S(g*) does not clear 1.05x"),
-    (1.13, (0.97, 1.30), 5, False, "S(g*) clears 1.05x but the interval reaches 0.97x, a possible loss"),
-    (1.13, (1.04, 1.22), 5, True, "1.13x [1.04, 1.22], n = 5: S(g*) clears 1.05x and the interval stays above 1.00x"),
+@pytest.mark.parametrize("speedup, interval, n, expected, code, fragment", [
+    (1.30, (1.10, 1.50), 2, None, "too_few_prompts",
+     "1.30x [1.10, 1.50], n = 2: too few prompts to decide (fewer than 3), the workload's"),
+    (1.03, (1.00, 1.06), 9, False, "below_margin", "1.03x [1.00, 1.06], n = 9: S(g*) does not clear 1.05x"),
+    (1.13, (0.97, 1.30), 5, False, "interval_reaches_loss",
+     "S(g*) clears 1.05x but the interval reaches 0.97x, a possible loss"),
+    (1.13, (1.04, 1.22), 5, True, "clears",
+     "1.13x [1.04, 1.22], n = 5: S(g*) clears 1.05x and the interval stays above 1.00x"),
 ])
-def test_the_decision_uses_the_lower_end_and_refuses_to_decide_for_small_tasks(speedup, interval, n, expected, fragment):
-    decision, why = decide(speedup, interval, n, 0.05)
-    assert decision is expected and fragment in why
+def test_the_decision_uses_the_lower_end_and_refuses_to_decide_for_small_tasks(speedup, interval, n, expected, code,
+                                                                               fragment):
+    decision, reason = decide_group(speedup, interval, n, 0.05)
+    assert decision is expected and reason.code == code
+    assert fragment in reason.text()  # the sentence rendered from the code
 
 
 def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(session):

@@ -62,8 +62,8 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.register_blueprint(ui.bp)
     access.init_access(app, rules)
     app.register_error_handler(Exception, handle_error)
-    worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache",
-                    allow_network=settings.allow_downloads).start() if settings.ui_worker else None
+    worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache", allow_network=settings.allow_downloads,
+                    stale_after_s=settings.stale_after_s).start() if settings.ui_worker else None
     app.extensions["specroute.worker"] = worker
     app.after_request(_security_headers)
 

@@ -4,7 +4,6 @@ and the exports (JSON, per-prompt CSV, a self-contained HTML file)."""
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 
 from flask import Response, abort, flash, jsonify, redirect, render_template, request, url_for
@@ -29,6 +28,7 @@ from analyzer.summary import UNLABELLED, run_summary
 from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
+from router import strict_json
 
 # The form's numbers and their limits: analyzer.run_params.LIMITS, as on the command line and in
 # RunParams.check (the new-run page's inputs take their min and max attributes from here too).
@@ -69,7 +69,7 @@ def _run_row(run: AnalysisRun) -> dict:
     now = utcnow()
     elapsed = ((run.finished_at or now) - run.started_at).total_seconds() if run.started_at else None
     done, total = run.progress_done, run.progress_total
-    status = shown_status(run)
+    status = shown_status(run, stale_after_s=settings().stale_after_s)
     eta = elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
     return {"id": run.id, "status": status, "engine": run.engine, "prompt_set": run.prompt_set.name,
             "target": run.pair.target.spec,
@@ -221,7 +221,7 @@ def run(run_id: int):
 @bp.get("/runs/<int:run_id>/report.json")
 def report_json(run_id: int):
     report = _report(run_id)
-    return Response(json.dumps(report, indent=1), mimetype="application/json",
+    return Response(strict_json.dumps(report, indent=1), mimetype="application/json",
                     headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.json"'})
 
 

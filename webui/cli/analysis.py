@@ -1,6 +1,5 @@
 """``specroute analyze``, ``report`` and ``runs``: analyses and their reports."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ from analyzer.db import MAX_ID
 from analyzer.engines import ENGINES, LLAMA_CPP
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli, run_param_range
+from router import strict_json
 
 
 # ---------------------------------------------------------------- analysis
@@ -86,7 +86,7 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
                 run_id = create_run(session, prompt_set, target, draft, params).id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
             if queue_only:
-                click.echo(json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id))
+                click.echo(strict_json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id))
                 return
         else:
             run_id = resume_run
@@ -102,7 +102,7 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
         sys.exit(130)
-    click.echo(json.dumps(report) if as_json else report_text(report))
+    click.echo(strict_json.dumps(report) if as_json else report_text(report))
 
 
 def _placement_text(params, queue_only: bool = False) -> str:
@@ -149,7 +149,7 @@ def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
 
     with state.sessions()() as session:
         data = build_report(session, run_id)
-    text = {"json": lambda: json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
+    text = {"json": lambda: strict_json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
     if output:
         output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
         click.echo(f"wrote {output}", err=True)
@@ -174,13 +174,13 @@ def runs_list(state: CliState, as_json: bool) -> None:
 
     with state.sessions()() as session:
         rows = [
-            {"id": r.id, "status": shown_status(r), "engine": r.engine, "prompt_set": r.prompt_set.name,
+            {"id": r.id, "status": shown_status(r, stale_after_s=state.settings.stale_after_s), "engine": r.engine, "prompt_set": r.prompt_set.name,
              "target": r.pair.target.spec, "draft": r.pair.draft.spec, "done": r.progress_done,
              "total": r.progress_total, "error": r.error, "created_at": r.created_at.isoformat()}
             for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))
         ]
     if as_json:
-        click.echo(json.dumps(rows))
+        click.echo(strict_json.dumps(rows))
         return
     if not rows:
         click.echo("no analysis runs yet; start one with 'specroute analyze --prompts NAME'")

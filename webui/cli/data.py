@@ -1,6 +1,5 @@
 """``specroute db`` and ``specroute prompts``: the schema and the prompt sets."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from analyzer.prompt_sets import (
 
 
 from webui.cli.base import CliState, _prompt_dict, _summary_dict, _tasks_text, cli
+from router import strict_json
 
 
 # ---------------------------------------------------------------- db
@@ -113,11 +113,11 @@ def prompts_import(
             summary = summarize(session, [prompt_set])[0]
     except PromptFileError as exc:  # every listed issue on its own line, not the one-line "Error: ..."
         if as_json:
-            click.echo(json.dumps(exc.payload()))
+            click.echo(strict_json.dumps(exc.payload()))
         click.echo(exc.report(), err=True)
         sys.exit(exc.exit_code)
     if as_json:
-        click.echo(json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]}))
+        click.echo(strict_json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]}))
         return
     click.echo(f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})")
     if parsed.duplicates:
@@ -136,7 +136,7 @@ def prompts_list(state: CliState, as_json: bool) -> None:
     with state.sessions()() as session:
         summaries = list_prompt_sets(session)
     if as_json:
-        click.echo(json.dumps([_summary_dict(s) for s in summaries]))
+        click.echo(strict_json.dumps([_summary_dict(s) for s in summaries]))
         return
     if not summaries:
         click.echo("no prompt sets yet; import one with 'specroute prompts import FILE' or '--sample'")
@@ -165,7 +165,7 @@ def prompts_show(
         summary = summarize(session, [prompt_set])[0]
         page, total = list_prompts(session, prompt_set, offset=offset, limit=limit, search=search, task=task)
     if as_json:
-        click.echo(json.dumps({**_summary_dict(summary), "matching": total, "offset": offset,
+        click.echo(strict_json.dumps({**_summary_dict(summary), "matching": total, "offset": offset,
                                "prompts": [_prompt_dict(p) for p in page]}))
         return
     click.echo(f"{summary.name}: {summary.prompt_count} prompts from {summary.source_filename or '?'} "

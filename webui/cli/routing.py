@@ -1,12 +1,12 @@
 """``specroute train``, ``policies``, ``decisions`` and ``route``: the classifier and the router."""
 
-import json
 
 import click
 from sqlalchemy import select
 
 from analyzer.db import MAX_ID, lock_for_write
 from webui.cli.base import CliState, cli
+from router import strict_json
 
 
 # ---------------------------------------------------------------- task classifier
@@ -43,7 +43,7 @@ def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start
         version = train_classifier(session, data, seed=seed, features=features)
         record = {**classifier_dict(version), "scores": version.scores}
     if as_json:
-        click.echo(json.dumps(record))
+        click.echo(strict_json.dumps(record))
         return
     scores = record["scores"]
     click.echo(f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
@@ -107,7 +107,7 @@ def policies_publish(state: CliState, run_id: int, notes: str | None, no_activat
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
         data = policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
     if as_json:
-        click.echo(json.dumps(data))
+        click.echo(strict_json.dumps(data))
     else:
         _print_policy_set(data)
 
@@ -123,7 +123,7 @@ def policies_list(state: CliState, as_json: bool) -> None:
     with state.sessions()() as session:
         data = [policy_set_dict(p) for p in list_policy_sets(session)]
     if as_json:
-        click.echo(json.dumps(data))
+        click.echo(strict_json.dumps(data))
         return
     if not data:
         click.echo("no policy sets yet; publish one with 'specroute policies publish --run RUN'")
@@ -190,13 +190,13 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
         router = router_from_database(session, config)
     decision = router.route(prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
     if as_json:
-        click.echo(json.dumps(decision.as_dict()))
+        click.echo(strict_json.dumps(decision.as_dict()))
         return
     verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
     click.echo(f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
                f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})")
     for reason in decision.reason_texts:
         click.echo(f"  - {reason}")
-    click.echo(f"  transformers: {json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
-    click.echo(f"  llama.cpp: {json.dumps(decision.engine['llama.cpp']['speculative'])}; "
+    click.echo(f"  transformers: {strict_json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
+    click.echo(f"  llama.cpp: {strict_json.dumps(decision.engine['llama.cpp']['speculative'])}; "
                f"priced by: {decision.engine['priced_by'] or 'no policy set'}")
