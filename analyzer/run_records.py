@@ -6,6 +6,7 @@ module; executing a run is :mod:`analyzer.runs`.
 
 from __future__ import annotations
 
+import logging
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +25,7 @@ from analyzer.settings import STALE_AFTER_S
 from analyzer.summary import AnalysisSummary, PromptSummary, store_summary
 
 UNLABELLED = "unlabelled"
+log = logging.getLogger(__name__)
 
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -162,9 +164,14 @@ def finish(session_factory: sessionmaker, run_id: int, status: str, error: str |
 def store_finished_summary(session_factory: sessionmaker, run_id: int) -> None:
     """Compute and store the analysis summary of a run that just finished, over the results it kept,
     once: the report, publishing and the pages read it. Its own transaction, after the one that
-    recorded the end (which stays recorded if this fails, and holds no lock while it computes)."""
-    with session_factory() as session, session.begin():
-        store_summary(session, session.get(AnalysisRun, run_id))
+    recorded the end (which stays recorded if this fails, and holds no lock while it computes). A
+    failure here is logged, not raised: the run's outcome stands, and its first reader computes and
+    stores the summary instead."""
+    try:
+        with session_factory() as session, session.begin():
+            store_summary(session, session.get(AnalysisRun, run_id))
+    except Exception:  # noqa: BLE001 - the summary is derived data; the run's own outcome must not change
+        log.exception("run %s: storing its summary failed; its first reader computes it", run_id)
 
 
 def error_text(exc: BaseException) -> str:

@@ -59,6 +59,7 @@ from analyzer.run_records import (
     finish,
     recording_phases,
     selected_prompts,
+    store_finished_summary,
     validation_sample,
 )
 from analyzer.tokenizer_match import tokenizer_fingerprint
@@ -340,7 +341,8 @@ def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_
                 return False
         elif params.validate and params.temperature == 0:
             _validate(session_factory, run_id, loaded_models, params, progress)
-        complete(session_factory, chunk, worker_id)
+        if complete(session_factory, chunk, worker_id):  # this chunk finished the run: its summary, once
+            store_finished_summary(session_factory, run_id)
         return True
     except BaseException as exc:
         finish(session_factory, run_id, "failed", error=error_text(exc))
@@ -402,10 +404,10 @@ def _validate(session_factory: sessionmaker, run_id: int, loaded_models: RunMode
     """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
     plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
     run measured (stored with each result)."""
-    from analyzer.summary import summarize_run
+    from analyzer.summary import store_summary
 
-    with session_factory() as session:
-        summary = summarize_run(session, session.get(AnalysisRun, run_id))
+    with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
+        summary = store_summary(session, session.get(AnalysisRun, run_id))
         validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
         stored = {pid: (prompt_ids, output) for pid, prompt_ids, output in session.execute(
             select(PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 
 import numpy as np
 from sqlalchemy import func, select
@@ -565,17 +565,54 @@ def _summary_basis(session: Session, run: AnalysisRun, results: list[PromptResul
 
 
 def store_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
-                  validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+                  validations: list[ValidationResult] | None = None, relabelled: bool = False) -> AnalysisSummary:
     """Compute ``run``'s summary and store it with the run (``AnalysisRun.summary``), as when a run
-    finishes or is priced anew; the caller commits. Returns it."""
-    return _store(session, run, _summary_basis(session, run, results, validations), results, validations)
+    finishes or is priced anew; the caller commits. A stored summary that differs only by the
+    validations added since is completed with them (the curves, g* and bootstrap stay: validation
+    measures, it does not price); ``relabelled``: the results' task types changed, compute it all.
+    Returns it."""
+    return _store(session, run, _summary_basis(session, run, results, validations), results, validations,
+                  reuse=not relabelled)
 
 
 def _store(session: Session, run: AnalysisRun, basis: dict[str, Any], results: list[PromptResult] | None,
-           validations: list[ValidationResult] | None) -> AnalysisSummary:
-    summary = summarize_run(session, run, results=results, validations=validations)
+           validations: list[ValidationResult] | None, *, reuse: bool = True) -> AnalysisSummary:
+    stored = run.summary
+    if (reuse and stored and stored.get("format") == SUMMARY_FORMAT
+            and {**stored["basis"], "validations": None} == {**basis, "validations": None}):
+        if validations is None:
+            validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run.id)))
+        summary = with_validations(summary_from_json(stored["summary"]), validations)
+    else:
+        summary = summarize_run(session, run, results=results, validations=validations)
     run.summary = {"format": SUMMARY_FORMAT, "basis": basis, "summary": summary_to_json(summary)}
     return summary
+
+
+def with_validations(summary: AnalysisSummary, validations: Sequence[ValidationResult]) -> AnalysisSummary:
+    """``summary`` with the speedups measured by validation in place (per task and for the workload:
+    their mean, count and tasks), exactly as :func:`summarize_groups` sets them; everything priced
+    stays as it is."""
+    if summary.cost is None:
+        return summary
+    measured = {v.prompt_id: v.measured_speedup for v in validations}
+    members: dict[str, list[int]] = defaultdict(list)
+    for prompt in summary.prompts:
+        members[prompt.task].append(prompt.prompt_id)
+    task_of = {prompt.prompt_id: prompt.task for prompt in summary.prompts}
+
+    def measured_in(group: GroupSummary, ids: list[int]) -> GroupSummary:
+        validated = [measured[i] for i in ids if i in measured]
+        return replace(group, measured_speedup=finite(float(np.mean(validated))) if validated else None,
+                       measured_n=len(validated), measured_tasks=sorted({task_of[i] for i in ids if i in measured}))
+
+    tasks = {task: measured_in(group, members[task]) for task, group in summary.tasks.items()}
+    workload = summary.workload
+    if workload is not None:
+        workload = measured_in(workload, list(task_of))
+        if len(tasks) > 1 and len(workload.measured_tasks) == 1:
+            workload = replace(workload, measured_speedup=None)  # a sample of one task says nothing about the others
+    return replace(summary, tasks=tasks, workload=workload)
 
 
 def run_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,

@@ -32,8 +32,9 @@ from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
-from analyzer.orm import Prompt, PromptResult, PromptSet
+from analyzer.orm import AnalysisRun, Prompt, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
+from analyzer.summary import FINISHED_STATUSES, store_summary
 from router.features import (
     FEATURES_VERSION,
     classifier_text,
@@ -390,10 +391,15 @@ def load_active(session: Session) -> TaskClassifier | None:
 
 def label_run_results(session: Session, run_id: int, classifier: TaskClassifier) -> int:
     """Give every unlabelled prompt of a run the classifier's task type, recording the version;
-    returns how many results were labelled."""
+    returns how many results were labelled. The run's groups change with it, so a finished run's
+    stored summary is computed anew (in the caller's transaction)."""
     results = session.scalars(select(PromptResult).where(PromptResult.run_id == run_id))
     unlabelled = [r for r in results if r.task_source != "label"]
     predictions = classifier.predict([prompt_text(r.prompt.text, r.prompt.messages) for r in unlabelled])
     for result, (task, _confidence) in zip(unlabelled, predictions):
         result.task_type, result.task_source, result.classifier_version_id = task, "classifier", classifier.version_id
+    run = session.get(AnalysisRun, run_id)
+    if unlabelled and run is not None and run.status in FINISHED_STATUSES:
+        session.flush()
+        store_summary(session, run, relabelled=True)
     return len(unlabelled)

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 import analyzer.summary as summary_module
 from analyzer.db import make_session_factory
-from analyzer.orm import AnalysisRun, ValidationResult
+from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.report import build_report
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.run_records import finish
@@ -26,6 +26,7 @@ from analyzer.summary import (
     DECISION_CODES,
     decide_group,
     run_summary,
+    store_summary,
     summarize_run,
     summary_from_json,
     summary_to_json,
@@ -180,7 +181,17 @@ def test_a_stored_summary_is_computed_again_when_its_run_changed(sessions, boots
     with sessions() as session, session.begin():
         again = run_summary(session, session.get(AnalysisRun, run_id))
     assert again.tasks["code"].measured_speedup == 1.25 and first.tasks["code"].measured_speedup is None
-    assert len(bootstraps) == 2 * computed
+    assert again.workload.measured_speedup is None  # one task's sample says nothing about the workload
+    assert len(bootstraps) == computed  # a validation measures, it does not price: no bootstrap again
+    with sessions() as session:
+        assert summarize_run(session, session.get(AnalysisRun, run_id)) == again  # what computing it all gives
+    with sessions() as session, session.begin():  # relabelled results: other groups, computed again
+        run = session.get(AnalysisRun, run_id)
+        for result in session.scalars(select(PromptResult).where(PromptResult.run_id == run_id)):
+            result.task_type = "code"
+        session.flush()
+        relabelled = store_summary(session, run, relabelled=True)
+    assert set(relabelled.tasks) == {"code"} and len(bootstraps) > computed
 
 
 def test_an_unfinished_run_is_summarised_but_nothing_is_stored(sessions):

@@ -97,7 +97,7 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
         finally:
             progress.close()
         _label_with_classifier(sessions, run_id)
-        with sessions() as session:
+        with sessions() as session, session.begin():  # a summary computed here is kept
             report = build_report(session, run_id)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
@@ -147,7 +147,7 @@ def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     from analyzer.report import build_report
     from analyzer.report_text import report_csv, report_text
 
-    with state.sessions()() as session:
+    with state.sessions()() as session, session.begin():  # a summary computed here is kept
         data = build_report(session, run_id)
     text = {"json": lambda: strict_json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
     if output:
