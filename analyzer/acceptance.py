@@ -85,11 +85,19 @@ def match_runs(matches: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def _counter(gamma: int):
-    return np.zeros(gamma + 1, dtype=np.int64), np.zeros(gamma + 1, dtype=np.int64), np.zeros(gamma, dtype=np.int64)
+    return (
+        np.zeros(gamma + 1, dtype=np.int64),
+        np.zeros(gamma + 1, dtype=np.int64),
+        np.zeros(gamma, dtype=np.int64),
+    )
 
 
-def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
-                     rule: DraftingRule = TRANSFORMERS_RULE) -> WalkCounts:
+def walk_model_draft(
+    matches: Sequence[int] | np.ndarray,
+    gamma: int,
+    max_new_tokens: int,
+    rule: DraftingRule = TRANSFORMERS_RULE,
+) -> WalkCounts:
     """Replay greedy speculative decoding with a model draft at lookahead ``gamma``.
 
     ``matches``: shape (N,), m_i in {0, 1}; ``max_new_tokens`` >= N is the generation budget
@@ -104,8 +112,12 @@ def walk_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_to
     return _tally(gamma, n, model_draft_rounds(matches, gamma, max_new_tokens, rule))
 
 
-def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
-                       rule: DraftingRule = TRANSFORMERS_RULE) -> Iterator[tuple[int, int]]:
+def model_draft_rounds(
+    matches: Sequence[int] | np.ndarray,
+    gamma: int,
+    max_new_tokens: int,
+    rule: DraftingRule = TRANSFORMERS_RULE,
+) -> Iterator[tuple[int, int]]:
     """(drafted, accepted) of each round of the model-draft walk (see :func:`walk_model_draft`)."""
     n = len(matches)
     runs = match_runs(matches)
@@ -116,8 +128,9 @@ def model_draft_rounds(matches: Sequence[int] | np.ndarray, gamma: int, max_new_
         s += a + 1
 
 
-def model_draft_round(runs: np.ndarray, s: int, gamma: int, max_new_tokens: int,
-                      rule: DraftingRule = TRANSFORMERS_RULE) -> tuple[int, int]:
+def model_draft_round(
+    runs: np.ndarray, s: int, gamma: int, max_new_tokens: int, rule: DraftingRule = TRANSFORMERS_RULE
+) -> tuple[int, int]:
     """(drafted, accepted) of one model-draft round that starts after ``s`` emitted tokens with
     lookahead ``gamma``; ``runs`` = :func:`match_runs` of the match sequence (shape (N + 1,))."""
     n = len(runs) - 1
@@ -156,8 +169,13 @@ class NgramIndex:
     """First occurrence of every n-gram (n = 1..max_ngram) in prompt + output, so that a prompt-lookup
     proposal at any round start costs O(max_ngram) instead of a scan of the context."""
 
-    def __init__(self, tokens: Sequence[int], max_ngram: int, eos_ids: Iterable[int] = (),
-                 rule: DraftingRule = TRANSFORMERS_RULE):
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        max_ngram: int,
+        eos_ids: Iterable[int] = (),
+        rule: DraftingRule = TRANSFORMERS_RULE,
+    ):
         if max_ngram < 1:
             raise ValueError("max_ngram must be >= 1")
         self.tokens = list(tokens)
@@ -168,7 +186,7 @@ class NgramIndex:
         for n in range(1, max_ngram + 1):
             first: dict[tuple[int, ...], int] = {}
             for i in range(len(self.tokens) - n + 1):
-                first.setdefault(tuple(self.tokens[i:i + n]), i)
+                first.setdefault(tuple(self.tokens[i : i + n]), i)
             self.first.append(first)
 
     def propose(self, context_len: int, gamma: int) -> list[int]:
@@ -178,10 +196,10 @@ class NgramIndex:
         (an empty cut means no proposal, as in transformers) where the index's rule cuts at EOS
         (llama-cpp-python's LlamaPromptLookupDecoding does not)."""
         for n in range(min(self.max_ngram, context_len - 1), 0, -1):
-            start = self.first[n - 1].get(tuple(self.tokens[context_len - n:context_len]))
+            start = self.first[n - 1].get(tuple(self.tokens[context_len - n : context_len]))
             if start is None or start + n >= context_len:
                 continue  # only the trailing n-gram itself: nothing follows it yet
-            proposal = self.tokens[start + n:min(start + n + gamma, context_len)]
+            proposal = self.tokens[start + n : min(start + n + gamma, context_len)]
             for j, token in enumerate(proposal):
                 if token in self.eos_ids:
                     return proposal[:j]
@@ -213,8 +231,9 @@ def walk_ngram(
     return _tally(gamma, n, ngram_rounds(p, output_ids, gamma, max_new_tokens, index))
 
 
-def ngram_rounds(prompt_len: int, output_ids: Sequence[int], gamma: int, max_new_tokens: int,
-                 index: NgramIndex) -> Iterator[tuple[int, int]]:
+def ngram_rounds(
+    prompt_len: int, output_ids: Sequence[int], gamma: int, max_new_tokens: int, index: NgramIndex
+) -> Iterator[tuple[int, int]]:
     """(drafted, accepted) of each round of the prompt-lookup walk (see :func:`walk_ngram`);
     ``index`` covers prompt + output."""
     s = 0
@@ -224,8 +243,9 @@ def ngram_rounds(prompt_len: int, output_ids: Sequence[int], gamma: int, max_new
         s += a + 1
 
 
-def ngram_round(prompt_len: int, output_ids: Sequence[int], s: int, gamma: int, max_new_tokens: int,
-                index: NgramIndex) -> tuple[int, int]:
+def ngram_round(
+    prompt_len: int, output_ids: Sequence[int], s: int, gamma: int, max_new_tokens: int, index: NgramIndex
+) -> tuple[int, int]:
     """(drafted, accepted) of one prompt-lookup round that starts after ``s`` emitted tokens with
     lookahead ``gamma`` (``index`` covers prompt + output)."""
     rule = index.rule
@@ -248,24 +268,41 @@ def _marks_from_rounds(n: int, rounds) -> list[str]:
     return marks[:n]
 
 
-def token_marks_model_draft(matches: Sequence[int] | np.ndarray, gamma: int, max_new_tokens: int,
-                            rule: DraftingRule = TRANSFORMERS_RULE) -> list[str]:
+def token_marks_model_draft(
+    matches: Sequence[int] | np.ndarray,
+    gamma: int,
+    max_new_tokens: int,
+    rule: DraftingRule = TRANSFORMERS_RULE,
+) -> list[str]:
     """What produced each output token in the walk of :func:`walk_model_draft` at ``gamma``:
     "accepted" (a draft the target kept), "corrected" (the target's token after a rejected draft),
     "bonus" (the target's token after a fully accepted round) or "plain" (a round with no drafts)."""
     return _marks_from_rounds(len(matches), model_draft_rounds(matches, gamma, max_new_tokens, rule))
 
 
-def token_marks_ngram(prompt_ids: Sequence[int], output_ids: Sequence[int], gamma: int, max_new_tokens: int, *,
-                      max_ngram: int = 2, eos_ids: Iterable[int] = (),
-                      rule: DraftingRule = TRANSFORMERS_RULE) -> list[str]:
+def token_marks_ngram(
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    gamma: int,
+    max_new_tokens: int,
+    *,
+    max_ngram: int = 2,
+    eos_ids: Iterable[int] = (),
+    rule: DraftingRule = TRANSFORMERS_RULE,
+) -> list[str]:
     """Per output token, as :func:`token_marks_model_draft`, for the prompt-lookup walk of :func:`walk_ngram`."""
     index = NgramIndex(list(prompt_ids) + list(output_ids), max_ngram, eos_ids, rule)
-    return _marks_from_rounds(len(output_ids), ngram_rounds(len(prompt_ids), output_ids, gamma, max_new_tokens, index))
+    return _marks_from_rounds(
+        len(output_ids), ngram_rounds(len(prompt_ids), output_ids, gamma, max_new_tokens, index)
+    )
 
 
 def ngram_first_token_matches(
-    prompt_ids: Sequence[int], output_ids: Sequence[int], *, max_ngram: int = 2, eos_ids: Iterable[int] = (),
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    max_ngram: int = 2,
+    eos_ids: Iterable[int] = (),
     index: NgramIndex | None = None,
 ) -> np.ndarray:
     """m_i = 1 if prompt lookup on the context prompt + output[:i] would propose output[i] first,

@@ -53,8 +53,10 @@ def plan_chunks(session: Session, run: AnalysisRun) -> list[RunChunk]:
     measured = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run.id)))
     pending = [p.id for p in selected_prompts(session, run) if p.id not in measured]
     chunks = [RunChunk(run_id=run.id, position=0, kind="profile", prompt_ids=[])]
-    chunks += [RunChunk(run_id=run.id, position=i // size + 1, kind="measure", prompt_ids=pending[i:i + size])
-               for i in range(0, len(pending), size)]
+    chunks += [
+        RunChunk(run_id=run.id, position=i // size + 1, kind="measure", prompt_ids=pending[i : i + size])
+        for i in range(0, len(pending), size)
+    ]
     if params.validate and not params.sampling:
         chunks.append(RunChunk(run_id=run.id, position=len(chunks), kind="validate", prompt_ids=[]))
     session.add_all(chunks)
@@ -67,13 +69,21 @@ def _claimable(session: Session, chunk: RunChunk) -> bool:
     if chunk.kind == "profile":
         return True
     before = ("profile",) if chunk.kind == "measure" else ("profile", "measure")
-    waiting = session.scalar(select(func.count()).select_from(RunChunk).where(
-        RunChunk.run_id == chunk.run_id, RunChunk.kind.in_(before), RunChunk.status != "done"))
+    waiting = session.scalar(
+        select(func.count())
+        .select_from(RunChunk)
+        .where(RunChunk.run_id == chunk.run_id, RunChunk.kind.in_(before), RunChunk.status != "done")
+    )
     return waiting == 0
 
 
-def claim_chunk(sessions: sessionmaker[Session], worker_id: str, *, run_id: int | None = None,
-                stale_after_s: float = STALE_AFTER_S) -> ClaimedChunk | None:
+def claim_chunk(
+    sessions: sessionmaker[Session],
+    worker_id: str,
+    *,
+    run_id: int | None = None,
+    stale_after_s: float = STALE_AFTER_S,
+) -> ClaimedChunk | None:
     """Claim the next chunk this worker may take (of run ``run_id``, or of any queued or running
     run, oldest first): pending, or claimed by a worker whose heartbeat is older than
     ``stale_after_s``. Plans the chunks of a run that has none (runs queued before chunks existed).
@@ -82,32 +92,52 @@ def claim_chunk(sessions: sessionmaker[Session], worker_id: str, *, run_id: int 
     cutoff = now - timedelta(seconds=stale_after_s)
     with sessions() as session, session.begin():
         lock_for_write(session)
-        runs = select(AnalysisRun).where(AnalysisRun.status.in_(("queued", "running")),
-                                         AnalysisRun.cancel_requested.is_(False))
+        runs = select(AnalysisRun).where(
+            AnalysisRun.status.in_(("queued", "running")), AnalysisRun.cancel_requested.is_(False)
+        )
         if run_id is not None:
             runs = runs.where(AnalysisRun.id == run_id)
         unplanned = runs.where(~select(RunChunk.id).where(RunChunk.run_id == AnalysisRun.id).exists())
         for run in session.scalars(unplanned.with_for_update(skip_locked=True)):
             plan_chunks(session, run)
-        live = select(AnalysisRun.id).where(AnalysisRun.status.in_(("queued", "running")),
-                                            AnalysisRun.cancel_requested.is_(False))
+        live = select(AnalysisRun.id).where(
+            AnalysisRun.status.in_(("queued", "running")), AnalysisRun.cancel_requested.is_(False)
+        )
         if run_id is not None:
             live = live.where(AnalysisRun.id == run_id)
         candidates = session.scalars(
-            select(RunChunk).where(RunChunk.run_id.in_(live), or_(
-                RunChunk.status == "pending", and_(RunChunk.status == "claimed", RunChunk.heartbeat_at < cutoff)))
-            .order_by(RunChunk.run_id, RunChunk.position).limit(8).with_for_update(skip_locked=True))
+            select(RunChunk)
+            .where(
+                RunChunk.run_id.in_(live),
+                or_(
+                    RunChunk.status == "pending",
+                    and_(RunChunk.status == "claimed", RunChunk.heartbeat_at < cutoff),
+                ),
+            )
+            .order_by(RunChunk.run_id, RunChunk.position)
+            .limit(8)
+            .with_for_update(skip_locked=True)
+        )
         for chunk in candidates:
             if not _claimable(session, chunk):
                 continue
-            chunk.status, chunk.worker_id, chunk.claimed_at, chunk.heartbeat_at = "claimed", worker_id, now, now
+            chunk.status, chunk.worker_id, chunk.claimed_at, chunk.heartbeat_at = (
+                "claimed",
+                worker_id,
+                now,
+                now,
+            )
             chunk.attempts += 1
             run = session.get(AnalysisRun, chunk.run_id)
             if run.status == "queued":
                 run.status, run.started_at = "running", run.started_at or now
             run.worker_id, run.heartbeat_at, run.error = worker_id, now, None
-            count = session.scalar(select(func.count()).select_from(RunChunk).where(RunChunk.run_id == chunk.run_id))
-            return ClaimedChunk(chunk.id, chunk.run_id, chunk.position, chunk.kind, tuple(chunk.prompt_ids), count)
+            count = session.scalar(
+                select(func.count()).select_from(RunChunk).where(RunChunk.run_id == chunk.run_id)
+            )
+            return ClaimedChunk(
+                chunk.id, chunk.run_id, chunk.position, chunk.kind, tuple(chunk.prompt_ids), count
+            )
     return None
 
 
@@ -116,12 +146,20 @@ def renew(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: str) 
     (another worker took it over after the heartbeat went stale) or its run stopped running."""
     now = utcnow()
     with sessions() as session, session.begin():
-        held = session.execute(update(RunChunk).where(
-            RunChunk.id == chunk.id, RunChunk.worker_id == worker_id, RunChunk.status == "claimed")
-            .values(heartbeat_at=now)).rowcount
-        running = session.execute(update(AnalysisRun).where(
-            AnalysisRun.id == chunk.run_id, AnalysisRun.status == "running", AnalysisRun.cancel_requested.is_(False))
-            .values(heartbeat_at=now)).rowcount
+        held = session.execute(
+            update(RunChunk)
+            .where(RunChunk.id == chunk.id, RunChunk.worker_id == worker_id, RunChunk.status == "claimed")
+            .values(heartbeat_at=now)
+        ).rowcount
+        running = session.execute(
+            update(AnalysisRun)
+            .where(
+                AnalysisRun.id == chunk.run_id,
+                AnalysisRun.status == "running",
+                AnalysisRun.cancel_requested.is_(False),
+            )
+            .values(heartbeat_at=now)
+        ).rowcount
     return bool(held and running)
 
 
@@ -134,30 +172,52 @@ def complete(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: st
         # completions of one run take turns (PostgreSQL: the run's row lock), so the last one sees
         # every other chunk done and finishes the run
         session.execute(select(AnalysisRun.id).where(AnalysisRun.id == chunk.run_id).with_for_update())
-        session.execute(update(RunChunk).where(RunChunk.id == chunk.id, RunChunk.status != "done")
-                        .values(status="done", done_at=now, heartbeat_at=now))
-        left = session.scalar(select(func.count()).select_from(RunChunk).where(
-            RunChunk.run_id == chunk.run_id, RunChunk.status != "done"))
+        session.execute(
+            update(RunChunk)
+            .where(RunChunk.id == chunk.id, RunChunk.status != "done")
+            .values(status="done", done_at=now, heartbeat_at=now)
+        )
+        left = session.scalar(
+            select(func.count())
+            .select_from(RunChunk)
+            .where(RunChunk.run_id == chunk.run_id, RunChunk.status != "done")
+        )
         if left:
             return False
-        results = session.scalar(select(func.count()).select_from(PromptResult).where(PromptResult.run_id == chunk.run_id))
-        finished = session.execute(update(AnalysisRun).where(
-            AnalysisRun.id == chunk.run_id, AnalysisRun.status == "running")
-            .values(status="done", finished_at=now, phase=None, cancel_requested=False, error=None,
-                    progress_done=results)).rowcount
+        results = session.scalar(
+            select(func.count()).select_from(PromptResult).where(PromptResult.run_id == chunk.run_id)
+        )
+        finished = session.execute(
+            update(AnalysisRun)
+            .where(AnalysisRun.id == chunk.run_id, AnalysisRun.status == "running")
+            .values(
+                status="done",
+                finished_at=now,
+                phase=None,
+                cancel_requested=False,
+                error=None,
+                progress_done=results,
+            )
+        ).rowcount
         return bool(finished)
 
 
 def chunk_progress(session: Session, run_id: int) -> dict[str, int]:
     """{"chunks", "done", "claimed", "workers"}: how a run's chunks stand and how many workers hold one."""
     rows = session.execute(select(RunChunk.status, RunChunk.worker_id).where(RunChunk.run_id == run_id)).all()
-    return {"chunks": len(rows), "done": sum(1 for s, _ in rows if s == "done"),
-            "claimed": sum(1 for s, _ in rows if s == "claimed"),
-            "workers": len({w for s, w in rows if w is not None})}
+    return {
+        "chunks": len(rows),
+        "done": sum(1 for s, _ in rows if s == "done"),
+        "claimed": sum(1 for s, _ in rows if s == "claimed"),
+        "workers": len({w for s, w in rows if w is not None}),
+    }
 
 
 def take_over(session: Session, run_id: int) -> None:
     """Make every unfinished chunk of a run pending again (``specroute analyze --resume``: the
     workers that held them are gone)."""
-    session.execute(update(RunChunk).where(RunChunk.run_id == run_id, RunChunk.status == "claimed")
-                    .values(status="pending", worker_id=None))
+    session.execute(
+        update(RunChunk)
+        .where(RunChunk.run_id == run_id, RunChunk.status == "claimed")
+        .values(status="pending", worker_id=None)
+    )

@@ -103,8 +103,9 @@ def _crop_to(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
-def time_forward_over_cache(model: PreTrainedModel, cache: DynamicCache, new_ids: list[int],
-                            batch_size: int = 1) -> float:
+def time_forward_over_cache(
+    model: PreTrainedModel, cache: DynamicCache, new_ids: list[int], batch_size: int = 1
+) -> float:
     """Seconds of one forward of `new_ids` (k = len(new_ids) new tokens, for each of `batch_size` rows,
     which must match the cache's rows) on top of `cache`; the cache is cropped back to its previous
     length afterwards, so it is left exactly as it was found."""
@@ -130,24 +131,38 @@ def _trailing_ids(context_ids: list[int], k: int) -> list[int]:
 
 
 def time_target_forwards(
-    model: PreTrainedModel, context_ids: list[int], k_max: int, *, repeats: int = 5, warmup: int = 1,
+    model: PreTrainedModel,
+    context_ids: list[int],
+    k_max: int,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
     batch_size: int = 1,
 ) -> list[float]:
     """Median seconds of one forward of k new tokens over a warm KV cache of `context_ids`, k = 1..k_max,
     for `batch_size` sequences at once (T_t(k, b)); see :func:`time_target_forwards_checked`, which
     also says how trustworthy the numbers are."""
-    return time_target_forwards_checked(model, context_ids, k_max, repeats=repeats, warmup=warmup,
-                                        batch_size=batch_size)[0]
+    return time_target_forwards_checked(
+        model, context_ids, k_max, repeats=repeats, warmup=warmup, batch_size=batch_size
+    )[0]
 
 
 RepeatCallback = Callable[[], None]
 
 
-def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: list[int], ks: list[int],
-                   repeats: int, warmup: int, batch_size: int,
-                   on_repeat: RepeatCallback | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _timing_matrix(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    context_ids: list[int],
+    ks: list[int],
+    repeats: int,
+    warmup: int,
+    batch_size: int,
+    on_repeat: RepeatCallback | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`analyzer.interference.interleaved_repeats` of one forward of the last k context ids over
     ``cache`` for each k in ``ks``."""
+
     def time_one(k: int) -> tuple[float, float]:
         cpu_start = process_time()
         elapsed = time_forward_over_cache(model, cache, _trailing_ids(context_ids, k), batch_size)
@@ -157,8 +172,14 @@ def _timing_matrix(model: PreTrainedModel, cache: DynamicCache, context_ids: lis
 
 
 def time_target_forwards_checked(
-    model: PreTrainedModel, context_ids: list[int], k_max: int, *, repeats: int = 5, warmup: int = 1,
-    batch_size: int = 1, on_repeat: RepeatCallback | None = None,
+    model: PreTrainedModel,
+    context_ids: list[int],
+    k_max: int,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    batch_size: int = 1,
+    on_repeat: RepeatCallback | None = None,
 ) -> tuple[list[float], TimingQuality]:
     """T_t(k, b) for k = 1..k_max, and how trustworthy it is.
 
@@ -191,14 +212,17 @@ def time_target_forwards_checked(
     return checked_timings(measure, k_max, warmup=warmup, threads=threads, on_cpu=on_cpu)
 
 
-def time_draft_model_step(draft_model: PreTrainedModel, context_ids: list[int], *, repeats: int = 5,
-                          batch_size: int = 1) -> float:
+def time_draft_model_step(
+    draft_model: PreTrainedModel, context_ids: list[int], *, repeats: int = 5, batch_size: int = 1
+) -> float:
     """Median seconds of one draft step: a single-token forward of the draft over a warm cache of
     `context_ids` for `batch_size` sequences (T_d for a model draft; one untimed warm-up step first)."""
     return time_target_forwards(draft_model, context_ids, 1, repeats=repeats, batch_size=batch_size)[0]
 
 
-def time_prefill(model: PreTrainedModel, context_ids: list[int], *, repeats: int = 3, batch_size: int = 1) -> float:
+def time_prefill(
+    model: PreTrainedModel, context_ids: list[int], *, repeats: int = 3, batch_size: int = 1
+) -> float:
     """Median seconds of processing `context_ids` (for `batch_size` sequences) from an empty cache
     (prompt prefill), after one untimed warm-up."""
 
@@ -246,13 +270,15 @@ def profile_costs(
     """
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
-    target_forward_s, quality = time_target_forwards_checked(target_model, context_ids, k_max, repeats=repeats,
-                                                             batch_size=batch_size, on_repeat=on_repeat)
+    target_forward_s, quality = time_target_forwards_checked(
+        target_model, context_ids, k_max, repeats=repeats, batch_size=batch_size, on_repeat=on_repeat
+    )
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
     draft_prefill_s = 0.0
     if draft_model is not None:
-        draft_forward_s, draft_quality = time_target_forwards_checked(draft_model, context_ids, 1, repeats=repeats,
-                                                                      batch_size=batch_size, on_repeat=on_repeat)
+        draft_forward_s, draft_quality = time_target_forwards_checked(
+            draft_model, context_ids, 1, repeats=repeats, batch_size=batch_size, on_repeat=on_repeat
+        )
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")
         draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)
@@ -273,4 +299,3 @@ def profile_costs(
         dtype=str(next(target_model.parameters()).dtype).removeprefix("torch."),
         quality=quality,
     )
-

@@ -90,8 +90,10 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
     for item in str(text).split(","):
         item = item.strip()
         if not item.isdigit() or not 1 <= int(item) <= MAX_PROFILE_BATCH_SIZE:
-            raise DeviceError(f"batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}, "
-                              f"comma-separated (e.g. 1,4,16); got {item!r}")
+            raise DeviceError(
+                f"batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}, "
+                f"comma-separated (e.g. 1,4,16); got {item!r}"
+            )
         sizes.add(int(item))
     return tuple(sorted(sizes))
 
@@ -137,22 +139,30 @@ def resolve(device: str | None = "auto", dtype: str | None = "auto") -> Placemen
         device_name = "cuda:0" if torch.cuda.is_available() else "cpu"
     if device_name.startswith("cuda"):
         if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise DeviceError(f"device {device_name!r} asked for, but torch {torch.__version__} ({build}) sees no "
-                              "CUDA GPU on this machine; use --device cpu (or auto)")
+            build = (
+                "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            )
+            raise DeviceError(
+                f"device {device_name!r} asked for, but torch {torch.__version__} ({build}) sees no "
+                "CUDA GPU on this machine; use --device cpu (or auto)"
+            )
         index = int(device_name.partition(":")[2] or 0)
         count = torch.cuda.device_count()
         if index >= count:
-            raise DeviceError(f"device cuda:{index} asked for, but this machine has {count} CUDA GPU"
-                              f"{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})")
+            raise DeviceError(
+                f"device cuda:{index} asked for, but this machine has {count} CUDA GPU"
+                f"{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})"
+            )
         device_name = f"cuda:{index}"
         hardware = torch.cuda.get_device_name(index)
         if dtype_name == "auto":
             dtype_name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         elif dtype_name == "bfloat16" and not torch.cuda.is_bf16_supported():
             major, minor = torch.cuda.get_device_capability(index)
-            raise DeviceError(f"{hardware} (compute capability {major}.{minor}) cannot run bfloat16; "
-                              "use --dtype float16 or float32")
+            raise DeviceError(
+                f"{hardware} (compute capability {major}.{minor}) cannot run bfloat16; "
+                "use --dtype float16 or float32"
+            )
     else:
         hardware = cpu_model_name()
         if dtype_name == "auto":
@@ -187,7 +197,7 @@ def model_bytes(parameter_count: int, dtype: str) -> int:
 
 def gib(n_bytes: float) -> str:
     """A byte count for people: ``12.35 GiB``."""
-    return f"{n_bytes / 2 ** 30:.2f} GiB"
+    return f"{n_bytes / 2**30:.2f} GiB"
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -198,41 +208,59 @@ def is_out_of_memory(error: BaseException) -> bool:
         return True
     text = str(error).lower()
     return isinstance(error, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or "can't allocate memory" in text or isinstance(error, MemoryError))
+        "out of memory" in text or "can't allocate memory" in text or isinstance(error, MemoryError)
+    )
 
 
-def guarantee_sentence(dtype: str | None, *, sampling: bool = False, fidelity: dict | None = None,
-                       engine: str | None = None) -> str:
+def guarantee_sentence(
+    dtype: str | None, *, sampling: bool = False, fidelity: dict | None = None, engine: str | None = None
+) -> str:
     """What this run's numbers guarantee, in one plain sentence. float32 greedy: an exact replay;
     bfloat16/float16 greedy: an estimate whose measured fidelity is quoted when known; sampling: an
     expectation under i.i.d. acceptance. In llama.cpp (quantized weights, whose batched and one-token
     kernels differ) always an estimate with its measured fidelity."""
     dtype = dtype or "float32"
     if engine == "llama.cpp":
-        return _estimate_sentence(f"llama.cpp, {dtype} weights: the replay is an estimate, not exact — llama.cpp's "
-                                  "batched verification and one-token decoding use different kernels, so real "
-                                  "speculative decoding can take other paths", fidelity)
+        return _estimate_sentence(
+            f"llama.cpp, {dtype} weights: the replay is an estimate, not exact — llama.cpp's "
+            "batched verification and one-token decoding use different kernels, so real "
+            "speculative decoding can take other paths",
+            fidelity,
+        )
     if sampling:
-        return ("Sampling mode: the speedups are expectations under i.i.d. acceptance (alpha = mean overlap), "
-                "not a replay of any particular generation.")
+        return (
+            "Sampling mode: the speedups are expectations under i.i.d. acceptance (alpha = mean overlap), "
+            "not a replay of any particular generation."
+        )
     if dtype == "float32":
-        return ("float32: the replay is exact — each round counted here is what greedy assisted generation "
-                "does on this device, token for token (tested; only a float near-tie can flip an argmax).")
-    return _estimate_sentence(f"{dtype}: the replay is an estimate, not exact — batched verification and one-token "
-                              "decoding round differently, so real speculative decoding can take other paths", fidelity)
+        return (
+            "float32: the replay is exact — each round counted here is what greedy assisted generation "
+            "does on this device, token for token (tested; only a float near-tie can flip an argmax)."
+        )
+    return _estimate_sentence(
+        f"{dtype}: the replay is an estimate, not exact — batched verification and one-token "
+        "decoding round differently, so real speculative decoding can take other paths",
+        fidelity,
+    )
 
 
 def _estimate_sentence(opening: str, fidelity: dict | None) -> str:
     """``opening`` followed by the measured fidelity, or how to measure it."""
     parts = [opening]
     if fidelity and fidelity.get("mismatch_share") is not None:
-        parts.append(f"; a teacher-forced pass disagreed with the generated token at "
-                     f"{100 * fidelity['mismatch_share']:.2f}% of positions")
+        parts.append(
+            f"; a teacher-forced pass disagreed with the generated token at "
+            f"{100 * fidelity['mismatch_share']:.2f}% of positions"
+        )
     if fidelity and fidelity.get("validated"):
-        parts.append(f"; {fidelity['identical']} of {fidelity['validated']} validated outputs matched plain greedy")
+        parts.append(
+            f"; {fidelity['identical']} of {fidelity['validated']} validated outputs matched plain greedy"
+        )
         if fidelity.get("passes_error_pct") is not None:
-            parts.append(f" and target passes differed from the replayed rounds by {fidelity['passes_error_pct']:.1f}% "
-                         "on average")
+            parts.append(
+                f" and target passes differed from the replayed rounds by {fidelity['passes_error_pct']:.1f}% "
+                "on average"
+            )
     else:
         parts.append("; run with --validate N to measure it against real speculative decoding")
     return "".join(parts) + "."

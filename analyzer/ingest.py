@@ -112,7 +112,9 @@ def parse_prompt_file(
         return PromptFileError(filename, [ValidationIssue(line, None, message)], 1)
 
     if len(data) > limits.max_bytes:
-        raise fail(f"file is {len(data)} bytes, over the limit of {limits.max_bytes} (SPECROUTE_MAX_UPLOAD_BYTES)")
+        raise fail(
+            f"file is {len(data)} bytes, over the limit of {limits.max_bytes} (SPECROUTE_MAX_UPLOAD_BYTES)"
+        )
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise fail("file is UTF-16 encoded; save it as UTF-8")
     if data.startswith(b"\xef\xbb\xbf"):
@@ -201,8 +203,9 @@ def _parse_jsonl(text: str, bad_lines: set[int], collector: PromptCollector) -> 
         label_ok, task = collector.label(number, task_key, obj.get(task_key))
         id_ok, external_id = collector.identifier(number, "id", obj.get("id"))
         if ok and label_ok and id_ok:
-            collector.add(number, prompt_text, messages, task, external_id,
-                          "prompt" if messages is None else "messages")
+            collector.add(
+                number, prompt_text, messages, task, external_id, "prompt" if messages is None else "messages"
+            )
 
 
 def _check_messages(number: int, value: Any, collector: PromptCollector) -> list[dict[str, str]] | None:
@@ -213,8 +216,10 @@ def _check_messages(number: int, value: Any, collector: PromptCollector) -> list
     messages = [{"role": m["role"], "content": m["content"]} for m in value]
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not (collector.check_string(number, f"{where}.role", message["role"])
-                and collector.check_string(number, f"{where}.content", message["content"])):
+        if not (
+            collector.check_string(number, f"{where}.role", message["role"])
+            and collector.check_string(number, f"{where}.content", message["content"])
+        ):
             return None
     return messages
 
@@ -259,8 +264,11 @@ def _parse_csv(text: str, bad_lines: set[int], collector: PromptCollector, limit
             continue
         prompt_text = collector.check_text(start, "prompt", row[columns["prompt"]])
         task_key = "task" if "task" in columns else "category"
-        label_ok, task = collector.label(start, task_key, row[columns[task_key]] if task_key in columns else None)
-        id_ok, external_id = collector.identifier(start, "id", row[columns["id"]] if "id" in columns else None)
+        label_ok, task = collector.label(
+            start, task_key, row[columns[task_key]] if task_key in columns else None
+        )
+        id_ok, external_id = collector.identifier(
+            start, "id", row[columns["id"]] if "id" in columns else None
+        )
         if prompt_text is not None and label_ok and id_ok:
             collector.add(start, prompt_text, None, task, external_id, "prompt")
-

@@ -48,8 +48,14 @@ class TimingQuality:
         """This quality with ``other``'s (a second set of timings, e.g. the draft step) folded in:
         the worse verdict, both sets of notes (the other's prefixed with ``label``)."""
         verdict = max(self.verdict, other.verdict, key=QUALITY_ORDER.index)
-        return TimingQuality(self.spread, self.remeasured, self.cpu_share, self.others_cpu, verdict,
-                             self.notes + [f"{label}: {note}" for note in other.notes])
+        return TimingQuality(
+            self.spread,
+            self.remeasured,
+            self.cpu_share,
+            self.others_cpu,
+            verdict,
+            self.notes + [f"{label}: {note}" for note in other.notes],
+        )
 
 
 def _busy_jiffies() -> int | None:
@@ -113,17 +119,27 @@ def judge(wall: np.ndarray, cpu: np.ndarray, others: np.ndarray, threads: int, o
     keep = np.ones(len(wall), dtype=bool) if too_few else ~starved
     kept_others = None if np.isnan(others[keep]).any() else float(others[keep].sum())
     share = float(np.median(row_share[judged])) if on_cpu and judged.any() else None
-    return Points(np.median(wall[keep], axis=0), relative_spread(wall[keep]), int(starved.sum()), too_few, share,
-                   float(row_wall[keep].sum()), kept_others)
-
-
+    return Points(
+        np.median(wall[keep], axis=0),
+        relative_spread(wall[keep]),
+        int(starved.sum()),
+        too_few,
+        share,
+        float(row_wall[keep].sum()),
+        kept_others,
+    )
 
 
 TimingMatrix = Callable[[list[int], int], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
-def interleaved_repeats(time_one: Callable[[int], tuple[float, float]], ks: list[int], repeats: int, warmup: int,
-                        on_repeat: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def interleaved_repeats(
+    time_one: Callable[[int], tuple[float, float]],
+    ks: list[int],
+    repeats: int,
+    warmup: int,
+    on_repeat: Callable[[], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(wall seconds, process CPU seconds), shape (repeats, len(ks)), of ``time_one(k)`` (which times one
     call of k new tokens and returns both) for each k, interleaved (for r: for k) after ``warmup``
     untimed rounds; and the CPU seconds other processes used during each repeat, shape (repeats,) (NaN
@@ -144,8 +160,9 @@ def interleaved_repeats(time_one: Callable[[int], tuple[float, float]], ks: list
     return wall, cpu, others
 
 
-def checked_timings(measure: TimingMatrix, k_max: int, *, warmup: int, threads: int,
-                    on_cpu: bool) -> tuple[list[float], TimingQuality]:
+def checked_timings(
+    measure: TimingMatrix, k_max: int, *, warmup: int, threads: int, on_cpu: bool
+) -> tuple[list[float], TimingQuality]:
     """Medians of T(k) for k = 1..k_max and how trustworthy they are, whatever engine times them.
 
     ``measure(ks, warmup)`` returns (wall seconds, process CPU seconds) of shape (repeats, len(ks)),
@@ -178,27 +195,42 @@ def checked_timings(measure: TimingMatrix, k_max: int, *, warmup: int, threads: 
                 medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
     others_s = [p.kept_others_s for p in rounds]
     kept_wall = sum(p.kept_wall_s for p in rounds)
-    others_share = (min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
-                    if kept_wall > 0 and None not in others_s else None)
+    others_share = (
+        min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
+        if kept_wall > 0 and None not in others_s
+        else None
+    )
     still = [k for k in ks if hit[k - 1]]
     notes = []
     if starved:
-        notes.append(f"{starved} repeat{'s' if starved != 1 else ''} dropped: another process held the CPU (our "
-                     f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
-                     f"than {MAX_OTHERS_CPU:.0%} of the machine)")
+        notes.append(
+            f"{starved} repeat{'s' if starved != 1 else ''} dropped: another process held the CPU (our "
+            f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
+            f"than {MAX_OTHERS_CPU:.0%} of the machine)"
+        )
     if remeasured:
-        notes.append(f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
-                     f"{SPREAD_TOLERANCE:.0%} or were starved of CPU")
+        notes.append(
+            f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
+            f"{SPREAD_TOLERANCE:.0%} or were starved of CPU"
+        )
     if still:
-        notes.append(f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
-                     "repeats after re-measuring")
+        notes.append(
+            f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
+            "repeats after re-measuring"
+        )
     busy = others_share is not None and others_share > MAX_OTHERS_CPU
     if busy:
         notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
     verdict = "noisy" if still or busy else "remeasured" if remeasured or starved else "clean"
     judged = [v for v in shares if v is not None]
-    quality = TimingQuality([float(v) for v in spread], sorted(remeasured),
-                            float(min(judged)) if judged else None, others_share, verdict, notes)
+    quality = TimingQuality(
+        [float(v) for v in spread],
+        sorted(remeasured),
+        float(min(judged)) if judged else None,
+        others_share,
+        verdict,
+        notes,
+    )
     return [float(t) for t in medians], quality
 
 

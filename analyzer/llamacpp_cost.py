@@ -29,7 +29,9 @@ RepeatCallback = Callable[[], None]
 def device_text(model: LlamaCppModel) -> str:
     """Where llama.cpp runs, as transformers' profiles say it: the CPU's name, the library, and the threads
     it decodes with (which change T_t(k) as much as the chip does, so profiles are reused per thread count)."""
-    return f"cpu: {cpu_model_name()}, llama-cpp-python {model._llama_cpp.__version__}, {model.threads} threads"
+    return (
+        f"cpu: {cpu_model_name()}, llama-cpp-python {model._llama_cpp.__version__}, {model.threads} threads"
+    )
 
 
 def _trailing(context_ids: list[int], k: int) -> list[int]:
@@ -37,8 +39,14 @@ def _trailing(context_ids: list[int], k: int) -> list[int]:
     return [context_ids[(n - k + i) % n] for i in range(k)]
 
 
-def _decode_matrix(model: LlamaCppModel, context_ids: list[int], ks: list[int], repeats: int, warmup: int,
-                   on_repeat: RepeatCallback | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _decode_matrix(
+    model: LlamaCppModel,
+    context_ids: list[int],
+    ks: list[int],
+    repeats: int,
+    warmup: int,
+    on_repeat: RepeatCallback | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`analyzer.interference.interleaved_repeats` of one decode of the last k context ids over the
     cached context, rolled back after each."""
     length = len(context_ids)
@@ -56,8 +64,15 @@ def _decode_matrix(model: LlamaCppModel, context_ids: list[int], ks: list[int], 
         model.rewind(length)
 
 
-def time_decodes_checked(model: LlamaCppModel, context_ids: list[int], k_max: int, *, repeats: int = 5,
-                         warmup: int = 1, on_repeat: RepeatCallback | None = None):
+def time_decodes_checked(
+    model: LlamaCppModel,
+    context_ids: list[int],
+    k_max: int,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    on_repeat: RepeatCallback | None = None,
+):
     """T(k) for k = 1..k_max of ``model`` over a warm cache of ``context_ids`` (decoded once here), and
     how trustworthy it is (:func:`analyzer.interference.checked_timings`)."""
     if k_max < 1:
@@ -73,6 +88,7 @@ def time_decodes_checked(model: LlamaCppModel, context_ids: list[int], k_max: in
 
 def time_prefill(model: LlamaCppModel, context_ids: list[int], repeats: int = 3) -> float:
     """Median seconds of decoding ``context_ids`` from an empty cache (the prompt's pass)."""
+
     def prefill() -> None:
         model.rewind(0)
         model.llm.eval(list(context_ids))
@@ -80,9 +96,16 @@ def time_prefill(model: LlamaCppModel, context_ids: list[int], repeats: int = 3)
     return time_callable(prefill, repeats=repeats)
 
 
-def profile_llamacpp_costs(target: LlamaCppModel, context_ids: list[int], k_max: int, *,
-                           draft: LlamaCppModel | None = None, ngram_max: int | None = None, repeats: int = 5,
-                           on_repeat: RepeatCallback | None = None) -> CostMeasurement:
+def profile_llamacpp_costs(
+    target: LlamaCppModel,
+    context_ids: list[int],
+    k_max: int,
+    *,
+    draft: LlamaCppModel | None = None,
+    ngram_max: int | None = None,
+    repeats: int = 5,
+    on_repeat: RepeatCallback | None = None,
+) -> CostMeasurement:
     """T_t(1..k_max) of the target and the draft step in llama.cpp over a cache of ``context_ids``
     (batch 1: llama-cpp-python runs one sequence per context). The verify passes run in a context
     that keeps every position's logits, as the speculating server's does; the draft step is one
@@ -91,10 +114,13 @@ def profile_llamacpp_costs(target: LlamaCppModel, context_ids: list[int], k_max:
     is timed in both contexts: ``target_prefill_s`` is the plain one's, and ``draft_prefill_s`` what the
     speculating deployment pays beyond it (its context keeps every position's logits, plus the draft
     model's own prompt pass), so S(g) weighs the request's whole time as the two servers spend it."""
-    verifier = LlamaCppModel(target.path, n_ctx=context_size(len(context_ids), 0, k_max), threads=target.threads,
-                             logits_all=True)
+    verifier = LlamaCppModel(
+        target.path, n_ctx=context_size(len(context_ids), 0, k_max), threads=target.threads, logits_all=True
+    )
     try:
-        forward_s, quality = time_decodes_checked(verifier, context_ids, k_max, repeats=repeats, on_repeat=on_repeat)
+        forward_s, quality = time_decodes_checked(
+            verifier, context_ids, k_max, repeats=repeats, on_repeat=on_repeat
+        )
         speculating_prefill_s = time_prefill(verifier, context_ids)
     finally:
         verifier.close()
@@ -103,8 +129,9 @@ def profile_llamacpp_costs(target: LlamaCppModel, context_ids: list[int], k_max:
     # pass costs more than the plain one's (10-30% on the embedded model), which the draft's share carries
     draft_prefill_s = max(0.0, speculating_prefill_s - target_prefill_s)
     if draft is not None:
-        draft_forward_s, draft_quality = time_decodes_checked(draft, context_ids, 1, repeats=repeats,
-                                                              on_repeat=on_repeat)
+        draft_forward_s, draft_quality = time_decodes_checked(
+            draft, context_ids, 1, repeats=repeats, on_repeat=on_repeat
+        )
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")
         draft_prefill_s += time_prefill(draft, context_ids)
@@ -113,33 +140,53 @@ def profile_llamacpp_costs(target: LlamaCppModel, context_ids: list[int], k_max:
         ids = np.asarray(context_ids, dtype=np.intc)
         draft_step_s = time_callable(lambda: lookup(ids))
     return CostMeasurement(
-        target_forward_s=forward_s, draft_step_s=draft_step_s, device=device_text(target), threads=target.threads,
-        context_tokens=len(context_ids), repeats=repeats, target_prefill_s=target_prefill_s,
-        draft_prefill_s=draft_prefill_s, batch_size=1, dtype=target.quantization, quality=quality,
+        target_forward_s=forward_s,
+        draft_step_s=draft_step_s,
+        device=device_text(target),
+        threads=target.threads,
+        context_tokens=len(context_ids),
+        repeats=repeats,
+        target_prefill_s=target_prefill_s,
+        draft_prefill_s=draft_prefill_s,
+        batch_size=1,
+        dtype=target.quantization,
+        quality=quality,
     )
 
 
-def measure_llamacpp_overhead(target: LlamaCppModel, context_ids: list[int], *, gamma: int, new_tokens: int = 32,
-                              draft: LlamaCppModel | None = None, ngram_max: int | None = None,
-                              repeats: int = 3) -> MachineryOverhead:
+def measure_llamacpp_overhead(
+    target: LlamaCppModel,
+    context_ids: list[int],
+    *,
+    gamma: int,
+    new_tokens: int = 32,
+    draft: LlamaCppModel | None = None,
+    ngram_max: int | None = None,
+    repeats: int = 3,
+) -> MachineryOverhead:
     """What ``Llama.generate`` spends outside the target's decodes and the draft, per plain greedy step
     and per speculative round at lookahead ``gamma``, generating exactly ``new_tokens`` tokens (EOS
     ignored) ``repeats`` times each, alternating; medians. Measured again while other processes hold
     the CPU (:func:`analyzer.overhead.retried_while_busy`)."""
     n_ctx = context_size(len(context_ids), new_tokens, gamma)
     drafter = prompt_lookup(gamma, ngram_max or 2) if draft is None else GreedyLlamaDraft(draft, gamma)
-    speculative = LlamaCppModel(target.path, n_ctx=n_ctx, threads=target.threads, logits_all=True,
-                                draft_model=drafter)
+    speculative = LlamaCppModel(
+        target.path, n_ctx=n_ctx, threads=target.threads, logits_all=True, draft_model=drafter
+    )
 
     def once() -> MachineryOverhead:
         decode, rounds = [], []
         for r in range(repeats):
-            for model in ((target, speculative) if r % 2 == 0 else (speculative, target)):
+            for model in (target, speculative) if r % 2 == 0 else (speculative, target):
                 run = run_generate(model, context_ids, new_tokens, eos_ids=[])
                 outside = max(0.0, run.time_s - run.decode_s - run.draft_s) / max(run.passes, 1)
                 (rounds if model is speculative else decode).append(outside)
-        return MachineryOverhead(decode_s=float(np.median(decode)), round_s=float(np.median(rounds)),
-                                 new_tokens=new_tokens, repeats=repeats)
+        return MachineryOverhead(
+            decode_s=float(np.median(decode)),
+            round_s=float(np.median(rounds)),
+            new_tokens=new_tokens,
+            repeats=repeats,
+        )
 
     try:
         return retried_while_busy(once)

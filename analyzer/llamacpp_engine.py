@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
-INSTALL_HINT = ("pip install -e '.[llamacpp]' (pip builds llama.cpp from source: about 4 minutes on 2 cores; "
-                "see the README, 'The llama.cpp engine')")
+INSTALL_HINT = (
+    "pip install -e '.[llamacpp]' (pip builds llama.cpp from source: about 4 minutes on 2 cores; "
+    "see the README, 'The llama.cpp engine')"
+)
 CONTEXT_SLACK_TOKENS = 16  # positions beyond prompt + budget + lookahead, for the verify pass's extra tokens
 
 
@@ -45,8 +47,9 @@ def require_llama_cpp() -> Any:
     try:
         import llama_cpp
     except ImportError:
-        raise EngineUnavailable(f"the llama.cpp engine needs llama-cpp-python, which is not installed here: "
-                                f"{INSTALL_HINT}") from None
+        raise EngineUnavailable(
+            f"the llama.cpp engine needs llama-cpp-python, which is not installed here: {INSTALL_HINT}"
+        ) from None
     return llama_cpp
 
 
@@ -59,8 +62,10 @@ def gguf_file(ref: ModelSpecRef) -> Path:
         if not path.is_file():
             raise SpecError(f"GGUF file {ref.gguf_file!r} not found in folder {ref.location}")
         return path
-    raise SpecError(f"the llama.cpp engine loads GGUF files only (gguf:<folder>#<file.gguf> or builtin:<name>), "
-                    f"not {ref.canonical!r}")
+    raise SpecError(
+        f"the llama.cpp engine loads GGUF files only (gguf:<folder>#<file.gguf> or builtin:<name>), "
+        f"not {ref.canonical!r}"
+    )
 
 
 def load_tokenizer(ref: ModelSpecRef, cache_dir: Path) -> "PreTrainedTokenizerBase":
@@ -68,8 +73,13 @@ def load_tokenizer(ref: ModelSpecRef, cache_dir: Path) -> "PreTrainedTokenizerBa
     (no GGUF parsing), else read from the GGUF file itself. Never trusts remote code."""
     from transformers import AutoTokenizer
 
-    if ref.kind == "builtin" and (builtin_cache_folder(cache_dir, ref.location) / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(builtin_cache_folder(cache_dir, ref.location)), local_files_only=True)
+    if (
+        ref.kind == "builtin"
+        and (builtin_cache_folder(cache_dir, ref.location) / "tokenizer_config.json").is_file()
+    ):
+        return AutoTokenizer.from_pretrained(
+            str(builtin_cache_folder(cache_dir, ref.location)), local_files_only=True
+        )
     path = gguf_file(ref)
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
 
@@ -108,14 +118,27 @@ class LlamaCppModel:
     threads. ``logits_all`` keeps every position's logits (what llama-cpp-python's speculative loop
     needs); ``draft_model`` makes its ``generate()`` speculate. The wrapped ``Llama`` is ``llm``."""
 
-    def __init__(self, path: Path, *, n_ctx: int, threads: int | None = None, logits_all: bool = False,
-                 draft_model: Any = None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        threads: int | None = None,
+        logits_all: bool = False,
+        draft_model: Any = None,
+    ):
         llama_cpp = self._llama_cpp = require_llama_cpp()
         self.path, self.threads = Path(path), threads or default_threads()
         started = time.perf_counter()
         self.llm = llama_cpp.Llama(
-            model_path=str(self.path), n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=self.threads,
-            n_threads_batch=self.threads, logits_all=logits_all, draft_model=draft_model, verbose=False,
+            model_path=str(self.path),
+            n_ctx=n_ctx,
+            n_batch=min(512, n_ctx),
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            logits_all=logits_all,
+            draft_model=draft_model,
+            verbose=False,
         )
         self.load_seconds = time.perf_counter() - started
         self.n_vocab = int(self.llm.n_vocab())
@@ -138,8 +161,13 @@ class LlamaCppModel:
     def quantization(self) -> str:
         """The weights' type as shipped (Q4_1, Q4_K_M, Q8_0, F16, ...), from the GGUF's
         ``general.file_type`` named as llama.cpp names it; the description's last word where unknown."""
-        names = {getattr(self._llama_cpp, name): name.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_")
-                 for name in dir(self._llama_cpp) if name.startswith("LLAMA_FTYPE_")}
+        names = {
+            getattr(self._llama_cpp, name): name.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix(
+                "LLAMA_FTYPE_"
+            )
+            for name in dir(self._llama_cpp)
+            if name.startswith("LLAMA_FTYPE_")
+        }
         try:
             return names[int(self.llm.metadata.get("general.file_type", ""))][:16]
         except (KeyError, ValueError):
@@ -162,8 +190,9 @@ class LlamaCppModel:
         """The logits of the last position decoded, shape (V,) float32 (a copy)."""
         return np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,)).copy()
 
-    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                        eos_ids: Sequence[int]) -> LlamaGeneration:
+    def generate_greedy(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]
+    ) -> LlamaGeneration:
         """Greedy generation as llama.cpp serves it: the prompt in one pass (batches of ``n_batch``), then
         one ``llama_decode`` per token, the argmax of each step's logits taken (what its greedy sampler
         does), up to ``max_new_tokens`` or the first EOS."""
@@ -182,8 +211,9 @@ class LlamaCppModel:
                 break
             self.llm.eval([token])
         elapsed = time.perf_counter() - started
-        return LlamaGeneration(output, np.asarray(entropies, dtype=np.float64), bool(output) and output[-1] in eos,
-                               elapsed)
+        return LlamaGeneration(
+            output, np.asarray(entropies, dtype=np.float64), bool(output) and output[-1] in eos, elapsed
+        )
 
     def teacher_forced_argmax(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> np.ndarray:
         """The argmax of this model's logits predicting each output token given prompt + the output
@@ -198,7 +228,7 @@ class LlamaCppModel:
         self.rewind(0)
         batch, step = self.llm._batch, self.llm.n_batch
         for start in range(0, len(tokens), step):
-            chunk = tokens[start:start + step]
+            chunk = tokens[start : start + step]
             batch.set_batch(batch=chunk, n_past=start, logits_all=False)
             kept = [i for i in range(len(chunk)) if start + i >= first_kept]
             for i in range(len(chunk)):
@@ -221,7 +251,9 @@ def draft_matches(draft: LlamaCppModel, prompt_ids: Sequence[int], output_ids: S
     return (predicted == np.asarray(list(output_ids), dtype=np.int64)).astype(np.int8)
 
 
-def replay_mismatches(target: LlamaCppModel, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> np.ndarray:
+def replay_mismatches(
+    target: LlamaCppModel, prompt_ids: Sequence[int], output_ids: Sequence[int]
+) -> np.ndarray:
     """1 where the target's argmax in a batched teacher-forced pass over prompt + output differs from
     the token one-token decoding generated, shape (N,) int8: how far batched verification in llama.cpp's
     quantized kernels departs from its decoding (0 everywhere when the replay is exact)."""

@@ -22,11 +22,11 @@ from analyzer.llamacpp_engine import (
     replay_mismatches,
     require_llama_cpp,
 )
-from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import EncodedPrompt, encode_prompt, token_texts
 from analyzer.run_models import PromptPasses
 from analyzer.run_records import RunParams
+from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
 MAX_CONTEXT_TOKENS = 4096  # the longest prompt + budget a llama.cpp run holds (its KV cache is sized for it)
@@ -60,10 +60,16 @@ class LlamaCppRunModels:
 
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
         """The prompt's ids under the run's rule (chat template, truncation to what the context holds)."""
-        limit = params.max_prompt_tokens or max(16, self.target.n_ctx - params.max_new_tokens - params.gamma_max
-                                                - 16)
-        return encode_prompt(self.tokenizer, text=prompt.text, messages=prompt.messages,
-                             use_chat_template=params.chat_template, max_prompt_tokens=limit)
+        limit = params.max_prompt_tokens or max(
+            16, self.target.n_ctx - params.max_new_tokens - params.gamma_max - 16
+        )
+        return encode_prompt(
+            self.tokenizer,
+            text=prompt.text,
+            messages=prompt.messages,
+            use_chat_template=params.chat_template,
+            max_prompt_tokens=limit,
+        )
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         return token_texts(self.tokenizer, token_ids)
@@ -81,14 +87,18 @@ class LlamaCppRunModels:
         import llama_cpp
         import transformers
 
-        return {"llama_cpp_python": llama_cpp.__version__, "transformers": transformers.__version__,
-                "numpy": np.__version__}
+        return {
+            "llama_cpp_python": llama_cpp.__version__,
+            "transformers": transformers.__version__,
+            "numpy": np.__version__,
+        }
 
     def tokenizers(self) -> tuple[object, object | None]:
         return self.tokenizer, self.draft_tokenizer
 
-    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *,
-                      seed: int) -> list[PromptPasses]:
+    def measure_batch(
+        self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int
+    ) -> list[PromptPasses]:
         """:meth:`measure` of each prompt (llama.cpp runs one sequence per context; greedy, so no seed)."""
         return [self.measure(enc, params) for enc in encoded]
 
@@ -100,34 +110,48 @@ class LlamaCppRunModels:
         started = time.perf_counter()
         matches = draft_matches(self.draft, enc.ids, output) if self.draft is not None else None
         draft_s = time.perf_counter() - started
-        return PromptPasses(output_ids=output, entropies=generation.entropies,
-                            target_time_s=generation.time_s, matches=matches, draft_time_s=draft_s,
-                            replay_mismatches=int(replay_mismatches(self.target, enc.ids, output).sum()))
+        return PromptPasses(
+            output_ids=output,
+            entropies=generation.entropies,
+            target_time_s=generation.time_s,
+            matches=matches,
+            draft_time_s=draft_s,
+            replay_mismatches=int(replay_mismatches(self.target, enc.ids, output).sum()),
+        )
 
     def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
         from analyzer.llamacpp_cost import profile_llamacpp_costs
 
         if batch_size != 1:
-            raise LlamaCppRunError("the llama.cpp engine profiles batch size 1 only (llama-cpp-python runs one "
-                                   "sequence per context)")
-        return profile_llamacpp_costs(self.target, context, k_max, draft=self.draft, ngram_max=self.ngram_max,
-                                      on_repeat=on_repeat)
+            raise LlamaCppRunError(
+                "the llama.cpp engine profiles batch size 1 only (llama-cpp-python runs one "
+                "sequence per context)"
+            )
+        return profile_llamacpp_costs(
+            self.target, context, k_max, draft=self.draft, ngram_max=self.ngram_max, on_repeat=on_repeat
+        )
 
     def measure_overhead(self, context: list[int], params: RunParams):
         from analyzer.llamacpp_cost import measure_llamacpp_overhead
         from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS
 
-        return measure_llamacpp_overhead(self.target, context, gamma=min(OVERHEAD_GAMMA, params.gamma_max),
-                                         new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
-                                         draft=self.draft, ngram_max=self.ngram_max)
+        return measure_llamacpp_overhead(
+            self.target,
+            context,
+            gamma=min(OVERHEAD_GAMMA, params.gamma_max),
+            new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
+            draft=self.draft,
+            ngram_max=self.ngram_max,
+        )
 
     def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):
         """Plain against speculative greedy generation in llama.cpp (2 repeats, alternated)."""
         from analyzer.llamacpp_speculative import SpeculativePair, validate_prompt_llamacpp
 
         if self._pair is None:
-            self._pair = SpeculativePair(self.target, ngram_max=self.ngram_max, draft=self.draft,
-                                         eos_ids=self.eos_ids)
+            self._pair = SpeculativePair(
+                self.target, ngram_max=self.ngram_max, draft=self.draft, eos_ids=self.eos_ids
+            )
         return validate_prompt_llamacpp(self._pair, prompt_ids, params.max_new_tokens, gamma=gamma)
 
 
@@ -144,8 +168,10 @@ def load_llamacpp_models(pair: ModelPair, cache_dir: Path, params: RunParams) ->
     n_ctx = target.n_ctx
     if params.max_new_tokens + params.gamma_max + 32 > n_ctx:
         target.close()
-        raise LlamaCppRunError(f"max_new_tokens {params.max_new_tokens} and gamma_max {params.gamma_max} leave no room "
-                               f"for a prompt in the llama.cpp context of {n_ctx} tokens")
+        raise LlamaCppRunError(
+            f"max_new_tokens {params.max_new_tokens} and gamma_max {params.gamma_max} leave no room "
+            f"for a prompt in the llama.cpp context of {n_ctx} tokens"
+        )
     draft = draft_tokenizer = None
     if draft_ref.kind != "ngram":
         draft_tokenizer = load_tokenizer(draft_ref, cache_dir)
@@ -153,5 +179,12 @@ def load_llamacpp_models(pair: ModelPair, cache_dir: Path, params: RunParams) ->
         draft = LlamaCppModel(gguf_file(draft_ref), n_ctx=n_ctx, threads=target.threads)
     eos_ids = target.eos_ids()
     pad = tokenizer.pad_token_id
-    return LlamaCppRunModels(target, draft, draft_ref, tokenizer, draft_tokenizer, eos_ids,
-                             int(pad if pad is not None else eos_ids[0]))
+    return LlamaCppRunModels(
+        target,
+        draft,
+        draft_ref,
+        tokenizer,
+        draft_tokenizer,
+        eos_ids,
+        int(pad if pad is not None else eos_ids[0]),
+    )

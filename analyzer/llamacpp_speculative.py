@@ -36,7 +36,7 @@ class GreedyLlamaDraft:
         started = perf_counter()
         llm = self.draft.llm
         context = [int(t) for t in input_ids]
-        cached = llm.input_ids[:llm.n_tokens].tolist()
+        cached = llm.input_ids[: llm.n_tokens].tolist()
         common = 0
         for a, b in zip(cached, context):
             if a != b:
@@ -60,7 +60,8 @@ class GreedyLlamaDraft:
 def prompt_lookup(gamma: int, ngram_max: int) -> Any:
     """llama-cpp-python's prompt-lookup draft at lookahead ``gamma`` (n-gram sizes ``ngram_max``..1)."""
     return require_llama_cpp().llama_speculative.LlamaPromptLookupDecoding(
-        max_ngram_size=ngram_max, num_pred_tokens=gamma)
+        max_ngram_size=ngram_max, num_pred_tokens=gamma
+    )
 
 
 @dataclass
@@ -75,8 +76,9 @@ class EngineGeneration:
     draft_s: float
 
 
-def run_generate(model: LlamaCppModel, prompt_ids: Sequence[int], max_new_tokens: int,
-                 eos_ids: Sequence[int]) -> EngineGeneration:
+def run_generate(
+    model: LlamaCppModel, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]
+) -> EngineGeneration:
     """Greedy ``Llama.generate`` of ``model`` (speculating when it was built with a draft model), from
     an empty cache, until an EOS or ``max_new_tokens`` (EOS ids empty: exactly that many), counting and
     timing the target's ``eval`` calls (one ``llama_decode`` per call at these lengths) and the draft."""
@@ -92,18 +94,22 @@ def run_generate(model: LlamaCppModel, prompt_ids: Sequence[int], max_new_tokens
     draft = llm.draft_model
     draft_times: list[float] = []
     if draft is not None:
+
         def timed_draft(input_ids, **kwargs):
             start = perf_counter()
             out = draft(input_ids, **kwargs)
             draft_times.append(perf_counter() - start)
             return out
+
         llm.draft_model = timed_draft
     llm.eval = timed_eval
     llm.reset()
     output: list[int] = []
     try:
         start = perf_counter()
-        for token in llm.generate(list(prompt_ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        for token in llm.generate(
+            list(prompt_ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0
+        ):
             output.append(int(token))
             if int(token) in eos or len(output) >= max_new_tokens:
                 break
@@ -119,8 +125,14 @@ class SpeculativePair:
     server without speculation runs) and speculative at a lookahead (as one started with a draft runs).
     The speculative context is rebuilt when the lookahead or the needed context length changes."""
 
-    def __init__(self, plain: LlamaCppModel, *, ngram_max: int | None, draft: LlamaCppModel | None,
-                 eos_ids: Sequence[int]):
+    def __init__(
+        self,
+        plain: LlamaCppModel,
+        *,
+        ngram_max: int | None,
+        draft: LlamaCppModel | None,
+        eos_ids: Sequence[int],
+    ):
         self.plain, self.ngram_max, self.draft, self.eos_ids = plain, ngram_max, draft, list(eos_ids)
         self._speculative: LlamaCppModel | None = None
         self._key: tuple[int, int] | None = None
@@ -130,10 +142,14 @@ class SpeculativePair:
         if self._key is None or self._key[0] != gamma or self._key[1] < n_ctx:
             if self._speculative is not None:
                 self._speculative.close()
-            drafter = (prompt_lookup(gamma, self.ngram_max or 2) if self.draft is None
-                       else GreedyLlamaDraft(self.draft, gamma, self.eos_ids))
-            self._speculative = LlamaCppModel(self.plain.path, n_ctx=n_ctx, threads=self.plain.threads,
-                                              logits_all=True, draft_model=drafter)
+            drafter = (
+                prompt_lookup(gamma, self.ngram_max or 2)
+                if self.draft is None
+                else GreedyLlamaDraft(self.draft, gamma, self.eos_ids)
+            )
+            self._speculative = LlamaCppModel(
+                self.plain.path, n_ctx=n_ctx, threads=self.plain.threads, logits_all=True, draft_model=drafter
+            )
             self._key = (gamma, n_ctx)
         return self._speculative
 
@@ -143,8 +159,9 @@ class SpeculativePair:
             self._speculative = None
 
 
-def validate_prompt_llamacpp(pair: SpeculativePair, prompt_ids: list[int], max_new_tokens: int, *, gamma: int,
-                             repeats: int = 2):
+def validate_prompt_llamacpp(
+    pair: SpeculativePair, prompt_ids: list[int], max_new_tokens: int, *, gamma: int, repeats: int = 2
+):
     """Plain and speculative greedy generation of one prompt in llama.cpp at lookahead ``gamma``,
     ``repeats`` times each, alternating which goes first; medians of the wall times, the first
     speculative run's ids and target passes, and whether every speculative output equalled the plain
@@ -164,8 +181,12 @@ def validate_prompt_llamacpp(pair: SpeculativePair, prompt_ids: list[int], max_n
     speculative_s = float(np.median([run.time_s for run in speculative_runs]))
     greedy_ids = plain_runs[0].ids
     return ValidationMeasurement(
-        gamma=gamma, greedy_ids=greedy_ids, speculative_ids=speculative_runs[0].ids,
-        greedy_time_s=plain_s, speculative_time_s=speculative_s,
+        gamma=gamma,
+        greedy_ids=greedy_ids,
+        speculative_ids=speculative_runs[0].ids,
+        greedy_time_s=plain_s,
+        speculative_time_s=speculative_s,
         outputs_identical=all(run.ids == greedy_ids for run in speculative_runs),
-        target_forward_passes=speculative_runs[0].passes, measured_speedup=plain_s / speculative_s,
+        target_forward_passes=speculative_runs[0].passes,
+        measured_speedup=plain_s / speculative_s,
     )

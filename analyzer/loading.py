@@ -11,7 +11,8 @@ A model is named by a spec string:
 - ``ngram`` / ``ngram:max_ngram=3`` — model-free prompt-lookup drafting (parsed here, never loaded).
 
 Models are loaded onto the run's device in the run's dtype (:mod:`analyzer.devices`; float32 on
-the CPU when nothing else is asked). Remote code is never trusted. torch and transformers are imported inside the loading functions so
+the CPU when nothing else is asked). Remote code is never trusted. torch and transformers are
+imported inside the loading functions so
 that parsing and validating specs (web forms, the router) stays cheap.
 """
 
@@ -26,21 +27,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from analyzer.devices import (
+    ModelTooLarge,
+    Placement,
+    available_memory_bytes,
+    gib,
+    is_out_of_memory,
+    model_bytes,
+)
 from analyzer.specs import (
     SMOLLM2_BUILTIN,
+    SMOLLM2_GGUF_FILE,
+    SMOLLM2_PACKAGE,
+    ModelSpecRef,
+    SpecError,
     accepted_forms_message,
     is_path_like,
-    SMOLLM2_PACKAGE,
-    SMOLLM2_GGUF_FILE,
-    SpecError,
-    ModelSpecRef,
 )
-from analyzer.devices import ModelTooLarge, Placement, available_memory_bytes, gib, is_out_of_memory, model_bytes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CPU_FLOAT32 = Placement("cpu", "float32", "cpu")
+
 
 @dataclass
 class LoadedModel:
@@ -81,9 +90,11 @@ def _ready_for_measurement(model: PreTrainedModel, placement: Placement, name: s
 
 def _too_large(name: str, parameters: int, needed: int, free: int | None, placement: Placement) -> str:
     had = gib(free) if free is not None else "an unknown amount"
-    return (f"model {name} ({parameters / 1e6:,.0f}M parameters) does not fit on {placement.device} "
-            f"({placement.name}) in {placement.dtype}: its weights need {gib(needed)}, the device had {had} free; "
-            "choose a smaller model, another --dtype or another --device")
+    return (
+        f"model {name} ({parameters / 1e6:,.0f}M parameters) does not fit on {placement.device} "
+        f"({placement.name}) in {placement.dtype}: its weights need {gib(needed)}, the device had {had} free; "
+        "choose a smaller model, another --dtype or another --device"
+    )
 
 
 def _pretrained_kwargs(location: str, allow_network: bool) -> dict[str, Any]:
@@ -94,8 +105,9 @@ def _pretrained_kwargs(location: str, allow_network: bool) -> dict[str, Any]:
     return {"local_files_only": not allow_network}
 
 
-def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = None,
-               placement: Placement = CPU_FLOAT32):
+def _load_pair(
+    location: str, *, allow_network: bool, gguf_file: str | None = None, placement: Placement = CPU_FLOAT32
+):
     """Load (model, tokenizer) from a folder or hub id onto ``placement``, turning "not there" into
     a SpecError and "no memory" into ModelTooLarge. Weights are read on the host in the target dtype
     (a GGUF file is dequantized to float32 first), then moved."""
@@ -121,8 +133,10 @@ def _load_pair(location: str, *, allow_network: bool, gguf_file: str | None = No
         if not is_out_of_memory(error):
             raise
         free = available_memory_bytes("cpu")
-        raise ModelTooLarge(f"model {name} could not be read into host memory in {placement.dtype}: "
-                            f"out of memory ({gib(free) if free is not None else 'unknown'} available)") from error
+        raise ModelTooLarge(
+            f"model {name} could not be read into host memory in {placement.dtype}: "
+            f"out of memory ({gib(free) if free is not None else 'unknown'} available)"
+        ) from error
     return _ready_for_measurement(model, placement, name), tokenizer
 
 
@@ -210,8 +224,9 @@ def _load_builtin(name: str, cache_dir: Path, placement: Placement = CPU_FLOAT32
     return _load_pair(str(cached), allow_network=False, placement=placement)
 
 
-def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False,
-               placement: Placement = CPU_FLOAT32) -> LoadedModel:
+def load_model(
+    ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = False, placement: Placement = CPU_FLOAT32
+) -> LoadedModel:
     """Load the model and tokenizer a spec names, in eval mode on ``placement``'s device and dtype
     (default: the CPU in float32), never trusting remote code. Hub ids load from the local Hugging
     Face cache only unless ``allow_network``; ``builtin:`` models are dequantized from their GGUF file
@@ -225,8 +240,9 @@ def load_model(ref: ModelSpecRef, *, cache_dir: Path, allow_network: bool = Fals
     if ref.kind == "hf":
         model, tokenizer = _load_pair(ref.location, allow_network=allow_network, placement=placement)
     elif ref.kind == "gguf":
-        model, tokenizer = _load_gguf(ref.location, ref.gguf_file or "", allow_network=allow_network,
-                                      placement=placement)
+        model, tokenizer = _load_gguf(
+            ref.location, ref.gguf_file or "", allow_network=allow_network, placement=placement
+        )
     elif ref.kind == "builtin":
         model, tokenizer = _load_builtin(ref.location, Path(cache_dir), placement)
     else:

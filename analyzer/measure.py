@@ -77,10 +77,12 @@ def generate_target(
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
-        attention[row, width - len(ids):] = 1
+        input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+        attention[row, width - len(ids) :] = 1
     input_ids, attention = input_ids.to(model.device), attention.to(model.device)
-    config = generation_config(max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
+    config = generation_config(
+        max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p
+    )
     if temperature > 0:
         torch.manual_seed(seed)
     _synchronize(model.device)

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     CheckConstraint,
     Float,
@@ -19,12 +20,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    JSON,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
-
 from analyzer.run_params import RunParams
 
 RUN_STATUSES = ("queued", "running", "done", "failed", "cancelled")

@@ -11,13 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analyzer.acceptance import drafting_rule, token_marks_model_draft, token_marks_ngram
-from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.orm import AnalysisRun, PromptResult
+from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
 
-BEFORE_TOKEN_IDS = ("this result was measured before specroute stored token ids with each result, so its tokens "
-                    "cannot be coloured; run the analysis again to see them")
-SAMPLING = ("a sampling run (temperature > 0) stores expected counts, not a replay, so no token is marked as "
-            "drafted")
+BEFORE_TOKEN_IDS = (
+    "this result was measured before specroute stored token ids with each result, so its tokens "
+    "cannot be coloured; run the analysis again to see them"
+)
+SAMPLING = (
+    "a sampling run (temperature > 0) stores expected counts, not a replay, so no token is marked as drafted"
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,11 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
     saying so, so colours never contradict the counts."""
     texts, output_ids = result.output_token_texts, list(result.output_token_ids or [])
     ngram = parse_spec(run.pair.draft.spec)
-    if result.prompt_token_ids is None or texts is None or (ngram.kind == "ngram" and run.eos_token_ids is None):
+    if (
+        result.prompt_token_ids is None
+        or texts is None
+        or (ngram.kind == "ngram" and run.eos_token_ids is None)
+    ):
         return OutputMarks([], BEFORE_TOKEN_IDS)
     plain = [(text, "plain") for text in texts]
     params = run.run_params
@@ -48,15 +55,24 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
     max_new_tokens = params.max_new_tokens
     rule = drafting_rule(params.engine)
     if ngram.kind == "ngram":
-        marks = token_marks_ngram(result.prompt_token_ids, output_ids, gamma, max_new_tokens,
-                                  max_ngram=int(ngram.options.get("max_ngram", NGRAM_DEFAULT_MAX)),
-                                  eos_ids=run.eos_token_ids, rule=rule)
+        marks = token_marks_ngram(
+            result.prompt_token_ids,
+            output_ids,
+            gamma,
+            max_new_tokens,
+            max_ngram=int(ngram.options.get("max_ngram", NGRAM_DEFAULT_MAX)),
+            eos_ids=run.eos_token_ids,
+            rule=rule,
+        )
     elif result.draft_matches is not None:
         marks = token_marks_model_draft(result.draft_matches, gamma, max_new_tokens, rule)
     else:
         return OutputMarks(plain, "this result has no stored draft matches, so no token is marked as drafted")
     stored = {count.gamma: count.accepted for count in result.gamma_counts}.get(gamma)
     if len(marks) != len(texts) or (stored is not None and marks.count("accepted") != stored):
-        return OutputMarks(plain, f"the replayed marks ({marks.count('accepted')} accepted) disagree with the stored "
-                                  f"counts ({stored} accepted); not coloured")
+        return OutputMarks(
+            plain,
+            f"the replayed marks ({marks.count('accepted')} accepted) disagree with the stored "
+            f"counts ({stored} accepted); not coloured",
+        )
     return OutputMarks(list(zip(texts, marks)))

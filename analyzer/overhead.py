@@ -88,9 +88,19 @@ def measure_machinery_overhead(
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
-    return retried_while_busy(lambda: _overhead_once(
-        target_model, context_ids, models, gamma=gamma, new_tokens=new_tokens, draft_model=draft_model,
-        ngram_max=ngram_max, lookup_s=lookup_s, repeats=repeats))
+    return retried_while_busy(
+        lambda: _overhead_once(
+            target_model,
+            context_ids,
+            models,
+            gamma=gamma,
+            new_tokens=new_tokens,
+            draft_model=draft_model,
+            ngram_max=ngram_max,
+            lookup_s=lookup_s,
+            repeats=repeats,
+        )
+    )
 
 
 def retried_while_busy(measure_once: Callable[[], MachineryOverhead]) -> MachineryOverhead:
@@ -102,29 +112,52 @@ def retried_while_busy(measure_once: Callable[[], MachineryOverhead]) -> Machine
         before, started = machine_reading(), perf_counter()
         measured = measure_once()
         used = others_busy_s(before, machine_reading())
-        share = min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1))) if used is not None else None
+        share = (
+            min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1)))
+            if used is not None
+            else None
+        )
         shares.append(share)
         if share is None or share <= MAX_OTHERS_CPU:
             return measured
-    return replace(measured, busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "
-                                  f"in each of {len(shares)} attempts")
+    return replace(
+        measured,
+        busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "
+        f"in each of {len(shares)} attempts",
+    )
 
 
-def _overhead_once(target_model: PreTrainedModel, context_ids: list[int], models: tuple, *, gamma: int,
-                   new_tokens: int, draft_model: PreTrainedModel | None, ngram_max: int | None, lookup_s: float,
-                   repeats: int) -> MachineryOverhead:
+def _overhead_once(
+    target_model: PreTrainedModel,
+    context_ids: list[int],
+    models: tuple,
+    *,
+    gamma: int,
+    new_tokens: int,
+    draft_model: PreTrainedModel | None,
+    ngram_max: int | None,
+    lookup_s: float,
+    repeats: int,
+) -> MachineryOverhead:
     """One measurement of :func:`measure_machinery_overhead` (see there)."""
     from analyzer.validate import assisted_generate, greedy_generate
 
     decode, rounds = [], []
     for r in range(repeats):
-        for speculative in ((False, True) if r % 2 == 0 else (True, False)):
+        for speculative in (False, True) if r % 2 == 0 else (True, False):
             with timed_forwards(*models) as forward_times:
                 _synchronize(target_model.device)
                 start = perf_counter()
                 if speculative:
-                    _, passes = assisted_generate(target_model, context_ids, new_tokens, gamma=gamma,
-                                                  draft_model=draft_model, ngram_max=ngram_max, eos_token_id=[])
+                    _, passes = assisted_generate(
+                        target_model,
+                        context_ids,
+                        new_tokens,
+                        gamma=gamma,
+                        draft_model=draft_model,
+                        ngram_max=ngram_max,
+                        eos_token_id=[],
+                    )
                 else:
                     _, passes = greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])
                 _synchronize(target_model.device)
@@ -133,6 +166,9 @@ def _overhead_once(target_model: PreTrainedModel, context_ids: list[int], models
                 rounds.append(max(0.0, outside - lookup_s) if draft_model is None else outside)
             else:
                 decode.append(outside)
-    return MachineryOverhead(decode_s=float(np.median(decode)), round_s=float(np.median(rounds)),
-                             new_tokens=new_tokens, repeats=repeats)
-
+    return MachineryOverhead(
+        decode_s=float(np.median(decode)),
+        round_s=float(np.median(rounds)),
+        new_tokens=new_tokens,
+        repeats=repeats,
+    )

@@ -122,7 +122,11 @@ class PolicyCurve:
         if span is None or not 1 <= gamma <= len(span[0]):
             return float("nan")
         value = span[0][gamma - 1]
-        return float(value * acceptance_scale(alpha, self.prior_alpha, gamma)) if alpha is not None else float(value)
+        return (
+            float(value * acceptance_scale(alpha, self.prior_alpha, gamma))
+            if alpha is not None
+            else float(value)
+        )
 
     def at(self, batch_size: float | None = BASE, alpha: float | None = None) -> CurvePoint | None:
         """The decision at ``batch_size`` under ``alpha`` (None: the analysis' own): g* of the curve,
@@ -138,8 +142,9 @@ class PolicyCurve:
         low = self.base_low if batch_size is BASE else self._low(batch_size, lower, upper)
         if low is not None and alpha is not None:
             low *= acceptance_scale(alpha, self.prior_alpha, gamma)
-        return CurvePoint(gamma, speedup, low, clears_break_even(speedup, low, self.margin), lower, upper,
-                          alpha is not None)
+        return CurvePoint(
+            gamma, speedup, low, clears_break_even(speedup, low, self.margin), lower, upper, alpha is not None
+        )
 
     # ---------------------------------------------------------------- internals
 
@@ -162,8 +167,11 @@ class PolicyCurve:
         if upper == lower:
             return tuple(float(v) for v in low_curve[:width]), lower, upper
         weight = (batch_size - lower) / (upper - lower)
-        return (tuple(float((1 - weight) * low_curve[i] + weight * high_curve[i]) for i in range(width)),
-                lower, upper)
+        return (
+            tuple(float((1 - weight) * low_curve[i] + weight * high_curve[i]) for i in range(width)),
+            lower,
+            upper,
+        )
 
     def _iid(self) -> tuple[float, ...]:
         """S(g) from the i.i.d. formula at the prior alpha with the batch-1 cost (nothing was published)."""

@@ -197,7 +197,9 @@ class PromptCollector:
         if external_id is not None:
             seen = self._id_lines.get(external_id)
             if seen is not None and seen[1] != digest:
-                self.error(line, "id", f"id '{external_id}' is already used on line {seen[0]} by another prompt")
+                self.error(
+                    line, "id", f"id '{external_id}' is already used on line {seen[0]} by another prompt"
+                )
                 return
             self._id_lines.setdefault(external_id, (line, digest))
         if first is not None:
@@ -246,26 +248,33 @@ def message_problem(messages: Any) -> MessageProblem | None:
     non-empty string ``role`` and a string ``content``, some content not blank. The one rule for
     files, the API and the tokenizer."""
     if not isinstance(messages, list):
-        return MessageProblem("", f"expected a list of messages, got {json_type_name(messages)}", "not_a_list")
+        return MessageProblem(
+            "", f"expected a list of messages, got {json_type_name(messages)}", "not_a_list"
+        )
     if not messages:
         return MessageProblem("", "empty message list", "empty_list")
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            return MessageProblem(f"[{index}]", "expected an object with 'role' and 'content', got "
-                                  f"{json_type_name(message)}", "not_an_object")
+            return MessageProblem(
+                f"[{index}]",
+                f"expected an object with 'role' and 'content', got {json_type_name(message)}",
+                "not_an_object",
+            )
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role.strip():
             return MessageProblem(f"[{index}].role", "expected a non-empty string", "bad_role")
         if not isinstance(content, str):
-            return MessageProblem(f"[{index}].content", f"expected a string, got {json_type_name(content)}",
-                                  "bad_content")
+            return MessageProblem(
+                f"[{index}].content", f"expected a string, got {json_type_name(content)}", "bad_content"
+            )
     if not any(m["content"].strip() for m in messages):
         return MessageProblem("", "empty prompt: every message content is blank", "empty_prompt")
     return None
 
 
-def prompt_text(text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
-                separator: str = "\n") -> str:
+def prompt_text(
+    text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None, separator: str = "\n"
+) -> str:
     """A prompt as one text: the plain prompt, or the chat messages as "role: content" lines
     (joined by ``separator``)."""
     if messages:

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from analyzer.specs import SpecError
 from analyzer.prompt_checks import message_problem
+from analyzer.specs import SpecError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,7 +44,9 @@ def context_limit(model: PreTrainedModel) -> int:
     return limit if isinstance(limit, int) and limit > 0 else DEFAULT_CONTEXT_TOKENS
 
 
-def prompt_token_limit(model: PreTrainedModel, max_new_tokens: int, max_prompt_tokens: int | None = None) -> int:
+def prompt_token_limit(
+    model: PreTrainedModel, max_new_tokens: int, max_prompt_tokens: int | None = None
+) -> int:
     """The most prompt tokens a run keeps: ``max_prompt_tokens`` when the run sets it, else the
     model's context less the output budget (at least 16), so prompt + output fit the context."""
     if max_prompt_tokens:
@@ -127,4 +129,6 @@ def encode_prompt(
 def token_texts(tokenizer: PreTrainedTokenizerBase, token_ids: Iterable[int]) -> list[str]:
     """Each token decoded on its own, special tokens kept (what the drill-down shows per token; a
     character split across byte-level tokens shows as replacement characters)."""
-    return [str(text) for text in tokenizer.batch_decode([[int(t)] for t in token_ids], skip_special_tokens=False)]
+    return [
+        str(text) for text in tokenizer.batch_decode([[int(t)] for t in token_ids], skip_special_tokens=False)
+    ]

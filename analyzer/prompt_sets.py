@@ -49,8 +49,21 @@ class UnknownTaskType(PromptSetError):
 
 
 # The default task types (DESIGN.md); labels users uploaded are known too.
-DEFAULT_TASK_TYPES = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math",
-                      "reasoning", "creative_writing", "roleplay", "extraction", "customer_support", "general")
+DEFAULT_TASK_TYPES = (
+    "code",
+    "structured_output",
+    "summarization",
+    "translation",
+    "rag",
+    "qa",
+    "math",
+    "reasoning",
+    "creative_writing",
+    "roleplay",
+    "extraction",
+    "customer_support",
+    "general",
+)
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,9 @@ def create_prompt_set(
     """Store ``parsed`` as a new prompt set called ``name`` (prompts keep file order)."""
     name = checked_name(name)
     if session.scalar(select(PromptSet.id).where(PromptSet.name == name)) is not None:
-        raise PromptSetExists(f"a prompt set named {name!r} already exists; choose another name or delete it first")
+        raise PromptSetExists(
+            f"a prompt set named {name!r} already exists; choose another name or delete it first"
+        )
     prompt_set = PromptSet(
         name=name,
         source_filename=source_filename,
@@ -156,9 +171,13 @@ def get_prompt_set(session: Session, name: str) -> PromptSet:
     return prompt_set
 
 
-def task_counts(session: Session, prompt_set_ids: list[int] | None = None) -> dict[int, dict[str | None, int]]:
+def task_counts(
+    session: Session, prompt_set_ids: list[int] | None = None
+) -> dict[int, dict[str | None, int]]:
     """Prompt counts per task label for each set id (all sets when ``prompt_set_ids`` is None)."""
-    query = select(Prompt.prompt_set_id, Prompt.task, func.count()).group_by(Prompt.prompt_set_id, Prompt.task)
+    query = select(Prompt.prompt_set_id, Prompt.task, func.count()).group_by(
+        Prompt.prompt_set_id, Prompt.task
+    )
     if prompt_set_ids is not None:
         query = query.where(Prompt.prompt_set_id.in_(prompt_set_ids))
     counts: dict[int, dict[str | None, int]] = {}
@@ -178,7 +197,9 @@ def summarize(session: Session, prompt_sets: list[PromptSet]) -> list[PromptSetS
             source_filename=s.source_filename,
             prompt_count=s.prompt_count,
             duplicates_merged=s.duplicates_merged,
-            task_counts=dict(sorted(counts.get(s.id, {}).items(), key=lambda kv: (kv[0] is None, kv[0] or ""))),
+            task_counts=dict(
+                sorted(counts.get(s.id, {}).items(), key=lambda kv: (kv[0] is None, kv[0] or ""))
+            ),
             created_at=s.created_at,
         )
         for s in prompt_sets
@@ -223,30 +244,47 @@ def _checked_task(session: Session, task: str | None) -> str | None:
         return None
     known = known_task_types(session)
     if task not in known:
-        raise UnknownTaskType(f"unknown task type {task!r}; use one of {', '.join(known)} (or empty to unlabel)")
+        raise UnknownTaskType(
+            f"unknown task type {task!r}; use one of {', '.join(known)} (or empty to unlabel)"
+        )
     return task
 
 
 def set_prompt_task(session: Session, prompt_set: PromptSet, position: int, task: str | None) -> Prompt:
     """Set (or with "" clear) the task label of the prompt at 1-based ``position`` of the set."""
     checked = _checked_task(session, task)
-    prompt = session.scalar(select(Prompt).where(Prompt.prompt_set_id == prompt_set.id,
-                                                 Prompt.position == position - 1))
+    prompt = session.scalar(
+        select(Prompt).where(Prompt.prompt_set_id == prompt_set.id, Prompt.position == position - 1)
+    )
     if prompt is None:
         raise PromptSetNotFound(f"prompt set {prompt_set.name!r} has no prompt #{position}")
     prompt.task = checked
     return prompt
 
 
-def relabel_prompts(session: Session, prompt_set: PromptSet, task: str | None, *, search: str | None = None,
-                    current_task: str | None = None) -> int:
+def relabel_prompts(
+    session: Session,
+    prompt_set: PromptSet,
+    task: str | None,
+    *,
+    search: str | None = None,
+    current_task: str | None = None,
+) -> int:
     """Give every prompt of the set that the filter matches (as :func:`list_prompts` filters) the
     label ``task`` ("" clears it); returns how many prompts changed."""
     checked = _checked_task(session, task)
     ids = select(Prompt.id).where(_filtered(prompt_set, search, current_task).whereclause)
-    result = session.execute(update(Prompt).where(Prompt.id.in_(ids)).where(
-        Prompt.task.is_not(None) if checked is None else or_(Prompt.task.is_(None), Prompt.task != checked)
-    ).values(task=checked).execution_options(synchronize_session=False))
+    result = session.execute(
+        update(Prompt)
+        .where(Prompt.id.in_(ids))
+        .where(
+            Prompt.task.is_not(None)
+            if checked is None
+            else or_(Prompt.task.is_(None), Prompt.task != checked)
+        )
+        .values(task=checked)
+        .execution_options(synchronize_session=False)
+    )
     return int(result.rowcount or 0)
 
 

@@ -69,9 +69,10 @@ def build_report(session: Session, run_id: int) -> dict:
         "workload": summary.workload.as_dict() if summary.workload else None,
         "entropy_table": _entropy_table(results, run.run_params) if not summary.sampling else None,
         "validation": validation_rows,
-        "validation_summary": {"run": validation_summary(validation_rows),
-                               "tasks": {task: validation_summary(rows)
-                                         for task, rows in _rows_by_task(validation_rows)}},
+        "validation_summary": {
+            "run": validation_summary(validation_rows),
+            "tasks": {task: validation_summary(rows) for task, rows in _rows_by_task(validation_rows)},
+        },
     }
 
 
@@ -90,9 +91,13 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         "prompt_set": run.prompt_set.name,
         "target": run.pair.target.spec,
         "draft": run.pair.draft.spec,
-        "mode": "sampling (expectations under i.i.d. acceptance)" if sampling else
-        f"greedy (replay estimate in llama.cpp, {dtype} weights)" if run.engine == "llama.cpp" else
-        "greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})",
+        "mode": "sampling (expectations under i.i.d. acceptance)"
+        if sampling
+        else f"greedy (replay estimate in llama.cpp, {dtype} weights)"
+        if run.engine == "llama.cpp"
+        else "greedy (exact replay)"
+        if dtype == "float32"
+        else f"greedy (replay estimate in {dtype})",
         "params": _plain_params(run.run_params),
         "engine": run.engine,
         "device": run.device,
@@ -112,60 +117,84 @@ def _cost_profile_fields(run: AnalysisRun) -> dict:
     profile = run.cost_profile
     return {
         "cost_profile": _profile_dict(profile) if profile else None,
-        "cost_profiles": {str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles}
+        "cost_profiles": {
+            str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles
+        }
         or ({str(profile.batch_size or 1): _profile_dict(profile)} if profile else {}),
     }
 
 
-def _prompt_rows(results: list[PromptResult], summary: AnalysisSummary,
-                 validations: list[ValidationResult]) -> list[dict]:
+def _prompt_rows(
+    results: list[PromptResult], summary: AnalysisSummary, validations: list[ValidationResult]
+) -> list[dict]:
     """One row per prompt: its raw counts at every g and what the summary found for it."""
     found = {p.prompt_id: p for p in summary.prompts}
     measured = {v.prompt_id: v.measured_speedup for v in validations}
-    return [{
-        "prompt_id": result.prompt_id,
-        "external_id": result.prompt.external_id,
-        "position": result.prompt.position,
-        "task": result.task_type,
-        "prompt_tokens": result.prompt_tokens,
-        "prompt_truncated": result.prompt_truncated,
-        "output_tokens": result.output_tokens,
-        "per_gamma": {
-            str(g.gamma): {"rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted,
-                           "histogram": g.accepted_hist, "drafted_histogram": g.drafted_hist,
-                           "position_accepted": g.position_accepted,
-                           "expected_tokens_per_round": finite(g.expected_tokens_per_round)}
-            for g in result.gamma_counts
-        },
-        "alpha": found[result.prompt_id].alpha,
-        "predicted_speedup": {str(g): v
-                              for g, v in enumerate(found[result.prompt_id].speedup_curve, start=1)},
-        "best_gamma": found[result.prompt_id].best_gamma,
-        "measured_speedup": finite(measured.get(result.prompt_id)),
-        "replay_mismatch_share": finite(result.replay_mismatches / result.output_tokens)
-        if result.replay_mismatches is not None and result.output_tokens else None,
-    } for result in results]
+    return [
+        {
+            "prompt_id": result.prompt_id,
+            "external_id": result.prompt.external_id,
+            "position": result.prompt.position,
+            "task": result.task_type,
+            "prompt_tokens": result.prompt_tokens,
+            "prompt_truncated": result.prompt_truncated,
+            "output_tokens": result.output_tokens,
+            "per_gamma": {
+                str(g.gamma): {
+                    "rounds": g.rounds,
+                    "drafted": g.drafted,
+                    "accepted": g.accepted,
+                    "histogram": g.accepted_hist,
+                    "drafted_histogram": g.drafted_hist,
+                    "position_accepted": g.position_accepted,
+                    "expected_tokens_per_round": finite(g.expected_tokens_per_round),
+                }
+                for g in result.gamma_counts
+            },
+            "alpha": found[result.prompt_id].alpha,
+            "predicted_speedup": {
+                str(g): v for g, v in enumerate(found[result.prompt_id].speedup_curve, start=1)
+            },
+            "best_gamma": found[result.prompt_id].best_gamma,
+            "measured_speedup": finite(measured.get(result.prompt_id)),
+            "replay_mismatch_share": finite(result.replay_mismatches / result.output_tokens)
+            if result.replay_mismatches is not None and result.output_tokens
+            else None,
+        }
+        for result in results
+    ]
 
 
-def _validation_rows(validations: list[ValidationResult], results: list[PromptResult],
-                     summary: AnalysisSummary) -> list[dict]:
+def _validation_rows(
+    validations: list[ValidationResult], results: list[PromptResult], summary: AnalysisSummary
+) -> list[dict]:
     """One row per validated prompt: predicted against measured, outputs identical, and target
     forward passes against the replayed rounds (``passes_error_pct``)."""
     task_of = {r.prompt_id: r.task_type or UNLABELLED for r in results}
     rounds_at = {(p.prompt_id, g): rounds for p in summary.prompts for g, rounds in p.rounds.items()}
     rows = []
     for v in validations:
-        replayed = (v.replayed_rounds if v.replayed_rounds is not None
-                    else rounds_at.get((v.prompt_id, v.gamma)))
-        rows.append({
-            "prompt_id": v.prompt_id, "task": task_of.get(v.prompt_id), "gamma": v.gamma,
-            "predicted_speedup": v.predicted_speedup, "measured_speedup": v.measured_speedup,
-            "outputs_identical": v.outputs_identical, "replay_identical": v.replay_identical,
-            "greedy_time_s": v.greedy_time_s, "speculative_time_s": v.speculative_time_s,
-            "target_forward_passes": v.target_forward_passes, "replayed_rounds": replayed,
-            "passes_error_pct": 100.0 * (v.target_forward_passes - replayed) / replayed
-            if v.target_forward_passes is not None and replayed else None,
-        })
+        replayed = (
+            v.replayed_rounds if v.replayed_rounds is not None else rounds_at.get((v.prompt_id, v.gamma))
+        )
+        rows.append(
+            {
+                "prompt_id": v.prompt_id,
+                "task": task_of.get(v.prompt_id),
+                "gamma": v.gamma,
+                "predicted_speedup": v.predicted_speedup,
+                "measured_speedup": v.measured_speedup,
+                "outputs_identical": v.outputs_identical,
+                "replay_identical": v.replay_identical,
+                "greedy_time_s": v.greedy_time_s,
+                "speculative_time_s": v.speculative_time_s,
+                "target_forward_passes": v.target_forward_passes,
+                "replayed_rounds": replayed,
+                "passes_error_pct": 100.0 * (v.target_forward_passes - replayed) / replayed
+                if v.target_forward_passes is not None and replayed
+                else None,
+            }
+        )
     return rows
 
 
@@ -179,18 +208,28 @@ def _rows_by_task(rows: list[dict]) -> list[tuple[str, list[dict]]]:
 def _entropy_table(results: list[PromptResult], params: RunParams) -> dict:
     """P(long accepted run | the target's entropy) over every greedy result, in the run's buckets."""
     edges = params.entropy_edges or ENTROPY_EDGES_NATS
-    return long_run_by_entropy([r.draft_matches or [] for r in results], [r.entropies or [] for r in results],
-                               edges=[float("inf") if e is None else e for e in edges])
+    return long_run_by_entropy(
+        [r.draft_matches or [] for r in results],
+        [r.entropies or [] for r in results],
+        edges=[float("inf") if e is None else e for e in edges],
+    )
 
 
 def _profile_dict(profile: CostProfile) -> dict:
     return {
-        "target_k_s": list(profile.target_forward_s), "draft_s": profile.draft_step_s,
-        "target_prefill_s": profile.target_prefill_s, "draft_prefill_s": profile.draft_prefill_s,
-        "round_overhead_s": profile.round_overhead_s, "decode_overhead_s": profile.decode_overhead_s,
-        "engine": profile.engine, "device": profile.device, "dtype": profile.dtype or "float32",
+        "target_k_s": list(profile.target_forward_s),
+        "draft_s": profile.draft_step_s,
+        "target_prefill_s": profile.target_prefill_s,
+        "draft_prefill_s": profile.draft_prefill_s,
+        "round_overhead_s": profile.round_overhead_s,
+        "decode_overhead_s": profile.decode_overhead_s,
+        "engine": profile.engine,
+        "device": profile.device,
+        "dtype": profile.dtype or "float32",
         "batch_size": profile.batch_size or 1,
-        "quality": profile.quality, "quality_notes": list(profile.quality_notes or []),
+        "quality": profile.quality,
+        "quality_notes": list(profile.quality_notes or []),
         "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
-        "threads": profile.threads, "context_tokens": profile.context_tokens,
+        "threads": profile.threads,
+        "context_tokens": profile.context_tokens,
     }

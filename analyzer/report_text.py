@@ -7,8 +7,17 @@ from __future__ import annotations
 import csv
 import io
 
-CSV_COLUMNS = ["prompt_id", "external_id", "task", "prompt_tokens", "output_tokens", "alpha", "best_gamma",
-               "predicted_speedup_best", "measured_speedup"]
+CSV_COLUMNS = [
+    "prompt_id",
+    "external_id",
+    "task",
+    "prompt_tokens",
+    "output_tokens",
+    "alpha",
+    "best_gamma",
+    "predicted_speedup_best",
+    "measured_speedup",
+]
 
 
 def report_csv(report: dict) -> str:
@@ -19,10 +28,20 @@ def report_csv(report: dict) -> str:
     writer.writerow(CSV_COLUMNS + [f"speedup_g{g}" for g in gammas])
     for row in report["prompts"]:
         best = row["predicted_speedup"].get(str(row["best_gamma"])) if row["best_gamma"] else None
-        writer.writerow([row["prompt_id"], row["external_id"] or "", row["task"], row["prompt_tokens"],
-                         row["output_tokens"], _fmt(row["alpha"]), row["best_gamma"] or "", _fmt(best),
-                         _fmt(row["measured_speedup"])]
-                        + [_fmt(row["predicted_speedup"].get(str(g))) for g in gammas])
+        writer.writerow(
+            [
+                row["prompt_id"],
+                row["external_id"] or "",
+                row["task"],
+                row["prompt_tokens"],
+                row["output_tokens"],
+                _fmt(row["alpha"]),
+                row["best_gamma"] or "",
+                _fmt(best),
+                _fmt(row["measured_speedup"]),
+            ]
+            + [_fmt(row["predicted_speedup"].get(str(g))) for g in gammas]
+        )
     return out.getvalue()
 
 
@@ -32,26 +51,37 @@ def _fmt(value) -> str:
 
 def report_text(report: dict) -> str:
     """A plain-text summary: the recommendation in words, then the per-task table."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-             f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {report.get('dtype') or 'float32'} "
-             f"on {report.get('device') or 'an unknown device'}"]
+    lines = [
+        f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
+        f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {report.get('dtype') or 'float32'} "
+        f"on {report.get('device') or 'an unknown device'}"
+    ]
     for batch, cp in (report.get("cost_profiles") or {}).items():
         ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
-        overhead = (f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
-                    if cp.get("round_overhead_s") is not None else "")
-        lines.append(f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
-                     f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}")
+        overhead = (
+            f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
+            if cp.get("round_overhead_s") is not None
+            else ""
+        )
+        lines.append(
+            f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
+            f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
+        )
     if report.get("guarantee"):
         lines.append(report["guarantee"])
     workload = report.get("workload")
     if workload and workload.get("best_gamma"):
         verdict = "speculate" if workload["speculate"] else "do not speculate"
-        lines.append(f"workload: {verdict} (best gamma {workload['best_gamma']}, predicted speedup "
-                     f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})")
+        lines.append(
+            f"workload: {verdict} (best gamma {workload['best_gamma']}, predicted speedup "
+            f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})"
+        )
     on = [t for t, s in report["tasks"].items() if s["speculate"]]
     lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
-    header = (f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*) [90% interval]':>22} "
-              f"{'meas.':>6}  {'tier':<19} decision")
+    header = (
+        f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*) [90% interval]':>22} "
+        f"{'meas.':>6}  {'tier':<19} decision"
+    )
     lines.append(header)
     notes = []
     for task, s in report["tasks"].items():
@@ -61,8 +91,18 @@ def report_text(report: dict) -> str:
             f"{s['tier']:<19} {decision_text(s)}"
         )
         if s.get("decision_basis") == "workload" or s.get("tier_note"):
-            notes.append(f"  {task}: " + "; ".join(filter(None, [
-                s["decision_reason"] if s.get("decision_basis") == "workload" else None, s.get("tier_note")])))
+            notes.append(
+                f"  {task}: "
+                + "; ".join(
+                    filter(
+                        None,
+                        [
+                            s["decision_reason"] if s.get("decision_basis") == "workload" else None,
+                            s.get("tier_note"),
+                        ],
+                    )
+                )
+            )
     if notes:
         lines.append("why:")
         lines.extend(notes)
@@ -70,25 +110,45 @@ def report_text(report: dict) -> str:
     if len(batches) > 1:
         lines.append("\nbest gamma and S(g*) per batch size:")
         lines.append(f"{'task':<18} " + " ".join(f"{'b=' + str(b):>14}" for b in batches))
-        for task, s in list(report["tasks"].items()) + ([("(workload)", report["workload"])] if report.get("workload") else []):
+        for task, s in list(report["tasks"].items()) + (
+            [("(workload)", report["workload"])] if report.get("workload") else []
+        ):
             cells = []
             for b in batches:
                 entry = (s.get("by_batch") or {}).get(str(b))
-                cells.append(f"{'-':>14}" if not entry or entry["predicted_speedup"] is None else
-                             f"{('g' + str(entry['best_gamma']) + ' ' + format(entry['predicted_speedup'], '.2f') + 'x' + (' on' if entry['speculate'] else ' off')):>14}")
+                cells.append(
+                    f"{'-':>14}"
+                    if not entry or entry["predicted_speedup"] is None
+                    else format(
+                        f"g{entry['best_gamma']} {entry['predicted_speedup']:.2f}x"
+                        + (" on" if entry["speculate"] else " off"),
+                        ">14",
+                    )
+                )
             lines.append(f"{task:<18} " + " ".join(cells))
     summary = (report.get("validation_summary") or {}).get("run")
     if summary:
         covered = report["validation_summary"]["tasks"]
-        scope = (f"over {len(covered)} tasks" if len(covered) > 1 else
-                 f"all {next(iter(covered))}, so not a workload figure" if len(report["tasks"]) > 1 else "")
-        lines.append(f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs identical to plain greedy, "
-                     f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
-                     f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
-                     f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)")
+        scope = (
+            f"over {len(covered)} tasks"
+            if len(covered) > 1
+            else f"all {next(iter(covered))}, so not a workload figure"
+            if len(report["tasks"]) > 1
+            else ""
+        )
+        lines.append(
+            f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs "
+            "identical to plain greedy, "
+            f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
+            f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
+            f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)"
+        )
         for task, t in report["validation_summary"]["tasks"].items():
-            lines.append(f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err {_pct(t['passes_error_pct'])}, "
-                         f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x")
+            lines.append(
+                f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
+                f"{_pct(t['passes_error_pct'])}, "
+                f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x"
+            )
     return "\n".join(lines)
 
 
@@ -97,25 +157,37 @@ def recommendation(report: dict) -> dict:
     its decision's code), the tasks to speculate on (with gamma and speedup, the best first) and the
     tasks to leave off."""
     tasks = report["tasks"]
-    on = sorted(((t, s) for t, s in tasks.items() if s.get("speculate")),
-                key=lambda item: -(item[1]["predicted_speedup"] or 0))
+    on = sorted(
+        ((t, s) for t, s in tasks.items() if s.get("speculate")),
+        key=lambda item: -(item[1]["predicted_speedup"] or 0),
+    )
     off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
     workload = report.get("workload") or {}
     if workload.get("speculate"):
-        headline = (f"Speculate: across this workload, {report['draft']} drafting at gamma "
-                    f"{workload['best_gamma']} is predicted to run {workload['predicted_speedup']:.2f}x "
-                    "as fast as plain decoding.")
+        headline = (
+            f"Speculate: across this workload, {report['draft']} drafting at gamma "
+            f"{workload['best_gamma']} is predicted to run {workload['predicted_speedup']:.2f}x "
+            "as fast as plain decoding."
+        )
     elif workload:
-        headline = ("Do not speculate on this workload as a whole: "
-                    + _why_not(workload, report["params"]["margin"]))
+        headline = "Do not speculate on this workload as a whole: " + _why_not(
+            workload, report["params"]["margin"]
+        )
     else:
         headline = "No results yet."
-    return {"headline": headline,
-            "on": [f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
-                   + (", the workload's decision: too few prompts)" if s.get("decision_basis") == "workload"
-                      else ")")
-                   for t, s in on],
-            "off": off}
+    return {
+        "headline": headline,
+        "on": [
+            f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
+            + (
+                ", the workload's decision: too few prompts)"
+                if s.get("decision_basis") == "workload"
+                else ")"
+            )
+            for t, s in on
+        ],
+        "off": off,
+    }
 
 
 def _why_not(workload: dict, margin: float) -> str:
@@ -154,8 +226,10 @@ def quality_text(profile: dict) -> str:
         return "quality not judged (a profile from before it was)"
     notes = "; ".join(profile.get("quality_notes") or [])
     if quality == "noisy":
-        return (f"NOISY profile ({notes}): the machine was busy while it was measured and the advice may be wrong; "
-                "rerun with --reprofile on a quiet machine")
+        return (
+            f"NOISY profile ({notes}): the machine was busy while it was measured and the advice may be wrong; "
+            "rerun with --reprofile on a quiet machine"
+        )
     return f"quality {quality}" + (f" ({notes})" if notes else "")
 
 

@@ -48,9 +48,14 @@ class _ProfilingPlan:
     batch_sizes: tuple[int, ...]
 
 
-def profile_run_costs(session_factory: sessionmaker, run_id: int,
-                      loaded_models: RunModels | LlamaCppRunModels, params: RunParams,
-                      prompt_ids: list[list[int]], progress: ProgressCallback | None) -> int:
+def profile_run_costs(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: RunModels | LlamaCppRunModels,
+    params: RunParams,
+    prompt_ids: list[list[int]],
+    progress: ProgressCallback | None,
+) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
     this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
     noisy: it is passed over, and progress says so), or measure one on the prompt of median length
@@ -60,8 +65,9 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int,
     from it."""
     plan = _profiling_plan(loaded_models, params)
     k_max = params.gamma_max + 1
-    chosen, passed_over = _linked_or_reusable_profiles(session_factory, run_id, loaded_models, plan, k_max,
-                                                       reuse=not params.reprofile)
+    chosen, passed_over = _linked_or_reusable_profiles(
+        session_factory, run_id, loaded_models, plan, k_max, reuse=not params.reprofile
+    )
     missing = [b for b in plan.batch_sizes if b not in chosen]
     for note in passed_over:
         if progress:
@@ -72,14 +78,21 @@ def profile_run_costs(session_factory: sessionmaker, run_id: int,
             progress(0, 0, f"profiling the machinery overhead of {plan.machinery} on {plan.where}")
         overhead = loaded_models.measure_overhead(context, params)
         for number, batch_size in enumerate(missing, start=1):
-            phase = (f"profiling the cost of drafting and verifying at batch size {batch_size} "
-                     f"({number} of {len(missing)}) on {plan.where}")
+            phase = (
+                f"profiling the cost of drafting and verifying at batch size {batch_size} "
+                f"({number} of {len(missing)}) on {plan.where}"
+            )
             measured = _measure_cost_profile(loaded_models, context, k_max, batch_size, phase, progress)
-            chosen[batch_size] = _store_cost_profile(session_factory, run_id, loaded_models, plan.dtype,
-                                                     batch_size, measured, overhead)
+            chosen[batch_size] = _store_cost_profile(
+                session_factory, run_id, loaded_models, plan.dtype, batch_size, measured, overhead
+            )
             if progress and measured.quality and measured.quality.verdict != "clean":
-                progress(0, 0, f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
-                               + "; ".join(measured.quality.notes))
+                progress(
+                    0,
+                    0,
+                    f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
+                    + "; ".join(measured.quality.notes),
+                )
     return _link_profiles_to_run(session_factory, run_id, chosen)
 
 
@@ -88,14 +101,21 @@ def _profiling_plan(loaded_models: RunModels | LlamaCppRunModels, params: RunPar
     device, dtype = loaded_models.device_text(), loaded_models.dtype_text()
     if loaded_models.engine == "transformers":
         placement = loaded_models.target.placement
-        return _ProfilingPlan(device, dtype, f"{placement.device} in {dtype}", "generate()",
-                              params.batch_sizes(placement))
+        return _ProfilingPlan(
+            device, dtype, f"{placement.device} in {dtype}", "generate()", params.batch_sizes(placement)
+        )
     return _ProfilingPlan(device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,))
 
 
-def _linked_or_reusable_profiles(session_factory: sessionmaker, run_id: int,
-                                 loaded_models: RunModels | LlamaCppRunModels, plan: _ProfilingPlan,
-                                 k_max: int, *, reuse: bool) -> tuple[dict[int, int], list[str]]:
+def _linked_or_reusable_profiles(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: RunModels | LlamaCppRunModels,
+    plan: _ProfilingPlan,
+    k_max: int,
+    *,
+    reuse: bool,
+) -> tuple[dict[int, int], list[str]]:
     """The profile ids already linked to the run (a resumed run keeps its profiles) and, with
     ``reuse``, the newest stored one for each other batch size (:func:`_newest_reusable_profile`), by
     batch size; and the notes on stored profiles passed over as noisy."""
@@ -109,30 +129,44 @@ def _linked_or_reusable_profiles(session_factory: sessionmaker, run_id: int,
             for batch_size in plan.batch_sizes:
                 if batch_size in chosen:
                     continue
-                profile_id = _newest_reusable_profile(session, run, loaded_models.engine, plan, batch_size,
-                                                      k_max, passed_over)
+                profile_id = _newest_reusable_profile(
+                    session, run, loaded_models.engine, plan, batch_size, k_max, passed_over
+                )
                 if profile_id is not None:
                     chosen[batch_size] = profile_id
     return chosen, passed_over
 
 
-def _newest_reusable_profile(session: Session, run: AnalysisRun, engine: str, plan: _ProfilingPlan,
-                             batch_size: int, k_max: int, passed_over: list[str]) -> int | None:
+def _newest_reusable_profile(
+    session: Session,
+    run: AnalysisRun,
+    engine: str,
+    plan: _ProfilingPlan,
+    batch_size: int,
+    k_max: int,
+    passed_over: list[str],
+) -> int | None:
     """The id of the newest stored profile of the run's pair in ``engine`` on the plan's device and
     dtype at ``batch_size`` that covers ``k_max`` and was not judged noisy (each noisy one passed over
     adds a note to ``passed_over``); None when there is none."""
     for profile in session.scalars(
         select(CostProfile)
-        .where(CostProfile.pair_id == run.pair_id, CostProfile.device == plan.device,
-               CostProfile.dtype == plan.dtype, CostProfile.batch_size == batch_size,
-               CostProfile.engine == engine)
+        .where(
+            CostProfile.pair_id == run.pair_id,
+            CostProfile.device == plan.device,
+            CostProfile.dtype == plan.dtype,
+            CostProfile.batch_size == batch_size,
+            CostProfile.engine == engine,
+        )
         .order_by(CostProfile.id.desc())
     ):
         if len(profile.target_forward_s) < k_max:
             continue
         if profile.quality == "noisy":
-            passed_over.append(f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
-                               f"({'; '.join(profile.quality_notes or [])}); not reused")
+            passed_over.append(
+                f"stored cost profile {profile.id} (batch {batch_size}) was judged noisy "
+                f"({'; '.join(profile.quality_notes or [])}); not reused"
+            )
             continue
         return profile.id
     return None
@@ -144,8 +178,14 @@ def _profiling_context(prompt_ids: list[list[int]], pad_id: int) -> list[int]:
     return list(encoded[len(encoded) // 2] if encoded else [pad_id] * FALLBACK_CONTEXT_TOKENS)
 
 
-def _measure_cost_profile(loaded_models: RunModels | LlamaCppRunModels, context: list[int], k_max: int,
-                          batch_size: int, phase: str, progress: ProgressCallback | None) -> CostMeasurement:
+def _measure_cost_profile(
+    loaded_models: RunModels | LlamaCppRunModels,
+    context: list[int],
+    k_max: int,
+    batch_size: int,
+    phase: str,
+    progress: ProgressCallback | None,
+) -> CostMeasurement:
     """The engine's cost measurement at ``batch_size``, telling ``progress`` of every timed pass
     under ``phase`` (planned: :data:`PASSES_PER_TIMED_MODEL` for the target, as many for a draft model)."""
     timed_models = 2 if loaded_models.draft is not None else 1
@@ -163,9 +203,15 @@ def _measure_cost_profile(loaded_models: RunModels | LlamaCppRunModels, context:
     return loaded_models.measure_costs(context, k_max, batch_size, tick)
 
 
-def _store_cost_profile(session_factory: sessionmaker, run_id: int,
-                        loaded_models: RunModels | LlamaCppRunModels, dtype: str, batch_size: int,
-                        measured: CostMeasurement, overhead: MachineryOverhead) -> int:
+def _store_cost_profile(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: RunModels | LlamaCppRunModels,
+    dtype: str,
+    batch_size: int,
+    measured: CostMeasurement,
+    overhead: MachineryOverhead,
+) -> int:
     """Store a profile measured now (the cost measurement with the machinery ``overhead``; judged
     noisy when the overhead was measured on a busy machine) for the run's pair; returns its id."""
     quality = measured.quality

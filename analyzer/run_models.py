@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
-
 from analyzer.devices import Placement
 from analyzer.loading import LoadedModel, load_model
-from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import (
     EncodedPrompt,
@@ -22,6 +20,7 @@ from analyzer.prompt_encoding import (
     token_texts,
 )
 from analyzer.run_records import RunParams
+from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
 if TYPE_CHECKING:
@@ -76,7 +75,9 @@ class RunModels:
             text=prompt.text,
             messages=prompt.messages,
             use_chat_template=params.chat_template,
-            max_prompt_tokens=prompt_token_limit(self.target.model, params.max_new_tokens, params.max_prompt_tokens),
+            max_prompt_tokens=prompt_token_limit(
+                self.target.model, params.max_new_tokens, params.max_prompt_tokens
+            ),
         )
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
@@ -104,20 +105,32 @@ class RunModels:
 
         return library_versions()
 
-    def measure_batch(self, encoded: list[EncodedPrompt], params: RunParams, *,
-                      seed: int) -> list[PromptPasses]:
+    def measure_batch(
+        self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int
+    ) -> list[PromptPasses]:
         """The passes of a batch of prompts: the target generation (left-padded, one generate call),
         each prompt's teacher-forced draft pass (a model draft) and, in half precision, the replay's
         fidelity; one :class:`PromptPasses` per prompt (with the raw logits when sampling)."""
         import time
 
-        from analyzer.measure import (draft_match_sequence, generate_target, teacher_forced_logits,
-                                      teacher_forced_mismatches)
+        from analyzer.measure import (
+            draft_match_sequence,
+            generate_target,
+            teacher_forced_logits,
+            teacher_forced_mismatches,
+        )
 
         sampling = params.temperature > 0
         generations = generate_target(
-            self.target.model, [enc.ids for enc in encoded], params.max_new_tokens, eos_ids=self.eos_ids,
-            pad_id=self.pad_id, temperature=params.temperature, top_p=params.top_p, seed=seed, keep_logits=sampling,
+            self.target.model,
+            [enc.ids for enc in encoded],
+            params.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=seed,
+            keep_logits=sampling,
         )
         passes = []
         for enc, generation in zip(encoded, generations):
@@ -128,12 +141,18 @@ class RunModels:
             mismatches = None
             if not sampling and self.target.placement.dtype != "float32":
                 mismatches = int(teacher_forced_mismatches(self.target.model, enc.ids, output).sum())
-            passes.append(PromptPasses(
-                output_ids=output, entropies=generation.entropies, target_time_s=generation.time_s,
-                matches=draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
-                replay_mismatches=mismatches, draft_time_s=draft_s,
-                target_logits=generation.logits, draft_logits=draft_logits,
-            ))
+            passes.append(
+                PromptPasses(
+                    output_ids=output,
+                    entropies=generation.entropies,
+                    target_time_s=generation.time_s,
+                    matches=draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
+                    replay_mismatches=mismatches,
+                    draft_time_s=draft_s,
+                    target_logits=generation.logits,
+                    draft_logits=draft_logits,
+                )
+            )
         return passes
 
     def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
@@ -141,9 +160,15 @@ class RunModels:
         from analyzer.cost import profile_costs
 
         draft_step = self._prompt_lookup_step(context, k_max - 1) if self.draft is None else None
-        return profile_costs(self.target.model, context, k_max, batch_size=batch_size,
-                             draft_model=self.draft.model if self.draft else None, draft_step=draft_step,
-                             on_repeat=on_repeat)
+        return profile_costs(
+            self.target.model,
+            context,
+            k_max,
+            batch_size=batch_size,
+            draft_model=self.draft.model if self.draft else None,
+            draft_step=draft_step,
+            on_repeat=on_repeat,
+        )
 
     def measure_overhead(self, context: list[int], params: RunParams):
         """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`)."""
@@ -153,9 +178,12 @@ class RunModels:
 
         lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
         return measure_machinery_overhead(
-            self.target.model, context, gamma=min(OVERHEAD_GAMMA, params.gamma_max),
+            self.target.model,
+            context,
+            gamma=min(OVERHEAD_GAMMA, params.gamma_max),
             new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
-            draft_model=self.draft.model if self.draft else None, ngram_max=self.ngram_max,
+            draft_model=self.draft.model if self.draft else None,
+            ngram_max=self.ngram_max,
             lookup_s=time_callable(lookup) if lookup else 0.0,
         )
 
@@ -163,9 +191,15 @@ class RunModels:
         """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`)."""
         from analyzer.validate import validate_prompt
 
-        return validate_prompt(self.target.model, prompt_ids, params.max_new_tokens, gamma=gamma,
-                               draft_model=self.draft.model if self.draft else None, ngram_max=self.ngram_max,
-                               eos_token_id=self.eos_ids)
+        return validate_prompt(
+            self.target.model,
+            prompt_ids,
+            params.max_new_tokens,
+            gamma=gamma,
+            draft_model=self.draft.model if self.draft else None,
+            ngram_max=self.ngram_max,
+            eos_token_id=self.eos_ids,
+        )
 
     def _prompt_lookup_step(self, context: list[int], gamma: int):
         """One prompt-lookup proposal as transformers computes it (a scan of the whole context), which
@@ -175,7 +209,8 @@ class RunModels:
 
         generator = PromptLookupCandidateGenerator(
             eos_token_id=torch.tensor(self.eos_ids, device=self.target.model.device),
-            num_output_tokens=gamma, max_matching_ngram_size=self.ngram_max or 2,
+            num_output_tokens=gamma,
+            max_matching_ngram_size=self.ngram_max or 2,
             max_length=len(context) + 4096,
         )
         input_ids = torch.tensor([context], dtype=torch.long, device=self.target.model.device)

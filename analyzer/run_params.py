@@ -100,13 +100,17 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
-    engine: str = DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
+    engine: str = (
+        DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
+    )
     device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
     chunk_size: int = 32  # prompts per chunk that one worker claims (analyzer/chunks.py)
     # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
-    entropy_edges: tuple[float | None, ...] = tuple(e if e != float("inf") else None for e in ENTROPY_EDGES_NATS)
+    entropy_edges: tuple[float | None, ...] = tuple(
+        e if e != float("inf") else None for e in ENTROPY_EDGES_NATS
+    )
 
     @property
     def sampling(self) -> bool:
@@ -137,13 +141,19 @@ class RunParams:
         if self.temperature != 0:
             raise RunError("the llama.cpp engine measures greedy decoding only; use temperature 0")
         if check_device_name(self.device) not in ("auto", "cpu"):
-            raise RunError(f"the llama.cpp engine runs on the CPU here; use device auto or cpu, not {self.device!r}")
+            raise RunError(
+                f"the llama.cpp engine runs on the CPU here; use device auto or cpu, not {self.device!r}"
+            )
         if check_dtype_name(self.dtype) != "auto":
-            raise RunError("the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
-                           f"shipped; leave dtype auto, not {self.dtype!r}")
+            raise RunError(
+                "the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
+                f"shipped; leave dtype auto, not {self.dtype!r}"
+            )
         if self.batch_size != 1 or tuple(self.profile_batch_sizes or (1,)) != (1,):
-            raise RunError("the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1 "
-                           "and profile batch size 1 only")
+            raise RunError(
+                "the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1 "
+                "and profile batch size 1 only"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON stored on the run."""

@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import utcnow
 from analyzer.engines import LLAMA_CPP
-from analyzer.specs import ModelSpecRef, display_name, parse_spec
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.prompt_sets import get_prompt_set
 from analyzer.run_params import RunError, RunNotFound, RunParams  # noqa: F401  (importers name them here)
 from analyzer.settings import STALE_AFTER_S
+from analyzer.specs import ModelSpecRef, display_name, parse_spec
 from analyzer.summary import AnalysisSummary, PromptSummary, store_summary
 
 UNLABELLED = "unlabelled"
@@ -34,7 +34,9 @@ ProgressCallback = Callable[[int, int, str], None]
 def _get_or_create_spec(session: Session, ref: ModelSpecRef) -> ModelSpec:
     spec = session.scalar(select(ModelSpec).where(ModelSpec.spec == ref.canonical))
     if spec is None:
-        spec = ModelSpec(spec=ref.canonical, kind=ref.kind, display_name=display_name(ref), details=dict(ref.options))
+        spec = ModelSpec(
+            spec=ref.canonical, kind=ref.kind, display_name=display_name(ref), details=dict(ref.options)
+        )
         session.add(spec)
         session.flush()
     return spec
@@ -53,7 +55,9 @@ def get_or_create_pair(session: Session, target: ModelSpecRef, draft: ModelSpecR
     return pair
 
 
-def create_run(session: Session, prompt_set_name: str, target: str, draft: str, params: RunParams) -> AnalysisRun:
+def create_run(
+    session: Session, prompt_set_name: str, target: str, draft: str, params: RunParams
+) -> AnalysisRun:
     """Queue an analysis of the named prompt set with ``target`` and ``draft`` spec strings."""
     params.check()
     target_ref, draft_ref = parse_spec(target), parse_spec(draft)
@@ -64,8 +68,14 @@ def create_run(session: Session, prompt_set_name: str, target: str, draft: str, 
     prompt_set = get_prompt_set(session, prompt_set_name)
     pair = get_or_create_pair(session, target_ref, draft_ref)
     total = prompt_set.prompt_count if params.limit is None else min(params.limit, prompt_set.prompt_count)
-    run = AnalysisRun(prompt_set=prompt_set, pair=pair, status="queued", params=params.to_json(),
-                      progress_total=total, engine=params.engine)
+    run = AnalysisRun(
+        prompt_set=prompt_set,
+        pair=pair,
+        status="queued",
+        params=params.to_json(),
+        progress_total=total,
+        engine=params.engine,
+    )
     session.add(run)
     session.flush()
     return run
@@ -78,11 +88,15 @@ def _check_llama_cpp_specs(target: ModelSpecRef, draft: ModelSpecRef) -> None:
     """Raise :class:`RunError` unless llama.cpp can load the pair: a GGUF target (``gguf:`` or
     ``builtin:``) and a GGUF or n-gram draft."""
     if target.kind not in LLAMA_CPP_SPEC_KINDS:
-        raise RunError(f"the llama.cpp engine loads GGUF files only: the target must be gguf:<folder>#<file.gguf> "
-                       f"or builtin:<name>, not {target.canonical!r}")
+        raise RunError(
+            f"the llama.cpp engine loads GGUF files only: the target must be gguf:<folder>#<file.gguf> "
+            f"or builtin:<name>, not {target.canonical!r}"
+        )
     if draft.kind not in LLAMA_CPP_SPEC_KINDS + ("ngram",):
-        raise RunError(f"the llama.cpp engine loads GGUF files only: the draft must be ngram, "
-                       f"gguf:<folder>#<file.gguf> or builtin:<name>, not {draft.canonical!r}")
+        raise RunError(
+            f"the llama.cpp engine loads GGUF files only: the draft must be ngram, "
+            f"gguf:<folder>#<file.gguf> or builtin:<name>, not {draft.canonical!r}"
+        )
 
 
 def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:
@@ -106,21 +120,25 @@ def request_cancel(session: Session, run_id: int) -> AnalysisRun:
     return run
 
 
-def shown_status(run: AnalysisRun, now: datetime | None = None, *,
-                 stale_after_s: float = STALE_AFTER_S) -> str:
+def shown_status(
+    run: AnalysisRun, now: datetime | None = None, *, stale_after_s: float = STALE_AFTER_S
+) -> str:
     """The status to show: "interrupted" for a run stored as running whose worker has not written a
     heartbeat for ``stale_after_s`` (the setting; it died or was killed: from then on any worker
     claims its chunk again, and ``specroute analyze --resume RUN`` takes it over at once), else the
     stored status."""
     if run.status == "running" and run.heartbeat_at is not None:
-        heartbeat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=timezone.utc)
+        heartbeat = (
+            run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=timezone.utc)
+        )
         if ((now or utcnow()) - heartbeat).total_seconds() > stale_after_s:
             return "interrupted"
     return run.status
 
 
-def recording_phases(session_factory: sessionmaker, run_id: int,
-                      progress: ProgressCallback | None) -> ProgressCallback:
+def recording_phases(
+    session_factory: sessionmaker, run_id: int, progress: ProgressCallback | None
+) -> ProgressCallback:
     """A progress callback that also stores each new phase text on the run (with a heartbeat), so
     that the web UI shows what a worker is doing while it loads models or profiles, then calls
     ``progress``."""
@@ -182,19 +200,32 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def validation_sample(summary: AnalysisSummary, count: int, *,
-                      already: Sequence[PromptSummary] = ()) -> list[PromptSummary]:
+def validation_sample(
+    summary: AnalysisSummary, count: int, *, already: Sequence[PromptSummary] = ()
+) -> list[PromptSummary]:
     """Up to ``count`` prompts of a run's summary to validate (minus those ``already`` validated),
     stratified: one prompt per task in turn, the tasks predicted to speculate first (highest
     predicted speedup first), then the others (most prompts first); within a task in file order. So
     a sample of N covers min(N, number of tasks) tasks, and the decisions that matter most (where
     speculation is switched on) are checked first."""
     tasks = summary.tasks
-    order = sorted(tasks, key=lambda t: (not tasks[t].speculate, -(tasks[t].predicted_speedup or 0.0)
-                                         if tasks[t].speculate else -tasks[t].n, t))
+    order = sorted(
+        tasks,
+        key=lambda t: (
+            not tasks[t].speculate,
+            -(tasks[t].predicted_speedup or 0.0) if tasks[t].speculate else -tasks[t].n,
+            t,
+        ),
+    )
     done = {p.prompt_id for p in already}
-    queues = {t: [p for p in sorted(summary.prompts, key=lambda p: p.position)
-                  if p.task == t and p.prompt_id not in done] for t in order}
+    queues = {
+        t: [
+            p
+            for p in sorted(summary.prompts, key=lambda p: p.position)
+            if p.task == t and p.prompt_id not in done
+        ]
+        for t in order
+    }
     taken = {t: sum(1 for p in already if p.task == t) for t in order}
     chosen: list[PromptSummary] = []
     while len(chosen) + len(done) < count and any(queues.values()):

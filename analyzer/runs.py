@@ -107,23 +107,32 @@ class MeasuredPrompt:
     counts_per_gamma: list[CountsAtGamma]
 
 
-def _measure_batch(loaded_models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]],
-                   params: RunParams) -> list[MeasuredPrompt]:
+def _measure_batch(
+    loaded_models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams
+) -> list[MeasuredPrompt]:
     """Measure a batch of (prompt, its token ids) in the run's engine; one result per prompt."""
     passes = loaded_models.measure_batch([enc for _, enc in batch], params, seed=params.seed + batch[0][0].id)
-    return [_result(loaded_models, prompt, enc, measured, params)
-            for (prompt, enc), measured in zip(batch, passes)]
+    return [
+        _result(loaded_models, prompt, enc, measured, params)
+        for (prompt, enc), measured in zip(batch, passes)
+    ]
 
 
-def _result(loaded_models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: EncodedPrompt,
-            measured: PromptPasses, params: RunParams) -> MeasuredPrompt:
+def _result(
+    loaded_models: RunModels | LlamaCppRunModels,
+    prompt: Prompt,
+    enc: EncodedPrompt,
+    measured: PromptPasses,
+    params: RunParams,
+) -> MeasuredPrompt:
     """One prompt's result: the walks at every g under the engine's drafting rule (or, sampling, the
     i.i.d. expectation from the overlaps), with the passes that fed them."""
     started = time.perf_counter()
     output, matches, index = measured.output_ids, measured.matches, None
     if matches is None:
-        index = NgramIndex(list(enc.ids) + list(output), loaded_models.ngram_max, loaded_models.eos_ids,
-                           loaded_models.rule)
+        index = NgramIndex(
+            list(enc.ids) + list(output), loaded_models.ngram_max, loaded_models.eos_ids, loaded_models.rule
+        )
         matches = ngram_first_token_matches(enc.ids, output, index=index)
     alpha_sampling = None
     if params.temperature > 0:
@@ -149,12 +158,18 @@ def _result(loaded_models: RunModels | LlamaCppRunModels, prompt: Prompt, enc: E
     )
 
 
-def _alpha_sampling(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPrompt, measured: PromptPasses,
-                    index: NgramIndex | None, params: RunParams) -> float:
+def _alpha_sampling(
+    loaded_models: RunModels | LlamaCppRunModels,
+    enc: EncodedPrompt,
+    measured: PromptPasses,
+    index: NgramIndex | None,
+    params: RunParams,
+) -> float:
     """The mean overlap of target and draft distributions over the output (NaN for an empty output)."""
     if loaded_models.draft is not None:
-        betas = sampling_overlaps(measured.target_logits, measured.draft_logits, params.temperature,
-                                  params.top_p)
+        betas = sampling_overlaps(
+            measured.target_logits, measured.draft_logits, params.temperature, params.top_p
+        )
     else:
         betas = _ngram_sampling_overlaps(measured.target_logits, enc.ids, measured.output_ids, index, params)
     return float(np.mean(betas)) if betas.size else float("nan")
@@ -162,15 +177,31 @@ def _alpha_sampling(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPr
 
 def _sampling_counts(alpha_sampling: float, gamma_max: int) -> list[CountsAtGamma]:
     """Sampling has no walk: zero counts at every g, with the i.i.d. expected tokens per round."""
-    return [CountsAtGamma(gamma=g, rounds=0, drafted=0, accepted=0,
-                          accepted_hist=[0] * (g + 1), drafted_hist=[0] * (g + 1), position_accepted=[0] * g,
-                          expected_tokens_per_round=expected_tokens_iid(alpha_sampling, g)
-                          if np.isfinite(alpha_sampling) else None)
-            for g in range(1, gamma_max + 1)]
+    return [
+        CountsAtGamma(
+            gamma=g,
+            rounds=0,
+            drafted=0,
+            accepted=0,
+            accepted_hist=[0] * (g + 1),
+            drafted_hist=[0] * (g + 1),
+            position_accepted=[0] * g,
+            expected_tokens_per_round=expected_tokens_iid(alpha_sampling, g)
+            if np.isfinite(alpha_sampling)
+            else None,
+        )
+        for g in range(1, gamma_max + 1)
+    ]
 
 
-def _greedy_counts(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPrompt, output: list[int],
-                   matches, index: NgramIndex | None, params: RunParams) -> list[CountsAtGamma]:
+def _greedy_counts(
+    loaded_models: RunModels | LlamaCppRunModels,
+    enc: EncodedPrompt,
+    output: list[int],
+    matches,
+    index: NgramIndex | None,
+    params: RunParams,
+) -> list[CountsAtGamma]:
     """The walk at every g: over the draft's matches (a model draft, under the engine's rule) or the
     n-gram lookup (prompt lookup)."""
     counts_per_gamma = []
@@ -179,16 +210,24 @@ def _greedy_counts(loaded_models: RunModels | LlamaCppRunModels, enc: EncodedPro
             counts = walk_model_draft(matches, g, params.max_new_tokens, loaded_models.rule)
         else:
             counts = walk_ngram(enc.ids, output, g, params.max_new_tokens, index=index)
-        counts_per_gamma.append(CountsAtGamma(
-            gamma=g, rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
-            accepted_hist=counts.accepted_hist.tolist(), drafted_hist=counts.drafted_hist.tolist(),
-            position_accepted=counts.position_accepted.tolist(),
-            expected_tokens_per_round=(counts.output_tokens / counts.rounds) if counts.rounds else None,
-        ))
+        counts_per_gamma.append(
+            CountsAtGamma(
+                gamma=g,
+                rounds=counts.rounds,
+                drafted=counts.drafted,
+                accepted=counts.accepted,
+                accepted_hist=counts.accepted_hist.tolist(),
+                drafted_hist=counts.drafted_hist.tolist(),
+                position_accepted=counts.position_accepted.tolist(),
+                expected_tokens_per_round=(counts.output_tokens / counts.rounds) if counts.rounds else None,
+            )
+        )
     return counts_per_gamma
 
 
-def _ngram_sampling_overlaps(target_logits, prompt_ids, output, index: NgramIndex, params: RunParams) -> np.ndarray:
+def _ngram_sampling_overlaps(
+    target_logits, prompt_ids, output, index: NgramIndex, params: RunParams
+) -> np.ndarray:
     """For prompt lookup the draft distribution is a point mass on the proposed token, so
     beta_i = p_i(proposal) (0 where nothing is proposed)."""
     probs = processed_probabilities(target_logits, params.temperature, params.top_p).numpy()
@@ -240,21 +279,38 @@ class LoadedModelCache:
         self.loaded: RunModels | LlamaCppRunModels | None = None
         self.encoded: dict[int, EncodedPrompt] = {}
 
-    def load(self, pair: ModelPair, params: RunParams,
-             progress: ProgressCallback | None) -> RunModels | LlamaCppRunModels:
+    def load(
+        self, pair: ModelPair, params: RunParams, progress: ProgressCallback | None
+    ) -> RunModels | LlamaCppRunModels:
         """The run's pair in its engine, on the device and dtype it asks for, loaded unless it already is."""
         llama_cpp = params.engine == "llama.cpp"
         placement = None if llama_cpp else params.placement()
-        where = ("in llama.cpp on the CPU" if llama_cpp
-                 else f"on {placement.device} ({placement.name}) in {placement.dtype}")
-        key = (params.engine, pair.target.spec, pair.draft.spec, where, params.chat_template,
-               params.max_prompt_tokens, params.max_new_tokens, params.gamma_max if llama_cpp else None)
+        where = (
+            "in llama.cpp on the CPU"
+            if llama_cpp
+            else f"on {placement.device} ({placement.name}) in {placement.dtype}"
+        )
+        key = (
+            params.engine,
+            pair.target.spec,
+            pair.draft.spec,
+            where,
+            params.chat_template,
+            params.max_prompt_tokens,
+            params.max_new_tokens,
+            params.gamma_max if llama_cpp else None,
+        )
         if key != self.key:
             self.loaded = self.key = None
             self.encoded = {}
             if progress:
-                progress(0, 0, f"loading {pair.target.spec}" + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
-                         + f" {where}")
+                progress(
+                    0,
+                    0,
+                    f"loading {pair.target.spec}"
+                    + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
+                    + f" {where}",
+                )
             if llama_cpp:
                 from analyzer.llamacpp_run import load_llamacpp_models
 
@@ -315,8 +371,14 @@ def execute_run(
         execute_chunk(session_factory, chunk, worker_id=worker_id, model_cache=model_cache, progress=progress)
 
 
-def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_id: str,
-                  model_cache: LoadedModelCache, progress: ProgressCallback | None = None) -> bool:
+def execute_chunk(
+    session_factory: sessionmaker,
+    chunk: ClaimedChunk,
+    *,
+    worker_id: str,
+    model_cache: LoadedModelCache,
+    progress: ProgressCallback | None = None,
+) -> bool:
     """Do one claimed chunk: the cost profile, the measurement of its prompts (those not stored
     yet; each batch committed and the chunk's heartbeat renewed), or the validation; then mark it
     done (which finishes the run after its last chunk). Returns False when the chunk was left
@@ -334,8 +396,14 @@ def execute_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, *, worker_
         _record_machine(session_factory, run_id, loaded_models, params)
         if chunk.kind == "profile":
             median = sorted(prompts, key=_prompt_chars)[len(prompts) // 2]
-            profile_run_costs(session_factory, run_id, loaded_models, params,
-                              [model_cache.encode(median, params).ids], progress)
+            profile_run_costs(
+                session_factory,
+                run_id,
+                loaded_models,
+                params,
+                [model_cache.encode(median, params).ids],
+                progress,
+            )
         elif chunk.kind == "measure":
             if not _measure_chunk(session_factory, chunk, worker_id, model_cache, params, prompts, progress):
                 return False
@@ -353,8 +421,12 @@ def _prompt_chars(prompt: Prompt) -> int:
     return len(prompt.text or "") + sum(len(str(m.get("content", ""))) for m in prompt.messages or [])
 
 
-def _record_machine(session_factory: sessionmaker, run_id: int, loaded_models: RunModels | LlamaCppRunModels,
-                    params: RunParams) -> None:
+def _record_machine(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: RunModels | LlamaCppRunModels,
+    params: RunParams,
+) -> None:
     """Store on the run where it is measured: device, dtype (for llama.cpp the weights' type as
     shipped), library versions, EOS ids, tokenizers."""
     with session_factory() as session, session.begin():
@@ -368,14 +440,22 @@ def _record_machine(session_factory: sessionmaker, run_id: int, loaded_models: R
                 spec.tokenizer_sha256 = tokenizer_fingerprint(tokenizer)
 
 
-def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id: str,
-                   model_cache: LoadedModelCache, params: RunParams, prompts: list[Prompt],
-                   progress: ProgressCallback | None) -> bool:
+def _measure_chunk(
+    session_factory: sessionmaker,
+    chunk: ClaimedChunk,
+    worker_id: str,
+    model_cache: LoadedModelCache,
+    params: RunParams,
+    prompts: list[Prompt],
+    progress: ProgressCallback | None,
+) -> bool:
     """Measure the chunk's prompts that have no result yet, a batch at a time; False when the run
     was cancelled (marked so here) or the chunk is no longer this worker's."""
     mine = set(chunk.prompt_ids)
     with session_factory() as session:
-        stored = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == chunk.run_id)))
+        stored = set(
+            session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == chunk.run_id))
+        )
     pending = [p for p in prompts if p.id in mine and p.id not in stored]
     where = "measuring"
     for start in range(0, len(pending), params.batch_size):
@@ -383,7 +463,7 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
             if cancelled(session_factory, chunk.run_id):
                 finish(session_factory, chunk.run_id, "cancelled")
             return False
-        batch = [(p, model_cache.encode(p, params)) for p in pending[start:start + params.batch_size]]
+        batch = [(p, model_cache.encode(p, params)) for p in pending[start : start + params.batch_size]]
         results = _measure_batch(model_cache.loaded, batch, params)
         try:
             with session_factory() as session, session.begin():
@@ -399,8 +479,13 @@ def _measure_chunk(session_factory: sessionmaker, chunk: ClaimedChunk, worker_id
     return True
 
 
-def _validate(session_factory: sessionmaker, run_id: int, loaded_models: RunModels | LlamaCppRunModels,
-              params: RunParams, progress: ProgressCallback | None) -> None:
+def _validate(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: RunModels | LlamaCppRunModels,
+    params: RunParams,
+    progress: ProgressCallback | None,
+) -> None:
     """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
     plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
     run measured (stored with each result)."""
@@ -408,10 +493,17 @@ def _validate(session_factory: sessionmaker, run_id: int, loaded_models: RunMode
 
     with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
         summary = store_summary(session, session.get(AnalysisRun, run_id))
-        validated = set(session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id)))
-        stored = {pid: (prompt_ids, output) for pid, prompt_ids, output in session.execute(
-            select(PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids)
-            .where(PromptResult.run_id == run_id))}
+        validated = set(
+            session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id))
+        )
+        stored = {
+            pid: (prompt_ids, output)
+            for pid, prompt_ids, output in session.execute(
+                select(
+                    PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids
+                ).where(PromptResult.run_id == run_id)
+            )
+        }
     already = [p for p in summary.prompts if p.prompt_id in validated]
     chosen = validation_sample(summary, params.validate, already=already)
     for number, prompt in enumerate(chosen, start=1):
@@ -420,15 +512,20 @@ def _validate(session_factory: sessionmaker, run_id: int, loaded_models: RunMode
         gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
         measured = loaded_models.validate(list(stored[prompt.prompt_id][0]), params, gamma)
         with session_factory() as session, session.begin():
-            session.add(ValidationResult(
-                run_id=run_id, prompt_id=prompt.prompt_id, gamma=gamma,
-                greedy_time_s=measured.greedy_time_s, speculative_time_s=measured.speculative_time_s,
-                measured_speedup=measured.measured_speedup,
-                predicted_speedup=float(prompt.speedup_curve[gamma - 1]),
-                outputs_identical=measured.outputs_identical,
-                target_forward_passes=measured.target_forward_passes,
-                replayed_rounds=prompt.rounds.get(gamma),
-                replay_identical=measured.speculative_ids == list(stored[prompt.prompt_id][1] or []),
-            ))
+            session.add(
+                ValidationResult(
+                    run_id=run_id,
+                    prompt_id=prompt.prompt_id,
+                    gamma=gamma,
+                    greedy_time_s=measured.greedy_time_s,
+                    speculative_time_s=measured.speculative_time_s,
+                    measured_speedup=measured.measured_speedup,
+                    predicted_speedup=float(prompt.speedup_curve[gamma - 1]),
+                    outputs_identical=measured.outputs_identical,
+                    target_forward_passes=measured.target_forward_passes,
+                    replayed_rounds=prompt.rounds.get(gamma),
+                    replay_identical=measured.speculative_ids == list(stored[prompt.prompt_id][1] or []),
+                )
+            )
     if progress and chosen:
         progress(len(chosen), len(chosen), "validating with real speculative decoding")

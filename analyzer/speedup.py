@@ -50,7 +50,9 @@ class Cost:
     def round_s(self, drafted: int) -> float:
         """Seconds of one round that drafts ``drafted`` tokens (0 = a plain decode step + lookup)."""
         if drafted + 1 > len(self.target_forward_s):
-            raise ValueError(f"cost curve covers k <= {len(self.target_forward_s)}, a round needs {drafted + 1}")
+            raise ValueError(
+                f"cost curve covers k <= {len(self.target_forward_s)}, a round needs {drafted + 1}"
+            )
         draft = self.draft_step_s * drafted if self.draft_cost_per_token else self.draft_step_s
         return draft + float(self.target_forward_s[drafted]) + self.round_overhead_s
 
@@ -75,7 +77,9 @@ def predicted_speedup(
 
 
 def pooled_speedup(
-    output_tokens: Sequence[int], drafted_hists: Sequence[np.ndarray], cost: Cost,
+    output_tokens: Sequence[int],
+    drafted_hists: Sequence[np.ndarray],
+    cost: Cost,
     prompt_tokens: Sequence[int] | None = None,
 ) -> float:
     """Throughput speedup of a group of requests: total greedy time over total speculative time."""
@@ -124,9 +128,14 @@ INTERVAL_LEVEL = 0.90
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def bootstrap_speedup_interval(greedy_s: Sequence[float] | np.ndarray, speculative_s: Sequence[float] | np.ndarray,
-                               *, level: float = INTERVAL_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
-                               seed: int = 0) -> tuple[float, float]:
+def bootstrap_speedup_interval(
+    greedy_s: Sequence[float] | np.ndarray,
+    speculative_s: Sequence[float] | np.ndarray,
+    *,
+    level: float = INTERVAL_LEVEL,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Percentile bootstrap interval over prompts of the pooled speedup sum(greedy_s) / sum(speculative_s),
     both shape (n,) (per-prompt seconds without and with speculation): the prompts are resampled with
     replacement ``resamples`` times (seeded, so a report is reproducible) and the (1 - level)/2 and
@@ -142,7 +151,7 @@ def bootstrap_speedup_interval(greedy_s: Sequence[float] | np.ndarray, speculati
     for start in range(0, resamples, block):
         size = min(block, resamples - start)
         counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size)  # (size, n) times each prompt is drawn
-        ratios[start:start + size] = (counts @ greedy) / (counts @ speculative)
+        ratios[start : start + size] = (counts @ greedy) / (counts @ speculative)
     low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return float(low), float(high)
 

@@ -86,14 +86,24 @@ class DecisionReason:
             return "nothing measured"
         speedup = _or_nan(self.speedup)
         low, high = (_or_nan(v) for v in self.interval)
-        shown = (f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {self.n}" if self.interval[0] is not None
-                 else f"{speedup:.2f}x, n = {self.n}")
+        shown = (
+            f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {self.n}"
+            if self.interval[0] is not None
+            else f"{speedup:.2f}x, n = {self.n}"
+        )
         needed = f"{1 + self.margin:.2f}x"
         if self.code == "too_few_prompts":
-            taken = ("" if self.workload_speculate is None else
-                     f" (speculate at gamma {self.workload_gamma})" if self.workload_speculate else " (off)")
-            return (f"{shown}: too few prompts to decide (fewer than {self.min_prompts}), "
-                    f"the workload's decision applies{taken}")
+            taken = (
+                ""
+                if self.workload_speculate is None
+                else f" (speculate at gamma {self.workload_gamma})"
+                if self.workload_speculate
+                else " (off)"
+            )
+            return (
+                f"{shown}: too few prompts to decide (fewer than {self.min_prompts}), "
+                f"the workload's decision applies{taken}"
+            )
         if self.code == "point_estimate":
             return f"{shown}: too few prompts for an interval; decided on S(g*) alone"
         if self.code == "below_margin":
@@ -109,8 +119,9 @@ def _or_nan(value: float | None) -> float:
     return float("nan") if value is None else value
 
 
-def decide_group(speedup: float, interval: tuple[float, float], n: int,
-                 margin: float = DEFAULT_MARGIN) -> tuple[bool | None, DecisionReason]:
+def decide_group(
+    speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN
+) -> tuple[bool | None, DecisionReason]:
     """The decision rule for a group of n prompts from S(g*) and its bootstrap interval: speculate
     when S(g*) clears 1 + margin **and** the interval's lower end clears 1.0; None when n <
     MIN_TASK_PROMPTS (too few prompts to decide: the caller applies the workload's decision).
@@ -124,8 +135,9 @@ def decide_group(speedup: float, interval: tuple[float, float], n: int,
         speculate, code = False, "interval_reaches_loss"
     else:
         speculate, code = True, "clears"
-    return speculate, DecisionReason(code=code, speedup=finite(speedup), interval=(finite(low), finite(high)),
-                                     n=n, margin=margin)
+    return speculate, DecisionReason(
+        code=code, speedup=finite(speedup), interval=(finite(low), finite(high)), n=n, margin=margin
+    )
 
 
 @dataclass(kw_only=True)
@@ -156,10 +168,16 @@ class GroupDecision:
 
     def decision_dict(self) -> dict:
         """The decision's fields as JSON-ready data."""
-        return {"best_gamma": self.best_gamma, "predicted_speedup": self.predicted_speedup,
-                "speedup_interval": list(self.speedup_interval), "speculate": self.speculate,
-                "decision_basis": self.decision_basis, "decision_code": self.decision_code,
-                "decision_reason": self.decision_reason, "speedup_curve": list(self.speedup_curve)}
+        return {
+            "best_gamma": self.best_gamma,
+            "predicted_speedup": self.predicted_speedup,
+            "speedup_interval": list(self.speedup_interval),
+            "speculate": self.speculate,
+            "decision_basis": self.decision_basis,
+            "decision_code": self.decision_code,
+            "decision_reason": self.decision_reason,
+            "speedup_curve": list(self.speedup_curve),
+        }
 
 
 @dataclass(kw_only=True)
@@ -191,8 +209,11 @@ class GroupSummary(GroupDecision):
         """The report's JSON for this group (see README "Analysis report JSON")."""
         data = asdict(self)
         del data["reason"]
-        data.update(speedup_interval=list(self.speedup_interval), decision_code=self.decision_code,
-                    decision_reason=self.decision_reason)
+        data.update(
+            speedup_interval=list(self.speedup_interval),
+            decision_code=self.decision_code,
+            decision_reason=self.decision_reason,
+        )
         data["by_batch"] = {str(b): entry.decision_dict() for b, entry in sorted(self.by_batch.items())}
         return data
 
@@ -255,7 +276,10 @@ def cost_for_run(run: AnalysisRun) -> Cost | None:
 def costs_for_run(run: AnalysisRun) -> dict[int, Cost]:
     """The run's cost model per profiled batch size ({} before profiling). Runs from before batch
     sizes were profiled have their one profile at batch 1."""
-    costs = {link.batch_size: cost_from_profile(link.cost_profile, run.pair.draft.kind) for link in run.batch_profiles}
+    costs = {
+        link.batch_size: cost_from_profile(link.cost_profile, run.pair.draft.kind)
+        for link in run.batch_profiles
+    }
     if not costs and run.cost_profile is not None:
         costs[run.cost_profile.batch_size or 1] = cost_from_profile(run.cost_profile, run.pair.draft.kind)
     return costs
@@ -273,9 +297,14 @@ def _alpha(result: PromptResult, sampling: bool) -> float:
 def _prompt_curve(result: PromptResult, cost: Cost, sampling: bool) -> list[float]:
     if sampling:
         alpha = _alpha(result, sampling)
-        return [iid_speedup(alpha, g.gamma, cost) if math.isfinite(alpha) else float("nan") for g in result.gamma_counts]
-    return [predicted_speedup(result.output_tokens, g.drafted_hist, cost, result.prompt_tokens)
-            for g in result.gamma_counts]
+        return [
+            iid_speedup(alpha, g.gamma, cost) if math.isfinite(alpha) else float("nan")
+            for g in result.gamma_counts
+        ]
+    return [
+        predicted_speedup(result.output_tokens, g.drafted_hist, cost, result.prompt_tokens)
+        for g in result.gamma_counts
+    ]
 
 
 def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int) -> list[float]:
@@ -290,15 +319,20 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
                     spec += r.output_tokens / tokens_per_round * cost.round_s(g)
             curve.append(tokens * cost.decode_s / spec if spec else float("nan"))
         else:
-            curve.append(pooled_speedup(
-                [r.output_tokens for r in results], [np.asarray(r.gamma_counts[g - 1].drafted_hist) for r in results],
-                cost,
-                [r.prompt_tokens for r in results],
-            ))
+            curve.append(
+                pooled_speedup(
+                    [r.output_tokens for r in results],
+                    [np.asarray(r.gamma_counts[g - 1].drafted_hist) for r in results],
+                    cost,
+                    [r.prompt_tokens for r in results],
+                )
+            )
     return curve
 
 
-def _prompt_times(results: list[PromptResult], cost: Cost, sampling: bool, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+def _prompt_times(
+    results: list[PromptResult], cost: Cost, sampling: bool, gamma: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt (with output), predicted seconds without and with speculation at ``gamma``; the
     pooled speedup of a group is their sums' ratio (as in ``_group_curve``)."""
     greedy, speculative = [], []
@@ -314,26 +348,40 @@ def _prompt_times(results: list[PromptResult], cost: Cost, sampling: bool, gamma
         else:
             target_prefill, draft_prefill = cost.prefill_s(r.prompt_tokens)
             greedy.append(target_prefill + r.output_tokens * cost.decode_s)
-            speculative.append(target_prefill + draft_prefill
-                               + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, cost))
+            speculative.append(
+                target_prefill
+                + draft_prefill
+                + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, cost)
+            )
     return np.array(greedy), np.array(speculative)
 
 
-def _decision(results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int, margin: float) -> GroupDecision:
+def _decision(
+    results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int, margin: float
+) -> GroupDecision:
     """g*, S(g*), its bootstrap interval over the prompts and the decision with its reason;
     ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
     curve = _group_curve(results, cost, sampling, gamma_max)
     g_star, s_star = best_gamma(curve)
-    greedy, speculative = (_prompt_times(results, cost, sampling, g_star) if g_star
-                           else (np.empty(0), np.empty(0)))
+    greedy, speculative = (
+        _prompt_times(results, cost, sampling, g_star) if g_star else (np.empty(0), np.empty(0))
+    )
     # one prompt has no spread: no interval rather than a zero-width one
-    interval = bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
-    speculate, reason = (decide_group(s_star, interval, len(results), margin) if g_star
-                         else (False, DecisionReason()))
-    return GroupDecision(best_gamma=g_star, predicted_speedup=finite(s_star),
-                         speedup_interval=(finite(interval[0]), finite(interval[1])), speculate=speculate,
-                         decision_basis="task" if speculate is not None else "workload", reason=reason,
-                         speedup_curve=[finite(v) for v in curve])
+    interval = (
+        bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
+    )
+    speculate, reason = (
+        decide_group(s_star, interval, len(results), margin) if g_star else (False, DecisionReason())
+    )
+    return GroupDecision(
+        best_gamma=g_star,
+        predicted_speedup=finite(s_star),
+        speedup_interval=(finite(interval[0]), finite(interval[1])),
+        speculate=speculate,
+        decision_basis="task" if speculate is not None else "workload",
+        reason=reason,
+        speedup_curve=[finite(v) for v in curve],
+    )
 
 
 def _fidelity(results: list[PromptResult]) -> dict | None:
@@ -347,15 +395,26 @@ def _fidelity(results: list[PromptResult]) -> dict | None:
     mismatches = [(r.replay_mismatches or 0, r.output_tokens) for r in measured]
     shares = [wrong / tokens for wrong, tokens in mismatches if tokens]
     total_wrong = sum(wrong for wrong, _ in mismatches)
-    return {"prompts": len(measured), "positions": tokens, "mismatches": int(total_wrong),
-            "mismatch_share": finite(total_wrong / tokens) if tokens else None,
-            "worst_prompt_share": finite(max(shares)) if shares else None,
-            "prompts_with_mismatch": int(sum(1 for wrong, _ in mismatches if wrong))}
+    return {
+        "prompts": len(measured),
+        "positions": tokens,
+        "mismatches": int(total_wrong),
+        "mismatch_share": finite(total_wrong / tokens) if tokens else None,
+        "worst_prompt_share": finite(max(shares)) if shares else None,
+        "prompts_with_mismatch": int(sum(1 for wrong, _ in mismatches if wrong)),
+    }
 
 
-def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max: int, margin: float = DEFAULT_MARGIN,
-                    sampling: bool = False, costs: dict[int, Cost] | None = None,
-                    measured: dict[int, float] | None = None) -> GroupSummary:
+def summarize_group(
+    results: list[PromptResult],
+    cost: Cost | None,
+    *,
+    gamma_max: int,
+    margin: float = DEFAULT_MARGIN,
+    sampling: bool = False,
+    costs: dict[int, Cost] | None = None,
+    measured: dict[int, float] | None = None,
+) -> GroupSummary:
     """The summary of any group of one run's results (a task type, the workload): n, alpha mean and
     variance, tier, the pooled S(g) curve, g*, the decision (None while too few prompts decide it),
     at batch 1 and at every batch size in ``costs``; ``measured``: prompt id -> speedup measured by
@@ -363,24 +422,33 @@ def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max
     measured = measured or {}
     alpha_mean, alpha_var = mean_and_variance([_alpha(r, sampling) for r in results])
     summary = GroupSummary(
-        n=len(results), alpha_mean=finite(alpha_mean), alpha_var=finite(alpha_var) if alpha_var is not None else None,
+        n=len(results),
+        alpha_mean=finite(alpha_mean),
+        alpha_var=finite(alpha_var) if alpha_var is not None else None,
         alpha_std=finite(math.sqrt(alpha_var)) if alpha_var is not None else None,
-        tier=recommendation_tier(alpha_mean, alpha_var), output_tokens=int(sum(r.output_tokens for r in results)),
+        tier=recommendation_tier(alpha_mean, alpha_var),
+        output_tokens=int(sum(r.output_tokens for r in results)),
         fidelity=_fidelity(results),
     )
     if cost is None:
         return summary
-    by_batch = {b: _decision(results, c_b, sampling, gamma_max, margin)
-                for b, c_b in sorted((costs or {}).items())}
+    by_batch = {
+        b: _decision(results, c_b, sampling, gamma_max, margin) for b, c_b in sorted((costs or {}).items())
+    }
     # the batch-1 decision is usually one of those already made (same profile): one bootstrap, not two
     same = next((entry for b, entry in by_batch.items() if (costs or {})[b] == cost), None)
-    decision = (replace(same, speedup_curve=list(same.speedup_curve)) if same is not None
-                else _decision(results, cost, sampling, gamma_max, margin))
+    decision = (
+        replace(same, speedup_curve=list(same.speedup_curve))
+        if same is not None
+        else _decision(results, cost, sampling, gamma_max, margin)
+    )
     g_star = decision.best_gamma
     c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
     if g_star and not sampling:
-        al = mean_acceptance_length(sum(r.gamma_counts[g_star - 1].accepted for r in results),
-                                    sum(r.gamma_counts[g_star - 1].rounds for r in results))
+        al = mean_acceptance_length(
+            sum(r.gamma_counts[g_star - 1].accepted for r in results),
+            sum(r.gamma_counts[g_star - 1].rounds for r in results),
+        )
     elif g_star:
         al = float(np.mean([r.gamma_counts[g_star - 1].expected_tokens_per_round or np.nan for r in results]))
     else:
@@ -388,12 +456,20 @@ def summarize_group(results: list[PromptResult], cost: Cost | None, *, gamma_max
     validated = [measured[r.prompt_id] for r in results if r.prompt_id in measured]
     known_alpha = math.isfinite(alpha_mean)
     return replace(
-        summary, **{k: getattr(decision, k) for k in decision.__dataclass_fields__},
-        interval_level=INTERVAL_LEVEL, al=finite(al),
-        iid_curve=[finite(iid_speedup(alpha_mean, g, cost)) if known_alpha else None for g in range(1, gamma_max + 1)],
-        leviathan_curve=[finite(leviathan_speedup(alpha_mean, g, c)) if known_alpha else None
-                         for g in range(1, gamma_max + 1)],
-        histogram=np.sum([r.gamma_counts[g_star - 1].accepted_hist for r in results], axis=0).tolist() if g_star else [],
+        summary,
+        **{k: getattr(decision, k) for k in decision.__dataclass_fields__},
+        interval_level=INTERVAL_LEVEL,
+        al=finite(al),
+        iid_curve=[
+            finite(iid_speedup(alpha_mean, g, cost)) if known_alpha else None for g in range(1, gamma_max + 1)
+        ],
+        leviathan_curve=[
+            finite(leviathan_speedup(alpha_mean, g, c)) if known_alpha else None
+            for g in range(1, gamma_max + 1)
+        ],
+        histogram=np.sum([r.gamma_counts[g_star - 1].accepted_hist for r in results], axis=0).tolist()
+        if g_star
+        else [],
         measured_speedup=finite(float(np.mean(validated))) if validated else None,
         measured_n=len(validated),
         measured_tasks=sorted({r.task_type or UNLABELLED for r in results if r.prompt_id in measured}),
@@ -406,8 +482,9 @@ def _take_workload_decision(summary: GroupDecision, workload: GroupDecision) -> 
     if summary.speculate is None:
         summary.speculate = bool(workload.speculate)
         summary.decision_basis = "workload"
-        summary.reason = replace(summary.reason, workload_speculate=bool(workload.speculate),
-                                 workload_gamma=workload.best_gamma)
+        summary.reason = replace(
+            summary.reason, workload_speculate=bool(workload.speculate), workload_gamma=workload.best_gamma
+        )
 
 
 def _decide_alone(summary: GroupDecision, margin: float) -> None:
@@ -426,17 +503,26 @@ def tier_note(summary: GroupSummary, cost: Cost | None) -> str | None:
         return None
     if summary.speculate == (summary.tier in ("HIGHLY_RECOMMENDED", "RECOMMENDED")):
         return None
-    cost_text = (f"a round at gamma {gamma} costs {cost.round_s(gamma) / cost.decode_s:.2f}x a decoding step here"
-                 + (f" and yields {summary.al:.2f} tokens on average" if summary.al else ""))
+    cost_text = (
+        f"a round at gamma {gamma} costs {cost.round_s(gamma) / cost.decode_s:.2f}x a decoding step here"
+        + (f" and yields {summary.al:.2f} tokens on average" if summary.al else "")
+    )
     base = f"the tier reads alpha alone ({summary.alpha_mean:.2f}); the decision weighs the cost: {cost_text}"
     if summary.decision_basis == "workload":
         base += "; and this task has too few prompts, so the workload's decision applies"
     return base
 
 
-def summarize_groups(results: list[PromptResult], cost: Cost | None, *, gamma_max: int, margin: float = DEFAULT_MARGIN,
-                     sampling: bool = False, costs: dict[int, Cost] | None = None,
-                     measured: dict[int, float] | None = None) -> tuple[dict[str, GroupSummary], GroupSummary | None]:
+def summarize_groups(
+    results: list[PromptResult],
+    cost: Cost | None,
+    *,
+    gamma_max: int,
+    margin: float = DEFAULT_MARGIN,
+    sampling: bool = False,
+    costs: dict[int, Cost] | None = None,
+    measured: dict[int, float] | None = None,
+) -> tuple[dict[str, GroupSummary], GroupSummary | None]:
     """(per task type, workload) for a set of one run's results, with the decision rules applied: a
     task too small to decide takes the workload's decision (at every batch size), the workload decides
     on S(g*) alone when it is too small itself, and a validation sample from one task is no workload
@@ -444,9 +530,11 @@ def summarize_groups(results: list[PromptResult], cost: Cost | None, *, gamma_ma
     by_task: dict[str, list[PromptResult]] = defaultdict(list)
     for result in results:
         by_task[result.task_type or UNLABELLED].append(result)
+
     def summarized(group: list[PromptResult]) -> GroupSummary:
-        return summarize_group(group, cost, gamma_max=gamma_max, margin=margin, sampling=sampling, costs=costs,
-                               measured=measured)
+        return summarize_group(
+            group, cost, gamma_max=gamma_max, margin=margin, sampling=sampling, costs=costs, measured=measured
+        )
 
     tasks = {task: summarized(group) for task, group in sorted(by_task.items())}
     if not results:
@@ -467,15 +555,23 @@ def summarize_groups(results: list[PromptResult], cost: Cost | None, *, gamma_ma
 
 def load_results(session: Session, run_id: int) -> list[PromptResult]:
     """A run's results in prompt order, with their per-gamma counts and prompts loaded."""
-    return list(session.scalars(
-        select(PromptResult).where(PromptResult.run_id == run_id)
-        .options(selectinload(PromptResult.gamma_counts), selectinload(PromptResult.prompt))
-        .order_by(PromptResult.prompt_id)
-    ))
+    return list(
+        session.scalars(
+            select(PromptResult)
+            .where(PromptResult.run_id == run_id)
+            .options(selectinload(PromptResult.gamma_counts), selectinload(PromptResult.prompt))
+            .order_by(PromptResult.prompt_id)
+        )
+    )
 
 
-def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
-                  validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+def summarize_run(
+    session: Session,
+    run: AnalysisRun,
+    *,
+    results: list[PromptResult] | None = None,
+    validations: list[ValidationResult] | None = None,
+) -> AnalysisSummary:
     """The summary of ``run`` from its stored counts, profiles and validations (pass ``results`` /
     ``validations`` when already loaded)."""
     run_id = run.id
@@ -490,14 +586,31 @@ def summarize_run(session: Session, run: AnalysisRun, *, results: list[PromptRes
     for result in results:
         curve = _prompt_curve(result, cost, sampling) if cost else []
         g_star, _ = best_gamma(curve)
-        prompts.append(PromptSummary(
-            prompt_id=result.prompt_id, position=result.prompt.position, task=result.task_type or UNLABELLED,
-            alpha=finite(_alpha(result, sampling)), speedup_curve=[finite(v) for v in curve], best_gamma=g_star,
-            rounds={g.gamma: g.rounds for g in result.gamma_counts}))
-    tasks, workload = summarize_groups(results, cost, gamma_max=gamma_max, margin=margin, sampling=sampling,
-                                       costs=costs, measured=measured)
-    return AnalysisSummary(run_id=run_id, gamma_max=gamma_max, sampling=sampling, margin=margin, cost=cost,
-                           costs=costs, prompts=prompts, tasks=tasks, workload=workload)
+        prompts.append(
+            PromptSummary(
+                prompt_id=result.prompt_id,
+                position=result.prompt.position,
+                task=result.task_type or UNLABELLED,
+                alpha=finite(_alpha(result, sampling)),
+                speedup_curve=[finite(v) for v in curve],
+                best_gamma=g_star,
+                rounds={g.gamma: g.rounds for g in result.gamma_counts},
+            )
+        )
+    tasks, workload = summarize_groups(
+        results, cost, gamma_max=gamma_max, margin=margin, sampling=sampling, costs=costs, measured=measured
+    )
+    return AnalysisSummary(
+        run_id=run_id,
+        gamma_max=gamma_max,
+        sampling=sampling,
+        margin=margin,
+        cost=cost,
+        costs=costs,
+        prompts=prompts,
+        tasks=tasks,
+        workload=workload,
+    )
 
 
 # ---------------------------------------------------------------- the stored summary
@@ -524,11 +637,16 @@ def _plain(value: Any) -> Any:
 def summary_from_json(data: Mapping[str, Any]) -> AnalysisSummary:
     """The summary that :func:`summary_to_json` wrote."""
     return AnalysisSummary(
-        run_id=data["run_id"], gamma_max=data["gamma_max"], sampling=data["sampling"], margin=data["margin"],
+        run_id=data["run_id"],
+        gamma_max=data["gamma_max"],
+        sampling=data["sampling"],
+        margin=data["margin"],
         cost=Cost(**data["cost"]) if data["cost"] is not None else None,
         costs={int(b): Cost(**c) for b, c in data["costs"].items()},
-        prompts=[PromptSummary(**dict(p, rounds={int(g): r for g, r in p["rounds"].items()}))
-                 for p in data["prompts"]],
+        prompts=[
+            PromptSummary(**dict(p, rounds={int(g): r for g, r in p["rounds"].items()}))
+            for p in data["prompts"]
+        ],
         tasks={task: _group_from_json(group, GroupSummary) for task, group in data["tasks"].items()},
         workload=_group_from_json(data["workload"], GroupSummary) if data["workload"] is not None else None,
     )
@@ -538,50 +656,87 @@ _Group = TypeVar("_Group", bound=GroupDecision)
 
 
 def _group_from_json(data: Mapping[str, Any], kind: type[_Group]) -> _Group:
-    values = dict(data, speedup_interval=tuple(data["speedup_interval"]),
-                  reason=DecisionReason(**dict(data["reason"], interval=tuple(data["reason"]["interval"]))))
+    values = dict(
+        data,
+        speedup_interval=tuple(data["speedup_interval"]),
+        reason=DecisionReason(**dict(data["reason"], interval=tuple(data["reason"]["interval"]))),
+    )
     if "by_batch" in values:
-        values["by_batch"] = {int(b): _group_from_json(entry, GroupDecision)
-                              for b, entry in data["by_batch"].items()}
+        values["by_batch"] = {
+            int(b): _group_from_json(entry, GroupDecision) for b, entry in data["by_batch"].items()
+        }
     return kind(**values)
 
 
-def _summary_basis(session: Session, run: AnalysisRun, results: list[PromptResult] | None,
-                   validations: list[ValidationResult] | None) -> dict[str, Any]:
+def _summary_basis(
+    session: Session,
+    run: AnalysisRun,
+    results: list[PromptResult] | None,
+    validations: list[ValidationResult] | None,
+) -> dict[str, Any]:
     """What a run's summary is computed from, to tell a stored one that is still true: the count and
     last id of its results and of its validations (a resumed run adds results, a validation adds
     rows; none is changed in place), and its cost profiles."""
+
     def count_and_last(rows: list | None, model: type[PromptResult] | type[ValidationResult]) -> list:
         if rows is not None:
             return [len(rows), max((row.id for row in rows), default=None)]
         count, last = session.execute(
-            select(func.count(model.id), func.max(model.id)).where(model.run_id == run.id)).one()
+            select(func.count(model.id), func.max(model.id)).where(model.run_id == run.id)
+        ).one()
         return [int(count), last]
 
-    return {"results": count_and_last(results, PromptResult),
-            "validations": count_and_last(validations, ValidationResult),
-            "cost_profile": run.cost_profile_id,
-            "profiles": {str(link.batch_size): link.cost_profile_id for link in run.batch_profiles}}
+    return {
+        "results": count_and_last(results, PromptResult),
+        "validations": count_and_last(validations, ValidationResult),
+        "cost_profile": run.cost_profile_id,
+        "profiles": {str(link.batch_size): link.cost_profile_id for link in run.batch_profiles},
+    }
 
 
-def store_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
-                  validations: list[ValidationResult] | None = None, relabelled: bool = False) -> AnalysisSummary:
+def store_summary(
+    session: Session,
+    run: AnalysisRun,
+    *,
+    results: list[PromptResult] | None = None,
+    validations: list[ValidationResult] | None = None,
+    relabelled: bool = False,
+) -> AnalysisSummary:
     """Compute ``run``'s summary and store it with the run (``AnalysisRun.summary``), as when a run
     finishes or is priced anew; the caller commits. A stored summary that differs only by the
     validations added since is completed with them (the curves, g* and bootstrap stay: validation
     measures, it does not price); ``relabelled``: the results' task types changed, compute it all.
     Returns it."""
-    return _store(session, run, _summary_basis(session, run, results, validations), results, validations,
-                  reuse=not relabelled)
+    return _store(
+        session,
+        run,
+        _summary_basis(session, run, results, validations),
+        results,
+        validations,
+        reuse=not relabelled,
+    )
 
 
-def _store(session: Session, run: AnalysisRun, basis: dict[str, Any], results: list[PromptResult] | None,
-           validations: list[ValidationResult] | None, *, reuse: bool = True) -> AnalysisSummary:
+def _store(
+    session: Session,
+    run: AnalysisRun,
+    basis: dict[str, Any],
+    results: list[PromptResult] | None,
+    validations: list[ValidationResult] | None,
+    *,
+    reuse: bool = True,
+) -> AnalysisSummary:
     stored = run.summary
-    if (reuse and stored and stored.get("format") == SUMMARY_FORMAT
-            and {**stored["basis"], "validations": None} == {**basis, "validations": None}):
+    if (
+        reuse
+        and stored
+        and stored.get("format") == SUMMARY_FORMAT
+        and {**stored["basis"], "validations": None} == {**basis, "validations": None}
+    ):
         if validations is None:
-            validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run.id)))
+            validations = list(
+                session.scalars(select(ValidationResult).where(ValidationResult.run_id == run.id))
+            )
         summary = with_validations(summary_from_json(stored["summary"]), validations)
     else:
         summary = summarize_run(session, run, results=results, validations=validations)
@@ -603,20 +758,31 @@ def with_validations(summary: AnalysisSummary, validations: Sequence[ValidationR
 
     def measured_in(group: GroupSummary, ids: list[int]) -> GroupSummary:
         validated = [measured[i] for i in ids if i in measured]
-        return replace(group, measured_speedup=finite(float(np.mean(validated))) if validated else None,
-                       measured_n=len(validated), measured_tasks=sorted({task_of[i] for i in ids if i in measured}))
+        return replace(
+            group,
+            measured_speedup=finite(float(np.mean(validated))) if validated else None,
+            measured_n=len(validated),
+            measured_tasks=sorted({task_of[i] for i in ids if i in measured}),
+        )
 
     tasks = {task: measured_in(group, members[task]) for task, group in summary.tasks.items()}
     workload = summary.workload
     if workload is not None:
         workload = measured_in(workload, list(task_of))
         if len(tasks) > 1 and len(workload.measured_tasks) == 1:
-            workload = replace(workload, measured_speedup=None)  # a sample of one task says nothing about the others
+            workload = replace(
+                workload, measured_speedup=None
+            )  # a sample of one task says nothing about the others
     return replace(summary, tasks=tasks, workload=workload)
 
 
-def run_summary(session: Session, run: AnalysisRun, *, results: list[PromptResult] | None = None,
-                validations: list[ValidationResult] | None = None) -> AnalysisSummary:
+def run_summary(
+    session: Session,
+    run: AnalysisRun,
+    *,
+    results: list[PromptResult] | None = None,
+    validations: list[ValidationResult] | None = None,
+) -> AnalysisSummary:
     """``run``'s summary: the stored one while it is still true (same results, validations and cost
     profiles), else computed, and stored when the run is finished (a queued or running run's is
     computed each time: its results are still coming). Pass ``results`` / ``validations`` (all of the

@@ -85,7 +85,12 @@ def _clean_generation_config(
     eos = eos_token_ids(eos_token_id, own.eos_token_id)
     pad = own.pad_token_id if own.pad_token_id is not None else (eos[0] if eos else None)
     return GenerationConfig(
-        do_sample=False, num_beams=1, eos_token_id=eos, pad_token_id=pad, bos_token_id=own.bos_token_id, **settings
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=own.bos_token_id,
+        **settings,
     )
 
 
@@ -101,7 +106,7 @@ def _generate(
             output = target_model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs
             )
-    return output[0, len(prompt_ids):].tolist(), counter.count
+    return output[0, len(prompt_ids) :].tolist(), counter.count
 
 
 def greedy_generate(
@@ -146,13 +151,19 @@ def assisted_generate(
         raise ValueError("the draft must be a separate module from the target (e.g. a deep copy)")
     if draft_model is None:
         config = _clean_generation_config(
-            target_model, eos_token_id, max_new_tokens=max_new_tokens,
-            prompt_lookup_num_tokens=gamma, max_matching_ngram_size=ngram_max if ngram_max is not None else 2,
+            target_model,
+            eos_token_id,
+            max_new_tokens=max_new_tokens,
+            prompt_lookup_num_tokens=gamma,
+            max_matching_ngram_size=ngram_max if ngram_max is not None else 2,
         )
         return _generate(target_model, prompt_ids, config)
     config = _clean_generation_config(target_model, eos_token_id, max_new_tokens=max_new_tokens)
     draft_config = _clean_generation_config(  # transformers gives the draft the target's EOS anyway
-        draft_model, config.eos_token_id, num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
+        draft_model,
+        config.eos_token_id,
+        num_assistant_tokens=gamma,
+        num_assistant_tokens_schedule="constant",
         assistant_confidence_threshold=0.0,
     )
     with _generation_config_replaced(draft_model, draft_config):
@@ -186,14 +197,22 @@ def validate_prompt(
 
     def run_speculative():
         return assisted_generate(
-            target_model, prompt_ids, max_new_tokens, gamma=gamma, draft_model=draft_model, ngram_max=ngram_max,
+            target_model,
+            prompt_ids,
+            max_new_tokens,
+            gamma=gamma,
+            draft_model=draft_model,
+            ngram_max=ngram_max,
             eos_token_id=eos_token_id,
         )
 
     greedy_runs, speculative_runs = [], []
     greedy_times, speculative_times = [], []
     for r in range(repeats):
-        order = [(run_greedy, greedy_runs, greedy_times), (run_speculative, speculative_runs, speculative_times)]
+        order = [
+            (run_greedy, greedy_runs, greedy_times),
+            (run_speculative, speculative_runs, speculative_times),
+        ]
         for run, results, times in order if r % 2 == 0 else reversed(order):
             start = perf_counter()
             results.append(run())

@@ -25,8 +25,15 @@ from analyzer.settings import STALE_AFTER_S
 log = logging.getLogger(__name__)
 
 
-def run_next_chunk(sessions: sessionmaker[Session], *, worker_id: str, cache_dir: Path, allow_network: bool = False,
-                   stale_after_s: float = STALE_AFTER_S, kept: dict | None = None) -> int | None:
+def run_next_chunk(
+    sessions: sessionmaker[Session],
+    *,
+    worker_id: str,
+    cache_dir: Path,
+    allow_network: bool = False,
+    stale_after_s: float = STALE_AFTER_S,
+    kept: dict | None = None,
+) -> int | None:
     """Claim and execute one chunk of any run; returns its run's id (None when nothing could be
     claimed). ``kept`` keeps the loaded pair between calls. A failing chunk fails its run (recorded
     by ``execute_chunk``) and does not stop the worker."""
@@ -49,8 +56,16 @@ def run_next_chunk(sessions: sessionmaker[Session], *, worker_id: str, cache_dir
 class Worker:
     """A daemon thread that executes queued runs until ``stop()``; polls every ``poll_s`` seconds."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, cache_dir: Path, allow_network: bool = False,
-                 poll_s: float = 1.0, stale_after_s: float = STALE_AFTER_S, name: str = "thread"):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        cache_dir: Path,
+        allow_network: bool = False,
+        poll_s: float = 1.0,
+        stale_after_s: float = STALE_AFTER_S,
+        name: str = "thread",
+    ):
         self.sessions, self.cache_dir, self.allow_network = sessions, cache_dir, allow_network
         self.poll_s, self.stale_after_s = poll_s, stale_after_s
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
@@ -66,13 +81,29 @@ class Worker:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
-        work(self.sessions, cache_dir=self.cache_dir, worker_id=self.worker_id, allow_network=self.allow_network,
-             poll_s=self.poll_s, stale_after_s=self.stale_after_s, stop=self._stop)
+        work(
+            self.sessions,
+            cache_dir=self.cache_dir,
+            worker_id=self.worker_id,
+            allow_network=self.allow_network,
+            poll_s=self.poll_s,
+            stale_after_s=self.stale_after_s,
+            stop=self._stop,
+        )
 
 
-def work(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: str, allow_network: bool = False,
-         poll_s: float = 1.0, stale_after_s: float = STALE_AFTER_S, stop: threading.Event | None = None,
-         once: bool = False, on_run: Callable[[int], None] | None = None) -> None:
+def work(
+    sessions: sessionmaker[Session],
+    *,
+    cache_dir: Path,
+    worker_id: str,
+    allow_network: bool = False,
+    poll_s: float = 1.0,
+    stale_after_s: float = STALE_AFTER_S,
+    stop: threading.Event | None = None,
+    once: bool = False,
+    on_run: Callable[[int], None] | None = None,
+) -> None:
     """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
     the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
     or cancelled), wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``,
@@ -85,8 +116,14 @@ def work(sessions: sessionmaker[Session], *, cache_dir: Path, worker_id: str, al
     first: int | None = None
     while not stop.is_set():
         try:
-            ran = run_next_chunk(sessions, worker_id=worker_id, cache_dir=cache_dir, allow_network=allow_network,
-                                 stale_after_s=stale_after_s, kept=kept)
+            ran = run_next_chunk(
+                sessions,
+                worker_id=worker_id,
+                cache_dir=cache_dir,
+                allow_network=allow_network,
+                stale_after_s=stale_after_s,
+                kept=kept,
+            )
             status = run_status(sessions, ran) if ran is not None else None
         except Exception:
             log.exception("worker loop")

@@ -52,19 +52,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import migrations  # noqa: E402
 from analyzer.acceptance import NgramIndex, match_runs, model_draft_round, ngram_round  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
 from analyzer.run_records import RunParams, create_run  # noqa: E402
 from analyzer.runs import execute_run  # noqa: E402
+from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
 from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_results, summarize_groups  # noqa: E402
 from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
 from router.classifier import cold_start_data, load_active, make_training_data, train_classifier  # noqa: E402
 from router.decision import Router, RouterConfig  # noqa: E402
-from router.route_ids import parse_route_id  # noqa: E402
-from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, task_policies  # noqa: E402
+from router.route_ids import parse_route_id  # noqa: E402
 
 
 @dataclass
@@ -151,6 +151,7 @@ class TransformersHeuristic:
                 self.gamma = min(self.gamma + 2.0, self.cap)
             else:
                 self.gamma = max(1.0, self.gamma - 1.0)
+
         return replay(request, cost, lambda: int(self.gamma), update)
 
 
@@ -192,13 +193,24 @@ class Ours:
             key, speculate, gamma = parse_route_id(decision.route_id)[1], decision.speculate, decision.gamma
         result = replay(request, cost, lambda: gamma if speculate else 0)
         if speculate and result.passes:  # what /v1/feedback does with the engine's counts
-            router.observe(key, apply_feedback(router.states[key], result.passes, result.drafted, result.accepted,
-                                               router.curve_of(key), router.adaptation))
+            router.observe(
+                key,
+                apply_feedback(
+                    router.states[key],
+                    result.passes,
+                    result.drafted,
+                    result.accepted,
+                    router.curve_of(key),
+                    router.adaptation,
+                ),
+            )
         return result
 
 
 def oracle(request: Request, cost: Cost, gamma_max: int) -> Totals:
-    options = [replay(request, cost, lambda: 0)] + [replay(request, cost, lambda g=g: g) for g in range(1, gamma_max + 1)]
+    options = [replay(request, cost, lambda: 0)] + [
+        replay(request, cost, lambda g=g: g) for g in range(1, gamma_max + 1)
+    ]
     return min(options, key=lambda t: t.spec_s)
 
 
@@ -207,8 +219,16 @@ def policies_from(run: AnalysisRun, results: list[PromptResult], cost: Cost) -> 
     params = run.params
     options = {"gamma_max": int(params["gamma_max"]), "margin": float(params.get("margin", 0.05))}
     tasks, workload = summarize_groups(results, cost, costs=costs_for_run(run), **options)
-    summary = AnalysisSummary(run_id=run.id, sampling=False, cost=cost, costs=costs_for_run(run), prompts=[],
-                              tasks=tasks, workload=workload, **options)
+    summary = AnalysisSummary(
+        run_id=run.id,
+        sampling=False,
+        cost=cost,
+        costs=costs_for_run(run),
+        prompts=[],
+        tasks=tasks,
+        workload=workload,
+        **options,
+    )
     return {p.task_type: PolicySnapshot.of(p) for p in task_policies(summary)}
 
 
@@ -218,13 +238,20 @@ def train_router_classifier(session, results: list[PromptResult]):
     workload = {prompt_text(r.prompt.text, r.prompt.messages) for r in results}
     corpus = cold_start_data()
     kept = [i for i, text in enumerate(corpus.texts) if text not in workload]
-    data = make_training_data([corpus.texts[i] for i in kept], [corpus.labels[i] for i in kept],
-                              "bundled corpus less the workload", [corpus.groups[i] for i in kept])
+    data = make_training_data(
+        [corpus.texts[i] for i in kept],
+        [corpus.labels[i] for i in kept],
+        "bundled corpus less the workload",
+        [corpus.groups[i] for i in kept],
+    )
     train_classifier(session, data)
     session.commit()
     classifier = load_active(session)
-    print(f"classifier: {len(kept)} corpus prompts ({len(corpus.texts) - len(kept)} workload prompts left out), "
-          f"threshold {classifier.threshold}", file=sys.stderr)
+    print(
+        f"classifier: {len(kept)} corpus prompts ({len(corpus.texts) - len(kept)} workload prompts left out), "
+        f"threshold {classifier.threshold}",
+        file=sys.stderr,
+    )
     return classifier
 
 
@@ -239,13 +266,34 @@ def load_requests(session, run: AnalysisRun) -> tuple[list[Request], list[Prompt
             raise SystemExit(f"run {run.id} is from before prompt token ids were stored; analyze again")
         text = prompt_text(r.prompt.text, r.prompt.messages)
         if draft.kind == "ngram":
-            index = NgramIndex(list(r.prompt_token_ids) + list(r.output_token_ids), int(draft.options.get("max_ngram", 2)),
-                               run.eos_token_ids or [])
-            request = Request(r.prompt_id, r.task_type or "unlabelled", text, len(r.prompt_token_ids), r.output_tokens,
-                              params["max_new_tokens"], None, index, list(r.output_token_ids))
+            index = NgramIndex(
+                list(r.prompt_token_ids) + list(r.output_token_ids),
+                int(draft.options.get("max_ngram", 2)),
+                run.eos_token_ids or [],
+            )
+            request = Request(
+                r.prompt_id,
+                r.task_type or "unlabelled",
+                text,
+                len(r.prompt_token_ids),
+                r.output_tokens,
+                params["max_new_tokens"],
+                None,
+                index,
+                list(r.output_token_ids),
+            )
         else:
-            request = Request(r.prompt_id, r.task_type or "unlabelled", text, r.prompt_tokens, r.output_tokens,
-                              params["max_new_tokens"], match_runs(r.draft_matches), None, [])
+            request = Request(
+                r.prompt_id,
+                r.task_type or "unlabelled",
+                text,
+                r.prompt_tokens,
+                r.output_tokens,
+                params["max_new_tokens"],
+                match_runs(r.draft_matches),
+                None,
+                [],
+            )
         requests.append(request)
     return requests, results
 
@@ -257,8 +305,10 @@ def check_replay(requests: list[Request], results: list[PromptResult], cost: Cos
         for counts in result.gamma_counts:
             got = replay(request, cost, lambda g=counts.gamma: g)
             if (got.passes, got.drafted, got.accepted) != (counts.rounds, counts.drafted, counts.accepted):
-                raise SystemExit(f"replay differs from the stored walk for prompt {result.prompt_id} at g={counts.gamma}: "
-                                 f"{(got.passes, got.drafted, got.accepted)} vs {(counts.rounds, counts.drafted, counts.accepted)}")
+                raise SystemExit(
+                    f"replay differs from the stored walk for prompt {result.prompt_id} at g={counts.gamma}: "
+                    f"{(got.passes, got.drafted, got.accepted)} vs {(counts.rounds, counts.drafted, counts.accepted)}"
+                )
             checked += 1
     return checked
 
@@ -272,20 +322,32 @@ def run_analysis(url: str, args, cache_dir: Path) -> int:
         params = RunParams(max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max)
         run_id = create_run(session, "sample", "builtin:smollm2-135m-instruct", args.draft, params).id
     started = time.perf_counter()
-    execute_run(sessions, run_id, cache_dir=cache_dir,
-                progress=lambda done, total, phase: print(f"\r  analysis: {phase} {done}/{total}", end="", file=sys.stderr))
+    execute_run(
+        sessions,
+        run_id,
+        cache_dir=cache_dir,
+        progress=lambda done, total, phase: print(
+            f"\r  analysis: {phase} {done}/{total}", end="", file=sys.stderr
+        ),
+    )
     print(f"\n  analysis took {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return run_id
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database", help="SQLAlchemy URL of a database holding --run (default: a new temporary one)")
-    parser.add_argument("--run", type=int, help="a finished analysis run to replay (default: analyze the sample prompts)")
+    parser.add_argument(
+        "--database", help="SQLAlchemy URL of a database holding --run (default: a new temporary one)"
+    )
+    parser.add_argument(
+        "--run", type=int, help="a finished analysis run to replay (default: analyze the sample prompts)"
+    )
     parser.add_argument("--draft", default="ngram", help="draft spec for the analysis this script runs")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma-max", type=int, default=16)
-    parser.add_argument("--epochs", type=int, default=4, help="times each traffic prompt appears in the stream")
+    parser.add_argument(
+        "--epochs", type=int, default=4, help="times each traffic prompt appears in the stream"
+    )
     parser.add_argument("--seeds", type=int, default=5, help="independent shuffles (and splits)")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
@@ -303,19 +365,28 @@ def main() -> None:
         gamma_max = int(run.params["gamma_max"])
         requests, results = load_requests(session, run)
         checked = check_replay(requests, results, cost)
-        print(f"run {run.id}: {len(requests)} prompts, draft {run.pair.draft.spec}, g = 1..{gamma_max}; "
-              f"fixed-g replays equal the stored walks for {checked}/{checked} (prompt, g)", file=sys.stderr)
+        print(
+            f"run {run.id}: {len(requests)} prompts, draft {run.pair.draft.spec}, g = 1..{gamma_max}; "
+            f"fixed-g replays equal the stored walks for {checked}/{checked} (prompt, g)",
+            file=sys.stderr,
+        )
         classifier = train_router_classifier(session, results)
         predicted = classifier.predict([r.text for r in requests])
         right = sum(task == r.task for (task, _), r in zip(predicted, requests))
         print(f"classifier: {right}/{len(requests)} workload prompts get their true task", file=sys.stderr)
-        names = [Fixed.name, TransformersHeuristic.name, SimpleRule.name, "ours (classifier, as served)",
-                 "ours, true task labels", "per-prompt oracle"]
+        names = [
+            Fixed.name,
+            TransformersHeuristic.name,
+            SimpleRule.name,
+            "ours (classifier, as served)",
+            "ours, true task labels",
+            "per-prompt oracle",
+        ]
         per_seed = {name: [] for name in names}
         for seed in range(args.seeds):
             rng = np.random.default_rng(seed)
             order = rng.permutation(len(requests))
-            halves = [order[: len(order) // 2], order[len(order) // 2:]]
+            halves = [order[: len(order) // 2], order[len(order) // 2 :]]
             totals = {name: Totals() for name in names}
             for fold in range(2):
                 source, traffic = halves[fold], halves[1 - fold]
@@ -323,12 +394,23 @@ def main() -> None:
 
                 def router(with_classifier: bool) -> Router:
                     params = run.run_params
-                    return Router(classifier if with_classifier else None, policies, policy_version=1, cost=cost,
-                                  config=RouterConfig(), adaptation=AdaptationConfig(),
-                                  contract=PolicyContract(gamma_max=gamma_max,
-                                                          margin=params.margin, engine=run.engine))
-                servers = [Fixed(), TransformersHeuristic(gamma_max), SimpleRule(), Ours(router(True), cost, False),
-                           Ours(router(False), cost, True)]
+                    return Router(
+                        classifier if with_classifier else None,
+                        policies,
+                        policy_version=1,
+                        cost=cost,
+                        config=RouterConfig(),
+                        adaptation=AdaptationConfig(),
+                        contract=PolicyContract(gamma_max=gamma_max, margin=params.margin, engine=run.engine),
+                    )
+
+                servers = [
+                    Fixed(),
+                    TransformersHeuristic(gamma_max),
+                    SimpleRule(),
+                    Ours(router(True), cost, False),
+                    Ours(router(False), cost, True),
+                ]
                 stream = np.concatenate([rng.permutation(traffic) for _ in range(args.epochs)])
                 for i in stream:
                     for server in servers:
@@ -336,24 +418,48 @@ def main() -> None:
                     totals["per-prompt oracle"].add(oracle(requests[i], cost, gamma_max))
             for name in names:
                 t = totals[name]
-                per_seed[name].append({"tokens_per_pass": t.tokens / t.passes, "speedup": t.plain_s / t.spec_s,
-                                       "acceptance": t.accepted / t.drafted if t.drafted else 0.0})
-    table = {name: {k: float(np.median([r[k] for r in rows])) for k in rows[0]} | {
-        "speedup_min": float(min(r["speedup"] for r in rows)), "speedup_max": float(max(r["speedup"] for r in rows))}
-        for name, rows in per_seed.items()}
-    print(f"\nthreads {torch.get_num_threads()}; {args.seeds} seeds x 2 folds, each traffic prompt {args.epochs}x; "
-          f"medians over seeds")
+                per_seed[name].append(
+                    {
+                        "tokens_per_pass": t.tokens / t.passes,
+                        "speedup": t.plain_s / t.spec_s,
+                        "acceptance": t.accepted / t.drafted if t.drafted else 0.0,
+                    }
+                )
+    table = {
+        name: {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+        | {
+            "speedup_min": float(min(r["speedup"] for r in rows)),
+            "speedup_max": float(max(r["speedup"] for r in rows)),
+        }
+        for name, rows in per_seed.items()
+    }
+    print(
+        f"\nthreads {torch.get_num_threads()}; {args.seeds} seeds x 2 folds, each traffic prompt {args.epochs}x; "
+        f"medians over seeds"
+    )
     print("policy | tokens/target pass | predicted speedup | (min..max over seeds) | draft acceptance")
     for name in names:
         row = table[name]
-        print(f"{name} | {row['tokens_per_pass']:.3f} | {row['speedup']:.3f}x | "
-              f"{row['speedup_min']:.3f}..{row['speedup_max']:.3f} | {row['acceptance']:.3f}")
+        print(
+            f"{name} | {row['tokens_per_pass']:.3f} | {row['speedup']:.3f}x | "
+            f"{row['speedup_min']:.3f}..{row['speedup_max']:.3f} | {row['acceptance']:.3f}"
+        )
     ours = table["ours (classifier, as served)"]["speedup"]
     beaten = [n for n in names[:3] if table[n]["speedup"] < ours]
     print(f"ours beats {len(beaten)}/3 baselines on predicted speedup: {', '.join(beaten) or 'none'}")
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "url": url,
-                                        "run": args.run, "table": table, "per_seed": per_seed}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "url": url,
+                    "run": args.run,
+                    "table": table,
+                    "per_seed": per_seed,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -56,14 +56,20 @@ def before(data, seed: int) -> dict:
         learnable[test] = np.isin(truth[test], list(set(truth[train])))
     restricted = [(train[train < DEV_ROWS], test) for train, test in folds]
     started = time.perf_counter()
-    scores, _ = out_of_fold(lambda: build_pipeline(seed, "tfidf", 20.0), data.texts, data.labels, restricted, labels)
+    scores, _ = out_of_fold(
+        lambda: build_pipeline(seed, "tfidf", 20.0), data.texts, data.labels, restricted, labels
+    )
     kept = np.nonzero(learnable)[0]
     evaluable = sorted({data.labels[i] for i in kept})
-    dev_only = make_training_data(data.texts[:DEV_ROWS], data.labels[:DEV_ROWS], "dev.jsonl", data.groups[:DEV_ROWS])
+    dev_only = make_training_data(
+        data.texts[:DEV_ROWS], data.labels[:DEV_ROWS], "dev.jsonl", data.groups[:DEV_ROWS]
+    )
     stratified = evaluate(dev_only, seed=seed, features="tfidf", c=20.0)
-    return stratified | {"grouped": scores_of([data.labels[i] for i in kept], predictions(scores[kept], labels), evaluable),
-                         "calibration": calibration(scores[kept], [data.labels[i] for i in kept], labels),
-                         "seconds": time.perf_counter() - started}
+    return stratified | {
+        "grouped": scores_of([data.labels[i] for i in kept], predictions(scores[kept], labels), evaluable),
+        "calibration": calibration(scores[kept], [data.labels[i] for i in kept], labels),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def latency(classifiers: dict, texts: list[str], repeats: int) -> dict:
@@ -79,8 +85,14 @@ def latency(classifiers: dict, texts: list[str], repeats: int) -> dict:
                 started = time.perf_counter()
                 c.predict([text])
                 times[name].append(time.perf_counter() - started)
-    return {name: {"p50_ms": 1000 * float(np.percentile(t, 50)), "p99_ms": 1000 * float(np.percentile(t, 99)),
-                   "n": len(t)} for name, t in times.items()}
+    return {
+        name: {
+            "p50_ms": 1000 * float(np.percentile(t, 50)),
+            "p99_ms": 1000 * float(np.percentile(t, 99)),
+            "n": len(t),
+        }
+        for name, t in times.items()
+    }
 
 
 def main() -> None:
@@ -88,8 +100,11 @@ def main() -> None:
     parser.add_argument("--options", default=DEFAULT_OPTIONS, help="feature set:C, comma-separated")
     parser.add_argument("--decisions", type=int, default=500, help="prompts timed per option")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--before", action="store_true",
-                        help="also the classifier before dev-extra and C selection (tfidf C=20 trained on dev.jsonl only)")
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="also the classifier before dev-extra and C selection (tfidf C=20 trained on dev.jsonl only)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved --out file")
     args = parser.parse_args()
@@ -101,8 +116,12 @@ def main() -> None:
 
     torch.set_num_threads(2)
     data = cold_start_data()
-    corpus = {"prompts": len(data.texts), "labels": dict(Counter(data.labels)), "sources": len(set(data.groups)),
-              "threads": torch.get_num_threads()}
+    corpus = {
+        "prompts": len(data.texts),
+        "labels": dict(Counter(data.labels)),
+        "sources": len(set(data.groups)),
+        "threads": torch.get_num_threads(),
+    }
     assert len(data.texts) == 1889, "DEV_ROWS assumes the corpus is dev.jsonl + dev-extra.jsonl"
     results = {}
     if args.before:
@@ -112,11 +131,23 @@ def main() -> None:
         started = time.perf_counter()
         results[option] = evaluate(data, seed=args.seed, features=features, c=c)
         results[option]["seconds"] = time.perf_counter() - started
-        print(f"{option}: stratified {results[option]['macro_f1']:.3f}, unseen sources "
-              f"{results[option]['grouped']['macro_f1']:.3f} ({results[option]['seconds']:.0f} s)", file=sys.stderr)
+        print(
+            f"{option}: stratified {results[option]['macro_f1']:.3f}, unseen sources "
+            f"{results[option]['grouped']['macro_f1']:.3f} ({results[option]['seconds']:.0f} s)",
+            file=sys.stderr,
+        )
     if args.out:  # saved before timing, so a failure there keeps the (slow) cross-validation
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "corpus": corpus,
-                                        "results": results, "latency": {}}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "corpus": corpus,
+                    "results": results,
+                    "latency": {},
+                },
+                indent=1,
+            )
+        )
     classifiers = {}
     for option in results:
         if option.startswith("before"):
@@ -128,34 +159,55 @@ def main() -> None:
     timing = latency(classifiers, rng.sample(data.texts, min(args.decisions, len(data.texts))), 1)
     print_tables(results, timing, corpus)
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "corpus": corpus,
-                                        "results": results, "latency": timing}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "corpus": corpus,
+                    "results": results,
+                    "latency": timing,
+                },
+                indent=1,
+            )
+        )
 
 
 def print_tables(results: dict, timing: dict, corpus: dict) -> None:
     names = list(results)
-    print(f"\n{corpus['prompts']} prompts, {len(corpus['labels'])} task types, {corpus['sources']} sources; "
-          f"torch threads {corpus['threads']}. Grouped = leave one source repository out; tasks with one "
-          f"source are not scored there (-).")
+    print(
+        f"\n{corpus['prompts']} prompts, {len(corpus['labels'])} task types, {corpus['sources']} sources; "
+        f"torch threads {corpus['threads']}. Grouped = leave one source repository out; tasks with one "
+        f"source are not scored there (-)."
+    )
     print("\n| metric | " + " | ".join(f"{n} strat. | {n} unseen" for n in names) + " |")
     print("|---|" + "---|" * (2 * len(names)))
     for metric in ("macro_f1", "accuracy"):
-        print(f"| {metric} | " + " | ".join(f"{results[n][metric]:.3f} | {results[n]['grouped'][metric]:.3f}"
-                                            for n in names) + " |")
+        print(
+            f"| {metric} | "
+            + " | ".join(f"{results[n][metric]:.3f} | {results[n]['grouped'][metric]:.3f}" for n in names)
+            + " |"
+        )
     for label in sorted(corpus["labels"]):
         cells = []
         for n in names:
             grouped = results[n]["grouped"]["per_class"].get(label)
-            cells.append(f"{results[n]['per_class'][label]['f1-score']:.2f} | "
-                         + (f"{grouped['f1-score']:.2f}" if grouped else "-"))
+            cells.append(
+                f"{results[n]['per_class'][label]['f1-score']:.2f} | "
+                + (f"{grouped['f1-score']:.2f}" if grouped else "-")
+            )
         print(f"| F1 {label} (n={corpus['labels'][label]}) | " + " | ".join(cells) + " |")
-    print("\n| option | temperature | ECE before | ECE after | threshold | coverage | precision at threshold | p50 ms | p99 ms |")
+    print(
+        "\n| option | temperature | ECE before | ECE after | threshold | coverage | precision at "
+        "threshold | p50 ms | p99 ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in names:
         c = results[n]["calibration"]
-        print(f"| {n} | {c['temperature']:.2f} | {c['ece_before']:.3f} | {c['ece_after']:.3f} | {c['threshold']:.2f} "
-              f"| {c['coverage']:.2f} | {c['precision'] or 0:.2f} | {timing.get(n, {}).get('p50_ms', float('nan')):.3f} "
-              f"| {timing.get(n, {}).get('p99_ms', float('nan')):.3f} |")
+        print(
+            f"| {n} | {c['temperature']:.2f} | {c['ece_before']:.3f} | {c['ece_after']:.3f} | {c['threshold']:.2f} "
+            f"| {c['coverage']:.2f} | {c['precision'] or 0:.2f} | {timing.get(n, {}).get('p50_ms', float('nan')):.3f} "
+            f"| {timing.get(n, {}).get('p99_ms', float('nan')):.3f} |"
+        )
 
 
 if __name__ == "__main__":

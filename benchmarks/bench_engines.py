@@ -32,26 +32,37 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_routing import sample_subset  # noqa: E402
+
 import migrations  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.prompt_sets import import_prompt_file, import_sample  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
 from analyzer.run_records import RunParams, create_run  # noqa: E402
 from analyzer.runs import execute_run  # noqa: E402
-from bench_routing import sample_subset  # noqa: E402
 
 TARGET, DRAFT = "builtin:smollm2-135m-instruct", "ngram"
 
 
 def analyse(sessions, engine: str, args, target: str, draft: str, cache_dir: Path) -> dict:
     """One run of the prompt set ``bench`` in ``engine``; its report and wall seconds."""
-    params = RunParams(engine=engine, max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max,
-                       validate=args.validate, limit=args.limit, reprofile=True)
+    params = RunParams(
+        engine=engine,
+        max_new_tokens=args.max_new_tokens,
+        gamma_max=args.gamma_max,
+        validate=args.validate,
+        limit=args.limit,
+        reprofile=True,
+    )
     with sessions() as session, session.begin():
         run_id = create_run(session, "bench", target, draft, params).id
     started = time.perf_counter()
-    execute_run(sessions, run_id, cache_dir=cache_dir,
-                progress=lambda d, t, phase: print(f"\r  {engine}: {phase} {d}/{t}      ", end="", file=sys.stderr))
+    execute_run(
+        sessions,
+        run_id,
+        cache_dir=cache_dir,
+        progress=lambda d, t, phase: print(f"\r  {engine}: {phase} {d}/{t}      ", end="", file=sys.stderr),
+    )
     elapsed = time.perf_counter() - started
     print(f"\n  {engine}: {elapsed:.0f} s", file=sys.stderr)
     with sessions() as session:
@@ -64,18 +75,33 @@ def engine_row(report: dict) -> dict:
     forward = np.asarray(profile["target_k_s"])
     summary = (report.get("validation_summary") or {}).get("run") or {}
     return {
-        "engine": report["engine"], "dtype": report["dtype"], "device": report["device"],
+        "engine": report["engine"],
+        "dtype": report["dtype"],
+        "device": report["device"],
         "plain_ms_per_token": 1000 * (forward[0] + profile["decode_overhead_s"]),
         "verify_ratio": [round(float(t / forward[0]), 2) for t in forward[1:]],
-        "draft_step_ms": 1000 * profile["draft_s"], "round_overhead_ms": 1000 * profile["round_overhead_s"],
-        "quality": profile["quality"], "alpha": report["workload"]["alpha_mean"],
-        "tasks": {task: {"best_gamma": t["best_gamma"], "speedup": t["predicted_speedup"], "speculate": t["speculate"]}
-                  for task, t in report["tasks"].items()},
-        "workload": {"best_gamma": report["workload"]["best_gamma"],
-                     "speedup": report["workload"]["predicted_speedup"], "speculate": report["workload"]["speculate"]},
-        "validated": summary.get("validated"), "identical": summary.get("identical"),
+        "draft_step_ms": 1000 * profile["draft_s"],
+        "round_overhead_ms": 1000 * profile["round_overhead_s"],
+        "quality": profile["quality"],
+        "alpha": report["workload"]["alpha_mean"],
+        "tasks": {
+            task: {
+                "best_gamma": t["best_gamma"],
+                "speedup": t["predicted_speedup"],
+                "speculate": t["speculate"],
+            }
+            for task, t in report["tasks"].items()
+        },
+        "workload": {
+            "best_gamma": report["workload"]["best_gamma"],
+            "speedup": report["workload"]["predicted_speedup"],
+            "speculate": report["workload"]["speculate"],
+        },
+        "validated": summary.get("validated"),
+        "identical": summary.get("identical"),
         "passes_equal_rounds": summary.get("passes_equal_rounds"),
-        "predicted": summary.get("predicted_speedup"), "measured": summary.get("measured_speedup"),
+        "predicted": summary.get("predicted_speedup"),
+        "measured": summary.get("measured_speedup"),
         "mare_pct": summary.get("speedup_error_pct"),
     }
 
@@ -83,14 +109,19 @@ def engine_row(report: dict) -> dict:
 def print_tables(rows: list[dict]) -> None:
     threads = os.cpu_count()
     print(f"\n## Engines ({threads} threads each; {rows[0]['device']})\n")
-    print("| engine | weights | plain ms/token | T(k)/T(1), k = 2.. | draft step ms | round overhead ms | profile | "
-          "alpha | validated (identical, passes = rounds) | predicted | measured | MARE |")
+    print(
+        "| engine | weights | plain ms/token | T(k)/T(1), k = 2.. | draft step ms | round overhead ms | profile | "
+        "alpha | validated (identical, passes = rounds) | predicted | measured | MARE |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['engine']} | {r['dtype']} | {r['plain_ms_per_token']:.1f} | {', '.join(map(str, r['verify_ratio']))} "
-              f"| {r['draft_step_ms']:.2f} | {r['round_overhead_ms']:.2f} | {r['quality']} | {r['alpha']:.3f} | "
-              f"{r['validated']} ({r['identical']}, {r['passes_equal_rounds']}) | {_x(r['predicted'])} | "
-              f"{_x(r['measured'])} | {_pct(r['mare_pct'])} |")
+        print(
+            f"| {r['engine']} | {r['dtype']} | {r['plain_ms_per_token']:.1f} | "
+            f"{', '.join(map(str, r['verify_ratio']))} "
+            f"| {r['draft_step_ms']:.2f} | {r['round_overhead_ms']:.2f} | {r['quality']} | {r['alpha']:.3f} | "
+            f"{r['validated']} ({r['identical']}, {r['passes_equal_rounds']}) | {_x(r['predicted'])} | "
+            f"{_x(r['measured'])} | {_pct(r['mare_pct'])} |"
+        )
     tasks = sorted({t for r in rows for t in r["tasks"]})
     print("\n| task | " + " | ".join(f"{r['engine']} g*, S(g*), decision" for r in rows) + " |")
     print("|---|" + "---|" * len(rows))
@@ -98,7 +129,11 @@ def print_tables(rows: list[dict]) -> None:
         cells = []
         for r in rows:
             t = r["workload"] if task == "(workload)" else r["tasks"].get(task)
-            cells.append("—" if t is None else f"{t['best_gamma']}, {_x(t['speedup'])}, {'on' if t['speculate'] else 'off'}")
+            cells.append(
+                "—"
+                if t is None
+                else f"{t['best_gamma']}, {_x(t['speedup'])}, {'on' if t['speculate'] else 'off'}"
+            )
         print(f"| {task} | " + " | ".join(cells) + " |")
 
 
@@ -112,8 +147,12 @@ def _pct(value) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", action="store_true", help="the Qwen2.5-Coder 0.5B -> 1.5B GGUF pair (real_pair.py)")
-    parser.add_argument("--per-task", type=int, default=0, help="analyse the first N sample prompts of each task")
+    parser.add_argument(
+        "--pair", action="store_true", help="the Qwen2.5-Coder 0.5B -> 1.5B GGUF pair (real_pair.py)"
+    )
+    parser.add_argument(
+        "--per-task", type=int, default=0, help="analyse the first N sample prompts of each task"
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of the set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma-max", type=int, default=8)
@@ -144,8 +183,17 @@ def main() -> None:
         row["analysis_wall_s"] = result["wall_s"]
     print_tables(rows)
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "target": target,
-                                        "draft": draft, "rows": rows}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "target": target,
+                    "draft": draft,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

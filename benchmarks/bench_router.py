@@ -3,7 +3,8 @@
 1. In process: ``Router.route`` with the classifier trained on two thirds of the bundled corpus and
    a policy set for all 13 task types, timed on the other third (held out, cut to at most 2,000
    characters): first one pass on a fresh router (as a server that just started: its word cache
-   holds only the classifier vocabulary's words), then passes interleaved with the same decisions made through the scikit-learn
+   holds only the classifier vocabulary's words), then passes interleaved with the same decisions made
+   through the scikit-learn
    pipeline's own ``predict_proba`` (the baseline our FastScorer replaces), then the fast path
    alone; p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
 2. Over HTTP: ``specroute serve`` (subprocess, ``--threads``, with each of ``--workers`` process
@@ -43,21 +44,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from pg_server import create_database, throwaway_postgres  # noqa: E402
+
 from analyzer.db import make_engine  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
-from pg_server import create_database, throwaway_postgres  # noqa: E402
 from router.classifier import TaskClassifier, build_pipeline, cold_start_data  # noqa: E402
 from router.decision import Router  # noqa: E402
-from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import PolicySnapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql")
 ENDPOINTS = {"route": "/v1/route", "feedback": "/v1/feedback"}
 
-TASKS = ("code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
-         "creative_writing", "roleplay", "extraction", "customer_support", "general")
+TASKS = (
+    "code",
+    "structured_output",
+    "summarization",
+    "translation",
+    "rag",
+    "qa",
+    "math",
+    "reasoning",
+    "creative_writing",
+    "roleplay",
+    "extraction",
+    "customer_support",
+    "general",
+)
 
 
 def corpus_prompts(max_chars: int) -> list[str]:
@@ -81,13 +96,18 @@ FEATURES = {"name": "tfidf"}  # --features: the classifier's feature set (router
 def in_process(train: tuple[list[str], list[str]], prompts: list[str], repeats: int) -> dict:
     pipeline = build_pipeline(features=FEATURES["name"]).fit(*train)
     classifier = TaskClassifier(0, 0, sorted(set(train[1])), pipeline)
-    policies = {t: PolicySnapshot(t, i % 2 == 0, 4, 0.6, 0.01, 10, 1.3, "RECOMMENDED", (1.3,) * 8)
-                for i, t in enumerate(TASKS + ("*",))}
+    policies = {
+        t: PolicySnapshot(t, i % 2 == 0, 4, 0.6, 0.01, 10, 1.3, "RECOMMENDED", (1.3,) * 8)
+        for i, t in enumerate(TASKS + ("*",))
+    }
     cost = Cost([0.07] * 17, 0.0001, draft_cost_per_token=False)  # with online states, as served
     fast = Router(classifier, policies, policy_version=1, cost=cost)
     slow_classifier = TaskClassifier(0, 0, classifier.labels, pipeline)
     slow_classifier.predict = lambda texts: [  # the baseline: scikit-learn's own predict_proba per call
-        (str(pipeline.classes_[i]), float(p[i])) for p in pipeline.predict_proba(list(texts)) for i in [p.argmax()]]
+        (str(pipeline.classes_[i]), float(p[i]))
+        for p in pipeline.predict_proba(list(texts))
+        for i in [p.argmax()]
+    ]
     slow = Router(slow_classifier, policies, policy_version=1, cost=cost)
     times = {"first sight": [], "fast": [], "pipeline": [], "fast alone": []}
     long_times = {name: [] for name in times}
@@ -120,11 +140,19 @@ def in_process(train: tuple[list[str], list[str]], prompts: list[str], repeats: 
             times["fast alone"].append(elapsed)
             if len(text) >= 1500:
                 long_times["fast alone"].append(elapsed)
-    return {name: {"p50_ms": percentiles_ms(times[name])[0], "p99_ms": percentiles_ms(times[name])[1],
-                   "p99_ms_1500_2000_chars": percentiles_ms(long_times[name])[1], "calls": len(times[name])}
-            for name in times} | {"same_task": agree / len(times["fast"]),
-                                  "long_prompts": len(long_times["first sight"]),
-                                  "cached_words": classifier.fast.cached_words()}
+    return {
+        name: {
+            "p50_ms": percentiles_ms(times[name])[0],
+            "p99_ms": percentiles_ms(times[name])[1],
+            "p99_ms_1500_2000_chars": percentiles_ms(long_times[name])[1],
+            "calls": len(times[name]),
+        }
+        for name in times
+    } | {
+        "same_task": agree / len(times["fast"]),
+        "long_prompts": len(long_times["first sight"]),
+        "cached_words": classifier.fast.cached_words(),
+    }
 
 
 # ---------------------------------------------------------------- HTTP
@@ -161,7 +189,9 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return status_line, await reader.readexactly(length)
 
 
-async def _connection(port: int, requests: list[bytes], stop_at: float, warm_until: float, latencies: list, errors: list):
+async def _connection(
+    port: int, requests: list[bytes], stop_at: float, warm_until: float, latencies: list, errors: list
+):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     i = 0
     try:
@@ -181,30 +211,59 @@ async def _connection(port: int, requests: list[bytes], stop_at: float, warm_unt
         writer.close()
 
 
-def load_process(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float, queue) -> None:
-    requests = [(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(b)}\r\n\r\n").encode() + b for b in bodies]
+def load_process(
+    port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float, queue
+) -> None:
+    requests = [
+        (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(b)}\r\n\r\n"
+        ).encode()
+        + b
+        for b in bodies
+    ]
 
     async def main():
         latencies, errors = [], []
         start = time.perf_counter()
-        await asyncio.gather(*[_connection(port, requests[c::concurrency] or requests, start + warmup_s + seconds,
-                                           start + warmup_s, latencies, errors) for c in range(concurrency)])
+        await asyncio.gather(
+            *[
+                _connection(
+                    port,
+                    requests[c::concurrency] or requests,
+                    start + warmup_s + seconds,
+                    start + warmup_s,
+                    latencies,
+                    errors,
+                )
+                for c in range(concurrency)
+            ]
+        )
         return latencies, errors
 
     latencies, errors = asyncio.run(main())
     queue.put((latencies, len(errors), errors[:3]))
 
 
-def drive(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float) -> dict:
+def drive(
+    port: int, path: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float
+) -> dict:
     queue = multiprocessing.Queue()
-    process = multiprocessing.Process(target=load_process, args=(port, path, bodies, concurrency, seconds, warmup_s, queue))
+    process = multiprocessing.Process(
+        target=load_process, args=(port, path, bodies, concurrency, seconds, warmup_s, queue)
+    )
     process.start()
     latencies, error_count, examples = queue.get()
     process.join()
     p50, p99 = percentiles_ms(latencies)
-    return {"requests_per_s": len(latencies) / seconds, "p50_ms": p50, "p99_ms": p99, "errors": error_count,
-            "error_examples": [e.decode(errors="replace") for e in examples], "requests": len(latencies)}
+    return {
+        "requests_per_s": len(latencies) / seconds,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "errors": error_count,
+        "error_examples": [e.decode(errors="replace") for e in examples],
+        "requests": len(latencies),
+    }
 
 
 BARE_APP = """
@@ -242,17 +301,26 @@ engine.dispose()
 
 def server_env(root: Path, url: str, folder: str) -> dict:
     """The environment of a server (or preparation) process of the specroute checkout at ``root``."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-            "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "SPECROUTE_UI_WORKER": "false",
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        "SPECROUTE_DATABASE_URL": url,
+        "SPECROUTE_DATA_DIR": folder,
+        "SPECROUTE_UI_WORKER": "false",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def prepare_database(url: str, root: Path = ROOT) -> None:
     """Migrate the database at ``url`` to head and give it the bundled corpus classifier and a policy
     set (version 1) for all 13 tasks, with the specroute of the checkout at ``root`` (in a process
     there, so that an older checkout gets its own schema)."""
-    subprocess.run([sys.executable, "-c", PREPARE, url, FEATURES["name"], json.dumps(TASKS)], cwd=root,
-                   env=server_env(root, url, tempfile.gettempdir()), check=True)
+    subprocess.run(
+        [sys.executable, "-c", PREPARE, url, FEATURES["name"], json.dumps(TASKS)],
+        cwd=root,
+        env=server_env(root, url, tempfile.gettempdir()),
+        check=True,
+    )
 
 
 @contextlib.contextmanager
@@ -297,36 +365,70 @@ def http(prompts: list[str], args) -> dict:
     """Every (database, workers) server and the bare app up together; each of ``args.runs`` rounds drives
     each (server, endpoint) in turn; medians per row."""
     folder = tempfile.mkdtemp(prefix="specroute-bench-router-")
-    bodies = {"route": [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts],
-              "feedback": feedback_bodies(2000)}
+    bodies = {
+        "route": [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts],
+        "feedback": feedback_bodies(2000),
+    }
     root = args.checkout.resolve()
     started, logs, rows = {}, [], {}
     with databases(args.database, folder, "router") as urls:
         for url in urls.values():
             prepare_database(url, root)
-        servers = [(("-", "bare WSGI app"), [sys.executable, "-c", BARE_APP], urls.get("sqlite", "sqlite://"))] + [
-            ((kind, server_name(workers)), [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)], url)
-            for kind, url in urls.items() for workers in args.workers]
+        servers = [
+            (("-", "bare WSGI app"), [sys.executable, "-c", BARE_APP], urls.get("sqlite", "sqlite://"))
+        ] + [
+            (
+                (kind, server_name(workers)),
+                [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)],
+                url,
+            )
+            for kind, url in urls.items()
+            for workers in args.workers
+        ]
         try:
             for key, command, url in servers:  # all up at once, so that their runs can be interleaved
                 port = free_port()
-                argv = command + ([str(port), str(args.threads)] if key[1].startswith("bare") else
-                                  ["--port", str(port), "--threads", str(args.threads)])
+                argv = command + (
+                    [str(port), str(args.threads)]
+                    if key[1].startswith("bare")
+                    else ["--port", str(port), "--threads", str(args.threads)]
+                )
                 logs.append(open(Path(folder) / f"server-{port}.log", "wb"))
-                started[key] = (port, subprocess.Popen(argv, env=server_env(root, url, folder), cwd=root,
-                                                       stdout=logs[-1], stderr=subprocess.STDOUT))
-            plan = [(key, "route" if key[0] == "-" else endpoint) for key in started
-                    for endpoint in (["-"] if key[0] == "-" else args.endpoints)]
+                started[key] = (
+                    port,
+                    subprocess.Popen(
+                        argv,
+                        env=server_env(root, url, folder),
+                        cwd=root,
+                        stdout=logs[-1],
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            plan = [
+                (key, "route" if key[0] == "-" else endpoint)
+                for key in started
+                for endpoint in (["-"] if key[0] == "-" else args.endpoints)
+            ]
             for key, (port, _) in started.items():
                 wait_for(port)
                 if key[0] != "-":
-                    drive(port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0)  # every process has loaded its router
+                    drive(
+                        port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0
+                    )  # every process has loaded its router
             runs = {step: [] for step in plan}
             for _ in range(args.runs):
                 for key, endpoint in plan:
                     port = started[key][0]
-                    runs[(key, endpoint)].append(drive(port, ENDPOINTS[endpoint], bodies[endpoint], args.concurrency,
-                                                       args.seconds, args.warmup))
+                    runs[(key, endpoint)].append(
+                        drive(
+                            port,
+                            ENDPOINTS[endpoint],
+                            bodies[endpoint],
+                            args.concurrency,
+                            args.seconds,
+                            args.warmup,
+                        )
+                    )
         finally:
             for _, server in started.values():
                 server.terminate()
@@ -335,13 +437,22 @@ def http(prompts: list[str], args) -> dict:
                 log.close()
         for ((kind, server), endpoint), measured in runs.items():
             rows[f"{kind} | {server} | {'-' if kind == '-' else ENDPOINTS[endpoint]}"] = {
-                "database": kind, "server": server, "endpoint": "-" if kind == "-" else ENDPOINTS[endpoint], "runs": measured,
+                "database": kind,
+                "server": server,
+                "endpoint": "-" if kind == "-" else ENDPOINTS[endpoint],
+                "runs": measured,
                 "requests_per_s": float(np.median([r["requests_per_s"] for r in measured])),
                 "p50_ms": float(np.median([r["p50_ms"] for r in measured])),
                 "p99_ms": float(np.median([r["p99_ms"] for r in measured])),
-                "errors": int(sum(r["errors"] for r in measured))}
-        stored = {kind: {"decisions_logged": count_rows(url, "route_decisions"),
-                         "feedback_events": count_rows(url, "feedback_events")} for kind, url in urls.items()}
+                "errors": int(sum(r["errors"] for r in measured)),
+            }
+        stored = {
+            kind: {
+                "decisions_logged": count_rows(url, "route_decisions"),
+                "feedback_events": count_rows(url, "feedback_events"),
+            }
+            for kind, url in urls.items()
+        }
     return {"rows": rows, "stored": stored, "checkout": str(root)}
 
 
@@ -351,23 +462,41 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the corpus in process")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=8, help="server threads (per process)")
-    parser.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
-                        help="comma-separated server process counts to measure (specroute serve --workers)")
+    parser.add_argument(
+        "--workers",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 2],
+        help="comma-separated server process counts to measure (specroute serve --workers)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3, help="load runs per server (medians reported)")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-in-process", action="store_true", help="measure over HTTP only")
-    parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both",
-                        help="database(s) the HTTP servers run on (default both; postgresql starts a throw-away "
-                             "server with initdb/pg_ctl, found on PATH or under /usr/lib/postgresql)")
-    parser.add_argument("--endpoints", type=lambda v: v.split(","), default=["route", "feedback"],
-                        help="comma-separated endpoints to drive over HTTP: route (POST /v1/route), "
-                             "feedback (POST /v1/feedback)")
-    parser.add_argument("--checkout", type=Path, default=ROOT,
-                        help="serve the specroute of this checkout (default: this one), e.g. a git worktree "
-                             "of an older commit, to compare versions under the same load generator")
-    parser.add_argument("--features", default="tfidf", help="classifier feature set: tfidf, minilm or tfidf+minilm")
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql", "both"),
+        default="both",
+        help="database(s) the HTTP servers run on (default both; postgresql starts a throw-away "
+        "server with initdb/pg_ctl, found on PATH or under /usr/lib/postgresql)",
+    )
+    parser.add_argument(
+        "--endpoints",
+        type=lambda v: v.split(","),
+        default=["route", "feedback"],
+        help="comma-separated endpoints to drive over HTTP: route (POST /v1/route), "
+        "feedback (POST /v1/feedback)",
+    )
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=ROOT,
+        help="serve the specroute of this checkout (default: this one), e.g. a git worktree "
+        "of an older commit, to compare versions under the same load generator",
+    )
+    parser.add_argument(
+        "--features", default="tfidf", help="classifier feature set: tfidf, minilm or tfidf+minilm"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     args.database = list(DATABASES) if args.database == "both" else [args.database]
@@ -376,39 +505,62 @@ def main() -> None:
     FEATURES["name"] = args.features
     prompts = corpus_prompts(args.max_chars)
     data = cold_start_data()  # the same prompts in the same order, with labels
-    train = ([t for i, t in enumerate(data.texts) if i % 3], [l for i, l in enumerate(data.labels) if i % 3])
-    traffic = [t[:args.max_chars] for i, t in enumerate(data.texts) if i % 3 == 0]
-    print(f"{len(prompts)} corpus prompts cut to <= {args.max_chars} chars; {os.cpu_count()} CPUs", file=sys.stderr)
+    train = (
+        [t for i, t in enumerate(data.texts) if i % 3],
+        [label for i, label in enumerate(data.labels) if i % 3],
+    )
+    traffic = [t[: args.max_chars] for i, t in enumerate(data.texts) if i % 3 == 0]
+    print(
+        f"{len(prompts)} corpus prompts cut to <= {args.max_chars} chars; {os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
     result = {}
     if not args.skip_in_process:
         local = in_process(train, traffic, args.repeats)
-        print(f"\nin-process decision latency (1 thread), {args.features} classifier trained on {len(train[0])} corpus prompts, "
-              f"timed on the other {len(traffic)} (cut to <= {args.max_chars} chars):")
+        print(
+            f"\nin-process decision latency (1 thread), {args.features} classifier trained on "
+            f"{len(train[0])} corpus prompts, "
+            f"timed on the other {len(traffic)} (cut to <= {args.max_chars} chars):"
+        )
         print("path | p50 ms | p99 ms | p99 ms, 1500-2000 chars | calls")
-        labels = {"first sight": "Router.route, first pass (fresh router; word cache holds only the vocabulary's words)",
-                  "fast": "Router.route (FastScorer), interleaved", "pipeline": "baseline: pipeline.predict_proba, interleaved",
-                  "fast alone": "Router.route (FastScorer), alone"}
+        labels = {
+            "first sight": "Router.route, first pass (fresh router; word cache holds only the vocabulary's words)",
+            "fast": "Router.route (FastScorer), interleaved",
+            "pipeline": "baseline: pipeline.predict_proba, interleaved",
+            "fast alone": "Router.route (FastScorer), alone",
+        }
         for name in ("first sight", "fast", "pipeline", "fast alone"):
             r = local[name]
-            print(f"{labels[name]} | "
-                  f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}")
-        print(f"same task from both paths: {100 * local['same_task']:.2f}%; "
-              f"{local['long_prompts']} prompts of 1500-2000 chars; {local['cached_words']} words cached; "
-              f"p50 speedup {local['pipeline']['p50_ms'] / local['fast']['p50_ms']:.1f}x")
+            print(
+                f"{labels[name]} | "
+                f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p99_ms_1500_2000_chars']:.3f} | {r['calls']}"
+            )
+        print(
+            f"same task from both paths: {100 * local['same_task']:.2f}%; "
+            f"{local['long_prompts']} prompts of 1500-2000 chars; {local['cached_words']} words cached; "
+            f"p50 speedup {local['pipeline']['p50_ms'] / local['fast']['p50_ms']:.1f}x"
+        )
         result["in_process"] = local
     if not args.skip_http:
         served = http(prompts, args)
         result["http"] = served
-        print(f"\nHTTP ({served['checkout']}), {args.threads} threads per process (waitress for 1 process and the bare "
-              f"app, gunicorn gthread above 1), asyncio load generator in another process, "
-              f"concurrency {args.concurrency}, {args.seconds:g} s per run after {args.warmup:g} s warm-up, "
-              f"median of {args.runs} runs (servers interleaved):")
+        print(
+            f"\nHTTP ({served['checkout']}), {args.threads} threads per process (waitress for 1 process and the bare "
+            f"app, gunicorn gthread above 1), asyncio load generator in another process, "
+            f"concurrency {args.concurrency}, {args.seconds:g} s per run after {args.warmup:g} s warm-up, "
+            f"median of {args.runs} runs (servers interleaved):"
+        )
         print("database | server | endpoint | req/s | p50 ms | p99 ms | errors")
         for r in served["rows"].values():
-            print(f"{r['database']} | {r['server']} | {r['endpoint']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
-                  f"{r['p99_ms']:.2f} | {r['errors']}")
+            print(
+                f"{r['database']} | {r['server']} | {r['endpoint']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
+                f"{r['p99_ms']:.2f} | {r['errors']}"
+            )
         for kind, stored in served["stored"].items():
-            print(f"{kind}: {stored['decisions_logged']} decisions logged, {stored['feedback_events']} feedback events stored")
+            print(
+                f"{kind}: {stored['decisions_logged']} decisions logged, {stored['feedback_events']} "
+                "feedback events stored"
+            )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
 

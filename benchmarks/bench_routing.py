@@ -54,18 +54,18 @@ import migrations  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
 from analyzer.loading import load_model
-from analyzer.specs import parse_spec  # noqa: E402
+from analyzer.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompt_encoding import context_limit, encode_prompt  # noqa: E402
 from analyzer.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
 from analyzer.run_records import RunParams, create_run  # noqa: E402
 from analyzer.runs import execute_run  # noqa: E402
+from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
+from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
 from router.classifier import cold_start_data, make_training_data, train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402
-from analyzer.prompt_checks import prompt_text  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
-from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
 
 TARGET = "builtin:smollm2-135m-instruct"
 MODES = ("a: off", "b: always, transformers defaults", "c: always, workload gamma", "d: routed")
@@ -108,8 +108,12 @@ def held_out_prompts(per_task: int, seed: int, max_chars: int = 4000) -> list[di
     """Corpus prompts that are not in the bundled sample, ``per_task`` per task type."""
     from importlib import resources
 
-    sample = {prompt_text(p.text, p.messages) for p in parse_prompt_file(sample_bytes(), "sample.jsonl").prompts}
-    corpus = parse_prompt_file(resources.files("router.data").joinpath("corpus.jsonl").read_bytes(), "corpus.jsonl").prompts
+    sample = {
+        prompt_text(p.text, p.messages) for p in parse_prompt_file(sample_bytes(), "sample.jsonl").prompts
+    }
+    corpus = parse_prompt_file(
+        resources.files("router.data").joinpath("corpus.jsonl").read_bytes(), "corpus.jsonl"
+    ).prompts
     by_task = collections.defaultdict(list)
     for p in corpus:
         text = prompt_text(p.text, p.messages)
@@ -133,23 +137,44 @@ def prepare(url: str, held_out: list[dict], args, cache_dir: Path, target: str, 
             import_prompt_file(session, "sample", sample_subset(args.analysis_per_task), "sample.jsonl")
         else:
             import_sample(session)
-        run_id = create_run(session, "sample", target, draft,
-                            RunParams(engine=args.engine, max_new_tokens=args.max_new_tokens,
-                                      gamma_max=args.gamma_max, validate=0)).id
+        run_id = create_run(
+            session,
+            "sample",
+            target,
+            draft,
+            RunParams(
+                engine=args.engine, max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max, validate=0
+            ),
+        ).id
     started = time.perf_counter()
-    execute_run(sessions, run_id, cache_dir=cache_dir,
-                progress=lambda d, t, phase: print(f"\r  analysis: {phase} {d}/{t}   ", end="", file=sys.stderr))
+    execute_run(
+        sessions,
+        run_id,
+        cache_dir=cache_dir,
+        progress=lambda d, t, phase: print(f"\r  analysis: {phase} {d}/{t}   ", end="", file=sys.stderr),
+    )
     print(f"\n  analysis of the sample took {time.perf_counter() - started:.0f} s", file=sys.stderr)
     excluded = {p["key"] for p in held_out}
     corpus = cold_start_data()
-    kept = [(t, l, g) for t, l, g in zip(corpus.texts, corpus.labels, corpus.groups) if t not in excluded]
+    kept = [
+        (t, label, g) for t, label, g in zip(corpus.texts, corpus.labels, corpus.groups) if t not in excluded
+    ]
     with sessions() as session, session.begin():
-        version = train_classifier(session, make_training_data([t for t, _, _ in kept], [l for _, l, _ in kept],
-                                                               "bundled corpus minus the held-out prompts",
-                                                               [g for _, _, g in kept]))
-        print(f"  classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f} stratified, "
-              f"{version.scores['grouped']['macro_f1']:.3f} leave-one-source-out, routing threshold "
-              f"{version.scores['calibration']['threshold']:.2f} ({len(kept)} prompts)", file=sys.stderr)
+        version = train_classifier(
+            session,
+            make_training_data(
+                [t for t, _, _ in kept],
+                [label for _, label, _ in kept],
+                "bundled corpus minus the held-out prompts",
+                [g for _, _, g in kept],
+            ),
+        )
+        print(
+            f"  classifier v{version.version}: macro-F1 {version.scores['macro_f1']:.3f} stratified, "
+            f"{version.scores['grouped']['macro_f1']:.3f} leave-one-source-out, routing threshold "
+            f"{version.scores['calibration']['threshold']:.2f} ({len(kept)} prompts)",
+            file=sys.stderr,
+        )
         publish_policies(session, run_id)
         report = build_report(session, run_id)
     engine.dispose()
@@ -161,25 +186,49 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=6, help="held-out prompts per task type (13 types)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", choices=("transformers", "llama.cpp"), default="transformers",
-                        help="what analyzes the sample and serves the workload (llama.cpp: pools of llama_cpp.server)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads of each llama.cpp pool (default: every core, as the llama.cpp analysis uses)")
-    parser.add_argument("--drafter", choices=("ngram", "pair"), default="ngram",
-                        help="ngram: SmolLM2-135M with prompt lookup; pair: Qwen2.5-Coder 0.5B drafting for 1.5B")
-    parser.add_argument("--pair-folder", type=Path, default=None,
-                        help="where benchmarks/real_pair.py keeps the Qwen2.5-Coder GGUF files (default: its own)")
-    parser.add_argument("--analysis-per-task", type=int, default=None,
-                        help="analyze only this many sample prompts per task type (default: all; 2 with --drafter pair)")
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "llama.cpp"),
+        default="transformers",
+        help="what analyzes the sample and serves the workload (llama.cpp: pools of llama_cpp.server)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of each llama.cpp pool (default: every core, as the llama.cpp analysis uses)",
+    )
+    parser.add_argument(
+        "--drafter",
+        choices=("ngram", "pair"),
+        default="ngram",
+        help="ngram: SmolLM2-135M with prompt lookup; pair: Qwen2.5-Coder 0.5B drafting for 1.5B",
+    )
+    parser.add_argument(
+        "--pair-folder",
+        type=Path,
+        default=None,
+        help="where benchmarks/real_pair.py keeps the Qwen2.5-Coder GGUF files (default: its own)",
+    )
+    parser.add_argument(
+        "--analysis-per-task",
+        type=int,
+        default=None,
+        help="analyze only this many sample prompts per task type (default: all; 2 with --drafter pair)",
+    )
     parser.add_argument("--gamma-max", type=int, default=None, help="default 16 (ngram), 8 (pair)")
     parser.add_argument("--max-chars", type=int, default=4000, help="longest held-out prompt, in characters")
-    parser.add_argument("--tasks", default=None, help="comma-separated task types of the workload (default: all)")
+    parser.add_argument(
+        "--tasks", default=None, help="comma-separated task types of the workload (default: all)"
+    )
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specroute-bench"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.engine == "llama.cpp" and args.drafter != "ngram":
-        parser.error("--engine llama.cpp serves prompt lookup only (llama-cpp-python's server drafts with "
-                     "prompt-lookup-decoding, not a draft model): use --drafter ngram")
+        parser.error(
+            "--engine llama.cpp serves prompt lookup only (llama-cpp-python's server drafts with "
+            "prompt-lookup-decoding, not a draft model): use --drafter ngram"
+        )
     torch.set_num_threads(2)
     torch.set_grad_enabled(False)
     cache_dir = Path(args.cache_dir)
@@ -194,18 +243,30 @@ def main() -> None:
     held_out = held_out_prompts(args.per_task, args.seed, args.max_chars)
     if args.tasks:
         held_out = [p for p in held_out if p["task"] in args.tasks.split(",")]
-    print(f"{len(held_out)} held-out prompts over {len({p['task'] for p in held_out})} task types", file=sys.stderr)
+    print(
+        f"{len(held_out)} held-out prompts over {len({p['task'] for p in held_out})} task types",
+        file=sys.stderr,
+    )
     workload_gamma = prepare(url, held_out, args, cache_dir, target_spec, draft_spec)
     if args.engine == "llama.cpp":
         rows = run_llamacpp_modes(url, target_spec, held_out, workload_gamma, args)
         summarize_llamacpp(rows, workload_gamma, args)
         return
     port = free_port()
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": folder, "OMP_NUM_THREADS": "1",
-           "SPECROUTE_UI_WORKER": "false"}
-    server = subprocess.Popen([sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--threads", "2"],
-                              env=env, cwd=Path(__file__).resolve().parent.parent,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "SPECROUTE_DATABASE_URL": url,
+        "SPECROUTE_DATA_DIR": folder,
+        "OMP_NUM_THREADS": "1",
+        "SPECROUTE_UI_WORKER": "false",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--threads", "2"],
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = RouterClient(f"http://127.0.0.1:{port}", timeout_s=10)
     for _ in range(120):
         try:
@@ -220,20 +281,35 @@ def main() -> None:
     rows = []
     try:
         for number, prompt in enumerate(held_out, start=1):
-            ids = encode_prompt(tokenizer, text=prompt["text"], messages=prompt["messages"], max_prompt_tokens=room).ids
+            ids = encode_prompt(
+                tokenizer, text=prompt["text"], messages=prompt["messages"], max_prompt_tokens=room
+            ).ids
             source = prompt["messages"] if prompt["messages"] else prompt["text"]
             drafting = {"draft_model": draft} if draft is not None else {"ngram_max": 2}
             runs = {
                 MODES[0]: lambda: (greedy_generate(model, ids, args.max_new_tokens)[0], None),
                 MODES[1]: lambda: (
-                    transformers_default_assisted(model, draft, ids, args.max_new_tokens) if draft is not None
-                    else assisted_generate(model, ids, args.max_new_tokens, gamma=10, ngram_max=2)[0], None),
-                MODES[2]: lambda: (assisted_generate(model, ids, args.max_new_tokens, gamma=workload_gamma, **drafting)[0], None),
+                    transformers_default_assisted(model, draft, ids, args.max_new_tokens)
+                    if draft is not None
+                    else assisted_generate(model, ids, args.max_new_tokens, gamma=10, ngram_max=2)[0],
+                    None,
+                ),
+                MODES[2]: lambda: (
+                    assisted_generate(model, ids, args.max_new_tokens, gamma=workload_gamma, **drafting)[0],
+                    None,
+                ),
                 MODES[3]: lambda: (lambda r: (r.output_ids, r.decision))(
-                    generate_routed(model, tokenizer, source, router=client, draft=draft,
-                                    max_new_tokens=args.max_new_tokens)),
+                    generate_routed(
+                        model,
+                        tokenizer,
+                        source,
+                        router=client,
+                        draft=draft,
+                        max_new_tokens=args.max_new_tokens,
+                    )
+                ),
             }
-            order = list(MODES[number % 4:] + MODES[:number % 4])
+            order = list(MODES[number % 4 :] + MODES[: number % 4])
             times, outputs, decision = {}, {}, None
             for mode in order:
                 start = time.perf_counter()
@@ -242,12 +318,24 @@ def main() -> None:
                 outputs[mode] = output
                 decision = made or decision
             identical = all(outputs[m] == outputs[MODES[0]] for m in MODES)
-            rows.append({"task": prompt["task"], "tokens": len(outputs[MODES[0]]), "times": times, "identical": identical,
-                         "routed_task": decision["task_type"], "speculate": decision["speculate"], "gamma": decision["gamma"]})
-            print(f"[{number}/{len(held_out)}] {prompt['task']:<18} routed as {decision['task_type']:<18} "
-                  f"{'g=' + str(decision['gamma']) if decision['speculate'] else 'off':<5} "
-                  + " ".join(f"{m[0]}={times[m]:.2f}s" for m in MODES) + ("" if identical else "  OUTPUTS DIFFER"),
-                  file=sys.stderr)
+            rows.append(
+                {
+                    "task": prompt["task"],
+                    "tokens": len(outputs[MODES[0]]),
+                    "times": times,
+                    "identical": identical,
+                    "routed_task": decision["task_type"],
+                    "speculate": decision["speculate"],
+                    "gamma": decision["gamma"],
+                }
+            )
+            print(
+                f"[{number}/{len(held_out)}] {prompt['task']:<18} routed as {decision['task_type']:<18} "
+                f"{'g=' + str(decision['gamma']) if decision['speculate'] else 'off':<5} "
+                + " ".join(f"{m[0]}={times[m]:.2f}s" for m in MODES)
+                + ("" if identical else "  OUTPUTS DIFFER"),
+                file=sys.stderr,
+            )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -256,10 +344,18 @@ def main() -> None:
 
 def summarize(rows: list[dict], workload_gamma: int, args) -> None:
     tasks = sorted({r["task"] for r in rows})
-    print(f"\ndrafter {args.drafter}; threads {torch.get_num_threads()}; {len(rows)} held-out prompts, {args.max_new_tokens} new tokens max; "
-          f"mode (c) gamma = {workload_gamma}; outputs identical in all modes: {sum(r['identical'] for r in rows)}/{len(rows)}; "
-          f"classifier right on {sum(r['routed_task'] == r['task'] for r in rows)}/{len(rows)}")
-    header = ["task", "n"] + [f"{m} tok/s" for m in MODES] + ["d/a", "d/b", "d/c", "regret a", "regret b", "regret c", "regret d", "spec'd"]
+    print(
+        f"\ndrafter {args.drafter}; threads {torch.get_num_threads()}; {len(rows)} held-out prompts, "
+        f"{args.max_new_tokens} new tokens max; "
+        f"mode (c) gamma = {workload_gamma}; "
+        f"outputs identical in all modes: {sum(r['identical'] for r in rows)}/{len(rows)}; "
+        f"classifier right on {sum(r['routed_task'] == r['task'] for r in rows)}/{len(rows)}"
+    )
+    header = (
+        ["task", "n"]
+        + [f"{m} tok/s" for m in MODES]
+        + ["d/a", "d/b", "d/c", "regret a", "regret b", "regret c", "regret d", "spec'd"]
+    )
     print(" | ".join(header))
     table = {}
     for task in tasks + ["overall"]:
@@ -268,14 +364,33 @@ def summarize(rows: list[dict], workload_gamma: int, args) -> None:
         speed = {m: tokens / sum(r["times"][m] for r in group) for m in MODES}
         oracle = sum(min(r["times"].values()) for r in group)
         regret = {m: sum(r["times"][m] for r in group) / oracle - 1 for m in MODES}
-        table[task] = {"n": len(group), "tokens_per_s": speed, "regret": regret,
-                       "speculated": sum(r["speculate"] for r in group)}
-        print(" | ".join([task, str(len(group))] + [f"{speed[m]:.2f}" for m in MODES]
-                         + [f"{speed[MODES[3]] / speed[MODES[i]]:.3f}" for i in range(3)]
-                         + [f"{100 * regret[m]:.1f}%" for m in MODES] + [str(table[task]["speculated"])]))
+        table[task] = {
+            "n": len(group),
+            "tokens_per_s": speed,
+            "regret": regret,
+            "speculated": sum(r["speculate"] for r in group),
+        }
+        print(
+            " | ".join(
+                [task, str(len(group))]
+                + [f"{speed[m]:.2f}" for m in MODES]
+                + [f"{speed[MODES[3]] / speed[MODES[i]]:.3f}" for i in range(3)]
+                + [f"{100 * regret[m]:.1f}%" for m in MODES]
+                + [str(table[task]["speculated"])]
+            )
+        )
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "workload_gamma": workload_gamma,
-                                        "rows": rows, "table": table}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "workload_gamma": workload_gamma,
+                    "rows": rows,
+                    "table": table,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -32,16 +32,33 @@ from router.policy import publish_policies  # noqa: E402
 from router.records import policy_set_dict  # noqa: E402
 
 TASKS = {"code": 0.92, "rag": 0.75, "qa": 0.35, "creative_writing": 0.12, "math": 0.6}
-PER_TASK = {"code": 6, "rag": 5, "qa": 6, "creative_writing": 5, "math": 2}  # math: too few, the workload decides
-BATCH_CURVES = {4: [0.050, 0.070, 0.085, 0.095, 0.105, 0.115, 0.125, 0.135, 0.145],
-                16: [0.080, 0.130, 0.180, 0.230, 0.280, 0.330, 0.380, 0.430, 0.480]}
+PER_TASK = {
+    "code": 6,
+    "rag": 5,
+    "qa": 6,
+    "creative_writing": 5,
+    "math": 2,
+}  # math: too few, the workload decides
+BATCH_CURVES = {
+    4: [0.050, 0.070, 0.085, 0.095, 0.105, 0.115, 0.125, 0.135, 0.145],
+    16: [0.080, 0.130, 0.180, 0.230, 0.280, 0.330, 0.380, 0.430, 0.480],
+}
 SCENARIOS = {
     "ngram, batch 1": dict(draft_spec="ngram:max_ngram=2", draft_step_s=0.001),
     "model draft, batches 1/4/16": dict(batch_curves=BATCH_CURVES),
     "model draft, gamma_max 4": dict(gamma_max=4),
 }
-REQUESTS = [dict(), dict(max_new_tokens=8), dict(max_new_tokens=200), dict(batch_size=2), dict(batch_size=4),
-            dict(batch_size=10), dict(batch_size=16), dict(batch_size=32), dict(temperature=0.7)]
+REQUESTS = [
+    dict(),
+    dict(max_new_tokens=8),
+    dict(max_new_tokens=200),
+    dict(batch_size=2),
+    dict(batch_size=4),
+    dict(batch_size=10),
+    dict(batch_size=16),
+    dict(batch_size=32),
+    dict(temperature=0.7),
+]
 
 
 def rounded(value):
@@ -63,8 +80,16 @@ def decisions(router, label: str) -> list[dict]:
         for shape in REQUESTS:
             router.classifier = None
             decision = router._decide(RouteRequest(prompt=f"{task} prompt", **shape), task, 1.0)
-            rows.append({"when": label, "task": task, "request": shape, "speculate": decision.speculate,
-                         "gamma": decision.gamma, "expected_speedup": rounded(decision.expected_speedup)})
+            rows.append(
+                {
+                    "when": label,
+                    "task": task,
+                    "request": shape,
+                    "speculate": decision.speculate,
+                    "gamma": decision.gamma,
+                    "expected_speedup": rounded(decision.expected_speedup),
+                }
+            )
     return rows
 
 
@@ -83,13 +108,18 @@ def scenario(name: str, options: dict) -> dict:
             router = router_from_database(session)
         rows = decisions(router, "published")
         from router.feedback import parse_feedback, record_feedback  # noqa: PLC0415
+
         with sessions() as session, session.begin():
             for task, (rounds, drafted, accepted) in {"code": (10, 40, 4), "qa": (10, 20, 19)}.items():
                 key = task if any(p["task_type"] == task for p in data["policies"]) else "*"
                 route_id = f"v{published.version}-{'0' * 32}-{key}"
                 for _ in range(6):
-                    record_feedback(session, parse_feedback({"route_id": route_id, "rounds": rounds,
-                                                             "drafted": drafted, "accepted": accepted}))
+                    record_feedback(
+                        session,
+                        parse_feedback(
+                            {"route_id": route_id, "rounds": rounds, "drafted": drafted, "accepted": accepted}
+                        ),
+                    )
         with sessions() as session:
             router = router_from_database(session)
         rows += decisions(router, "after feedback")
@@ -98,7 +128,9 @@ def scenario(name: str, options: dict) -> dict:
 
 
 def main() -> None:
-    print(json.dumps([scenario(name, options) for name, options in SCENARIOS.items()], indent=1, sort_keys=True))
+    print(
+        json.dumps([scenario(name, options) for name, options in SCENARIOS.items()], indent=1, sort_keys=True)
+    )
 
 
 if __name__ == "__main__":

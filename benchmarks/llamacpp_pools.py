@@ -35,13 +35,39 @@ from typing import Iterator, Mapping
 
 # llama-cpp-python's request defaults are not greedy (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
 # repeat_penalty 1.1); the repeat penalty is applied before its greedy sampler, so it must be 1.0 too
-GREEDY_FIELDS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
-                 "presence_penalty": 0.0, "frequency_penalty": 0.0}
+GREEDY_FIELDS = {
+    "temperature": 0.0,
+    "top_k": 1,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 STDERR_TAIL_CHARS = 3000
 # environment names the server reads besides its command line (pydantic-settings fields, uvicorn's HOST/PORT)
-_SERVER_ENVIRONMENT = {"host", "port", "config_file", "model", "model_alias", "n_ctx", "n_threads", "n_threads_batch",
-                       "draft_model", "draft_model_num_pred_tokens", "verbose", "api_key", "chat_format", "cache",
-                       "n_gpu_layers", "seed", "n_batch", "n_ubatch", "interrupt_requests", "root_path"}
+_SERVER_ENVIRONMENT = {
+    "host",
+    "port",
+    "config_file",
+    "model",
+    "model_alias",
+    "n_ctx",
+    "n_threads",
+    "n_threads_batch",
+    "draft_model",
+    "draft_model_num_pred_tokens",
+    "verbose",
+    "api_key",
+    "chat_format",
+    "cache",
+    "n_gpu_layers",
+    "seed",
+    "n_batch",
+    "n_ubatch",
+    "interrupt_requests",
+    "root_path",
+}
 
 
 class PoolError(RuntimeError):
@@ -121,8 +147,16 @@ def _get_json(url: str, timeout_s: float) -> dict:
         return json.loads(response.read())
 
 
-def start_pool(model: Path, name: str, *, gamma: int | None = None, n_threads: int = 1, n_ctx: int = 2048,
-               folder: Path, startup_timeout_s: float = 120.0) -> Pool:
+def start_pool(
+    model: Path,
+    name: str,
+    *,
+    gamma: int | None = None,
+    n_threads: int = 1,
+    n_ctx: int = 2048,
+    folder: Path,
+    startup_timeout_s: float = 120.0,
+) -> Pool:
     """Start ``python -m llama_cpp.server`` serving ``model`` (a GGUF file) as pool ``name`` on a free
     loopback port, speculating with prompt lookup at ``gamma`` tokens per round (None: plain), decoding
     with ``n_threads`` threads, and wait until ``/v1/models`` answers. A server that exits or does not
@@ -136,20 +170,45 @@ def start_pool(model: Path, name: str, *, gamma: int | None = None, n_threads: i
     link.symlink_to(Path(model).resolve())
     log_path = folder / f"{name}.log"
     port = free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(link), "--model_alias", name,
-               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(n_threads),
-               "--n_threads_batch", str(n_threads), "--verbose", "false"]
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(link),
+        "--model_alias",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads),
+        "--n_threads_batch",
+        str(n_threads),
+        "--verbose",
+        "false",
+    ]
     if gamma is not None:
         command += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(gamma)]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=_server_environment(n_threads))
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_server_environment(n_threads),
+        )
     pool = Pool(name, f"http://127.0.0.1:{port}", gamma, link, process, log_path)
     deadline = time.monotonic() + startup_timeout_s
     while True:
         if process.poll() is not None:
-            raise PoolError(f"llama.cpp pool {name!r} exited with status {process.returncode} while starting "
-                            f"({' '.join(command)}); its output ends:\n{pool.log_tail()}")
+            raise PoolError(
+                f"llama.cpp pool {name!r} exited with status {process.returncode} while starting "
+                f"({' '.join(command)}); its output ends:\n{pool.log_tail()}"
+            )
         try:
             served = [m["id"] for m in _get_json(pool.url + "/v1/models", timeout_s=2.0)["data"]]
             if name in served:
@@ -158,22 +217,37 @@ def start_pool(model: Path, name: str, *, gamma: int | None = None, n_threads: i
             pass
         if time.monotonic() > deadline:
             pool.stop()
-            raise PoolError(f"llama.cpp pool {name!r} did not answer /v1/models within {startup_timeout_s:.0f} s; "
-                            f"its output ends:\n{pool.log_tail()}")
+            raise PoolError(
+                f"llama.cpp pool {name!r} did not answer /v1/models within {startup_timeout_s:.0f} s; "
+                f"its output ends:\n{pool.log_tail()}"
+            )
         time.sleep(0.2)
 
 
 @contextlib.contextmanager
-def running_pools(model: Path, gammas: Mapping[str, int | None], *, n_threads: int = 1, n_ctx: int = 2048,
-                  startup_timeout_s: float = 120.0) -> Iterator[dict[str, Pool]]:
+def running_pools(
+    model: Path,
+    gammas: Mapping[str, int | None],
+    *,
+    n_threads: int = 1,
+    n_ctx: int = 2048,
+    startup_timeout_s: float = 120.0,
+) -> Iterator[dict[str, Pool]]:
     """Pools {name: Pool} for ``gammas`` ({name: gamma or None}), started one after the other in a
     temporary folder (model links and logs) and all stopped, and the folder removed, on exit."""
     folder = Path(tempfile.mkdtemp(prefix="specroute-pools-"))
     pools: dict[str, Pool] = {}
     try:
         for name, gamma in gammas.items():
-            pools[name] = start_pool(model, name, gamma=gamma, n_threads=n_threads, n_ctx=n_ctx, folder=folder,
-                                     startup_timeout_s=startup_timeout_s)
+            pools[name] = start_pool(
+                model,
+                name,
+                gamma=gamma,
+                n_threads=n_threads,
+                n_ctx=n_ctx,
+                folder=folder,
+                startup_timeout_s=startup_timeout_s,
+            )
         yield pools
     finally:
         for pool in pools.values():
@@ -189,8 +263,12 @@ def complete(url: str, prompt: str, max_tokens: int, *, timeout_s: float = 300.0
     server's own request parser accepts text prompts only (not token ids); it tokenizes them with
     llama.cpp's tokenizer, special tokens parsed, and adds BOS only where the GGUF asks for it."""
     body = {"prompt": prompt, "max_tokens": int(max_tokens), "stream": False, **GREEDY_FIELDS}
-    request = urllib.request.Request(url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url.rstrip("/") + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -201,8 +279,14 @@ def complete(url: str, prompt: str, max_tokens: int, *, timeout_s: float = 300.0
         raise PoolError(f"{url} did not answer: {exc}") from None
     wall_s = time.perf_counter() - started
     choice, usage = answer["choices"][0], answer.get("usage") or {}
-    return Completion(choice["text"], int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0)),
-                      choice.get("finish_reason"), str(answer.get("model", "")), wall_s)
+    return Completion(
+        choice["text"],
+        int(usage.get("completion_tokens", 0)),
+        int(usage.get("prompt_tokens", 0)),
+        choice.get("finish_reason"),
+        str(answer.get("model", "")),
+        wall_s,
+    )
 
 
 def evict_prompt_cache(url: str) -> None:

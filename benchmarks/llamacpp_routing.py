@@ -27,9 +27,9 @@ from pathlib import Path
 
 from analyzer.db import make_engine, make_session_factory
 from analyzer.llamacpp_engine import default_threads, gguf_file, load_tokenizer
-from analyzer.specs import parse_spec
 from analyzer.prompt_encoding import encode_prompt
 from analyzer.settings import load_settings
+from analyzer.specs import parse_spec
 from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cache, pool_name, running_pools
 from router.decision import RouterConfig, router_from_database
 
@@ -55,7 +55,9 @@ def pool_gammas(router, always_gamma: int) -> list[int]:
     """Every gamma a pool must serve: always-on's, and each policy's (a policy that does not speculate
     keeps a gamma that a probe would use, at least 1)."""
     policies = list(router.policies.values()) + ([router.fallback] if router.fallback is not None else [])
-    return sorted({always_gamma} | {max(1, p.gamma) for p in policies} | {s.gamma for s in router.states.values()})
+    return sorted(
+        {always_gamma} | {max(1, p.gamma) for p in policies} | {s.gamma for s in router.states.values()}
+    )
 
 
 def _templated_prompts(held_out: list[dict], tokenizer, max_new_tokens: int) -> list[tuple[str, int]]:
@@ -64,12 +66,16 @@ def _templated_prompts(held_out: list[dict], tokenizer, max_new_tokens: int) -> 
     room = CONTEXT_TOKENS - max_new_tokens - LOOKAHEAD_SLACK
     texts = []
     for prompt in held_out:
-        ids = encode_prompt(tokenizer, text=prompt["text"], messages=prompt["messages"], max_prompt_tokens=room).ids
+        ids = encode_prompt(
+            tokenizer, text=prompt["text"], messages=prompt["messages"], max_prompt_tokens=room
+        ).ids
         texts.append((tokenizer.decode(ids, skip_special_tokens=False), len(ids)))
     return texts
 
 
-def run_llamacpp_modes(url: str, target_spec: str, held_out: list[dict], workload_gamma: int, args) -> list[dict]:
+def run_llamacpp_modes(
+    url: str, target_spec: str, held_out: list[dict], workload_gamma: int, args
+) -> list[dict]:
     """Send every held-out prompt to the pools serving ``target_spec`` (a GGUF) in the three modes; one
     row per prompt (see the module docstring). ``url``: the database holding the published llama.cpp
     policies and the classifier."""
@@ -79,47 +85,67 @@ def run_llamacpp_modes(url: str, target_spec: str, held_out: list[dict], workloa
     ref = parse_spec(target_spec)
     prompts = _templated_prompts(held_out, load_tokenizer(ref, Path(args.cache_dir)), args.max_new_tokens)
     gammas = {"spec-off": None, **{f"spec-k{g}": g for g in pool_gammas(router, always_gamma)}}
-    print(f"  starting {len(gammas)} llama.cpp pools ({', '.join(gammas)}), {threads} threads each", file=sys.stderr)
+    print(
+        f"  starting {len(gammas)} llama.cpp pools ({', '.join(gammas)}), {threads} threads each",
+        file=sys.stderr,
+    )
     rows = []
     with running_pools(gguf_file(ref), gammas, n_threads=threads, n_ctx=CONTEXT_TOKENS) as pools:
-        for pool in pools.values():  # first requests of a fresh server are slower (pages of the mmapped model)
+        for (
+            pool
+        ) in pools.values():  # first requests of a fresh server are slower (pages of the mmapped model)
             complete(pool.url, prompts[0][0], 8)
         for number, (prompt, (text, n_ids)) in enumerate(zip(held_out, prompts), start=1):
-            order = MODES[number % 3:] + MODES[:number % 3]
+            order = MODES[number % 3 :] + MODES[: number % 3]
             answers, decision = {}, None
             for mode in order:
                 started = time.perf_counter()
                 if mode == "routed":
-                    decision = router.route(prompt=prompt["text"], messages=prompt["messages"],
-                                            max_new_tokens=args.max_new_tokens).as_dict()
+                    decision = router.route(
+                        prompt=prompt["text"], messages=prompt["messages"], max_new_tokens=args.max_new_tokens
+                    ).as_dict()
                     target = pools.get(decision_pool(decision))
                     if target is None:
-                        raise RuntimeError(f"the router named pool {decision_pool(decision)!r}, which is not running "
-                                           f"(running: {', '.join(pools)})")
+                        raise RuntimeError(
+                            f"the router named pool {decision_pool(decision)!r}, which is not running "
+                            f"(running: {', '.join(pools)})"
+                        )
                 else:
                     target = pools["spec-off" if mode == "off" else f"spec-k{always_gamma}"]
                 routing_s = time.perf_counter() - started
                 evict_prompt_cache(target.url)
                 answer = complete(target.url, text, args.max_new_tokens)
                 if pool_name(answer.model) != target.name:
-                    raise RuntimeError(f"{mode}: sent to pool {target.name} but {pool_name(answer.model)} answered")
+                    raise RuntimeError(
+                        f"{mode}: sent to pool {target.name} but {pool_name(answer.model)} answered"
+                    )
                 answers[mode] = (answer, routing_s, target.name)
             off, always, routed = (answers[m][0] for m in MODES)
-            rows.append({
-                "task": prompt["task"], "prompt_tokens": n_ids, "server_prompt_tokens": off.prompt_tokens,
-                "tokens": {m: answers[m][0].completion_tokens for m in MODES},
-                "times": {m: answers[m][0].wall_s + answers[m][1] for m in MODES},
-                "pools": {m: answers[m][2] for m in MODES},
-                "pools_agree": off.text == always.text, "routed_matches_off": routed.text == off.text,
-                "routed_task": decision["task_type"], "speculate": decision["speculate"], "gamma": decision["gamma"],
-            })
+            rows.append(
+                {
+                    "task": prompt["task"],
+                    "prompt_tokens": n_ids,
+                    "server_prompt_tokens": off.prompt_tokens,
+                    "tokens": {m: answers[m][0].completion_tokens for m in MODES},
+                    "times": {m: answers[m][0].wall_s + answers[m][1] for m in MODES},
+                    "pools": {m: answers[m][2] for m in MODES},
+                    "pools_agree": off.text == always.text,
+                    "routed_matches_off": routed.text == off.text,
+                    "routed_task": decision["task_type"],
+                    "speculate": decision["speculate"],
+                    "gamma": decision["gamma"],
+                }
+            )
             if off.text != always.text:  # kept for a look at where batched verification departed
                 rows[-1]["texts"] = {"off": off.text, "always-on": always.text}
             row = rows[-1]
-            print(f"[{number}/{len(held_out)}] {prompt['task']:<18} routed as {decision['task_type']:<18} "
-                  f"{'g=' + str(decision['gamma']) if decision['speculate'] else 'off':<5} "
-                  + " ".join(f"{m}={row['times'][m]:.2f}s" for m in MODES)
-                  + ("" if row["pools_agree"] else "  POOLS' OUTPUTS DIFFER"), file=sys.stderr)
+            print(
+                f"[{number}/{len(held_out)}] {prompt['task']:<18} routed as {decision['task_type']:<18} "
+                f"{'g=' + str(decision['gamma']) if decision['speculate'] else 'off':<5} "
+                + " ".join(f"{m}={row['times'][m]:.2f}s" for m in MODES)
+                + ("" if row["pools_agree"] else "  POOLS' OUTPUTS DIFFER"),
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -130,15 +156,20 @@ def summarize_llamacpp(rows: list[dict], workload_gamma: int, args) -> dict:
     tasks = sorted({r["task"] for r in rows})
     differ = sum(not r["pools_agree"] for r in rows)
     retokenized = sum(r["server_prompt_tokens"] != r["prompt_tokens"] for r in rows)
-    print(f"\nengine llama.cpp (llama-cpp-python server, {threads} threads per pool); {len(rows)} held-out prompts, "
-          f"{args.max_new_tokens} new tokens max; always-on gamma {always_gamma}"
-          f"{'' if workload_gamma else ' (the analysis chose none)'}; outputs of off and always-on differ on "
-          f"{differ}/{len(rows)}; routed and off differ on "
-          f"{sum(not r['routed_matches_off'] for r in rows)}/{len(rows)}; classifier right on "
-          f"{sum(r['routed_task'] == r['task'] for r in rows)}/{len(rows)}; server's prompt token count differs from "
-          f"the analysis' on {retokenized}/{len(rows)}")
-    header = ["task", "n"] + [f"{m} tok/s" for m in MODES] + ["routed/off", "routed/always", "regret off",
-                                                            "regret always", "regret routed", "spec'd"]
+    print(
+        f"\nengine llama.cpp (llama-cpp-python server, {threads} threads per pool); {len(rows)} held-out prompts, "
+        f"{args.max_new_tokens} new tokens max; always-on gamma {always_gamma}"
+        f"{'' if workload_gamma else ' (the analysis chose none)'}; outputs of off and always-on differ on "
+        f"{differ}/{len(rows)}; routed and off differ on "
+        f"{sum(not r['routed_matches_off'] for r in rows)}/{len(rows)}; classifier right on "
+        f"{sum(r['routed_task'] == r['task'] for r in rows)}/{len(rows)}; server's prompt token count differs from "
+        f"the analysis' on {retokenized}/{len(rows)}"
+    )
+    header = (
+        ["task", "n"]
+        + [f"{m} tok/s" for m in MODES]
+        + ["routed/off", "routed/always", "regret off", "regret always", "regret routed", "spec'd"]
+    )
     print(" | ".join(header))
     table = {}
     for task in tasks + ["overall"]:
@@ -147,16 +178,37 @@ def summarize_llamacpp(rows: list[dict], workload_gamma: int, args) -> dict:
         speed = {m: sum(r["tokens"][m] for r in group) / seconds[m] for m in MODES}
         oracle = sum(min(r["times"]["off"], r["times"]["always-on"]) for r in group)
         regret = {m: seconds[m] / oracle - 1 for m in MODES}
-        table[task] = {"n": len(group), "tokens_per_s": speed, "regret": regret,
-                       "routed_over_off": speed["routed"] / speed["off"],
-                       "routed_over_always": speed["routed"] / speed["always-on"],
-                       "speculated": sum(r["speculate"] for r in group),
-                       "pools_differ": sum(not r["pools_agree"] for r in group)}
-        print(" | ".join([task, str(len(group))] + [f"{speed[m]:.2f}" for m in MODES]
-                         + [f"{table[task]['routed_over_off']:.3f}", f"{table[task]['routed_over_always']:.3f}"]
-                         + [f"{100 * regret[m]:.1f}%" for m in MODES] + [str(table[task]["speculated"])]))
+        table[task] = {
+            "n": len(group),
+            "tokens_per_s": speed,
+            "regret": regret,
+            "routed_over_off": speed["routed"] / speed["off"],
+            "routed_over_always": speed["routed"] / speed["always-on"],
+            "speculated": sum(r["speculate"] for r in group),
+            "pools_differ": sum(not r["pools_agree"] for r in group),
+        }
+        print(
+            " | ".join(
+                [task, str(len(group))]
+                + [f"{speed[m]:.2f}" for m in MODES]
+                + [f"{table[task]['routed_over_off']:.3f}", f"{table[task]['routed_over_always']:.3f}"]
+                + [f"{100 * regret[m]:.1f}%" for m in MODES]
+                + [str(table[task]["speculated"])]
+            )
+        )
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "engine": "llama.cpp",
-                                        "workload_gamma": workload_gamma, "always_gamma": always_gamma,
-                                        "threads": threads, "rows": rows, "table": table}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "engine": "llama.cpp",
+                    "workload_gamma": workload_gamma,
+                    "always_gamma": always_gamma,
+                    "threads": threads,
+                    "rows": rows,
+                    "table": table,
+                },
+                indent=1,
+            )
+        )
     return table

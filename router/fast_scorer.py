@@ -32,7 +32,7 @@ def _char_wb_ngrams(text: str, min_n: int, max_n: int) -> list[str]:
             if length <= n:
                 grams.append(padded)
                 break
-            grams.extend([padded[i:i + n] for i in range(length - n + 1)])
+            grams.extend([padded[i : i + n] for i in range(length - n + 1)])
     return grams
 
 
@@ -81,7 +81,7 @@ class _CharGramTable:
     def warm(self, words: Sequence[str]) -> None:
         """Cache these words' hits now (the loader passes the word vocabulary's single words)."""
         distinct = list(dict.fromkeys(w for w in words if w and not any(c.isspace() for c in w)))
-        distinct = distinct[:self.WORD_CACHE_SIZE // 2]
+        distinct = distinct[: self.WORD_CACHE_SIZE // 2]
         if distinct and self.keys.shape[0]:
             self._word_hits.update(zip(distinct, self._word_positions(distinct)))
 
@@ -121,9 +121,9 @@ class _CharGramTable:
                 count = length - n + 1
                 if count <= 0:
                     break
-                hashes = hashes[:count] * _HASH_MULTIPLIER + codes[n - 1:n - 1 + count]
+                hashes = hashes[:count] * _HASH_MULTIPLIER + codes[n - 1 : n - 1 + count]
                 if n > 2:  # windows with a space strictly inside are not n-grams of one word
-                    step = spaces[n - 2:n - 2 + count]
+                    step = spaces[n - 2 : n - 2 + count]
                     inner = step if inner is None else inner[:count] | step
                 if n >= self.min_n:
                     keys = hashes + self._salts[n]
@@ -137,7 +137,7 @@ class _CharGramTable:
         order = np.argsort(owner, kind="stable")
         position, owner = position[order], owner[order]
         bounds = np.searchsorted(owner, np.arange(len(words) + 1))
-        return [position[bounds[i]:bounds[i + 1]] for i in range(len(words))]
+        return [position[bounds[i] : bounds[i + 1]] for i in range(len(words))]
 
     def features(self, text: str) -> np.ndarray:
         """Vocabulary indices of the text's n-grams, one entry per occurrence."""
@@ -178,7 +178,7 @@ class _WordGrams:
             if n == 2:
                 grams += [f"{a} {b}" for a, b in zip(tokens, tokens[1:])]
             else:
-                grams += [" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+                grams += [" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
         get = self.get
         found = [i for i in map(get, grams) if i is not None]
         ids = np.array(found, dtype=np.intp)
@@ -203,33 +203,61 @@ class FastScorer:
         for name, transformer in union.transformer_list:
             if isinstance(transformer, TfidfVectorizer):
                 if not (transformer.sublinear_tf and transformer.use_idf and transformer.norm == "l2"):
-                    raise ScorerError(f"FastScorer supports sublinear, idf-weighted, l2-normed TF-IDF only ({name})")
+                    raise ScorerError(
+                        f"FastScorer supports sublinear, idf-weighted, l2-normed TF-IDF only ({name})"
+                    )
                 size = len(transformer.vocabulary_)
-                block = weights[offset:offset + size]
+                block = weights[offset : offset + size]
                 low, high = transformer.ngram_range
                 if transformer.analyzer == "char_wb" and low >= 2:
-                    preprocess, table = transformer.build_preprocessor(), _CharGramTable(transformer.vocabulary_, low, high)
+                    preprocess, table = (
+                        transformer.build_preprocessor(),
+                        _CharGramTable(transformer.vocabulary_, low, high),
+                    )
                     self.char_tables.append(table)
-                    self.parts.append(("tfidf", lambda text, p=preprocess, t=table: t.positions(p(text)),
-                                       transformer.idf_[table.indices], np.ascontiguousarray(block[table.indices])))
+                    self.parts.append(
+                        (
+                            "tfidf",
+                            lambda text, p=preprocess, t=table: t.positions(p(text)),
+                            transformer.idf_[table.indices],
+                            np.ascontiguousarray(block[table.indices]),
+                        )
+                    )
                 else:
                     self.parts.append(("tfidf", _WordGrams(transformer).ids, transformer.idf_, block))
                 offset += size
             elif name == "embedding":  # router.encoder.EmbeddingFeatures: a dense block, no scaling
                 from router.encoder import DIMENSIONS, embed
 
-                self.parts.append(("dense", lambda text: embed([text])[0], None,
-                                   np.ascontiguousarray(weights[offset:offset + DIMENSIONS])))
+                self.parts.append(
+                    (
+                        "dense",
+                        lambda text: embed([text])[0],
+                        None,
+                        np.ascontiguousarray(weights[offset : offset + DIMENSIONS]),
+                    )
+                )
                 offset += DIMENSIONS
             else:
                 scaler = transformer.steps[-1][1]
                 size = len(scaler.scale_)
                 inverse = 1.0 / np.where(scaler.scale_ == 0, 1.0, scaler.scale_)
-                self.parts.append(("structure", structural_row, None,
-                                   np.ascontiguousarray(weights[offset:offset + size] * inverse[:, None])))
+                self.parts.append(
+                    (
+                        "structure",
+                        structural_row,
+                        None,
+                        np.ascontiguousarray(weights[offset : offset + size] * inverse[:, None]),
+                    )
+                )
                 offset += size
-        single_words = [term for transformer in union.transformer_list if isinstance(transformer[1], TfidfVectorizer)
-                        and transformer[1].analyzer == "word" for term in transformer[1].vocabulary_ if " " not in term]
+        single_words = [
+            term
+            for transformer in union.transformer_list
+            if isinstance(transformer[1], TfidfVectorizer) and transformer[1].analyzer == "word"
+            for term in transformer[1].vocabulary_
+            if " " not in term
+        ]
         for table in self.char_tables:  # the first prompts then find most of their words cached
             table.warm(single_words)
         self.intercept = model.intercept_.astype(np.float64)
@@ -258,7 +286,9 @@ class FastScorer:
     def predict_proba(self, texts: Sequence[str], temperature: float = 1.0) -> np.ndarray:
         """Class probabilities, shape (len(texts), n_classes), as the pipeline computes them (with
         ``temperature`` > 1 the decision values are divided by it first: calibrated probabilities)."""
-        rows = np.array([self.scores(t) for t in texts], dtype=np.float64).reshape(len(texts), -1) / temperature
+        rows = (
+            np.array([self.scores(t) for t in texts], dtype=np.float64).reshape(len(texts), -1) / temperature
+        )
         if rows.shape[1] == 1:  # two classes: a logistic of one decision value
             positive = 1.0 / (1.0 + np.exp(-rows[:, 0]))
             return np.column_stack([1.0 - positive, positive])

@@ -17,8 +17,19 @@ CLASSIFIER_CHARS = 500
 # Bumped whenever what the classifier sees changes; stored classifiers of another version are refused.
 FEATURES_VERSION = "2"
 STRUCTURAL_FEATURES = (
-    "log_chars", "log_lines", "code_fences", "code_words", "braces", "json_keys", "non_ascii",
-    "non_latin_letters", "digits", "question_marks", "urls", "starts_translate", "starts_summarize",
+    "log_chars",
+    "log_lines",
+    "code_fences",
+    "code_words",
+    "braces",
+    "json_keys",
+    "non_ascii",
+    "non_latin_letters",
+    "digits",
+    "question_marks",
+    "urls",
+    "starts_translate",
+    "starts_summarize",
 )
 
 
@@ -27,7 +38,9 @@ def structural_row(text: str) -> list[float]:
     chars = max(len(text), 1)
     ascii_only = text.isascii()
     # share of the non-space characters that are letters beyond Latin (Cyrillic, CJK, Arabic, ...)
-    non_latin = 0.0 if ascii_only else len(_NON_LATIN_LETTER.findall(text)) / max(len(text) - text.count(" "), 1)
+    non_latin = (
+        0.0 if ascii_only else len(_NON_LATIN_LETTER.findall(text)) / max(len(text) - text.count(" "), 1)
+    )
     non_ascii = 0 if ascii_only else len(text) - len(text.encode("ascii", "ignore"))
     head = text.lstrip()[:40].lower()
     return [
@@ -57,7 +70,9 @@ def classifier_text(text: str) -> str:
 def structural_features(texts: Sequence[str]) -> np.ndarray:
     """Structural features of many prompts, shape (n, len(STRUCTURAL_FEATURES)); used inside the
     scikit-learn pipeline through a FunctionTransformer."""
-    return np.asarray([structural_row(t) for t in texts], dtype=np.float64).reshape(len(texts), len(STRUCTURAL_FEATURES))
+    return np.asarray([structural_row(t) for t in texts], dtype=np.float64).reshape(
+        len(texts), len(STRUCTURAL_FEATURES)
+    )
 
 
 def keyword_baseline(text: str) -> str:

@@ -35,14 +35,14 @@ from sqlalchemy.orm import Session, selectinload
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun
+from analyzer.policy_curve import PolicyCurve
 from analyzer.speedup import Cost
 from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
-from router.route_ids import parse_route_id
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
-from analyzer.policy_curve import PolicyCurve
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
+from router.route_ids import parse_route_id
 
 
 class FeedbackError(SpecrouteError, ValueError):
@@ -89,7 +89,9 @@ def _count(payload: Mapping[str, Any], key: str, where: str = "") -> int:
 def _gamma(payload: Mapping[str, Any]) -> int | None:
     """The request's ``gamma`` when it is a usable lookahead (1..MAX_GAMMA), else None."""
     gamma = payload.get("gamma")
-    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and 0 < gamma <= MAX_GAMMA else None
+    return (
+        gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and 0 < gamma <= MAX_GAMMA else None
+    )
 
 
 def _first(payload: Mapping[str, Any], names: tuple[str, ...], where: str) -> int | None:
@@ -109,9 +111,14 @@ def _section(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 def _count_list(payload: Mapping[str, Any], key: str, where: str) -> list[int]:
     values = payload.get(key)
-    if not isinstance(values, list) or not values or any(
-            isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values):
-        raise FeedbackError(f"field '{where}{key}' must be a non-empty list of integers from 0 to {MAX_COUNT:,}")
+    if (
+        not isinstance(values, list)
+        or not values
+        or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values)
+    ):
+        raise FeedbackError(
+            f"field '{where}{key}' must be a non-empty list of integers from 0 to {MAX_COUNT:,}"
+        )
     return values
 
 
@@ -134,8 +141,15 @@ def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
         rounds = sum(histogram) if rounds is None else rounds
         accepted = sum(j * n for j, n in enumerate(histogram)) if accepted is None else accepted
         drafted = (len(histogram) - 1) * sum(histogram) if drafted is None else drafted
-    missing = [name for name, value in (("num_drafts", rounds), ("num_draft_tokens", drafted),
-                                        ("num_accepted_tokens", accepted)) if value is None]
+    missing = [
+        name
+        for name, value in (
+            ("num_drafts", rounds),
+            ("num_draft_tokens", drafted),
+            ("num_accepted_tokens", accepted),
+        )
+        if value is None
+    ]
     if missing:
         raise FeedbackError(f"field '{where}{missing[0]}' is missing (see the vLLM mapping in the API docs)")
     return FeedbackCounts("vllm", rounds, drafted, accepted, _first(stats, ("num_output_tokens",), where))
@@ -148,7 +162,9 @@ def _sglang(meta: Mapping[str, Any], gamma: int | None) -> FeedbackCounts:
     accepted = _first(meta, ("spec_num_correct_drafts", "spec_accept_token_num"), where)
     if accepted is None:
         if completion is None:
-            raise FeedbackError(f"field '{where}completion_tokens' (or '{where}spec_num_correct_drafts') is missing")
+            raise FeedbackError(
+                f"field '{where}completion_tokens' (or '{where}spec_num_correct_drafts') is missing"
+            )
         accepted = max(completion - rounds, 0)
     drafted = _first(meta, ("spec_num_proposed_drafts", "spec_draft_token_num"), where)
     rate = meta.get("spec_accept_rate")
@@ -157,8 +173,10 @@ def _sglang(meta: Mapping[str, Any], gamma: int | None) -> FeedbackCounts:
     if drafted is None and gamma is not None:
         drafted = min(gamma * rounds, MAX_COUNT)
     if drafted is None:
-        raise FeedbackError(f"field '{where}spec_num_proposed_drafts' is missing; send it, "
-                            f"'{where}spec_accept_rate', or the 'gamma' the server ran with")
+        raise FeedbackError(
+            f"field '{where}spec_num_proposed_drafts' is missing; send it, "
+            f"'{where}spec_accept_rate', or the 'gamma' the server ran with"
+        )
     return FeedbackCounts("sglang", rounds, drafted, accepted, completion)
 
 
@@ -173,12 +191,17 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     elif {"rounds", "drafted", "accepted"} <= set(payload):
         output = payload.get("output_tokens")
         counts = FeedbackCounts(
-            str(payload.get("engine") or "counts")[:32], _count(payload, "rounds"), _count(payload, "drafted"),
-            _count(payload, "accepted"), _count(payload, "output_tokens") if output is not None else None,
+            str(payload.get("engine") or "counts")[:32],
+            _count(payload, "rounds"),
+            _count(payload, "drafted"),
+            _count(payload, "accepted"),
+            _count(payload, "output_tokens") if output is not None else None,
         )
     else:
-        raise FeedbackError("give counts {rounds, drafted, accepted}, llama.cpp 'timings', vLLM "
-                            "'speculative_decoding' or SGLang 'meta_info'")
+        raise FeedbackError(
+            "give counts {rounds, drafted, accepted}, llama.cpp 'timings', vLLM "
+            "'speculative_decoding' or SGLang 'meta_info'"
+        )
     if counts.accepted > counts.drafted:
         raise FeedbackError(f"accepted ({counts.accepted}) cannot exceed drafted ({counts.drafted})")
     return counts
@@ -208,7 +231,9 @@ def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
     if route_id is not None:
         found = parse_route_id(route_id)
         if found is None:
-            raise UnknownRouteId(f"unknown route_id {route_id!r}: send the route_id of a decision as it was given")
+            raise UnknownRouteId(
+                f"unknown route_id {route_id!r}: send the route_id of a decision as it was given"
+            )
         version, task = found  # version 0: decided before any policy set was active
         return FeedbackRequest(counts, route_id, version or None, task, _gamma(payload), dict(payload))
     if not task:
@@ -216,8 +241,17 @@ def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
     return FeedbackRequest(counts, None, None, task, _gamma(payload), dict(payload))
 
 
-STATE_COLUMNS = ("beta_a", "beta_b", "speculate", "gamma", "prior_alpha", "events", "total_rounds", "total_drafted",
-                 "total_accepted")
+STATE_COLUMNS = (
+    "beta_a",
+    "beta_b",
+    "speculate",
+    "gamma",
+    "prior_alpha",
+    "events",
+    "total_rounds",
+    "total_drafted",
+    "total_accepted",
+)
 
 
 def estimate_state(estimate: TaskEstimate) -> TaskState:
@@ -265,13 +299,21 @@ def active_classifier_labels(session: Session) -> frozenset[str]:
 def policy_context(session: Session, version: int | None = None) -> PolicyContext | None:
     """Policy set ``version`` (the active one for None) as feedback needs it; None when there is none."""
     query = select(PolicySet).options(selectinload(PolicySet.policies))
-    policy_set = session.scalar(query.where(PolicySet.is_active.is_(True)) if version is None
-                                else query.where(PolicySet.version == version))
+    policy_set = session.scalar(
+        query.where(PolicySet.is_active.is_(True))
+        if version is None
+        else query.where(PolicySet.version == version)
+    )
     if policy_set is None or policy_set.run_id is None:
         return None
-    return PolicyContext(policy_set.id, policy_set.version, {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
-                         cost_for_run(session.get(AnalysisRun, policy_set.run_id)), active_classifier_labels(session),
-                         PolicyContract.of(policy_set))
+    return PolicyContext(
+        policy_set.id,
+        policy_set.version,
+        {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
+        cost_for_run(session.get(AnalysisRun, policy_set.run_id)),
+        active_classifier_labels(session),
+        PolicyContract.of(policy_set),
+    )
 
 
 @dataclass(frozen=True)
@@ -286,8 +328,12 @@ class Recorded:
     snapshot: dict[str, Any]
 
 
-def _checked_context(session: Session, request: FeedbackRequest, context: PolicyContext | None,
-                     loaded: dict[int | None, PolicyContext | None]) -> PolicyContext:
+def _checked_context(
+    session: Session,
+    request: FeedbackRequest,
+    context: PolicyContext | None,
+    loaded: dict[int | None, PolicyContext | None],
+) -> PolicyContext:
     """The policy set ``request`` is about, with its task checked; raises FeedbackError and writes
     nothing. ``loaded``: policy sets read from the database so far (by version, None: the active one)."""
     if context is None or (request.policy_version is not None and request.policy_version != context.version):
@@ -295,21 +341,30 @@ def _checked_context(session: Session, request: FeedbackRequest, context: Policy
             loaded[request.policy_version] = policy_context(session, request.policy_version)
         context = loaded[request.policy_version]
     if context is None and request.policy_version is not None:
-        raise UnknownRouteId(f"unknown route_id {request.route_id!r}: policy set v{request.policy_version} does not exist")
+        raise UnknownRouteId(
+            f"unknown route_id {request.route_id!r}: policy set v{request.policy_version} does not exist"
+        )
     if context is None:
         raise NoActivePolicy("no active policy set; publish one with 'specroute policies publish --run RUN'")
     task = request.task
     if request.route_id is not None and task not in context.policies and task not in context.known_tasks:
-        raise UnknownRouteId(f"unknown route_id {request.route_id!r}: policy set v{context.version} has no task {task!r}")
-    if request.route_id is None and task not in context.known_tasks:  # a made-up task would get an estimate and a metrics label
+        raise UnknownRouteId(
+            f"unknown route_id {request.route_id!r}: policy set v{context.version} has no task {task!r}"
+        )
+    if (
+        request.route_id is None and task not in context.known_tasks
+    ):  # a made-up task would get an estimate and a metrics label
         known = ", ".join(sorted(context.known_tasks)) or "none yet"
-        raise FeedbackError(f"unknown task_type {task!r}: name a task type with a published policy or one the "
-                            f"classifier predicts ({known}), or send the decision's route_id")
+        raise FeedbackError(
+            f"unknown task_type {task!r}: name a task type with a published policy or one the "
+            f"classifier predicts ({known}), or send the decision's route_id"
+        )
     return context
 
 
-def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnapshot],
-                   config: AdaptationConfig) -> dict[tuple[int, str], TaskEstimate]:
+def _estimate_rows(
+    session: Session, wanted: Mapping[tuple[int, str], PolicySnapshot], config: AdaptationConfig
+) -> dict[tuple[int, str], TaskEstimate]:
     """The estimate rows of ``wanted`` ((policy set id, task) -> its policy), each read and locked once
     (SELECT ... FOR UPDATE, in sorted order), and those missing created from their policy's prior (in
     sorted order): two transactions that want some of the same rows then wait for each other instead
@@ -319,9 +374,12 @@ def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnap
     for policy_set_id, task in sorted(wanted):
         by_set.setdefault(policy_set_id, []).append(task)
     for policy_set_id, tasks in by_set.items():
-        for estimate in session.scalars(select(TaskEstimate).where(
-                TaskEstimate.policy_set_id == policy_set_id, TaskEstimate.task_type.in_(tasks))
-                .order_by(TaskEstimate.task_type).with_for_update()):
+        for estimate in session.scalars(
+            select(TaskEstimate)
+            .where(TaskEstimate.policy_set_id == policy_set_id, TaskEstimate.task_type.in_(tasks))
+            .order_by(TaskEstimate.task_type)
+            .with_for_update()
+        ):
             rows[(policy_set_id, estimate.task_type)] = estimate
     for key in sorted(wanted):
         if key not in rows:
@@ -333,26 +391,53 @@ def _estimate_rows(session: Session, wanted: Mapping[tuple[int, str], PolicySnap
     return rows
 
 
-def _apply(session: Session, request: FeedbackRequest, context: PolicyContext, estimate: TaskEstimate,
-           config: AdaptationConfig) -> Recorded:
+def _apply(
+    session: Session,
+    request: FeedbackRequest,
+    context: PolicyContext,
+    estimate: TaskEstimate,
+    config: AdaptationConfig,
+) -> Recorded:
     """Move ``estimate`` by one checked event and add the event's row."""
     counts = request.counts
-    state = apply_feedback(estimate_state(estimate), counts.rounds, counts.drafted, counts.accepted,
-                           context.curve(request.task), config.for_contract(context.contract))
+    state = apply_feedback(
+        estimate_state(estimate),
+        counts.rounds,
+        counts.drafted,
+        counts.accepted,
+        context.curve(request.task),
+        config.for_contract(context.contract),
+    )
     now = utcnow()
-    if estimate.decision_since is None or (state.speculate, state.gamma) != (estimate.speculate, estimate.gamma):
+    if estimate.decision_since is None or (state.speculate, state.gamma) != (
+        estimate.speculate,
+        estimate.gamma,
+    ):
         estimate.decision_since = now  # the decision in force changed (or starts being tracked) now
     store_state(estimate, state)
     estimate.updated_at = now
-    session.add(FeedbackEvent(route_id=request.route_id, policy_set_id=context.policy_set_id,
-                              task_type=request.task, engine=counts.engine, gamma=request.gamma,
-                              rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
-                              output_tokens=counts.output_tokens, raw=dict(request.raw)))
+    session.add(
+        FeedbackEvent(
+            route_id=request.route_id,
+            policy_set_id=context.policy_set_id,
+            task_type=request.task,
+            engine=counts.engine,
+            gamma=request.gamma,
+            rounds=counts.rounds,
+            drafted=counts.drafted,
+            accepted=counts.accepted,
+            output_tokens=counts.output_tokens,
+            raw=dict(request.raw),
+        )
+    )
     return Recorded(estimate, state, context.policy_set_id, estimate_dict(estimate))
 
 
-def record_feedback_batch(session: Session, items: Sequence[tuple[FeedbackRequest, PolicyContext | None]],
-                          config: AdaptationConfig | None = None) -> list[Recorded | FeedbackError]:
+def record_feedback_batch(
+    session: Session,
+    items: Sequence[tuple[FeedbackRequest, PolicyContext | None]],
+    config: AdaptationConfig | None = None,
+) -> list[Recorded | FeedbackError]:
     """Store feedback events in the caller's transaction, in the order given: each ``(request,
     context)`` is checked against the policy set its route_id names (the active one for feedback by
     task_type; ``context``: the active set as the caller has it loaded, else it is read), every
@@ -368,17 +453,31 @@ def record_feedback_batch(session: Session, items: Sequence[tuple[FeedbackReques
             checked.append(_checked_context(session, request, context, loaded))
         except FeedbackError as exc:
             checked.append(exc)
-    rows = _estimate_rows(session, {(c.policy_set_id, r.task): c.policy(r.task) for (r, _), c in zip(items, checked)
-                                    if isinstance(c, PolicyContext)}, config)
+    rows = _estimate_rows(
+        session,
+        {
+            (c.policy_set_id, r.task): c.policy(r.task)
+            for (r, _), c in zip(items, checked)
+            if isinstance(c, PolicyContext)
+        },
+        config,
+    )
     outcomes: list[Recorded | FeedbackError] = [
         _apply(session, request, context, rows[(context.policy_set_id, request.task)], config)
-        if isinstance(context, PolicyContext) else context for (request, _), context in zip(items, checked)]
+        if isinstance(context, PolicyContext)
+        else context
+        for (request, _), context in zip(items, checked)
+    ]
     session.flush()
     return outcomes
 
 
-def record_feedback(session: Session, request: FeedbackRequest, config: AdaptationConfig | None = None,
-                    context: PolicyContext | None = None) -> Recorded:
+def record_feedback(
+    session: Session,
+    request: FeedbackRequest,
+    config: AdaptationConfig | None = None,
+    context: PolicyContext | None = None,
+) -> Recorded:
     """Store one feedback event and update its task's estimate (``record_feedback_batch`` of one;
     raises its FeedbackError)."""
     outcome = record_feedback_batch(session, [(request, context)], config)[0]

@@ -36,13 +36,20 @@ class FeedbackWriter:
     ``on_recorded(request, recorded)`` runs in the writer's thread after each commit, in event order.
     ``transactions`` and ``events`` count the committed transactions and the events they stored."""
 
-    def __init__(self, sessions: sessionmaker[Session], config: AdaptationConfig, *, max_batch: int = 256,
-                 on_recorded: Callable[[FeedbackRequest, Recorded], None] | None = None):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        config: AdaptationConfig,
+        *,
+        max_batch: int = 256,
+        on_recorded: Callable[[FeedbackRequest, Recorded], None] | None = None,
+    ):
         self._sessions = sessions
         self._config = config
         on_stored = None if on_recorded is None else lambda event, recorded: on_recorded(event[0], recorded)
         self._writer: BatchWriter[Event, Recorded] = BatchWriter(
-            self._store, name="feedback events", max_batch=max_batch, on_stored=on_stored)
+            self._store, name="feedback events", max_batch=max_batch, on_stored=on_stored
+        )
 
     @property
     def transactions(self) -> int:

@@ -75,38 +75,64 @@ class Metrics:
     def render(self) -> str:
         """The Prometheus text exposition of every series."""
         with self._lock:
-            lines = ["# HELP specroute_http_requests_total HTTP requests by endpoint, method and status.",
-                     "# TYPE specroute_http_requests_total counter"]
+            lines = [
+                "# HELP specroute_http_requests_total HTTP requests by endpoint, method and status.",
+                "# TYPE specroute_http_requests_total counter",
+            ]
             for (endpoint, method, status), n in sorted(self._requests.items()):
-                lines.append(f"specroute_http_requests_total{_labels(endpoint=endpoint, method=method, status=status)} {n}")
-            lines += ["# HELP specroute_http_request_duration_seconds Time to answer, by endpoint.",
-                      "# TYPE specroute_http_request_duration_seconds histogram"]
+                lines.append(
+                    f"specroute_http_requests_total{_labels(endpoint=endpoint, method=method, status=status)} {n}"
+                )
+            lines += [
+                "# HELP specroute_http_request_duration_seconds Time to answer, by endpoint.",
+                "# TYPE specroute_http_request_duration_seconds histogram",
+            ]
             for endpoint, buckets in sorted(self._latency_buckets.items()):
                 cumulative = 0
                 for bound, n in zip(LATENCY_BUCKETS_S + (float("inf"),), buckets):
                     cumulative += n
                     le = "+Inf" if bound == float("inf") else repr(bound)
-                    lines.append(f"specroute_http_request_duration_seconds_bucket{_labels(endpoint=endpoint, le=le)} {cumulative}")
-                lines.append(f"specroute_http_request_duration_seconds_sum{_labels(endpoint=endpoint)} {self._latency_sum[endpoint]:.6f}")
-                lines.append(f"specroute_http_request_duration_seconds_count{_labels(endpoint=endpoint)} {self._latency_count[endpoint]}")
-            lines += ["# HELP specroute_route_decisions_total Routing decisions by task and outcome.",
-                      "# TYPE specroute_route_decisions_total counter"]
+                    labels = _labels(endpoint=endpoint, le=le)
+                    lines.append(f"specroute_http_request_duration_seconds_bucket{labels} {cumulative}")
+                lines.append(
+                    f"specroute_http_request_duration_seconds_sum{_labels(endpoint=endpoint)} "
+                    f"{self._latency_sum[endpoint]:.6f}"
+                )
+                lines.append(
+                    f"specroute_http_request_duration_seconds_count{_labels(endpoint=endpoint)} "
+                    f"{self._latency_count[endpoint]}"
+                )
+            lines += [
+                "# HELP specroute_route_decisions_total Routing decisions by task and outcome.",
+                "# TYPE specroute_route_decisions_total counter",
+            ]
             for (task, outcome), n in sorted(self._decisions.items()):
                 lines.append(f"specroute_route_decisions_total{_labels(task=task, outcome=outcome)} {n}")
-            lines += ["# HELP specroute_feedback_events_total Feedback events by task and engine.",
-                      "# TYPE specroute_feedback_events_total counter"]
+            lines += [
+                "# HELP specroute_feedback_events_total Feedback events by task and engine.",
+                "# TYPE specroute_feedback_events_total counter",
+            ]
             for (task, engine), n in sorted(self._feedback.items()):
                 lines.append(f"specroute_feedback_events_total{_labels(task=task, engine=engine)} {n}")
-            for name, values, what in (("drafted", self._drafted, "Draft tokens"), ("accepted", self._accepted, "Accepted draft tokens")):
-                lines += [f"# HELP specroute_feedback_{name}_tokens_total {what} reported in feedback, by task.",
-                          f"# TYPE specroute_feedback_{name}_tokens_total counter"]
+            for name, values, what in (
+                ("drafted", self._drafted, "Draft tokens"),
+                ("accepted", self._accepted, "Accepted draft tokens"),
+            ):
+                lines += [
+                    f"# HELP specroute_feedback_{name}_tokens_total {what} reported in feedback, by task.",
+                    f"# TYPE specroute_feedback_{name}_tokens_total counter",
+                ]
                 for task, n in sorted(values.items()):
                     lines.append(f"specroute_feedback_{name}_tokens_total{_labels(task=task)} {n}")
-            lines += ["# HELP specroute_task_alpha_estimate Online estimate of the acceptance rate alpha, by task.",
-                      "# TYPE specroute_task_alpha_estimate gauge"]
+            lines += [
+                "# HELP specroute_task_alpha_estimate Online estimate of the acceptance rate alpha, by task.",
+                "# TYPE specroute_task_alpha_estimate gauge",
+            ]
             for task, alpha in sorted(self._alpha.items()):
                 lines.append(f"specroute_task_alpha_estimate{_labels(task=task)} {alpha:.6f}")
-            lines += ["# HELP specroute_decision_log_dropped_total Decisions not logged because the queue was full.",
-                      "# TYPE specroute_decision_log_dropped_total counter",
-                      f"specroute_decision_log_dropped_total {self._dropped}"]
+            lines += [
+                "# HELP specroute_decision_log_dropped_total Decisions not logged because the queue was full.",
+                "# TYPE specroute_decision_log_dropped_total counter",
+                f"specroute_decision_log_dropped_total {self._dropped}",
+            ]
         return "\n".join(lines) + "\n"

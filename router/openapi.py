@@ -24,45 +24,76 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    meaning = {400: "Bad input: malformed JSON, a wrong type, a missing or unknown field.",
-               404: "Unknown route_id.", 409: "Nothing to apply feedback to (no active policy set).",
-               413: "The body exceeds SPECROUTE_API_MAX_BODY_BYTES.",
-               503: "The database or the stored classifier cannot be used."}
+    meaning = {
+        400: "Bad input: malformed JSON, a wrong type, a missing or unknown field.",
+        404: "Unknown route_id.",
+        409: "Nothing to apply feedback to (no active policy set).",
+        413: "The body exceeds SPECROUTE_API_MAX_BODY_BYTES.",
+        503: "The database or the stored classifier cannot be used.",
+    }
     return {str(s): _json(_ref("Error"), meaning[s]) for s in statuses}
 
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
-        "type": "object", "required": ["error"], "additionalProperties": False,
-        "properties": {"error": {
-            "type": "object", "required": ["code", "message", "details"], "additionalProperties": False,
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"},
-                           "details": {"type": "object"}}}},
+        "type": "object",
+        "required": ["error"],
+        "additionalProperties": False,
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message", "details"],
+                "additionalProperties": False,
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "details": {"type": "object"},
+                },
+            }
+        },
     },
     "ChatMessage": {
-        "type": "object", "required": ["role", "content"],
+        "type": "object",
+        "required": ["role", "content"],
         "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
     },
     "RouteRequest": {
-        "type": "object", "additionalProperties": False,
+        "type": "object",
+        "additionalProperties": False,
         "description": "Give exactly one of prompt and messages. batch_size and concurrency are the same "
-                       "thing (give one): how many sequences the engine runs together with this one.",
+        "thing (give one): how many sequences the engine runs together with this one.",
         "properties": {
             "prompt": {"type": "string", "minLength": 1},
             "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-            "max_new_tokens": _INT1, "batch_size": _INT1, "concurrency": _INT1,
+            "max_new_tokens": _INT1,
+            "batch_size": _INT1,
+            "concurrency": _INT1,
             "temperature": {"type": "number", "minimum": 0},
         },
     },
     "Reason": {
-        "type": "object", "required": ["code"], "additionalProperties": True,
+        "type": "object",
+        "required": ["code"],
+        "additionalProperties": True,
         "description": "One reason of a decision: a code and its parameters (router/reasons.py lists them).",
         "properties": {"code": {"type": "string", "enum": list(REASON_CODES)}},
     },
     "Decision": {
-        "type": "object", "additionalProperties": False,
-        "required": ["route_id", "speculate", "gamma", "task_type", "confidence", "predicted_acceptance",
-                     "expected_speedup", "reasons", "reason_codes", "policy_version", "engine"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": [
+            "route_id",
+            "speculate",
+            "gamma",
+            "task_type",
+            "confidence",
+            "predicted_acceptance",
+            "expected_speedup",
+            "reasons",
+            "reason_codes",
+            "policy_version",
+            "engine",
+        ],
         "properties": {
             "route_id": {"type": "string", "description": "Name this in feedback."},
             "speculate": {"type": "boolean"},
@@ -71,155 +102,308 @@ SCHEMAS: dict[str, Any] = {
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
             "predicted_acceptance": {"type": ["number", "null"]},
             "expected_speedup": _NUM,
-            "reasons": {"type": "array", "items": {"type": "string"},
-                        "description": "Why, in words for people (reason_codes holds the same, for programs)."},
+            "reasons": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Why, in words for people (reason_codes holds the same, for programs).",
+            },
             "reason_codes": {"type": "array", "items": _ref("Reason")},
             "policy_version": {"type": ["integer", "null"]},
             "engine": {
-                "type": "object", "required": ["transformers", "llama.cpp", "pool", "priced_by"],
+                "type": "object",
+                "required": ["transformers", "llama.cpp", "pool", "priced_by"],
                 "additionalProperties": False,
                 "properties": {
-                    "transformers": {"type": "object", "description": "generate() settings: "
-                                     "{assistant_model: false}, or prompt_lookup_num_tokens and "
-                                     "max_matching_ngram_size, or assistant_model: true with the values to set "
-                                     "on the draft's generation_config."},
+                    "transformers": {
+                        "type": "object",
+                        "description": "generate() settings: "
+                        "{assistant_model: false}, or prompt_lookup_num_tokens and "
+                        "max_matching_ngram_size, or assistant_model: true with the values to set "
+                        "on the draft's generation_config.",
+                    },
                     "llama.cpp": {
-                        "type": "object", "required": ["pool", "speculative"], "additionalProperties": False,
+                        "type": "object",
+                        "required": ["pool", "speculative"],
+                        "additionalProperties": False,
                         "description": "llama.cpp fixes speculation per server: the pool to send the request to "
-                                       "and what that pool speculates with (null: a plain pool).",
+                        "and what that pool speculates with (null: a plain pool).",
                         "properties": {
                             "pool": {"type": "string"},
-                            "speculative": {"oneOf": [{"type": "null"}, {
-                                "type": "object", "required": ["draft", "n_max"], "additionalProperties": False,
-                                "properties": {"draft": {"enum": ["prompt-lookup", "model"]}, "n_max": _INT1}}]},
+                            "speculative": {
+                                "oneOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "required": ["draft", "n_max"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "draft": {"enum": ["prompt-lookup", "model"]},
+                                            "n_max": _INT1,
+                                        },
+                                    },
+                                ]
+                            },
                         },
                     },
                     "pool": {"type": "string", "description": "Deployment to send the request to."},
-                    "priced_by": {"enum": [*ENGINES, None],
-                                  "description": "The engine whose cost priced the active policy set (null: none)."},
+                    "priced_by": {
+                        "enum": [*ENGINES, None],
+                        "description": "The engine whose cost priced the active policy set (null: none).",
+                    },
                 },
             },
         },
     },
     "BatchRequest": {
-        "type": "object", "required": ["requests"], "additionalProperties": False,
-        "properties": {"requests": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH,
-                                    "items": _ref("RouteRequest")}},
+        "type": "object",
+        "required": ["requests"],
+        "additionalProperties": False,
+        "properties": {
+            "requests": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": _ref("RouteRequest")}
+        },
     },
     "BatchResponse": {
-        "type": "object", "required": ["decisions"], "additionalProperties": False,
+        "type": "object",
+        "required": ["decisions"],
+        "additionalProperties": False,
         "properties": {"decisions": {"type": "array", "items": _ref("Decision")}},
     },
     "FeedbackRequest": {
         "type": "object",
         "description": "route_id (from a decision) or task_type, plus one of: counts {rounds, drafted, accepted}; "
-                       "llama.cpp timings {draft_n, draft_n_accepted, predicted_n}; vLLM speculative_decoding "
-                       "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
-                       "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
-                       "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
-                       "Other fields are kept with the event.",
+        "llama.cpp timings {draft_n, draft_n_accepted, predicted_n}; vLLM speculative_decoding "
+        "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
+        "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
+        "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
+        "Other fields are kept with the event.",
         "properties": {
-            "route_id": {"type": "string"}, "task_type": {"type": "string"},
-            "rounds": {"type": "integer", "minimum": 0}, "drafted": {"type": "integer", "minimum": 0},
-            "accepted": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0},
-            "gamma": {"type": "integer", "minimum": 1}, "engine": {"type": "string"},
-            "timings": {"type": "object"}, "speculative_decoding": {"type": "object"}, "meta_info": {"type": "object"},
+            "route_id": {"type": "string"},
+            "task_type": {"type": "string"},
+            "rounds": {"type": "integer", "minimum": 0},
+            "drafted": {"type": "integer", "minimum": 0},
+            "accepted": {"type": "integer", "minimum": 0},
+            "output_tokens": {"type": "integer", "minimum": 0},
+            "gamma": {"type": "integer", "minimum": 1},
+            "engine": {"type": "string"},
+            "timings": {"type": "object"},
+            "speculative_decoding": {"type": "object"},
+            "meta_info": {"type": "object"},
         },
     },
     "TaskEstimate": {
-        "type": "object", "additionalProperties": False,
-        "required": ["task_type", "alpha", "prior_alpha", "speculate", "gamma", "events", "total_rounds",
-                     "total_drafted", "total_accepted"],
-        "properties": {"task_type": {"type": "string"}, "alpha": _NUM, "prior_alpha": _NUM,
-                       "speculate": {"type": "boolean"}, "gamma": {"type": "integer"},
-                       "events": {"type": "integer"}, "total_rounds": {"type": "integer"},
-                       "total_drafted": {"type": "integer"}, "total_accepted": {"type": "integer"},
-                       "decision_since": {"type": ["string", "null"],
-                                          "description": "when speculate/gamma last changed (ISO 8601, UTC)"},
-                       "updated_at": {"type": ["string", "null"], "description": "the last feedback event"}}},
+        "type": "object",
+        "additionalProperties": False,
+        "required": [
+            "task_type",
+            "alpha",
+            "prior_alpha",
+            "speculate",
+            "gamma",
+            "events",
+            "total_rounds",
+            "total_drafted",
+            "total_accepted",
+        ],
+        "properties": {
+            "task_type": {"type": "string"},
+            "alpha": _NUM,
+            "prior_alpha": _NUM,
+            "speculate": {"type": "boolean"},
+            "gamma": {"type": "integer"},
+            "events": {"type": "integer"},
+            "total_rounds": {"type": "integer"},
+            "total_drafted": {"type": "integer"},
+            "total_accepted": {"type": "integer"},
+            "decision_since": {
+                "type": ["string", "null"],
+                "description": "when speculate/gamma last changed (ISO 8601, UTC)",
+            },
+            "updated_at": {"type": ["string", "null"], "description": "the last feedback event"},
+        },
+    },
     "FeedbackResponse": {
-        "type": "object", "required": ["estimate"], "additionalProperties": False,
+        "type": "object",
+        "required": ["estimate"],
+        "additionalProperties": False,
         "properties": {"estimate": _ref("TaskEstimate")},
     },
     "Policy": {
-        "type": "object", "additionalProperties": False,
-        "required": ["task_type", "fallback", "speculate", "gamma", "alpha_mean", "alpha_var", "n_prompts",
-                     "expected_speedup", "tier"],
-        "properties": {"task_type": {"type": "string"}, "fallback": {"type": "boolean"},
-                       "speculate": {"type": "boolean"}, "gamma": {"type": "integer"}, "alpha_mean": _NUM,
-                       "alpha_var": {"type": ["number", "null"]}, "n_prompts": {"type": "integer"},
-                       "expected_speedup": _NUM,
-                       "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]},
-                       "speedup_interval": {
-                           "type": "array", "items": {"type": ["number", "null"]}, "minItems": 2, "maxItems": 2,
-                           "description": "90% bootstrap interval over the analysed prompts of expected_speedup "
-                                          "(nulls for policies published before intervals)."},
-                       "decision_basis": {"type": ["string", "null"],
-                                          "description": "task, or workload when the task had too few prompts "
-                                                         "to decide (its decision is then the workload's)."},
-                       "decision_reason": {"type": ["string", "null"]},
-                       "by_batch": {
-                           "type": "object",
-                           "description": "Per profiled batch size: the best gamma, its predicted speedup and "
-                                          "whether that clears the policy set's margin, from the published S(g) curve.",
-                           "additionalProperties": {
-                               "type": "object", "additionalProperties": False,
-                               "required": ["gamma", "expected_speedup", "speculate"],
-                               "properties": {"gamma": {"type": "integer"}, "expected_speedup": _NUM,
-                                              "speculate": {"type": "boolean"}}}}},
+        "type": "object",
+        "additionalProperties": False,
+        "required": [
+            "task_type",
+            "fallback",
+            "speculate",
+            "gamma",
+            "alpha_mean",
+            "alpha_var",
+            "n_prompts",
+            "expected_speedup",
+            "tier",
+        ],
+        "properties": {
+            "task_type": {"type": "string"},
+            "fallback": {"type": "boolean"},
+            "speculate": {"type": "boolean"},
+            "gamma": {"type": "integer"},
+            "alpha_mean": _NUM,
+            "alpha_var": {"type": ["number", "null"]},
+            "n_prompts": {"type": "integer"},
+            "expected_speedup": _NUM,
+            "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]},
+            "speedup_interval": {
+                "type": "array",
+                "items": {"type": ["number", "null"]},
+                "minItems": 2,
+                "maxItems": 2,
+                "description": "90% bootstrap interval over the analysed prompts of expected_speedup "
+                "(nulls for policies published before intervals).",
+            },
+            "decision_basis": {
+                "type": ["string", "null"],
+                "description": "task, or workload when the task had too few prompts "
+                "to decide (its decision is then the workload's).",
+            },
+            "decision_reason": {"type": ["string", "null"]},
+            "by_batch": {
+                "type": "object",
+                "description": "Per profiled batch size: the best gamma, its predicted speedup and "
+                "whether that clears the policy set's margin, from the published S(g) curve.",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["gamma", "expected_speedup", "speculate"],
+                    "properties": {
+                        "gamma": {"type": "integer"},
+                        "expected_speedup": _NUM,
+                        "speculate": {"type": "boolean"},
+                    },
+                },
+            },
+        },
     },
     "PolicySet": {
         "type": "object",
-        "required": ["version", "active", "run_id", "engine", "margin", "gamma_max", "notes", "created_at",
-                     "activated_at"],
-        "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
-                       "run_id": {"type": ["integer", "null"]},
-                       "engine": {"enum": list(ENGINES), "description": "The engine whose cost priced the set."},
-                       "margin": _NUM,
-                       "gamma_max": {"type": "integer", "minimum": 1,
-                                     "description": "The largest gamma the run analysed: the router prices and "
-                                                    "adapts over 1..gamma_max."},
-                       "notes": {"type": ["string", "null"]},
-                       "created_at": {"type": "string"}, "activated_at": {"type": ["string", "null"]}},
+        "required": [
+            "version",
+            "active",
+            "run_id",
+            "engine",
+            "margin",
+            "gamma_max",
+            "notes",
+            "created_at",
+            "activated_at",
+        ],
+        "properties": {
+            "version": {"type": "integer"},
+            "active": {"type": "boolean"},
+            "run_id": {"type": ["integer", "null"]},
+            "engine": {"enum": list(ENGINES), "description": "The engine whose cost priced the set."},
+            "margin": _NUM,
+            "gamma_max": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The largest gamma the run analysed: the router prices and "
+                "adapts over 1..gamma_max.",
+            },
+            "notes": {"type": ["string", "null"]},
+            "created_at": {"type": "string"},
+            "activated_at": {"type": ["string", "null"]},
+        },
     },
     "Policies": {
-        "type": "object", "required": ["active", "versions"], "additionalProperties": False,
+        "type": "object",
+        "required": ["active", "versions"],
+        "additionalProperties": False,
         "properties": {
-            "active": {"oneOf": [{"type": "null"}, {"allOf": [_ref("PolicySet"), {
-                "type": "object", "required": ["policies", "estimates"],
-                "properties": {"policies": {"type": "array", "items": _ref("Policy")},
-                               "estimates": {"type": "array", "items": _ref("TaskEstimate")}}}]}]},
+            "active": {
+                "oneOf": [
+                    {"type": "null"},
+                    {
+                        "allOf": [
+                            _ref("PolicySet"),
+                            {
+                                "type": "object",
+                                "required": ["policies", "estimates"],
+                                "properties": {
+                                    "policies": {"type": "array", "items": _ref("Policy")},
+                                    "estimates": {"type": "array", "items": _ref("TaskEstimate")},
+                                },
+                            },
+                        ]
+                    },
+                ]
+            },
             "versions": {"type": "array", "items": _ref("PolicySet")},
         },
     },
     "Classifier": {
-        "type": "object", "required": ["active"], "additionalProperties": False,
-        "properties": {"active": {"oneOf": [{"type": "null"}, {
-            "type": "object",
-            "required": ["version", "active", "labels", "training_prompt_count", "training_data_sha256",
-                         "library_versions", "created_at", "source", "macro_f1", "accuracy", "baseline", "per_class"],
-            "properties": {"version": {"type": "integer"}, "active": {"type": "boolean"},
-                           "labels": {"type": "array", "items": {"type": "string"}},
-                           "training_prompt_count": {"type": "integer"},
-                           "training_data_sha256": {"type": "string"},
-                           "library_versions": {"type": "object"}, "created_at": {"type": "string"},
-                           "source": {"type": ["string", "null"]}, "macro_f1": {"type": ["number", "null"]},
-                           "accuracy": {"type": ["number", "null"]}, "baseline": {"type": ["object", "null"]},
-                           "per_class": {"type": ["object", "null"]},
-                           "features": {"enum": ["tfidf", "minilm", "tfidf+minilm"]},
-                           "grouped": {"type": ["object", "null"],
-                                       "description": "leave-one-source-out scores (null with a single source)"},
-                           "calibration": {"type": ["object", "null"],
-                                           "description": "temperature, ECE before/after, reliability tables, routing threshold"},
-                           "reachability": {"type": ["object", "null"],
-                                            "description": "per task: reachable, recall, training prompts, reason"}}}]}},
+        "type": "object",
+        "required": ["active"],
+        "additionalProperties": False,
+        "properties": {
+            "active": {
+                "oneOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "required": [
+                            "version",
+                            "active",
+                            "labels",
+                            "training_prompt_count",
+                            "training_data_sha256",
+                            "library_versions",
+                            "created_at",
+                            "source",
+                            "macro_f1",
+                            "accuracy",
+                            "baseline",
+                            "per_class",
+                        ],
+                        "properties": {
+                            "version": {"type": "integer"},
+                            "active": {"type": "boolean"},
+                            "labels": {"type": "array", "items": {"type": "string"}},
+                            "training_prompt_count": {"type": "integer"},
+                            "training_data_sha256": {"type": "string"},
+                            "library_versions": {"type": "object"},
+                            "created_at": {"type": "string"},
+                            "source": {"type": ["string", "null"]},
+                            "macro_f1": {"type": ["number", "null"]},
+                            "accuracy": {"type": ["number", "null"]},
+                            "baseline": {"type": ["object", "null"]},
+                            "per_class": {"type": ["object", "null"]},
+                            "features": {"enum": ["tfidf", "minilm", "tfidf+minilm"]},
+                            "grouped": {
+                                "type": ["object", "null"],
+                                "description": "leave-one-source-out scores (null with a single source)",
+                            },
+                            "calibration": {
+                                "type": ["object", "null"],
+                                "description": "temperature, ECE before/after, reliability tables, routing threshold",
+                            },
+                            "reachability": {
+                                "type": ["object", "null"],
+                                "description": "per task: reachable, recall, training prompts, reason",
+                            },
+                        },
+                    },
+                ]
+            }
+        },
     },
     "Health": {
-        "type": "object", "required": ["status", "database", "classifier_version", "policy_version"],
+        "type": "object",
+        "required": ["status", "database", "classifier_version", "policy_version"],
         "additionalProperties": False,
-        "properties": {"status": {"const": "ok"}, "database": {"const": "ok"},
-                       "classifier_version": {"type": ["integer", "null"]},
-                       "policy_version": {"type": ["integer", "null"]}},
+        "properties": {
+            "status": {"const": "ok"},
+            "database": {"const": "ok"},
+            "classifier_version": {"type": ["integer", "null"]},
+            "policy_version": {"type": ["integer", "null"]},
+        },
     },
 }
 
@@ -232,26 +416,63 @@ def openapi_document(version: str) -> dict[str, Any]:
         "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
     }
     get = lambda summary, response, *errors: {  # noqa: E731
-        "summary": summary, "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
+        "summary": summary,
+        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "specroute routing API", "version": version,
-                 "description": "Ask before each generation whether to speculate and with which gamma; "
-                                "send back what the engine saw. Every error has the Error shape."},
+        "info": {
+            "title": "specroute routing API",
+            "version": version,
+            "description": "Ask before each generation whether to speculate and with which gamma; "
+            "send back what the engine saw. Every error has the Error shape.",
+        },
         "paths": {
             "/v1/route": {"post": post("Decide for one request", "RouteRequest", "Decision", 400, 413, 503)},
-            "/v1/route/batch": {"post": post(f"Decide for up to {MAX_BATCH} requests", "BatchRequest",
-                                             "BatchResponse", 400, 413, 503)},
-            "/v1/feedback": {"post": post("Report what the engine saw for one generation", "FeedbackRequest",
-                                          "FeedbackResponse", 400, 404, 409, 413, 503)},
-            "/v1/policies": {"get": get("The active policy set, its online estimates and every version", "Policies", 503)},
+            "/v1/route/batch": {
+                "post": post(
+                    f"Decide for up to {MAX_BATCH} requests", "BatchRequest", "BatchResponse", 400, 413, 503
+                )
+            },
+            "/v1/feedback": {
+                "post": post(
+                    "Report what the engine saw for one generation",
+                    "FeedbackRequest",
+                    "FeedbackResponse",
+                    400,
+                    404,
+                    409,
+                    413,
+                    503,
+                )
+            },
+            "/v1/policies": {
+                "get": get("The active policy set, its online estimates and every version", "Policies", 503)
+            },
             "/v1/classifier": {"get": get("The active task classifier's version record", "Classifier", 503)},
             "/healthz": {"get": get("Liveness and what is loaded", "Health", 503)},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {
-                "description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
-                "description": "Prometheus text format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {
+                        "200": {
+                            "description": "OpenAPI 3.1",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "Prometheus text format 0.0.4",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
         "components": {"schemas": SCHEMAS},
     }

@@ -8,8 +8,6 @@ from datetime import datetime
 from typing import Any, Optional
 
 from sqlalchemy import (
-    select,
-    update,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -20,6 +18,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
+    update,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
@@ -27,7 +27,6 @@ from analyzer.db import Base, utcnow
 from analyzer.orm import one_of
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.speedup import TIERS
-
 
 
 class ClassifierVersion(Base):
@@ -64,7 +63,9 @@ class PolicySet(Base):
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
     # the largest gamma the run analysed: the router prices and adapts over g = 1..gamma_max
-    gamma_max: Mapped[int] = mapped_column(Integer, default=DEFAULT_GAMMA_MAX, server_default=str(DEFAULT_GAMMA_MAX))
+    gamma_max: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_GAMMA_MAX, server_default=str(DEFAULT_GAMMA_MAX)
+    )
     notes: Mapped[Optional[str]] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     activated_at: Mapped[Optional[datetime]] = mapped_column()

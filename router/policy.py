@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
@@ -57,7 +56,10 @@ def task_policies(summary: AnalysisSummary) -> list[TaskPolicy]:
     if workload is None or summary.cost is None:
         return []
     rows = [(task, group, False) for task, group in summary.tasks.items() if group.best_gamma]
-    return [_policy(task, group, workload, fallback) for task, group, fallback in rows + [(FALLBACK_TASK, workload, True)]]
+    return [
+        _policy(task, group, workload, fallback)
+        for task, group, fallback in rows + [(FALLBACK_TASK, workload, True)]
+    ]
 
 
 def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: bool) -> TaskPolicy:
@@ -73,16 +75,20 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
         expected_speedup=decided.predicted_speedup or 0.0,
         tier=summary.tier,
         speedup_curve=list(decided.speedup_curve),
-        speedup_curves_by_batch={str(b): list(entry.speedup_curve) for b, entry in decided.by_batch.items()} or None,
+        speedup_curves_by_batch={str(b): list(entry.speedup_curve) for b, entry in decided.by_batch.items()}
+        or None,
         speedup_low=decided.speedup_interval[0],
         speedup_high=decided.speedup_interval[1],
-        speedup_lows_by_batch={str(b): entry.speedup_interval[0] for b, entry in decided.by_batch.items()} or None,
+        speedup_lows_by_batch={str(b): entry.speedup_interval[0] for b, entry in decided.by_batch.items()}
+        or None,
         decision_basis=summary.decision_basis,
         decision_reason=summary.decision_reason,
     )
 
 
-def publish_policies(session: Session, run_id: int, *, notes: str | None = None, activate: bool = True) -> PolicySet:
+def publish_policies(
+    session: Session, run_id: int, *, notes: str | None = None, activate: bool = True
+) -> PolicySet:
     """Build a new policy set from run ``run_id`` (which must be done and have results): per task
     {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve, and
     the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload. The set
@@ -97,8 +103,14 @@ def publish_policies(session: Session, run_id: int, *, notes: str | None = None,
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
     params = run.run_params
-    policy_set = PolicySet(version=latest + 1, run_id=run_id, engine=run.engine, margin=params.margin,
-                           gamma_max=params.gamma_max, notes=notes)
+    policy_set = PolicySet(
+        version=latest + 1,
+        run_id=run_id,
+        engine=run.engine,
+        margin=params.margin,
+        gamma_max=params.gamma_max,
+        notes=notes,
+    )
     policy_set.policies = policies
     session.add(policy_set)
     session.flush()
@@ -125,9 +137,11 @@ def active_policy_set(session: Session) -> PolicySet | None:
 
 def list_policy_sets(session: Session) -> list[PolicySet]:
     """Every policy set, newest first, with policies loaded."""
-    return list(session.scalars(
-        select(PolicySet).order_by(PolicySet.version.desc()).options(selectinload(PolicySet.policies))
-    ))
+    return list(
+        session.scalars(
+            select(PolicySet).order_by(PolicySet.version.desc()).options(selectinload(PolicySet.policies))
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -153,10 +167,21 @@ class PolicySnapshot:
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
         curves = {int(b): as_curve(curve) for b, curve in (policy.speedup_curves_by_batch or {}).items()}
-        return cls(policy.task_type, policy.speculate, policy.gamma, policy.alpha_mean, policy.alpha_var,
-                   policy.n_prompts, policy.expected_speedup, policy.tier, as_curve(policy.speedup_curve), curves,
-                   (policy.speedup_low, policy.speedup_high), policy.decision_basis,
-                   {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()})
+        return cls(
+            policy.task_type,
+            policy.speculate,
+            policy.gamma,
+            policy.alpha_mean,
+            policy.alpha_var,
+            policy.n_prompts,
+            policy.expected_speedup,
+            policy.tier,
+            as_curve(policy.speedup_curve),
+            curves,
+            (policy.speedup_low, policy.speedup_high),
+            policy.decision_basis,
+            {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()},
+        )
 
     @property
     def prior_alpha(self) -> float:
@@ -166,6 +191,13 @@ class PolicySnapshot:
     def curve(self, contract: PolicyContract, cost: Cost | None = None) -> PolicyCurve:
         """This policy's :class:`PolicyCurve` under the policy set's contract (``cost``: the run's
         batch-1 cost, which bounds the gammas priced and prices policies published without a curve)."""
-        return PolicyCurve(self.speedup_curve, self.curves_by_batch, self.lows_by_batch, self.speedup_interval[0],
-                           margin=contract.margin, gamma_max=contract.gamma_max, prior_alpha=self.prior_alpha,
-                           cost=cost)
+        return PolicyCurve(
+            self.speedup_curve,
+            self.curves_by_batch,
+            self.lows_by_batch,
+            self.speedup_interval[0],
+            margin=contract.margin,
+            gamma_max=contract.gamma_max,
+            prior_alpha=self.prior_alpha,
+            cost=cost,
+        )

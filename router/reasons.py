@@ -39,52 +39,78 @@ def reason(code: str, **params: Any) -> Reason:
 def _predicted(p: Mapping[str, Any]) -> str:
     """``1.13x [1.04, 1.22]`` (the interval when the analysis gave one)."""
     low, high = p.get("low"), p.get("high")
-    return f"{p['speedup']:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+    return f"{p['speedup']:.2f}x" + (
+        f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    )
 
 
 def _workload(p: Mapping[str, Any]) -> str:
-    why = {"no_classifier": "no task classifier trained",
-           "low_confidence": f"confidence {p.get('confidence', 0):.2f} < {p.get('min_confidence', 0):.2f}",
-           "no_task_policy": f"no policy for task {p.get('task')}"}[p["cause"]]
+    why = {
+        "no_classifier": "no task classifier trained",
+        "low_confidence": f"confidence {p.get('confidence', 0):.2f} < {p.get('min_confidence', 0):.2f}",
+        "no_task_policy": f"no policy for task {p.get('task')}",
+    }[p["cause"]]
     return f"{why}: workload-wide policy (analysis predicts {p['speedup']:.2f}x)"
 
 
 def _batch(p: Mapping[str, Any]) -> str:
-    where = (f"measured at batch size {p['lower']}" if p["lower"] == p["upper"] else
-             f"interpolated between profiled batch sizes {p['lower']} and {p['upper']}")
+    where = (
+        f"measured at batch size {p['lower']}"
+        if p["lower"] == p["upper"]
+        else f"interpolated between profiled batch sizes {p['lower']} and {p['upper']}"
+    )
     adjusted = f", adjusted to the online alpha {p['alpha']:.2f}" if p.get("alpha") is not None else ""
     interval = f" (interval from {p['low']:.2f}x)" if p.get("low") is not None else ""
-    why = ("on" if p["speculate"] else f"off (needs > {1 + p['margin']:.2f}x)" if p["speedup"] <= 1.0 + p["margin"]
-           else "off (the interval reaches a loss)")
-    return (f"batch size {p['batch_size']}: S(g) {where}{adjusted}: best gamma {p['gamma']} at {p['speedup']:.2f}x"
-            f"{interval}, speculation {why}")
+    why = (
+        "on"
+        if p["speculate"]
+        else f"off (needs > {1 + p['margin']:.2f}x)"
+        if p["speedup"] <= 1.0 + p["margin"]
+        else "off (the interval reaches a loss)"
+    )
+    return (
+        f"batch size {p['batch_size']}: S(g) {where}{adjusted}: best gamma {p['gamma']} at {p['speedup']:.2f}x"
+        f"{interval}, speculation {why}"
+    )
 
 
 # code -> what it renders to (the parameters each code carries are the ones its text reads)
 REASON_CODES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     # which policy decided
-    "task_policy": lambda p: (f"task {p['task']} (confidence {p['confidence']:.2f}): {p['tier']}, "
-                              f"analysis predicts {_predicted(p)} at gamma {p['gamma']}"),
+    "task_policy": lambda p: (
+        f"task {p['task']} (confidence {p['confidence']:.2f}): {p['tier']}, "
+        f"analysis predicts {_predicted(p)} at gamma {p['gamma']}"
+    ),
     "task_too_few_prompts": lambda p: (
         f"task {p['task']} (confidence {p['confidence']:.2f}): only {p['n_prompts']} prompts in the analysis, "
-        f"too few to decide: the workload's decision applies ({_predicted(p)} at gamma {p['gamma']})"),
+        f"too few to decide: the workload's decision applies ({_predicted(p)} at gamma {p['gamma']})"
+    ),
     "workload_policy": _workload,
-    "rarely_reached": lambda p: (f"classifier v{p['classifier_version']} rarely predicts {p['task']} ({p['detail']}): "
-                                 f"most {p['task']} traffic is routed by another task's policy"),
+    "rarely_reached": lambda p: (
+        f"classifier v{p['classifier_version']} rarely predicts {p['task']} ({p['detail']}): "
+        f"most {p['task']} traffic is routed by another task's policy"
+    ),
     "no_policy": lambda p: "no published policy: speculation off",
     # the online estimate
-    "online_estimate": lambda p: (f"online estimate after {p['events']} feedback events: alpha {p['alpha']:.2f}, "
-                                  f"gamma {p['gamma']}, speculation {'on' if p['speculate'] else 'off'}"),
-    "probe": lambda p: (f"probe: every {p['probe_every']}th request of an 'off' task speculates "
-                        "so that feedback can turn it back on"),
+    "online_estimate": lambda p: (
+        f"online estimate after {p['events']} feedback events: alpha {p['alpha']:.2f}, "
+        f"gamma {p['gamma']}, speculation {'on' if p['speculate'] else 'off'}"
+    ),
+    "probe": lambda p: (
+        f"probe: every {p['probe_every']}th request of an 'off' task speculates "
+        "so that feedback can turn it back on"
+    ),
     # the request's own rules
     "no_predicted_gain": lambda p: "no predicted gain: speculation off",
     "batch_size_curve": _batch,
     "short_output": lambda p: f"expected output {p['max_new_tokens']} tokens < {p['min_output_tokens']}: off",
-    "batch_not_profiled": lambda p: (f"batch size {p['batch_size']} > {p['max_batch_size']} and no cost profile "
-                                     "covers it: the batch already uses the idle compute; off"),
-    "sampling": lambda p: (f"temperature {p['temperature']}: acceptance was measured greedy; "
-                           "sampling accepts less"),
+    "batch_not_profiled": lambda p: (
+        f"batch size {p['batch_size']} > {p['max_batch_size']} and no cost profile "
+        "covers it: the batch already uses the idle compute; off"
+    ),
+    "sampling": lambda p: (
+        f"temperature {p['temperature']}: acceptance was measured greedy; sampling accepts less"
+    ),
 }
 
 # the codes that say which policy decided: exactly one of them is in every decision's reasons

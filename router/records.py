@@ -18,24 +18,45 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
     for batch in curve.batch_sizes:
         point = curve.at(batch)
         gamma = point.gamma if point is not None and point.gamma is not None else NO_GAMMA
-        by_batch[str(batch)] = {"gamma": gamma, "expected_speedup": point.speedup if gamma else 1.0,
-                                "speculate": bool(gamma) and point.speculate}
-    return {"task_type": policy.task_type, "fallback": policy.is_fallback, "speculate": policy.speculate,
-            "gamma": policy.gamma, "alpha_mean": policy.alpha_mean, "alpha_var": policy.alpha_var,
-            "n_prompts": policy.n_prompts, "expected_speedup": policy.expected_speedup, "tier": policy.tier,
-            "speedup_interval": [policy.speedup_low, policy.speedup_high], "decision_basis": policy.decision_basis,
-            "decision_reason": policy.decision_reason, "by_batch": by_batch}
+        by_batch[str(batch)] = {
+            "gamma": gamma,
+            "expected_speedup": point.speedup if gamma else 1.0,
+            "speculate": bool(gamma) and point.speculate,
+        }
+    return {
+        "task_type": policy.task_type,
+        "fallback": policy.is_fallback,
+        "speculate": policy.speculate,
+        "gamma": policy.gamma,
+        "alpha_mean": policy.alpha_mean,
+        "alpha_var": policy.alpha_var,
+        "n_prompts": policy.n_prompts,
+        "expected_speedup": policy.expected_speedup,
+        "tier": policy.tier,
+        "speedup_interval": [policy.speedup_low, policy.speedup_high],
+        "decision_basis": policy.decision_basis,
+        "decision_reason": policy.decision_reason,
+        "by_batch": by_batch,
+    }
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
     """A policy set: version, whether active, its run, the engine that priced it, its margin and
     gamma_max (the contract the router decides under), notes, times and (``with_policies``) its
     policies, the fallback ("*") last."""
-    data = {"version": policy_set.version, "active": policy_set.is_active, "run_id": policy_set.run_id,
-            "engine": policy_set.engine, "margin": policy_set.margin, "gamma_max": policy_set.gamma_max,
-            "notes": policy_set.notes,
-            "created_at": policy_set.created_at.isoformat(timespec="seconds"),
-            "activated_at": policy_set.activated_at.isoformat(timespec="seconds") if policy_set.activated_at else None}
+    data = {
+        "version": policy_set.version,
+        "active": policy_set.is_active,
+        "run_id": policy_set.run_id,
+        "engine": policy_set.engine,
+        "margin": policy_set.margin,
+        "gamma_max": policy_set.gamma_max,
+        "notes": policy_set.notes,
+        "created_at": policy_set.created_at.isoformat(timespec="seconds"),
+        "activated_at": policy_set.activated_at.isoformat(timespec="seconds")
+        if policy_set.activated_at
+        else None,
+    }
     if with_policies:
         contract = PolicyContract.of(policy_set)
         data["policies"] = [policy_dict(p, contract) for p in policy_set.policies]
@@ -44,12 +65,21 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
 
 def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
     """A TaskEstimate (alpha is the posterior mean)."""
-    return {"task_type": estimate.task_type, "alpha": estimate.beta_a / (estimate.beta_a + estimate.beta_b),
-            "prior_alpha": estimate.prior_alpha, "speculate": estimate.speculate, "gamma": estimate.gamma,
-            "events": estimate.events, "total_rounds": estimate.total_rounds,
-            "total_drafted": estimate.total_drafted, "total_accepted": estimate.total_accepted,
-            "decision_since": estimate.decision_since.isoformat(timespec="seconds") if estimate.decision_since else None,
-            "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None}
+    return {
+        "task_type": estimate.task_type,
+        "alpha": estimate.beta_a / (estimate.beta_a + estimate.beta_b),
+        "prior_alpha": estimate.prior_alpha,
+        "speculate": estimate.speculate,
+        "gamma": estimate.gamma,
+        "events": estimate.events,
+        "total_rounds": estimate.total_rounds,
+        "total_drafted": estimate.total_drafted,
+        "total_accepted": estimate.total_accepted,
+        "decision_since": estimate.decision_since.isoformat(timespec="seconds")
+        if estimate.decision_since
+        else None,
+        "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None,
+    }
 
 
 def classifier_dict(record: ClassifierVersion) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.settings import Settings
 from router.adaptation import AdaptationConfig
-from router.decision import Decision, RouteRequest, Router, RouterConfig, router_from_database
+from router.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
 from router.decision_log import DecisionLog
 from router.feedback import FeedbackRequest, PolicyContext, Recorded, estimate_state, parse_feedback
 from router.feedback_writer import FeedbackWriter
@@ -34,14 +34,22 @@ from router.records import classifier_dict, estimate_dict, policy_set_dict
 class RouterService:
     """Routing, feedback and introspection over one database."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], *,
-                 adaptation: AdaptationConfig | None = None, decision_log: bool = True):
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        *,
+        adaptation: AdaptationConfig | None = None,
+        decision_log: bool = True,
+    ):
         self.settings = settings
         self.sessions = sessions
         self.config = RouterConfig.from_settings(settings)
         self.adaptation = adaptation or AdaptationConfig()
         self.metrics = Metrics()
-        self.decision_log = DecisionLog(sessions, on_drop=self.metrics.observe_dropped) if decision_log else None
+        self.decision_log = (
+            DecisionLog(sessions, on_drop=self.metrics.observe_dropped) if decision_log else None
+        )
         self.feedback_writer = FeedbackWriter(sessions, self.adaptation, on_recorded=self._observe_feedback)
         self._reload_lock = threading.Lock()
         self._router: Router | None = None
@@ -51,7 +59,9 @@ class RouterService:
     # ------------------------------------------------------------------ loading
 
     def _active_versions(self, session: Session) -> tuple[int | None, int | None]:
-        classifier = session.scalar(select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True)))
+        classifier = session.scalar(
+            select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True))
+        )
         policy_set = session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True)))
         return classifier, policy_set
 
@@ -82,7 +92,9 @@ class RouterService:
     @staticmethod
     def _take_estimates(session: Session, router: Router) -> None:
         """Take every stored estimate that has seen more feedback than this process's copy."""
-        for estimate in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == router.policy_set_id)):
+        for estimate in session.scalars(
+            select(TaskEstimate).where(TaskEstimate.policy_set_id == router.policy_set_id)
+        ):
             current = router.states.get(estimate.task_type)
             if current is None or estimate.events > current.events:
                 router.observe(estimate.task_type, estimate_state(estimate))
@@ -95,8 +107,11 @@ class RouterService:
         decisions = router.route_many(requests)
         self.metrics.observe_decisions(decisions)
         if self.decision_log is not None:
-            self.decision_log.add(decisions, policy_set_id=router.policy_set_id,
-                                  classifier_version_id=router.classifier.version_id if router.classifier else None)
+            self.decision_log.add(
+                decisions,
+                policy_set_id=router.policy_set_id,
+                classifier_version_id=router.classifier.version_id if router.classifier else None,
+            )
         return decisions
 
     def feedback(self, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,8 +121,9 @@ class RouterService:
         request = parse_feedback(payload)  # a bad payload fails before anything is touched
         recorded = self.feedback_writer.submit(request, self._policy_context(self.router))
         counts = request.counts
-        self.metrics.observe_feedback(request.task, counts.engine, counts.drafted, counts.accepted,
-                                      recorded.snapshot["alpha"])
+        self.metrics.observe_feedback(
+            request.task, counts.engine, counts.drafted, counts.accepted, recorded.snapshot["alpha"]
+        )
         return recorded.snapshot
 
     def _observe_feedback(self, request: FeedbackRequest, recorded: Recorded) -> None:
@@ -123,8 +139,14 @@ class RouterService:
         if router.policy_set_id is None or router.cost is None or router.fallback is None:
             return None
         labels = frozenset(router.classifier.labels) if router.classifier is not None else frozenset()
-        return PolicyContext(router.policy_set_id, router.policy_version, {**router.policies, FALLBACK_TASK: router.fallback},
-                             router.cost, labels, router.contract)
+        return PolicyContext(
+            router.policy_set_id,
+            router.policy_version,
+            {**router.policies, FALLBACK_TASK: router.fallback},
+            router.cost,
+            labels,
+            router.contract,
+        )
 
     def policies(self) -> dict[str, Any]:
         """The active policy set with its policies and online estimates, and every stored version."""
@@ -133,10 +155,15 @@ class RouterService:
             versions = [policy_set_dict(p, with_policies=False) for p in list_policy_sets(session)]
             if active is None:
                 return {"active": None, "versions": versions}
-            estimates = session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == active.id)
-                                        .order_by(TaskEstimate.task_type))
-            return {"active": {**policy_set_dict(active), "estimates": [estimate_dict(e) for e in estimates]},
-                    "versions": versions}
+            estimates = session.scalars(
+                select(TaskEstimate)
+                .where(TaskEstimate.policy_set_id == active.id)
+                .order_by(TaskEstimate.task_type)
+            )
+            return {
+                "active": {**policy_set_dict(active), "estimates": [estimate_dict(e) for e in estimates]},
+                "versions": versions,
+            }
 
     def classifier(self) -> dict[str, Any]:
         """The active classifier's version record (no artifact), or null before the first training."""
@@ -149,9 +176,12 @@ class RouterService:
         with self.sessions() as session:
             session.execute(text("SELECT 1"))
         router = self._router
-        return {"status": "ok", "database": "ok",
-                "classifier_version": router.classifier_version if router else None,
-                "policy_version": router.policy_version if router else None}
+        return {
+            "status": "ok",
+            "database": "ok",
+            "classifier_version": router.classifier_version if router else None,
+            "policy_version": router.policy_version if router else None,
+        }
 
     def close(self) -> None:
         """Store the queued feedback and decisions and stop the writers' threads."""

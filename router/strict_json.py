@@ -70,6 +70,8 @@ def dumps(value: Any, **kwargs: Any) -> str:
         # a number only a ``default`` hook produced is not found by the walk: reported without its place
         where = f"at {found[0] or 'the top level'}" if found else "somewhere"
         text = _number_text(found[1]) if found else "NaN or Infinity"
-        raise NonFiniteNumber(f"the answer holds {text} {where}, which JSON cannot represent; this is a "
-                              "server bug and the server log has the details",
-                              path=found[0] if found else None) from error
+        raise NonFiniteNumber(
+            f"the answer holds {text} {where}, which JSON cannot represent; this is a "
+            "server bug and the server log has the details",
+            path=found[0] if found else None,
+        ) from error

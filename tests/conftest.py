@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import migrations
-from benchmarks.pg_server import pg_bin, throwaway_postgres
 from analyzer.db import make_engine, make_session_factory
+from benchmarks.pg_server import pg_bin, throwaway_postgres
 
 
 @pytest.fixture(autouse=True)

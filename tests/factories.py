@@ -23,7 +23,10 @@ def make_routing_database(url: str):
     with make_session_factory(engine)() as session, session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.2})
         publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
-                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
+            f"What is the capital of country number {i}? Answer briefly." for i in range(6)
+        ]
+        train_classifier(
+            session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False
+        )
     return engine

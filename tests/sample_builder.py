@@ -78,10 +78,15 @@ def license_rows(licenses_md: str, rows: list[dict]) -> list[str]:
 
 def build_sample(corpus_dir: Path = DEFAULT_CORPUS) -> tuple[str, str]:
     """The text of sample_prompts.jsonl and of LICENSES.md, built from ``corpus_dir``."""
-    rows = [json.loads(line) for line in (corpus_dir / "dev.jsonl").read_text("utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (corpus_dir / "dev.jsonl").read_text("utf-8").splitlines()
+        if line.strip()
+    ]
     chosen = select_rows(rows)
     jsonl = "".join(
-        json.dumps({k: row[k] for k in ("id", "prompt", "task", "source", "license")}, ensure_ascii=False) + "\n"
+        json.dumps({k: row[k] for k in ("id", "prompt", "task", "source", "license")}, ensure_ascii=False)
+        + "\n"
         for row in chosen
     )
     table = license_rows((corpus_dir / "LICENSES.md").read_text("utf-8"), chosen)

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.acceptance import (
     NgramIndex,
@@ -108,7 +109,7 @@ def test_model_walk_identities(matches, gamma, slack):
     assert hist.sum() == counts.rounds == counts.drafted_hist.sum()
     assert counts.accepted == (hist * np.arange(gamma + 1)).sum() <= counts.drafted
     # position j is accepted in every round that accepted more than j drafts
-    assert counts.position_accepted.tolist() == [int(hist[j + 1:].sum()) for j in range(gamma)]
+    assert counts.position_accepted.tolist() == [int(hist[j + 1 :].sum()) for j in range(gamma)]
     assert counts.rounds >= math.ceil(n / (gamma + 1))
     if slack == 0:  # budget-limited output: every emitted token is accounted exactly
         assert counts.accepted + counts.rounds == n
@@ -117,7 +118,10 @@ def test_model_walk_identities(matches, gamma, slack):
         assert 1.0 <= al <= gamma + 1
         unconditional, conditional = position_rates(counts.position_accepted, counts.rounds)
         assert np.all(np.diff(unconditional) <= 1e-12)
-        assert np.all((conditional[np.isfinite(conditional)] >= 0) & (conditional[np.isfinite(conditional)] <= 1 + 1e-12))
+        assert np.all(
+            (conditional[np.isfinite(conditional)] >= 0)
+            & (conditional[np.isfinite(conditional)] <= 1 + 1e-12)
+        )
 
 
 @given(
@@ -140,11 +144,11 @@ def _scan_proposal(context, gamma, max_ngram, eos):
     """transformers' PromptLookupCandidateGenerator rule, written as a plain scan."""
     length = len(context)
     for n in range(min(max_ngram, length - 1), 0, -1):
-        tail = context[length - n:]
+        tail = context[length - n :]
         for start in range(length - n + 1):
-            if context[start:start + n] == tail and start + n < min(start + n + gamma, length):
-                proposal = context[start + n:min(start + n + gamma, length)]
-                return proposal[:proposal.index(eos)] if eos in proposal else proposal
+            if context[start : start + n] == tail and start + n < min(start + n + gamma, length):
+                proposal = context[start + n : min(start + n + gamma, length)]
+                return proposal[: proposal.index(eos)] if eos in proposal else proposal
     return []
 
 

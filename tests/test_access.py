@@ -28,8 +28,17 @@ def make(engine, db_url, tmp_path):
     apps = []
 
     def build(scope: str = "writes"):
-        app = create_app({"database_url": db_url, "data_dir": str(tmp_path), "router_refresh_s": 0, "ui_worker": False,
-                          "api_token": SECRET, "api_token_scope": scope, "TESTING": True})
+        app = create_app(
+            {
+                "database_url": db_url,
+                "data_dir": str(tmp_path),
+                "router_refresh_s": 0,
+                "ui_worker": False,
+                "api_token": SECRET,
+                "api_token_scope": scope,
+                "TESTING": True,
+            }
+        )
         apps.append(app)
         return app.test_client()
 
@@ -52,16 +61,23 @@ def _csrf(web, path="/prompts") -> str:
 
 def _counts(session) -> tuple[int, int, int]:
     session.rollback()  # a fresh snapshot: see what the app committed
-    return (session.scalar(select(func.count()).select_from(FeedbackEvent)),
-            session.scalar(select(func.count()).select_from(PromptSet)),
-            session.scalar(select(func.count()).select_from(AnalysisRun)))
+    return (
+        session.scalar(select(func.count()).select_from(FeedbackEvent)),
+        session.scalar(select(func.count()).select_from(PromptSet)),
+        session.scalar(select(func.count()).select_from(AnalysisRun)),
+    )
 
 
 def test_writes_need_the_token_and_nothing_else_does_by_default(make, session, published):
     web = make()
     feedback = {"task_type": "code", "rounds": 4, "drafted": 8, "accepted": 6}
     before = _counts(session)
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": SECRET}, {"Authorization": "Basic eA=="}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": SECRET},
+        {"Authorization": "Basic eA=="},
+    ):
         refused = web.post("/v1/feedback", json=feedback, headers=headers)
         assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
         assert refused.get_json()["error"]["code"] == "unauthorized"
@@ -77,10 +93,16 @@ def test_writes_need_the_token_and_nothing_else_does_by_default(make, session, p
 def test_every_ui_form_needs_a_signed_in_session(make, session, published):
     web = make()
     token = _csrf(web)  # reading the page is open; the form is not
-    forms = [("/prompts", {"name": "x", "file": (io.BytesIO(b'{"prompt": "hi"}\n'), "x.jsonl")}),
-             ("/prompts/x/delete", {}), ("/runs", {"prompt_set": "x"}), (f"/runs/{published.id}/cancel", {}),
-             ("/classifier/train", {}), ("/classifier/1/activate", {}), ("/policies/publish", {"run_id": published.id}),
-             ("/policies/1/activate", {})]
+    forms = [
+        ("/prompts", {"name": "x", "file": (io.BytesIO(b'{"prompt": "hi"}\n'), "x.jsonl")}),
+        ("/prompts/x/delete", {}),
+        ("/runs", {"prompt_set": "x"}),
+        (f"/runs/{published.id}/cancel", {}),
+        ("/classifier/train", {}),
+        ("/classifier/1/activate", {}),
+        ("/policies/publish", {"run_id": published.id}),
+        ("/policies/1/activate", {}),
+    ]
     before = _counts(session)
     for path, data in forms:
         response = web.post(path, data={"csrf_token": token, **data})
@@ -91,8 +113,14 @@ def test_every_ui_form_needs_a_signed_in_session(make, session, published):
     right = web.post("/login", data={"csrf_token": token, "token": SECRET, "next": "/prompts"})
     assert right.status_code == 302 and right.headers["Location"].endswith("/prompts")
     assert "Sign out" in web.get("/").get_data(as_text=True)
-    uploaded = web.post("/prompts", data={"csrf_token": token, "name": "mine",
-                                          "file": (io.BytesIO(b'{"prompt": "hello there"}\n'), "mine.jsonl")})
+    uploaded = web.post(
+        "/prompts",
+        data={
+            "csrf_token": token,
+            "name": "mine",
+            "file": (io.BytesIO(b'{"prompt": "hello there"}\n'), "mine.jsonl"),
+        },
+    )
     assert uploaded.status_code in (200, 302) and _counts(session)[1] == before[1] + 1
     web.post("/logout", data={"csrf_token": token})
     assert web.post("/prompts/mine/delete", data={"csrf_token": token}).status_code == 401
@@ -118,7 +146,9 @@ def test_scopes_route_and_all(make, published):
 
 def test_bad_scope_and_hidden_secrets(engine, db_url, runner, monkeypatch):
     with pytest.raises(SettingsError, match="SPECROUTE_API_TOKEN_SCOPE"):
-        create_app({"database_url": db_url, "api_token": SECRET, "api_token_scope": "some", "ui_worker": False})
+        create_app(
+            {"database_url": db_url, "api_token": SECRET, "api_token_scope": "some", "ui_worker": False}
+        )
     monkeypatch.setenv("SPECROUTE_API_TOKEN", SECRET)
     monkeypatch.setenv("SPECROUTE_SECRET_KEY", "k" * 40)
     monkeypatch.setenv("SPECROUTE_DATABASE_URL", "postgresql://user:pa55word@localhost/db")

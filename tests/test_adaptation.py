@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.acceptance import expected_tokens_iid, walk_model_draft
 from analyzer.policy_curve import BASE, PolicyCurve
@@ -110,12 +111,16 @@ def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
     assert np.allclose(curve, published, equal_nan=True)  # nothing i.i.d. about it before feedback
     iid = [iid_speedup(0.7, g, COST) for g in range(1, 9)]
     assert int(np.argmax(iid)) + 1 != 2
-    assert decide(state, published_curve, config).gamma == 2 and decide(state, published_curve, config).speculate
+    assert (
+        decide(state, published_curve, config).gamma == 2 and decide(state, published_curve, config).speculate
+    )
     lower = apply_feedback(state, rounds=100, drafted=200, accepted=20, curve=published_curve, config=config)
     ratio = [expected_tokens_iid(lower.alpha, g) / expected_tokens_iid(0.7, g) for g in range(1, 9)]
     assert lower.alpha < 0.6
     assert np.allclose(speedup_curve(lower, published_curve), np.array(published) * ratio, equal_nan=True)
-    assert not lower.speculate or lower.gamma < 2  # fewer tokens per round: the curve falls, the best g does not rise
+    assert (
+        not lower.speculate or lower.gamma < 2
+    )  # fewer tokens per round: the curve falls, the best g does not rise
     assert len(speedup_curve(state, published_curve, gamma_max=3)) == 3  # cut at the gamma the run analysed
 
 
@@ -123,8 +128,14 @@ def test_the_speedup_at_one_gamma_is_that_point_of_the_curve():
     published = (1.10, 1.30, float("nan"), 0.95)
     for values in (published, ()):
         curve = policy_curve(values)
-        state = apply_feedback(initial_state(0.7, True, 2, CONFIG), rounds=50, drafted=100, accepted=30,
-                               curve=curve, config=CONFIG)
+        state = apply_feedback(
+            initial_state(0.7, True, 2, CONFIG),
+            rounds=50,
+            drafted=100,
+            accepted=30,
+            curve=curve,
+            config=CONFIG,
+        )
         whole = speedup_curve(state, curve)
         for gamma in range(0, 10):
             expected = float(whole[gamma - 1]) if 1 <= gamma <= len(whole) else float("nan")

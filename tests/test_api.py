@@ -27,17 +27,21 @@ def published(session):
     with session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.1})
         publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
-                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
+            f"What is the capital of country number {i}? Answer briefly." for i in range(6)
+        ]
         train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"))
     return run
 
 
 def _validator(client):
     document = client.get("/openapi.json").get_json()
-    registry = Registry().with_resource("urn:openapi", Resource.from_contents(document, default_specification=DRAFT202012))
+    registry = Registry().with_resource(
+        "urn:openapi", Resource.from_contents(document, default_specification=DRAFT202012)
+    )
     return document, lambda name, instance: Draft202012Validator(
-        {"$ref": f"urn:openapi#/components/schemas/{name}"}, registry=registry).validate(instance)
+        {"$ref": f"urn:openapi#/components/schemas/{name}"}, registry=registry
+    ).validate(instance)
 
 
 ERROR_CASES = [
@@ -48,7 +52,13 @@ ERROR_CASES = [
     ("post", "/v1/route", b'{"max_new_tokens": 10}', "missing_prompt", 400),
     ("post", "/v1/route", b'{"prompt": "   "}', "empty_prompt", 400),
     ("post", "/v1/route", b'{"prompt": 5}', "invalid_request", 400),
-    ("post", "/v1/route", b'{"prompt": "x", "messages": [{"role": "user", "content": "x"}]}', "invalid_request", 400),
+    (
+        "post",
+        "/v1/route",
+        b'{"prompt": "x", "messages": [{"role": "user", "content": "x"}]}',
+        "invalid_request",
+        400,
+    ),
     ("post", "/v1/route", b'{"messages": [{"role": "user"}]}', "invalid_request", 400),
     ("post", "/v1/route", b'{"messages": []}', "invalid_request", 400),
     ("post", "/v1/route", b'{"prompt": "x", "max_tokens": 5}', "unknown_field", 400),
@@ -62,26 +72,71 @@ ERROR_CASES = [
     ("post", "/v1/route/batch", b'{"requests": []}', "invalid_request", 400),
     ("post", "/v1/route/batch", b'{"requests": {"prompt": "x"}}', "invalid_request", 400),
     ("post", "/v1/route/batch", b'{"prompts": ["x"]}', "unknown_field", 400),
-    ("post", "/v1/route/batch", json.dumps({"requests": [{"prompt": "x"}] * 1001}).encode(), "batch_too_large", 400),
+    (
+        "post",
+        "/v1/route/batch",
+        json.dumps({"requests": [{"prompt": "x"}] * 1001}).encode(),
+        "batch_too_large",
+        400,
+    ),
     ("post", "/v1/route/batch", b'{"requests": [{"prompt": "x"}, {"prompt": ""}]}', "empty_prompt", 400),
     ("post", "/v1/feedback", b'{"task_type": "code", "rounds": 1}', "invalid_feedback", 400),
-    ("post", "/v1/feedback", b'{"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 2}', "invalid_feedback", 400),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"task_type": "code", "rounds": 1, "drafted": 1, "accepted": 2}',
+        "invalid_feedback",
+        400,
+    ),
     ("post", "/v1/feedback", b'{"rounds": 1, "drafted": 1, "accepted": 1}', "invalid_feedback", 400),
-    ("post", "/v1/feedback", b'{"route_id": 7, "rounds": 1, "drafted": 1, "accepted": 1}', "invalid_feedback", 400),
-    ("post", "/v1/feedback", b'{"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1}', "unknown_route_id", 404),
-    ("post", "/v1/feedback", b'{"task_type": "qa", "meta_info": {"spec_verify_ct": 3, "completion_tokens": 9}}',
-     "invalid_feedback", 400),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"route_id": 7, "rounds": 1, "drafted": 1, "accepted": 1}',
+        "invalid_feedback",
+        400,
+    ),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"route_id": "nope", "rounds": 1, "drafted": 1, "accepted": 1}',
+        "unknown_route_id",
+        404,
+    ),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"task_type": "qa", "meta_info": {"spec_verify_ct": 3, "completion_tokens": 9}}',
+        "invalid_feedback",
+        400,
+    ),
     ("post", "/v1/feedback", b'"text"', "invalid_request", 400),
-    ("post", "/v1/feedback", b'{"task_type": "astrology", "rounds": 2, "drafted": 4, "accepted": 2}', "invalid_feedback", 400),
-    ("post", "/v1/feedback", b'{"task_type": "*", "rounds": 2, "drafted": 4, "accepted": 2}', "invalid_feedback", 400),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"task_type": "astrology", "rounds": 2, "drafted": 4, "accepted": 2}',
+        "invalid_feedback",
+        400,
+    ),
+    (
+        "post",
+        "/v1/feedback",
+        b'{"task_type": "*", "rounds": 2, "drafted": 4, "accepted": 2}',
+        "invalid_feedback",
+        400,
+    ),
     ("get", "/v1/route", None, "method_not_allowed", 405),
     ("get", "/v1/nothing-here", None, "not_found", 404),
 ]
 
 
 @pytest.mark.parametrize("method, path, body, code, status", ERROR_CASES)
-def test_every_bad_input_gets_a_4xx_in_the_one_error_shape(engine, db_url, published, method, path, body, code, status):
-    app = create_app({"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False})
+def test_every_bad_input_gets_a_4xx_in_the_one_error_shape(
+    engine, db_url, published, method, path, body, code, status
+):
+    app = create_app(
+        {"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False}
+    )
     try:
         client = app.test_client()
         response = getattr(client, method)(path, data=body, content_type="application/json")
@@ -101,12 +156,17 @@ def test_the_route_fast_path_answers_as_the_flask_view(engine, db_url, published
 
     from router.api import RouteFastPath
 
-    app = create_app({"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False})
+    app = create_app(
+        {"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False}
+    )
     try:
         assert isinstance(app.wsgi_app, RouteFastPath)
         fast, flask_view = app.test_client(), Client(app.wsgi_app.wsgi_app)  # the second skips the fast path
         bodies = [body for _, path, body, _, _ in ERROR_CASES if path == "/v1/route" and body is not None]
-        bodies += [b'{"prompt": "def add(a, b): return a + b"}', b'{"messages": [{"role": "user", "content": "Capital?"}]}']
+        bodies += [
+            b'{"prompt": "def add(a, b): return a + b"}',
+            b'{"messages": [{"role": "user", "content": "Capital?"}]}',
+        ]
         before = app.extensions["specroute.router"].metrics.render()
         for body in bodies:
             one = fast.post("/v1/route", data=body, content_type="application/json")
@@ -116,11 +176,18 @@ def test_the_route_fast_path_answers_as_the_flask_view(engine, db_url, published
             if one.status_code == 200:
                 assert a.pop("route_id") != b.pop("route_id")
             assert a == b, body
-            for name in ("Content-Type", "Content-Security-Policy", "X-Content-Type-Options", "X-Frame-Options",
-                         "Referrer-Policy"):
+            for name in (
+                "Content-Type",
+                "Content-Security-Policy",
+                "X-Content-Type-Options",
+                "X-Frame-Options",
+                "Referrer-Policy",
+            ):
                 assert one.headers[name] == two.headers[name], name
         after = app.extensions["specroute.router"].metrics.render()
-        count = re.compile(r'specroute_http_requests_total\{endpoint="/v1/route",method="POST",status="200"\} (\d+)')
+        count = re.compile(
+            r'specroute_http_requests_total\{endpoint="/v1/route",method="POST",status="200"\} (\d+)'
+        )
         ok = [int(m.group(1)) if (m := count.search(text)) else 0 for text in (before, after)]
         assert ok[1] - ok[0] == 4  # both paths count their requests
     finally:
@@ -128,42 +195,73 @@ def test_the_route_fast_path_answers_as_the_flask_view(engine, db_url, published
 
 
 def test_error_messages_name_the_field(client, published):
-    data = client.post("/v1/route/batch", json={"requests": [{"prompt": "a"}, {"prompt": "b", "max_new_tokens": -3}]}).get_json()
+    data = client.post(
+        "/v1/route/batch", json={"requests": [{"prompt": "a"}, {"prompt": "b", "max_new_tokens": -3}]}
+    ).get_json()
     assert data["error"]["details"]["field"] == "requests[1].max_new_tokens"
     assert "requests[1].max_new_tokens" in data["error"]["message"]
     unknown = client.post("/v1/route", json={"prompt": "a", "max_tokens": 3}).get_json()
-    assert "unknown field 'max_tokens'" in unknown["error"]["message"] and "max_new_tokens" in unknown["error"]["message"]
+    assert (
+        "unknown field 'max_tokens'" in unknown["error"]["message"]
+        and "max_new_tokens" in unknown["error"]["message"]
+    )
 
 
 def test_no_active_policy_set_is_a_conflict(client):
-    response = client.post("/v1/feedback", json={"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 2})
+    response = client.post(
+        "/v1/feedback", json={"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 2}
+    )
     assert response.status_code == 409 and response.get_json()["error"]["code"] == "no_active_policy"
     decision = client.post("/v1/route", json={"prompt": "hello"}).get_json()
     assert decision["speculate"] is False and decision["policy_version"] is None
 
 
 def test_route_feedback_adaptation_and_decision_log(app, client, session, published):
-    code = client.post("/v1/route", json={"prompt": "def add(a, b): return a + b  # fix this python function",
-                                          "max_new_tokens": 128}).get_json()
-    assert code["task_type"] == "code" and code["speculate"] and code["gamma"] >= 2 and code["policy_version"] == 1
+    code = client.post(
+        "/v1/route",
+        json={"prompt": "def add(a, b): return a + b  # fix this python function", "max_new_tokens": 128},
+    ).get_json()
+    assert (
+        code["task_type"] == "code"
+        and code["speculate"]
+        and code["gamma"] >= 2
+        and code["policy_version"] == 1
+    )
     assert code["engine"]["transformers"]["assistant_model"] is True
     assert code["engine"]["pool"] == f"spec-k{code['gamma']}"
-    qa = client.post("/v1/route", json={"messages": [{"role": "user", "content": "What is the capital of France? Answer briefly."}]}).get_json()
+    qa = client.post(
+        "/v1/route",
+        json={"messages": [{"role": "user", "content": "What is the capital of France? Answer briefly."}]},
+    ).get_json()
     assert qa["task_type"] == "qa" and not qa["speculate"] and qa["gamma"] == 0
-    short = client.post("/v1/route", json={"prompt": "def f(x): return x  # fix this python function", "max_new_tokens": 5}).get_json()
-    assert not short["speculate"] and {"code": "short_output", "max_new_tokens": 5, "min_output_tokens": 20} \
-        in short["reason_codes"]
+    short = client.post(
+        "/v1/route", json={"prompt": "def f(x): return x  # fix this python function", "max_new_tokens": 5}
+    ).get_json()
+    assert (
+        not short["speculate"]
+        and {"code": "short_output", "max_new_tokens": 5, "min_output_tokens": 20} in short["reason_codes"]
+    )
     assert len(short["reasons"]) == len(short["reason_codes"])  # the same reasons, in words
     # the engine now reports almost no acceptance for code: the estimate falls and speculation turns off
-    first = client.post("/v1/feedback", json={"route_id": code["route_id"], "rounds": 40, "drafted": 40 * code["gamma"],
-                                              "accepted": 2}).get_json()["estimate"]
+    first = client.post(
+        "/v1/feedback",
+        json={"route_id": code["route_id"], "rounds": 40, "drafted": 40 * code["gamma"], "accepted": 2},
+    ).get_json()["estimate"]
     assert first["task_type"] == "code" and first["events"] == 1
     for _ in range(20):
-        estimate = client.post("/v1/feedback", json={"task_type": "code", "engine": "vllm", "speculative_decoding": {
-            "num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 3}}).get_json()["estimate"]
+        estimate = client.post(
+            "/v1/feedback",
+            json={
+                "task_type": "code",
+                "engine": "vllm",
+                "speculative_decoding": {"num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 3},
+            },
+        ).get_json()["estimate"]
     assert estimate["events"] == 21 and not estimate["speculate"] and estimate["alpha"] < first["alpha"]
-    after = client.post("/v1/route", json={"prompt": "def g(y): return y * 2  # fix this python function",
-                                           "max_new_tokens": 128}).get_json()
+    after = client.post(
+        "/v1/route",
+        json={"prompt": "def g(y): return y * 2  # fix this python function", "max_new_tokens": 128},
+    ).get_json()
     assert after["task_type"] == "code" and not after["speculate"]
     assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [21]
     # every decision was logged; feedback by route_id found it
@@ -179,30 +277,47 @@ def test_route_feedback_adaptation_and_decision_log(app, client, session, publis
     assert 'specroute_route_decisions_total{task="code",outcome="speculate"} 1' in metrics
     assert 'specroute_route_decisions_total{task="code",outcome="off"} 2' in metrics
     assert 'specroute_feedback_events_total{task="code",engine="vllm"} 20' in metrics
-    assert f'specroute_feedback_drafted_tokens_total{{task="code"}} {40 * code["gamma"] + 20 * 160}' in metrics
+    assert (
+        f'specroute_feedback_drafted_tokens_total{{task="code"}} {40 * code["gamma"] + 20 * 160}' in metrics
+    )
     assert 'specroute_http_requests_total{endpoint="/v1/route",method="POST",status="200"} 4' in metrics
 
 
 def test_one_probe_in_twenty_while_off_then_back_on(client, published):
-    decisions = [client.post("/v1/route", json={"prompt": f"What is the capital of country {i}? Answer briefly."}).get_json()
-                 for i in range(40)]
+    decisions = [
+        client.post(
+            "/v1/route", json={"prompt": f"What is the capital of country {i}? Answer briefly."}
+        ).get_json()
+        for i in range(40)
+    ]
     assert all(d["task_type"] == "qa" for d in decisions)
     probes = [i for i, d in enumerate(decisions) if d["speculate"]]
     assert probes == [19, 39]
-    assert [i for i, d in enumerate(decisions) if any(r["code"] == "probe" for r in d["reason_codes"])] == probes
+    assert [
+        i for i, d in enumerate(decisions) if any(r["code"] == "probe" for r in d["reason_codes"])
+    ] == probes
     for _ in range(15):  # qa turns out to accept nearly everything
-        estimate = client.post("/v1/feedback", json={"task_type": "qa", "rounds": 10, "drafted": 40,
-                                                     "accepted": 40}).get_json()["estimate"]
+        estimate = client.post(
+            "/v1/feedback", json={"task_type": "qa", "rounds": 10, "drafted": 40, "accepted": 40}
+        ).get_json()["estimate"]
     assert estimate["speculate"]
-    assert client.post("/v1/route", json={"prompt": "What is the capital of Peru? Answer briefly."}).get_json()["speculate"]
+    assert client.post(
+        "/v1/route", json={"prompt": "What is the capital of Peru? Answer briefly."}
+    ).get_json()["speculate"]
 
 
 def test_batch_of_a_thousand(client, published):
-    requests = [{"prompt": f"What is the capital of country {i}? Answer briefly.", "max_new_tokens": 64} for i in range(500)] + \
-               [{"prompt": f"def f{i}(x): return x  # fix this python function", "batch_size": 2} for i in range(500)]
+    requests = [
+        {"prompt": f"What is the capital of country {i}? Answer briefly.", "max_new_tokens": 64}
+        for i in range(500)
+    ] + [
+        {"prompt": f"def f{i}(x): return x  # fix this python function", "batch_size": 2} for i in range(500)
+    ]
     decisions = client.post("/v1/route/batch", json={"requests": requests}).get_json()["decisions"]
     assert len(decisions) == 1000 and len({d["route_id"] for d in decisions}) == 1000
-    assert {d["task_type"] for d in decisions[:500]} == {"qa"} and {d["task_type"] for d in decisions[500:]} == {"code"}
+    assert {d["task_type"] for d in decisions[:500]} == {"qa"} and {
+        d["task_type"] for d in decisions[500:]
+    } == {"code"}
     assert sum(d["speculate"] for d in decisions[500:]) == 500
 
 
@@ -224,16 +339,40 @@ def test_openapi_document_matches_the_real_responses(app, client, published):
     Draft202012Validator.check_schema({"$defs": document["components"]["schemas"]})
     served = {rule.rule for rule in app.url_map.iter_rules() if rule.endpoint.startswith("router_api.")}
     assert served == set(document["paths"])
-    decision = client.post("/v1/route", json={"prompt": "def f(x): return x  # fix this python function"}).get_json()
+    decision = client.post(
+        "/v1/route", json={"prompt": "def f(x): return x  # fix this python function"}
+    ).get_json()
     validate("Decision", decision)
-    validate("BatchResponse", client.post("/v1/route/batch", json={"requests": [{"prompt": "a"}, {
-        "messages": [{"role": "user", "content": "b"}], "concurrency": 3, "temperature": 0.7}]}).get_json())
-    validate("FeedbackResponse", client.post("/v1/feedback", json={"route_id": decision["route_id"], "timings": {
-        "draft_n": 30, "draft_n_accepted": 20, "predicted_n": 64}}).get_json())
+    validate(
+        "BatchResponse",
+        client.post(
+            "/v1/route/batch",
+            json={
+                "requests": [
+                    {"prompt": "a"},
+                    {"messages": [{"role": "user", "content": "b"}], "concurrency": 3, "temperature": 0.7},
+                ]
+            },
+        ).get_json(),
+    )
+    validate(
+        "FeedbackResponse",
+        client.post(
+            "/v1/feedback",
+            json={
+                "route_id": decision["route_id"],
+                "timings": {"draft_n": 30, "draft_n_accepted": 20, "predicted_n": 64},
+            },
+        ).get_json(),
+    )
     validate("Policies", client.get("/v1/policies").get_json())
     validate("Classifier", client.get("/v1/classifier").get_json())
     active = client.get("/v1/classifier").get_json()["active"]  # 12 prompts of one source: no grouped CV
-    assert active["features"] == "tfidf" and active["grouped"] is None and active["calibration"]["on"] == "stratified"
+    assert (
+        active["features"] == "tfidf"
+        and active["grouped"] is None
+        and active["calibration"]["on"] == "stratified"
+    )
     assert set(active["reachability"]) == set(active["labels"]) == {"code", "qa"}
     validate("Health", client.get("/healthz").get_json())
     # the documented request shapes accept what the server accepts
@@ -256,24 +395,40 @@ def test_metrics_are_valid_prometheus_text(client, published):
     client.post("/v1/route", json={"prompt": "x"})
     client.post("/v1/route", data=b"{", content_type="application/json")
     text = client.get("/metrics").get_data(as_text=True)
-    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?[0-9.e+Inf-]+$')
+    sample = re.compile(
+        r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?[0-9.e+Inf-]+$'
+    )
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
     assert 'specroute_http_requests_total{endpoint="/v1/route",method="POST",status="400"} 1' in text
-    buckets = [int(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-               if l.startswith('specroute_http_request_duration_seconds_bucket{endpoint="/v1/route"')]
+    buckets = [
+        int(row.rsplit(" ", 1)[1])
+        for row in text.splitlines()
+        if row.startswith('specroute_http_request_duration_seconds_bucket{endpoint="/v1/route"')
+    ]
     assert buckets == sorted(buckets) and buckets[-1] == 2
 
 
-def test_feedback_for_a_made_up_task_is_refused_and_leaves_no_estimate_or_metrics_label(client, published, session):
+def test_feedback_for_a_made_up_task_is_refused_and_leaves_no_estimate_or_metrics_label(
+    client, published, session
+):
     for task in ("astrology", "*"):
-        response = client.post("/v1/feedback", json={"task_type": task, "rounds": 2, "drafted": 4, "accepted": 2})
+        response = client.post(
+            "/v1/feedback", json={"task_type": task, "rounds": 2, "drafted": 4, "accepted": 2}
+        )
         assert response.status_code == 400
         error = response.get_json()["error"]
         assert error["code"] == "invalid_feedback"
-        assert error["message"].startswith(f"unknown task_type '{task}': name a task type with a published policy")
+        assert error["message"].startswith(
+            f"unknown task_type '{task}': name a task type with a published policy"
+        )
         assert "(code, qa)" in error["message"]
-    assert client.post("/v1/feedback", json={"task_type": "qa", "rounds": 2, "drafted": 4, "accepted": 2}).status_code == 200
+    assert (
+        client.post(
+            "/v1/feedback", json={"task_type": "qa", "rounds": 2, "drafted": 4, "accepted": 2}
+        ).status_code
+        == 200
+    )
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'task="qa"' in metrics and "astrology" not in metrics and 'task="*"' not in metrics
     assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 1

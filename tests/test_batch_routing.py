@@ -52,7 +52,9 @@ def test_flat_cost_at_batch_16_keeps_speculating_beyond_max_batch_size(session):
     router, curves = _router(session, {16: FLAT_16})
     gamma, speedup = best_gamma(curves["16"])
     decision = router.route("def add(a, b):", max_new_tokens=200, batch_size=16)
-    assert decision.speculate and decision.gamma == gamma and decision.expected_speedup == pytest.approx(speedup)
+    assert (
+        decision.speculate and decision.gamma == gamma and decision.expected_speedup == pytest.approx(speedup)
+    )
     assert speedup > 1.5 and gamma >= 6
     at_16 = _reason(decision, "batch_size_curve")
     assert (at_16["batch_size"], at_16["lower"], at_16["upper"], at_16["gamma"]) == (16, 16, 16, gamma)
@@ -63,7 +65,10 @@ def test_flat_cost_at_batch_16_keeps_speculating_beyond_max_batch_size(session):
     expected_curve = [(1 - weight) * a + weight * b for a, b in zip(curves["1"], curves["16"])]
     g8, s8 = best_gamma(expected_curve)
     assert (between.speculate, between.gamma) == (True, g8) and between.expected_speedup == pytest.approx(s8)
-    assert {k: _reason(between, "batch_size_curve")[k] for k in ("lower", "upper")} == {"lower": 1, "upper": 16}
+    assert {k: _reason(between, "batch_size_curve")[k] for k in ("lower", "upper")} == {
+        "lower": 1,
+        "upper": 16,
+    }
 
 
 def test_steep_cost_at_batch_16_turns_speculation_off(session):
@@ -93,19 +98,26 @@ def test_without_batch_profiles_the_max_batch_size_cut_off_applies(session):
 def test_short_outputs_stay_off_at_any_batch_size(session):
     router, _ = _router(session, {16: FLAT_16})
     decision = router.route("def f():", max_new_tokens=5, batch_size=16)
-    assert not decision.speculate and _reason(decision, "short_output") == {"max_new_tokens": 5, "min_output_tokens": 20}
+    assert not decision.speculate and _reason(decision, "short_output") == {
+        "max_new_tokens": 5,
+        "min_output_tokens": 20,
+    }
 
 
 def test_the_batch_curve_follows_the_online_alpha_after_feedback():
     curve_1 = (1.2, 1.3, 1.35, 1.3)
     curve_16 = (1.4, 1.7, 1.9, 2.0)
-    policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16})
+    policy = PolicySnapshot(
+        "*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16}
+    )
     fresh = Router(None, {"*": policy}, policy_version=1)
     assert fresh.route("x", batch_size=16).gamma == 4
     # feedback moved alpha from 0.8 down to 0.3: the measured curve is scaled by E[tokens](0.3, g) / E[tokens](0.8, g)
     state = TaskState(beta_a=15.0, beta_b=35.0, speculate=True, gamma=1, prior_alpha=0.8, events=12)
     adapted = Router(None, {"*": policy}, policy_version=1, states={"*": state})
-    scaled = [s * expected_tokens_iid(0.3, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)]
+    scaled = [
+        s * expected_tokens_iid(0.3, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)
+    ]
     gamma, speedup = best_gamma(scaled)
     decision = adapted.route("x", batch_size=16)
     assert gamma == 1 and speedup == pytest.approx(1.4 * 1.3 / 1.8)  # below the 1.05x margin: off
@@ -113,9 +125,15 @@ def test_the_batch_curve_follows_the_online_alpha_after_feedback():
     moved = _reason(decision, "batch_size_curve")
     assert moved["alpha"] == pytest.approx(0.3) and moved["gamma"] == 1 and not moved["speculate"]
     assert moved["speedup"] == pytest.approx(speedup)
-    recovered = Router(None, {"*": policy}, policy_version=1,
-                       states={"*": TaskState(beta_a=45.0, beta_b=5.0, speculate=True, gamma=4, prior_alpha=0.8, events=12)})
-    up = [s * expected_tokens_iid(0.9, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)]
+    recovered = Router(
+        None,
+        {"*": policy},
+        policy_version=1,
+        states={"*": TaskState(beta_a=45.0, beta_b=5.0, speculate=True, gamma=4, prior_alpha=0.8, events=12)},
+    )
+    up = [
+        s * expected_tokens_iid(0.9, g) / expected_tokens_iid(0.8, g) for g, s in enumerate(curve_16, start=1)
+    ]
     better = recovered.route("x", batch_size=16)
     assert (better.speculate, better.gamma) == (True, 4) and better.expected_speedup == pytest.approx(max(up))
 
@@ -127,18 +145,42 @@ def test_cost_curve_of_the_factory_is_cpu_like():
 
 def test_the_batch_rule_also_needs_the_published_lower_end_above_break_even():
     curve_1, curve_16 = (1.2, 1.3, 1.35, 1.3), (1.4, 1.7, 1.9, 2.0)
-    policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16},
-                            (1.1, 1.6), "task", {1: 1.1, 16: 0.95})
+    policy = PolicySnapshot(
+        "*",
+        True,
+        3,
+        0.8,
+        0.01,
+        10,
+        1.35,
+        "RECOMMENDED",
+        curve_1,
+        {1: curve_1, 16: curve_16},
+        (1.1, 1.6),
+        "task",
+        {1: 1.1, 16: 0.95},
+    )
     router = Router(None, {"*": policy}, policy_version=1)
     at_16 = router.route("x", batch_size=16)
     assert not at_16.speculate  # S(4) = 2.0, but the prompts' spread reaches 0.95x at batch 16
     loss = _reason(at_16, "batch_size_curve")
     assert (loss["gamma"], loss["speedup"], loss["low"], loss["speculate"]) == (4, 2.0, 0.95, False)
     at_8 = router.route("x", batch_size=8)  # lower end interpolated: 1.1 + 7/15 (0.95 - 1.1) = 1.03
-    assert at_8.speculate and _reason(at_8, "batch_size_curve")["low"] == pytest.approx(1.1 + 7 / 15 * (0.95 - 1.1))
-    published = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1,
-                                                   {1: curve_1, 16: curve_16})}, policy_version=1)
-    assert published.route("x", batch_size=16).speculate  # a policy published before intervals: S alone decides
+    assert at_8.speculate and _reason(at_8, "batch_size_curve")["low"] == pytest.approx(
+        1.1 + 7 / 15 * (0.95 - 1.1)
+    )
+    published = Router(
+        None,
+        {
+            "*": PolicySnapshot(
+                "*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", curve_1, {1: curve_1, 16: curve_16}
+            )
+        },
+        policy_version=1,
+    )
+    assert published.route(
+        "x", batch_size=16
+    ).speculate  # a policy published before intervals: S alone decides
 
 
 def test_published_policies_carry_each_batch_sizes_lower_end(session):
@@ -155,14 +197,46 @@ def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
     from router.records import policy_dict
 
     curve_1, curve_16 = [1.2, 1.3, 1.35, 1.3], [1.4, 1.7, 1.9, 2.0]
-    policy = TaskPolicy(task_type="code", is_fallback=False, speculate=True, gamma=3, alpha_mean=0.8, alpha_var=0.01,
-                        n_prompts=10, expected_speedup=1.35, tier="RECOMMENDED", speedup_curve=curve_1,
-                        speedup_curves_by_batch={"1": curve_1, "16": curve_16},
-                        speedup_lows_by_batch={"1": 1.1, "16": 0.95})
+    policy = TaskPolicy(
+        task_type="code",
+        is_fallback=False,
+        speculate=True,
+        gamma=3,
+        alpha_mean=0.8,
+        alpha_var=0.01,
+        n_prompts=10,
+        expected_speedup=1.35,
+        tier="RECOMMENDED",
+        speedup_curve=curve_1,
+        speedup_curves_by_batch={"1": curve_1, "16": curve_16},
+        speedup_lows_by_batch={"1": 1.1, "16": 0.95},
+    )
     by_batch = policy_dict(policy, PolicyContract(margin=0.05))["by_batch"]
     assert by_batch["1"] == {"gamma": 3, "expected_speedup": 1.35, "speculate": True}
-    assert by_batch["16"] == {"gamma": 4, "expected_speedup": 2.0, "speculate": False}  # the interval reaches 0.95x
-    snapshot = Router(None, {"*": PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", tuple(curve_1),
-                                                 {1: tuple(curve_1), 16: tuple(curve_16)}, (1.1, 1.6), "task",
-                                                 {1: 1.1, 16: 0.95})}, policy_version=1)
+    assert by_batch["16"] == {
+        "gamma": 4,
+        "expected_speedup": 2.0,
+        "speculate": False,
+    }  # the interval reaches 0.95x
+    snapshot = Router(
+        None,
+        {
+            "*": PolicySnapshot(
+                "*",
+                True,
+                3,
+                0.8,
+                0.01,
+                10,
+                1.35,
+                "RECOMMENDED",
+                tuple(curve_1),
+                {1: tuple(curve_1), 16: tuple(curve_16)},
+                (1.1, 1.6),
+                "task",
+                {1: 1.1, 16: 0.95},
+            )
+        },
+        policy_version=1,
+    )
     assert snapshot.route("x", batch_size=16).speculate is by_batch["16"]["speculate"]  # API and router agree

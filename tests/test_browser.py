@@ -1,6 +1,7 @@
 """The web UI in a real headless Chromium (Debian's chromium and chromium-driver, driven by Selenium)
 against the real waitress server with its background worker: upload and see counts, a malformed file's
-line-numbered errors, a `<script>` prompt shown as text, task labels corrected in bulk and one by one, a small analysis with tiny models watched to
+line-numbered errors, a `<script>` prompt shown as text, task labels corrected in bulk and one by one, a
+small analysis with tiny models watched to
 100% and its report with the table and plots, and the playground's decision. Screenshots of the
 report and the playground are kept in SPECROUTE_TEST_ARTIFACTS (default: test-artifacts/)."""
 
@@ -23,7 +24,9 @@ from webui.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-ARTIFACTS = Path(os.environ.get("SPECROUTE_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("SPECROUTE_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts")
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +41,18 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1280,1600"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1600",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
@@ -52,8 +64,9 @@ def browser():
 @pytest.fixture
 def site(engine, db_url, tmp_path):
     target = save_tiny_model_folder(tmp_path / "tiny-target", seed=1)
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"),
-                      "models": f"hf:{target},ngram"})
+    app = create_app(
+        {"database_url": db_url, "data_dir": str(tmp_path / "data"), "models": f"hf:{target},ngram"}
+    )
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -98,11 +111,17 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     base, folder = site
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     good = folder / "prompts.jsonl"
-    good.write_text("".join(
-        f'{{"prompt": "{text}", "task": "{task}"}}\n' for text, task in [
-            ("translate the story to French", "translation"), ("translate one two three", "translation"),
-            ("write code for a function that returns the sum of a list", "code"),
-            ("<script>document.title='pwned'</script> summarize this text", "summarization")]))
+    good.write_text(
+        "".join(
+            f'{{"prompt": "{text}", "task": "{task}"}}\n'
+            for text, task in [
+                ("translate the story to French", "translation"),
+                ("translate one two three", "translation"),
+                ("write code for a function that returns the sum of a list", "code"),
+                ("<script>document.title='pwned'</script> summarize this text", "summarization"),
+            ]
+        )
+    )
     _upload(browser, base, good, "tiny")
     assert "imported 4 prompts as 'tiny'" in browser.find_element(By.CSS_SELECTOR, ".flash").text
     browser.get(base + "/prompts")
@@ -113,27 +132,52 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     bad.write_text('{"prompt": "fine"}\n{"prompt": 7}\n{not json\n')
     _upload(browser, base, bad, "broken")
     errors = browser.find_element(By.ID, "upload-errors").text
-    assert "broken.jsonl: 2 errors; nothing was imported" in errors and "line 2, field 'prompt'" in errors and "line 3" in errors
+    assert (
+        "broken.jsonl: 2 errors; nothing was imported" in errors
+        and "line 2, field 'prompt'" in errors
+        and "line 3" in errors
+    )
 
     browser.get(base + "/prompts/tiny")
-    assert "<script>document.title='pwned'</script> summarize this text" in browser.find_element(By.ID, "prompts").text
+    assert (
+        "<script>document.title='pwned'</script> summarize this text"
+        in browser.find_element(By.ID, "prompts").text
+    )
     assert browser.title != "pwned"
 
     # label editing: every summarization prompt (the filter) relabelled in bulk, then one prompt back by its row
-    Select(browser.find_element(By.CSS_SELECTOR, "form.filters select[name=task]")).select_by_visible_text("summarization")
+    Select(browser.find_element(By.CSS_SELECTOR, "form.filters select[name=task]")).select_by_visible_text(
+        "summarization"
+    )
     browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
-    _wait(lambda: "task=summarization" in browser.current_url and "1 matching" in browser.find_element(By.TAG_NAME, "main").text,
-          30, "the filtered page")
+    _wait(
+        lambda: (
+            "task=summarization" in browser.current_url
+            and "1 matching" in browser.find_element(By.TAG_NAME, "main").text
+        ),
+        30,
+        "the filtered page",
+    )
     Select(browser.find_element(By.ID, "bulk-task")).select_by_visible_text("general")
     browser.find_element(By.CSS_SELECTOR, "#bulk-label button").click()
-    _wait(lambda: "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text, 30, "the bulk relabel")
+    _wait(
+        lambda: "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text,
+        30,
+        "the bulk relabel",
+    )
     browser.get(base + "/prompts/tiny")
     assert "general 1" in browser.find_element(By.TAG_NAME, "main").text
     Select(browser.find_element(By.ID, "task-4")).select_by_visible_text("summarization")
     browser.find_element(By.CSS_SELECTOR, "#prompts tr:nth-child(4) form.inline-label button").click()
-    _wait(lambda: "prompt #4 is now summarization" in browser.find_element(By.CSS_SELECTOR, ".flash").text, 30, "the row's save")
-    assert "summarization 1" in browser.find_element(By.TAG_NAME, "main").text and "general 1" not in \
-        browser.find_element(By.TAG_NAME, "main").text
+    _wait(
+        lambda: "prompt #4 is now summarization" in browser.find_element(By.CSS_SELECTOR, ".flash").text,
+        30,
+        "the row's save",
+    )
+    assert (
+        "summarization 1" in browser.find_element(By.TAG_NAME, "main").text
+        and "general 1" not in browser.find_element(By.TAG_NAME, "main").text
+    )
 
     browser.get(base + "/runs/new")
     Select(browser.find_element(By.NAME, "prompt_set")).select_by_visible_text("tiny")
@@ -160,10 +204,15 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     table = browser.find_element(By.ID, "task-table").text
     assert "translation" in table and "code" in table and "summarization" in table
     workload_row = browser.find_element(By.CSS_SELECTOR, "#task-table tr.total").text
-    assert re.search(r"\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", workload_row), workload_row  # S(g*) with its interval
+    assert re.search(r"\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", workload_row), (
+        workload_row
+    )  # S(g*) with its interval
     assert "(workload's: n = 2 is too few)" in table  # 2 translation prompts: too few to decide on their own
     notes = browser.find_element(By.ID, "decision-notes").text
-    assert "translation: " in notes and "too few prompts to decide (fewer than 3), the workload's decision applies" in notes
+    assert (
+        "translation: " in notes
+        and "too few prompts to decide (fewer than 3), the workload's decision applies" in notes
+    )
     plots = browser.find_elements(By.CSS_SELECTOR, ".plots svg")
     assert len(plots) >= 2
     browser.save_screenshot(str(ARTIFACTS / "report.png"))
@@ -178,7 +227,9 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     browser.find_element(By.ID, "prompt").send_keys("translate the story to French please")
     browser.find_element(By.CSS_SELECTOR, "#playground-form button").click()
     decision = browser.find_element(By.ID, "decision").text
-    with urllib.request.urlopen(base + "/v1/policies") as response:  # no classifier: the workload policy decides
+    with urllib.request.urlopen(
+        base + "/v1/policies"
+    ) as response:  # no classifier: the workload policy decides
         fallback = next(p for p in json.load(response)["active"]["policies"] if p["fallback"])
     expected = f"Speculate with gamma {fallback['gamma']}" if fallback["speculate"] else "Do not speculate"
     assert expected in decision and "Reasons" in decision

@@ -14,22 +14,22 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
-from tests.conftest import require_shared
 from analyzer.prompt_sets import import_prompt_file
 from router.classifier import (
     ClassifierError,
     TrainingData,
-    make_training_data,
     cold_start_data,
     evaluate,
     label_run_results,
     load_active,
     load_version,
+    make_training_data,
     train_classifier,
     training_data_from_db,
 )
-from router.features import keyword_baseline, structural_features, STRUCTURAL_FEATURES
+from router.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
 from router.orm import ClassifierVersion
+from tests.conftest import require_shared
 from webui.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,14 +53,16 @@ def subset() -> TrainingData:
 
 def test_keyword_baseline_rules():
     assert keyword_baseline("```python\nx = 1\n```") == "code"
-    assert keyword_baseline("Return JSON like {\"a\": 1}") == "structured_output"
+    assert keyword_baseline('Return JSON like {"a": 1}') == "structured_output"
     assert keyword_baseline("Please summarize this article") == "summarization"
     assert keyword_baseline("Create a poem") == "creative_writing"
     assert keyword_baseline("Who won the 1998 World Cup?") == "general"
 
 
 def test_structural_features_shape_and_values():
-    rows = structural_features(["```def f(): return {\"a\": 1}```", "Translate to German: hello", "Привет мир?"])
+    rows = structural_features(
+        ['```def f(): return {"a": 1}```', "Translate to German: hello", "Привет мир?"]
+    )
     assert rows.shape == (3, len(STRUCTURAL_FEATURES))
     column = {name: i for i, name in enumerate(STRUCTURAL_FEATURES)}
     assert rows[0, column["code_fences"]] > 0 and rows[0, column["json_keys"]] > 0
@@ -71,7 +73,10 @@ def test_structural_features_shape_and_values():
 def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subset):
     scores = evaluate(subset, seed=0)
     assert scores["folds"] == 5 and scores["grouped"] is None  # the subset has no sources: no grouped CV
-    assert scores["calibration"]["on"] == "stratified" and scores["calibration"]["ece_after"] <= scores["calibration"]["ece_before"]
+    assert (
+        scores["calibration"]["on"] == "stratified"
+        and scores["calibration"]["ece_after"] <= scores["calibration"]["ece_before"]
+    )
     assert scores["macro_f1"] >= scores["baseline"]["macro_f1"] + 0.3
     assert scores["accuracy"] >= 0.7
     assert set(scores["per_class"]) == set(subset.labels) and len(scores["per_class"]) == 13
@@ -88,14 +93,18 @@ def test_train_persists_versions_with_their_record_and_predicts(session, subset)
         assert [(v.version, v.is_active) for v in versions] == [(1, False), (2, True)]
         assert second.training_data_sha256 == first.training_data_sha256 == subset.sha256
         assert {"scikit-learn", "numpy", "python", "scipy"} <= set(second.library_versions)
-        assert second.labels == sorted(set(subset.labels)) and second.training_prompt_count == len(subset.texts)
+        assert second.labels == sorted(set(subset.labels)) and second.training_prompt_count == len(
+            subset.texts
+        )
         classifier = load_active(session)
     assert classifier.version == 2
-    predictions = classifier.predict([
-        "Translate German to English: Der Hund schläft im Garten.",
-        "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n",
-        "I was charged twice for my card payment, what should I do?",
-    ])
+    predictions = classifier.predict(
+        [
+            "Translate German to English: Der Hund schläft im Garten.",
+            'def add(a, b):\n    """Return the sum of a and b."""\n',
+            "I was charged twice for my card payment, what should I do?",
+        ]
+    )
     assert [task for task, _ in predictions] == ["translation", "code", "customer_support"]
     assert all(0.0 < confidence <= 1.0 for _, confidence in predictions)
 
@@ -107,20 +116,35 @@ def test_a_version_with_another_library_version_or_a_bad_hash_is_refused(session
     with pytest.raises(ClassifierError, match=r"scikit-learn 0\.0\.1 \(installed .*\); run: specroute train"):
         load_version(record)
     with session.begin():
-        record.library_versions = dict(record.library_versions, **{"scikit-learn": __import__("sklearn").__version__})
+        record.library_versions = dict(
+            record.library_versions, **{"scikit-learn": __import__("sklearn").__version__}
+        )
         record.artifact = record.artifact[:-1] + b"x"
     with pytest.raises(ClassifierError, match="corrupted"):
         load_version(record)
 
 
 def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):
-    lines = [{"prompt": "a", "task": "qa"}, {"prompt": "b", "task": "qa"}, {"prompt": "c", "task": "math"},
-             {"prompt": "d", "task": "math"}, {"prompt": "e", "task": "rare"}, {"prompt": "f"}]
+    lines = [
+        {"prompt": "a", "task": "qa"},
+        {"prompt": "b", "task": "qa"},
+        {"prompt": "c", "task": "math"},
+        {"prompt": "d", "task": "math"},
+        {"prompt": "e", "task": "rare"},
+        {"prompt": "f"},
+    ]
     with session.begin():
-        import_prompt_file(session, "one", "".join(json.dumps(l) + "\n" for l in lines).encode(), "one.jsonl")
+        import_prompt_file(
+            session, "one", "".join(json.dumps(line) + "\n" for line in lines).encode(), "one.jsonl"
+        )
         import_prompt_file(session, "two", b'{"prompt": "a", "task": "qa"}\n', "two.jsonl")
         data = training_data_from_db(session)
-        assert sorted(zip(data.texts, data.labels)) == [("a", "qa"), ("b", "qa"), ("c", "math"), ("d", "math")]
+        assert sorted(zip(data.texts, data.labels)) == [
+            ("a", "qa"),
+            ("b", "qa"),
+            ("c", "math"),
+            ("d", "math"),
+        ]
         assert data.dropped == {"rare": 1}
         assert training_data_from_db(session, ["two"]).dropped == {"qa": 1}
         with pytest.raises(ClassifierError, match="no prompt set named nope"):
@@ -128,18 +152,32 @@ def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):
 
 
 def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session, subset):
-    lines = [{"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"},
-             {"prompt": "Write a haiku about autumn", "task": "creative_writing"}]
+    lines = [
+        {"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"},
+        {"prompt": "Write a haiku about autumn", "task": "creative_writing"},
+    ]
     with session.begin():
-        prompt_set, _ = import_prompt_file(session, "mixed", "".join(json.dumps(l) + "\n" for l in lines).encode(), "m.jsonl")
-        pair = ModelPair(target=ModelSpec(spec="hf:t", kind="hf", display_name="t"),
-                         draft=ModelSpec(spec="ngram", kind="ngram", display_name="n"))
+        prompt_set, _ = import_prompt_file(
+            session, "mixed", "".join(json.dumps(line) + "\n" for line in lines).encode(), "m.jsonl"
+        )
+        pair = ModelPair(
+            target=ModelSpec(spec="hf:t", kind="hf", display_name="t"),
+            draft=ModelSpec(spec="ngram", kind="ngram", display_name="n"),
+        )
         run = AnalysisRun(prompt_set=prompt_set, pair=pair)
         session.add(run)
         session.flush()
         for prompt in prompt_set.prompts:
-            session.add(PromptResult(run_id=run.id, prompt_id=prompt.id, task_type=prompt.task or "unlabelled",
-                                     task_source="label" if prompt.task else None, prompt_tokens=3, output_tokens=0))
+            session.add(
+                PromptResult(
+                    run_id=run.id,
+                    prompt_id=prompt.id,
+                    task_type=prompt.task or "unlabelled",
+                    task_source="label" if prompt.task else None,
+                    prompt_tokens=3,
+                    output_tokens=0,
+                )
+            )
         classifier_record = train_classifier(session, subset)
         classifier = load_version(classifier_record)
         assert label_run_results(session, run.id, classifier) == 1
@@ -152,7 +190,9 @@ def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session
 def test_train_command_on_an_imported_labeled_set(runner, tmp_path):
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     assert runner.invoke(cli, ["prompts", "import", "--sample"]).exit_code == 0
-    result = runner.invoke(cli, ["train", "--data", "labels", "--prompts", "sample", "--json"], catch_exceptions=False)
+    result = runner.invoke(
+        cli, ["train", "--data", "labels", "--prompts", "sample", "--json"], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["version"] == 1 and len(record["labels"]) == 13 and record["training_prompt_count"] == 64
@@ -191,7 +231,7 @@ def test_fast_scorer_equals_the_pipeline_probabilities(subset):
 
     pipeline = build_pipeline().fit(subset.texts, subset.labels)
     fast = FastScorer(pipeline)
-    texts = subset.texts[::3] + ["", "   ", "Übersetze: «Grüße» 你好 世界 ```code```", "x" * 3000, "{\"a\": 1}"]
+    texts = subset.texts[::3] + ["", "   ", "Übersetze: «Grüße» 你好 世界 ```code```", "x" * 3000, '{"a": 1}']
     expected = pipeline.predict_proba(texts)
     got = fast.predict_proba(texts)
     assert got.shape == expected.shape and list(fast.classes_) == list(pipeline.classes_)

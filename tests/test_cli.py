@@ -35,7 +35,9 @@ def test_db_upgrade_current_and_idempotent_rerun(runner):
 def test_import_list_show_and_delete(runner, tmp_path):
     run(runner, "db", "upgrade")
     source = tmp_path / "mine.csv"
-    source.write_text('prompt,task,id\n"Translate: hallo",translation,t1\nWrite code,code,c1\nWrite code,code,c1\n')
+    source.write_text(
+        'prompt,task,id\n"Translate: hallo",translation,t1\nWrite code,code,c1\nWrite code,code,c1\n'
+    )
     imported = run(runner, "prompts", "import", str(source))
     assert imported.exit_code == 0
     assert "imported 2 prompts as 'mine' (code 1, translation 1)" in imported.output
@@ -56,7 +58,9 @@ def test_import_list_show_and_delete(runner, tmp_path):
 def test_invalid_file_exits_1_with_every_error_on_stderr_and_stores_nothing(runner, tmp_path):
     run(runner, "db", "upgrade")
     bad = tmp_path / "broken.jsonl"
-    bad.write_bytes(b'{"prompt": "fine"}\n{"prompt": ""}\nnot json\n{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    bad.write_bytes(
+        b'{"prompt": "fine"}\n{"prompt": ""}\nnot json\n{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n'
+    )
     result = run(runner, "prompts", "import", str(bad))
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
@@ -84,19 +88,39 @@ def test_import_usage_errors(runner, tmp_path):
 def test_demo_runs_the_main_job_and_reuses_it(runner):
     """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
     transformers here; its default engine, llama.cpp, is tested in tests/test_llamacpp.py)."""
-    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1", "--engine", "transformers")
+    quick = (
+        "demo",
+        "--no-serve",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--validate",
+        "1",
+        "--engine",
+        "transformers",
+    )
     first = run(runner, *quick)
     assert first.exit_code == 0, first.output
     assert "database" in first.output and f"empty -> {migrations.head_revision()}" in first.output
     assert "imported the bundled sample prompts as 'sample'" in first.output
     assert "64 prompts over 13 task types" in first.output
-    assert "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting in transformers" in first.output
-    assert "[4/6] training the task classifier on the bundled corpus" in first.output and "keyword baseline" in first.output
+    assert (
+        "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting in transformers"
+        in first.output
+    )
+    assert (
+        "[4/6] training the task classifier on the bundled corpus" in first.output
+        and "keyword baseline" in first.output
+    )
     assert "[5/6] published policy set v1 from run 1" in first.output
     assert "run 1" in first.output and "[6/6] not serving" in first.output
     second = run(runner, *quick)
     assert "already imported as 'sample' (reused)" in second.output
-    assert "analysis run 1 already done (reused)" in second.output and "classifier v1 already trained (reused)" in second.output
+    assert (
+        "analysis run 1 already done (reused)" in second.output
+        and "classifier v1 already trained (reused)" in second.output
+    )
     assert "policy set v1 from run 1 already active (reused)" in second.output
     listed = json.loads(run(runner, "prompts", "list", "--json").stdout)
     assert [s["prompt_count"] for s in listed] == [64]
@@ -113,7 +137,9 @@ def test_settings_command_and_bad_setting(runner, monkeypatch):
 
 
 def test_installed_console_script_runs(tmp_path):
-    script = shutil.which("specroute") or str((__import__("pathlib").Path(sys.executable).parent / "specroute"))
+    script = shutil.which("specroute") or str(
+        (__import__("pathlib").Path(sys.executable).parent / "specroute")
+    )
     result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
     for group in ("db", "demo", "prompts", "settings"):
         assert group in result.stdout
@@ -122,7 +148,7 @@ def test_installed_console_script_runs(tmp_path):
 def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
     from datetime import timedelta
 
-    from sqlalchemy import func, select
+    from sqlalchemy import select
 
     from analyzer.db import make_engine, make_session_factory, utcnow
     from router.orm import RouteDecision
@@ -131,8 +157,18 @@ def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'specroute.db'}")
     with make_session_factory(engine)() as session, session.begin():
         for i, age_days in enumerate([0, 0.5, 2, 3, 10]):
-            session.add(RouteDecision(route_id=f"r-{i}", task_type="qa", confidence=0.9, speculate=False, gamma=0,
-                                      expected_speedup=1.0, reasons=[], created_at=utcnow() - timedelta(days=age_days)))
+            session.add(
+                RouteDecision(
+                    route_id=f"r-{i}",
+                    task_type="qa",
+                    confidence=0.9,
+                    speculate=False,
+                    gamma=0,
+                    expected_speedup=1.0,
+                    reasons=[],
+                    created_at=utcnow() - timedelta(days=age_days),
+                )
+            )
     result = run(runner, "decisions", "prune", "--older-than-days", "1", "--yes")
     assert result.exit_code == 0 and "deleted 3 routing decisions" in result.output
     with make_session_factory(engine)() as session:

@@ -58,7 +58,10 @@ def test_client_calls_and_errors(served, session):
     assert missing.value.status == 409 and missing.value.code == "no_active_policy"
     _publish(session, "ngram")
     decision = client.route("please write a function", max_new_tokens=64)
-    assert decision["speculate"] and decision["engine"]["transformers"]["prompt_lookup_num_tokens"] == decision["gamma"]
+    assert (
+        decision["speculate"]
+        and decision["engine"]["transformers"]["prompt_lookup_num_tokens"] == decision["gamma"]
+    )
     batch = client.route_batch([{"prompt": "a"}, {"prompt": "b", "max_new_tokens": 3}])
     assert [d["speculate"] for d in batch] == [True, False]
     with pytest.raises(RouterClientError) as bad:
@@ -76,8 +79,13 @@ def test_generate_routed_with_prompt_lookup_posts_exact_counts(served, session, 
     _publish(session, "ngram:max_ngram=3")
     prompt = "hello world hello world hello world tell me a story about the cat and the dog"
     result = generate_routed(model, tokenizer, prompt, router=client, max_new_tokens=48)
-    assert result.decision["speculate"] and result.decision["engine"]["transformers"]["max_matching_ngram_size"] == 3
-    ids = encode_prompt(tokenizer, text=prompt, max_prompt_tokens=400).ids  # the chat template, as the client does
+    assert (
+        result.decision["speculate"]
+        and result.decision["engine"]["transformers"]["max_matching_ngram_size"] == 3
+    )
+    ids = encode_prompt(
+        tokenizer, text=prompt, max_prompt_tokens=400
+    ).ids  # the chat template, as the client does
     plain, _ = greedy_generate(model, ids, 48)
     assert result.output_ids == plain  # greedy speculation is exact
     # every round emits its accepted drafts plus one target token, except that a last round cut by the
@@ -87,7 +95,11 @@ def test_generate_routed_with_prompt_lookup_posts_exact_counts(served, session, 
     with session.begin():
         event = session.scalar(select(FeedbackEvent))
         assert (event.engine, event.rounds, event.drafted, event.accepted) == (
-            "transformers", result.rounds, result.drafted, result.accepted)
+            "transformers",
+            result.rounds,
+            result.drafted,
+            result.accepted,
+        )
         assert event.route_id == result.decision["route_id"]
 
 
@@ -100,7 +112,9 @@ def test_generate_routed_with_a_draft_model_and_plain(served, session, tiny):
     result = generate_routed(model, tokenizer, messages, router=client, draft=twin, max_new_tokens=40)
     gamma = result.decision["gamma"]
     assert result.decision["engine"]["transformers"]["assistant_model"] is True and gamma >= 1
-    assert result.accepted == result.drafted and result.rounds + result.accepted == len(result.output_ids) == 40
+    assert (
+        result.accepted == result.drafted and result.rounds + result.accepted == len(result.output_ids) == 40
+    )
     assert result.rounds == -(-40 // (gamma + 1))
     with pytest.raises(ValueError, match="pass draft="):
         generate_routed(model, tokenizer, messages, router=client, max_new_tokens=40)

@@ -51,8 +51,11 @@ def _client(port: int, seed: int, out) -> None:
         rounds = int(rng.integers(1, 40))
         drafted = int(rng.integers(0, 4 * rounds + 1))
         accepted = int(rng.integers(0, drafted + 1))
-        status, body = _post(connection, "/v1/feedback", {"task_type": task, "rounds": rounds, "drafted": drafted,
-                                                          "accepted": accepted})
+        status, body = _post(
+            connection,
+            "/v1/feedback",
+            {"task_type": task, "rounds": rounds, "drafted": drafted, "accepted": accepted},
+        )
         if status != 200:
             errors.append((status, body))
             continue
@@ -67,11 +70,21 @@ def server(engine, db_url, session, tmp_path):
         run = make_done_run(session, {t: 0.3 + 0.1 * i for i, t in enumerate(TASKS)})
         publish_policies(session, run.id)
     port = _free_port()
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": db_url, "SPECROUTE_UI_WORKER": "false", "OMP_NUM_THREADS": "1",
-           "SPECROUTE_ROUTER_REFRESH_S": "0.5"}
+    env = {
+        **os.environ,
+        "SPECROUTE_DATABASE_URL": db_url,
+        "SPECROUTE_UI_WORKER": "false",
+        "OMP_NUM_THREADS": "1",
+        "SPECROUTE_ROUTER_REFRESH_S": "0.5",
+    }
     log = open(tmp_path / "server.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--workers", "2",
-                                "--threads", "4"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--workers", "2", "--threads", "4"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 90
     while True:
         try:
@@ -95,8 +108,10 @@ def server(engine, db_url, session, tmp_path):
 
 def test_eight_processes_of_feedback_lose_nothing(server, session):
     queue = multiprocessing.get_context("spawn").Queue()
-    clients = [multiprocessing.get_context("spawn").Process(target=_client, args=(server, seed, queue))
-               for seed in range(CLIENTS)]
+    clients = [
+        multiprocessing.get_context("spawn").Process(target=_client, args=(server, seed, queue))
+        for seed in range(CLIENTS)
+    ]
     for c in clients:
         c.start()
     reports = [queue.get(timeout=600) for _ in clients]
@@ -107,19 +122,35 @@ def test_eight_processes_of_feedback_lose_nothing(server, session):
     assert sum(s[0] for s in sent.values()) == CLIENTS * POSTS
     assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == CLIENTS * POSTS
     for task in TASKS:
-        stored = session.execute(select(func.count(), func.sum(FeedbackEvent.rounds), func.sum(FeedbackEvent.drafted),
-                                        func.sum(FeedbackEvent.accepted)).where(FeedbackEvent.task_type == task)).one()
+        stored = session.execute(
+            select(
+                func.count(),
+                func.sum(FeedbackEvent.rounds),
+                func.sum(FeedbackEvent.drafted),
+                func.sum(FeedbackEvent.accepted),
+            ).where(FeedbackEvent.task_type == task)
+        ).one()
         assert list(stored) == sent[task], task
         estimate = session.scalar(select(TaskEstimate).where(TaskEstimate.task_type == task))
         # the read-modify-write totals: any lost update would leave them below the sums
-        assert [estimate.events, estimate.total_rounds, estimate.total_drafted, estimate.total_accepted] == sent[task]
+        assert [
+            estimate.events,
+            estimate.total_rounds,
+            estimate.total_drafted,
+            estimate.total_accepted,
+        ] == sent[task]
 
 
 def test_feedback_finds_a_decision_made_by_the_other_process(server):
     connections = [http.client.HTTPConnection("127.0.0.1", server, timeout=30) for _ in range(4)]
     for i in range(40):  # separate connections land on either process
-        status, decision = _post(connections[i % 4], "/v1/route", {"prompt": f"question {i}: what is {i} + {i}?"})
+        status, decision = _post(
+            connections[i % 4], "/v1/route", {"prompt": f"question {i}: what is {i} + {i}?"}
+        )
         assert status == 200
-        status, body = _post(connections[(i + 1) % 4], "/v1/feedback",
-                             {"route_id": decision["route_id"], "rounds": 3, "drafted": 6, "accepted": 4})
+        status, body = _post(
+            connections[(i + 1) % 4],
+            "/v1/feedback",
+            {"route_id": decision["route_id"], "rounds": 3, "drafted": 6, "accepted": 4},
+        )
         assert status == 200, body

@@ -11,8 +11,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from werkzeug.serving import make_server
 
 import analyzer.simulated_run
@@ -27,15 +27,21 @@ FLAT_COST_CURVE = [0.040 + 0.0004 * k for k in range(41)]
 
 def _strict(text: str):
     """``text`` parsed as strict JSON: NaN, Infinity and -Infinity are refused."""
+
     def refuse(constant):
         raise AssertionError(f"{constant} in a response: not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
 def _call(base: str, path: str, body: dict | None = None) -> tuple[int, object]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"},
-                                     method="POST" if body is not None else "GET")
+    request = urllib.request.Request(
+        base + path,
+        data=data,
+        headers={"Content-Type": "application/json"},
+        method="POST" if body is not None else "GET",
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, _strict(response.read().decode())
@@ -45,8 +51,8 @@ def _call(base: str, path: str, body: dict | None = None) -> tuple[int, object]:
 
 @contextlib.contextmanager
 def serving(folder: Path):
-    """A real HTTP server (werkzeug's WSGI server on a socket) on a new migrated SQLite file in ``folder``; yields (base URL, session
-    factory)."""
+    """A real HTTP server (werkzeug's WSGI server on a socket) on a new migrated SQLite file in
+    ``folder``; yields (base URL, session factory)."""
     import migrations
     from analyzer.db import make_engine, make_session_factory
 
@@ -54,7 +60,9 @@ def serving(folder: Path):
     engine = make_engine(url)
     migrations.upgrade(engine)
     app = create_app({"database_url": url, "router_refresh_s": 0, "ui_worker": False})
-    server = make_server("127.0.0.1", 0, app, threaded=True)  # shutdown() is thread-safe, unlike waitress' close()
+    server = make_server(
+        "127.0.0.1", 0, app, threaded=True
+    )  # shutdown() is thread-safe, unlike waitress' close()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -69,8 +77,17 @@ def serving(folder: Path):
 def _publish(sessions, gamma_max: int, acceptance: float, seed: int, monkeypatch) -> None:
     monkeypatch.setattr(analyzer.simulated_run, "SIMULATED_COST_CURVE", FLAT_COST_CURVE)
     with sessions() as session, session.begin():
-        run = make_done_run(session, {"code": acceptance}, per_task=3, gamma_max=gamma_max, n_tokens=128,
-                            draft_spec="ngram", draft_step_s=0.0005, seed=seed, name=f"set-{seed}-{gamma_max}")
+        run = make_done_run(
+            session,
+            {"code": acceptance},
+            per_task=3,
+            gamma_max=gamma_max,
+            n_tokens=128,
+            draft_spec="ngram",
+            draft_step_s=0.0005,
+            seed=seed,
+            name=f"set-{seed}-{gamma_max}",
+        )
         publish_policies(session, run.id)
 
 
@@ -81,9 +98,16 @@ def _route_and_feed(base: str, events: int) -> list[dict]:
     assert status == 200, decision
     answers.append(decision)
     for _ in range(events):
-        status, estimate = _call(base, "/v1/feedback", {"route_id": decision["route_id"], "rounds": 10,
-                                                         "drafted": 10 * max(decision["gamma"], 1),
-                                                         "accepted": 10 * max(decision["gamma"], 1) - 1})
+        status, estimate = _call(
+            base,
+            "/v1/feedback",
+            {
+                "route_id": decision["route_id"],
+                "rounds": 10,
+                "drafted": 10 * max(decision["gamma"], 1),
+                "accepted": 10 * max(decision["gamma"], 1) - 1,
+            },
+        )
         assert status == 200, estimate
         answers.append(estimate)
     status, after = _call(base, "/v1/route", {"prompt": "def f(x): return x", "max_new_tokens": 128})
@@ -96,7 +120,9 @@ def _route_and_feed(base: str, events: int) -> list[dict]:
     return answers
 
 
-def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_after_feedback(tmp_path, monkeypatch):
+def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_after_feedback(
+    tmp_path, monkeypatch
+):
     with serving(tmp_path) as (base, sessions):
         _publish(sessions, 24, 0.99, seed=1, monkeypatch=monkeypatch)
         first, *_, after, policies, _, _ = _route_and_feed(base, events=3)
@@ -109,8 +135,9 @@ def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_a
 
 @given(gamma_max=st.integers(1, 40), acceptance=st.floats(0.05, 0.995), events=st.integers(0, 3))
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_no_response_contains_nan_or_infinity_for_any_gamma_max(tmp_path_factory, monkeypatch, gamma_max, acceptance,
-                                                                 events):
+def test_no_response_contains_nan_or_infinity_for_any_gamma_max(
+    tmp_path_factory, monkeypatch, gamma_max, acceptance, events
+):
     with serving(tmp_path_factory.mktemp("nan")) as (base, sessions):
         _publish(sessions, gamma_max, acceptance, seed=gamma_max * 1000 + events, monkeypatch=monkeypatch)
         for answer in _route_and_feed(base, events):

@@ -97,7 +97,9 @@ def test_time_target_forwards_interleaves_k_and_skips_warmup(target, clock):
 
     handle, seen = advance_per_forward(target, clock, seconds)
     try:
-        medians, quality = time_target_forwards_checked(target, CONTEXT, k_max, repeats=repeats, warmup=warmup)
+        medians, quality = time_target_forwards_checked(
+            target, CONTEXT, k_max, repeats=repeats, warmup=warmup
+        )
     finally:
         handle.remove()
     # the 100 s repeat spreads every k beyond 10% (MAD 0.5 s around k + 0.5 s): all three measured again
@@ -200,7 +202,9 @@ def test_profile_costs_with_a_draft_model(target, draft, clock):
         repeats=3,
         target_prefill_s=float(len(CONTEXT)),  # the fake clock advances 1 s per token the target reads
         draft_prefill_s=0.125 * len(CONTEXT),
-        quality=TimingQuality(spread=[0.0] * 4, remeasured=[], cpu_share=1.0, others_cpu=None, verdict="clean", notes=[]),
+        quality=TimingQuality(
+            spread=[0.0] * 4, remeasured=[], cpu_share=1.0, others_cpu=None, verdict="clean", notes=[]
+        ),
     )
 
 
@@ -268,19 +272,29 @@ def _advice(curve):
 
     matches = [1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1] * 4
     cost = Cost(curve, 0.05)
-    return best_gamma([pooled_speedup([len(matches)], [walk_model_draft(matches, g, len(matches)).drafted_hist], cost)
-                       for g in range(1, len(curve))])
+    return best_gamma(
+        [
+            pooled_speedup([len(matches)], [walk_model_draft(matches, g, len(matches)).drafted_hist], cost)
+            for g in range(1, len(curve))
+        ]
+    )
 
 
 def test_a_stall_in_one_repeat_is_dropped_and_the_advice_is_the_clean_profiles(target, clock):
     clean, clean_quality = _profile_with(target, clock, lambda call, k: (None, 0))
-    assert clean == pytest.approx(CLEAN_CURVE) and clean_quality.verdict == "clean" and clean_quality.notes == []
+    assert (
+        clean == pytest.approx(CLEAN_CURVE) and clean_quality.verdict == "clean" and clean_quality.notes == []
+    )
     # another process holds the CPU for 30 s during the third repeat (calls 12..17: every k of it)
-    stalled, quality = _profile_with(target, clock, lambda call, k: ("stall", 5.0) if 12 <= call < 18 else (None, 0))
+    stalled, quality = _profile_with(
+        target, clock, lambda call, k: ("stall", 5.0) if 12 <= call < 18 else (None, 0)
+    )
     assert stalled == pytest.approx(clean) and quality.verdict == "remeasured"
     assert _advice(clean)[0] >= 4  # a flat curve: speculate far ahead
-    assert quality.notes == ["1 repeat dropped: another process held the CPU (our process got less than 85% of its "
-                             "best repeats' CPU time, or others used more than 15% of the machine)"]
+    assert quality.notes == [
+        "1 repeat dropped: another process held the CPU (our process got less than 85% of its "
+        "best repeats' CPU time, or others used more than 15% of the machine)"
+    ]
     assert _advice(stalled) == pytest.approx(_advice(clean))
 
 
@@ -292,16 +306,24 @@ def test_slow_points_in_most_repeats_are_measured_again_and_come_out_clean(targe
 
     stalled, quality = _profile_with(target, clock, stall)
     assert quality.remeasured == [5, 6] and quality.verdict == "remeasured"
-    assert stalled == pytest.approx(CLEAN_CURVE) and quality.spread == [0.0] * 6  # the re-measured round was clean
-    assert quality.notes == ["k = 5, 6 re-measured: their repeats spread more than 10% or were starved of CPU"]
+    assert (
+        stalled == pytest.approx(CLEAN_CURVE) and quality.spread == [0.0] * 6
+    )  # the re-measured round was clean
+    assert quality.notes == [
+        "k = 5, 6 re-measured: their repeats spread more than 10% or were starved of CPU"
+    ]
     assert _advice(stalled) == pytest.approx(_advice(CLEAN_CURVE))
-    unchecked = [t + (1.0 if k >= 5 else 0.0) for k, t in enumerate(CLEAN_CURVE, start=1)]  # the medians before
+    unchecked = [
+        t + (1.0 if k >= 5 else 0.0) for k, t in enumerate(CLEAN_CURVE, start=1)
+    ]  # the medians before
     assert _advice(unchecked)[0] < _advice(CLEAN_CURVE)[0]  # which would have moved the best gamma
 
 
 def test_interference_that_persists_makes_the_profile_noisy(target, clock):
     # k = 4 is slow by a different amount in every repeat, re-measurements included
-    stalled, quality = _profile_with(target, clock, lambda call, k: ("slow", (call % 7) * 0.8) if k == 4 else (None, 0))
+    stalled, quality = _profile_with(
+        target, clock, lambda call, k: ("slow", (call % 7) * 0.8) if k == 4 else (None, 0)
+    )
     assert quality.verdict == "noisy" and quality.remeasured == [4]
     assert quality.notes[-1].startswith("k = 4 still spread up to") and quality.spread[3] > 0.10
     assert stalled[:3] == pytest.approx(CLEAN_CURVE[:3])

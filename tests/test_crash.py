@@ -32,21 +32,39 @@ PROMPTS = 120
 def _results(sessions, run_id: int) -> dict[int, tuple]:
     with sessions() as session:
         rows = session.scalars(select(PromptResult).where(PromptResult.run_id == run_id))
-        return {r.prompt_id: (r.id, r.output_tokens, tuple(r.draft_matches),
-                              tuple((c.gamma, c.rounds, c.drafted, c.accepted) for c in sorted(r.gamma_counts, key=lambda c: c.gamma)))
-                for r in rows}
+        return {
+            r.prompt_id: (
+                r.id,
+                r.output_tokens,
+                tuple(r.draft_matches),
+                tuple(
+                    (c.gamma, c.rounds, c.drafted, c.accepted)
+                    for c in sorted(r.gamma_counts, key=lambda c: c.gamma)
+                ),
+            )
+            for r in rows
+        }
 
 
 def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
     sessions = make_session_factory(engine)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)
-    lines = "\n".join(f"question {i}: say the numbers from {i} to {i + 9}, then say them again" for i in range(PROMPTS))
+    lines = "\n".join(
+        f"question {i}: say the numbers from {i} to {i + 9}, then say them again" for i in range(PROMPTS)
+    )
     with sessions() as session, session.begin():
         import_prompt_file(session, "many", lines.encode(), "many.txt")
-        run_id = create_run(session, "many", f"hf:{target}", "ngram", RunParams(max_new_tokens=24, gamma_max=4)).id
+        run_id = create_run(
+            session, "many", f"hf:{target}", "ngram", RunParams(max_new_tokens=24, gamma_max=4)
+        ).id
     env = {**os.environ, "SPECROUTE_DATABASE_URL": db_url, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "webui.cli", "analyze", "--resume", str(run_id)], env=env, cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "webui.cli", "analyze", "--resume", str(run_id)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     done = 0
     while time.monotonic() < deadline and process.poll() is None:
@@ -67,9 +85,13 @@ def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
         assert shown_status(run, now=utcnow() + timedelta(seconds=STALE_AFTER_S + 60)) == "interrupted"
     with sessions() as session, session.begin():  # time passes: the dead worker's heartbeats go stale
         session.get(AnalysisRun, run_id).heartbeat_at = utcnow() - timedelta(minutes=15)
-        for chunk in session.scalars(select(RunChunk).where(RunChunk.run_id == run_id, RunChunk.status == "claimed")):
+        for chunk in session.scalars(
+            select(RunChunk).where(RunChunk.run_id == run_id, RunChunk.status == "claimed")
+        ):
             chunk.heartbeat_at = utcnow() - timedelta(minutes=15)
-    listed = CliRunner(env={"SPECROUTE_DATABASE_URL": db_url}).invoke(cli, ["runs", "list", "--json"], catch_exceptions=False)
+    listed = CliRunner(env={"SPECROUTE_DATABASE_URL": db_url}).invoke(
+        cli, ["runs", "list", "--json"], catch_exceptions=False
+    )
     assert [r["status"] for r in json.loads(listed.output) if r["id"] == run_id] == ["interrupted"]
     finished = []  # another worker claims the dead one's chunk and the ones left, and finishes the run
     work(sessions, cache_dir=tmp_path / "cache", worker_id="second", once=True, on_run=finished.append)
@@ -78,9 +100,25 @@ def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
     with sessions() as session:
         run = session.get(AnalysisRun, run_id)
         assert run.status == "done" and run.progress_done == PROMPTS
-        assert session.scalar(select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run_id)) == PROMPTS
-        assert session.scalar(select(func.count(func.distinct(PromptResult.prompt_id))).where(
-            PromptResult.run_id == run_id)) == PROMPTS
-        assert session.scalar(select(func.count()).select_from(GammaCount).join(PromptResult).where(
-            PromptResult.run_id == run_id)) == PROMPTS * 4
+        assert (
+            session.scalar(
+                select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run_id)
+            )
+            == PROMPTS
+        )
+        assert (
+            session.scalar(
+                select(func.count(func.distinct(PromptResult.prompt_id))).where(PromptResult.run_id == run_id)
+            )
+            == PROMPTS
+        )
+        assert (
+            session.scalar(
+                select(func.count())
+                .select_from(GammaCount)
+                .join(PromptResult)
+                .where(PromptResult.run_id == run_id)
+            )
+            == PROMPTS * 4
+        )
     assert {k: after[k] for k in before} == before  # finished prompts untouched: same rows, same numbers

@@ -24,7 +24,9 @@ def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path):
 def test_foreign_keys_and_checks_are_enforced(session):
     with pytest.raises(IntegrityError):
         with session.begin():
-            session.add(Prompt(prompt_set_id=999, position=0, source_line=1, text="x", content_hash="h", char_count=1))
+            session.add(
+                Prompt(prompt_set_id=999, position=0, source_line=1, text="x", content_hash="h", char_count=1)
+            )
     with pytest.raises(IntegrityError):
         with session.begin():
             session.add(PromptSet(name="x", file_format="docx", file_sha256="0", prompt_count=0))

@@ -41,16 +41,28 @@ def test_engine_names_are_checked_exactly_and_the_error_names_the_choices():
             check_engine_name(bad)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"temperature": 0.7}, "the llama.cpp engine measures greedy decoding only; use temperature 0"),
-    ({"device": "cuda"}, "the llama.cpp engine runs on the CPU here; use device auto or cpu, not 'cuda'"),
-    ({"device": "cuda:1"}, "the llama.cpp engine runs on the CPU here; use device auto or cpu, not 'cuda:1'"),
-    ({"dtype": "float32"}, "the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
-                           "shipped; leave dtype auto, not 'float32'"),
-    ({"dtype": "bf16"}, "leave dtype auto, not 'bf16'"),
-    ({"batch_size": 4}, "the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1"),
-    ({"profile_batch_sizes": (1, 4)}, "use batch size 1 and profile batch size 1 only"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"temperature": 0.7}, "the llama.cpp engine measures greedy decoding only; use temperature 0"),
+        ({"device": "cuda"}, "the llama.cpp engine runs on the CPU here; use device auto or cpu, not 'cuda'"),
+        (
+            {"device": "cuda:1"},
+            "the llama.cpp engine runs on the CPU here; use device auto or cpu, not 'cuda:1'",
+        ),
+        (
+            {"dtype": "float32"},
+            "the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
+            "shipped; leave dtype auto, not 'float32'",
+        ),
+        ({"dtype": "bf16"}, "leave dtype auto, not 'bf16'"),
+        (
+            {"batch_size": 4},
+            "the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1",
+        ),
+        ({"profile_batch_sizes": (1, 4)}, "use batch size 1 and profile batch size 1 only"),
+    ],
+)
 def test_run_params_refuse_what_the_llama_cpp_engine_cannot_measure(changes, message):
     with pytest.raises(RunError) as refused:
         RunParams(engine="llama.cpp", **changes).check()
@@ -59,7 +71,10 @@ def test_run_params_refuse_what_the_llama_cpp_engine_cannot_measure(changes, mes
 
 
 def test_run_params_accept_a_llama_cpp_run_and_refuse_an_unknown_engine():
-    for ok in (RunParams(engine="llama.cpp"), RunParams(engine="llama.cpp", device="cpu", profile_batch_sizes=(1,))):
+    for ok in (
+        RunParams(engine="llama.cpp"),
+        RunParams(engine="llama.cpp", device="cpu", profile_batch_sizes=(1,)),
+    ):
         assert ok.check().engine == "llama.cpp"
     assert RunParams().engine == "transformers"
     assert RunParams.from_json({"max_new_tokens": 8}).engine == "transformers"  # params stored before engines
@@ -67,18 +82,29 @@ def test_run_params_accept_a_llama_cpp_run_and_refuse_an_unknown_engine():
         RunParams(engine="vllm").check()
 
 
-@pytest.mark.parametrize("target, draft, message", [
-    ("hf:/models/target", "ngram", "the target must be gguf:<folder>#<file.gguf> or builtin:<name>, "
-                                   "not 'hf:/models/target'"),
-    (BUILTIN, "hf:/models/draft", "the draft must be ngram, gguf:<folder>#<file.gguf> or builtin:<name>, "
-                                  "not 'hf:/models/draft'"),
-])
+@pytest.mark.parametrize(
+    "target, draft, message",
+    [
+        (
+            "hf:/models/target",
+            "ngram",
+            "the target must be gguf:<folder>#<file.gguf> or builtin:<name>, not 'hf:/models/target'",
+        ),
+        (
+            BUILTIN,
+            "hf:/models/draft",
+            "the draft must be ngram, gguf:<folder>#<file.gguf> or builtin:<name>, not 'hf:/models/draft'",
+        ),
+    ],
+)
 def test_create_run_refuses_a_pair_llama_cpp_cannot_load_and_stores_nothing(session, target, draft, message):
     with session.begin():
         import_prompt_file(session, "mix", PROMPTS, "mix.jsonl")
     with pytest.raises(RunError) as refused:
         create_run(session, "mix", target, draft, RunParams(engine="llama.cpp"))
-    assert "the llama.cpp engine loads GGUF files only" in str(refused.value) and message in str(refused.value)
+    assert "the llama.cpp engine loads GGUF files only" in str(refused.value) and message in str(
+        refused.value
+    )
     session.rollback()
     assert session.scalar(select(AnalysisRun)) is None
 
@@ -134,12 +160,15 @@ def test_analyze_queues_in_the_engine_asked_for_and_runs_list_shows_it(cli_mix, 
     assert re.match(r"\s*2\s+queued\s+transformers\s", text[1])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--temperature", "0.5"], "measures greedy decoding only"),
-    (["--dtype", "float32"], "leave dtype auto, not 'float32'"),
-    (["--batch-sizes", "1,4"], "profile batch size 1 only"),
-    (["--target", "hf:/models/target"], "the target must be gguf:<folder>#<file.gguf> or builtin:<name>"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "0.5"], "measures greedy decoding only"),
+        (["--dtype", "float32"], "leave dtype auto, not 'float32'"),
+        (["--batch-sizes", "1,4"], "profile batch size 1 only"),
+        (["--target", "hf:/models/target"], "the target must be gguf:<folder>#<file.gguf> or builtin:<name>"),
+    ],
+)
 def test_analyze_refuses_what_llama_cpp_cannot_measure_and_stores_no_run(cli_mix, args, message):
     result = _queue(cli_mix, "--engine", "llama.cpp", "--target", BUILTIN, *args)
     assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.stderr
@@ -168,7 +197,9 @@ def test_the_report_names_the_engine_in_json_text_and_html(session, engine, db_u
     finally:
         app.extensions["specroute.close"]()
     assert re.search(r'<h1>Analysis run #\d+ <span class="pill" id="run-engine"[^>]*>llama\.cpp</span>', page)
-    assert '<code id="engine">llama.cpp</code>' in page and 'id="run-engine" title="engine">llama.cpp<' in export
+    assert (
+        '<code id="engine">llama.cpp</code>' in page and 'id="run-engine" title="engine">llama.cpp<' in export
+    )
 
 
 @pytest.fixture
@@ -178,15 +209,27 @@ def llama_published(session):
     with session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.1}, draft_spec="ngram", engine="llama.cpp")
         publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + \
-                [f"What is the capital of country number {i}? Answer briefly." for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
+            f"What is the capital of country number {i}? Answer briefly." for i in range(6)
+        ]
+        train_classifier(
+            session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False
+        )
     return run
 
 
-def test_a_llama_cpp_policy_set_is_served_with_its_engine_and_the_llama_cpp_pool(engine, db_url, llama_published):
-    app = create_app({"database_url": db_url, "router_refresh_s": 0, "ui_worker": False, "TESTING": True,
-                      "router_pools": json.dumps({"off": "llama-plain"})})
+def test_a_llama_cpp_policy_set_is_served_with_its_engine_and_the_llama_cpp_pool(
+    engine, db_url, llama_published
+):
+    app = create_app(
+        {
+            "database_url": db_url,
+            "router_refresh_s": 0,
+            "ui_worker": False,
+            "TESTING": True,
+            "router_pools": json.dumps({"off": "llama-plain"}),
+        }
+    )
     client = app.test_client()
     try:
         _, validate = _validator(client)
@@ -195,18 +238,28 @@ def test_a_llama_cpp_policy_set_is_served_with_its_engine_and_the_llama_cpp_pool
         assert policies["active"]["engine"] == "llama.cpp"
         assert [v["engine"] for v in policies["versions"]] == ["llama.cpp"]
         code = client.post("/v1/route", json={"prompt": CODE, "max_new_tokens": 100}).get_json()
-        qa = client.post("/v1/route", json={"prompt": "What is the capital of country number 9? Answer briefly.",
-                                            "max_new_tokens": 100}).get_json()
+        qa = client.post(
+            "/v1/route",
+            json={
+                "prompt": "What is the capital of country number 9? Answer briefly.",
+                "max_new_tokens": 100,
+            },
+        ).get_json()
         validate("Decision", code), validate("Decision", qa)
     finally:
         app.extensions["specroute.close"]()
     assert code["task_type"] == "code" and code["speculate"] and code["gamma"] >= 1
-    assert code["engine"]["llama.cpp"] == {"pool": f"spec-k{code['gamma']}",
-                                           "speculative": {"draft": "prompt-lookup", "n_max": code["gamma"]}}
+    assert code["engine"]["llama.cpp"] == {
+        "pool": f"spec-k{code['gamma']}",
+        "speculative": {"draft": "prompt-lookup", "n_max": code["gamma"]},
+    }
     assert code["engine"]["pool"] == f"spec-k{code['gamma']}" and code["engine"]["priced_by"] == "llama.cpp"
     assert qa["task_type"] == "qa" and not qa["speculate"]
     assert qa["engine"]["llama.cpp"] == {"pool": "llama-plain", "speculative": None}
-    assert qa["engine"]["transformers"] == {"assistant_model": False} and qa["engine"]["priced_by"] == "llama.cpp"
+    assert (
+        qa["engine"]["transformers"] == {"assistant_model": False}
+        and qa["engine"]["priced_by"] == "llama.cpp"
+    )
 
 
 def test_policies_list_names_the_engine(runner):
@@ -220,13 +273,16 @@ def test_policies_list_names_the_engine(runner):
     database.dispose()
     listed = json.loads(_cli(runner, "policies", "list", "--json").stdout)
     assert [(s["version"], s["engine"]) for s in listed] == [(2, "transformers"), (1, "llama.cpp")]
-    assert "policy set v1 (inactive) from run 1, priced in llama.cpp" in _cli(runner, "policies", "list").stdout
+    assert (
+        "policy set v1 (inactive) from run 1, priced in llama.cpp" in _cli(runner, "policies", "list").stdout
+    )
 
 
 def test_a_model_draft_speculates_in_llama_cpp_with_a_model_and_without_a_policy_set_nothing_priced():
     policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", (1.1, 1.2, 1.35, 1.3))
-    decision = Router(None, {"*": policy}, policy_version=1, draft_kind="hf",
-                      contract=PolicyContract(engine="transformers")).route("x")
+    decision = Router(
+        None, {"*": policy}, policy_version=1, draft_kind="hf", contract=PolicyContract(engine="transformers")
+    ).route("x")
     assert decision.engine["llama.cpp"] == {"pool": "spec-k3", "speculative": {"draft": "model", "n_max": 3}}
     assert decision.engine["priced_by"] == "transformers"
     copied = decision.as_dict()["engine"]
@@ -241,8 +297,15 @@ def test_a_model_draft_speculates_in_llama_cpp_with_a_model_and_without_a_policy
 
 @pytest.fixture
 def web_app(engine, db_url, tmp_path):
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"), "ui_worker": False,
-                      "models": f"{BUILTIN},hf:/models/target,ngram", "TESTING": True})
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "models": f"{BUILTIN},hf:/models/target,ngram",
+            "TESTING": True,
+        }
+    )
     with app.extensions["specroute.sessions"]() as session, session.begin():
         import_prompt_file(session, "mix", PROMPTS, "mix.jsonl")
     yield app
@@ -252,8 +315,18 @@ def web_app(engine, db_url, tmp_path):
 def _form(client) -> dict:
     page = client.get("/runs/new").get_data(as_text=True)
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
-    return {"csrf_token": token, "prompt_set": "mix", "target": BUILTIN, "draft": "ngram", "max_new_tokens": "8",
-            "gamma_max": "4", "temperature": "0", "validate": "0", "device": "auto", "dtype": "auto"}
+    return {
+        "csrf_token": token,
+        "prompt_set": "mix",
+        "target": BUILTIN,
+        "draft": "ngram",
+        "max_new_tokens": "8",
+        "gamma_max": "4",
+        "temperature": "0",
+        "validate": "0",
+        "device": "auto",
+        "dtype": "auto",
+    }
 
 
 def test_the_web_form_offers_the_engines_and_queues_a_llama_cpp_run(web_app):
@@ -273,17 +346,29 @@ def test_the_web_form_offers_the_engines_and_queues_a_llama_cpp_run(web_app):
     assert default.status_code == 302
     with web_app.extensions["specroute.sessions"]() as session:
         runs = session.scalars(select(AnalysisRun).order_by(AnalysisRun.id)).all()
-        assert [(r.engine, r.params["engine"]) for r in runs] == [("llama.cpp", "llama.cpp"),
-                                                                   ("transformers", "transformers")]
+        assert [(r.engine, r.params["engine"]) for r in runs] == [
+            ("llama.cpp", "llama.cpp"),
+            ("transformers", "transformers"),
+        ]
     listing = client.get("/runs").get_data(as_text=True)
-    assert re.search(r'#1</a></td>\s*<td>llama\.cpp</td>', listing)
+    assert re.search(r"#1</a></td>\s*<td>llama\.cpp</td>", listing)
     assert client.get(f"/runs/{runs[0].id}/status.json").get_json()["engine"] == "llama.cpp"
-    assert 'id="run-engine" title="engine">llama.cpp<' in client.get(f"/runs/{runs[0].id}").get_data(as_text=True)
+    assert 'id="run-engine" title="engine">llama.cpp<' in client.get(f"/runs/{runs[0].id}").get_data(
+        as_text=True
+    )
 
 
 def test_the_web_form_defaults_to_the_engine_setting(engine, db_url, tmp_path):
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"), "ui_worker": False,
-                      "models": f"{BUILTIN},ngram", "engine": "llama.cpp", "TESTING": True})
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "models": f"{BUILTIN},ngram",
+            "engine": "llama.cpp",
+            "TESTING": True,
+        }
+    )
     try:
         with app.extensions["specroute.sessions"]() as session, session.begin():
             import_prompt_file(session, "mix", PROMPTS, "mix.jsonl")

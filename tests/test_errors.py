@@ -25,13 +25,48 @@ from tests.factories import make_done_run
 from webui.app import create_app
 
 # every module that defines an error class, so that the walk below sees them all
-ERROR_MODULES = ("analyzer.devices", "analyzer.ingest", "analyzer.loading", "analyzer.prompt_sets", "analyzer.report",
-                 "analyzer.run_records", "analyzer.settings", "migrations", "router.api", "router.classifier",
-                 "router.encoder", "router.fast_scorer", "router.feedback", "router.policy")
-DOMAIN_ERRORS = {"DeviceError", "ModelTooLarge", "PromptFileError", "SpecError", "TokenizerMismatch", "PromptSetError",
-                 "PromptSetExists", "PromptSetNotFound", "PromptSetInUse", "UnknownTaskType", "ReportError", "RunError",
-                 "RunNotFound", "SettingsError", "SchemaNotCurrent", "ApiError", "ClassifierError", "EncoderUnavailable",
-                 "ScorerError", "FeedbackError", "UnknownRouteId", "NoActivePolicy", "PolicyError", "Unauthorized"}
+ERROR_MODULES = (
+    "analyzer.devices",
+    "analyzer.ingest",
+    "analyzer.loading",
+    "analyzer.prompt_sets",
+    "analyzer.report",
+    "analyzer.run_records",
+    "analyzer.settings",
+    "migrations",
+    "router.api",
+    "router.classifier",
+    "router.encoder",
+    "router.fast_scorer",
+    "router.feedback",
+    "router.policy",
+)
+DOMAIN_ERRORS = {
+    "DeviceError",
+    "ModelTooLarge",
+    "PromptFileError",
+    "SpecError",
+    "TokenizerMismatch",
+    "PromptSetError",
+    "PromptSetExists",
+    "PromptSetNotFound",
+    "PromptSetInUse",
+    "UnknownTaskType",
+    "ReportError",
+    "RunError",
+    "RunNotFound",
+    "SettingsError",
+    "SchemaNotCurrent",
+    "ApiError",
+    "ClassifierError",
+    "EncoderUnavailable",
+    "ScorerError",
+    "FeedbackError",
+    "UnknownRouteId",
+    "NoActivePolicy",
+    "PolicyError",
+    "Unauthorized",
+}
 SECRET = "s3cret-token-for-tests-0123456789"
 BEARER = {"Authorization": f"Bearer {SECRET}"}
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -62,7 +97,9 @@ def test_every_error_class_carries_its_status_code_and_exit_code_on_the_class():
         assert "code" in vars(cls), f"{cls.__name__} names no code of its own"
         assert isinstance(cls.status, int) and 400 <= cls.status <= 599, cls
         assert isinstance(cls.code, str) and re.fullmatch(r"[a-z_]+", cls.code), cls
-        assert isinstance(cls.exit_code, int) and cls.exit_code not in (0, 2, 130), cls  # 2 and 130 are click's and Ctrl-C's
+        assert isinstance(cls.exit_code, int) and cls.exit_code not in (0, 2, 130), (
+            cls
+        )  # 2 and 130 are click's and Ctrl-C's
         assert statuses.setdefault(cls.code, cls.status) == cls.status, f"{cls.code} answers two statuses"
     # the statuses the API has always answered
     assert (FeedbackError.status, UnknownRouteId.status, NoActivePolicy.status) == (400, 404, 409)
@@ -71,8 +108,17 @@ def test_every_error_class_carries_its_status_code_and_exit_code_on_the_class():
 
 def test_one_payload_shape():
     error = PromptSetNotFound("no prompt set named 'x'", known=["a"])
-    assert error.payload() == error_payload("prompt_set_not_found", "no prompt set named 'x'", {"known": ["a"]}) == {
-        "error": {"code": "prompt_set_not_found", "message": "no prompt set named 'x'", "details": {"known": ["a"]}}}
+    assert (
+        error.payload()
+        == error_payload("prompt_set_not_found", "no prompt set named 'x'", {"known": ["a"]})
+        == {
+            "error": {
+                "code": "prompt_set_not_found",
+                "message": "no prompt set named 'x'",
+                "details": {"known": ["a"]},
+            }
+        }
+    )
     assert error_payload("x", "y") == {"error": {"code": "x", "message": "y", "details": {}}}
     assert str(error) == error.message == "no prompt set named 'x'" and isinstance(error, LookupError)
 
@@ -90,8 +136,16 @@ def make_app(engine, db_url, tmp_path):
     apps = []
 
     def build(**config):
-        app = create_app({"database_url": db_url, "data_dir": str(tmp_path), "router_refresh_s": 0, "ui_worker": False,
-                          "TESTING": True, **config})
+        app = create_app(
+            {
+                "database_url": db_url,
+                "data_dir": str(tmp_path),
+                "router_refresh_s": 0,
+                "ui_worker": False,
+                "TESTING": True,
+                **config,
+            }
+        )
         apps.append(app)
         return app
 
@@ -100,8 +154,15 @@ def make_app(engine, db_url, tmp_path):
         app.extensions["specroute.close"]()
 
 
-@pytest.mark.parametrize("error", [TeapotError("short and stout", spout=1), PromptSetNotFound("no prompt set named 'x'"),
-                                   SettingsError("SPECROUTE_X: bad"), Unauthorized()])
+@pytest.mark.parametrize(
+    "error",
+    [
+        TeapotError("short and stout", spout=1),
+        PromptSetNotFound("no prompt set named 'x'"),
+        SettingsError("SPECROUTE_X: bad"),
+        Unauthorized(),
+    ],
+)
 def test_the_api_answers_a_domain_error_from_a_view_with_its_class_status_and_code(make_app, error):
     app = make_app()
 
@@ -111,7 +172,9 @@ def test_the_api_answers_a_domain_error_from_a_view_with_its_class_status_and_co
     app.add_url_rule("/v1/test-error", "test_error", view)
     response = app.test_client().get("/v1/test-error")
     assert response.status_code == type(error).status
-    assert response.get_json() == {"error": {"code": type(error).code, "message": str(error), "details": error.details}}
+    assert response.get_json() == {
+        "error": {"code": type(error).code, "message": str(error), "details": error.details}
+    }
     assert ("WWW-Authenticate" in response.headers) == isinstance(error, Unauthorized)
 
 
@@ -126,13 +189,20 @@ def test_the_route_fast_path_and_the_view_answer_a_domain_error_alike(make_app, 
     fast, view = app.test_client(), Client(app.wsgi_app.wsgi_app)  # the second skips the fast path
     one, two = (c.post("/v1/route", json={"prompt": "def f(): pass"}) for c in (fast, view))
     assert one.status_code == two.status_code == 503
-    assert one.get_json() == two.get_json() == ClassifierError("classifier version 1 is corrupted (hash mismatch); "
-                                                                "run: specroute train").payload()
+    assert (
+        one.get_json()
+        == two.get_json()
+        == ClassifierError(
+            "classifier version 1 is corrupted (hash mismatch); run: specroute train"
+        ).payload()
+    )
 
 
 def test_feedback_errors_come_from_their_classes(make_app):
     client = make_app().test_client()  # no policy set published
-    response = client.post("/v1/feedback", json={"task_type": "code", "rounds": 1, "drafted": 2, "accepted": 1})
+    response = client.post(
+        "/v1/feedback", json={"task_type": "code", "rounds": 1, "drafted": 2, "accepted": 1}
+    )
     assert response.status_code == NoActivePolicy.status
     assert response.get_json()["error"]["code"] == NoActivePolicy.code
 
@@ -169,8 +239,7 @@ def test_pages_show_an_error_page_never_a_traceback_and_a_500_stores_nothing(mak
 
 
 def test_the_cli_reports_a_domain_error_with_its_message_and_exit_code(runner, monkeypatch):
-    from webui.cli import cli
-    from webui.cli import base
+    from webui.cli import base, cli
 
     unmigrated = runner.invoke(cli, ["prompts", "list"])
     assert unmigrated.exit_code == migrations.SchemaNotCurrent.exit_code == 1
@@ -178,7 +247,10 @@ def test_the_cli_reports_a_domain_error_with_its_message_and_exit_code(runner, m
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     missing = runner.invoke(cli, ["prompts", "show", "nope"])
     assert missing.exit_code == PromptSetNotFound.exit_code == 1
-    assert missing.stderr.startswith("Error: no prompt set named 'nope'") and len(missing.stderr.splitlines()) == 1
+    assert (
+        missing.stderr.startswith("Error: no prompt set named 'nope'")
+        and len(missing.stderr.splitlines()) == 1
+    )
     assert runner.invoke(cli, ["prompts", "import"]).exit_code == 2  # click's usage errors keep 2
 
     def teapot(*args, **kwargs):
@@ -195,19 +267,37 @@ def test_the_fast_path_and_the_request_hook_make_one_token_check(make_app, publi
     fast, hook = routed.test_client(), Client(routed.wsgi_app.wsgi_app)  # the second is Flask's hook only
     page = fast.get("/playground")
     token = CSRF.search(page.get_data(as_text=True)).group(1)
-    for headers, allowed in (({}, False), ({"Authorization": "Bearer wrong"}, False), ({"Authorization": SECRET}, False),
-                             ({"Authorization": "Basic eA=="}, False), (BEARER, True)):
+    for headers, allowed in (
+        ({}, False),
+        ({"Authorization": "Bearer wrong"}, False),
+        ({"Authorization": SECRET}, False),
+        ({"Authorization": "Basic eA=="}, False),
+        (BEARER, True),
+    ):
         one = fast.post("/v1/route", json={"prompt": "def f(): pass"}, headers=headers)
         two = hook.post("/v1/route", json={"prompt": "def f(): pass"}, headers=headers)
         batch = hook.post("/v1/route/batch", json={"requests": [{"prompt": "x"}]}, headers=headers)
-        form = fast.post("/playground", data={"csrf_token": token, "prompt": "def f(): pass"}, headers=headers)
-        assert [r.status_code for r in (one, two, batch, form)] == ([200] * 4 if allowed else [401] * 4), headers
+        form = fast.post(
+            "/playground", data={"csrf_token": token, "prompt": "def f(): pass"}, headers=headers
+        )
+        assert [r.status_code for r in (one, two, batch, form)] == ([200] * 4 if allowed else [401] * 4), (
+            headers
+        )
         if not allowed:
             assert one.get_json() == two.get_json() == batch.get_json() == Unauthorized().payload()
-            assert one.headers["WWW-Authenticate"] == two.headers["WWW-Authenticate"] == 'Bearer realm="specroute"'
+            assert (
+                one.headers["WWW-Authenticate"]
+                == two.headers["WWW-Authenticate"]
+                == 'Bearer realm="specroute"'
+            )
 
     open_routing = make_app(api_token=SECRET, api_token_scope="writes")
     assert open_routing.wsgi_app.authorize is None  # routing needs no token: the fast path checks nothing
     client = open_routing.test_client()
     assert client.post("/v1/route", json={"prompt": "x"}).status_code == 200
-    assert client.post("/v1/feedback", json={"task_type": "code", "rounds": 1, "drafted": 2, "accepted": 1}).status_code == 401
+    assert (
+        client.post(
+            "/v1/feedback", json={"task_type": "code", "rounds": 1, "drafted": 2, "accepted": 1}
+        ).status_code
+        == 401
+    )

@@ -32,7 +32,9 @@ def test_temperature_scaling_fixes_an_overconfident_model():
     rng = np.random.default_rng(0)
     n, classes = 4000, 4
     true_logits = rng.normal(0, 1.0, size=(n, classes))
-    truth = np.array([rng.choice(classes, p=p) for p in softmax(true_logits)])  # labels drawn from the true model
+    truth = np.array(
+        [rng.choice(classes, p=p) for p in softmax(true_logits)]
+    )  # labels drawn from the true model
     overconfident = 6.0 * true_logits
     correct = overconfident.argmax(1) == truth
     before, _ = reliability(softmax(overconfident).max(1), correct)
@@ -47,16 +49,27 @@ def test_threshold_is_where_following_the_classifier_pays_most():
     confidence = np.array([0.95, 0.9, 0.85, 0.8, 0.6, 0.55, 0.5, 0.3])
     correct = np.array([1, 1, 1, 0, 1, 0, 0, 0], dtype=bool)
     chosen = choose_threshold(confidence, correct)  # net right - wrong from the top: 1 2 3 2 3 2 1 0
-    assert chosen["threshold"] == pytest.approx(0.575) and chosen["coverage"] == 5 / 8 and chosen["precision"] == 0.8
+    assert (
+        chosen["threshold"] == pytest.approx(0.575)
+        and chosen["coverage"] == 5 / 8
+        and chosen["precision"] == 0.8
+    )
     assert choose_threshold(confidence, np.ones(8, dtype=bool))["threshold"] == 0.0  # every prediction pays
     never = choose_threshold(confidence, np.zeros(8, dtype=bool))
     assert never["threshold"] == 1.0 and never["coverage"] == 0.0 and never["precision"] is None
 
 
 def test_reachability_marks_rare_and_thin_tasks():
-    marks = reachability({"code": 0.9, "extraction": 0.1, "roleplay": 0.8}, {"code": 200, "extraction": 90, "roleplay": 5},
-                         unseen={"code", "extraction"})
-    assert marks["code"]["reachable"] and not marks["extraction"]["reachable"] and not marks["roleplay"]["reachable"]
+    marks = reachability(
+        {"code": 0.9, "extraction": 0.1, "roleplay": 0.8},
+        {"code": 200, "extraction": 90, "roleplay": 5},
+        unseen={"code", "extraction"},
+    )
+    assert (
+        marks["code"]["reachable"]
+        and not marks["extraction"]["reachable"]
+        and not marks["roleplay"]["reachable"]
+    )
     assert "recall 0.10 on sources left out of training" in marks["extraction"]["reason"]
     assert "only 5 training prompts" in marks["roleplay"]["reason"]
 
@@ -66,8 +79,11 @@ def synthetic() -> tuple:
     math in two sources each with different surface forms."""
     texts, labels, groups = [], [], []
     for i in range(12):
-        texts += [f"Translate to German: the house number {i}", f"def f{i}(x): return x + {i}",
-                  f"What is {i} plus {i + 3}?"]
+        texts += [
+            f"Translate to German: the house number {i}",
+            f"def f{i}(x): return x + {i}",
+            f"What is {i} plus {i + 3}?",
+        ]
         labels += ["translation", "code", "math"]
         groups += ["A", "A", "A"]
         texts += [f"function g{i}(y) {{ return y * {i}; }}", f"Compute the sum of {i} and {i + 7}."]
@@ -81,7 +97,9 @@ def test_grouped_cv_scores_only_learnable_tasks_and_calibrates():
     scores = evaluate(make_training_data(texts, labels, "synthetic", groups))
     grouped = scores["grouped"]
     assert grouped["folds"] == 2 and grouped["single_source"] == ["translation"]
-    assert set(grouped["per_class"]) == {"code", "math"} and grouped["prompts"] == 48  # 12 translation prompts left out
+    assert (
+        set(grouped["per_class"]) == {"code", "math"} and grouped["prompts"] == 48
+    )  # 12 translation prompts left out
     assert scores["calibration"]["on"] == "leave-one-source-out"
     assert scores["calibration"]["temperature"] > 0
     assert set(scores["reachability"]) == {"code", "math", "translation"}
@@ -92,21 +110,28 @@ def test_grouped_cv_scores_only_learnable_tasks_and_calibrates():
 def test_the_router_uses_the_classifier_threshold_and_names_rarely_reached_tasks():
     texts, labels, groups = synthetic()
     pipeline = build_pipeline().fit(texts, labels)
-    policies = {task: PolicySnapshot(task, True, 4, 0.8, 0.01, 12, 1.5, "HIGH", (1.2, 1.3, 1.4, 1.5))
-                for task in ("code", "math")}
+    policies = {
+        task: PolicySnapshot(task, True, 4, 0.8, 0.01, 12, 1.5, "HIGH", (1.2, 1.3, 1.4, 1.5))
+        for task in ("code", "math")
+    }
     fallback = PolicySnapshot("*", False, 0, 0.3, 0.01, 36, 1.0, "LOW", (0.9, 0.8, 0.7, 0.6))
-    sure = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.0, rarely_reached={"code": "recall 0.10"})
+    sure = TaskClassifier(
+        1, 1, sorted(set(labels)), pipeline, threshold=0.0, rarely_reached={"code": "recall 0.10"}
+    )
     router = Router(sure, {**policies, "*": fallback}, policy_version=1)
     decision = router.route("def h(z): return z - 1")
     assert decision.task_type == "code" and decision.speculate
-    assert {"code": "rarely_reached", "classifier_version": 1, "task": "code", "detail": "recall 0.10"} in \
-        [r.as_dict() for r in decision.reasons]
+    assert {"code": "rarely_reached", "classifier_version": 1, "task": "code", "detail": "recall 0.10"} in [
+        r.as_dict() for r in decision.reasons
+    ]
     strict = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.999)
     decision = Router(strict, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
     workload = [r.params for r in decision.reasons if r.code == "workload_policy"]
     assert not decision.speculate and workload[0]["cause"] == "low_confidence"
     assert workload[0]["min_confidence"] == 0.999 and workload[0]["confidence"] < 0.999
-    configured = Router(strict, {**policies, "*": fallback}, config=RouterConfig(min_confidence=0.0), policy_version=1)
+    configured = Router(
+        strict, {**policies, "*": fallback}, config=RouterConfig(min_confidence=0.0), policy_version=1
+    )
     assert configured.min_confidence == 0.0 and configured.route("def h(z): return z - 1").speculate
     assert Router(None, {}, policy_version=None).min_confidence == DEFAULT_MIN_CONFIDENCE
 
@@ -122,7 +147,9 @@ def test_min_confidence_setting_refuses_nonsense():
     from analyzer.settings import SettingsError, load_settings, router_min_confidence
 
     for bad in ("high", "1.5", "-0.1"):
-        with pytest.raises(SettingsError, match="SPECROUTE_ROUTER_MIN_CONFIDENCE: expected auto or a number from 0 to 1"):
+        with pytest.raises(
+            SettingsError, match="SPECROUTE_ROUTER_MIN_CONFIDENCE: expected auto or a number from 0 to 1"
+        ):
             router_min_confidence(load_settings({"router_min_confidence": bad}))
 
 
@@ -137,7 +164,9 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
     with encoder.embedding_cache():
         assert np.array_equal(encoder.embed(texts[:3]), vectors) and len(encoder._cache) == 3
     assert not encoder._cache  # emptied when training ends
-    assert vectors.shape == (3, encoder.DIMENSIONS) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors.shape == (3, encoder.DIMENSIONS) and np.allclose(
+        np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5
+    )
     assert float(vectors[0] @ vectors[1]) < 0.999  # different prompts, different embeddings
     pipeline = build_pipeline(features="tfidf+minilm").fit(texts, labels)
     probe = ["def k(q): return q * 2", "Translate to German: the moon", "What is 3 plus 9?"]
@@ -150,9 +179,20 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
 
     from router.classifier import library_versions
 
-    record = SimpleNamespace(version=3, id=3, artifact=b"", artifact_sha256=hashlib.sha256(b"").hexdigest(),
-                             library_versions=library_versions("tfidf+minilm"), scores={"features": "tfidf+minilm"})
+    record = SimpleNamespace(
+        version=3,
+        id=3,
+        artifact=b"",
+        artifact_sha256=hashlib.sha256(b"").hexdigest(),
+        library_versions=library_versions("tfidf+minilm"),
+        scores={"features": "tfidf+minilm"},
+    )
     monkeypatch.setattr(encoder.util, "find_spec", lambda name: None)  # a machine without the encoder package
-    with pytest.raises(ClassifierError, match="uses sentence embeddings: the sentence encoder is not installed"):
+    with pytest.raises(
+        ClassifierError, match="uses sentence embeddings: the sentence encoder is not installed"
+    ):
         load_version(record)
-    assert library_versions("tfidf+minilm")["sentence-encoder"] == "0.1.0" and "sentence-encoder" not in library_versions()
+    assert (
+        library_versions("tfidf+minilm")["sentence-encoder"] == "0.1.0"
+        and "sentence-encoder" not in library_versions()
+    )

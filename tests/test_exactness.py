@@ -35,10 +35,14 @@ def test_model_draft_rounds_equal_target_forward_passes(pair, gamma):
     alphas = []
     for prompt in _prompts(3):
         generation = generate_target(target, [prompt], MAX_NEW, eos_ids=[EOS_ID], pad_id=PAD_ID)[0]
-        matches = draft_match_sequence(teacher_forced_logits(draft, prompt, generation.output_ids), generation.output_ids)
+        matches = draft_match_sequence(
+            teacher_forced_logits(draft, prompt, generation.output_ids), generation.output_ids
+        )
         alphas.append(alpha_from_matches(matches))
         counts = walk_model_draft(matches, gamma, MAX_NEW)
-        output, passes = assisted_generate(target, prompt, MAX_NEW, gamma=gamma, draft_model=draft, eos_token_id=EOS_ID)
+        output, passes = assisted_generate(
+            target, prompt, MAX_NEW, gamma=gamma, draft_model=draft, eos_token_id=EOS_ID
+        )
         assert output == generation.output_ids
         assert passes == counts.rounds
     assert 0.05 < np.mean(alphas) < 0.95, "the noisy copy should agree only partly"
@@ -51,7 +55,9 @@ def test_prompt_lookup_rounds_equal_target_forward_passes(pair, gamma):
     for prompt in _prompts(3):
         generation = generate_target(target, [prompt], MAX_NEW, eos_ids=[EOS_ID], pad_id=PAD_ID)[0]
         counts = walk_ngram(prompt, generation.output_ids, gamma, MAX_NEW, max_ngram=2, eos_ids=[EOS_ID])
-        output, passes = assisted_generate(target, prompt, MAX_NEW, gamma=gamma, ngram_max=2, eos_token_id=EOS_ID)
+        output, passes = assisted_generate(
+            target, prompt, MAX_NEW, gamma=gamma, ngram_max=2, eos_token_id=EOS_ID
+        )
         assert output == generation.output_ids
         assert passes == counts.rounds
         drafted += counts.drafted
@@ -62,7 +68,9 @@ def test_identical_draft_gives_alpha_one_and_minimal_rounds(pair):
     target, _ = pair
     prompt = _prompts(1)[0]
     generation = generate_target(target, [prompt], MAX_NEW, eos_ids=[EOS_ID], pad_id=PAD_ID)[0]
-    matches = draft_match_sequence(teacher_forced_logits(target, prompt, generation.output_ids), generation.output_ids)
+    matches = draft_match_sequence(
+        teacher_forced_logits(target, prompt, generation.output_ids), generation.output_ids
+    )
     assert alpha_from_matches(matches) == 1.0
     n = len(generation.output_ids)
     twin = copy.deepcopy(target)  # identical weights, a separate module so its forwards are not counted
@@ -70,7 +78,9 @@ def test_identical_draft_gives_alpha_one_and_minimal_rounds(pair):
         counts = walk_model_draft(matches, gamma, MAX_NEW)
         if n == MAX_NEW:
             assert counts.rounds == -(-n // (gamma + 1))
-        _, passes = assisted_generate(target, prompt, MAX_NEW, gamma=gamma, draft_model=twin, eos_token_id=EOS_ID)
+        _, passes = assisted_generate(
+            target, prompt, MAX_NEW, gamma=gamma, draft_model=twin, eos_token_id=EOS_ID
+        )
         assert passes == counts.rounds
 
 

@@ -10,28 +10,68 @@ from sqlalchemy import func, select
 
 from router.classifier import make_training_data, train_classifier
 from router.feedback import FeedbackError, normalise, parse_feedback, record_feedback
-from router.route_ids import new_route_id, parse_route_id
 from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
+from router.route_ids import new_route_id, parse_route_id
 from tests.factories import make_done_run
 
 
 def test_normalise_counts_and_llama_cpp_timings():
     counts = normalise({"rounds": 10, "drafted": 30, "accepted": 12, "output_tokens": 22})
-    assert (counts.engine, counts.rounds, counts.drafted, counts.accepted, counts.output_tokens) == ("counts", 10, 30, 12, 22)
+    assert (counts.engine, counts.rounds, counts.drafted, counts.accepted, counts.output_tokens) == (
+        "counts",
+        10,
+        30,
+        12,
+        22,
+    )
     llama = normalise({"timings": {"draft_n": 40, "draft_n_accepted": 25, "predicted_n": 64}})
-    assert (llama.engine, llama.rounds, llama.drafted, llama.accepted, llama.output_tokens) == ("llama.cpp", 39, 40, 25, 64)
+    assert (llama.engine, llama.rounds, llama.drafted, llama.accepted, llama.output_tokens) == (
+        "llama.cpp",
+        39,
+        40,
+        25,
+        64,
+    )
 
 
 def test_normalise_vllm_per_request_metrics():
-    named = normalise({"speculative_decoding": {"num_drafts": 20, "num_draft_tokens": 80, "num_accepted_tokens": 50,
-                                                "num_output_tokens": 70}})
-    assert (named.engine, named.rounds, named.drafted, named.accepted, named.output_tokens) == ("vllm", 20, 80, 50, 70)
-    aliases = normalise({"speculative_decoding": {"num_spec_steps": 20, "num_draft_tokens": 80,
-                                                  "num_accepted_draft_tokens": 50}})
+    named = normalise(
+        {
+            "speculative_decoding": {
+                "num_drafts": 20,
+                "num_draft_tokens": 80,
+                "num_accepted_tokens": 50,
+                "num_output_tokens": 70,
+            }
+        }
+    )
+    assert (named.engine, named.rounds, named.drafted, named.accepted, named.output_tokens) == (
+        "vllm",
+        20,
+        80,
+        50,
+        70,
+    )
+    aliases = normalise(
+        {
+            "speculative_decoding": {
+                "num_spec_steps": 20,
+                "num_draft_tokens": 80,
+                "num_accepted_draft_tokens": 50,
+            }
+        }
+    )
     assert (aliases.rounds, aliases.drafted, aliases.accepted) == (20, 80, 50)
-    per_position = normalise({"speculative_decoding": {"num_drafts": 10, "num_draft_tokens": 40,
-                                                       "num_accepted_tokens_per_pos": [9, 7, 4, 2]}})
+    per_position = normalise(
+        {
+            "speculative_decoding": {
+                "num_drafts": 10,
+                "num_draft_tokens": 40,
+                "num_accepted_tokens_per_pos": [9, 7, 4, 2],
+            }
+        }
+    )
     assert per_position.accepted == 22
     # h[j] = rounds accepting exactly j of 4 drafts: 3 rounds x0, 2 x1, 0 x2, 1 x3, 4 x4
     histogram = normalise({"speculative_decoding": {"acceptance_histogram": [3, 2, 0, 1, 4]}})
@@ -39,32 +79,73 @@ def test_normalise_vllm_per_request_metrics():
 
 
 def test_normalise_sglang_meta_info():
-    exact = normalise({"meta_info": {"spec_verify_ct": 12, "completion_tokens": 40, "spec_num_correct_drafts": 27,
-                                     "spec_num_proposed_drafts": 48}})
-    assert (exact.engine, exact.rounds, exact.drafted, exact.accepted, exact.output_tokens) == ("sglang", 12, 48, 27, 40)
+    exact = normalise(
+        {
+            "meta_info": {
+                "spec_verify_ct": 12,
+                "completion_tokens": 40,
+                "spec_num_correct_drafts": 27,
+                "spec_num_proposed_drafts": 48,
+            }
+        }
+    )
+    assert (exact.engine, exact.rounds, exact.drafted, exact.accepted, exact.output_tokens) == (
+        "sglang",
+        12,
+        48,
+        27,
+        40,
+    )
     # without the draft counts: accepted = completion - verifications (one bonus token per verification),
     # drafted from the acceptance rate, else from the gamma the server ran with
-    from_rate = normalise({"meta_info": {"spec_verify_ct": 10, "completion_tokens": 34, "spec_accept_rate": 0.6}})
+    from_rate = normalise(
+        {"meta_info": {"spec_verify_ct": 10, "completion_tokens": 34, "spec_accept_rate": 0.6}}
+    )
     assert (from_rate.rounds, from_rate.accepted, from_rate.drafted) == (10, 24, 40)
-    from_gamma = normalise({"gamma": 4, "meta_info": {"spec_verify_ct": 10, "completion_tokens": 34,
-                                                      "spec_accept_length": 3.4}})
+    from_gamma = normalise(
+        {"gamma": 4, "meta_info": {"spec_verify_ct": 10, "completion_tokens": 34, "spec_accept_length": 3.4}}
+    )
     assert (from_gamma.rounds, from_gamma.accepted, from_gamma.drafted) == (10, 24, 40)
 
 
-@pytest.mark.parametrize("payload, message", [
-    ({"rounds": 1, "drafted": 2}, "give counts"),
-    ({"speculative_decoding": {"num_drafts": 3, "num_draft_tokens": 9}}, "speculative_decoding.num_accepted_tokens' is missing"),
-    ({"speculative_decoding": {"acceptance_histogram": [1, -2]}}, "speculative_decoding.acceptance_histogram' must be"),
-    ({"speculative_decoding": 5}, "field 'speculative_decoding' must be an object"),
-    ({"meta_info": {"completion_tokens": 5}}, "field 'meta_info.spec_verify_ct' must be"),
-    ({"meta_info": {"spec_verify_ct": 2, "completion_tokens": 5}}, "spec_num_proposed_drafts' is missing"),
-    ({"rounds": -1, "drafted": 2, "accepted": 1}, "field 'rounds' must be an integer from 0 to 1,000,000,000"),
-    ({"rounds": 1, "drafted": True, "accepted": 1}, "field 'drafted' must be an integer from 0 to 1,000,000,000"),
-    ({"rounds": 1, "drafted": 2**70, "accepted": 1}, "field 'drafted' must be an integer from 0 to 1,000,000,000"),
-    ({"rounds": 1, "drafted": 2, "accepted": 3}, "accepted (3) cannot exceed drafted (2)"),
-    ({"timings": {"draft_n": 2, "draft_n_accepted": "x", "predicted_n": 3}}, "field 'timings.draft_n_accepted'"),
-    ({"timings": [1]}, "field 'timings' must be an object"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({"rounds": 1, "drafted": 2}, "give counts"),
+        (
+            {"speculative_decoding": {"num_drafts": 3, "num_draft_tokens": 9}},
+            "speculative_decoding.num_accepted_tokens' is missing",
+        ),
+        (
+            {"speculative_decoding": {"acceptance_histogram": [1, -2]}},
+            "speculative_decoding.acceptance_histogram' must be",
+        ),
+        ({"speculative_decoding": 5}, "field 'speculative_decoding' must be an object"),
+        ({"meta_info": {"completion_tokens": 5}}, "field 'meta_info.spec_verify_ct' must be"),
+        (
+            {"meta_info": {"spec_verify_ct": 2, "completion_tokens": 5}},
+            "spec_num_proposed_drafts' is missing",
+        ),
+        (
+            {"rounds": -1, "drafted": 2, "accepted": 1},
+            "field 'rounds' must be an integer from 0 to 1,000,000,000",
+        ),
+        (
+            {"rounds": 1, "drafted": True, "accepted": 1},
+            "field 'drafted' must be an integer from 0 to 1,000,000,000",
+        ),
+        (
+            {"rounds": 1, "drafted": 2**70, "accepted": 1},
+            "field 'drafted' must be an integer from 0 to 1,000,000,000",
+        ),
+        ({"rounds": 1, "drafted": 2, "accepted": 3}, "accepted (3) cannot exceed drafted (2)"),
+        (
+            {"timings": {"draft_n": 2, "draft_n_accepted": "x", "predicted_n": 3}},
+            "field 'timings.draft_n_accepted'",
+        ),
+        ({"timings": [1]}, "field 'timings' must be an object"),
+    ],
+)
 def test_bad_payloads_name_the_field(payload, message):
     with pytest.raises(FeedbackError, match=message.replace("(", r"\(").replace(")", r"\)")):
         normalise(payload)
@@ -95,22 +176,41 @@ def test_feedback_moves_the_task_estimate_and_is_stored(session):
             record(session, {"rounds": 1, "drafted": 1, "accepted": 1})
         assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 31
         assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
-        for made_up in ("poetry", "*", "astrology"):  # no policy, not a classifier label: refused, nothing stored
-            with pytest.raises(FeedbackError, match=rf"unknown task_type '{re.escape(made_up)}': name a task type with "
-                                                    r"a published policy or one the classifier predicts \(code, qa\)"):
+        for made_up in (
+            "poetry",
+            "*",
+            "astrology",
+        ):  # no policy, not a classifier label: refused, nothing stored
+            with pytest.raises(
+                FeedbackError,
+                match=rf"unknown task_type '{re.escape(made_up)}': name a task type with "
+                r"a published policy or one the classifier predicts \(code, qa\)",
+            ):
                 record(session, {"task_type": made_up, "rounds": 5, "drafted": 5, "accepted": 5})
         assert session.scalar(select(func.count()).select_from(TaskEstimate)) == 1
-        texts = [f"write a poem about the sea number {i}" for i in range(3)] + [f"def f{i}(): pass" for i in range(3)]
-        train_classifier(session, make_training_data(texts, ["poetry"] * 3 + ["code"] * 3, "t"), cross_validate=False)
+        texts = [f"write a poem about the sea number {i}" for i in range(3)] + [
+            f"def f{i}(): pass" for i in range(3)
+        ]
+        train_classifier(
+            session, make_training_data(texts, ["poetry"] * 3 + ["code"] * 3, "t"), cross_validate=False
+        )
         learned = record(session, {"task_type": "poetry", "rounds": 5, "drafted": 5, "accepted": 5})
-        assert learned.task_type == "poetry"  # a classifier label without a policy: the workload-wide fallback
+        assert (
+            learned.task_type == "poetry"
+        )  # a classifier label without a policy: the workload-wide fallback
 
 
 def test_a_route_id_names_its_policy_set_and_task():
     route_id = new_route_id(12, "customer support: de")
     assert parse_route_id(route_id) == (12, "customer support: de") and len(route_id) <= 128
     assert parse_route_id(new_route_id(None, "*")) == (0, "*")
-    for bad in ("nope", "v1-xyz-code", "v1-" + "a" * 32 + "-", "v-" + "a" * 32 + "-code", "v1-" + "a" * 32 + "-" + "t" * 65):
+    for bad in (
+        "nope",
+        "v1-xyz-code",
+        "v1-" + "a" * 32 + "-",
+        "v-" + "a" * 32 + "-code",
+        "v1-" + "a" * 32 + "-" + "t" * 65,
+    ):
         assert parse_route_id(bad) is None
 
 
@@ -123,14 +223,32 @@ def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(
             record(session, {"route_id": new_route_id(None, "*"), "rounds": 1, "drafted": 1, "accepted": 1})
         old = publish_policies(session, run.id)
         new = publish_policies(session, run.id)  # now active
-        moved = record(session, {"route_id": new_route_id(old.version, "code"), "rounds": 16, "drafted": 64, "accepted": 48})
+        moved = record(
+            session,
+            {"route_id": new_route_id(old.version, "code"), "rounds": 16, "drafted": 64, "accepted": 48},
+        )
         assert moved.policy_set_id == old.id and moved.task_type == "code" and moved.events == 1
-        assert session.scalar(select(func.count()).select_from(TaskEstimate).where(TaskEstimate.policy_set_id == new.id)) == 0
-        fallback = record(session, {"route_id": new_route_id(new.version, "*"), "rounds": 4, "drafted": 8, "accepted": 2})
+        assert (
+            session.scalar(
+                select(func.count()).select_from(TaskEstimate).where(TaskEstimate.policy_set_id == new.id)
+            )
+            == 0
+        )
+        fallback = record(
+            session, {"route_id": new_route_id(new.version, "*"), "rounds": 4, "drafted": 8, "accepted": 2}
+        )
         assert fallback.policy_set_id == new.id and fallback.task_type == "*"
         with pytest.raises(UnknownRouteId, match="policy set v9 does not exist"):
             record(session, {"route_id": new_route_id(9, "code"), "rounds": 1, "drafted": 1, "accepted": 1})
         with pytest.raises(UnknownRouteId, match="has no task 'astrology'"):
-            record(session, {"route_id": new_route_id(new.version, "astrology"), "rounds": 1, "drafted": 1, "accepted": 1})
+            record(
+                session,
+                {
+                    "route_id": new_route_id(new.version, "astrology"),
+                    "rounds": 1,
+                    "drafted": 1,
+                    "accepted": 1,
+                },
+            )
         event = session.scalars(select(FeedbackEvent).order_by(FeedbackEvent.id)).first()
         assert event.route_id.startswith(f"v{old.version}-") and event.policy_set_id == old.id

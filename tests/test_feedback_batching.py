@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 import router.feedback_writer
 from analyzer.db import lock_for_write, make_engine
 from router.adaptation import AdaptationConfig, apply_feedback, initial_state
-from router.route_ids import new_route_id
 from router.feedback import policy_context
 from router.orm import FeedbackEvent, TaskEstimate
+from router.route_ids import new_route_id
 from tests.factories import make_routing_database
 from webui.app import create_app
 
@@ -54,8 +54,15 @@ def database_url(request, tmp_path):
 
 @pytest.fixture
 def app(database_url):
-    app = create_app({"database_url": database_url, "router_refresh_s": 0, "ui_worker": False, "TESTING": True,
-                      "sqlite_busy_timeout_ms": 60_000})
+    app = create_app(
+        {
+            "database_url": database_url,
+            "router_refresh_s": 0,
+            "ui_worker": False,
+            "TESTING": True,
+            "sqlite_busy_timeout_ms": 60_000,
+        }
+    )
     yield app
     app.extensions["specroute.close"]()
 
@@ -102,7 +109,9 @@ def _replay(session, task: str) -> list:
     policy, config = context.policy(task), AdaptationConfig().for_contract(context.contract)
     state = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
     states = []
-    for e in session.scalars(select(FeedbackEvent).where(FeedbackEvent.task_type == task).order_by(FeedbackEvent.id)):
+    for e in session.scalars(
+        select(FeedbackEvent).where(FeedbackEvent.task_type == task).order_by(FeedbackEvent.id)
+    ):
         state = apply_feedback(state, e.rounds, e.drafted, e.accepted, context.curve(task), config)
         states.append(state)
     return states
@@ -118,17 +127,26 @@ def test_concurrent_feedback_is_committed_in_batches_and_a_bad_event_fails_alone
     commits = []
     event.listen(app.extensions["specroute.engine"], "commit", lambda connection: commits.append(1))
     transactions_before = writer.transactions
-    good = [{"task_type": TASKS[i % 2], **_counts(i)} if i % 3 else
-            {"route_id": new_route_id(version, TASKS[i % 2]), **_counts(i)} for i in range(1, 41)]
-    bad = [{"task_type": "astrology", **_counts(1)}, {"route_id": new_route_id(version + 7, "code"), **_counts(2)}]
+    good = [
+        {"task_type": TASKS[i % 2], **_counts(i)}
+        if i % 3
+        else {"route_id": new_route_id(version, TASKS[i % 2]), **_counts(i)}
+        for i in range(1, 41)
+    ]
+    bad = [
+        {"task_type": "astrology", **_counts(1)},
+        {"route_id": new_route_id(version + 7, "code"), **_counts(2)},
+    ]
     answers = _post_while_locked(app, [good[:20], bad + good[20:]])
 
     assert [status for status, _ in answers] == [200] * 20 + [400, 404] + [200] * 20
     assert answers[20][1]["error"]["code"] == "invalid_feedback"
     assert answers[20][1]["error"]["message"].startswith("unknown task_type 'astrology'")
-    assert answers[21][1]["error"] == {"code": "unknown_route_id", "details": {},
-                                       "message": f"unknown route_id '{bad[1]['route_id']}': "
-                                                  f"policy set v{version + 7} does not exist"}
+    assert answers[21][1]["error"] == {
+        "code": "unknown_route_id",
+        "details": {},
+        "message": f"unknown route_id '{bad[1]['route_id']}': policy set v{version + 7} does not exist",
+    }
     # 42 events (40 stored): the first batch took what had reached the writer, the second all the rest
     transactions = writer.transactions - transactions_before
     assert 1 <= transactions <= 2 and len(commits) == transactions
@@ -137,8 +155,12 @@ def test_concurrent_feedback_is_committed_in_batches_and_a_bad_event_fails_alone
     sent = [b for b in good]
     with Session(app.extensions["specroute.engine"]) as session:
         assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == len(TASKS) + 40
-        assert session.scalar(select(func.count()).select_from(FeedbackEvent).where(
-            FeedbackEvent.task_type == "astrology")) == 0
+        assert (
+            session.scalar(
+                select(func.count()).select_from(FeedbackEvent).where(FeedbackEvent.task_type == "astrology")
+            )
+            == 0
+        )
         for task in TASKS:
             mine = sorted((e for e in ok if e["task_type"] == task), key=lambda e: e["events"])
             bodies = [b for b in sent if b.get("task_type", b.get("route_id", "").rsplit("-", 1)[-1]) == task]
@@ -147,18 +169,34 @@ def test_concurrent_feedback_is_committed_in_batches_and_a_bad_event_fails_alone
             assert len(states) == len(bodies) + 1
             for answer in mine:  # each answer is the estimate right after its own event, in stored order
                 after = states[answer["events"] - 1]
-                assert answer["alpha"] == pytest.approx(after.beta_a / (after.beta_a + after.beta_b), rel=1e-12)
-                assert (answer["total_drafted"], answer["gamma"], answer["speculate"]) == \
-                    (after.total_drafted, after.gamma, after.speculate)
+                assert answer["alpha"] == pytest.approx(
+                    after.beta_a / (after.beta_a + after.beta_b), rel=1e-12
+                )
+                assert (answer["total_drafted"], answer["gamma"], answer["speculate"]) == (
+                    after.total_drafted,
+                    after.gamma,
+                    after.speculate,
+                )
             stored = session.scalar(select(TaskEstimate).where(TaskEstimate.task_type == task))
             final = states[-1]
-            assert stored.total_drafted == _counts(0)["drafted"] + sum(b["drafted"] for b in bodies) == final.total_drafted
-            assert (stored.events, stored.gamma, stored.speculate) == (final.events, final.gamma, final.speculate)
+            assert (
+                stored.total_drafted
+                == _counts(0)["drafted"] + sum(b["drafted"] for b in bodies)
+                == final.total_drafted
+            )
+            assert (stored.events, stored.gamma, stored.speculate) == (
+                final.events,
+                final.gamma,
+                final.speculate,
+            )
             assert (stored.beta_a, stored.beta_b) == pytest.approx((final.beta_a, final.beta_b), rel=1e-12)
             assert service.router.states[task].events == final.events  # the serving Router took the last one
 
     service.close()  # the writer's thread stops; feedback after that is stored by its caller
-    assert client.post("/v1/feedback", json={"task_type": "qa", **_counts(3)}).get_json()["estimate"]["events"] == 22
+    assert (
+        client.post("/v1/feedback", json={"task_type": "qa", **_counts(3)}).get_json()["estimate"]["events"]
+        == 22
+    )
 
 
 def test_a_batch_that_fails_as_a_whole_is_stored_one_event_at_a_time(app, monkeypatch):
@@ -185,4 +223,7 @@ def test_a_batch_that_fails_as_a_whole_is_stored_one_event_at_a_time(app, monkey
         for task in TASKS:
             stored = session.scalar(select(TaskEstimate).where(TaskEstimate.task_type == task))
             assert stored.events == 6
-            assert stored.total_drafted == sum(b["drafted"] for b in bodies if b["task_type"] == task) + _counts(0)["drafted"]
+            assert (
+                stored.total_drafted
+                == sum(b["drafted"] for b in bodies if b["task_type"] == task) + _counts(0)["drafted"]
+            )

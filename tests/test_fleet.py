@@ -47,7 +47,9 @@ def _fresh_database(server_url: str) -> str:
 
     url = make_url(server_url)
     name = f"fleet_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True) as c:
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
+    ) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     return url.set(database=name).render_as_string(hide_password=False)
 
@@ -60,8 +62,13 @@ class Fleet:
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "webui.cli", *args], env=self.env, cwd=ROOT,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "webui.cli", *args],
+            env=self.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self.processes[name] = (process, log)
         return process
 
@@ -108,11 +115,21 @@ def _route(base: str, prompt: str) -> dict:
 def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path):
     url = _fresh_database(postgres_url)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": url, "SPECROUTE_DATA_DIR": str(tmp_path / "data"),
-           "SPECROUTE_UI_WORKER": "false", "SPECROUTE_ROUTER_REFRESH_S": "0.3", "OMP_NUM_THREADS": "1",
-           "SPECROUTE_MODELS": f"hf:{target},ngram"}
-    assert subprocess.run([sys.executable, "-m", "webui.cli", "db", "upgrade"], env=env, cwd=ROOT,
-                          capture_output=True).returncode == 0
+    env = {
+        **os.environ,
+        "SPECROUTE_DATABASE_URL": url,
+        "SPECROUTE_DATA_DIR": str(tmp_path / "data"),
+        "SPECROUTE_UI_WORKER": "false",
+        "SPECROUTE_ROUTER_REFRESH_S": "0.3",
+        "OMP_NUM_THREADS": "1",
+        "SPECROUTE_MODELS": f"hf:{target},ngram",
+    }
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "webui.cli", "db", "upgrade"], env=env, cwd=ROOT, capture_output=True
+        ).returncode
+        == 0
+    )
     fleet = Fleet(tmp_path, env)
     ports = {"a": _free_port(), "b": _free_port()}
     try:
@@ -125,16 +142,41 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
 
         # upload through replica a's web UI, then start the analysis there
         web = requests.Session()
-        rows = [{"prompt": f"def f{i}(x): return x + {i}  # fix this python function and explain it", "task": "code"}
-                if i % 2 else {"prompt": f"question {i}: say the numbers from {i} to {i + 9}, then again", "task": "qa"}
-                for i in range(PROMPTS)]
-        upload = web.post(f"{a}/prompts", data={"csrf_token": _form_token(web, f"{a}/prompts"), "name": "fleet"},
-                          files={"file": ("fleet.jsonl", "".join(json.dumps(r) + "\n" for r in rows))}, timeout=60)
+        rows = [
+            {
+                "prompt": f"def f{i}(x): return x + {i}  # fix this python function and explain it",
+                "task": "code",
+            }
+            if i % 2
+            else {"prompt": f"question {i}: say the numbers from {i} to {i + 9}, then again", "task": "qa"}
+            for i in range(PROMPTS)
+        ]
+        upload = web.post(
+            f"{a}/prompts",
+            data={"csrf_token": _form_token(web, f"{a}/prompts"), "name": "fleet"},
+            files={"file": ("fleet.jsonl", "".join(json.dumps(r) + "\n" for r in rows))},
+            timeout=60,
+        )
         assert upload.status_code == 200 and f"imported {PROMPTS} prompts as" in upload.text
-        started = web.post(f"{a}/runs", data={
-            "csrf_token": _form_token(web, f"{a}/runs/new"), "prompt_set": "fleet", "target": f"hf:{target}",
-            "draft": "ngram", "max_new_tokens": "96", "gamma_max": "4", "temperature": "0", "validate": "0",
-            "device": "cpu", "dtype": "float32", "batch_sizes": "", "limit": "", "chunk_size": str(CHUNK)}, timeout=60)
+        started = web.post(
+            f"{a}/runs",
+            data={
+                "csrf_token": _form_token(web, f"{a}/runs/new"),
+                "prompt_set": "fleet",
+                "target": f"hf:{target}",
+                "draft": "ngram",
+                "max_new_tokens": "96",
+                "gamma_max": "4",
+                "temperature": "0",
+                "validate": "0",
+                "device": "cpu",
+                "dtype": "float32",
+                "batch_sizes": "",
+                "limit": "",
+                "chunk_size": str(CHUNK),
+            },
+            timeout=60,
+        )
         assert started.status_code == 200, started.text[-2000:]
         run_id = int(re.search(r"/runs/(\d+)$", started.url).group(1))
 
@@ -146,18 +188,30 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
         def state():
             with sessions() as session:
                 chunks = list(session.scalars(select(RunChunk).where(RunChunk.run_id == run_id)))
-                stored = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run_id)))
+                stored = set(
+                    session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run_id))
+                )
             return chunks, stored
 
         frozen, deadline = None, time.monotonic() + 300
         while frozen is None and time.monotonic() < deadline:
             chunks, _ = state()
-            assert not chunks or any(c.status != "done" for c in chunks), "the run ended before w1 was caught mid-chunk"
+            assert not chunks or any(c.status != "done" for c in chunks), (
+                "the run ended before w1 was caught mid-chunk"
+            )
             if any(c.kind == "measure" and c.status == "done" for c in chunks):
                 os.kill(workers["w1"].pid, signal.SIGSTOP)
                 chunks, stored = state()
-                frozen = next((c.id for c in chunks if c.kind == "measure" and c.status == "claimed"
-                               and 0 < len(stored & set(c.prompt_ids)) < len(c.prompt_ids)), None)
+                frozen = next(
+                    (
+                        c.id
+                        for c in chunks
+                        if c.kind == "measure"
+                        and c.status == "claimed"
+                        and 0 < len(stored & set(c.prompt_ids)) < len(c.prompt_ids)
+                    ),
+                    None,
+                )
                 if frozen is None:
                     os.kill(workers["w1"].pid, signal.SIGCONT)
             assert workers["w1"].poll() is None, fleet.log("w1")
@@ -179,29 +233,61 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
             time.sleep(0.5)
         assert status["status"] == "done", (status, fleet.log("w2"))
         assert status["done"] == status["total"] == PROMPTS
-        assert status["chunks"] == {"chunks": 1 + PROMPTS // CHUNK, "done": 1 + PROMPTS // CHUNK, "claimed": 0,
-                                    "workers": 2}
+        assert status["chunks"] == {
+            "chunks": 1 + PROMPTS // CHUNK,
+            "done": 1 + PROMPTS // CHUNK,
+            "claimed": 0,
+            "workers": 2,
+        }
         with sessions() as session:
-            assert session.scalar(select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run_id)) == PROMPTS
-            assert session.scalar(select(func.count(func.distinct(PromptResult.prompt_id))).where(
-                PromptResult.run_id == run_id)) == PROMPTS
+            assert (
+                session.scalar(
+                    select(func.count()).select_from(PromptResult).where(PromptResult.run_id == run_id)
+                )
+                == PROMPTS
+            )
+            assert (
+                session.scalar(
+                    select(func.count(func.distinct(PromptResult.prompt_id))).where(
+                        PromptResult.run_id == run_id
+                    )
+                )
+                == PROMPTS
+            )
             again = session.get(RunChunk, killed_chunk)
             assert again.status == "done" and again.attempts == 2 and f":{pids['w2']}:" in again.worker_id
-            by_worker = {name: sum(1 for c in session.scalars(select(RunChunk).where(RunChunk.run_id == run_id))
-                                   if f":{pid}:" in (c.worker_id or "")) for name, pid in pids.items()}
+            by_worker = {
+                name: sum(
+                    1
+                    for c in session.scalars(select(RunChunk).where(RunChunk.run_id == run_id))
+                    if f":{pid}:" in (c.worker_id or "")
+                )
+                for name, pid in pids.items()
+            }
             assert by_worker["w1"] >= 1 and by_worker["w2"] >= 2, by_worker
             assert session.get(AnalysisRun, run_id).finished_at is not None
 
         # train and publish, then both replicas answer alike
-        trained = subprocess.run([sys.executable, "-m", "webui.cli", "train", "--data", "labels"], env=env, cwd=ROOT,
-                                 capture_output=True, text=True)
+        trained = subprocess.run(
+            [sys.executable, "-m", "webui.cli", "train", "--data", "labels"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert trained.returncode == 0, trained.stderr
-        published = web.post(f"{a}/policies/publish", data={"csrf_token": _form_token(web, f"{a}/policies"),
-                                                             "run_id": str(run_id)}, timeout=60)
+        published = web.post(
+            f"{a}/policies/publish",
+            data={"csrf_token": _form_token(web, f"{a}/policies"), "run_id": str(run_id)},
+            timeout=60,
+        )
         assert "policy set v1 published" in published.text
         time.sleep(1.0)  # both replicas reload within SPECROUTE_ROUTER_REFRESH_S
-        prompts = ["def g(y): return y * 2  # fix this python function and explain it",
-                   "question 99: say the numbers from 99 to 108, then again", "hello there"]
+        prompts = [
+            "def g(y): return y * 2  # fix this python function and explain it",
+            "question 99: say the numbers from 99 to 108, then again",
+            "hello there",
+        ]
         for prompt in prompts:
             one, other = _route(a, prompt), _route(b, prompt)
             assert one.pop("route_id") != other.pop("route_id")
@@ -210,14 +296,22 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
         # feedback posted to replica a (naming a decision replica b made) moves what b serves
         decision = _route(b, prompts[0])
         for _ in range(3):
-            response = requests.post(f"{a}/v1/feedback", json={"route_id": decision["route_id"], "rounds": 40,
-                                                                "drafted": 160, "accepted": 150}, timeout=30)
+            response = requests.post(
+                f"{a}/v1/feedback",
+                json={"route_id": decision["route_id"], "rounds": 40, "drafted": 160, "accepted": 150},
+                timeout=30,
+            )
             assert response.status_code == 200, response.text
         task = response.json()["estimate"]["task_type"]
         time.sleep(1.0)
-        estimates = {e["task_type"]: e for e in requests.get(f"{b}/v1/policies", timeout=30).json()["active"]["estimates"]}
+        estimates = {
+            e["task_type"]: e
+            for e in requests.get(f"{b}/v1/policies", timeout=30).json()["active"]["estimates"]
+        }
         assert estimates[task]["events"] == 3 and estimates[task]["total_drafted"] == 480
         after = _route(b, prompts[0])
-        assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [3], after["reasons"]
+        assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [3], after[
+            "reasons"
+        ]
     finally:
         fleet.stop()

@@ -16,7 +16,8 @@ import os
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from analyzer.db import make_session_factory
@@ -26,28 +27,76 @@ from tests.factories import make_routing_database
 from webui.app import create_app
 
 EXAMPLES = int(os.environ.get("SPECROUTE_FUZZ_EXAMPLES", "100"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
-scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.integers() | \
-    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40)
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
-messages = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3), max_size=3)
-route_bodies = st.fixed_dictionaries({}, optional={
-    "prompt": st.text(max_size=300) | json_values, "messages": messages | json_values,
-    "max_new_tokens": json_values, "batch_size": json_values, "concurrency": json_values,
-    "temperature": json_values, "extra": json_values})
-feedback_bodies = st.fixed_dictionaries({}, optional={
-    "route_id": st.text(max_size=40) | json_values, "task_type": st.sampled_from(["code", "qa", "x" * 70]) | json_values,
-    "rounds": json_values, "drafted": json_values, "accepted": json_values, "gamma": json_values,
-    "timings": st.dictionaries(st.sampled_from(["draft_n", "draft_n_accepted", "predicted_n"]), json_values, max_size=3),
-    "speculative_decoding": st.dictionaries(st.sampled_from(["num_drafts", "num_spec_steps", "num_draft_tokens",
-                                                             "num_accepted_tokens", "num_accepted_tokens_per_pos"]),
-                                            json_values, max_size=4),
-    "meta_info": st.dictionaries(st.sampled_from(["spec_verify_ct", "completion_tokens", "spec_accept_rate",
-                                                  "spec_accept_length", "gamma"]), json_values, max_size=4)})
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=10,
+)
+messages = st.lists(
+    st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3), max_size=3
+)
+route_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt": st.text(max_size=300) | json_values,
+        "messages": messages | json_values,
+        "max_new_tokens": json_values,
+        "batch_size": json_values,
+        "concurrency": json_values,
+        "temperature": json_values,
+        "extra": json_values,
+    },
+)
+feedback_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "route_id": st.text(max_size=40) | json_values,
+        "task_type": st.sampled_from(["code", "qa", "x" * 70]) | json_values,
+        "rounds": json_values,
+        "drafted": json_values,
+        "accepted": json_values,
+        "gamma": json_values,
+        "timings": st.dictionaries(
+            st.sampled_from(["draft_n", "draft_n_accepted", "predicted_n"]), json_values, max_size=3
+        ),
+        "speculative_decoding": st.dictionaries(
+            st.sampled_from(
+                [
+                    "num_drafts",
+                    "num_spec_steps",
+                    "num_draft_tokens",
+                    "num_accepted_tokens",
+                    "num_accepted_tokens_per_pos",
+                ]
+            ),
+            json_values,
+            max_size=4,
+        ),
+        "meta_info": st.dictionaries(
+            st.sampled_from(
+                ["spec_verify_ct", "completion_tokens", "spec_accept_rate", "spec_accept_length", "gamma"]
+            ),
+            json_values,
+            max_size=4,
+        ),
+    },
+)
 
 
 def _encode(body) -> bytes:
@@ -60,8 +109,16 @@ def surfaces(tmp_path_factory):
     url = f"sqlite:///{folder}/fuzz.db"
     engine = make_routing_database(url)
     sessions = make_session_factory(engine)
-    app = create_app({"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False,
-                      "max_prompt_chars": 2000, "TESTING": True})
+    app = create_app(
+        {
+            "database_url": url,
+            "data_dir": str(folder),
+            "router_refresh_s": 0,
+            "ui_worker": False,
+            "max_prompt_chars": 2000,
+            "TESTING": True,
+        }
+    )
     client = app.test_client()
     token = CSRF.search(client.get("/prompts").get_data(as_text=True)).group(1)
     yield client, sessions, app, token
@@ -72,8 +129,18 @@ def surfaces(tmp_path_factory):
 def _counts(sessions, app) -> tuple[int, ...]:
     app.extensions["specroute.router"].decision_log.flush()
     with sessions() as session:
-        return tuple(session.scalar(select(func.count()).select_from(model)) for model in
-                     (FeedbackEvent, RouteDecision, PromptSet, Prompt, AnalysisRun, ClassifierVersion, PolicySet))
+        return tuple(
+            session.scalar(select(func.count()).select_from(model))
+            for model in (
+                FeedbackEvent,
+                RouteDecision,
+                PromptSet,
+                Prompt,
+                AnalysisRun,
+                ClassifierVersion,
+                PolicySet,
+            )
+        )
 
 
 def _check_api(response, allowed) -> None:
@@ -92,8 +159,11 @@ def test_route_takes_any_body(surfaces, body):
 
 
 @FUZZ
-@given(body=st.fixed_dictionaries({"requests": st.lists(route_bodies, min_size=0, max_size=5)}) | json_values |
-       st.binary(max_size=200))
+@given(
+    body=st.fixed_dictionaries({"requests": st.lists(route_bodies, min_size=0, max_size=5)})
+    | json_values
+    | st.binary(max_size=200)
+)
 def test_batch_takes_any_body(surfaces, body):
     client, sessions, app, _ = surfaces
     response = client.post("/v1/route/batch", data=_encode(body), content_type="application/json")
@@ -114,28 +184,52 @@ def test_feedback_takes_any_body_and_writes_all_or_nothing(surfaces, body):
 
 
 @FUZZ
-@given(path=st.sampled_from(["/v1/policies", "/v1/classifier", "/healthz", "/metrics", "/openapi.json", "/v1/route",
-                             "/v1/nothing", "/runs/1/prompts/1", "/prompts/x", "/runs/999", "/", "/runs/" + "9" * 25,
-                             "/runs/9223372036854775808/report.json", "/runs/1/prompts/" + "9" * 20]),
-       query=st.dictionaries(st.sampled_from(["page", "q", "task", "gamma", "prompts", "next"]), st.text(max_size=20),
-                             max_size=3))
+@given(
+    path=st.sampled_from(
+        [
+            "/v1/policies",
+            "/v1/classifier",
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/v1/route",
+            "/v1/nothing",
+            "/runs/1/prompts/1",
+            "/prompts/x",
+            "/runs/999",
+            "/",
+            "/runs/" + "9" * 25,
+            "/runs/9223372036854775808/report.json",
+            "/runs/1/prompts/" + "9" * 20,
+        ]
+    ),
+    query=st.dictionaries(
+        st.sampled_from(["page", "q", "task", "gamma", "prompts", "next"]), st.text(max_size=20), max_size=3
+    ),
+)
 def test_gets_with_any_query(surfaces, path, query):
     client, *_ = surfaces
     response = client.get(path, query_string=query)
     assert response.status_code in (200, 302, 400, 404, 405), (path, query, response.status_code)
 
 
-form_text = st.text(max_size=30) | st.sampled_from(["", "0", "-1", "1", "9" * 30, "9223372036854775808", "1e9", "nan",
-                                                   "sample", "q"])
+form_text = st.text(max_size=30) | st.sampled_from(
+    ["", "0", "-1", "1", "9" * 30, "9223372036854775808", "1e9", "nan", "sample", "q"]
+)
 
 
 @FUZZ
-@given(name=form_text, content=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
-       filename=st.sampled_from(["a.txt", "a.jsonl", "a.csv", "a.bin", "", "../../etc/passwd.txt", "a.pkl"]))
+@given(
+    name=form_text,
+    content=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
+    filename=st.sampled_from(["a.txt", "a.jsonl", "a.csv", "a.bin", "", "../../etc/passwd.txt", "a.pkl"]),
+)
 def test_upload_form(surfaces, name, content, filename):
     client, sessions, app, token = surfaces
     before = _counts(sessions, app)
-    response = client.post("/prompts", data={"csrf_token": token, "name": name, "file": (io.BytesIO(content), filename)})
+    response = client.post(
+        "/prompts", data={"csrf_token": token, "name": name, "file": (io.BytesIO(content), filename)}
+    )
     assert response.status_code in (200, 302, 400, 409, 413), response.status_code
     after = _counts(sessions, app)
     if response.status_code >= 400:
@@ -145,8 +239,23 @@ def test_upload_form(surfaces, name, content, filename):
 
 
 @FUZZ
-@given(fields=st.fixed_dictionaries({}, optional={k: form_text for k in (
-    "prompt_set", "target", "draft", "max_new_tokens", "gamma_max", "temperature", "validate")}))
+@given(
+    fields=st.fixed_dictionaries(
+        {},
+        optional={
+            k: form_text
+            for k in (
+                "prompt_set",
+                "target",
+                "draft",
+                "max_new_tokens",
+                "gamma_max",
+                "temperature",
+                "validate",
+            )
+        },
+    )
+)
 def test_new_run_form(surfaces, fields):
     client, sessions, app, token = surfaces
     before = _counts(sessions, app)
@@ -157,12 +266,41 @@ def test_new_run_form(surfaces, fields):
 
 
 @FUZZ
-@given(form=st.sampled_from(["/policies/publish", "/classifier/train", "/playground", "/runs/1/cancel",
-                             "/prompts/x/delete", "/policies/77/activate", "/classifier/77/activate", "/login",
-                             "/runs/9223372036854775808/cancel", "/policies/" + "9" * 22 + "/activate", "/logout"]),
-       fields=st.dictionaries(st.sampled_from(["run_id", "notes", "prompt_sets", "source", "prompt", "max_new_tokens",
-                                               "batch_size", "token", "next"]), form_text, max_size=4),
-       with_token=st.booleans())
+@given(
+    form=st.sampled_from(
+        [
+            "/policies/publish",
+            "/classifier/train",
+            "/playground",
+            "/runs/1/cancel",
+            "/prompts/x/delete",
+            "/policies/77/activate",
+            "/classifier/77/activate",
+            "/login",
+            "/runs/9223372036854775808/cancel",
+            "/policies/" + "9" * 22 + "/activate",
+            "/logout",
+        ]
+    ),
+    fields=st.dictionaries(
+        st.sampled_from(
+            [
+                "run_id",
+                "notes",
+                "prompt_sets",
+                "source",
+                "prompt",
+                "max_new_tokens",
+                "batch_size",
+                "token",
+                "next",
+            ]
+        ),
+        form_text,
+        max_size=4,
+    ),
+    with_token=st.booleans(),
+)
 def test_other_forms(surfaces, form, fields, with_token):
     client, sessions, app, token = surfaces
     before = _counts(sessions, app)

@@ -29,8 +29,11 @@ def test_jsonl_prompt_messages_task_category_and_id():
     parsed = parse_prompt_file(
         jsonl(
             {"prompt": "a", "task": " Code ", "id": 7, "source": "ignored"},
-            {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-             "category": "qa", "id": "x"},
+            {
+                "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                "category": "qa",
+                "id": "x",
+            },
             {"prompt": "b", "task": ""},
         ),
         "p.jsonl",
@@ -94,7 +97,9 @@ def test_binary_empty_and_utf16_files(filename):
     ]
     assert issues_of(b"", filename) == ["file: file is empty"]
     assert issues_of(b" \n\r\n\t", filename) == ["file: file is empty"]
-    assert issues_of("prompt\n".encode("utf-16"), filename) == ["file: file is UTF-16 encoded; save it as UTF-8"]
+    assert issues_of("prompt\n".encode("utf-16"), filename) == [
+        "file: file is UTF-16 encoded; save it as UTF-8"
+    ]
 
 
 def test_utf8_bom_is_accepted():
@@ -137,8 +142,15 @@ def test_error_list_is_capped_but_total_counted():
 
 
 def test_duplicates_are_merged_and_reported_not_errors():
-    parsed = parse_prompt_file(jsonl({"prompt": "a", "task": "qa"}, {"prompt": "b"}, {"prompt": "a", "task": "code"},
-                                     {"prompt": "a", "task": "qa"}), "p.jsonl")
+    parsed = parse_prompt_file(
+        jsonl(
+            {"prompt": "a", "task": "qa"},
+            {"prompt": "b"},
+            {"prompt": "a", "task": "code"},
+            {"prompt": "a", "task": "qa"},
+        ),
+        "p.jsonl",
+    )
     assert [p.text for p in parsed.prompts] == ["a", "b"]
     assert [str(d) for d in parsed.duplicates] == [
         "line 3: same prompt as line 1, merged; kept task 'qa' from line 1, dropped 'code'",

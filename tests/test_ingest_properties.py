@@ -8,8 +8,8 @@ import csv
 import io
 import json
 
-import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from analyzer.ingest import FORMATS, ParsedFile, PromptFileError, parse_prompt_file
@@ -89,7 +89,7 @@ def test_corrupted_valid_files_only_raise_the_documented_error(rows, fmt, cuts):
     data = bytearray({"txt": to_txt, "jsonl": to_jsonl, "csv": to_csv}[fmt](rows))
     for position, replacement in cuts:  # splice random bytes into a valid file
         position %= len(data) + 1
-        data[position:position + len(replacement)] = replacement
+        data[position : position + len(replacement)] = replacement
     _parse_or_documented_error(bytes(data), fmt)
 
 
@@ -126,8 +126,14 @@ def test_txt_round_trips(rows):
 
 @given(
     chats=st.lists(
-        st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), non_blank(ANY_CHAR)), min_size=1, max_size=4),
-        min_size=1, max_size=6, unique_by=lambda chat: tuple(chat),
+        st.lists(
+            st.tuples(st.sampled_from(["system", "user", "assistant"]), non_blank(ANY_CHAR)),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda chat: tuple(chat),
     )
 )
 @settings(max_examples=200, deadline=None)
@@ -136,7 +142,9 @@ def test_jsonl_messages_round_trip(chats):
         json.dumps({"messages": [{"role": r, "content": c} for r, c in chat]}) + "\n" for chat in chats
     ).encode()
     parsed = parse_prompt_file(data, "p.jsonl")
-    assert [[(m["role"], m["content"]) for m in p.messages] for p in parsed.prompts] == [list(c) for c in chats]
+    assert [[(m["role"], m["content"]) for m in p.messages] for p in parsed.prompts] == [
+        list(c) for c in chats
+    ]
 
 
 @given(rows=records(), fmt=st.sampled_from(["jsonl", "csv"]))

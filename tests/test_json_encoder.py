@@ -54,11 +54,18 @@ def _at_pointer(value, pointer: str):
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
     | st.floats(allow_nan=True, allow_infinity=True),
-    lambda children: (st.lists(children, max_size=4) | st.tuples(children, children)
-                      | st.dictionaries(st.text(max_size=6), children, max_size=4)),
-    max_leaves=30)
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=30,
+)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -82,12 +89,15 @@ def test_the_app_factory_installs_the_strict_provider_keeping_key_order(app):
         app.json.dumps({"a": [0.0, -math.inf]})
 
 
-@pytest.mark.parametrize("value, pointer, text", [
-    (math.nan, "", "NaN at the top level"),
-    ({"a/b": [0, {"~x": math.inf}]}, "/a~1b/1/~0x", "Infinity at /a~1b/1/~0x"),
-    ({math.nan: 1}, "", "NaN at the top level"),  # a key: the standard library writes it as NaN too
-    ([1, (2, {"k": -math.inf})], "/1/1/k", "-Infinity at /1/1/k"),
-])
+@pytest.mark.parametrize(
+    "value, pointer, text",
+    [
+        (math.nan, "", "NaN at the top level"),
+        ({"a/b": [0, {"~x": math.inf}]}, "/a~1b/1/~0x", "Infinity at /a~1b/1/~0x"),
+        ({math.nan: 1}, "", "NaN at the top level"),  # a key: the standard library writes it as NaN too
+        ([1, (2, {"k": -math.inf})], "/1/1/k", "-Infinity at /1/1/k"),
+    ],
+)
 def test_the_error_names_the_number_and_its_json_pointer(value, pointer, text):
     assert non_finite_path(value)[0] == pointer
     with pytest.raises(NonFiniteNumber, match=text) as raised:

@@ -19,7 +19,7 @@ from analyzer.prompt_sets import (
     set_prompt_task,
 )
 from router.classifier import ClassifierError, cold_start_data, training_data
-from tests.test_webui import token, upload, ui, web  # noqa: F401  (fixtures)
+from tests.test_webui import token, ui, upload, web  # noqa: F401  (fixtures)
 from webui.cli import cli
 
 LINES = [
@@ -38,7 +38,11 @@ def jsonl(rows) -> bytes:
 def labels(session, name: str = "mine") -> list[str | None]:
     with session.begin():
         found = get_prompt_set(session, name)
-        return list(session.scalars(select(Prompt.task).where(Prompt.prompt_set_id == found.id).order_by(Prompt.position)))
+        return list(
+            session.scalars(
+                select(Prompt.task).where(Prompt.prompt_set_id == found.id).order_by(Prompt.position)
+            )
+        )
 
 
 @pytest.fixture
@@ -55,12 +59,25 @@ def test_one_prompt_and_a_filtered_bulk_relabel(mine):
         set_prompt_task(session, get_prompt_set(session, "mine"), 2, "translation")
     assert labels(session) == ["translation", "translation", "general", "general", "my_poems"]
     with session.begin():
-        changed = relabel_prompts(session, get_prompt_set(session, "mine"), "customer_support", search="my card",
-                                  current_task="general")
+        changed = relabel_prompts(
+            session,
+            get_prompt_set(session, "mine"),
+            "customer_support",
+            search="my card",
+            current_task="general",
+        )
     assert changed == 2
-    assert labels(session) == ["translation", "translation", "customer_support", "customer_support", "my_poems"]
+    assert labels(session) == [
+        "translation",
+        "translation",
+        "customer_support",
+        "customer_support",
+        "my_poems",
+    ]
     with session.begin():  # relabelling to the label they already have changes nothing
-        assert relabel_prompts(session, get_prompt_set(session, "mine"), "customer_support", search="card") == 0
+        assert (
+            relabel_prompts(session, get_prompt_set(session, "mine"), "customer_support", search="card") == 0
+        )
         set_prompt_task(session, get_prompt_set(session, "mine"), 5, " ")  # blank unlabels
     assert labels(session)[4] is None
 
@@ -81,11 +98,23 @@ def test_label_editing_through_the_web_pages(web):  # noqa: F811
     page = web.get("/prompts/mine").get_data(as_text=True)
     assert 'id="bulk-label"' in page and 'id="task-2"' in page and "Apply to 5" in page
     tok = token(web, "/prompts/mine")
-    one = web.post("/prompts/mine/labels", data={"csrf_token": tok, "position": "2", "new_task": "translation"},
-                   follow_redirects=True)
+    one = web.post(
+        "/prompts/mine/labels",
+        data={"csrf_token": tok, "position": "2", "new_task": "translation"},
+        follow_redirects=True,
+    )
     assert one.status_code == 200 and "prompt #2 is now translation" in one.get_data(as_text=True)
-    bulk = web.post("/prompts/mine/labels", data={"csrf_token": tok, "bulk": "1", "q": "my card", "task": "general",
-                                                  "new_task": "customer_support"}, follow_redirects=True)
+    bulk = web.post(
+        "/prompts/mine/labels",
+        data={
+            "csrf_token": tok,
+            "bulk": "1",
+            "q": "my card",
+            "task": "general",
+            "new_task": "customer_support",
+        },
+        follow_redirects=True,
+    )
     assert "2 prompt(s) relabelled customer_support" in bulk.get_data(as_text=True)
     filtered = web.get("/prompts/mine?task=customer_support").get_data(as_text=True)
     assert "2 matching" in filtered and "customer_support 2" in filtered
@@ -93,16 +122,26 @@ def test_label_editing_through_the_web_pages(web):  # noqa: F811
     assert bad.status_code == 400 and "unknown task type &#39;astrology&#39;" in bad.get_data(as_text=True)
     assert "customer_support 2" in web.get("/prompts/mine").get_data(as_text=True)  # unchanged
     assert web.post("/prompts/mine/labels", data={"csrf_token": tok, "new_task": "code"}).status_code == 400
-    assert web.post("/prompts/nope/labels", data={"csrf_token": tok, "position": "1", "new_task": "code"}).status_code == 404
-    assert web.post("/prompts/mine/labels", data={"position": "1", "new_task": "code"}).status_code == 400  # no CSRF
+    assert (
+        web.post(
+            "/prompts/nope/labels", data={"csrf_token": tok, "position": "1", "new_task": "code"}
+        ).status_code
+        == 404
+    )
+    assert (
+        web.post("/prompts/mine/labels", data={"position": "1", "new_task": "code"}).status_code == 400
+    )  # no CSRF
 
 
 def test_training_data_your_labels_outrank_the_corpus(session):
     corpus = cold_start_data()
     text, label = corpus.texts[0], corpus.labels[0]
     other = "general" if label != "general" else "code"
-    rows = [{"prompt": text, "task": other}, {"prompt": "Book me a table for two tonight", "task": "customer_support"},
-            {"prompt": "Reserve a room for Friday", "task": "customer_support"}]
+    rows = [
+        {"prompt": text, "task": other},
+        {"prompt": "Book me a table for two tonight", "task": "customer_support"},
+        {"prompt": "Reserve a room for Friday", "task": "customer_support"},
+    ]
     with session.begin():
         import_prompt_file(session, "mine", jsonl(rows), "mine.jsonl")
     with session.begin():
@@ -114,7 +153,9 @@ def test_training_data_your_labels_outrank_the_corpus(session):
     assert "(1 relabel a corpus prompt)" in both.source
     assert both.groups[both.texts.index("Reserve a room for Friday")] == "your labels: mine"
     assert both.groups[0] == corpus.groups[0]  # a relabelled corpus prompt keeps its source
-    assert own.labels == ["customer_support"] * 2 and own.dropped == {other: 1}  # alone, one label is too rare
+    assert own.labels == ["customer_support"] * 2 and own.dropped == {
+        other: 1
+    }  # alone, one label is too rare
     assert only_corpus.sha256 == corpus.sha256
     with pytest.raises(ClassifierError, match="no prompt set named nope"):
         with session.begin():
@@ -123,8 +164,9 @@ def test_training_data_your_labels_outrank_the_corpus(session):
 
 def test_train_command_on_your_labels_only(runner, tmp_path):
     path = tmp_path / "mine.jsonl"
-    rows = [{"prompt": f"Translate to German: sentence {i}", "task": "translation"} for i in range(4)] + \
-           [{"prompt": f"My order {i} did not arrive", "task": "customer_support"} for i in range(4)]
+    rows = [{"prompt": f"Translate to German: sentence {i}", "task": "translation"} for i in range(4)] + [
+        {"prompt": f"My order {i} did not arrive", "task": "customer_support"} for i in range(4)
+    ]
     path.write_bytes(jsonl(rows))
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     assert runner.invoke(cli, ["prompts", "import", str(path), "--name", "mine"]).exit_code == 0
@@ -140,11 +182,14 @@ def test_train_command_on_your_labels_only(runner, tmp_path):
 def test_train_command_reports_unseen_sources_calibration_and_reach(runner, tmp_path):
     """Two labeled prompt sets are two sources: leave-one-source-out CV runs, math (only in the
     second set) is single-source, and every task with fewer than 20 prompts is marked rarely reached."""
-    first = [{"prompt": f"Translate to German: sentence {i}", "task": "translation"} for i in range(5)] + \
-            [{"prompt": f"My order {i} did not arrive", "task": "customer_support"} for i in range(5)]
-    second = [{"prompt": f"Please translate into French: line {i}", "task": "translation"} for i in range(4)] + \
-             [{"prompt": f"The parcel {i} never came, help", "task": "customer_support"} for i in range(4)] + \
-             [{"prompt": f"What is {i} times {i + 2}?", "task": "math"} for i in range(4)]
+    first = [{"prompt": f"Translate to German: sentence {i}", "task": "translation"} for i in range(5)] + [
+        {"prompt": f"My order {i} did not arrive", "task": "customer_support"} for i in range(5)
+    ]
+    second = (
+        [{"prompt": f"Please translate into French: line {i}", "task": "translation"} for i in range(4)]
+        + [{"prompt": f"The parcel {i} never came, help", "task": "customer_support"} for i in range(4)]
+        + [{"prompt": f"What is {i} times {i + 2}?", "task": "math"} for i in range(4)]
+    )
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     for name, rows in (("first", first), ("second", second)):
         path = tmp_path / f"{name}.jsonl"

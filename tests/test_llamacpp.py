@@ -43,10 +43,16 @@ def chat_ids(smollm2, tmp_path_factory):
     from analyzer.specs import parse_spec
 
     tokenizer = load_tokenizer(parse_spec(BUILTIN), tmp_path_factory.mktemp("cache"))
-    texts = ["Write a Python function that reverses a list.",
-             "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."]
-    return tokenizer, [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)["input_ids"] for t in texts]
+    texts = [
+        "Write a Python function that reverses a list.",
+        "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+    ]
+    return tokenizer, [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for t in texts
+    ]
 
 
 def test_the_huggingface_tokenizer_of_the_gguf_gives_llama_cpps_own_ids(smollm2, chat_ids):
@@ -103,8 +109,25 @@ def test_a_draft_identical_to_the_target_matches_wherever_the_replay_is_faithful
 
 
 def _analyze(runner, *args):
-    return runner.invoke(cli, ["analyze", "--prompts", "mix", "--engine", "llama.cpp", "--target", BUILTIN,
-                               "--max-new-tokens", "12", "--gamma-max", "4", "--json", *args], catch_exceptions=False)
+    return runner.invoke(
+        cli,
+        [
+            "analyze",
+            "--prompts",
+            "mix",
+            "--engine",
+            "llama.cpp",
+            "--target",
+            BUILTIN,
+            "--max-new-tokens",
+            "12",
+            "--gamma-max",
+            "4",
+            "--json",
+            *args,
+        ],
+        catch_exceptions=False,
+    )
 
 
 def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
@@ -194,4 +217,7 @@ def test_the_demo_without_llama_cpp_python_says_both_ways_on(runner, monkeypatch
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     result = runner.invoke(cli, ["demo", "--no-serve", "--limit", "1"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "pip install -e '.[llamacpp]'" in result.stderr and "specroute demo --engine transformers" in result.stderr
+    assert (
+        "pip install -e '.[llamacpp]'" in result.stderr
+        and "specroute demo --engine transformers" in result.stderr
+    )

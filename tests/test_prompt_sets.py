@@ -26,8 +26,10 @@ from analyzer.prompt_sets import (
 def counts(session) -> tuple[int, int]:
     """Rows in prompt_sets and prompts (read in its own transaction, closed again)."""
     with session.begin():
-        return (session.scalar(select(func.count()).select_from(PromptSet)),
-                session.scalar(select(func.count()).select_from(Prompt)))
+        return (
+            session.scalar(select(func.count()).select_from(PromptSet)),
+            session.scalar(select(func.count()).select_from(Prompt)),
+        )
 
 
 def test_import_stores_every_prompt_in_file_order(session):
@@ -36,7 +38,8 @@ def test_import_stores_every_prompt_in_file_order(session):
         prompt_set, parsed = import_prompt_file(session, "mine", data, "mine.jsonl")
     stored = session.scalars(select(Prompt).order_by(Prompt.position)).all()
     assert [(p.position, p.source_line, p.text, p.task, p.external_id) for p in stored] == [
-        (0, 1, "one", "qa", "a"), (1, 2, "two", None, None)
+        (0, 1, "one", "qa", "a"),
+        (1, 2, "two", None, None),
     ]
     assert (prompt_set.prompt_count, prompt_set.duplicates_merged, prompt_set.file_format) == (2, 1, "jsonl")
     assert len(parsed.duplicates) == 1
@@ -67,7 +70,9 @@ def test_duplicate_and_invalid_names_are_refused(session):
 
 
 def test_listing_counts_tasks_and_paging_filters(session):
-    lines = [{"prompt": f"Question number {i}", "task": "qa" if i % 3 else None, "id": f"q{i}"} for i in range(25)]
+    lines = [
+        {"prompt": f"Question number {i}", "task": "qa" if i % 3 else None, "id": f"q{i}"} for i in range(25)
+    ]
     data = "".join(json.dumps(o) + "\n" for o in lines).encode()
     with session.begin():
         prompt_set, _ = import_prompt_file(session, "paged", data, "q.jsonl")

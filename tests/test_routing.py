@@ -34,11 +34,14 @@ def test_publish_builds_per_task_policies_and_a_fallback_and_keeps_one_active(se
         assert code.alpha_mean > 0.8 and qa.alpha_mean < 0.2 and code.n_prompts == 4
         assert code.tier == "HIGHLY_RECOMMENDED" and qa.tier == "NOT_RECOMMENDED"
         assert policies[FALLBACK_TASK].is_fallback and policies[FALLBACK_TASK].n_prompts == 8
-        assert len(code.speedup_curve) == 8 and max(code.speedup_curve) == pytest.approx(code.expected_speedup)
-        second = publish_policies(session, run.id, notes="again")
+        assert len(code.speedup_curve) == 8 and max(code.speedup_curve) == pytest.approx(
+            code.expected_speedup
+        )
+        publish_policies(session, run.id, notes="again")
     with session.begin():
-        assert [(s.version, s.is_active) for s in session.scalars(select(PolicySet).order_by(PolicySet.version))] == [
-            (1, False), (2, True)]
+        assert [
+            (s.version, s.is_active) for s in session.scalars(select(PolicySet).order_by(PolicySet.version))
+        ] == [(1, False), (2, True)]
         activate_policy_set(session, 1)
     with session.begin():
         assert session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True))) == 1
@@ -62,20 +65,34 @@ def _snapshot(task, speculate, gamma, speedup, alpha=0.8):
 
 def test_route_rules_short_outputs_batches_and_fallback():
     policies = {FALLBACK_TASK: _snapshot(FALLBACK_TASK, True, 3, 1.3, alpha=0.6)}
-    router = Router(None, policies, policy_version=4, draft_kind="ngram", ngram_max=3,
-                    contract=PolicyContract(engine="transformers"),
-                    config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}))
+    router = Router(
+        None,
+        policies,
+        policy_version=4,
+        draft_kind="ngram",
+        ngram_max=3,
+        contract=PolicyContract(engine="transformers"),
+        config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}),
+    )
     decision = router.route("anything at all", max_new_tokens=256, batch_size=1)
-    assert (decision.speculate, decision.gamma, decision.task_type, decision.policy_version) == (True, 3, "unlabelled", 4)
-    assert decision.engine == {"transformers": {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 3},
-                               "llama.cpp": {"pool": "vllm-spec3",
-                                             "speculative": {"draft": "prompt-lookup", "n_max": 3}},
-                               "pool": "vllm-spec3", "priced_by": "transformers"}
+    assert (decision.speculate, decision.gamma, decision.task_type, decision.policy_version) == (
+        True,
+        3,
+        "unlabelled",
+        4,
+    )
+    assert decision.engine == {
+        "transformers": {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 3},
+        "llama.cpp": {"pool": "vllm-spec3", "speculative": {"draft": "prompt-lookup", "n_max": 3}},
+        "pool": "vllm-spec3",
+        "priced_by": "transformers",
+    }
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)
     assert (short.speculate, short.gamma, short.engine["pool"]) == (False, 0, "spec-off")
     assert [r.as_dict() for r in short.reasons if r.code == "short_output"] == [
-        {"code": "short_output", "max_new_tokens": 10, "min_output_tokens": 20}]
+        {"code": "short_output", "max_new_tokens": 10, "min_output_tokens": 20}
+    ]
     batched = router.route("anything", batch_size=32)
     assert not batched.speculate and batched.reason_codes[-1] == "batch_not_profiled"
     assert batched.reasons[-1].params == {"batch_size": 32, "max_batch_size": 8}
@@ -84,7 +101,11 @@ def test_route_rules_short_outputs_batches_and_fallback():
 
 def test_route_with_no_policy_is_off():
     decision = Router(None, {}, policy_version=None).route("hello")
-    assert (decision.speculate, decision.gamma, decision.engine["transformers"]) == (False, 0, {"assistant_model": False})
+    assert (decision.speculate, decision.gamma, decision.engine["transformers"]) == (
+        False,
+        0,
+        {"assistant_model": False},
+    )
     assert decision.reason_codes == ["no_policy"]
 
 
@@ -92,16 +113,21 @@ def test_route_uses_the_task_policy_when_confident_and_model_draft_settings(sess
     with session.begin():
         run = make_done_run(session, {"translation": 0.9, "customer_support": 0.05})
         publish_policies(session, run.id)
-        texts = [f"Translate German to English: Satz Nummer {i} ist hier." for i in range(6)] + \
-                [f"My card payment number {i} failed, please help me with my account" for i in range(6)]
-        train_classifier(session, make_training_data(texts, ["translation"] * 6 + ["customer_support"] * 6, "t"))
+        texts = [f"Translate German to English: Satz Nummer {i} ist hier." for i in range(6)] + [
+            f"My card payment number {i} failed, please help me with my account" for i in range(6)
+        ]
+        train_classifier(
+            session, make_training_data(texts, ["translation"] * 6 + ["customer_support"] * 6, "t")
+        )
         router = router_from_database(session, RouterConfig(min_confidence=0.5))
     decision = router.route("Translate German to English: Guten Tag.", max_new_tokens=100)
     assert decision.task_type == "translation" and decision.confidence >= 0.5
     assert decision.speculate and decision.gamma >= 2
     assert decision.engine["transformers"]["assistant_generation_config"] == {
-        "num_assistant_tokens": decision.gamma, "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0}
+        "num_assistant_tokens": decision.gamma,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
     support = router.route("My card payment failed, please help with my account", max_new_tokens=100)
     assert support.task_type == "customer_support" and not support.speculate
 
@@ -112,13 +138,21 @@ def test_policies_and_route_commands(runner, engine, monkeypatch, tmp_path):
 
     with make_session_factory(engine)() as session, session.begin():
         run_id = make_done_run(session, {"code": 0.9, "qa": 0.1}).id
-    published = runner.invoke(cli, ["policies", "publish", "--run", str(run_id), "--json"], catch_exceptions=False)
+    published = runner.invoke(
+        cli, ["policies", "publish", "--run", str(run_id), "--json"], catch_exceptions=False
+    )
     assert published.exit_code == 0, published.stderr
     data = json.loads(published.stdout)
     assert data["version"] == 1 and data["active"]
-    assert {p["task_type"]: p["speculate"] for p in data["policies"]} == {"code": True, "qa": False, "*": False}
+    assert {p["task_type"]: p["speculate"] for p in data["policies"]} == {
+        "code": True,
+        "qa": False,
+        "*": False,
+    }
     assert "policy set v1 (active)" in runner.invoke(cli, ["policies", "list"]).stdout
-    decision = json.loads(runner.invoke(cli, ["route", "some prompt", "--max-new-tokens", "5", "--json"]).stdout)
+    decision = json.loads(
+        runner.invoke(cli, ["route", "some prompt", "--max-new-tokens", "5", "--json"]).stdout
+    )
     assert decision["speculate"] is False and decision["policy_version"] == 1
     monkeypatch.setenv("SPECROUTE_ROUTER_POOLS", "{bad json")
     bad = runner.invoke(cli, ["route", "x"])

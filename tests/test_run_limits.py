@@ -23,8 +23,17 @@ from webui.cli import cli
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
 FORM_FIELDS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chunk_size")
-FORM_BASE = {"prompt_set": "one", "target": "hf:/models/target", "draft": "ngram", "max_new_tokens": "32",
-             "gamma_max": "8", "temperature": "0", "validate": "0", "limit": "", "chunk_size": ""}
+FORM_BASE = {
+    "prompt_set": "one",
+    "target": "hf:/models/target",
+    "draft": "ngram",
+    "max_new_tokens": "32",
+    "gamma_max": "8",
+    "temperature": "0",
+    "validate": "0",
+    "limit": "",
+    "chunk_size": "",
+}
 TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
@@ -47,15 +56,21 @@ def _edges(name: str) -> tuple[list[float], list[float]]:
 
 
 def _cases(names) -> list:
-    return [pytest.param(name, value, ok, id=f"{name}={_text(name, value)}")
-            for name in names for ok, values in zip((True, False), _edges(name)) for value in values]
+    return [
+        pytest.param(name, value, ok, id=f"{name}={_text(name, value)}")
+        for name in names
+        for ok, values in zip((True, False), _edges(name))
+        for value in values
+    ]
 
 
 def test_the_limits_are_the_ones_issue_23_names():
     assert LIMITS["gamma_max"].admits(64) and not LIMITS["gamma_max"].admits(65)
     assert LIMITS["max_new_tokens"].admits(4096) and not LIMITS["max_new_tokens"].admits(4097)
-    assert {name: _edges(name)[1] for name in ("gamma_max", "max_new_tokens")} == \
-        {"gamma_max": [0, 65], "max_new_tokens": [0, 4097]}
+    assert {name: _edges(name)[1] for name in ("gamma_max", "max_new_tokens")} == {
+        "gamma_max": [0, 65],
+        "max_new_tokens": [0, 4097],
+    }
 
 
 # ---------------------------------------------------------------- the command line
@@ -83,8 +98,23 @@ def _stored_params(run_id: int) -> dict:
 @pytest.mark.parametrize("name, value, accepted", _cases(LIMITS))
 def test_analyze_accepts_and_refuses_exactly_at_the_limits(cli_one, name, value, accepted):
     option = f"--{name.replace('_', '-')}={_text(name, value)}"
-    result = cli_one.invoke(cli, ["analyze", "--prompts", "one", "--target", "hf:/models/target",
-                                  "--draft", "ngram", "--device", "cpu", "--queue", "--json", option])
+    result = cli_one.invoke(
+        cli,
+        [
+            "analyze",
+            "--prompts",
+            "one",
+            "--target",
+            "hf:/models/target",
+            "--draft",
+            "ngram",
+            "--device",
+            "cpu",
+            "--queue",
+            "--json",
+            option,
+        ],
+    )
     if accepted:
         assert result.exit_code == 0, result.stderr
         assert _stored_params(json.loads(result.stdout)["run_id"])[name] == value
@@ -94,10 +124,13 @@ def test_analyze_accepts_and_refuses_exactly_at_the_limits(cli_one, name, value,
         assert json.loads(cli_one.invoke(cli, ["runs", "list", "--json"]).stdout) == []
 
 
-@pytest.mark.parametrize("command, names", [
-    ("analyze", tuple(LIMITS)),
-    ("demo", ("max_new_tokens", "validate", "limit")),
-])
+@pytest.mark.parametrize(
+    "command, names",
+    [
+        ("analyze", tuple(LIMITS)),
+        ("demo", ("max_new_tokens", "validate", "limit")),
+    ],
+)
 def test_every_cli_option_of_a_run_parameter_has_its_limit(command, names):
     options = {p.name: p for p in cli.commands[command].params}
     dests = {"validate": "validate_n"}
@@ -120,8 +153,15 @@ def test_analyze_defaults_come_from_run_params():
 def web(engine, db_url, tmp_path, session):
     with session.begin():
         import_prompt_file(session, "one", b"hello\n", "one.txt")
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"), "ui_worker": False,
-                      "models": "hf:/models/target,ngram", "TESTING": True})
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "models": "hf:/models/target,ngram",
+            "TESTING": True,
+        }
+    )
     yield app.test_client()
     app.extensions["specroute.close"]()
 
@@ -147,8 +187,17 @@ def test_the_run_form_accepts_and_refuses_exactly_at_the_limits(web, session, na
 
 def test_the_run_form_says_the_limits_in_its_messages(web):
     token = TOKEN.search(web.get("/runs/new").get_data(as_text=True)).group(1)
-    response = web.post("/runs", data={**FORM_BASE, "csrf_token": token, "max_new_tokens": "4097",
-                                       "gamma_max": "65", "temperature": "nan", "limit": "0"})
+    response = web.post(
+        "/runs",
+        data={
+            **FORM_BASE,
+            "csrf_token": token,
+            "max_new_tokens": "4097",
+            "gamma_max": "65",
+            "temperature": "nan",
+            "limit": "0",
+        },
+    )
     text = response.get_data(as_text=True)
     assert "max new tokens must be a whole number from 1 to 4096" in text
     assert "gamma max must be a whole number from 1 to 64" in text

@@ -48,13 +48,23 @@ def cli_db(runner, tmp_path):
 
 
 def _analyze(runner, *args):
-    return runner.invoke(cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4",
-                               "--json", *args], catch_exceptions=False)
+    return runner.invoke(
+        cli,
+        ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", "--json", *args],
+        catch_exceptions=False,
+    )
 
 
 def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folders):
-    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
-                      f"hf:{model_folders['draft']}", "--validate", "2")
+    result = _analyze(
+        cli_db,
+        "--target",
+        f"hf:{model_folders['target']}",
+        "--draft",
+        f"hf:{model_folders['draft']}",
+        "--validate",
+        "2",
+    )
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert {"run_id", "target", "draft", "params", "cost_profile", "prompts", "tasks"} <= set(report)
@@ -76,8 +86,12 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     assert code["n"] == 2 and code["alpha_var"] is not None
     assert code["alpha_mean"] == pytest.approx(np.mean([p["alpha"] for p in report["prompts"][:2]]))
     assert code["alpha_var"] == pytest.approx(np.var([p["alpha"] for p in report["prompts"][:2]], ddof=1))
-    assert code["tier"] == recommendation_tier(code["alpha_mean"], code["alpha_var"])  # the seed's rule, from the numbers
-    assert report["tasks"]["translation"]["tier"] != "HIGHLY_RECOMMENDED"  # one prompt: no variance, no top tier
+    assert code["tier"] == recommendation_tier(
+        code["alpha_mean"], code["alpha_var"]
+    )  # the seed's rule, from the numbers
+    assert (
+        report["tasks"]["translation"]["tier"] != "HIGHLY_RECOMMENDED"
+    )  # one prompt: no variance, no top tier
     assert code["speculate"] == (code["predicted_speedup"] > 1.05)
     assert report["tasks"]["translation"]["alpha_var"] is None  # one prompt: no sample variance
     assert len(report["validation"]) == 2
@@ -86,7 +100,9 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
         assert validation["measured_speedup"] > 0
         prompt = next(p for p in report["prompts"] if p["prompt_id"] == validation["prompt_id"])
         assert validation["target_forward_passes"] == prompt["per_gamma"][str(validation["gamma"])]["rounds"]
-    assert sum(report["entropy_table"]["positions"]) == sum(max(p["output_tokens"] - 1, 0) for p in report["prompts"])
+    assert sum(report["entropy_table"]["positions"]) == sum(
+        max(p["output_tokens"] - 1, 0) for p in report["prompts"]
+    )
 
 
 def test_ngram_run_reuses_the_cost_profile_unless_reprofile(cli_db, model_folders, tmp_path):
@@ -106,8 +122,20 @@ def test_ngram_run_reuses_the_cost_profile_unless_reprofile(cli_db, model_folder
 
 
 def test_tokenizer_mismatch_fails_with_a_clear_message(cli_db, model_folders):
-    result = cli_db.invoke(cli, ["analyze", "--prompts", "mix", "--target", f"hf:{model_folders['target']}",
-                                 "--draft", f"hf:{model_folders['other']}", "--max-new-tokens", "4"])
+    result = cli_db.invoke(
+        cli,
+        [
+            "analyze",
+            "--prompts",
+            "mix",
+            "--target",
+            f"hf:{model_folders['target']}",
+            "--draft",
+            f"hf:{model_folders['other']}",
+            "--max-new-tokens",
+            "4",
+        ],
+    )
     assert result.exit_code == 1
     assert "tokenizer" in result.stderr.lower()
     runs = json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)
@@ -117,9 +145,12 @@ def test_tokenizer_mismatch_fails_with_a_clear_message(cli_db, model_folders):
 def test_interrupted_run_resumes_without_redoing_or_duplicating(engine, model_folders, tmp_path):
     factory = make_session_factory(engine)
     with factory() as session, session.begin():
-        import_prompt_file(session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl")
-        run_id = create_run(session, "mix", f"hf:{model_folders['target']}", "ngram",
-                            RunParams(max_new_tokens=8, gamma_max=3)).id
+        import_prompt_file(
+            session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl"
+        )
+        run_id = create_run(
+            session, "mix", f"hf:{model_folders['target']}", "ngram", RunParams(max_new_tokens=8, gamma_max=3)
+        ).id
 
     def stop_after_two(done, total, phase):
         if phase == "measuring" and done >= 2:
@@ -145,8 +176,19 @@ def test_interrupted_run_resumes_without_redoing_or_duplicating(engine, model_fo
 
 
 def test_sampling_mode_stores_expectations(cli_db, model_folders):
-    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
-                      f"hf:{model_folders['draft']}", "--temperature", "0.8", "--top-p", "0.95", "--limit", "2")
+    result = _analyze(
+        cli_db,
+        "--target",
+        f"hf:{model_folders['target']}",
+        "--draft",
+        f"hf:{model_folders['draft']}",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--limit",
+        "2",
+    )
     report = json.loads(result.stdout)
     assert report["mode"].startswith("sampling")
     for prompt in report["prompts"]:
@@ -163,23 +205,65 @@ def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
     prompts, position = [], 0
     for task, (n, _, _) in tasks.items():
         for _ in range(n):
-            prompts.append(PromptSummary(prompt_id=100 + position, position=position, task=task, alpha=0.5,
-                                         speedup_curve=[1.0], best_gamma=1, rounds={1: 10}))
+            prompts.append(
+                PromptSummary(
+                    prompt_id=100 + position,
+                    position=position,
+                    task=task,
+                    alpha=0.5,
+                    speedup_curve=[1.0],
+                    best_gamma=1,
+                    rounds={1: 10},
+                )
+            )
             position += 1
-    groups = {t: GroupSummary(n=n, speculate=on, predicted_speedup=s, alpha_mean=0.5, alpha_var=0.01, alpha_std=0.1,
-                              tier="CONDITIONAL", output_tokens=10 * n) for t, (n, on, s) in tasks.items()}
-    return AnalysisSummary(run_id=1, gamma_max=1, sampling=False, margin=0.05, cost=None, costs={}, prompts=prompts,
-                           tasks=groups, workload=None)
+    groups = {
+        t: GroupSummary(
+            n=n,
+            speculate=on,
+            predicted_speedup=s,
+            alpha_mean=0.5,
+            alpha_var=0.01,
+            alpha_std=0.1,
+            tier="CONDITIONAL",
+            output_tokens=10 * n,
+        )
+        for t, (n, on, s) in tasks.items()
+    }
+    return AnalysisSummary(
+        run_id=1,
+        gamma_max=1,
+        sampling=False,
+        margin=0.05,
+        cost=None,
+        costs={},
+        prompts=prompts,
+        tasks=groups,
+        workload=None,
+    )
 
 
 def test_validation_sample_covers_tasks_speculating_ones_first():
     from analyzer.run_records import validation_sample
 
-    summary = _summary_for_sampling({"code": (5, False, 0.98), "creative_writing": (5, True, 1.10),
-                                     "extraction": (1, True, 2.9), "qa": (3, False, 0.9)})
+    summary = _summary_for_sampling(
+        {
+            "code": (5, False, 0.98),
+            "creative_writing": (5, True, 1.10),
+            "extraction": (1, True, 2.9),
+            "qa": (3, False, 0.9),
+        }
+    )
     tasks = lambda rows: [r.task for r in rows]  # noqa: E731
     assert tasks(validation_sample(summary, 3)) == ["extraction", "creative_writing", "code"]
-    assert tasks(validation_sample(summary, 6)) == ["extraction", "creative_writing", "code", "qa", "creative_writing", "code"]
+    assert tasks(validation_sample(summary, 6)) == [
+        "extraction",
+        "creative_writing",
+        "code",
+        "qa",
+        "creative_writing",
+        "code",
+    ]
     first = validation_sample(summary, 3)
     assert [r.position for r in first] == [10, 5, 0]  # the first prompt of each task in file order
     # a resumed validation keeps the balance: code and extraction are done, creative_writing comes next
@@ -189,14 +273,19 @@ def test_validation_sample_covers_tasks_speculating_ones_first():
 
 
 def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_db, model_folders):
-    result = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram", "--validate", "3")
+    result = _analyze(
+        cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram", "--validate", "3"
+    )
     report = json.loads(result.stdout)
     assert sorted(v["task"] for v in report["validation"]) == ["code", "translation", "unlabelled"]
     assert set(report["validation_summary"]["tasks"]) == {"code", "translation", "unlabelled"}
     assert report["workload"]["measured_tasks"] == ["code", "translation", "unlabelled"]
     assert report["workload"]["measured_speedup"] is not None
-    one = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram",
-                              "--validate", "1").stdout)
+    one = json.loads(
+        _analyze(
+            cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram", "--validate", "1"
+        ).stdout
+    )
     assert len(one["validation"]) == 1 and one["workload"]["measured_speedup"] is None
     text = cli_db.invoke(cli, ["report", str(one["run_id"])]).stdout
     assert f"validation: 1 prompts all {one['validation'][0]['task']}, so not a workload figure" in text
@@ -247,7 +336,9 @@ def _assert_marks_agree_with_counts(report: dict, marks: dict[tuple[int, str], l
 def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_folders, monkeypatch):
     """Prompt lookup: the drill-down replays the stored prompt and output ids with the run's n-gram
     size and EOS ids, so its marks agree with the stored counts at every gamma."""
-    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout)
+    report = json.loads(
+        _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram:max_ngram=3").stdout
+    )
     marks = _drill_down_marks(report, ("1", "3"), monkeypatch)
     # the prompts repeat themselves enough for prompt lookup to be accepted somewhere
     assert _assert_marks_agree_with_counts(report, marks) > 0
@@ -256,8 +347,11 @@ def test_the_drill_down_of_an_ngram_run_marks_what_the_counts_say(cli_db, model_
 def test_the_drill_down_of_a_model_draft_run_marks_what_the_counts_say(cli_db, model_folders, monkeypatch):
     """A model draft: the drill-down walks the stored draft matches, never the n-gram rule, so its
     marks agree with the stored counts at every gamma."""
-    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
-                                 f"hf:{model_folders['draft']}").stdout)
+    report = json.loads(
+        _analyze(
+            cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"
+        ).stdout
+    )
     marks = _drill_down_marks(report, ("1", "2", "4"), monkeypatch)
     assert _assert_marks_agree_with_counts(report, marks) > 0  # the noisy copy agrees with the target in part
 
@@ -281,6 +375,7 @@ def _count_tokenizations(monkeypatch) -> list[str]:
                 return method(self, *args, **kwargs)
             finally:
                 depth[0] -= 1
+
         return wrapper
 
     real_load = run_models.load_model
@@ -289,14 +384,18 @@ def _count_tokenizations(monkeypatch) -> list[str]:
         loaded = real_load(*args, **kwargs)
         base = type(loaded.tokenizer)
         names = ("__call__", "encode", "tokenize", "apply_chat_template")
-        loaded.tokenizer.__class__ = type(f"Counting{base.__name__}", (base,), {n: counted(getattr(base, n)) for n in names})
+        loaded.tokenizer.__class__ = type(
+            f"Counting{base.__name__}", (base,), {n: counted(getattr(base, n)) for n in names}
+        )
         return loaded
 
     monkeypatch.setattr(run_models, "load_model", load_counting)
     return calls
 
 
-def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(cli_db, model_folders, monkeypatch, tmp_path):
+def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(
+    cli_db, model_folders, monkeypatch, tmp_path
+):
     """Profiling, measuring and validating share one tokenization per prompt; the stored prompt ids
     are a fresh tokenization under the run's rule (chat template, truncation to the context left by
     the output budget), the output ids decode to the stored output, and each stored token text is
@@ -305,13 +404,23 @@ def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(cli_db,
 
     from analyzer.db import make_engine
     from analyzer.loading import load_model
-    from analyzer.specs import parse_spec
     from analyzer.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
     from analyzer.settings import load_settings
+    from analyzer.specs import parse_spec
 
     calls = _count_tokenizations(monkeypatch)
-    report = json.loads(_analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft",
-                                 f"hf:{model_folders['draft']}", "--validate", "2", "--reprofile").stdout)
+    report = json.loads(
+        _analyze(
+            cli_db,
+            "--target",
+            f"hf:{model_folders['target']}",
+            "--draft",
+            f"hf:{model_folders['draft']}",
+            "--validate",
+            "2",
+            "--reprofile",
+        ).stdout
+    )
     assert len(report["validation"]) == 2 and report["cost_profile"]["target_k_s"]  # all three phases ran
     expected = {json.dumps([{"content": p["prompt"], "role": "user"}], sort_keys=True) for p in PROMPTS}
     assert Counter(calls) == {key: 1 for key in expected}
@@ -323,27 +432,44 @@ def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(cli_db,
     try:
         with make_session_factory(engine)() as session:
             run = session.get(AnalysisRun, report["run_id"])
-            assert run.eos_token_ids == eos_token_ids(target.model.generation_config.eos_token_id,
-                                                      tokenizer.eos_token_id) == [3]
+            assert (
+                run.eos_token_ids
+                == eos_token_ids(target.model.generation_config.eos_token_id, tokenizer.eos_token_id)
+                == [3]
+            )
             results = list(session.scalars(select(PromptResult).where(PromptResult.run_id == run.id)))
             assert len(results) == len(PROMPTS)
             for result in results:
-                fresh = encode_prompt(tokenizer, text=result.prompt.text, use_chat_template=True, max_prompt_tokens=limit)
+                fresh = encode_prompt(
+                    tokenizer, text=result.prompt.text, use_chat_template=True, max_prompt_tokens=limit
+                )
                 assert result.prompt_token_ids == fresh.ids and result.prompt_tokens == len(fresh.ids)
-                assert tokenizer.decode(result.output_token_ids, skip_special_tokens=False) == result.output_text
-                assert result.output_token_texts == [tokenizer.decode([t], skip_special_tokens=False)
-                                                     for t in result.output_token_ids]
+                assert (
+                    tokenizer.decode(result.output_token_ids, skip_special_tokens=False) == result.output_text
+                )
+                assert result.output_token_texts == [
+                    tokenizer.decode([t], skip_special_tokens=False) for t in result.output_token_ids
+                ]
                 assert len(result.output_token_ids) == result.output_tokens
     finally:
         engine.dispose()
 
 
-def test_a_resumed_run_reuses_the_stored_ids_of_the_prompts_it_measured(engine, model_folders, tmp_path, monkeypatch):
+def test_a_resumed_run_reuses_the_stored_ids_of_the_prompts_it_measured(
+    engine, model_folders, tmp_path, monkeypatch
+):
     factory = make_session_factory(engine)
     with factory() as session, session.begin():
-        import_prompt_file(session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl")
-        run_id = create_run(session, "mix", f"hf:{model_folders['target']}", "ngram",
-                            RunParams(max_new_tokens=8, gamma_max=3, validate=4)).id
+        import_prompt_file(
+            session, "mix", "".join(json.dumps(p) + "\n" for p in PROMPTS).encode(), "mix.jsonl"
+        )
+        run_id = create_run(
+            session,
+            "mix",
+            f"hf:{model_folders['target']}",
+            "ngram",
+            RunParams(max_new_tokens=8, gamma_max=3, validate=4),
+        ).id
 
     def stop_after_two(done, total, phase):
         if phase == "measuring" and done >= 2:

@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [p for folder in ("analyzer", "router", "webui", "migrations") for p in (ROOT / folder).rglob("*.py")]
+SOURCES = [
+    p for folder in ("analyzer", "router", "webui", "migrations") for p in (ROOT / folder).rglob("*.py")
+]
 
 
 def test_sources_are_found():
@@ -22,9 +24,18 @@ def test_trust_remote_code_is_never_enabled():
 
 
 def test_only_the_hash_checked_classifier_artifact_is_unpickled():
-    loads = [(path.relative_to(ROOT).as_posix(), line.strip()) for path in SOURCES
-             for line in path.read_text("utf-8").splitlines() if re.search(r"\bpickle\.loads?\(|\bjoblib\.load\(", line)]
-    assert loads == [("router/classifier.py", "pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above")]
+    loads = [
+        (path.relative_to(ROOT).as_posix(), line.strip())
+        for path in SOURCES
+        for line in path.read_text("utf-8").splitlines()
+        if re.search(r"\bpickle\.loads?\(|\bjoblib\.load\(", line)
+    ]
+    assert loads == [
+        (
+            "router/classifier.py",
+            "pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above",
+        )
+    ]
 
 
 def test_no_eval_or_exec():

@@ -7,9 +7,15 @@ import json
 from collections import Counter
 from importlib import resources
 
-
 from tests.conftest import require_shared
-from tests.sample_builder import DEFAULT_CORPUS, REVIEWED_OUT, SAMPLE_DIR, UNFIT_WORDS, build_sample, fit_to_show
+from tests.sample_builder import (
+    DEFAULT_CORPUS,
+    REVIEWED_OUT,
+    SAMPLE_DIR,
+    UNFIT_WORDS,
+    build_sample,
+    fit_to_show,
+)
 
 
 def _shipped(name: str) -> str:

@@ -32,7 +32,9 @@ def api_app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("schemathesis")
     url = f"sqlite:///{folder}/api.db"
     engine = make_routing_database(url)
-    app = create_app({"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False})
+    app = create_app(
+        {"database_url": url, "data_dir": str(folder), "router_refresh_s": 0, "ui_worker": False}
+    )
     yield app
     app.extensions["specroute.close"]()
     engine.dispose()
@@ -43,8 +45,16 @@ schema = schemathesis.openapi.from_dict(openapi_document("0"))
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+)
 def test_every_operation_conforms_to_the_openapi_document(case, api_app):
     case.call_and_validate(app=api_app, checks=CHECKS)
 

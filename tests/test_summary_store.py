@@ -34,8 +34,10 @@ from analyzer.summary import (
 from router.policy import publish_policies
 from tests.factories import make_done_run
 
-BATCH_CURVES = {4: [0.050, 0.070, 0.085, 0.095, 0.105, 0.115, 0.125, 0.135, 0.145],
-                16: [0.080, 0.130, 0.180, 0.230, 0.280, 0.330, 0.380, 0.430, 0.480]}
+BATCH_CURVES = {
+    4: [0.050, 0.070, 0.085, 0.095, 0.105, 0.115, 0.125, 0.135, 0.145],
+    16: [0.080, 0.130, 0.180, 0.230, 0.280, 0.330, 0.380, 0.430, 0.480],
+}
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
 
 
@@ -69,18 +71,30 @@ def _running_run(sessions, tasks: dict[str, float], **options) -> int:
 # ---------------------------------------------------------------- reading back
 
 
-@pytest.mark.parametrize("options", [
-    dict(batch_curves=BATCH_CURVES),  # a task too small to decide, several batch sizes
-    dict(per_task={"code": 1, "qa": 1, "math": 0}),  # the workload decided on S(g*) alone
-    dict(draft_spec="ngram:max_ngram=2", draft_step_s=0.001, gamma_max=4),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(batch_curves=BATCH_CURVES),  # a task too small to decide, several batch sizes
+        dict(per_task={"code": 1, "qa": 1, "math": 0}),  # the workload decided on S(g*) alone
+        dict(draft_spec="ngram:max_ngram=2", draft_step_s=0.001, gamma_max=4),
+    ],
+)
 def test_a_summary_reads_back_equal_from_its_json(session, options):
     options = dict(options)
     per_task = options.pop("per_task", {"code": 5, "qa": 4, "math": 2})
     run = make_done_run(session, {"code": 0.92, "qa": 0.3, "math": 0.8}, per_task=per_task, **options)
-    session.add(ValidationResult(run_id=run.id, prompt_id=run.prompt_set.prompts[0].id, gamma=3,
-                                 greedy_time_s=1.0, speculative_time_s=0.5, measured_speedup=2.0,
-                                 predicted_speedup=1.9, outputs_identical=True))
+    session.add(
+        ValidationResult(
+            run_id=run.id,
+            prompt_id=run.prompt_set.prompts[0].id,
+            gamma=3,
+            greedy_time_s=1.0,
+            speculative_time_s=0.5,
+            measured_speedup=2.0,
+            predicted_speedup=1.9,
+            outputs_identical=True,
+        )
+    )
     session.flush()
     summary = summarize_run(session, run)
     data = summary_to_json(summary)
@@ -109,8 +123,9 @@ def _groups_times_batches(summary) -> int:
 
 
 def test_the_bootstrap_runs_once_per_finished_run(sessions, bootstraps):
-    run_id = _running_run(sessions, {"code": 0.9, "qa": 0.3, "rag": 0.7}, per_task=3,
-                          batch_curves=BATCH_CURVES)
+    run_id = _running_run(
+        sessions, {"code": 0.9, "qa": 0.3, "rag": 0.7}, per_task=3, batch_curves=BATCH_CURVES
+    )
     finish(sessions, run_id, "done")
     once = len(bootstraps)
     with sessions() as session:
@@ -175,16 +190,27 @@ def test_a_stored_summary_is_computed_again_when_its_run_changed(sessions, boots
     assert len(bootstraps) == computed
     with sessions() as session, session.begin():  # a validation added since: its measured speedup shows
         prompt_id = session.get(AnalysisRun, run_id).prompt_set.prompts[0].id
-        session.add(ValidationResult(run_id=run_id, prompt_id=prompt_id, gamma=2, greedy_time_s=1.0,
-                                     speculative_time_s=0.8, measured_speedup=1.25, predicted_speedup=1.3,
-                                     outputs_identical=True))
+        session.add(
+            ValidationResult(
+                run_id=run_id,
+                prompt_id=prompt_id,
+                gamma=2,
+                greedy_time_s=1.0,
+                speculative_time_s=0.8,
+                measured_speedup=1.25,
+                predicted_speedup=1.3,
+                outputs_identical=True,
+            )
+        )
     with sessions() as session, session.begin():
         again = run_summary(session, session.get(AnalysisRun, run_id))
     assert again.tasks["code"].measured_speedup == 1.25 and first.tasks["code"].measured_speedup is None
     assert again.workload.measured_speedup is None  # one task's sample says nothing about the workload
     assert len(bootstraps) == computed  # a validation measures, it does not price: no bootstrap again
     with sessions() as session:
-        assert summarize_run(session, session.get(AnalysisRun, run_id)) == again  # what computing it all gives
+        assert (
+            summarize_run(session, session.get(AnalysisRun, run_id)) == again
+        )  # what computing it all gives
     with sessions() as session, session.begin():  # relabelled results: other groups, computed again
         run = session.get(AnalysisRun, run_id)
         for result in session.scalars(select(PromptResult).where(PromptResult.run_id == run_id)):
@@ -206,25 +232,42 @@ def test_an_unfinished_run_is_summarised_but_nothing_is_stored(sessions):
 # ---------------------------------------------------------------- the reason as a code
 
 
-def _sentence_before_codes(speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN,
-           min_prompts: int = MIN_TASK_PROMPTS) -> tuple[bool | None, str]:
+def _sentence_before_codes(
+    speedup: float,
+    interval: tuple[float, float],
+    n: int,
+    margin: float = DEFAULT_MARGIN,
+    min_prompts: int = MIN_TASK_PROMPTS,
+) -> tuple[bool | None, str]:
     """The decision and its sentence as analyzer.speedup.decide wrote them before decisions carried
     codes (kept here as the reference the rendered reasons must equal)."""
     low, high = interval
-    shown = f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {n}" if np.isfinite(low) else f"{speedup:.2f}x, n = {n}"
+    shown = (
+        f"{speedup:.2f}x [{low:.2f}, {high:.2f}], n = {n}" if np.isfinite(low) else f"{speedup:.2f}x, n = {n}"
+    )
     if n < min_prompts:
-        return None, f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies"
+        return (
+            None,
+            f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies",
+        )
     if not np.isfinite(speedup) or speedup <= 1.0 + margin:
         return False, f"{shown}: S(g*) does not clear {1 + margin:.2f}x"
     if not clears_break_even(speedup, low, margin):
-        return False, f"{shown}: S(g*) clears {1 + margin:.2f}x but the interval reaches {low:.2f}x, a possible loss"
+        return (
+            False,
+            f"{shown}: S(g*) clears {1 + margin:.2f}x but the interval reaches {low:.2f}x, a possible loss",
+        )
     return True, f"{shown}: S(g*) clears {1 + margin:.2f}x and the interval stays above 1.00x"
 
 
 @settings(max_examples=400, deadline=None)
-@given(speedup=st.one_of(st.floats(0.0, 4.0), st.just(float("nan"))),
-       low=st.one_of(st.floats(0.0, 4.0), st.just(float("nan"))), width=st.floats(0.0, 2.0),
-       n=st.integers(1, 12), margin=st.sampled_from([0.0, 0.05, 0.1, 0.25]))
+@given(
+    speedup=st.one_of(st.floats(0.0, 4.0), st.just(float("nan"))),
+    low=st.one_of(st.floats(0.0, 4.0), st.just(float("nan"))),
+    width=st.floats(0.0, 2.0),
+    n=st.integers(1, 12),
+    margin=st.sampled_from([0.0, 0.05, 0.1, 0.25]),
+)
 def test_the_rendered_reason_is_the_decision_rules_sentence(speedup, low, width, n, margin):
     interval = (low, low + width) if not math.isnan(low) else (float("nan"), float("nan"))
     speculate, reason = decide_group(speedup, interval, n, margin)
@@ -241,7 +284,8 @@ def test_a_task_too_small_and_a_workload_decided_alone_say_so(session):
     assert (math_task.decision_code, math_task.decision_basis) == ("too_few_prompts", "workload")
     taken = f"(speculate at gamma {workload.best_gamma})" if workload.speculate else "(off)"
     assert math_task.decision_reason.endswith(
-        f"too few prompts to decide (fewer than 3), the workload's decision applies {taken}")
+        f"too few prompts to decide (fewer than 3), the workload's decision applies {taken}"
+    )
 
 
 def test_the_report_and_the_readme_name_every_decision_code(session):

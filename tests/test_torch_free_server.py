@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys
     from sqlalchemy import select
     import migrations
@@ -39,16 +39,22 @@ SCRIPT = textwrap.dedent('''
     for path in ("/", "/prompts", "/prompts/sample", "/runs", f"/runs/{run_id}", "/runs/new", "/classifier",
                  "/policies", "/playground", "/healthz", "/metrics", "/v1/policies", "/v1/classifier"):
         statuses[path] = client.get(path).status_code
-    statuses["POST /v1/route"] = client.post("/v1/route", json={"prompt": "def g(y): return y", "max_new_tokens": 64}).status_code
+    route = client.post("/v1/route", json={"prompt": "def g(y): return y", "max_new_tokens": 64})
+    statuses["POST /v1/route"] = route.status_code
     app.extensions["specroute.close"]()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
     print(json.dumps({"statuses": statuses, "loaded": loaded[:5], "count": len(loaded)}))
-''')
+""")
 
 
 def test_serving_pages_and_the_api_loads_neither_torch_nor_transformers(tmp_path):
-    result = subprocess.run([sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / 'serve.db'}", str(tmp_path / "data")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / 'serve.db'}", str(tmp_path / "data")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(report["statuses"].values()) == {200}, report["statuses"]

@@ -67,7 +67,7 @@ def reference_greedy(model, prompt, max_new_tokens, eos=EOS_ID):
             ids.append(token)
             if token == eos:
                 break
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def draft_matches(draft, prompt, output):
@@ -110,8 +110,11 @@ def rounds_for_prompt_lookup(prompt, output, gamma, ngram_max, max_new_tokens, e
         if max_new_tokens - position > 1:
             proposal = prompt_lookup_draft(prompt + output[:position], gamma, ngram_max, eos)
         accepted = 0
-        while (accepted < len(proposal) and position + accepted < len(output)
-               and proposal[accepted] == output[position + accepted]):
+        while (
+            accepted < len(proposal)
+            and position + accepted < len(output)
+            and proposal[accepted] == output[position + accepted]
+        ):
             accepted += 1
         position += accepted + 1
         rounds += 1
@@ -175,7 +178,9 @@ def test_identical_draft_with_eos_inside_a_round(target, twin, gamma):
     full, _ = greedy_generate(target, PROMPTS[1], 30)
     eos = full[9]  # the first occurrence ends generation there
     greedy, _ = greedy_generate(target, PROMPTS[1], 30, eos_token_id=eos)
-    output, passes = assisted_generate(target, PROMPTS[1], 30, gamma=gamma, draft_model=twin, eos_token_id=eos)
+    output, passes = assisted_generate(
+        target, PROMPTS[1], 30, gamma=gamma, draft_model=twin, eos_token_id=eos
+    )
     assert output == greedy == full[: full.index(eos) + 1]
     assert passes == math.ceil(len(output) / (gamma + 1))
 
@@ -213,12 +218,12 @@ def test_prompt_lookup_is_exact_and_takes_the_walked_number_of_rounds(target, ga
     for prompt in PROMPTS:
         for max_new_tokens in (20, 37):
             greedy, _ = greedy_generate(target, prompt, max_new_tokens)
-            output, passes = assisted_generate(target, prompt, max_new_tokens, gamma=gamma, ngram_max=ngram_max)
+            output, passes = assisted_generate(
+                target, prompt, max_new_tokens, gamma=gamma, ngram_max=ngram_max
+            )
             assert output == greedy
             assert passes == rounds_for_prompt_lookup(prompt, greedy, gamma, ngram_max, max_new_tokens)
             assert passes < len(greedy)  # lookup found something to accept
-
-
 
 
 def test_prompt_lookup_cuts_proposals_before_eos(target):
@@ -275,8 +280,11 @@ def test_settings_in_the_models_generation_configs_do_not_leak(target, twin):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"gamma": 0, "ngram_max": 2}, {"gamma": 2, "ngram_max": 2, "draft_model": "twin"},
-     {"gamma": 2, "draft_model": "target"}],
+    [
+        {"gamma": 0, "ngram_max": 2},
+        {"gamma": 2, "ngram_max": 2, "draft_model": "twin"},
+        {"gamma": 2, "draft_model": "target"},
+    ],
 )
 def test_assisted_generate_rejects_bad_arguments(target, twin, kwargs):
     kwargs = dict(kwargs)
@@ -335,6 +343,12 @@ def test_validate_prompt_alternates_order_takes_medians_and_flags_differences(mo
     measured = validate_prompt(None, [1, 2], 3, gamma=2, ngram_max=2, repeats=3)
     assert calls == ["greedy", "speculative", "speculative", "greedy", "greedy", "speculative"]
     assert measured == ValidationMeasurement(
-        gamma=2, greedy_ids=[7, 8, 9], speculative_ids=[7, 8, 9], greedy_time_s=5.0, speculative_time_s=2.5,
-        outputs_identical=False, target_forward_passes=2, measured_speedup=2.0,
+        gamma=2,
+        greedy_ids=[7, 8, 9],
+        speculative_ids=[7, 8, 9],
+        greedy_time_s=5.0,
+        speculative_time_s=2.5,
+        outputs_identical=False,
+        target_forward_passes=2,
+        measured_speedup=2.0,
     )

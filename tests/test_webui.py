@@ -25,8 +25,15 @@ TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 @pytest.fixture
 def ui(engine, db_url, tmp_path):
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path / "data"), "ui_worker": False,
-                      "models": "hf:/models/target,ngram,hf:/models/draft", "TESTING": True})
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "models": "hf:/models/target,ngram,hf:/models/draft",
+            "TESTING": True,
+        }
+    )
     yield app
     app.extensions["specroute.close"]()
 
@@ -41,13 +48,20 @@ def token(web, path: str = "/prompts") -> str:
 
 
 def upload(web, content: bytes, filename: str, name: str = ""):
-    return web.post("/prompts", data={"csrf_token": token(web), "name": name, "file": (io.BytesIO(content), filename)},
-                    content_type="multipart/form-data", follow_redirects=True)
+    return web.post(
+        "/prompts",
+        data={"csrf_token": token(web), "name": name, "file": (io.BytesIO(content), filename)},
+        content_type="multipart/form-data",
+        follow_redirects=True,
+    )
 
 
 def test_upload_shows_counts_and_a_malformed_file_shows_line_numbered_errors(web):
-    good = b'{"prompt": "Translate to French: hello", "task": "translation"}\n{"prompt": "def f(): pass", "task": "code"}\n' \
-           b'{"prompt": "2+2?", "task": "math"}\n'
+    good = (
+        b'{"prompt": "Translate to French: hello", "task": "translation"}\n'
+        b'{"prompt": "def f(): pass", "task": "code"}\n'
+        b'{"prompt": "2+2?", "task": "math"}\n'
+    )
     page = upload(web, good, "mine.jsonl")
     text = page.get_data(as_text=True)
     assert page.status_code == 200 and "imported 3 prompts as &#39;mine&#39;" in text
@@ -62,8 +76,11 @@ def test_upload_shows_counts_and_a_malformed_file_shows_line_numbered_errors(web
 
 
 def test_forms_without_the_csrf_token_are_refused(web):
-    response = web.post("/prompts", data={"name": "x", "file": (io.BytesIO(b"hello\n"), "a.txt")},
-                        content_type="multipart/form-data")
+    response = web.post(
+        "/prompts",
+        data={"name": "x", "file": (io.BytesIO(b"hello\n"), "a.txt")},
+        content_type="multipart/form-data",
+    )
     assert response.status_code == 400 and "CSRF" in response.get_data(as_text=True)
     wrong = web.post("/playground", data={"csrf_token": "forged", "prompt": "hi"})
     assert wrong.status_code == 400
@@ -72,19 +89,37 @@ def test_forms_without_the_csrf_token_are_refused(web):
 
 
 def test_prompt_text_is_always_escaped(web):
-    upload(web, b'{"prompt": "<script>alert(1)</script> please summarize", "task": "summarization"}\n', "x.jsonl", "xss")
+    upload(
+        web,
+        b'{"prompt": "<script>alert(1)</script> please summarize", "task": "summarization"}\n',
+        "x.jsonl",
+        "xss",
+    )
     page = web.get("/prompts/xss").get_data(as_text=True)
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    decided = web.post("/playground", data={"csrf_token": token(web, "/playground"), "prompt": "<script>alert(2)</script>"})
+    decided = web.post(
+        "/playground", data={"csrf_token": token(web, "/playground"), "prompt": "<script>alert(2)</script>"}
+    )
     text = decided.get_data(as_text=True)
-    assert decided.status_code == 200 and "<script>alert(2)</script>" not in text and "&lt;script&gt;alert(2)" in text
+    assert (
+        decided.status_code == 200
+        and "<script>alert(2)</script>" not in text
+        and "&lt;script&gt;alert(2)" in text
+    )
 
 
 def test_prompt_set_page_paginates_and_searches(web):
-    lines = "".join(json.dumps({"prompt": f"prompt number {i}", "task": "qa" if i % 2 else "math"}) + "\n" for i in range(60))
+    lines = "".join(
+        json.dumps({"prompt": f"prompt number {i}", "task": "qa" if i % 2 else "math"}) + "\n"
+        for i in range(60)
+    )
     upload(web, lines.encode(), "many.jsonl", "many")
     first = web.get("/prompts/many").get_data(as_text=True)
-    assert "60 matching; page 1 of 3" in first and "prompt number 24" in first and "prompt number 25" not in first
+    assert (
+        "60 matching; page 1 of 3" in first
+        and "prompt number 24" in first
+        and "prompt number 25" not in first
+    )
     found = web.get("/prompts/many?q=number 3&task=qa").get_data(as_text=True)
     assert "prompt number 3<" in found and "prompt number 31" in found and "prompt number 30" not in found
     assert web.get("/prompts/nope").status_code == 404
@@ -95,27 +130,81 @@ def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
     form = web.get("/runs/new").get_data(as_text=True)
     assert "hf:/models/target" in form and "hf:/models/draft" in form and "ngram" in form
     assert 'name="limit"' in form
-    assert "<option selected>ngram</option>" in form  # the demo's drafter is the default, as in `specroute demo`
+    assert (
+        "<option selected>ngram</option>" in form
+    )  # the demo's drafter is the default, as in `specroute demo`
     tok = token(web, "/runs/new")
-    typed = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/etc/passwd", "draft": "ngram",
-                                    "max_new_tokens": "64", "gamma_max": "8", "temperature": "0", "validate": "0"})
+    typed = web.post(
+        "/runs",
+        data={
+            "csrf_token": tok,
+            "prompt_set": "one",
+            "target": "hf:/etc/passwd",
+            "draft": "ngram",
+            "max_new_tokens": "64",
+            "gamma_max": "8",
+            "temperature": "0",
+            "validate": "0",
+        },
+    )
     assert typed.status_code == 400 and "choose a target from the list" in typed.get_data(as_text=True)
-    bad = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
-                                  "max_new_tokens": "0", "gamma_max": "99", "temperature": "x", "validate": "0"})
+    bad = web.post(
+        "/runs",
+        data={
+            "csrf_token": tok,
+            "prompt_set": "one",
+            "target": "hf:/models/target",
+            "draft": "ngram",
+            "max_new_tokens": "0",
+            "gamma_max": "99",
+            "temperature": "x",
+            "validate": "0",
+        },
+    )
     text = bad.get_data(as_text=True)
     assert "max new tokens must be a whole number from 1 to 4096" in text and "gamma max must be" in text
     assert "temperature must be a number" in text
-    too_many = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target",
-                                       "draft": "ngram", "max_new_tokens": "32", "gamma_max": "8", "temperature": "0",
-                                       "validate": "1", "limit": "0"})
-    assert too_many.status_code == 400 and "prompts to analyze must be blank (all) or a whole number" in too_many.get_data(as_text=True)
-    started = web.post("/runs", data={"csrf_token": tok, "prompt_set": "one", "target": "hf:/models/target", "draft": "ngram",
-                                      "max_new_tokens": "32", "gamma_max": "8", "temperature": "0", "validate": "1",
-                                      "limit": "1"})
+    too_many = web.post(
+        "/runs",
+        data={
+            "csrf_token": tok,
+            "prompt_set": "one",
+            "target": "hf:/models/target",
+            "draft": "ngram",
+            "max_new_tokens": "32",
+            "gamma_max": "8",
+            "temperature": "0",
+            "validate": "1",
+            "limit": "0",
+        },
+    )
+    assert (
+        too_many.status_code == 400
+        and "prompts to analyze must be blank (all) or a whole number" in too_many.get_data(as_text=True)
+    )
+    started = web.post(
+        "/runs",
+        data={
+            "csrf_token": tok,
+            "prompt_set": "one",
+            "target": "hf:/models/target",
+            "draft": "ngram",
+            "max_new_tokens": "32",
+            "gamma_max": "8",
+            "temperature": "0",
+            "validate": "1",
+            "limit": "1",
+        },
+    )
     assert started.status_code == 302
     with session.begin():
         run = session.scalar(select(AnalysisRun))
-        assert (run.status, run.params["max_new_tokens"], run.params["gamma_max"], run.params["validate"]) == ("queued", 32, 8, 1)
+        assert (
+            run.status,
+            run.params["max_new_tokens"],
+            run.params["gamma_max"],
+            run.params["validate"],
+        ) == ("queued", 32, 8, 1)
         assert run.params["limit"] == 1
     status = web.get(f"/runs/{run.id}/status.json").get_json()
     assert status["status"] == "queued" and status["total"] == 1 and status["percent"] == 0
@@ -143,10 +232,12 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
     exported = web.get(f"/runs/{run_id}/report.html")
     html = exported.get_data(as_text=True)
     assert "attachment" in exported.headers["Content-Disposition"] and "<svg" in html and "<style>" in html
-    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', html)  # opens offline: nothing to fetch
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)  # opens offline: nothing to fetch
     prompt_id = data["prompts"][0]["prompt_id"]
     detail = web.get(f"/runs/{run_id}/prompts/{prompt_id}?gamma=3").get_data(as_text=True)
-    assert "At gamma 3:" in detail and "measured before specroute stored token ids" in detail  # simulated: no ids
+    assert (
+        "At gamma 3:" in detail and "measured before specroute stored token ids" in detail
+    )  # simulated: no ids
     code_best = data["tasks"][data["prompts"][0]["task"]]["best_gamma"]
     assert code_best != 4  # so that opening at the task's g* is told apart from the old default
     opened = web.get(f"/runs/{run_id}/prompts/{prompt_id}").get_data(as_text=True)
@@ -182,29 +273,49 @@ def test_the_drill_down_colours_stored_tokens_as_the_counts_say_and_never_guesse
         assert rounds - (len(marks) - marks.count("accepted")) in (0, 1)
         assert "measured before" not in page
 
+
 def test_classifier_training_playground_and_policies(web, session):
-    texts = [f'{{"prompt": "Translate to German: sentence {i}", "task": "translation"}}' for i in range(6)] + \
-            [f'{{"prompt": "My order {i} did not arrive, help", "task": "customer_support"}}' for i in range(6)]
+    texts = [
+        f'{{"prompt": "Translate to German: sentence {i}", "task": "translation"}}' for i in range(6)
+    ] + [f'{{"prompt": "My order {i} did not arrive, help", "task": "customer_support"}}' for i in range(6)]
     upload(web, ("\n".join(texts) + "\n").encode(), "labels.jsonl", "labels")
     tok = token(web, "/classifier")
-    trained = web.post("/classifier/train", data={"csrf_token": tok, "source": "labels"}, follow_redirects=True)
+    trained = web.post(
+        "/classifier/train", data={"csrf_token": tok, "source": "labels"}, follow_redirects=True
+    )
     text = trained.get_data(as_text=True)
     assert "classifier v1 trained on 12 prompts" in text and 'class="plot heatmap"' in text and "v1" in text
     with session.begin():
         run_id = make_done_run(session, {"translation": 0.9, "customer_support": 0.05}).id
-    published = web.post("/policies/publish", data={"csrf_token": tok, "run_id": str(run_id)}, follow_redirects=True)
+    published = web.post(
+        "/policies/publish", data={"csrf_token": tok, "run_id": str(run_id)}, follow_redirects=True
+    )
     assert "policy set v1 published" in published.get_data(as_text=True)
-    decision = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: good night",
-                                             "max_new_tokens": "100"}).get_data(as_text=True)
-    assert "Speculate with gamma" in decision and "translation" in decision and "prompt_lookup_num_tokens" not in decision
+    decision = web.post(
+        "/playground",
+        data={"csrf_token": tok, "prompt": "Translate to German: good night", "max_new_tokens": "100"},
+    ).get_data(as_text=True)
+    assert (
+        "Speculate with gamma" in decision
+        and "translation" in decision
+        and "prompt_lookup_num_tokens" not in decision
+    )
     # 6 training prompts per task (< 20): every task is marked rarely reached, on every surface
     assert "classifier v1 rarely predicts translation (only 6 training prompts (&lt; 20))" in decision
     policies_page = web.get("/policies").get_data(as_text=True)
-    assert policies_page.count('class="pill warn rarely"') == 2  # translation and customer_support, not the fallback
+    assert (
+        policies_page.count('class="pill warn rarely"') == 2
+    )  # translation and customer_support, not the fallback
     assert 'id="rarely-reached"' in web.get(f"/runs/{run_id}").get_data(as_text=True)
     classifier_page = web.get("/classifier").get_data(as_text=True)
-    assert 'id="ece"' in classifier_page and 'id="reliability"' in classifier_page and "rarely</span>" in classifier_page
-    short = web.post("/playground", data={"csrf_token": tok, "prompt": "Translate to German: hi", "max_new_tokens": "3"})
+    assert (
+        'id="ece"' in classifier_page
+        and 'id="reliability"' in classifier_page
+        and "rarely</span>" in classifier_page
+    )
+    short = web.post(
+        "/playground", data={"csrf_token": tok, "prompt": "Translate to German: hi", "max_new_tokens": "3"}
+    )
     assert "Do not speculate" in short.get_data(as_text=True)
     assert web.post("/playground", data={"csrf_token": tok, "prompt": " "}).status_code == 400
     web.post("/policies/publish", data={"csrf_token": tok, "run_id": str(run_id)})
@@ -242,13 +353,24 @@ def _generated_key(folder: str) -> str:
 
 
 def test_upload_over_the_size_limit_gets_a_friendly_page(engine, db_url, tmp_path):
-    app = create_app({"database_url": db_url, "data_dir": str(tmp_path), "ui_worker": False, "max_upload_bytes": 1000,
-                      "api_max_body_bytes": 1000, "TESTING": True})
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path),
+            "ui_worker": False,
+            "max_upload_bytes": 1000,
+            "api_max_body_bytes": 1000,
+            "TESTING": True,
+        }
+    )
     try:
         web = app.test_client()
         app.config["MAX_CONTENT_LENGTH"] = 2000
-        response = web.post("/prompts", data={"csrf_token": token(web), "file": (io.BytesIO(b"x" * 5000), "big.txt")},
-                            content_type="multipart/form-data")
+        response = web.post(
+            "/prompts",
+            data={"csrf_token": token(web), "file": (io.BytesIO(b"x" * 5000), "big.txt")},
+            content_type="multipart/form-data",
+        )
         assert response.status_code == 413 and "larger than" in response.get_data(as_text=True)
     finally:
         app.extensions["specroute.close"]()
@@ -257,14 +379,27 @@ def test_upload_over_the_size_limit_gets_a_friendly_page(engine, db_url, tmp_pat
 def test_every_page_has_security_headers_and_no_inline_script(web, session):
     with session.begin():
         run_id = make_done_run(session, {"code": 0.9}).id
-    pages = ["/", "/prompts", "/runs", "/runs/new", f"/runs/{run_id}", "/classifier", "/playground", "/policies",
-             "/prompts/synthetic", f"/runs/{run_id}/prompts/{1}"]
+    pages = [
+        "/",
+        "/prompts",
+        "/runs",
+        "/runs/new",
+        f"/runs/{run_id}",
+        "/classifier",
+        "/playground",
+        "/policies",
+        "/prompts/synthetic",
+        f"/runs/{run_id}/prompts/{1}",
+    ]
     for path in pages:
         response = web.get(path)
         assert response.status_code == 200, path
         csp = response.headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
-        assert response.headers["X-Content-Type-Options"] == "nosniff" and response.headers["X-Frame-Options"] == "DENY"
+        assert (
+            response.headers["X-Content-Type-Options"] == "nosniff"
+            and response.headers["X-Frame-Options"] == "DENY"
+        )
         html = response.get_data(as_text=True)
         assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), path  # only <script src=...>
         assert not re.search(r"\son[a-z]+=", html), path  # no inline event handlers
@@ -276,29 +411,51 @@ def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
         run = make_done_run(session, {"code": 0.95, "qa": 0.9}, per_task=4)
         publish_policies(session, run.id)
     before = web.get("/policies").get_data(as_text=True)
-    assert "in force now (router)" in before and before.count("as published (no feedback yet)") == 3  # code, qa, *
+    assert (
+        "in force now (router)" in before and before.count("as published (no feedback yet)") == 3
+    )  # code, qa, *
     for _ in range(30):  # the engine sees almost no acceptance on code: the router turns it off
-        response = web.post("/v1/feedback", json={"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 2})
+        response = web.post(
+            "/v1/feedback", json={"task_type": "code", "rounds": 60, "drafted": 64, "accepted": 2}
+        )
         assert response.status_code == 200
     estimate = response.get_json()["estimate"]
     assert not estimate["speculate"] and estimate["events"] == 30 and estimate["decision_since"]
     page = web.get("/policies").get_data(as_text=True)
-    row = page[page.index("<td>code</td>"):].split("</tr>")[0]
+    row = page[page.index("<td>code</td>") :].split("</tr>")[0]
     assert "<td>speculate</td>" in row  # the published decision ...
     assert "<strong>off</strong>" in row and "after 30 feedback events" in row  # ... and the one in force now
-    assert f"since {estimate['decision_since'].replace('T', ' ')} UTC" in row and "changed from the published decision" in row
+    assert (
+        f"since {estimate['decision_since'].replace('T', ' ')} UTC" in row
+        and "changed from the published decision" in row
+    )
     assert page.count("as published (no feedback yet)") == 2  # qa and the fallback
 
 
 def test_per_task_plots_stay_readable_with_thirteen_tasks(web, session):
-    tasks = ["code", "structured_output", "summarization", "translation", "rag", "qa", "math", "reasoning",
-             "creative_writing", "roleplay", "extraction", "customer_support", "general"]
+    tasks = [
+        "code",
+        "structured_output",
+        "summarization",
+        "translation",
+        "rag",
+        "qa",
+        "math",
+        "reasoning",
+        "creative_writing",
+        "roleplay",
+        "extraction",
+        "customer_support",
+        "general",
+    ]
     with session.begin():
         run_id = make_done_run(session, {t: 0.1 + 0.06 * i for i, t in enumerate(tasks)}, per_task=3).id
     text = web.get(f"/runs/{run_id}").get_data(as_text=True)
-    speedup = text[text.index('class="plot speedup"'):].split("</svg>")[0]
+    speedup = text[text.index('class="plot speedup"') :].split("</svg>")[0]
     assert speedup.count('<g class="panel">') == 13  # one panel per task, not 13 overlapping lines
-    assert speedup.count('class="series"') == 13 and speedup.count('class="background"') == 13  # workload in grey
+    assert (
+        speedup.count('class="series"') == 13 and speedup.count('class="background"') == 13
+    )  # workload in grey
     assert speedup.count('class="best"') == 13 and "grey: whole workload" in speedup
-    histograms = text[text.index('class="plot histograms"'):].split("</svg>")[0]
+    histograms = text[text.index('class="plot histograms"') :].split("</svg>")[0]
     assert histograms.count('<g class="panel">') == 13

@@ -8,18 +8,20 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
+from analyzer.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew
 from analyzer.db import make_session_factory, utcnow
 from analyzer.orm import AnalysisRun, RunChunk
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.run_records import RunParams, create_run
-from analyzer.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew
 from analyzer.worker import Worker
 
 
 def _queue(session, n: int, target: str = "hf:/nowhere/target", **params) -> list[int]:
     import_prompt_file(session, "q", b"hello\nworld\n", "q.txt")
-    return [create_run(session, "q", target, "ngram", RunParams(max_new_tokens=4, gamma_max=2, **params)).id
-            for _ in range(n)]
+    return [
+        create_run(session, "q", target, "ngram", RunParams(max_new_tokens=4, gamma_max=2, **params)).id
+        for _ in range(n)
+    ]
 
 
 def _claims(sessions, workers: list[str]) -> list[tuple[int, str] | None]:
@@ -34,9 +36,15 @@ def test_chunks_are_claimed_once_each_in_order_and_the_run_finishes_once(engine)
     # each run: its profile first (the measurements wait for it), one chunk per prompt, then validation
     assert _claims(sessions, ["w0", "w1", "w2"]) == [(first, "profile"), (second, "profile"), None]
     with sessions() as session:
-        chunks = list(session.scalars(select(RunChunk).where(RunChunk.run_id == first).order_by(RunChunk.position)))
+        chunks = list(
+            session.scalars(select(RunChunk).where(RunChunk.run_id == first).order_by(RunChunk.position))
+        )
         assert [(c.kind, c.prompt_ids, c.status) for c in chunks] == [
-            ("profile", [], "claimed"), ("measure", [1], "pending"), ("measure", [2], "pending"), ("validate", [], "pending")]
+            ("profile", [], "claimed"),
+            ("measure", [1], "pending"),
+            ("measure", [2], "pending"),
+            ("validate", [], "pending"),
+        ]
         assert session.get(AnalysisRun, first).status == "running" and chunks[0].worker_id == "w0"
     profile = ClaimedChunk(chunks[0].id, first, 0, "profile", (), 4)
     assert not complete(sessions, profile, "w0")
@@ -84,4 +92,6 @@ def test_worker_thread_executes_a_queued_run_and_records_its_failure(engine, tmp
             time.sleep(0.05)
     finally:
         worker.stop()
-    assert run.status == "failed" and "/nowhere/target" in run.error  # the model does not exist: failed, recorded
+    assert (
+        run.status == "failed" and "/nowhere/target" in run.error
+    )  # the model does not exist: failed, recorded

@@ -36,7 +36,7 @@ def bearer_ok(header: str | None, token: str) -> bool:
     """Whether an Authorization header carries ``token`` (constant-time comparison)."""
     if not header or not header.startswith("Bearer "):
         return False
-    return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
+    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), token.encode())
 
 
 def _fingerprint(token: str) -> str:
@@ -49,7 +49,7 @@ def signed_in(token: str) -> bool:
 
 
 def kind_of_request() -> str:
-    """"open", "route", "read" or "write" for the current request."""
+    """ "open", "route", "read" or "write" for the current request."""
     endpoint = request.endpoint or ""
     if endpoint in OPEN_ENDPOINTS:
         return "open"
@@ -61,7 +61,11 @@ def kind_of_request() -> str:
 
 
 def needs_token(kind: str, scope: str) -> bool:
-    return kind == "write" or (kind == "route" and scope in ("writes,route", "all")) or (kind == "read" and scope == "all")
+    return (
+        kind == "write"
+        or (kind == "route" and scope in ("writes,route", "all"))
+        or (kind == "read" and scope == "all")
+    )
 
 
 class Access:
@@ -105,8 +109,12 @@ def init_access(app: Flask, access: Access) -> None:
             return None
         if request.method == "GET":
             return redirect(url_for("ui.login", next=request.full_path.rstrip("?")))
-        return Response(render_template("login.html", next="/", message="Sign in with the server's API token to do this."),
-                        status=401)
+        return Response(
+            render_template(
+                "login.html", next="/", message="Sign in with the server's API token to do this."
+            ),
+            status=401,
+        )
 
 
 def login_view(token: str):
@@ -119,5 +127,7 @@ def login_view(token: str):
         if token and hmac.compare_digest(sent.encode(), token.encode()):
             session[SESSION_KEY] = _fingerprint(token)
             return redirect(target)
-        return render_template("login.html", next=target, message="That token is not the server's API token."), 401
+        return render_template(
+            "login.html", next=target, message="That token is not the server's API token."
+        ), 401
     return render_template("login.html", next=target, message=None)

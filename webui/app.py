@@ -62,8 +62,16 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.register_blueprint(ui.bp)
     access.init_access(app, rules)
     app.register_error_handler(Exception, handle_error)
-    worker = Worker(sessions, cache_dir=settings.resolved_data_dir() / "cache", allow_network=settings.allow_downloads,
-                    stale_after_s=settings.stale_after_s).start() if settings.ui_worker else None
+    worker = (
+        Worker(
+            sessions,
+            cache_dir=settings.resolved_data_dir() / "cache",
+            allow_network=settings.allow_downloads,
+            stale_after_s=settings.stale_after_s,
+        ).start()
+        if settings.ui_worker
+        else None
+    )
     app.extensions["specroute.worker"] = worker
     app.after_request(_security_headers)
 
@@ -93,7 +101,7 @@ class _DatabaseId(IntegerConverter):
 SECURITY_HEADERS = {
     # no inline script anywhere: the pages' JavaScript is static/app.js
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
@@ -121,7 +129,11 @@ def handle_error(exc: Exception):
         return api.error_response(exc)
     if isinstance(exc, HTTPException) and exc.code == 413 and request.path == "/prompts":
         limit = ui.settings().max_upload_bytes
-        return render_template("error.html", code=413, name="File too large",
-                               message=f"The file is larger than the {limit:,} bytes this server accepts "
-                                       "(SPECROUTE_MAX_UPLOAD_BYTES). Split it into smaller files."), 413
+        return render_template(
+            "error.html",
+            code=413,
+            name="File too large",
+            message=f"The file is larger than the {limit:,} bytes this server accepts "
+            "(SPECROUTE_MAX_UPLOAD_BYTES). Split it into smaller files.",
+        ), 413
     return ui.page_error(exc)

@@ -11,8 +11,22 @@ import math
 from typing import Sequence
 from xml.sax.saxutils import escape
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39")
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+)
 WIDTH, HEIGHT = 640, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 30, 70
 
@@ -33,29 +47,57 @@ def _nice_max(value: float) -> float:
 
 def _open(title: str, css_class: str, width: int = WIDTH, height: int = HEIGHT) -> list[str]:
     t = escape(title)
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot {css_class}" viewBox="0 0 {width} {height}" '
-            f'width="{width}" height="{height}" role="img" aria-label="{t}">', f"<title>{t}</title>",
-            f'<text x="{width / 2}" y="18" text-anchor="middle" class="plot-title" font-size="14">{t}</text>']
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plot {css_class}" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{t}">',
+        f"<title>{t}</title>",
+        f'<text x="{width / 2}" y="18" text-anchor="middle" class="plot-title" font-size="14">{t}</text>',
+    ]
 
 
-def _axes(lines: list[str], y_min: float, y_max: float, y_label: str, x_label: str, ticks: int = 5,
-          width: int = WIDTH, height: int = HEIGHT) -> None:
+def _axes(
+    lines: list[str],
+    y_min: float,
+    y_max: float,
+    y_label: str,
+    x_label: str,
+    ticks: int = 5,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> None:
     plot_h = height - TOP - BOTTOM
     for i in range(ticks + 1):
         value = y_min + (y_max - y_min) * i / ticks
         y = TOP + plot_h * (1 - i / ticks)
         lines.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{width - RIGHT}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        lines.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{value:.3g}</text>')
+        lines.append(
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{value:.3g}</text>'
+        )
     lines.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{height - BOTTOM}" stroke="#333"/>')
-    lines.append(f'<line x1="{LEFT}" y1="{height - BOTTOM}" x2="{width - RIGHT}" y2="{height - BOTTOM}" stroke="#333"/>')
-    lines.append(f'<text x="14" y="{TOP + plot_h / 2:.1f}" font-size="12" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {TOP + plot_h / 2:.1f})">{escape(y_label)}</text>')
-    lines.append(f'<text x="{(LEFT + width - RIGHT) / 2:.1f}" y="{height - 6}" font-size="12" '
-                 f'text-anchor="middle">{escape(x_label)}</text>')
+    lines.append(
+        f'<line x1="{LEFT}" y1="{height - BOTTOM}" x2="{width - RIGHT}" y2="{height - BOTTOM}" stroke="#333"/>'
+    )
+    lines.append(
+        f'<text x="14" y="{TOP + plot_h / 2:.1f}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {TOP + plot_h / 2:.1f})">{escape(y_label)}</text>'
+    )
+    lines.append(
+        f'<text x="{(LEFT + width - RIGHT) / 2:.1f}" y="{height - 6}" font-size="12" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+    )
 
 
-def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | None], *, errors: Sequence[float | None] | None = None,
-              y_label: str = "", x_label: str = "", y_max: float | None = None, css_class: str = "bars") -> str:
+def bar_chart(
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    *,
+    errors: Sequence[float | None] | None = None,
+    y_label: str = "",
+    x_label: str = "",
+    y_max: float | None = None,
+    css_class: str = "bars",
+) -> str:
     """Vertical bars, one per label, with optional ± error bars."""
     errors = errors or [None] * len(values)
     tops = [v + (e if _ok(e) else 0.0) for v, e in zip(values, errors) if _ok(v)]
@@ -68,41 +110,70 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | None],
         x = LEFT + slot * i
         if _ok(value):
             h = plot_h * min(max(value, 0.0), top) / top
-            lines.append(f'<rect class="bar" x="{x + slot * 0.15:.1f}" y="{TOP + plot_h - h:.1f}" width="{slot * 0.7:.1f}" '
-                         f'height="{h:.1f}" fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {value:.3g}'
-                         f'{f" ± {error:.3g}" if _ok(error) else ""}</title></rect>')
+            lines.append(
+                f'<rect class="bar" x="{x + slot * 0.15:.1f}" y="{TOP + plot_h - h:.1f}" width="{slot * 0.7:.1f}" '
+                f'height="{h:.1f}" fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {value:.3g}'
+                f"{f' ± {error:.3g}' if _ok(error) else ''}</title></rect>"
+            )
             if _ok(error):
                 cx = x + slot / 2
                 low, high = max(value - error, 0.0), min(value + error, top)
                 y_low, y_high = TOP + plot_h * (1 - low / top), TOP + plot_h * (1 - high / top)
-                lines.append(f'<path class="error-bar" d="M{cx:.1f},{y_low:.1f}V{y_high:.1f}M{cx - 5:.1f},{y_low:.1f}'
-                             f'h10M{cx - 5:.1f},{y_high:.1f}h10" stroke="#222" fill="none"/>')
-        lines.append(f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - BOTTOM + 12}" font-size="10" text-anchor="end" '
-                     f'transform="rotate(-35 {x + slot / 2:.1f} {HEIGHT - BOTTOM + 12})">{escape(label)}</text>')
+                lines.append(
+                    f'<path class="error-bar" d="M{cx:.1f},{y_low:.1f}V{y_high:.1f}M{cx - 5:.1f},{y_low:.1f}'
+                    f'h10M{cx - 5:.1f},{y_high:.1f}h10" stroke="#222" fill="none"/>'
+                )
+        lines.append(
+            f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - BOTTOM + 12}" font-size="10" text-anchor="end" '
+            f'transform="rotate(-35 {x + slot / 2:.1f} {HEIGHT - BOTTOM + 12})">{escape(label)}</text>'
+        )
     lines.append("</svg>")
     return "\n".join(lines)
 
 
-def _series(lines: list[str], name: str, values: Sequence[float | None], x_values: list[int], color: str,
-            sx, sy, mark: int | None, radius: int) -> None:
+def _series(
+    lines: list[str],
+    name: str,
+    values: Sequence[float | None],
+    x_values: list[int],
+    color: str,
+    sx,
+    sy,
+    mark: int | None,
+    radius: int,
+) -> None:
     """One series as a polyline (finite values only), with ``mark`` (an x) circled as the best gamma."""
     points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, values) if _ok(y))
     if points:
-        lines.append(f'<polyline class="series" points="{points}" fill="none" stroke="{color}" stroke-width="2">'
-                     f'<title>{escape(name)}</title></polyline>')
+        lines.append(
+            f'<polyline class="series" points="{points}" fill="none" stroke="{color}" stroke-width="2">'
+            f"<title>{escape(name)}</title></polyline>"
+        )
     if mark in x_values and _ok(values[x_values.index(mark)]):
         y = values[x_values.index(mark)]
-        lines.append(f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="{radius}" fill="{color}" stroke="#000">'
-                     f'<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>')
+        lines.append(
+            f'<circle class="best" cx="{sx(mark):.1f}" cy="{sy(y):.1f}" r="{radius}" fill="{color}" stroke="#000">'
+            f"<title>{escape(name)}: best gamma {mark}, {y:.3g}</title></circle>"
+        )
 
 
-def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], *,
-               marks: dict[str, int] | None = None, reference: float | None = None, y_label: str = "",
-               x_label: str = "", css_class: str = "lines") -> str:
+def line_chart(
+    title: str,
+    x_values: Sequence[int],
+    series: dict[str, Sequence[float | None]],
+    *,
+    marks: dict[str, int] | None = None,
+    reference: float | None = None,
+    y_label: str = "",
+    x_label: str = "",
+    css_class: str = "lines",
+) -> str:
     """One polyline per series over ``x_values``; ``marks[name]`` = the x to circle on that series;
     ``reference`` draws a dashed horizontal line (e.g. speedup 1). The legend is below the x axis."""
     x_values = list(x_values)
-    finite = [v for values in series.values() for v in values if _ok(v)] + ([reference] if _ok(reference) else [])
+    finite = [v for values in series.values() for v in values if _ok(v)] + (
+        [reference] if _ok(reference) else []
+    )
     low, high = min(finite, default=0.0), max(finite, default=1.0)
     y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
     y_max = _nice_max(high)
@@ -119,18 +190,26 @@ def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[f
         return TOP + plot_h * (1 - (y - y_min) / (y_max - y_min if y_max > y_min else 1.0))
 
     for x in x_values:
-        lines.append(f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 14:.1f}" font-size="10" text-anchor="middle">{x}</text>')
-    lines.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{TOP + plot_h + 30:.1f}" font-size="12" '
-                 f'text-anchor="middle">{escape(x_label)}</text>')
+        lines.append(
+            f'<text x="{sx(x):.1f}" y="{TOP + plot_h + 14:.1f}" font-size="10" text-anchor="middle">{x}</text>'
+        )
+    lines.append(
+        f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{TOP + plot_h + 30:.1f}" font-size="12" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+    )
     if _ok(reference) and y_min <= reference <= y_max:
-        lines.append(f'<line class="reference" x1="{LEFT}" y1="{sy(reference):.1f}" x2="{WIDTH - RIGHT}" '
-                     f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="4 3"/>')
+        lines.append(
+            f'<line class="reference" x1="{LEFT}" y1="{sy(reference):.1f}" x2="{WIDTH - RIGHT}" '
+            f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="4 3"/>'
+        )
     for i, (name, values) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
         _series(lines, name, values, x_values, color, sx, sy, (marks or {}).get(name), 5)
         lx, ly = LEFT + (i % 5) * 118, TOP + plot_h + 46 + (i // 5) * 14
-        lines.append(f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{lx + 14}" y="{ly + 1}" font-size="10">{escape(name)}</text>')
+        lines.append(
+            f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{lx + 14}" y="{ly + 1}" font-size="10">{escape(name)}</text>'
+        )
     lines.append("</svg>")
     return "\n".join(lines)
 
@@ -138,10 +217,20 @@ def line_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[f
 MULTIPLES_FROM = 5  # more series than this in one chart overlap: draw one small panel per series instead
 
 
-def small_multiples(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], *,
-                    marks: dict[str, int] | None = None, reference: float | None = None,
-                    background: Sequence[float | None] | None = None, background_label: str = "",
-                    y_label: str = "", x_label: str = "", css_class: str = "lines", columns: int = 4) -> str:
+def small_multiples(
+    title: str,
+    x_values: Sequence[int],
+    series: dict[str, Sequence[float | None]],
+    *,
+    marks: dict[str, int] | None = None,
+    reference: float | None = None,
+    background: Sequence[float | None] | None = None,
+    background_label: str = "",
+    y_label: str = "",
+    x_label: str = "",
+    css_class: str = "lines",
+    columns: int = 4,
+) -> str:
     """One small panel per series, on a shared y range, in a grid of ``columns``: the series in its
     colour with ``marks[name]`` circled, ``background`` (e.g. the whole workload) in grey behind it for
     comparison, and ``reference`` dashed. Readable with 13 task types where one chart is a tangle."""
@@ -167,33 +256,49 @@ def small_multiples(title: str, x_values: Sequence[int], series: dict[str, Seque
             return top + pad_top + inner_h * (1 - (y - y_min) / (y_max - y_min if y_max > y_min else 1.0))
 
         color = PALETTE[i % len(PALETTE)]
-        lines.append(f'<g class="panel"><text x="{left + pad_left}" y="{top + 12}" font-size="11" font-weight="bold">'
-                     f'{escape(name)}</text>')
-        lines.append(f'<rect x="{left + pad_left:.1f}" y="{top + pad_top:.1f}" width="{inner_w:.1f}" height="{inner_h:.1f}" '
-                     f'fill="none" stroke="#ccc"/>')
+        lines.append(
+            f'<g class="panel"><text x="{left + pad_left}" y="{top + 12}" font-size="11" font-weight="bold">'
+            f"{escape(name)}</text>"
+        )
+        lines.append(
+            f'<rect x="{left + pad_left:.1f}" y="{top + pad_top:.1f}" width="{inner_w:.1f}" height="{inner_h:.1f}" '
+            f'fill="none" stroke="#ccc"/>'
+        )
         for value in (y_min, y_max):
-            lines.append(f'<text x="{left + pad_left - 3:.1f}" y="{sy(value) + 4:.1f}" font-size="9" text-anchor="end">'
-                         f'{value:.3g}</text>')
+            lines.append(
+                f'<text x="{left + pad_left - 3:.1f}" y="{sy(value) + 4:.1f}" font-size="9" text-anchor="end">'
+                f"{value:.3g}</text>"
+            )
         for x in (x0, x1):
-            lines.append(f'<text x="{sx(x):.1f}" y="{top + pad_top + inner_h + 11:.1f}" font-size="9" '
-                         f'text-anchor="middle">{x}</text>')
+            lines.append(
+                f'<text x="{sx(x):.1f}" y="{top + pad_top + inner_h + 11:.1f}" font-size="9" '
+                f'text-anchor="middle">{x}</text>'
+            )
         if _ok(reference) and y_min <= reference <= y_max:
-            lines.append(f'<line class="reference" x1="{sx(x0):.1f}" y1="{sy(reference):.1f}" x2="{sx(x1):.1f}" '
-                         f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="3 3"/>')
+            lines.append(
+                f'<line class="reference" x1="{sx(x0):.1f}" y1="{sy(reference):.1f}" x2="{sx(x1):.1f}" '
+                f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="3 3"/>'
+            )
         if background:
             points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, background) if _ok(y))
             if points:
-                lines.append(f'<polyline class="background" points="{points}" fill="none" stroke="#bbb" stroke-width="1.5">'
-                             f'<title>{escape(background_label)}</title></polyline>')
+                lines.append(
+                    f'<polyline class="background" points="{points}" fill="none" stroke="#bbb" stroke-width="1.5">'
+                    f"<title>{escape(background_label)}</title></polyline>"
+                )
         _series(lines, name, values, x_values, color, sx, sy, (marks or {}).get(name), 4)
         lines.append("</g>")
     legend = f"{y_label} against {x_label}" + (f"; grey: {background_label}" if background else "")
-    lines.append(f'<text x="{WIDTH / 2}" y="{height - 10}" font-size="11" text-anchor="middle">{escape(legend)}</text>')
+    lines.append(
+        f'<text x="{WIDTH / 2}" y="{height - 10}" font-size="11" text-anchor="middle">{escape(legend)}</text>'
+    )
     lines.append("</svg>")
     return "\n".join(lines)
 
 
-def per_series_chart(title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], **options) -> str:
+def per_series_chart(
+    title: str, x_values: Sequence[int], series: dict[str, Sequence[float | None]], **options
+) -> str:
     """A line chart, or small multiples once there are more than MULTIPLES_FROM series."""
     if len(series) > MULTIPLES_FROM:
         return small_multiples(title, x_values, series, **options)
@@ -201,8 +306,15 @@ def per_series_chart(title: str, x_values: Sequence[int], series: dict[str, Sequ
     return line_chart(title, x_values, series, **options)
 
 
-def scatter(title: str, points: Sequence[tuple[float, float, str]], *, x_label: str = "", y_label: str = "",
-            diagonal: bool = True, css_class: str = "scatter") -> str:
+def scatter(
+    title: str,
+    points: Sequence[tuple[float, float, str]],
+    *,
+    x_label: str = "",
+    y_label: str = "",
+    diagonal: bool = True,
+    css_class: str = "scatter",
+) -> str:
     """Points (x, y, label) with the y = x line."""
     good = [(x, y, label) for x, y, label in points if _ok(x) and _ok(y)]
     top = _nice_max(max([max(x, y) for x, y, _ in good], default=1.0))
@@ -211,18 +323,27 @@ def scatter(title: str, points: Sequence[tuple[float, float, str]], *, x_label: 
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     for i in range(6):
         value = top * i / 5
-        lines.append(f'<text x="{LEFT + plot_w * i / 5:.1f}" y="{HEIGHT - BOTTOM + 14}" font-size="10" '
-                     f'text-anchor="middle">{value:.3g}</text>')
+        lines.append(
+            f'<text x="{LEFT + plot_w * i / 5:.1f}" y="{HEIGHT - BOTTOM + 14}" font-size="10" '
+            f'text-anchor="middle">{value:.3g}</text>'
+        )
     if diagonal:
-        lines.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP}" stroke="#888" stroke-dasharray="4 3"/>')
+        lines.append(
+            f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP}" stroke="#888" '
+            'stroke-dasharray="4 3"/>'
+        )
     for x, y, label in good:
-        lines.append(f'<circle class="point" cx="{LEFT + plot_w * x / top:.1f}" cy="{TOP + plot_h * (1 - y / top):.1f}" r="4" '
-                     f'fill="#1f77b4"><title>{escape(label)}: predicted {x:.3g}, measured {y:.3g}</title></circle>')
+        lines.append(
+            f'<circle class="point" cx="{LEFT + plot_w * x / top:.1f}" cy="{TOP + plot_h * (1 - y / top):.1f}" r="4" '
+            f'fill="#1f77b4"><title>{escape(label)}: predicted {x:.3g}, measured {y:.3g}</title></circle>'
+        )
     lines.append("</svg>")
     return "\n".join(lines)
 
 
-def heatmap(title: str, labels: Sequence[str], matrix: Sequence[Sequence[int]], *, css_class: str = "heatmap") -> str:
+def heatmap(
+    title: str, labels: Sequence[str], matrix: Sequence[Sequence[int]], *, css_class: str = "heatmap"
+) -> str:
     """A confusion matrix: rows are true labels, columns predicted; darker = more prompts."""
     n = len(labels)
     cell = min(32, 420 // max(n, 1))
@@ -231,22 +352,33 @@ def heatmap(title: str, labels: Sequence[str], matrix: Sequence[Sequence[int]], 
     biggest = max((v for row in matrix for v in row), default=1) or 1
     lines = _open(title, css_class, width=width, height=height)
     for i, row in enumerate(matrix):
-        lines.append(f'<text x="{left - 4}" y="{top + cell * i + cell / 2 + 4:.1f}" font-size="10" '
-                     f'text-anchor="end">{escape(labels[i])}</text>')
+        lines.append(
+            f'<text x="{left - 4}" y="{top + cell * i + cell / 2 + 4:.1f}" font-size="10" '
+            f'text-anchor="end">{escape(labels[i])}</text>'
+        )
         for j, value in enumerate(row):
             shade = 1 - 0.85 * value / biggest
             color = f"rgb({int(255 * shade)},{int(255 * shade)},255)"
-            lines.append(f'<rect class="cell" x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
-                         f'fill="{color}" stroke="#fff"><title>true {escape(labels[i])}, predicted '
-                         f'{escape(labels[j])}: {value}</title></rect>')
+            lines.append(
+                f'<rect class="cell" x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
+                f'fill="{color}" stroke="#fff"><title>true {escape(labels[i])}, predicted '
+                f"{escape(labels[j])}: {value}</title></rect>"
+            )
             if value:
-                lines.append(f'<text x="{left + cell * j + cell / 2}" y="{top + cell * i + cell / 2 + 4}" font-size="9" '
-                             f'text-anchor="middle">{value}</text>')
+                lines.append(
+                    f'<text x="{left + cell * j + cell / 2}" y="{top + cell * i + cell / 2 + 4}" font-size="9" '
+                    f'text-anchor="middle">{value}</text>'
+                )
     for j, label in enumerate(labels):
         x = left + cell * j + cell / 2
         y = top + cell * n + 8
-        lines.append(f'<text x="{x}" y="{y}" font-size="10" text-anchor="end" transform="rotate(-55 {x} {y})">{escape(label)}</text>')
-    lines.append(f'<text x="{left + cell * n / 2}" y="{height - 4}" font-size="12" text-anchor="middle">predicted</text>')
+        lines.append(
+            f'<text x="{x}" y="{y}" font-size="10" text-anchor="end" transform="rotate(-55 {x} '
+            f'{y})">{escape(label)}</text>'
+        )
+    lines.append(
+        f'<text x="{left + cell * n / 2}" y="{height - 4}" font-size="12" text-anchor="middle">predicted</text>'
+    )
     lines.append("</svg>")
     return "\n".join(lines)
 
@@ -257,9 +389,14 @@ def report_plots(report: dict) -> dict[str, str]:
     names = list(tasks)
     plots = {
         "acceptance": bar_chart(
-            "Acceptance rate alpha by task (mean ± std over prompts)", names,
-            [tasks[n]["alpha_mean"] for n in names], errors=[tasks[n]["alpha_std"] for n in names],
-            y_label="alpha", y_max=1.0, css_class="acceptance"),
+            "Acceptance rate alpha by task (mean ± std over prompts)",
+            names,
+            [tasks[n]["alpha_mean"] for n in names],
+            errors=[tasks[n]["alpha_std"] for n in names],
+            y_label="alpha",
+            y_max=1.0,
+            css_class="acceptance",
+        ),
     }
     histogram_series = {}
     for name in names:
@@ -270,21 +407,35 @@ def report_plots(report: dict) -> dict[str, str]:
     if histogram_series:
         longest = max(len(v) for v in histogram_series.values())
         plots["histograms"] = per_series_chart(
-            "Accepted drafts per round at each task's best gamma (share of rounds)", list(range(longest)),
+            "Accepted drafts per round at each task's best gamma (share of rounds)",
+            list(range(longest)),
             {k: v + [None] * (longest - len(v)) for k, v in histogram_series.items()},
-            y_label="share of rounds", x_label="accepted drafts in a round", css_class="histograms")
+            y_label="share of rounds",
+            x_label="accepted drafts in a round",
+            css_class="histograms",
+        )
     curves = {n: tasks[n].get("speedup_curve") or [] for n in names}
     longest = max((len(c) for c in curves.values()), default=0)
     if longest:
         workload = report.get("workload") or {}
         plots["speedup"] = per_series_chart(
-            "Predicted speedup S(g) by task" + (f" at batch size {min(int(b) for b in report['cost_profiles'])}"
-                                                 if len(report.get("cost_profiles") or {}) > 1 else "")
-            + " (circle: best gamma)", list(range(1, longest + 1)),
+            "Predicted speedup S(g) by task"
+            + (
+                f" at batch size {min(int(b) for b in report['cost_profiles'])}"
+                if len(report.get("cost_profiles") or {}) > 1
+                else ""
+            )
+            + " (circle: best gamma)",
+            list(range(1, longest + 1)),
             {n: list(c) + [None] * (longest - len(c)) for n, c in curves.items()},
-            marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")}, reference=1.0,
-            background=workload.get("speedup_curve"), background_label="whole workload",
-            y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
+            marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")},
+            reference=1.0,
+            background=workload.get("speedup_curve"),
+            background_label="whole workload",
+            y_label="speedup",
+            x_label="gamma (lookahead)",
+            css_class="speedup",
+        )
     batches = sorted(int(b) for b in (report.get("cost_profiles") or {}))
     for batch in batches[1:] if len(batches) > 1 else []:  # the first is the plot above
         at_batch = {n: (tasks[n].get("by_batch") or {}).get(str(batch)) or {} for n in names}
@@ -293,23 +444,44 @@ def report_plots(report: dict) -> dict[str, str]:
         if width:
             plots[f"speedup_b{batch}"] = per_series_chart(
                 f"Predicted speedup S(g) by task at batch size {batch} (circle: best gamma there)",
-                list(range(1, width + 1)), {n: list(c) + [None] * (width - len(c)) for n, c in batch_curves.items()},
-                marks={n: at_batch[n]["best_gamma"] for n in names if at_batch[n].get("best_gamma")}, reference=1.0,
-                background=((report.get("workload") or {}).get("by_batch") or {}).get(str(batch), {}).get("speedup_curve"),
-                background_label="whole workload", y_label="speedup", x_label="gamma (lookahead)", css_class="speedup")
+                list(range(1, width + 1)),
+                {n: list(c) + [None] * (width - len(c)) for n, c in batch_curves.items()},
+                marks={n: at_batch[n]["best_gamma"] for n in names if at_batch[n].get("best_gamma")},
+                reference=1.0,
+                background=((report.get("workload") or {}).get("by_batch") or {})
+                .get(str(batch), {})
+                .get("speedup_curve"),
+                background_label="whole workload",
+                y_label="speedup",
+                x_label="gamma (lookahead)",
+                css_class="speedup",
+            )
     table = report.get("entropy_table")
     if table and any(table["positions"]):
         edges = table["edges"]
-        labels = [f"{edges[i]:g}–{edges[i + 1]:g}" if edges[i + 1] is not None else f"≥{edges[i]:g}"
-                  for i in range(len(edges) - 1)]
+        labels = [
+            f"{edges[i]:g}–{edges[i + 1]:g}" if edges[i + 1] is not None else f"≥{edges[i]:g}"
+            for i in range(len(edges) - 1)
+        ]
         plots["entropy"] = bar_chart(
-            f"P(accepted run ≥ {table['run_length']} | entropy of the previous token)", labels,
-            table["probability"], y_label="probability", x_label="target entropy (nats)", y_max=1.0,
-            css_class="entropy")
+            f"P(accepted run ≥ {table['run_length']} | entropy of the previous token)",
+            labels,
+            table["probability"],
+            y_label="probability",
+            x_label="target entropy (nats)",
+            y_max=1.0,
+            css_class="entropy",
+        )
     validation = report.get("validation") or []
     if validation:
         plots["validation"] = scatter(
             "Predicted vs measured speedup (validated prompts)",
-            [(v["predicted_speedup"], v["measured_speedup"], f"prompt {v['prompt_id']} g={v['gamma']}") for v in validation],
-            x_label="predicted speedup", y_label="measured speedup", css_class="validation")
+            [
+                (v["predicted_speedup"], v["measured_speedup"], f"prompt {v['prompt_id']} g={v['gamma']}")
+                for v in validation
+            ],
+            x_label="predicted speedup",
+            y_label="measured speedup",
+            css_class="validation",
+        )
     return plots

@@ -61,7 +61,9 @@ class PreforkServer(BaseApplication):
     def load_config(self) -> None:
         for name, value in self.options.items():
             self.cfg.set(name, value)
-        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25.1 opens a control socket by default
+        if (
+            "control_socket_disable" in self.cfg.settings
+        ):  # gunicorn >= 25.1 opens a control socket by default
             self.cfg.set("control_socket_disable", True)  # none in the user's runtime folder
 
     def load(self) -> ChunkedBodyLimit:
@@ -81,7 +83,11 @@ class PreforkServer(BaseApplication):
         # In the arbiter, after a worker was reaped. When no replacement will be forked because the
         # other workers already make up the count (a reload on SIGHUP or SIGTTOU retired the process
         # with the analysis thread), the youngest stops gracefully so that its replacement takes it.
-        if getattr(worker, "runs_analysis", False) and arbiter.WORKERS and len(arbiter.WORKERS) >= arbiter.num_workers:
+        if (
+            getattr(worker, "runs_analysis", False)
+            and arbiter.WORKERS
+            and len(arbiter.WORKERS) >= arbiter.num_workers
+        ):
             youngest = max(arbiter.WORKERS.values(), key=lambda w: w.age)
             arbiter.kill_worker(youngest.pid, signal.SIGTERM)
 

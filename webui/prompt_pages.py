@@ -28,8 +28,13 @@ PAGE_SIZE = 25
 def _list_page(errors=None, status: int = 200, form_name: str = ""):
     with sessions()() as session:
         summaries = list_prompt_sets(session)
-    return render_template("prompt_sets.html", sets=summaries, errors=errors, form_name=form_name,
-                           max_upload_mb=settings().max_upload_bytes / 1e6), status
+    return render_template(
+        "prompt_sets.html",
+        sets=summaries,
+        errors=errors,
+        form_name=form_name,
+        max_upload_mb=settings().max_upload_bytes / 1e6,
+    ), status
 
 
 @bp.get("/prompts")
@@ -47,11 +52,14 @@ def upload_prompts():
     name = name or upload.filename.rsplit(".", 1)[0]
     try:
         with sessions()() as session, session.begin():
-            prompt_set, parsed = import_prompt_file(session, name, data, upload.filename,
-                                                    limits=IngestLimits.from_settings(settings()))
+            prompt_set, parsed = import_prompt_file(
+                session, name, data, upload.filename, limits=IngestLimits.from_settings(settings())
+            )
             set_name = prompt_set.name
     except PromptFileError as exc:
-        return _list_page({"summary": exc.summary(), "issues": [str(i) for i in exc.issues], "total": exc.total}, 400, name)
+        return _list_page(
+            {"summary": exc.summary(), "issues": [str(i) for i in exc.issues], "total": exc.total}, 400, name
+        )
     except PromptSetError as exc:
         return _list_page({"summary": str(exc), "issues": []}, 400, name)
     merged = f"; {len(parsed.duplicates)} duplicate(s) merged" if parsed.duplicates else ""
@@ -66,21 +74,39 @@ def _filter_args(source) -> tuple[str | None, str | None]:
     return search, (task if task is not None and task != "*" else None)
 
 
-def _set_page(name: str, page: int, search: str | None, task: str | None, error: str | None = None,
-              status: int = 200):
+def _set_page(
+    name: str, page: int, search: str | None, task: str | None, error: str | None = None, status: int = 200
+):
     with sessions()() as session:
         found = get_prompt_set(session, name)  # PromptSetNotFound: the app's 404 page
         summary = summarize(session, [found])[0]
-        prompts, total = list_prompts(session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE,
-                                      search=search, task=task)
-        rows = [{"position": p.position + 1, "id": p.external_id, "task": p.task, "line": p.source_line,
-                 "text": prompt_text(p.text, p.messages)}
-                for p in prompts]
+        prompts, total = list_prompts(
+            session, found, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE, search=search, task=task
+        )
+        rows = [
+            {
+                "position": p.position + 1,
+                "id": p.external_id,
+                "task": p.task,
+                "line": p.source_line,
+                "text": prompt_text(p.text, p.messages),
+            }
+            for p in prompts
+        ]
         tasks = known_task_types(session)
     pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
-    return render_template("prompt_set.html", summary=summary, rows=rows, total=total, page=page, pages=pages,
-                           q=search or "", task=task if task is not None else "*", known_tasks=tasks,
-                           error=error), status
+    return render_template(
+        "prompt_set.html",
+        summary=summary,
+        rows=rows,
+        total=total,
+        page=page,
+        pages=pages,
+        q=search or "",
+        task=task if task is not None else "*",
+        known_tasks=tasks,
+        error=error,
+    ), status
 
 
 @bp.get("/prompts/<name>")
@@ -112,7 +138,9 @@ def label_prompts(name: str):
     except PromptSetError as exc:  # shown on the set's page; a set that is not there is the app's 404 page
         return _set_page(name, page, search, task, str(exc), exc.status)
     flash(message + " (used by the next `specroute train`; past analyses keep their labels)")
-    return redirect(url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*"))
+    return redirect(
+        url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*")
+    )
 
 
 @bp.post("/prompts/<name>/delete")

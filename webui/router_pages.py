@@ -34,21 +34,42 @@ def _router_service():
 def classifier():
     with sessions()() as session:
         versions = list(session.scalars(select(ClassifierVersion).order_by(ClassifierVersion.version.desc())))
-        rows = [{"version": v.version, "active": v.is_active, "labels": len(v.labels), "prompts": v.training_prompt_count,
-                 "source": (v.scores or {}).get("source"), "macro_f1": (v.scores or {}).get("macro_f1"),
-                 "accuracy": (v.scores or {}).get("accuracy"), "features": (v.scores or {}).get("features", "tfidf"),
-                 "unseen_f1": ((v.scores or {}).get("grouped") or {}).get("macro_f1"),
-                 "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
-                 "created_at": v.created_at.isoformat(timespec="seconds")} for v in versions]
+        rows = [
+            {
+                "version": v.version,
+                "active": v.is_active,
+                "labels": len(v.labels),
+                "prompts": v.training_prompt_count,
+                "source": (v.scores or {}).get("source"),
+                "macro_f1": (v.scores or {}).get("macro_f1"),
+                "accuracy": (v.scores or {}).get("accuracy"),
+                "features": (v.scores or {}).get("features", "tfidf"),
+                "unseen_f1": ((v.scores or {}).get("grouped") or {}).get("macro_f1"),
+                "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
+                "created_at": v.created_at.isoformat(timespec="seconds"),
+            }
+            for v in versions
+        ]
         active = next((v for v in versions if v.is_active), None)
         scores = dict(active.scores or {}) if active else {}
     confusion = scores.get("confusion")
-    plot = Markup(heatmap("Confusion matrix (cross-validated)", confusion["labels"], confusion["matrix"])) if confusion else None
+    plot = (
+        Markup(heatmap("Confusion matrix (cross-validated)", confusion["labels"], confusion["matrix"]))
+        if confusion
+        else None
+    )
     with sessions()() as session:
         prompt_sets = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
-    return render_template("classifier.html", versions=rows, scores=scores, plot=plot, prompt_sets=prompt_sets,
-                           feature_sets=FEATURE_SETS, default_features=settings().classifier_features,
-                           encoder=encoder_available())
+    return render_template(
+        "classifier.html",
+        versions=rows,
+        scores=scores,
+        plot=plot,
+        prompt_sets=prompt_sets,
+        feature_sets=FEATURE_SETS,
+        default_features=settings().classifier_features,
+        encoder=encoder_available(),
+    )
 
 
 @bp.post("/classifier/train")
@@ -61,10 +82,12 @@ def train():
             data = training_data(session, source, names or None)
             version = train_classifier(session, data, features=features)
             grouped = version.scores.get("grouped")
-            message = (f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
-                       f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
-                       + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
-                       + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}")
+            message = (
+                f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
+                f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
+                + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
+                + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
+            )
     except ClassifierError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
@@ -111,23 +134,42 @@ def playground():
             errors.append("type a prompt")
         if not errors:
             try:
-                decision = _router_service().route([RouteRequest(prompt=values["prompt"], max_new_tokens=max_new,
-                                                                 batch_size=batch)])[0].as_dict()
+                decision = (
+                    _router_service()
+                    .route([RouteRequest(prompt=values["prompt"], max_new_tokens=max_new, batch_size=batch)])[
+                        0
+                    ]
+                    .as_dict()
+                )
             except ClassifierError as exc:
                 errors.append(str(exc))
-    return render_template("playground.html", decision=decision, errors=errors, values=values), 400 if errors else 200
+    return render_template(
+        "playground.html", decision=decision, errors=errors, values=values
+    ), 400 if errors else 200
 
 
 @bp.get("/policies")
 def policies():
     with sessions()() as session:
         sets = [policy_set_dict(p) for p in list_policy_sets(session)]
-        runs = [{"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec} for r in session.scalars(
-            select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc()))]
+        runs = [
+            {"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec}
+            for r in session.scalars(
+                select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc())
+            )
+        ]
         classifier_version, rarely = rarely_reached(session)
-    estimates = {e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])}
-    return render_template("policies.html", sets=sets, runs=runs, estimates=estimates, rarely=rarely,
-                           classifier_version=classifier_version)
+    estimates = {
+        e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
+    }
+    return render_template(
+        "policies.html",
+        sets=sets,
+        runs=runs,
+        estimates=estimates,
+        rarely=rarely,
+        classifier_version=classifier_version,
+    )
 
 
 @bp.post("/policies/publish")

@@ -13,22 +13,28 @@ from sqlalchemy.orm import object_session
 
 from analyzer.chunks import chunk_progress
 from analyzer.db import utcnow
-from analyzer.errors import SpecrouteError, error_payload
-from analyzer.devices import DTYPE_CHOICES, DeviceError, check_device_name, check_dtype_name, parse_batch_sizes
+from analyzer.devices import (
+    DTYPE_CHOICES,
+    DeviceError,
+    check_device_name,
+    check_dtype_name,
+    parse_batch_sizes,
+)
 from analyzer.engines import ENGINES, EngineError, check_engine_name
-from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
+from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
-from analyzer.prompt_checks import prompt_text
 from analyzer.output_marks import output_marks
+from analyzer.prompt_checks import prompt_text
 from analyzer.report import build_report
 from analyzer.report_text import recommendation, report_csv
 from analyzer.run_params import DEFAULT_GAMMA_MAX, LIMITS, Limit
 from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
+from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.summary import UNLABELLED, run_summary
+from router import strict_json
 from router.classifier import rarely_reached
 from webui.plots import report_plots
 from webui.ui import bp, sessions, settings
-from router import strict_json
 
 # The form's numbers and their limits: analyzer.run_params.LIMITS, as on the command line and in
 # RunParams.check (the new-run page's inputs take their min and max attributes from here too).
@@ -70,14 +76,26 @@ def _run_row(run: AnalysisRun) -> dict:
     elapsed = ((run.finished_at or now) - run.started_at).total_seconds() if run.started_at else None
     done, total = run.progress_done, run.progress_total
     status = shown_status(run, stale_after_s=settings().stale_after_s)
-    eta = elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
-    return {"id": run.id, "status": status, "engine": run.engine, "prompt_set": run.prompt_set.name,
-            "target": run.pair.target.spec,
-            "draft": run.pair.draft.spec, "done": done, "total": total,
-            "percent": round(100 * done / total) if total else 0, "elapsed_s": elapsed, "eta_s": eta,
-            "error": run.error, "created_at": run.created_at.isoformat(timespec="seconds"),
-            "phase": run.phase if status in ("queued", "running") else None,
-            "chunks": chunk_progress(object_session(run), run.id)}
+    eta = (
+        elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
+    )
+    return {
+        "id": run.id,
+        "status": status,
+        "engine": run.engine,
+        "prompt_set": run.prompt_set.name,
+        "target": run.pair.target.spec,
+        "draft": run.pair.draft.spec,
+        "done": done,
+        "total": total,
+        "percent": round(100 * done / total) if total else 0,
+        "elapsed_s": elapsed,
+        "eta_s": eta,
+        "error": run.error,
+        "created_at": run.created_at.isoformat(timespec="seconds"),
+        "phase": run.phase if status in ("queued", "running") else None,
+        "chunks": chunk_progress(object_session(run), run.id),
+    }
 
 
 @bp.get("/runs")
@@ -91,15 +109,32 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
     targets, drafts = model_choices()
     with sessions()() as session:
         names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
-    defaults = {"prompt_set": request.args.get("prompts", names[0] if names else ""),
-                "target": _default_choice(targets, DEFAULT_TARGET), "draft": _default_choice(drafts, DEFAULT_DRAFT),
-                "max_new_tokens": 64, "gamma_max": DEFAULT_GAMMA_MAX, "temperature": 0.0, "limit": "",
-                "validate": 2, "engine": settings().engine, "device": settings().device,
-                "dtype": check_dtype_name(settings().dtype), "batch_sizes": "",
-                "chunk_size": RunParams.chunk_size}
-    return render_template("new_run.html", prompt_sets=names, targets=targets, drafts=drafts, errors=errors or [],
-                           limits=FORM_LIMITS, dtypes=DTYPE_CHOICES, engines=ENGINES,
-                           values={**defaults, **(values or {})}), status
+    defaults = {
+        "prompt_set": request.args.get("prompts", names[0] if names else ""),
+        "target": _default_choice(targets, DEFAULT_TARGET),
+        "draft": _default_choice(drafts, DEFAULT_DRAFT),
+        "max_new_tokens": 64,
+        "gamma_max": DEFAULT_GAMMA_MAX,
+        "temperature": 0.0,
+        "limit": "",
+        "validate": 2,
+        "engine": settings().engine,
+        "device": settings().device,
+        "dtype": check_dtype_name(settings().dtype),
+        "batch_sizes": "",
+        "chunk_size": RunParams.chunk_size,
+    }
+    return render_template(
+        "new_run.html",
+        prompt_sets=names,
+        targets=targets,
+        drafts=drafts,
+        errors=errors or [],
+        limits=FORM_LIMITS,
+        dtypes=DTYPE_CHOICES,
+        engines=ENGINES,
+        values={**defaults, **(values or {})},
+    ), status
 
 
 def _default_choice(choices: list[str], preferred: str) -> str:
@@ -125,9 +160,24 @@ def new_run():
 @bp.post("/runs")
 def start_run():
     form = request.form
-    values = {k: form.get(k, "") for k in ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max",
-                                             "temperature", "validate", "engine", "device", "dtype", "batch_sizes",
-                                             "limit", "chunk_size")}
+    values = {
+        k: form.get(k, "")
+        for k in (
+            "prompt_set",
+            "target",
+            "draft",
+            "max_new_tokens",
+            "gamma_max",
+            "temperature",
+            "validate",
+            "engine",
+            "device",
+            "dtype",
+            "batch_sizes",
+            "limit",
+            "chunk_size",
+        )
+    }
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
@@ -157,22 +207,36 @@ def start_run():
             if not FORM_LIMITS["limit"].admits(limit):
                 raise ValueError
         except ValueError:
-            errors.append("prompts to analyze must be blank (all) or a whole number "
-                          f"{range_words(FORM_LIMITS['limit'])}")
+            errors.append(
+                "prompts to analyze must be blank (all) or a whole number "
+                f"{range_words(FORM_LIMITS['limit'])}"
+            )
     values["engine"] = values["engine"] or settings().engine  # absent (an older form): the setting
     placement = {}
-    for key, check in (("engine", check_engine_name), ("device", check_device_name), ("dtype", check_dtype_name),
-                       ("batch_sizes", parse_batch_sizes)):
+    for key, check in (
+        ("engine", check_engine_name),
+        ("device", check_device_name),
+        ("dtype", check_dtype_name),
+        ("batch_sizes", parse_batch_sizes),
+    ):
         try:
             placement[key] = check(values[key] or None)
         except (DeviceError, EngineError) as exc:
             errors.append(str(exc))
     if errors:
         return _new_run_page(errors, values, 400)
-    params = RunParams(max_new_tokens=numbers["max_new_tokens"], gamma_max=numbers["gamma_max"],
-                       temperature=temperature, validate=numbers["validate"] if temperature == 0 else 0,
-                       engine=placement["engine"], device=placement["device"], dtype=placement["dtype"],
-                       profile_batch_sizes=placement["batch_sizes"], limit=limit, chunk_size=numbers["chunk_size"])
+    params = RunParams(
+        max_new_tokens=numbers["max_new_tokens"],
+        gamma_max=numbers["gamma_max"],
+        temperature=temperature,
+        validate=numbers["validate"] if temperature == 0 else 0,
+        engine=placement["engine"],
+        device=placement["device"],
+        dtype=placement["dtype"],
+        profile_batch_sizes=placement["batch_sizes"],
+        limit=limit,
+        chunk_size=numbers["chunk_size"],
+    )
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
@@ -195,8 +259,16 @@ def run_status(run_id: int):
 def cancel_run(run_id: int):
     with sessions()() as session, session.begin():
         status = request_cancel(session, run_id).status  # RunNotFound: the app's 404 page
-    flash(f"run {run_id}: " + ("cancelled" if status == "cancelled" else
-                               "stopping after the prompt it is on" if status == "running" else f"already {status}"))
+    flash(
+        f"run {run_id}: "
+        + (
+            "cancelled"
+            if status == "cancelled"
+            else "stopping after the prompt it is on"
+            if status == "running"
+            else f"already {status}"
+        )
+    )
     return redirect(request.referrer or url_for("ui.runs"))
 
 
@@ -213,22 +285,35 @@ def run(run_id: int):
         row = _run_row(session.get(AnalysisRun, run_id))
         classifier_version, rarely = rarely_reached(session)
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
-    return render_template("report.html", report=report, run=row, plots=plots, verdict=recommendation(report),
-                           gammas=list(range(1, report["params"]["gamma_max"] + 1)),
-                           rarely=rarely, classifier_version=classifier_version)
+    return render_template(
+        "report.html",
+        report=report,
+        run=row,
+        plots=plots,
+        verdict=recommendation(report),
+        gammas=list(range(1, report["params"]["gamma_max"] + 1)),
+        rarely=rarely,
+        classifier_version=classifier_version,
+    )
 
 
 @bp.get("/runs/<int:run_id>/report.json")
 def report_json(run_id: int):
     report = _report(run_id)
-    return Response(strict_json.dumps(report, indent=1), mimetype="application/json",
-                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.json"'})
+    return Response(
+        strict_json.dumps(report, indent=1),
+        mimetype="application/json",
+        headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.json"'},
+    )
 
 
 @bp.get("/runs/<int:run_id>/prompts.csv")
 def report_prompts_csv(run_id: int):
-    return Response(report_csv(_report(run_id)), mimetype="text/csv",
-                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}-prompts.csv"'})
+    return Response(
+        report_csv(_report(run_id)),
+        mimetype="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}-prompts.csv"'},
+    )
 
 
 @bp.get("/runs/<int:run_id>/report.html")
@@ -238,10 +323,20 @@ def report_html(run_id: int):
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     with sessions()() as session:
         classifier_version, rarely = rarely_reached(session)
-    html = render_template("report_export.html", report=report, plots=plots, verdict=recommendation(report), css=Markup(css),
-                           rarely=rarely, classifier_version=classifier_version)
-    return Response(html, mimetype="text/html",
-                    headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.html"'})
+    html = render_template(
+        "report_export.html",
+        report=report,
+        plots=plots,
+        verdict=recommendation(report),
+        css=Markup(css),
+        rarely=rarely,
+        classifier_version=classifier_version,
+    )
+    return Response(
+        html,
+        mimetype="text/html",
+        headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}.html"'},
+    )
 
 
 def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
@@ -253,7 +348,9 @@ def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
 @bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
 def prompt_detail(run_id: int, prompt_id: int):
     with sessions()() as session, session.begin():  # committed: the summary, where this view computed it
-        result = session.scalar(select(PromptResult).where(PromptResult.run_id == run_id, PromptResult.prompt_id == prompt_id))
+        result = session.scalar(
+            select(PromptResult).where(PromptResult.run_id == run_id, PromptResult.prompt_id == prompt_id)
+        )
         if result is None:
             abort(404, description=f"run {run_id} has no result for prompt {prompt_id}")
         run_row = session.get(AnalysisRun, run_id)
@@ -266,11 +363,25 @@ def prompt_detail(run_id: int, prompt_id: int):
             gamma = _task_best_gamma(session, run_row, result.task_type) or min(4, gamma_max)
         gamma = min(max(gamma, 1), gamma_max)
         marks = output_marks(run_row, result, gamma)  # from the stored ids: no tokenizer, no torch
-        info = {"task": result.task_type, "external_id": prompt.external_id, "prompt_tokens": result.prompt_tokens,
-                "output_tokens": result.output_tokens, "output_text": result.output_text, "text": text,
-                "messages": prompt.messages, "rounds": counts[gamma].rounds if gamma in counts else None,
-                "accepted": counts[gamma].accepted if gamma in counts else None,
-                "drafted": counts[gamma].drafted if gamma in counts else None}
-    return render_template("prompt_detail.html", run_id=run_id, prompt_id=prompt_id, info=info, gamma=gamma,
-                           gammas=list(range(1, gamma_max + 1)), pieces=marks.pieces, note=marks.note)
-
+        info = {
+            "task": result.task_type,
+            "external_id": prompt.external_id,
+            "prompt_tokens": result.prompt_tokens,
+            "output_tokens": result.output_tokens,
+            "output_text": result.output_text,
+            "text": text,
+            "messages": prompt.messages,
+            "rounds": counts[gamma].rounds if gamma in counts else None,
+            "accepted": counts[gamma].accepted if gamma in counts else None,
+            "drafted": counts[gamma].drafted if gamma in counts else None,
+        }
+    return render_template(
+        "prompt_detail.html",
+        run_id=run_id,
+        prompt_id=prompt_id,
+        info=info,
+        gamma=gamma,
+        gammas=list(range(1, gamma_max + 1)),
+        pieces=marks.pieces,
+        note=marks.note,
+    )

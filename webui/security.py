@@ -30,8 +30,10 @@ def resolve_secret_key(settings: Settings, *, testing: bool = False) -> str:
     if key:
         weak = key.strip().lower() in WELL_KNOWN_KEYS or len(key) < MIN_KEY_CHARS
         if weak and not testing:
-            raise SettingsError(f"SPECROUTE_SECRET_KEY is too weak (well-known or shorter than {MIN_KEY_CHARS} "
-                                "characters); set a long random value, or leave it empty to have one generated")
+            raise SettingsError(
+                f"SPECROUTE_SECRET_KEY is too weak (well-known or shorter than {MIN_KEY_CHARS} "
+                "characters); set a long random value, or leave it empty to have one generated"
+            )
         return key
     path = Path(settings.resolved_data_dir()) / "secret_key"
     if path.is_file():
@@ -68,4 +70,8 @@ def check_csrf() -> None:
     sent = request.form.get(CSRF_FIELD) or request.headers.get("X-CSRF-Token") or ""
     expected = session.get(CSRF_FIELD) or ""
     if not expected or not hmac.compare_digest(str(sent), str(expected)):
-        abort(400, description="the form has expired or did not come from this site (CSRF check); reload the page and try again")
+        abort(
+            400,
+            description="the form has expired or did not come from this site (CSRF check); "
+            "reload the page and try again",
+        )

@@ -39,8 +39,11 @@ def _csrf():
 @bp.app_context_processor
 def _globals():
     auth = bool(current_app.config.get("SPECROUTE_AUTH"))
-    return {"csrf_token": csrf_token, "auth_enabled": auth,
-            "signed_in": auth and access.signed_in(settings().api_token)}
+    return {
+        "csrf_token": csrf_token,
+        "auth_enabled": auth,
+        "signed_in": auth and access.signed_in(settings().api_token),
+    }
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -78,8 +81,9 @@ def page_error(exc: Exception):
     else:
         status, message = 500, PAGE_INTERNAL_ERROR
     try:
-        return render_template("error.html", code=status, name=HTTP_STATUS_CODES.get(status, "Error"),
-                               message=message), status
+        return render_template(
+            "error.html", code=status, name=HTTP_STATUS_CODES.get(status, "Error"), message=message
+        ), status
     except Exception:  # noqa: BLE001 - the page itself failed (e.g. the database behind its header): plain text
         return Response(message, status=status, mimetype="text/plain")
 
@@ -92,8 +96,19 @@ def home():
             "runs": session.scalar(select(func.count()).select_from(AnalysisRun)),
         }
         latest = list(session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()).limit(5)))
-        rows = [{"id": r.id, "status": r.status, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec,
-                 "done": r.progress_done, "total": r.progress_total} for r in latest]
-        classifier = session.scalar(select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True)))
+        rows = [
+            {
+                "id": r.id,
+                "status": r.status,
+                "prompt_set": r.prompt_set.name,
+                "draft": r.pair.draft.spec,
+                "done": r.progress_done,
+                "total": r.progress_total,
+            }
+            for r in latest
+        ]
+        classifier = session.scalar(
+            select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True))
+        )
         policy = session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True)))
     return render_template("home.html", counts=counts, runs=rows, classifier=classifier, policy=policy)

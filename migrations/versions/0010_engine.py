@@ -5,18 +5,18 @@ Revision ID: 0010
 Revises: 0009
 Create Date: 2026-11-26 22:00:00
 """
+
 from typing import Sequence, Union
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
-
-revision: str = '0010'
-down_revision: Union[str, None] = '0009'
+revision: str = "0010"
+down_revision: Union[str, None] = "0009"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
-TABLES = ('analysis_runs', 'cost_profiles', 'policy_sets')
+TABLES = ("analysis_runs", "cost_profiles", "policy_sets")
 
 
 def upgrade() -> None:
@@ -24,8 +24,9 @@ def upgrade() -> None:
     # these tables would block it): the rows already stored become transformers
     for table in TABLES:
         with op.batch_alter_table(table, schema=None) as batch_op:
-            batch_op.add_column(sa.Column('engine', sa.String(length=32), server_default='transformers',
-                                          nullable=False))
+            batch_op.add_column(
+                sa.Column("engine", sa.String(length=32), server_default="transformers", nullable=False)
+            )
 
 
 def downgrade() -> None:

@@ -6,22 +6,22 @@ Revision ID: 0012
 Revises: 0011
 Create Date: 2026-11-27 02:00:00
 """
+
 from typing import Sequence, Union
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
-
-revision: str = '0012'
-down_revision: Union[str, None] = '0011'
+revision: str = "0012"
+down_revision: Union[str, None] = "0011"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 
 def upgrade() -> None:
     # plain ADD COLUMN (no table copy on SQLite, where the foreign keys pointing at analysis_runs block it)
-    with op.batch_alter_table('analysis_runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('summary', sa.JSON(), nullable=True))
+    with op.batch_alter_table("analysis_runs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("summary", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:

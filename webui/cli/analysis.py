@@ -8,54 +8,137 @@ import click
 from analyzer.db import MAX_ID
 from analyzer.engines import ENGINES, LLAMA_CPP
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
-from webui.cli.base import CliState, _TqdmProgress, _cache_dir, cli, run_param_range
 from router import strict_json
-
+from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_range
 
 # ---------------------------------------------------------------- analysis
 
 
 @cli.command("analyze")
 @click.option("--prompts", "prompt_set", required=False, help="Name of the prompt set to analyze.")
-@click.option("--target", default="builtin:smollm2-135m-instruct", show_default=True,
-              help="Target model spec: hf:<id or folder>, gguf:<folder>#<file>, builtin:smollm2-135m-instruct.")
-@click.option("--draft", default="ngram", show_default=True,
-              help="Draft: a model spec like --target, or ngram / ngram:max_ngram=N (prompt lookup).")
+@click.option(
+    "--target",
+    default="builtin:smollm2-135m-instruct",
+    show_default=True,
+    help="Target model spec: hf:<id or folder>, gguf:<folder>#<file>, builtin:smollm2-135m-instruct.",
+)
+@click.option(
+    "--draft",
+    default="ngram",
+    show_default=True,
+    help="Draft: a model spec like --target, or ngram / ngram:max_ngram=N (prompt lookup).",
+)
 @click.option("--max-new-tokens", default=128, show_default=True, type=run_param_range("max_new_tokens"))
-@click.option("--gamma-max", default=DEFAULT_GAMMA_MAX, show_default=True, type=run_param_range("gamma_max"),
-              help="Largest lookahead g analysed.")
-@click.option("--temperature", default=0.0, show_default=True, type=run_param_range("temperature"),
-              help="0 = exact greedy replay; > 0 = sampling expectations.")
+@click.option(
+    "--gamma-max",
+    default=DEFAULT_GAMMA_MAX,
+    show_default=True,
+    type=run_param_range("gamma_max"),
+    help="Largest lookahead g analysed.",
+)
+@click.option(
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=run_param_range("temperature"),
+    help="0 = exact greedy replay; > 0 = sampling expectations.",
+)
 @click.option("--top-p", default=1.0, show_default=True, type=run_param_range("top_p"))
-@click.option("--validate", "validate_n", default=0, show_default=True, type=run_param_range("validate"),
-              help="Prompts to validate with real speculative decoding (greedy only).")
+@click.option(
+    "--validate",
+    "validate_n",
+    default=0,
+    show_default=True,
+    type=run_param_range("validate"),
+    help="Prompts to validate with real speculative decoding (greedy only).",
+)
 @click.option("--limit", type=run_param_range("limit"), help="Analyze only the first N prompts of the set.")
-@click.option("--batch-size", default=1, show_default=True, type=run_param_range("batch_size"),
-              help="Prompts per target generation call (left padding).")
-@click.option("--margin", default=DEFAULT_MARGIN, show_default=True, type=run_param_range("margin"),
-              help="Speculate only if the predicted speedup exceeds 1 + margin.")
+@click.option(
+    "--batch-size",
+    default=1,
+    show_default=True,
+    type=run_param_range("batch_size"),
+    help="Prompts per target generation call (left padding).",
+)
+@click.option(
+    "--margin",
+    default=DEFAULT_MARGIN,
+    show_default=True,
+    type=run_param_range("margin"),
+    help="Speculate only if the predicted speedup exceeds 1 + margin.",
+)
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
-@click.option("--reprofile", is_flag=True,
-              help="Measure new cost profiles even if ones exist for this pair, device, dtype and batch size.")
-@click.option("--engine", type=click.Choice(ENGINES),
-              help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, transformers). llama.cpp: "
-                   "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.")
-@click.option("--device", help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).")
-@click.option("--dtype", help="auto, float32, bfloat16 or float16 (default: SPECROUTE_DTYPE; auto = bfloat16 on a GPU, "
-                              "float32 on the CPU). Only float32 replays are exact.")
-@click.option("--batch-sizes", "batch_sizes",
-              help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
-                   "the router decides at the request's batch size from these.")
-@click.option("--chunk-size", default=32, show_default=True, type=run_param_range("chunk_size"),
-              help="Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines).")
-@click.option("--queue", "queue_only", is_flag=True,
-              help="Only queue the run (print its id) for the workers to execute, instead of executing it here.")
-@click.option("--resume", "resume_run", type=click.IntRange(1, MAX_ID), help="Resume an interrupted, failed or cancelled run by id.")
+@click.option(
+    "--reprofile",
+    is_flag=True,
+    help="Measure new cost profiles even if ones exist for this pair, device, dtype and batch size.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, transformers). llama.cpp: "
+    "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.",
+)
+@click.option(
+    "--device",
+    help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).",
+)
+@click.option(
+    "--dtype",
+    help="auto, float32, bfloat16 or float16 (default: SPECROUTE_DTYPE; auto = bfloat16 on a GPU, "
+    "float32 on the CPU). Only float32 replays are exact.",
+)
+@click.option(
+    "--batch-sizes",
+    "batch_sizes",
+    help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
+    "the router decides at the request's batch size from these.",
+)
+@click.option(
+    "--chunk-size",
+    default=32,
+    show_default=True,
+    type=run_param_range("chunk_size"),
+    help="Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines).",
+)
+@click.option(
+    "--queue",
+    "queue_only",
+    is_flag=True,
+    help="Only queue the run (print its id) for the workers to execute, instead of executing it here.",
+)
+@click.option(
+    "--resume",
+    "resume_run",
+    type=click.IntRange(1, MAX_ID),
+    help="Resume an interrupted, failed or cancelled run by id.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_max, temperature, top_p,
-            validate_n, limit, batch_size, margin, no_chat_template, reprofile, engine, device, dtype, batch_sizes,
-            chunk_size, queue_only, resume_run, as_json) -> None:
+def analyze(
+    state: CliState,
+    prompt_set,
+    target,
+    draft,
+    max_new_tokens,
+    gamma_max,
+    temperature,
+    top_p,
+    validate_n,
+    limit,
+    batch_size,
+    margin,
+    no_chat_template,
+    reprofile,
+    engine,
+    device,
+    dtype,
+    batch_sizes,
+    chunk_size,
+    queue_only,
+    resume_run,
+    as_json,
+) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
     Runs in --engine on --device in --dtype (resolved before anything is stored: an absent GPU or a
@@ -77,30 +160,55 @@ def analyze(state: CliState, prompt_set, target, draft, max_new_tokens, gamma_ma
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
             engine = engine or state.settings.engine
             device, dtype = device or state.settings.device, dtype or state.settings.dtype
-            params = RunParams(max_new_tokens=max_new_tokens, gamma_max=gamma_max, temperature=temperature,
-                               top_p=top_p, validate=validate_n, limit=limit, chat_template=not no_chat_template,
-                               batch_size=batch_size, margin=margin, reprofile=reprofile, engine=engine, device=device,
-                               dtype=dtype, profile_batch_sizes=parse_batch_sizes(batch_sizes), chunk_size=chunk_size)
-            click.echo(_placement_text(params.check(), queue_only), err=True)  # never stored if it cannot run here
+            params = RunParams(
+                max_new_tokens=max_new_tokens,
+                gamma_max=gamma_max,
+                temperature=temperature,
+                top_p=top_p,
+                validate=validate_n,
+                limit=limit,
+                chat_template=not no_chat_template,
+                batch_size=batch_size,
+                margin=margin,
+                reprofile=reprofile,
+                engine=engine,
+                device=device,
+                dtype=dtype,
+                profile_batch_sizes=parse_batch_sizes(batch_sizes),
+                chunk_size=chunk_size,
+            )
+            click.echo(
+                _placement_text(params.check(), queue_only), err=True
+            )  # never stored if it cannot run here
             with sessions() as session, session.begin():
                 run_id = create_run(session, prompt_set, target, draft, params).id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
             if queue_only:
-                click.echo(strict_json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id))
+                click.echo(
+                    strict_json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id)
+                )
                 return
         else:
             run_id = resume_run
         progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
         try:
-            execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress,
-                        allow_network=state.settings.allow_downloads)
+            execute_run(
+                sessions,
+                run_id,
+                cache_dir=_cache_dir(state),
+                progress=progress,
+                allow_network=state.settings.allow_downloads,
+            )
         finally:
             progress.close()
         _label_with_classifier(sessions, run_id)
         with sessions() as session, session.begin():  # a summary computed here is kept
             report = build_report(session, run_id)
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}", err=True)
+        click.echo(
+            f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}",
+            err=True,
+        )
         sys.exit(130)
     click.echo(strict_json.dumps(report) if as_json else report_text(report))
 
@@ -133,14 +241,22 @@ def _label_with_classifier(sessions, run_id: int) -> None:
         if classifier is not None:
             labelled = label_run_results(session, run_id, classifier)
             if labelled:
-                click.echo(f"classifier v{classifier.version} labelled {labelled} unlabelled prompt(s)", err=True)
+                click.echo(
+                    f"classifier v{classifier.version} labelled {labelled} unlabelled prompt(s)", err=True
+                )
 
 
 @cli.command("report")
 @click.argument("run_id", type=click.IntRange(1, MAX_ID))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              help="Write to this file instead of stdout.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Write to this file instead of stdout.",
+)
 @click.pass_obj
 def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
@@ -149,7 +265,11 @@ def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
 
     with state.sessions()() as session, session.begin():  # a summary computed here is kept
         data = build_report(session, run_id)
-    text = {"json": lambda: strict_json.dumps(data), "csv": lambda: report_csv(data), "text": lambda: report_text(data)}[fmt]()
+    text = {
+        "json": lambda: strict_json.dumps(data),
+        "csv": lambda: report_csv(data),
+        "text": lambda: report_text(data),
+    }[fmt]()
     if output:
         output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
         click.echo(f"wrote {output}", err=True)
@@ -174,9 +294,18 @@ def runs_list(state: CliState, as_json: bool) -> None:
 
     with state.sessions()() as session:
         rows = [
-            {"id": r.id, "status": shown_status(r, stale_after_s=state.settings.stale_after_s), "engine": r.engine, "prompt_set": r.prompt_set.name,
-             "target": r.pair.target.spec, "draft": r.pair.draft.spec, "done": r.progress_done,
-             "total": r.progress_total, "error": r.error, "created_at": r.created_at.isoformat()}
+            {
+                "id": r.id,
+                "status": shown_status(r, stale_after_s=state.settings.stale_after_s),
+                "engine": r.engine,
+                "prompt_set": r.prompt_set.name,
+                "target": r.pair.target.spec,
+                "draft": r.pair.draft.spec,
+                "done": r.progress_done,
+                "total": r.progress_total,
+                "error": r.error,
+                "created_at": r.created_at.isoformat(),
+            }
             for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))
         ]
     if as_json:
@@ -186,8 +315,10 @@ def runs_list(state: CliState, as_json: bool) -> None:
         click.echo("no analysis runs yet; start one with 'specroute analyze --prompts NAME'")
     for r in rows:
         error = f"  error: {r['error']}" if r["error"] else ""
-        click.echo(f"{r['id']:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
-                   f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}")
+        click.echo(
+            f"{r['id']:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
+            f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}"
+        )
 
 
 @runs.command("cancel")
@@ -199,4 +330,6 @@ def runs_cancel(state: CliState, run_id: int) -> None:
 
     with state.sessions()() as session, session.begin():
         status = request_cancel(session, run_id).status
-    click.echo(f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else ""))
+    click.echo(
+        f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else "")
+    )

@@ -115,7 +115,9 @@ class _TqdmProgress:
                 click.echo(phase + " ...", err=True)
                 return
             unit = "pass" if phase.startswith("profiling") else "prompt"
-            self.bar = tqdm(total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True
+            )
             return
         if self.bar is not None:
             if total > self.bar.total:  # re-measurements add passes to a profile

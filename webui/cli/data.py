@@ -18,11 +18,8 @@ from analyzer.prompt_sets import (
     list_prompts,
     summarize,
 )
-
-
-from webui.cli.base import CliState, _prompt_dict, _summary_dict, _tasks_text, cli
 from router import strict_json
-
+from webui.cli.base import CliState, _prompt_dict, _summary_dict, _tasks_text, cli
 
 # ---------------------------------------------------------------- db
 
@@ -82,7 +79,9 @@ def prompts() -> None:
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", help="Name of the new prompt set (default: the file name without extension).")
 @click.option("--sample", is_flag=True, help="Import the bundled sample prompts instead of a file.")
-@click.option("--format", "file_format", type=click.Choice(FORMATS), help="File format (default: from the extension).")
+@click.option(
+    "--format", "file_format", type=click.Choice(FORMATS), help="File format (default: from the extension)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def prompts_import(
@@ -117,9 +116,13 @@ def prompts_import(
         click.echo(exc.report(), err=True)
         sys.exit(exc.exit_code)
     if as_json:
-        click.echo(strict_json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]}))
+        click.echo(
+            strict_json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]})
+        )
         return
-    click.echo(f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})")
+    click.echo(
+        f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})"
+    )
     if parsed.duplicates:
         click.echo(f"merged {len(parsed.duplicates)} duplicate(s):")
         for notice in parsed.duplicates[:20]:
@@ -145,12 +148,16 @@ def prompts_list(state: CliState, as_json: bool) -> None:
     click.echo(f"{'name':<{width}}  prompts  format  created           tasks")
     for s in summaries:
         created = s.created_at.strftime("%Y-%m-%d %H:%M")
-        click.echo(f"{s.name:<{width}}  {s.prompt_count:>7}  {s.file_format:<6}  {created}  {_tasks_text(s.task_counts)}")
+        click.echo(
+            f"{s.name:<{width}}  {s.prompt_count:>7}  {s.file_format:<6}  {created}  {_tasks_text(s.task_counts)}"
+        )
 
 
 @prompts.command("show")
 @click.argument("name")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 10_000), help="Prompts to show.")
+@click.option(
+    "--limit", default=20, show_default=True, type=click.IntRange(0, 10_000), help="Prompts to show."
+)
 @click.option("--offset", default=0, type=click.IntRange(0), help="Skip this many prompts first.")
 @click.option("--search", help="Only prompts whose text or id contains this (case-insensitive).")
 @click.option("--task", help="Only prompts with this task label ('' for unlabelled).")
@@ -165,19 +172,34 @@ def prompts_show(
         summary = summarize(session, [prompt_set])[0]
         page, total = list_prompts(session, prompt_set, offset=offset, limit=limit, search=search, task=task)
     if as_json:
-        click.echo(strict_json.dumps({**_summary_dict(summary), "matching": total, "offset": offset,
-                               "prompts": [_prompt_dict(p) for p in page]}))
+        click.echo(
+            strict_json.dumps(
+                {
+                    **_summary_dict(summary),
+                    "matching": total,
+                    "offset": offset,
+                    "prompts": [_prompt_dict(p) for p in page],
+                }
+            )
+        )
         return
-    click.echo(f"{summary.name}: {summary.prompt_count} prompts from {summary.source_filename or '?'} "
-               f"({summary.file_format}), {summary.duplicates_merged} duplicate(s) merged")
+    click.echo(
+        f"{summary.name}: {summary.prompt_count} prompts from {summary.source_filename or '?'} "
+        f"({summary.file_format}), {summary.duplicates_merged} duplicate(s) merged"
+    )
     click.echo(f"tasks: {_tasks_text(summary.task_counts)}")
-    click.echo(f"showing {len(page)} of {total} matching, from #{offset + 1}:" if page else f"{total} matching")
+    click.echo(
+        f"showing {len(page)} of {total} matching, from #{offset + 1}:" if page else f"{total} matching"
+    )
     for p in page:
         body = prompt_text(p.text, p.messages, separator=" | ")
         body = " ".join(body.split())
         label = p.task or "-"
         ident = f" id={p.external_id}" if p.external_id else ""
-        click.echo(f"  #{p.position + 1:<5} line {p.source_line:<6} [{label}]{ident} {body[:100]}{'…' if len(body) > 100 else ''}")
+        click.echo(
+            f"  #{p.position + 1:<5} line {p.source_line:<6} [{label}]{ident} "
+            f"{body[:100]}{'…' if len(body) > 100 else ''}"
+        )
 
 
 @prompts.command("delete")

@@ -12,7 +12,6 @@ from webui.cli import demo_steps
 from webui.cli.base import CliState, cli, run_param_range
 from webui.cli.demo_steps import DEMO_ENGINE
 
-
 # ---------------------------------------------------------------- settings and the main job
 
 
@@ -21,7 +20,10 @@ from webui.cli.demo_steps import DEMO_ENGINE
 @click.pass_obj
 def settings_command(state: CliState, as_json: bool) -> None:
     """Print every setting: environment variable, value in force, default and meaning."""
-    rows = [{**row, "value": _shown_value(row["name"], getattr(state.settings, row["name"]))} for row in describe_settings()]
+    rows = [
+        {**row, "value": _shown_value(row["name"], getattr(state.settings, row["name"]))}
+        for row in describe_settings()
+    ]
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -48,19 +50,39 @@ def _shown_value(name: str, value):
 
 @cli.command("demo")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to serve on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to serve on.")
+@click.option(
+    "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to serve on."
+)
 @click.option("--max-new-tokens", default=64, show_default=True, type=run_param_range("max_new_tokens"))
-@click.option("--validate", "validate_n", default=3, show_default=True, type=run_param_range("validate"),
-              help="Prompts to validate with real speculative decoding.")
-@click.option("--limit", type=run_param_range("limit"),
-              help="Analyze only the first N sample prompts (a quick look).")
+@click.option(
+    "--validate",
+    "validate_n",
+    default=3,
+    show_default=True,
+    type=run_param_range("validate"),
+    help="Prompts to validate with real speculative decoding.",
+)
+@click.option(
+    "--limit", type=run_param_range("limit"), help="Analyze only the first N sample prompts (a quick look)."
+)
 @click.option("--no-serve", is_flag=True, help="Stop after the report instead of serving it.")
-@click.option("--engine", type=click.Choice(ENGINES),
-              help=f"Engine of the analysis (default: SPECROUTE_ENGINE when it is set, else {DEMO_ENGINE}, which "
-                   "needs the [llamacpp] extra; --engine transformers needs nothing more).")
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    help=f"Engine of the analysis (default: SPECROUTE_ENGINE when it is set, else {DEMO_ENGINE}, which "
+    "needs the [llamacpp] extra; --engine transformers needs nothing more).",
+)
 @click.pass_obj
-def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n: int, limit: int | None,
-         no_serve: bool, engine: str | None) -> None:
+def demo(
+    state: CliState,
+    host: str,
+    port: int,
+    max_new_tokens: int,
+    validate_n: int,
+    limit: int | None,
+    no_serve: bool,
+    engine: str | None,
+) -> None:
     """The main job on the embedded defaults: upgrade the database, import the bundled sample
     prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting in llama.cpp (or --engine),
     train the classifier on the bundled corpus, publish the policies, print the report, and serve the
@@ -71,8 +93,15 @@ def demo(state: CliState, host: str, port: int, max_new_tokens: int, validate_n:
     demo_steps.upgrade_database(state)
     sessions = state.sessions()
     prompt_set_id = demo_steps.import_sample_prompts(sessions)
-    run_id = demo_steps.analyze_sample(state, sessions, prompt_set_id, max_new_tokens=max_new_tokens,
-                                       validate_n=validate_n, limit=limit, engine=engine)
+    run_id = demo_steps.analyze_sample(
+        state,
+        sessions,
+        prompt_set_id,
+        max_new_tokens=max_new_tokens,
+        validate_n=validate_n,
+        limit=limit,
+        engine=engine,
+    )
     demo_steps.train_classifier_once(state, sessions)
     demo_steps.publish_policies_and_print_report(sessions, run_id)
     demo_steps.serve_report(state, host, port, run_id, serve=not no_serve)

@@ -18,8 +18,9 @@ from analyzer.db import lock_for_write
 from analyzer.engines import LLAMA_CPP
 from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
-from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT, DEFAULT_TARGET as DEMO_TARGET
-from webui.cli.base import CliState, _TqdmProgress, _cache_dir, _tasks_text
+from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT
+from analyzer.specs import DEFAULT_TARGET as DEMO_TARGET
+from webui.cli.base import CliState, _cache_dir, _tasks_text, _TqdmProgress
 from webui.cli.serving import _serve
 
 if TYPE_CHECKING:
@@ -29,13 +30,34 @@ if TYPE_CHECKING:
 DEMO_ENGINE = LLAMA_CPP
 DEMO_GAMMA_MAX = 16  # the demo analyzes lookaheads g = 1..16
 # a stored run is reused by the demo when these of its parameters are the demo's
-DEMO_PARAM_KEYS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chat_template",
-                   "engine", "device", "dtype")
+DEMO_PARAM_KEYS = (
+    "max_new_tokens",
+    "gamma_max",
+    "temperature",
+    "validate",
+    "limit",
+    "chat_template",
+    "engine",
+    "device",
+    "dtype",
+)
 DEMO_SERVE_THREADS = 8  # the server's threads, as `specroute serve` starts it by default
 
-__all__ = ["DEMO_DRAFT", "DEMO_ENGINE", "DEMO_GAMMA_MAX", "DEMO_PARAM_KEYS", "DEMO_SERVE_THREADS",
-           "DEMO_TARGET", "analyze_sample", "import_sample_prompts", "publish_policies_and_print_report",
-           "require_engine", "serve_report", "train_classifier_once", "upgrade_database"]
+__all__ = [
+    "DEMO_DRAFT",
+    "DEMO_ENGINE",
+    "DEMO_GAMMA_MAX",
+    "DEMO_PARAM_KEYS",
+    "DEMO_SERVE_THREADS",
+    "DEMO_TARGET",
+    "analyze_sample",
+    "import_sample_prompts",
+    "publish_policies_and_print_report",
+    "require_engine",
+    "serve_report",
+    "train_classifier_once",
+    "upgrade_database",
+]
 
 
 def require_engine(engine: str) -> None:
@@ -47,8 +69,9 @@ def require_engine(engine: str) -> None:
     try:
         require_llama_cpp()
     except EngineUnavailable as exc:
-        raise EngineUnavailable(f"{exc}; or run the demo in transformers: "
-                                "specroute demo --engine transformers") from None
+        raise EngineUnavailable(
+            f"{exc}; or run the demo in transformers: specroute demo --engine transformers"
+        ) from None
 
 
 def upgrade_database(state: CliState) -> None:
@@ -70,33 +93,53 @@ def import_sample_prompts(sessions: sessionmaker[Session]) -> int:
             prompt_set, _ = import_sample(session)
             click.echo(f"[2/6] imported the bundled sample prompts as '{SAMPLE_NAME}'")
         summary = summarize(session, [prompt_set])[0]
-    click.echo(f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
-               f"{_tasks_text(summary.task_counts)}")
+    click.echo(
+        f"      {summary.prompt_count} prompts over {len(summary.task_counts)} task types: "
+        f"{_tasks_text(summary.task_counts)}"
+    )
     return prompt_set.id
 
 
-def analyze_sample(state: CliState, sessions: sessionmaker[Session], prompt_set_id: int, *,
-                   max_new_tokens: int, validate_n: int, limit: int | None, engine: str) -> int:
+def analyze_sample(
+    state: CliState,
+    sessions: sessionmaker[Session],
+    prompt_set_id: int,
+    *,
+    max_new_tokens: int,
+    validate_n: int,
+    limit: int | None,
+    engine: str,
+) -> int:
     """[3/6] The analysis of the sample with the demo's pair and these settings: a finished run is
     reused, an interrupted one resumed, else a new one is created and executed (Ctrl-C keeps what
     is finished and exits with 130). Returns the run's id."""
     from analyzer.run_records import RunParams
 
-    params = RunParams(max_new_tokens=max_new_tokens, gamma_max=DEMO_GAMMA_MAX, validate=validate_n,
-                       limit=limit, engine=engine, device=state.settings.device, dtype=state.settings.dtype)
+    params = RunParams(
+        max_new_tokens=max_new_tokens,
+        gamma_max=DEMO_GAMMA_MAX,
+        validate=validate_n,
+        limit=limit,
+        engine=engine,
+        device=state.settings.device,
+        dtype=state.settings.dtype,
+    )
     run_id, status = _reused_or_new_run(sessions, prompt_set_id, params)
     if status == "done":
         click.echo(f"[3/6] analysis run {run_id} already done (reused)")
         return run_id
-    click.echo(f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
-               f"{DEMO_DRAFT} drafting in {engine}, {max_new_tokens} new tokens, gamma 1..{DEMO_GAMMA_MAX}, "
-               f"{validate_n} validated")
+    click.echo(
+        f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
+        f"{DEMO_DRAFT} drafting in {engine}, {max_new_tokens} new tokens, gamma 1..{DEMO_GAMMA_MAX}, "
+        f"{validate_n} validated"
+    )
     _execute_run_with_progress(state, sessions, run_id)
     return run_id
 
 
-def _reused_or_new_run(sessions: sessionmaker[Session], prompt_set_id: int,
-                       params: RunParams) -> tuple[int, str]:
+def _reused_or_new_run(
+    sessions: sessionmaker[Session], prompt_set_id: int, params: RunParams
+) -> tuple[int, str]:
     """The newest done run of the demo's pair over the set with the demo's parameters, else the
     newest such run not cancelled, else a new one; its id and status ("new" for a new one)."""
     from analyzer.run_records import create_run
@@ -104,11 +147,18 @@ def _reused_or_new_run(sessions: sessionmaker[Session], prompt_set_id: int,
 
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
-        runs_of_set = session.scalars(select(AnalysisRun).where(AnalysisRun.prompt_set_id == prompt_set_id)
-                                      .order_by(AnalysisRun.id.desc()))
-        candidates = [r for r in runs_of_set
-                      if (r.pair.target.spec, r.pair.draft.spec) == canonical
-                      and _has_demo_params(r, params) and r.status != "cancelled"]
+        runs_of_set = session.scalars(
+            select(AnalysisRun)
+            .where(AnalysisRun.prompt_set_id == prompt_set_id)
+            .order_by(AnalysisRun.id.desc())
+        )
+        candidates = [
+            r
+            for r in runs_of_set
+            if (r.pair.target.spec, r.pair.draft.spec) == canonical
+            and _has_demo_params(r, params)
+            and r.status != "cancelled"
+        ]
         reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
         if reuse is not None:
             return reuse.id, reuse.status
@@ -131,8 +181,9 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
     try:
         execute_run(sessions, run_id, cache_dir=_cache_dir(state), progress=progress)
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted; finished prompts are kept and 'specroute demo' resumes run {run_id}",
-                   err=True)
+        click.echo(
+            f"\ninterrupted; finished prompts are kept and 'specroute demo' resumes run {run_id}", err=True
+        )
         sys.exit(130)
     finally:
         progress.close()
@@ -151,14 +202,18 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
         if classifier is not None:
             click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
             return
-        click.echo("[4/6] training the task classifier on the bundled corpus (stratified and "
-                   "leave-one-source-out cross-validation; about two minutes)")
+        click.echo(
+            "[4/6] training the task classifier on the bundled corpus (stratified and "
+            "leave-one-source-out cross-validation; about two minutes)"
+        )
         version = train_classifier(session, cold_start_data(), features=state.settings.classifier_features)
         scores = version.scores
-        click.echo(f"      classifier v{version.version} ({scores['features']}): "
-                   f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
-                   f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
-                   f"routing threshold {scores['calibration']['threshold']:.2f}")
+        click.echo(
+            f"      classifier v{version.version} ({scores['features']}): "
+            f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
+            f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
+            f"routing threshold {scores['calibration']['threshold']:.2f}"
+        )
 
 
 def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: int) -> None:
@@ -186,6 +241,9 @@ def serve_report(state: CliState, host: str, port: int, run_id: int, *, serve: b
         click.echo(f"[6/6] not serving (--no-serve); 'specroute serve' shows the report at /runs/{run_id}")
         return
     click.echo("[6/6] serving the report and the router")
-    urls = [f"report: {{base}}/runs/{run_id}", "web UI: {base}/",
-            "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)"]
+    urls = [
+        f"report: {{base}}/runs/{run_id}",
+        "web UI: {base}/",
+        "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)",
+    ]
     _serve(state, host, port, DEMO_SERVE_THREADS, urls)

@@ -1,31 +1,50 @@
 """``specroute train``, ``policies``, ``decisions`` and ``route``: the classifier and the router."""
 
-
 import click
 from sqlalchemy import select
 
 from analyzer.db import MAX_ID, lock_for_write
-from webui.cli.base import CliState, cli
 from router import strict_json
-
+from webui.cli.base import CliState, cli
 
 # ---------------------------------------------------------------- task classifier
 
 
 @cli.command("train")
-@click.option("--prompts", "prompt_sets", multiple=True,
-              help="Use the labeled prompts of this set only (repeatable; default: every set).")
-@click.option("--data", "source", type=click.Choice(["both", "labels", "corpus"]), default="both", show_default=True,
-              help="both: the bundled corpus plus your labeled prompts (yours win for the same text); "
-                   "labels: your labeled prompts only; corpus: the bundled corpus only.")
+@click.option(
+    "--prompts",
+    "prompt_sets",
+    multiple=True,
+    help="Use the labeled prompts of this set only (repeatable; default: every set).",
+)
+@click.option(
+    "--data",
+    "source",
+    type=click.Choice(["both", "labels", "corpus"]),
+    default="both",
+    show_default=True,
+    help="both: the bundled corpus plus your labeled prompts (yours win for the same text); "
+    "labels: your labeled prompts only; corpus: the bundled corpus only.",
+)
 @click.option("--cold-start", is_flag=True, help="Same as --data corpus.")
-@click.option("--features", type=click.Choice(["tfidf", "minilm", "tfidf+minilm"]), default=None,
-              help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).")
+@click.option(
+    "--features",
+    type=click.Choice(["tfidf", "minilm", "tfidf+minilm"]),
+    default=None,
+    help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
 @click.pass_obj
-def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start: bool, features: str | None,
-          seed: int, as_json: bool) -> None:
+def train(
+    state: CliState,
+    prompt_sets: tuple[str, ...],
+    source: str,
+    cold_start: bool,
+    features: str | None,
+    seed: int,
+    as_json: bool,
+) -> None:
     """Train the task classifier; score it by stratified and by leave-one-source-out cross-validation
     beside the keyword baseline; calibrate its confidence and choose the routing threshold on the
     grouped folds; mark the task types it rarely reaches; store it as a new version and make it active.
@@ -38,23 +57,33 @@ def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start
     features = features or state.settings.classifier_features
     with state.sessions()() as session, session.begin():
         data = training_data(session, source, prompt_sets or None)
-        click.echo(f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
-                   f"{len(set(data.groups))} sources, features {features}; cross-validating ...", err=True)
+        click.echo(
+            f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
+            f"{len(set(data.groups))} sources, features {features}; cross-validating ...",
+            err=True,
+        )
         version = train_classifier(session, data, seed=seed, features=features)
         record = {**classifier_dict(version), "scores": version.scores}
     if as_json:
         click.echo(strict_json.dumps(record))
         return
     scores = record["scores"]
-    click.echo(f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
-               f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
-               f"{scores['baseline']['macro_f1']:.3f}")
+    click.echo(
+        f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
+        f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
+        f"{scores['baseline']['macro_f1']:.3f}"
+    )
     grouped = scores.get("grouped")
     if grouped:
-        click.echo(f"leave-one-source-out ({grouped['folds']} sources, what unseen traffic will see): "
-                   f"macro-F1 {grouped['macro_f1']:.3f}, accuracy {grouped['accuracy']:.3f}"
-                   + (f"; single-source, not scored there: {', '.join(grouped['single_source'])}"
-                      if grouped["single_source"] else ""))
+        click.echo(
+            f"leave-one-source-out ({grouped['folds']} sources, what unseen traffic will see): "
+            f"macro-F1 {grouped['macro_f1']:.3f}, accuracy {grouped['accuracy']:.3f}"
+            + (
+                f"; single-source, not scored there: {', '.join(grouped['single_source'])}"
+                if grouped["single_source"]
+                else ""
+            )
+        )
     else:
         click.echo("leave-one-source-out: not possible, the training data has one source")
     click.echo(f"  {'task':<18} {'F1 strat.':>9} {'F1 unseen':>9} {'n':>5}  reached")
@@ -62,13 +91,17 @@ def train(state: CliState, prompt_sets: tuple[str, ...], source: str, cold_start
         row_unseen = grouped["per_class"].get(label) if grouped else None
         unseen = f"{row_unseen['f1-score']:.2f}" if row_unseen else "-"
         reach = scores["reachability"][label]
-        click.echo(f"  {label:<18} {row['f1-score']:>9.2f} {unseen:>9} {int(row['support']):>5}  "
-                   + ("yes" if reach["reachable"] else f"RARELY: {reach['reason']}"))
+        click.echo(
+            f"  {label:<18} {row['f1-score']:>9.2f} {unseen:>9} {int(row['support']):>5}  "
+            + ("yes" if reach["reachable"] else f"RARELY: {reach['reason']}")
+        )
     calibration = scores["calibration"]
-    click.echo(f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
-               f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
-               f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
-               f"{100 * (calibration['precision'] or 0):.0f}% of those right)")
+    click.echo(
+        f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
+        f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
+        f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
+        f"{100 * (calibration['precision'] or 0):.0f}% of those right)"
+    )
     if scores.get("dropped_labels"):
         click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
 
@@ -83,22 +116,30 @@ def policies() -> None:
 
 def _print_policy_set(data: dict) -> None:
     state = "active" if data["active"] else "inactive"
-    click.echo(f"policy set v{data['version']} ({state}) from run {data['run_id']}, priced in {data['engine']}, "
-               f"margin {data['margin']}")
+    click.echo(
+        f"policy set v{data['version']} ({state}) from run {data['run_id']}, priced in {data['engine']}, "
+        f"margin {data['margin']}"
+    )
     for p in data["policies"]:
         label = "* (fallback)" if p["fallback"] else p["task_type"]
         decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
-        click.echo(f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
-                   f"  n={p['n_prompts']}  {p['tier']}")
+        click.echo(
+            f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
+            f"  n={p['n_prompts']}  {p['tier']}"
+        )
 
 
 @policies.command("publish")
-@click.option("--run", "run_id", required=True, type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
+@click.option(
+    "--run", "run_id", required=True, type=click.IntRange(1, MAX_ID), help="A finished analysis run."
+)
 @click.option("--notes", help="A note stored with the policy set.")
 @click.option("--no-activate", is_flag=True, help="Store the set without making it active.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def policies_publish(state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool) -> None:
+def policies_publish(
+    state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool
+) -> None:
     """Turn an analysis run into a new, versioned policy set (active unless --no-activate)."""
     from router.policy import publish_policies
     from router.records import policy_set_dict
@@ -150,7 +191,9 @@ def decisions() -> None:
 
 
 @decisions.command("prune")
-@click.option("--older-than-days", required=True, type=click.FloatRange(0.0), help="Delete decisions older than this.")
+@click.option(
+    "--older-than-days", required=True, type=click.FloatRange(0.0), help="Delete decisions older than this."
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
@@ -166,7 +209,9 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
     cutoff = utcnow() - timedelta(days=older_than_days)
     sessions = state.sessions()
     with sessions() as session:
-        count = session.scalar(select(func.count()).select_from(RouteDecision).where(RouteDecision.created_at < cutoff))
+        count = session.scalar(
+            select(func.count()).select_from(RouteDecision).where(RouteDecision.created_at < cutoff)
+        )
     if count and not yes:
         click.confirm(f"Delete {count} routing decisions older than {older_than_days:g} days?", abort=True)
     with sessions() as session, session.begin():
@@ -188,15 +233,23 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     config = RouterConfig.from_settings(state.settings)
     with state.sessions()() as session:
         router = router_from_database(session, config)
-    decision = router.route(prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    decision = router.route(
+        prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
+    )
     if as_json:
         click.echo(strict_json.dumps(decision.as_dict()))
         return
     verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
-    click.echo(f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
-               f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})")
+    click.echo(
+        f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
+        f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})"
+    )
     for reason in decision.reason_texts:
         click.echo(f"  - {reason}")
-    click.echo(f"  transformers: {strict_json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}")
-    click.echo(f"  llama.cpp: {strict_json.dumps(decision.engine['llama.cpp']['speculative'])}; "
-               f"priced by: {decision.engine['priced_by'] or 'no policy set'}")
+    click.echo(
+        f"  transformers: {strict_json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}"
+    )
+    click.echo(
+        f"  llama.cpp: {strict_json.dumps(decision.engine['llama.cpp']['speculative'])}; "
+        f"priced by: {decision.engine['priced_by'] or 'no policy set'}"
+    )

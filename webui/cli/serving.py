@@ -6,17 +6,24 @@ import click
 
 from analyzer.orm import AnalysisRun
 from analyzer.settings import SettingsError
-
-
 from webui.cli.base import CliState, _cache_dir, cli
 
 
 @cli.command("worker")
-@click.option("--once", is_flag=True, help="Work until the first run this worker took part in has stopped (or nothing is queued), then exit.")
-@click.option("--poll", default=2.0, show_default=True, type=click.FloatRange(0.1), help="Seconds between queue checks.")
-@click.option("--stale-after", type=click.FloatRange(1.0),
-              help="Seconds without a heartbeat after which another worker's chunk is claimed again "
-                   "(default: SPECROUTE_STALE_AFTER_S, 600).")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Work until the first run this worker took part in has stopped (or nothing is queued), then exit.",
+)
+@click.option(
+    "--poll", default=2.0, show_default=True, type=click.FloatRange(0.1), help="Seconds between queue checks."
+)
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(1.0),
+    help="Seconds without a heartbeat after which another worker's chunk is claimed again "
+    "(default: SPECROUTE_STALE_AFTER_S, 600).",
+)
 @click.pass_obj
 def worker(state: CliState, once: bool, poll: float, stale_after: float | None) -> None:
     """Execute queued analysis runs, a chunk at a time (any number of workers, on any machines that
@@ -38,20 +45,47 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
             click.echo(f"run {run_id}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
 
     try:
-        work(sessions, cache_dir=_cache_dir(state), worker_id=worker_id, allow_network=state.settings.allow_downloads,
-             poll_s=poll, stale_after_s=stale_after_s, once=once, on_run=report)
+        work(
+            sessions,
+            cache_dir=_cache_dir(state),
+            worker_id=worker_id,
+            allow_network=state.settings.allow_downloads,
+            poll_s=poll,
+            stale_after_s=stale_after_s,
+            once=once,
+            on_run=report,
+        )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 
 
 @cli.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0 picks a free one).")
-@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Worker threads per server process.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Server processes sharing the port (one per CPU core serves the most routing requests): "
-                   "more than 1 runs them under gunicorn, which restarts one that dies. Each keeps its own "
-                   "metrics; online estimates are shared through the database.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all)."
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port (0 picks a free one).",
+)
+@click.option(
+    "--threads",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Worker threads per server process.",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Server processes sharing the port (one per CPU core serves the most routing requests): "
+    "more than 1 runs them under gunicorn, which restarts one that dies. Each keeps its own "
+    "metrics; online estimates are shared through the database.",
+)
 @click.pass_obj
 def serve(state: CliState, host: str, port: int, threads: int, workers: int) -> None:
     """Serve the web UI and the routing API until Ctrl-C or SIGTERM: on waitress in one process, on
@@ -60,7 +94,9 @@ def serve(state: CliState, host: str, port: int, threads: int, workers: int) -> 
     _serve(state, host, port, threads, workers=workers)
 
 
-def _serve(state: CliState, host: str, port: int, threads: int, urls: list[str] | None = None, workers: int = 1) -> None:
+def _serve(
+    state: CliState, host: str, port: int, threads: int, urls: list[str] | None = None, workers: int = 1
+) -> None:
     import socket
 
     if workers > 1:
@@ -70,8 +106,10 @@ def _serve(state: CliState, host: str, port: int, threads: int, urls: list[str] 
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] not in ("gunicorn", "fcntl"):  # fcntl: gunicorn on Windows
                 raise
-            raise click.ClickException("--workers above 1 runs on gunicorn, which is not installed "
-                                       "(it runs on POSIX systems only); use --workers 1") from None
+            raise click.ClickException(
+                "--workers above 1 runs on gunicorn, which is not installed "
+                "(it runs on POSIX systems only); use --workers 1"
+            ) from None
     state.close()  # no connection crosses a fork
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -111,8 +149,13 @@ def _serve_one_process(listener, threads: int) -> None:
         app = _server_app(True)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    server = waitress.create_server(app, sockets=[listener], threads=threads, ident="specroute",
-                                    max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1)
+    server = waitress.create_server(
+        app,
+        sockets=[listener],
+        threads=threads,
+        ident="specroute",
+        max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1,
+    )
     try:
         server.run()
     except KeyboardInterrupt:
