@@ -272,11 +272,24 @@ def message_problem(messages: Any) -> MessageProblem | None:
     return None
 
 
+def request_text(text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """What the task classifier reads of a prompt, the same for both request forms: the plain prompt,
+    or the chat messages' contents without role prefixes, one per line. System messages are left out
+    when anything else has content (a deployment's system prompt is the same for every task, so it
+    would pull every request towards one class); a single user message reads exactly as ``prompt``."""
+    if not messages:
+        return text or ""
+    spoken = [str(m.get("content") or "") for m in messages if m.get("role") != "system"]
+    if not any(part.strip() for part in spoken):
+        spoken = [str(m.get("content") or "") for m in messages]
+    return "\n".join(part for part in spoken if part.strip())
+
+
 def prompt_text(
     text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None, separator: str = "\n"
 ) -> str:
-    """A prompt as one text: the plain prompt, or the chat messages as "role: content" lines
-    (joined by ``separator``)."""
+    """A prompt as one text for people: the plain prompt, or the chat messages as "role: content"
+    lines (joined by ``separator``). The classifier reads :func:`request_text` instead."""
     if messages:
         return separator.join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
     return text or ""

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
 from analyzer.orm import AnalysisRun, Prompt, PromptResult, PromptSet
-from analyzer.prompt_checks import prompt_text
+from analyzer.prompt_checks import request_text
 from analyzer.summary import FINISHED_STATUSES, store_summary
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
@@ -123,7 +123,7 @@ def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -
             raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
     seen: dict[str, tuple[str, str]] = {}
     for text, messages, task, set_name in session.execute(query.order_by(Prompt.id)):
-        seen.setdefault(prompt_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
+        seen.setdefault(request_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
     return seen
 
 
@@ -200,7 +200,7 @@ def cold_start_data() -> TrainingData:
     parsed = parse_prompt_file(data, CORPUS_FILE)
     source_of = {row["id"]: row["source"] for row in map(json.loads, data.decode("utf-8").splitlines())}
     return make_training_data(
-        [prompt_text(p.text, p.messages) for p in parsed.prompts],
+        [request_text(p.text, p.messages) for p in parsed.prompts],
         [p.task for p in parsed.prompts],
         "bundled corpus",
         [source_group(source_of[p.external_id]) for p in parsed.prompts],
@@ -493,7 +493,7 @@ def label_run_results(session: Session, run_id: int, classifier: TaskClassifier)
     stored summary is computed anew (in the caller's transaction)."""
     results = session.scalars(select(PromptResult).where(PromptResult.run_id == run_id))
     unlabelled = [r for r in results if r.task_source != "label"]
-    predictions = classifier.predict([prompt_text(r.prompt.text, r.prompt.messages) for r in unlabelled])
+    predictions = classifier.predict([request_text(r.prompt.text, r.prompt.messages) for r in unlabelled])
     for result, (task, _confidence) in zip(unlabelled, predictions):
         result.task_type, result.task_source, result.classifier_version_id = (
             task,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import BASE, CurvePoint, PolicyCurve
-from analyzer.prompt_checks import prompt_text
+from analyzer.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence, router_pools
 from analyzer.specs import parse_spec
 from analyzer.speedup import Cost
@@ -202,7 +202,7 @@ class Router:
 
     def route_many(self, requests: Sequence[RouteRequest]) -> list[Decision]:
         """Decide for many requests; the classifier sees them as one batch."""
-        classified = self._classify([prompt_text(r.prompt, r.messages) for r in requests])
+        classified = self._classify([request_text(r.prompt, r.messages) for r in requests])
         return [self._decide(r, task, confidence) for r, (task, confidence) in zip(requests, classified)]
 
     def observe(self, task: str, state: TaskState) -> None:
@@ -264,9 +264,11 @@ class Router:
     def _policy_reasons(
         self, task: str, confidence: float, key: str, policy: PolicySnapshot | None
     ) -> list[Reason]:
-        """Which policy decides, and why that one."""
+        """Which policy decides and why that one: exactly one of ``POLICY_CODES`` (``no_policy``
+        comes from the request rules when there is no policy set), then what else the classifier
+        says about the task."""
         found: list[Reason] = []
-        if key == task and policy is not None and task in self.policies:
+        if policy is not None and key == task and task in self.policies:
             low, high = policy.speedup_interval
             shown = dict(
                 task=task,
@@ -280,13 +282,7 @@ class Router:
                 found.append(reason("task_too_few_prompts", n_prompts=policy.n_prompts, **shown))
             else:
                 found.append(reason("task_policy", tier=policy.tier, **shown))
-        classifier = self.classifier
-        rarely = classifier.rarely_reached.get(task) if classifier is not None else None
-        if classifier is not None and rarely:
-            found.append(
-                reason("rarely_reached", classifier_version=classifier.version, task=task, detail=rarely)
-            )
-        elif policy is not None:
+        elif policy is not None:  # the workload-wide policy decides: say why the task's own does not
             cause = (
                 "no_classifier"
                 if self.classifier is None
@@ -303,6 +299,12 @@ class Router:
                     min_confidence=self.min_confidence,
                     speedup=policy.expected_speedup,
                 )
+            )
+        classifier = self.classifier
+        rarely = classifier.rarely_reached.get(task) if classifier is not None else None
+        if classifier is not None and rarely:
+            found.append(
+                reason("rarely_reached", classifier_version=classifier.version, task=task, detail=rarely)
             )
         return found
 

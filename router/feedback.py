@@ -220,8 +220,34 @@ class FeedbackRequest:
     raw: Mapping[str, Any]
 
 
+# the top-level fields a feedback payload may carry (anything else is refused, as in a route body)
+FEEDBACK_FIELDS = (
+    "route_id",
+    "task_type",
+    "rounds",
+    "drafted",
+    "accepted",
+    "output_tokens",
+    "gamma",
+    "engine",
+    "timings",
+    "speculative_decoding",
+    "meta_info",
+)
+
+
+class UnknownFeedbackField(FeedbackError):
+    """A feedback payload carries a field that is none of FEEDBACK_FIELDS (a typo would otherwise be
+    silently ignored)."""
+
+    code = "unknown_field"
+
+
 def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
     """Check a payload and normalise its counts (raises FeedbackError naming the field)."""
+    unknown = sorted(set(payload) - set(FEEDBACK_FIELDS))
+    if unknown:
+        raise UnknownFeedbackField(f"unknown field '{unknown[0]}'; known: {', '.join(FEEDBACK_FIELDS)}")
     counts = normalise(payload)
     route_id, task = payload.get("route_id"), payload.get("task_type")
     if route_id is not None and not isinstance(route_id, str):

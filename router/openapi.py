@@ -175,7 +175,8 @@ SCHEMAS: dict[str, Any] = {
         "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
         "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
         "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
-        "Other fields are kept with the event.",
+        "Any other field is refused (400 unknown_field).",
+        "additionalProperties": False,
         "properties": {
             "route_id": {"type": "string"},
             "task_type": {"type": "string"},

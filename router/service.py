@@ -12,6 +12,7 @@ names its policy set and task), so it works in any process, at once.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -29,6 +30,8 @@ from router.metrics import Metrics
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
 from router.records import classifier_dict, estimate_dict, policy_set_dict
+
+log = logging.getLogger(__name__)
 
 
 class RouterService:
@@ -175,7 +178,11 @@ class RouterService:
         """Whether the database answers, and what is loaded; raises when the database does not."""
         with self.sessions() as session:
             session.execute(text("SELECT 1"))
-        router = self._router
+        try:  # what this process answers with: loaded now if it has not routed yet (one of several workers)
+            router: Router | None = self.router
+        except Exception:  # noqa: BLE001 - a classifier that cannot load is not a dead database; routes say why
+            log.exception("healthz: the active versions could not be loaded")
+            router = self._router
         return {
             "status": "ok",
             "database": "ok",

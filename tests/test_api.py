@@ -433,3 +433,47 @@ def test_feedback_for_a_made_up_task_is_refused_and_leaves_no_estimate_or_metric
     assert 'task="qa"' in metrics and "astrology" not in metrics and 'task="*"' not in metrics
     assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 1
     assert [e.task_type for e in session.scalars(select(TaskEstimate))] == ["qa"]
+
+
+def test_feedback_with_an_unknown_field_is_refused_like_a_route_body(client):
+    typo = client.post("/v1/feedback", json={"task_type": "code", "rounds": 2, "drafted": 4, "acepted": 2})
+    assert typo.status_code == 400
+    error = typo.get_json()["error"]
+    assert error["code"] == "unknown_field" and "'acepted'" in error["message"]
+    route = client.post("/v1/route", json={"prompt": "x", "max_new_token": 5})
+    assert route.status_code == 400 and route.get_json()["error"]["code"] == "unknown_field"
+
+
+def test_health_says_the_active_versions_before_the_first_route(client, published):
+    health = client.get("/healthz").get_json()  # this process has not routed yet (one of several workers)
+    assert (health["classifier_version"], health["policy_version"]) == (1, 1)
+
+
+def test_a_chat_request_routes_like_the_same_text_as_a_prompt(client, published):
+    from analyzer.ingest import parse_prompt_file
+    from analyzer.prompt_sets import sample_bytes
+
+    texts = [p.text for p in parse_prompt_file(sample_bytes(), "sample.jsonl").prompts]
+    assert len(texts) == 64
+
+    def routed(requests):
+        answer = client.post("/v1/route/batch", json={"requests": requests}).get_json()["decisions"]
+        # task, confidence and the policy that decided (speculate itself moves with the probe counter)
+        return [(d["task_type"], d["confidence"], d["route_id"].rsplit("-", 1)[1]) for d in answer]
+
+    as_prompt = routed([{"prompt": t, "max_new_tokens": 64} for t in texts])
+    as_chat = routed([{"messages": [{"role": "user", "content": t}], "max_new_tokens": 64} for t in texts])
+    with_system = routed(
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": t},
+                ],
+                "max_new_tokens": 64,
+            }
+            for t in texts
+        ]
+    )
+    assert as_chat == as_prompt and with_system == as_prompt
+    assert {task for task, *_ in as_prompt} == {"code", "qa"}  # the fixture's classifier tells two tasks

@@ -15,9 +15,9 @@ from analyzer.acceptance import expected_tokens_iid
 from analyzer.policy_curve import BASE, PolicyCurve, acceptance_scale
 from analyzer.speedup import Cost, iid_speedup
 from router.adaptation import AdaptationConfig
-from router.decision import Router, RouterConfig
+from router.decision import Router, RouterConfig, RouteRequest
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
-from router.reasons import REASON_CODES, Reason, reason, reason_text
+from router.reasons import POLICY_CODES, REASON_CODES, Reason, reason, reason_text
 from tests.factories import COST_CURVE
 
 COST = Cost(COST_CURVE, 0.004)
@@ -172,3 +172,79 @@ def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_jso
     json.dumps(data, allow_nan=False)  # raises on NaN or infinity anywhere
     assert data["gamma"] == 0 if not data["speculate"] else 1 <= data["gamma"] <= 8
     assert "workload_policy" in decision.reason_codes  # no classifier: the workload-wide policy decided
+
+
+class _Classifier:
+    """A stand-in classifier that says what the test draws (task, confidence), with a threshold and
+    the tasks it rarely reaches."""
+
+    def __init__(self, answers, threshold, rarely):
+        self.answers, self.threshold, self.rarely_reached, self.version = answers, threshold, rarely, 7
+
+    def predict(self, texts):
+        return [self.answers[i % len(self.answers)] for i in range(len(texts))]
+
+
+_TASKS = ("code", "qa", "math")
+
+
+@given(
+    published=st.sets(st.sampled_from(_TASKS)),
+    fallback=st.booleans(),
+    answers=st.lists(
+        st.tuples(st.sampled_from(_TASKS + ("translation",)), st.floats(0, 1)), min_size=1, max_size=6
+    ),
+    classifier=st.booleans(),
+    threshold=st.floats(0, 1),
+    rarely=st.sets(st.sampled_from(_TASKS)),
+    few=st.sets(st.sampled_from(_TASKS)),
+    batch_size=st.one_of(st.none(), st.integers(1, 40)),
+    max_new_tokens=st.one_of(st.none(), st.integers(1, 300)),
+    with_cost=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_exactly_one_reason_says_which_policy_decided(
+    published, fallback, answers, classifier, threshold, rarely, few, batch_size, max_new_tokens, with_cost
+):
+    def snapshot(task):
+        curve = tuple(1.0 + 0.05 * g for g in range(1, 9))
+        return PolicySnapshot(
+            task,
+            True,
+            3,
+            0.8,
+            0.01,
+            2 if task in few else 10,
+            1.2,
+            "RECOMMENDED",
+            curve,
+            {1: curve, 16: tuple(s * 1.2 for s in curve)},
+            (1.05, 1.3),
+            "workload" if task in few else "task",
+        )
+
+    policies = {task: snapshot(task) for task in published}
+    if fallback or published:  # a published set always has its fallback
+        policies[FALLBACK_TASK] = snapshot(FALLBACK_TASK)
+    router = Router(
+        _Classifier(answers, threshold, {t: "recall 0.10" for t in rarely}) if classifier else None,
+        policies,
+        policy_version=2,
+        cost=Cost(COST_CURVE, 0.004) if with_cost else None,
+    )
+    for decision in router.route_many([RouteRequest("x", None, max_new_tokens, batch_size)] * len(answers)):
+        deciding = [r for r in decision.reasons if r.code in POLICY_CODES]
+        assert len(deciding) == 1, decision.reason_codes
+        decided_by = decision.route_id.rsplit("-", 1)[1]  # the task whose policy decided ("*": the fallback)
+        if deciding[0].code in ("task_policy", "task_too_few_prompts"):
+            assert decided_by == decision.task_type and decision.task_type in published
+            assert decision.confidence >= router.min_confidence
+        elif deciding[0].code == "workload_policy":
+            assert decided_by == FALLBACK_TASK
+            cause = deciding[0].params["cause"]
+            assert (cause == "low_confidence") == (classifier and decision.confidence < router.min_confidence)
+            assert (cause == "no_classifier") == (not classifier)
+        else:
+            assert not policies and decided_by == FALLBACK_TASK
+        rarely_said = "rarely_reached" in decision.reason_codes
+        assert rarely_said == (classifier and decision.task_type in rarely)
