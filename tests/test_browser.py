@@ -158,8 +158,11 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
         30,
         "the filtered page",
     )
-    Select(browser.find_element(By.ID, "bulk-task")).select_by_visible_text("general")
+    bulk = Select(browser.find_element(By.ID, "bulk-task"))
+    assert bulk.first_selected_option.text == "(choose a task)"  # no default that would unlabel them all
+    bulk.select_by_visible_text("general")
     browser.find_element(By.CSS_SELECTOR, "#bulk-label button").click()
+    browser.switch_to.alert.accept()  # "Set the task of all 1 matching prompts?"
     _wait(
         lambda: "1 prompt(s) relabelled general" in browser.find_element(By.CSS_SELECTOR, ".flash").text,
         30,

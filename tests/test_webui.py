@@ -426,7 +426,7 @@ def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
     assert "<td>speculate</td>" in row  # the published decision ...
     assert "<strong>off</strong>" in row and "after 30 feedback events" in row  # ... and the one in force now
     assert (
-        f"since {estimate['decision_since'].replace('T', ' ')} UTC" in row
+        f"since {estimate['decision_since'].replace('T', ' ').replace('+00:00', '')} UTC" in row
         and "changed from the published decision" in row
     )
     assert page.count("as published (no feedback yet)") == 2  # qa and the fallback
@@ -459,3 +459,15 @@ def test_per_task_plots_stay_readable_with_thirteen_tasks(web, session):
     assert speedup.count('class="best"') == 13 and "grey: whole workload" in speedup
     histograms = text[text.index('class="plot histograms"') :].split("</svg>")[0]
     assert histograms.count('<g class="panel">') == 13
+
+
+def test_the_publish_form_never_preselects_a_run_measured_on_a_busy_machine(web, session):
+    with session.begin():
+        run_id = make_done_run(session, {"code": 0.9}).id
+    page = web.get("/policies").get_data(as_text=True)
+    assert f'<option value="{run_id}" selected>' in page and "noisy cost profile" not in page
+    with session.begin():
+        session.get(AnalysisRun, run_id).batch_profiles[0].cost_profile.quality = "noisy"
+    page = web.get("/policies").get_data(as_text=True)
+    assert "<option disabled selected>(choose a run)</option>" in page  # nothing clean: no default at all
+    assert re.search(rf'<option value="{run_id}">run #{run_id} [^<]* · noisy cost profile', page)

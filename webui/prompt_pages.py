@@ -125,7 +125,9 @@ def label_prompts(name: str):
     new_task = request.form.get("new_task")
     position = request.form.get("position", type=int)
     if new_task is None or (position is None and not request.form.get("bulk")):
-        return _set_page(name, page, search, task, "give new_task and either position or bulk", 400)
+        return _set_page(
+            name, page, search, task, "choose the task to set (and either a prompt or all matching)", 400
+        )
     try:
         with sessions()() as session, session.begin():
             found = get_prompt_set(session, name)
@@ -137,7 +139,7 @@ def label_prompts(name: str):
                 message = f"{changed} prompt(s) relabelled {new_task.strip() or 'unlabelled'}"
     except PromptSetError as exc:  # shown on the set's page; a set that is not there is the app's 404 page
         return _set_page(name, page, search, task, str(exc), exc.status)
-    flash(message + " (used by the next `specroute train`; past analyses keep their labels)")
+    flash(message + " (used by the next classifier training; past analyses keep their labels)")
     return redirect(
         url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*")
     )

@@ -153,7 +153,12 @@ def policies():
     with sessions()() as session:
         sets = [policy_set_dict(p) for p in list_policy_sets(session)]
         runs = [
-            {"id": r.id, "prompt_set": r.prompt_set.name, "draft": r.pair.draft.spec}
+            {
+                "id": r.id,
+                "prompt_set": r.prompt_set.name,
+                "draft": r.pair.draft.spec,
+                "noisy": any(link.cost_profile.quality == "noisy" for link in r.batch_profiles),
+            }
             for r in session.scalars(
                 select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc())
             )
@@ -166,6 +171,7 @@ def policies():
         "policies.html",
         sets=sets,
         runs=runs,
+        preselected=next((r["id"] for r in runs if not r["noisy"]), None),  # never a noisy run by default
         estimates=estimates,
         rarely=rarely,
         classifier_version=classifier_version,
