@@ -19,7 +19,7 @@ all ask it; nothing else rescales a curve or applies the rule.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from analyzer.acceptance import expected_tokens_iid
@@ -82,10 +82,6 @@ class PolicyCurve:
     prior_alpha: float = 0.5
     cost: Cost | None = None
 
-    def with_prior(self, prior_alpha: float) -> PolicyCurve:
-        """This curve rescaled from ``prior_alpha`` (an online estimate's own prior)."""
-        return replace(self, prior_alpha=prior_alpha)
-
     @property
     def top_gamma(self) -> int:
         """The largest gamma priced on the base curve: gamma_max, within the cost curve's k <= K."""
@@ -104,56 +100,71 @@ class PolicyCurve:
         sizes = self.batch_sizes
         return bool(sizes) and sizes[0] <= batch_size <= sizes[-1]
 
-    def curve(self, batch_size: float | None = BASE, alpha: float | None = None) -> tuple[float, ...] | None:
+    def curve(
+        self, batch_size: float | None = BASE, alpha: float | None = None, prior_alpha: float | None = None
+    ) -> tuple[float, ...] | None:
         """S(g) for g = 1..G at ``batch_size`` (BASE: the base curve; else interpolated between the
-        profiled sizes) under ``alpha`` (None: the analysis' own); None outside the profiled sizes."""
-        span = self._span(batch_size)
+        profiled sizes) under ``alpha`` (None: the analysis' own), rescaled from ``prior_alpha`` (None:
+        the curve's own; an online estimate passes its prior); None outside the profiled sizes."""
+        span = self._span(batch_size, prior_alpha)
         if span is None:
             return None
         curve = span[0]
         if alpha is None:
             return curve
-        return tuple(s * acceptance_scale(alpha, self.prior_alpha, g) for g, s in enumerate(curve, start=1))
+        prior = self.prior_alpha if prior_alpha is None else prior_alpha
+        return tuple(s * acceptance_scale(alpha, prior, g) for g, s in enumerate(curve, start=1))
 
-    def speedup(self, gamma: int, batch_size: float | None = BASE, alpha: float | None = None) -> float:
-        """S(gamma) at ``batch_size`` under ``alpha``; NaN outside the curve (the router's per-request
-        point: no whole curve is rescaled)."""
-        span = self._span(batch_size)
+    def speedup(
+        self,
+        gamma: int,
+        batch_size: float | None = BASE,
+        alpha: float | None = None,
+        prior_alpha: float | None = None,
+    ) -> float:
+        """S(gamma) at ``batch_size`` under ``alpha`` (rescaled from ``prior_alpha`` as in :meth:`curve`);
+        NaN outside the curve (the router's per-request point: no whole curve is rescaled)."""
+        span = self._span(batch_size, prior_alpha)
         if span is None or not 1 <= gamma <= len(span[0]):
             return float("nan")
         value = span[0][gamma - 1]
-        return (
-            float(value * acceptance_scale(alpha, self.prior_alpha, gamma))
-            if alpha is not None
-            else float(value)
+        if alpha is None:
+            return float(value)
+        return float(
+            value * acceptance_scale(alpha, self.prior_alpha if prior_alpha is None else prior_alpha, gamma)
         )
 
-    def at(self, batch_size: float | None = BASE, alpha: float | None = None) -> CurvePoint | None:
-        """The decision at ``batch_size`` under ``alpha`` (None: the analysis' own): g* of the curve,
-        S(g*), the lower end (interpolated between the profiled sizes, scaled at g* like the curve) and
-        the rule. None outside the profiled batch sizes."""
-        span = self._span(batch_size)
+    def at(
+        self, batch_size: float | None = BASE, alpha: float | None = None, prior_alpha: float | None = None
+    ) -> CurvePoint | None:
+        """The decision at ``batch_size`` under ``alpha`` (None: the analysis' own, rescaled from
+        ``prior_alpha`` as in :meth:`curve`): g* of the curve, S(g*), the lower end (interpolated between
+        the profiled sizes, scaled at g* like the curve) and the rule. None outside the profiled sizes."""
+        span = self._span(batch_size, prior_alpha)
         if span is None:
             return None
         _, lower, upper = span
-        gamma, speedup = best_gamma(self.curve(batch_size, alpha) or ())
+        prior = self.prior_alpha if prior_alpha is None else prior_alpha
+        gamma, speedup = best_gamma(self.curve(batch_size, alpha, prior) or ())
         if not gamma:
             return CurvePoint(None, float("nan"), None, False, lower, upper, alpha is not None)
         low = self.base_low if batch_size is BASE else self._low(batch_size, lower, upper)
         if low is not None and alpha is not None:
-            low *= acceptance_scale(alpha, self.prior_alpha, gamma)
+            low *= acceptance_scale(alpha, prior, gamma)
         return CurvePoint(
             gamma, speedup, low, clears_break_even(speedup, low, self.margin), lower, upper, alpha is not None
         )
 
     # ---------------------------------------------------------------- internals
 
-    def _span(self, batch_size: float | None) -> tuple[tuple[float, ...], int, int] | None:
+    def _span(
+        self, batch_size: float | None, prior_alpha: float | None = None
+    ) -> tuple[tuple[float, ...], int, int] | None:
         """(S(g) at ``batch_size``, the profiled size below, the one above); the base curve for BASE."""
         if batch_size is BASE:
             base = tuple(float(v) for v in self.base[: self.top_gamma])
             if not any(math.isfinite(v) for v in base) and self.cost is not None:
-                base = self._iid()
+                base = self._iid(self.prior_alpha if prior_alpha is None else prior_alpha)
             smallest = self.batch_sizes[0] if self.batch_sizes else 1
             return base, smallest, smallest
         sizes = self.batch_sizes
@@ -173,10 +184,10 @@ class PolicyCurve:
             upper,
         )
 
-    def _iid(self) -> tuple[float, ...]:
+    def _iid(self, prior_alpha: float) -> tuple[float, ...]:
         """S(g) from the i.i.d. formula at the prior alpha with the batch-1 cost (nothing was published)."""
         assert self.cost is not None
-        return tuple(iid_speedup(self.prior_alpha, g, self.cost) for g in range(1, self.top_gamma + 1))
+        return tuple(iid_speedup(prior_alpha, g, self.cost) for g in range(1, self.top_gamma + 1))
 
     def _low(self, batch_size: float, lower: int, upper: int) -> float | None:
         """The published lower end of S(g*) at ``batch_size``, linear between the profiled sizes

@@ -16,7 +16,8 @@ from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
-from analyzer.summary import UNLABELLED, AnalysisSummary, finite, load_results, run_summary
+from analyzer.summary import UNLABELLED, AnalysisSummary, finite, load_results
+from analyzer.summary_store import run_summary
 
 
 class ReportError(SpecrouteError, LookupError):

@@ -22,7 +22,8 @@ from analyzer.prompt_sets import get_prompt_set
 from analyzer.run_params import RunError, RunNotFound, RunParams  # noqa: F401  (importers name them here)
 from analyzer.settings import STALE_AFTER_S
 from analyzer.specs import ModelSpecRef, display_name, parse_spec
-from analyzer.summary import AnalysisSummary, PromptSummary, store_summary
+from analyzer.summary import AnalysisSummary, PromptSummary
+from analyzer.summary_store import store_summary
 
 UNLABELLED = "unlabelled"
 log = logging.getLogger(__name__)

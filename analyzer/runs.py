@@ -489,7 +489,7 @@ def _validate(
     """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
     plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
     run measured (stored with each result)."""
-    from analyzer.summary import store_summary
+    from analyzer.summary_store import store_summary
 
     with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
         summary = store_summary(session, session.get(AnalysisRun, run_id))

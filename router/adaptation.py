@@ -134,7 +134,7 @@ def apply_feedback(
 def decide(state: TaskState, curve: PolicyCurve, config: AdaptationConfig) -> TaskState:
     """Re-choose gamma = argmax S(g) of the policy's base curve under the posterior alpha, and switch
     speculation with hysteresis."""
-    point = curve.with_prior(state.prior_alpha).at(BASE, state.alpha)
+    point = curve.at(BASE, state.alpha, state.prior_alpha)
     if point is None or point.gamma is None:
         return state
     speculate = state.speculate

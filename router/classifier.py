@@ -34,7 +34,7 @@ from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
 from analyzer.orm import AnalysisRun, Prompt, PromptResult, PromptSet
 from analyzer.prompt_checks import request_text
-from analyzer.summary import FINISHED_STATUSES, store_summary
+from analyzer.summary_store import FINISHED_STATUSES, store_summary
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
     USER_GROUP,

@@ -320,7 +320,7 @@ class Router:
         choice.alpha = state.alpha
         curve = self.curve_of(key)
         if self.cost is not None and curve is not None:
-            expected = curve.with_prior(state.prior_alpha).speedup(choice.gamma, BASE, state.alpha)
+            expected = curve.speedup(choice.gamma, BASE, state.alpha, state.prior_alpha)
             choice.expected = expected if math.isfinite(expected) else choice.expected
         if state.events:
             choice.reasons.append(
@@ -399,10 +399,13 @@ class Router:
         task's online alpha once feedback has moved it; None where no profile covers the batch size."""
         if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
             return None
-        curve, alpha = policy.curve(self.contract), None
+        curve = self.curve_of(policy.task_type)  # built once per loaded policy set, not per request
+        if curve is None:
+            return None
         if state is not None and state.events > 0:  # feedback moved alpha: rescale from the estimate's prior
-            curve, alpha = curve.with_prior(state.prior_alpha), state.alpha
-        point = curve.at(batch_size, alpha)
+            point = curve.at(batch_size, state.alpha, state.prior_alpha)
+        else:
+            point = curve.at(batch_size)
         return point if point is not None and point.gamma is not None else None
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:

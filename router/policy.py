@@ -16,7 +16,8 @@ from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import PolicyCurve, as_curve
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.speedup import Cost
-from analyzer.summary import AnalysisSummary, GroupSummary, run_summary
+from analyzer.summary import AnalysisSummary, GroupSummary
+from analyzer.summary_store import run_summary
 from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"

@@ -34,7 +34,7 @@ def speedup_curve(state, curve: PolicyCurve, gamma_max=None) -> np.ndarray:
     """S(g) under the state's posterior alpha, as the adaptation decides from it."""
     if gamma_max is not None:
         curve = PolicyCurve(curve.base, gamma_max=gamma_max, cost=curve.cost)
-    return np.array(curve.with_prior(state.prior_alpha).curve(BASE, state.alpha))
+    return np.array(curve.curve(BASE, state.alpha, state.prior_alpha))
 
 
 CURVE = policy_curve()
@@ -139,5 +139,5 @@ def test_the_speedup_at_one_gamma_is_that_point_of_the_curve():
         whole = speedup_curve(state, curve)
         for gamma in range(0, 10):
             expected = float(whole[gamma - 1]) if 1 <= gamma <= len(whole) else float("nan")
-            point = curve.with_prior(state.prior_alpha).speedup(gamma, BASE, state.alpha)
+            point = curve.speedup(gamma, BASE, state.alpha, state.prior_alpha)
             assert point == pytest.approx(expected, nan_ok=True)

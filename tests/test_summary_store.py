@@ -22,15 +22,8 @@ from analyzer.report import build_report
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.run_records import finish
 from analyzer.speedup import MIN_TASK_PROMPTS, clears_break_even
-from analyzer.summary import (
-    DECISION_CODES,
-    decide_group,
-    run_summary,
-    store_summary,
-    summarize_run,
-    summary_from_json,
-    summary_to_json,
-)
+from analyzer.summary import DECISION_CODES, decide_group, summarize_run
+from analyzer.summary_store import run_summary, store_summary, summary_from_json, summary_to_json
 from router.policy import publish_policies
 from tests.factories import make_done_run
 

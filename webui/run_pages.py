@@ -30,7 +30,8 @@ from analyzer.report_text import recommendation, report_csv
 from analyzer.run_params import DEFAULT_GAMMA_MAX, LIMITS, Limit
 from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
-from analyzer.summary import UNLABELLED, run_summary
+from analyzer.summary import UNLABELLED
+from analyzer.summary_store import run_summary
 from router import strict_json
 from router.classifier import rarely_reached
 from webui.plots import report_plots
