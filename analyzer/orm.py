@@ -62,7 +62,9 @@ class PromptSet(Base):
 
 class Prompt(Base):
     """One prompt of a set: plain text or chat messages, an optional task label, the user's id,
-    the line it came from, and a content hash that is unique within the set."""
+    the line it came from, and a content hash that is unique within the set. An unlabelled prompt may
+    carry the teacher's suggested task, its confidence and where the suggestion came from
+    (router/teacher.py); a suggestion is not a label until a person accepts it."""
 
     __tablename__ = "prompts"
 
@@ -76,6 +78,9 @@ class Prompt(Base):
     task: Mapped[Optional[str]] = mapped_column(String(64), index=True)
     content_hash: Mapped[str] = mapped_column(String(64))
     char_count: Mapped[int] = mapped_column(Integer)
+    suggested_task: Mapped[Optional[str]] = mapped_column(String(64))
+    suggested_confidence: Mapped[Optional[float]] = mapped_column(Float)
+    suggested_by: Mapped[Optional[str]] = mapped_column(String(300))
 
     prompt_set: Mapped[PromptSet] = relationship(back_populates="prompts")
 

@@ -142,6 +142,14 @@ class Settings:
         "Run analyses queued from the web UI in a background thread of the server; set false "
         "when separate 'specroute worker' processes do it.",
     )
+    suggest_tasks: bool = _setting(
+        True,
+        "Suggest a task for every unlabelled prompt of a newly imported or uploaded prompt set, with the "
+        "teacher (router/teacher.py; needs the sentence encoder, skipped without it): shown beside each "
+        "prompt on the prompt set page, accepted there above a confidence, and used by 'specroute train "
+        "--adapt'. The web UI suggests in a background thread; set false to suggest only on demand "
+        "('specroute prompts suggest').",
+    )
     stale_after_s: float = _setting(
         STALE_AFTER_S,
         "Seconds without a heartbeat after which a running analysis counts as abandoned by "

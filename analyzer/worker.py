@@ -54,7 +54,8 @@ def run_next_chunk(
 
 
 class Worker:
-    """A daemon thread that executes queued runs until ``stop()``; polls every ``poll_s`` seconds."""
+    """A daemon thread that executes queued runs until ``stop()``; polls every ``poll_s`` seconds;
+    ``on_run`` is told each run's id when the run has stopped (the web server labels its prompts)."""
 
     def __init__(
         self,
@@ -65,8 +66,10 @@ class Worker:
         poll_s: float = 1.0,
         stale_after_s: float = STALE_AFTER_S,
         name: str = "thread",
+        on_run: Callable[[int], None] | None = None,
     ):
         self.sessions, self.cache_dir, self.allow_network = sessions, cache_dir, allow_network
+        self.on_run = on_run
         self.poll_s, self.stale_after_s = poll_s, stale_after_s
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         self._stop = threading.Event()
@@ -89,6 +92,7 @@ class Worker:
             poll_s=self.poll_s,
             stale_after_s=self.stale_after_s,
             stop=self._stop,
+            on_run=self.on_run,
         )
 
 

@@ -27,8 +27,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
@@ -39,6 +39,7 @@ from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, 
 from router.evaluation import (
     USER_GROUP,
     calibration,
+    catch_all_tasks,
     decision_matrix,
     grouped_folds,
     out_of_fold,
@@ -57,9 +58,16 @@ from router.features import (
     structural_features,
 )
 from router.orm import ClassifierVersion, activate_only
+from router.suggestions import PseudoLabel, TeacherUnavailable, pseudo_labels, suggest_tasks
+from router.teacher import Progress
 
 CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2
+# Pseudo-labels below this teacher confidence are not trained on; the others are weighted by it. Chosen
+# by leave-one-source-out macro-F1 after adapting (benchmarks/bench_adapt.py, RESULTS.md: bars 0.1 /
+# 0.2 / 0.3 / 0.5 gave 0.653 / 0.619 / 0.486 / 0.287): the teacher's spread probabilities are spread
+# over 13 tasks, so even its right labels are often below 0.5, and weighting already discounts doubt.
+DEFAULT_PSEUDO_CONFIDENCE = 0.1
 
 
 class ClassifierError(SpecrouteError, RuntimeError):
@@ -73,7 +81,9 @@ class ClassifierError(SpecrouteError, RuntimeError):
 class TrainingData:
     """Texts and labels to train on, the group of each text for grouped CV (the repository it came
     from, or USER_GROUP for a user's own label), their hash, where they came from, and labels left
-    out for having fewer than MIN_PER_LABEL prompts."""
+    out for having fewer than MIN_PER_LABEL prompts. ``weights`` (empty: all 1) and ``kinds``
+    ("corpus", "label" or "pseudo" per text; empty: all "label") say what each text is; pseudo-labels
+    are trained on, weighted by confidence, and never scored."""
 
     texts: list[str]
     labels: list[str]
@@ -81,28 +91,82 @@ class TrainingData:
     source: str
     dropped: dict[str, int]
     groups: list[str] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    def weight_array(self) -> np.ndarray:
+        return np.asarray(self.weights or [1.0] * len(self.texts), dtype=np.float64)
+
+    def kind_list(self) -> list[str]:
+        return self.kinds or ["label"] * len(self.texts)
+
+    def composition(self) -> dict[str, dict[str, int]]:
+        """Per task: how many corpus, user-labelled and pseudo-labelled prompts."""
+        out: dict[str, dict[str, int]] = {}
+        for label, kind in zip(self.labels, self.kind_list()):
+            row = out.setdefault(label, {"corpus": 0, "label": 0, "pseudo": 0})
+            row[kind] += 1
+        return dict(sorted(out.items()))
 
 
 def make_training_data(
-    texts: list[str], labels: list[str], source: str, groups: Sequence[str] | None = None
+    texts: list[str],
+    labels: list[str],
+    source: str,
+    groups: Sequence[str] | None = None,
+    *,
+    weights: Sequence[float] | None = None,
+    kinds: Sequence[str] | None = None,
 ) -> TrainingData:
-    """Training data from parallel texts, labels and groups (default: all in USER_GROUP); labels with
-    fewer than MIN_PER_LABEL prompts are left out (and listed), and the hash covers the kept pairs in
-    sorted order."""
+    """Training data from parallel texts, labels and groups (default: all in USER_GROUP), weights
+    (default 1) and kinds (default "label"); labels with fewer than MIN_PER_LABEL prompts are left
+    out (and listed), and the hash covers the kept rows in sorted order."""
     groups = list(groups) if groups is not None else [USER_GROUP] * len(texts)
+    weights = list(weights) if weights is not None else [1.0] * len(texts)
+    kinds = list(kinds) if kinds is not None else ["label"] * len(texts)
     counts = Counter(labels)
     dropped = {label: n for label, n in counts.items() if n < MIN_PER_LABEL}
-    kept = [(t, label, g) for t, label, g in zip(texts, labels, groups) if label not in dropped]
+    kept = [
+        (t, label, g, w, k)
+        for t, label, g, w, k in zip(texts, labels, groups, weights, kinds)
+        if label not in dropped
+    ]
     digest = hashlib.sha256()
-    for text, label, _ in sorted(kept):
-        digest.update(json.dumps([text, label], ensure_ascii=False).encode("utf-8"))
+    for text, label, _, weight, kind in sorted(kept):
+        row = [text, label] if kind != "pseudo" else [text, label, round(weight, 4), kind]
+        digest.update(json.dumps(row, ensure_ascii=False).encode("utf-8"))
     return TrainingData(
-        [t for t, _, _ in kept],
-        [label for _, label, _ in kept],
+        [row[0] for row in kept],
+        [row[1] for row in kept],
         digest.hexdigest(),
         source,
         dropped,
-        [g for _, _, g in kept],
+        [row[2] for row in kept],
+        [row[3] for row in kept],
+        [row[4] for row in kept],
+    )
+
+
+def with_pseudo_labels(
+    data: TrainingData, pseudo: Sequence[PseudoLabel], min_confidence: float | None = None
+) -> TrainingData:
+    """``data`` plus the pseudo-labels at or above ``min_confidence`` (default DEFAULT_PSEUDO_CONFIDENCE),
+    weighted by confidence, grouped by their prompt set; a text already in ``data`` keeps its label."""
+    bar = DEFAULT_PSEUDO_CONFIDENCE if min_confidence is None else min_confidence
+    present = set(data.texts)
+    added = [p for p in pseudo if p.confidence >= bar and p.text not in present]
+    added = list({p.text: p for p in added}.values())  # one per distinct text
+    if not added:
+        return data
+    sets = sorted({p.prompt_set for p in added})
+    return make_training_data(
+        data.texts + [p.text for p in added],
+        data.labels + [p.task for p in added],
+        f"{data.source} + {len(added)} pseudo-labelled prompts of {', '.join(sets)} "
+        f"(teacher confidence >= {bar:.2f})",
+        data.groups + [f"pseudo: {p.prompt_set}" for p in added],
+        weights=list(data.weight_array()) + [p.confidence for p in added],
+        kinds=data.kind_list() + ["pseudo"] * len(added),
     )
 
 
@@ -158,39 +222,55 @@ def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None)
         own[t][0] for t in extra
     ]
     groups = corpus.groups + [own[t][1] for t in extra]
+    kinds = ["label" if t in own else "corpus" for t in corpus.texts] + ["label"] * len(extra)
     source = (
         f"bundled corpus + {len(own)} labeled prompts from {_describe(prompt_set_names)}"
         f" ({overridden} relabel a corpus prompt)"
         if own
         else "bundled corpus"
     )
-    return make_training_data(texts, labels, source, groups)
+    return make_training_data(texts, labels, source, groups, kinds=kinds)
 
 
 TRAINING_SOURCES = ("both", "labels", "corpus")
 
 
 def training_data(
-    session: Session, source: str = "both", prompt_set_names: Sequence[str] | None = None
+    session: Session,
+    source: str = "both",
+    prompt_set_names: Sequence[str] | None = None,
+    *,
+    adapt: Sequence[str] = (),
+    min_confidence: float | None = None,
+    progress: Progress | None = None,
 ) -> TrainingData:
     """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
     same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
-    ``prompt_set_names`` limits which sets' labels are used."""
+    ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
+    unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
+    as pseudo-labels at or above ``min_confidence``, weighted by confidence."""
     if source not in TRAINING_SOURCES:
         raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
     if source == "corpus":
         if prompt_set_names:
             raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
-        return cold_start_data()
-    if source == "both":
-        return with_corpus(session, prompt_set_names)
-    own = training_data_from_db(session, prompt_set_names)
-    if not own.texts:
-        raise ClassifierError(
-            "no labeled prompts in the database; label some on a prompt set's page, "
-            "or train on the bundled corpus"
-        )
-    return own
+        data = cold_start_data()
+    elif source == "both":
+        data = with_corpus(session, prompt_set_names)
+    else:
+        data = training_data_from_db(session, prompt_set_names)
+        if not data.texts:
+            raise ClassifierError(
+                "no labeled prompts in the database; label some on a prompt set's page, "
+                "or train on the bundled corpus"
+            )
+    if not adapt:
+        return data
+    try:
+        suggest_tasks(session, adapt, progress)
+    except TeacherUnavailable as exc:
+        raise ClassifierError(f"cannot adapt: {exc}") from None
+    return with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence)
 
 
 def cold_start_data() -> TrainingData:
@@ -204,6 +284,31 @@ def cold_start_data() -> TrainingData:
         [p.task for p in parsed.prompts],
         "bundled corpus",
         [source_group(source_of[p.external_id]) for p in parsed.prompts],
+        kinds=["corpus"] * len(parsed.prompts),
+    )
+
+
+def adapted_fit(
+    texts: Sequence[str],
+    labels: Sequence[str],
+    pseudo: Sequence[tuple[str, str, float]],
+    *,
+    seed: int = 0,
+    min_confidence: float = DEFAULT_PSEUDO_CONFIDENCE,
+    features: str = "tfidf",
+    c: float | None = None,
+    weights: Sequence[float] | None = None,
+) -> Pipeline:
+    """The serving pipeline fitted on labelled prompts (weight 1, or ``weights``) plus pseudo-labelled
+    ones, (text, task, confidence), weighted by their confidence; pseudo-labels below
+    ``min_confidence``, and texts that already have a label, are left out."""
+    labelled = set(texts)
+    kept = [(t, task, w) for t, task, w in pseudo if w >= min_confidence and t not in labelled]
+    sample_weight = list(weights) if weights is not None else [1.0] * len(texts)
+    return build_pipeline(seed, features, c).fit(
+        list(texts) + [t for t, _, _ in kept],
+        list(labels) + [task for _, task, _ in kept],
+        model__sample_weight=np.asarray(sample_weight + [w for _, _, w in kept], dtype=np.float64),
     )
 
 
@@ -290,31 +395,46 @@ def evaluate(
 
 
 def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, features: str, c: float) -> dict:
+    """The scores of ``evaluate``. Pseudo-labelled rows join every fold's training data (weighted)
+    and are never scored: only labels are truth."""
     build = lambda: build_pipeline(seed, features, c)  # noqa: E731
-    split = stratified_folds(data.labels, folds, seed)
-    stratified, _ = out_of_fold(build, data.texts, data.labels, split, labels)
-    scores = scores_of(data.labels, predictions(stratified, labels), labels)
-    baseline = [keyword_baseline(t) for t in data.texts]
+    kinds = data.kind_list()
+    scored = np.asarray([i for i, k in enumerate(kinds) if k != "pseudo"], dtype=int)
+    pseudo = np.asarray([i for i, k in enumerate(kinds) if k == "pseudo"], dtype=int)
+    weights = data.weight_array() if data.weights else None
+
+    def on_all(split: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
+
+    def oof(split: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        values, learnable = out_of_fold(build, data.texts, data.labels, on_all(split), labels, weights)
+        return values[scored], learnable[scored]
+
+    texts = [data.texts[i] for i in scored]
+    truth_all = [data.labels[i] for i in scored]
+    split = stratified_folds(truth_all, folds, seed)
+    stratified, _ = oof(split)
+    scores = scores_of(truth_all, predictions(stratified, labels), labels)
+    baseline = [keyword_baseline(t) for t in texts]
     scores |= {
         "features": features,
         "C": c,
         "folds": len(split),
         "baseline": {
-            "macro_f1": float(
-                f1_score(data.labels, baseline, labels=labels, average="macro", zero_division=0)
-            ),
-            "accuracy": float(accuracy_score(data.labels, baseline)),
+            "macro_f1": float(f1_score(truth_all, baseline, labels=labels, average="macro", zero_division=0)),
+            "accuracy": float(accuracy_score(truth_all, baseline)),
         },
     }
-    groups = sorted(set(data.groups))
-    calibrate_on, truth = stratified, data.labels
+    scored_groups = [data.groups[i] for i in scored]
+    groups = sorted(set(scored_groups))
+    calibrate_on, truth = stratified, truth_all
     scores["grouped"] = None
     if len(groups) >= 2:
-        grouped, learnable = out_of_fold(build, data.texts, data.labels, grouped_folds(data.groups), labels)
+        grouped, learnable = oof(grouped_folds(scored_groups))
         kept = np.nonzero(learnable)[0]
-        evaluable = sorted({data.labels[i] for i in kept})
+        evaluable = sorted({truth_all[i] for i in kept})
         if len(evaluable) >= 2:
-            truth = [data.labels[i] for i in kept]
+            truth = [truth_all[i] for i in kept]
             calibrate_on = grouped[kept]
             scores["grouped"] = scores_of(truth, predictions(calibrate_on, labels), evaluable) | {
                 "folds": len(groups),
@@ -324,6 +444,9 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
             }
     scores["calibration"] = calibration(calibrate_on, truth, labels) | {
         "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    }
+    scores["following"] = catch_all_tasks(calibrate_on, truth, labels, scores["calibration"]) | {
+        "on": scores["calibration"]["on"]
     }
     recall = {label: row["recall"] for label, row in scores["per_class"].items()}
     if scores["grouped"]:
@@ -344,9 +467,11 @@ def train_classifier(
     features: str = "tfidf",
     c: float | None = None,
 ) -> ClassifierVersion:
-    """Cross-validate, fit on all the data, and store a new version (the active one unless told not
-    to). ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the
-    version then has no calibration and no threshold of its own)."""
+    """Cross-validate, fit on all the data (pseudo-labels weighted by confidence), and store a new
+    version (the active one unless told not to), with what it was trained on per task (corpus, your
+    labels, pseudo-labels) and, when adapted, how often it agrees with the pseudo-labels.
+    ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the version
+    then has no calibration and no threshold of its own)."""
     c = regularisation(features, c)
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
         scores = (
@@ -354,7 +479,24 @@ def train_classifier(
             if cross_validate
             else {"features": features, "C": c}
         )
-        pipeline = build_pipeline(seed, features, c).fit(data.texts, data.labels)
+        pipeline = build_pipeline(seed, features, c).fit(
+            data.texts, data.labels, model__sample_weight=data.weight_array()
+        )
+        scores["composition"] = data.composition()
+        pseudo = [i for i, kind in enumerate(data.kind_list()) if kind == "pseudo"]
+        if pseudo:
+            predicted = pipeline.predict([data.texts[i] for i in pseudo])
+            agree = [data.labels[i] == p for i, p in zip(pseudo, predicted)]
+            per_class: dict[str, list[bool]] = {}
+            for i, same in zip(pseudo, agree):
+                per_class.setdefault(data.labels[i], []).append(same)
+            scores["adaptation"] = {
+                "pseudo_labels": len(pseudo),
+                "sets": sorted({data.groups[i].removeprefix("pseudo: ") for i in pseudo}),
+                "agreement": float(np.mean(agree)),
+                "agreement_per_class": {k: float(np.mean(v)) for k, v in sorted(per_class.items())},
+                "mean_confidence": float(np.mean([data.weight_array()[i] for i in pseudo])),
+            }
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
     version = ClassifierVersion(
@@ -389,7 +531,8 @@ class TaskClassifier:
     decision values divided by the version's temperature). Small batches go through the FastScorer;
     large ones through the pipeline itself. ``threshold`` is the confidence the version chose on
     grouped CV (None for a version without scores); ``rarely_reached`` names the tasks it seldom
-    predicts, with the reason."""
+    predicts, with the reason; ``catch_all`` the tasks whose followed predictions were wrong more often
+    than right on unseen sources, with their precision (the router uses the workload policy for them)."""
 
     version_id: int
     version: int
@@ -399,6 +542,7 @@ class TaskClassifier:
     temperature: float = 1.0
     threshold: float | None = None
     rarely_reached: dict[str, str] = field(default_factory=dict)
+    catch_all: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fast is None:
@@ -464,6 +608,11 @@ def load_version(record: ClassifierVersion) -> TaskClassifier:
         temperature=float(calibrated.get("temperature", 1.0)),
         threshold=calibrated.get("threshold"),
         rarely_reached=rarely,
+        catch_all={
+            task: float(row["precision"])
+            for task, row in ((scores.get("following") or {}).get("tasks") or {}).items()
+            if row["catch_all"]
+        },
     )
 
 
@@ -505,3 +654,35 @@ def label_run_results(session: Session, run_id: int, classifier: TaskClassifier)
         session.flush()
         store_summary(session, run, relabelled=True)
     return len(unlabelled)
+
+
+@dataclass(frozen=True)
+class RunLabelling:
+    """What labelling a run did: how many results got a task, by which classifier version, or why none
+    (no classifier trained, or the stored one cannot be loaded)."""
+
+    labelled: int
+    classifier_version: int | None
+    problem: str | None = None
+
+
+def label_finished_run(sessions: sessionmaker[Session], run_id: int) -> RunLabelling:
+    """The one code path that gives a run's unlabelled prompts the active classifier's task type, in
+    its own transaction, when the run has stopped: ``specroute analyze``, ``specroute demo``,
+    ``specroute worker`` and the web server's worker thread (runs started from the web UI) all call it."""
+    with sessions() as session, session.begin():
+        unlabelled = session.scalar(
+            select(func.count(PromptResult.id)).where(
+                PromptResult.run_id == run_id,
+                or_(PromptResult.task_source.is_(None), PromptResult.task_source != "label"),
+            )
+        )
+        if not unlabelled:
+            return RunLabelling(0, None)
+        try:
+            classifier = load_active(session)
+        except ClassifierError as exc:
+            return RunLabelling(0, None, str(exc))
+        if classifier is None:
+            return RunLabelling(0, None, "no task classifier is trained (run: specroute train)")
+        return RunLabelling(label_run_results(session, run_id, classifier), classifier.version)

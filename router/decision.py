@@ -30,7 +30,7 @@ from router.feedback import estimate_state
 from router.orm import TaskEstimate
 from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyContract, PolicySnapshot, active_policy_set
 from router.reasons import Reason, reason
-from router.route_ids import new_route_id
+from router.route_ids import PROCESS_KEY, new_route_id, route_key
 
 DEFAULT_MIN_CONFIDENCE = 0.5
 
@@ -45,15 +45,18 @@ class RouterConfig:
         None  # None: the classifier's own threshold, DEFAULT_MIN_CONFIDENCE without one
     )
     pools: Mapping[str, str] = field(default_factory=dict)
+    route_key: bytes = PROCESS_KEY  # signs route ids (router/route_ids.py): the server's secret key
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "RouterConfig":
-        """The ``router_*`` settings (raises SettingsError naming a bad one)."""
+    def from_settings(cls, settings: Settings, secret_key: str | None = None) -> "RouterConfig":
+        """The ``router_*`` settings (raises SettingsError naming a bad one); ``secret_key`` signs
+        the route ids (the server's key; none: this process's own)."""
         return cls(
             settings.router_min_output_tokens,
             settings.router_max_batch_size,
             router_min_confidence(settings),
             router_pools(settings),
+            route_key(secret_key),
         )
 
     def pool(self, speculate: bool, gamma: int) -> str:
@@ -231,11 +234,16 @@ class Router:
             return float(self.classifier.threshold)
         return DEFAULT_MIN_CONFIDENCE
 
+    def _catch_all(self, task: str) -> bool:
+        """Whether the active classifier's ``task`` is a catch-all (its followed predictions on unseen
+        sources were wrong more often than right): the workload policy decides for it."""
+        return self.classifier is not None and task in self.classifier.catch_all
+
     # ---------------------------------------------------------------- the decision, step by step
 
     def _decide(self, request: RouteRequest, task: str, confidence: float) -> Decision:
         """Which policy decides, what it published, what feedback made of it, then the request's rules."""
-        confident = confidence >= self.min_confidence
+        confident = confidence >= self.min_confidence and not self._catch_all(task)
         key = task if confident and (task in self.policies or task in self.states) else FALLBACK_TASK
         policy = self.policies.get(key) or self.fallback
         choice = _Choice(
@@ -249,7 +257,7 @@ class Router:
         self._request_rules(request, policy, state, choice)
         gamma = choice.gamma if choice.speculate else NO_GAMMA
         return Decision(
-            route_id=new_route_id(self.policy_version, key),
+            route_id=new_route_id(self.policy_version, key, self.config.route_key),
             speculate=choice.speculate,
             gamma=gamma,
             task_type=task,
@@ -288,7 +296,14 @@ class Router:
                 if self.classifier is None
                 else "low_confidence"
                 if confidence < self.min_confidence
+                else "catch_all"
+                if self._catch_all(task)
                 else "no_task_policy"
+            )
+            extra = (
+                {"precision": self.classifier.catch_all[task]}
+                if cause == "catch_all" and self.classifier
+                else {}
             )
             found.append(
                 reason(
@@ -298,6 +313,7 @@ class Router:
                     confidence=confidence,
                     min_confidence=self.min_confidence,
                     speedup=policy.expected_speedup,
+                    **extra,
                 )
             )
         classifier = self.classifier

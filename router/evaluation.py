@@ -22,6 +22,7 @@ import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 from sklearn.model_selection import StratifiedKFold
 
+MIN_FOLLOWED = 5  # a task the router followed fewer times than this on unseen sources is not judged
 MIN_REACH_RECALL = 0.3  # a task predicted for fewer of its prompts (unseen sources) is "rarely reached"
 MIN_TRAINING_PROMPTS = 20  # ... as is one with fewer training prompts
 ECE_BINS = 10
@@ -61,9 +62,12 @@ def out_of_fold(
     labels: Sequence[str],
     folds: list[tuple[np.ndarray, np.ndarray]],
     all_labels: list[str],
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decision values of every prompt from a model fitted on the other folds, and whether its own
-    task was among that model's training labels (it can only be predicted if so)."""
+    """Decision values of every prompt from a model fitted on the other folds (a Pipeline whose last
+    step is "model", with ``weights`` as its sample weights when given), and whether its own task was
+    among that model's training labels (it can only be predicted if so). A prompt in no test fold
+    keeps -inf."""
     texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(texts), len(all_labels)), -np.inf)
     learnable = np.zeros(len(texts), dtype=bool)
@@ -72,7 +76,8 @@ def out_of_fold(
         learnable[test] = [label in trained for label in labels[test]]
         if len(trained) < 2:
             continue  # nothing to learn from one class; the fold's prompts stay unpredicted
-        model = build().fit(list(texts[train]), list(labels[train]))
+        fit_params = {} if weights is None else {"model__sample_weight": weights[train]}
+        model = build().fit(list(texts[train]), list(labels[train]), **fit_params)
         scores[test] = decision_matrix(model, texts[test], all_labels)
     return scores, learnable
 
@@ -224,3 +229,33 @@ def reachability(recall: dict[str, float], training_counts: Counter, unseen: set
             "reason": "; ".join(why),
         }
     return out
+
+
+def catch_all_tasks(
+    scores: np.ndarray, labels: Sequence[str], all_labels: list[str], calibrated: dict
+) -> dict:
+    """Per predicted task, the out-of-fold predictions the router would follow (calibrated confidence
+    at or above the routing threshold) and how many were right; a task followed at least MIN_FOLLOWED
+    times and right for fewer than half of them is a **catch-all**: prompts of other tasks land in it
+    (typically "general"), so its policy would mostly be applied to the wrong traffic, and the router
+    uses the workload-wide policy for it instead. ``{"tasks": {task: {...}}, "catch_all": [...],
+    "share": share of all prompts predicted (and followed) as a catch-all task}``."""
+    index = {label: i for i, label in enumerate(all_labels)}
+    truth = np.asarray([index[label] for label in labels])
+    scored = np.isfinite(scores).any(axis=1)
+    usable = np.where(scored[:, None], scores, 0.0)
+    probabilities = softmax(usable, calibrated["temperature"])
+    predicted, confidence = probabilities.argmax(axis=1), probabilities.max(axis=1)
+    followed = scored & (confidence >= calibrated["threshold"])
+    tasks, catch_all, covered = {}, [], 0
+    for j, task in enumerate(all_labels):
+        mine = followed & (predicted == j)
+        n, right = int(mine.sum()), int((mine & (truth == j)).sum())
+        if not n:
+            continue
+        is_catch_all = n >= MIN_FOLLOWED and right < n / 2
+        tasks[task] = {"followed": n, "right": right, "precision": right / n, "catch_all": is_catch_all}
+        if is_catch_all:
+            catch_all.append(task)
+            covered += n
+    return {"tasks": tasks, "catch_all": catch_all, "share": covered / max(len(truth), 1)}

@@ -42,7 +42,7 @@ from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initi
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
-from router.route_ids import parse_route_id
+from router.route_ids import PROCESS_KEY, parse_route_id
 
 
 class FeedbackError(SpecrouteError, ValueError):
@@ -243,8 +243,9 @@ class UnknownFeedbackField(FeedbackError):
     code = "unknown_field"
 
 
-def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
-    """Check a payload and normalise its counts (raises FeedbackError naming the field)."""
+def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> FeedbackRequest:
+    """Check a payload and normalise its counts (raises FeedbackError naming the field); a route_id
+    must verify with ``key`` (the router's: router/route_ids.py)."""
     unknown = sorted(set(payload) - set(FEEDBACK_FIELDS))
     if unknown:
         raise UnknownFeedbackField(f"unknown field '{unknown[0]}'; known: {', '.join(FEEDBACK_FIELDS)}")
@@ -255,10 +256,11 @@ def parse_feedback(payload: Mapping[str, Any]) -> FeedbackRequest:
     if task is not None and (not isinstance(task, str) or len(task) > 64):
         raise FeedbackError("field 'task_type' must be a string of at most 64 characters")
     if route_id is not None:
-        found = parse_route_id(route_id)
+        found = parse_route_id(route_id, key)
         if found is None:
             raise UnknownRouteId(
-                f"unknown route_id {route_id!r}: send the route_id of a decision as it was given"
+                f"unknown route_id {route_id!r}: send the route_id of a decision as it was given "
+                "(route ids are signed with the server's secret key)"
             )
         version, task = found  # version 0: decided before any policy set was active
         return FeedbackRequest(counts, route_id, version or None, task, _gamma(payload), dict(payload))

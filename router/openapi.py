@@ -95,7 +95,10 @@ SCHEMAS: dict[str, Any] = {
             "engine",
         ],
         "properties": {
-            "route_id": {"type": "string", "description": "Name this in feedback."},
+            "route_id": {
+                "type": "string",
+                "description": "Name this in feedback. Signed with the server's secret key: send it unchanged.",
+            },
             "speculate": {"type": "boolean"},
             "gamma": {"type": "integer", "minimum": 0, "description": "Lookahead; 0 when not speculating."},
             "task_type": {"type": "string"},

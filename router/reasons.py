@@ -49,6 +49,8 @@ def _workload(p: Mapping[str, Any]) -> str:
         "no_classifier": "no task classifier trained",
         "low_confidence": f"confidence {p.get('confidence', 0):.2f} < {p.get('min_confidence', 0):.2f}",
         "no_task_policy": f"no policy for task {p.get('task')}",
+        "catch_all": f"task {p.get('task')} is the classifier's catch-all (its predictions were right "
+        f"{100 * p.get('precision', 0):.0f}% of the time on unseen sources)",
     }[p["cause"]]
     return f"{why}: workload-wide policy (analysis predicts {p['speedup']:.2f}x)"
 

@@ -44,10 +44,11 @@ class RouterService:
         *,
         adaptation: AdaptationConfig | None = None,
         decision_log: bool = True,
+        secret_key: str | None = None,
     ):
         self.settings = settings
         self.sessions = sessions
-        self.config = RouterConfig.from_settings(settings)
+        self.config = RouterConfig.from_settings(settings, secret_key)  # the key signs route ids
         self.adaptation = adaptation or AdaptationConfig()
         self.metrics = Metrics()
         self.decision_log = (
@@ -121,7 +122,8 @@ class RouterService:
         """Store one feedback event, move its task's estimate, and return the estimate right after
         this event. The event is stored by the feedback writer, in one transaction with whatever other
         feedback is pending in this process (group commit); this returns when that has committed."""
-        request = parse_feedback(payload)  # a bad payload fails before anything is touched
+        # a bad payload, or a route id this server did not sign, fails before anything is touched
+        request = parse_feedback(payload, self.config.route_key)
         recorded = self.feedback_writer.submit(request, self._policy_context(self.router))
         counts = request.counts
         self.metrics.observe_feedback(

@@ -19,6 +19,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     """Every test gets its own SPECROUTE_DATA_DIR, so nothing (a generated secret key, a model cache)
     lands in the user's real data folder."""
     monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
+    # the teacher's suggestions on import take seconds; tests/test_adapt.py turns them on where it tests them
+    monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "false")
 
 
 def require_shared(path: Path) -> Path:

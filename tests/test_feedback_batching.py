@@ -123,19 +123,19 @@ def test_concurrent_feedback_is_committed_in_batches_and_a_bad_event_fails_alone
     client = app.test_client()
     for task in TASKS:  # the estimate rows exist, so that the blocker can lock them on PostgreSQL too
         assert client.post("/v1/feedback", json={"task_type": task, **_counts(0)}).status_code == 200
-    version = service.router.policy_version
+    version, key = service.router.policy_version, service.config.route_key  # ids signed as the server signs
     commits = []
     event.listen(app.extensions["specroute.engine"], "commit", lambda connection: commits.append(1))
     transactions_before = writer.transactions
     good = [
         {"task_type": TASKS[i % 2], **_counts(i)}
         if i % 3
-        else {"route_id": new_route_id(version, TASKS[i % 2]), **_counts(i)}
+        else {"route_id": new_route_id(version, TASKS[i % 2], key), **_counts(i)}
         for i in range(1, 41)
     ]
     bad = [
         {"task_type": "astrology", **_counts(1)},
-        {"route_id": new_route_id(version + 7, "code"), **_counts(2)},
+        {"route_id": new_route_id(version + 7, "code", key), **_counts(2)},
     ]
     answers = _post_while_locked(app, [good[:20], bad + good[20:]])
 

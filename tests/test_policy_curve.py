@@ -175,11 +175,12 @@ def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_jso
 
 
 class _Classifier:
-    """A stand-in classifier that says what the test draws (task, confidence), with a threshold and
-    the tasks it rarely reaches."""
+    """A stand-in classifier that says what the test draws (task, confidence), with a threshold, the
+    tasks it rarely reaches and its catch-all tasks."""
 
-    def __init__(self, answers, threshold, rarely):
+    def __init__(self, answers, threshold, rarely, catch_all=()):
         self.answers, self.threshold, self.rarely_reached, self.version = answers, threshold, rarely, 7
+        self.catch_all = {task: 0.3 for task in catch_all}
 
     def predict(self, texts):
         return [self.answers[i % len(self.answers)] for i in range(len(texts))]
@@ -198,13 +199,24 @@ _TASKS = ("code", "qa", "math")
     threshold=st.floats(0, 1),
     rarely=st.sets(st.sampled_from(_TASKS)),
     few=st.sets(st.sampled_from(_TASKS)),
+    catch_all=st.sets(st.sampled_from(_TASKS)),
     batch_size=st.one_of(st.none(), st.integers(1, 40)),
     max_new_tokens=st.one_of(st.none(), st.integers(1, 300)),
     with_cost=st.booleans(),
 )
 @settings(max_examples=200, deadline=None)
 def test_exactly_one_reason_says_which_policy_decided(
-    published, fallback, answers, classifier, threshold, rarely, few, batch_size, max_new_tokens, with_cost
+    published,
+    fallback,
+    answers,
+    classifier,
+    threshold,
+    rarely,
+    few,
+    catch_all,
+    batch_size,
+    max_new_tokens,
+    with_cost,
 ):
     def snapshot(task):
         curve = tuple(1.0 + 0.05 * g for g in range(1, 9))
@@ -227,7 +239,9 @@ def test_exactly_one_reason_says_which_policy_decided(
     if fallback or published:  # a published set always has its fallback
         policies[FALLBACK_TASK] = snapshot(FALLBACK_TASK)
     router = Router(
-        _Classifier(answers, threshold, {t: "recall 0.10" for t in rarely}) if classifier else None,
+        _Classifier(answers, threshold, {t: "recall 0.10" for t in rarely}, catch_all)
+        if classifier
+        else None,
         policies,
         policy_version=2,
         cost=Cost(COST_CURVE, 0.004) if with_cost else None,
@@ -238,11 +252,16 @@ def test_exactly_one_reason_says_which_policy_decided(
         decided_by = decision.route_id.rsplit("-", 1)[1]  # the task whose policy decided ("*": the fallback)
         if deciding[0].code in ("task_policy", "task_too_few_prompts"):
             assert decided_by == decision.task_type and decision.task_type in published
-            assert decision.confidence >= router.min_confidence
+            assert decision.confidence >= router.min_confidence and decision.task_type not in catch_all
         elif deciding[0].code == "workload_policy":
             assert decided_by == FALLBACK_TASK
             cause = deciding[0].params["cause"]
             assert (cause == "low_confidence") == (classifier and decision.confidence < router.min_confidence)
+            assert (cause == "catch_all") == (
+                classifier
+                and decision.confidence >= router.min_confidence
+                and decision.task_type in catch_all
+            )
             assert (cause == "no_classifier") == (not classifier)
         else:
             assert not policies and decided_by == FALLBACK_TASK

@@ -30,6 +30,7 @@ from router.strict_json import NonFiniteNumber
 from webui import access, prompt_pages, router_pages, run_pages, ui
 from webui.json_provider import StrictJSONProvider
 from webui.security import resolve_secret_key
+from webui.suggester import Suggester
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
     app.json = StrictJSONProvider(app)  # no NaN or Infinity in any answer: raises NonFiniteNumber, a 500
     sessions = make_session_factory(engine)
-    router_service = RouterService(settings, sessions)
+    router_service = RouterService(settings, sessions, secret_key=app.config["SECRET_KEY"])
     app.extensions["specroute.engine"] = engine
     app.extensions["specroute.sessions"] = sessions
     rules = access.Access(settings.api_token, api_token_scope(settings))
@@ -68,11 +69,14 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
             cache_dir=settings.resolved_data_dir() / "cache",
             allow_network=settings.allow_downloads,
             stale_after_s=settings.stale_after_s,
+            on_run=lambda run_id: _label_run(sessions, run_id),
         ).start()
         if settings.ui_worker
         else None
     )
     app.extensions["specroute.worker"] = worker
+    suggester = Suggester(sessions)
+    app.extensions["specroute.suggester"] = suggester
     app.after_request(_security_headers)
 
     closed = []
@@ -82,12 +86,27 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
             closed.append(True)
             if worker is not None:
                 worker.stop()
+            suggester.close()
             router_service.close()
             engine.dispose()
 
     app.extensions["specroute.close"] = close
     atexit.register(close)
     return app
+
+
+def _label_run(sessions, run_id: int) -> None:
+    """A run started from the web UI has stopped: its unlabelled prompts get the active classifier's
+    task, through the same code path as ``specroute analyze``."""
+    from router.classifier import label_finished_run
+
+    outcome = label_finished_run(sessions, run_id)
+    if outcome.problem:
+        log.warning("run %s: unlabelled prompts stay unlabelled: %s", run_id, outcome.problem)
+    elif outcome.labelled:
+        log.info(
+            "run %s: classifier v%s labelled %s prompts", run_id, outcome.classifier_version, outcome.labelled
+        )
 
 
 class _DatabaseId(IntegerConverter):

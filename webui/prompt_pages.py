@@ -4,7 +4,9 @@ corrected one at a time or for every prompt the filter matches (each change one 
 
 from __future__ import annotations
 
-from flask import flash, redirect, render_template, request, url_for
+import time
+
+from flask import current_app, flash, redirect, render_template, request, url_for
 
 from analyzer.ingest import IngestLimits, PromptFileError
 from analyzer.prompt_checks import prompt_text
@@ -20,6 +22,8 @@ from analyzer.prompt_sets import (
     set_prompt_task,
     summarize,
 )
+from router.suggestions import accept_suggestions, suggestion_stats
+from router.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, sessions, settings
 
 PAGE_SIZE = 25
@@ -63,8 +67,17 @@ def upload_prompts():
     except PromptSetError as exc:
         return _list_page({"summary": str(exc), "issues": []}, 400, name)
     merged = f"; {len(parsed.duplicates)} duplicate(s) merged" if parsed.duplicates else ""
-    flash(f"imported {len(parsed.prompts)} prompts as '{set_name}'{merged}")
+    unlabelled = sum(1 for p in parsed.prompts if p.task is None)
+    suggesting = ""
+    if unlabelled and settings().suggest_tasks and teacher_available():
+        _suggester().start(set_name)
+        suggesting = f"; suggesting a task for its {unlabelled} unlabelled prompts"
+    flash(f"imported {len(parsed.prompts)} prompts as '{set_name}'{merged}{suggesting}")
     return redirect(url_for("ui.prompt_set", name=set_name))
+
+
+def _suggester():
+    return current_app.extensions["specroute.suggester"]
 
 
 def _filter_args(source) -> tuple[str | None, str | None]:
@@ -90,10 +103,13 @@ def _set_page(
                 "task": p.task,
                 "line": p.source_line,
                 "text": prompt_text(p.text, p.messages),
+                "suggested": p.suggested_task if p.task is None else None,
+                "confidence": p.suggested_confidence,
             }
             for p in prompts
         ]
         tasks = known_task_types(session)
+        suggested = suggestion_stats(session, found)
     pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
     return render_template(
         "prompt_set.html",
@@ -106,7 +122,17 @@ def _set_page(
         task=task if task is not None else "*",
         known_tasks=tasks,
         error=error,
+        suggested=suggested,
+        suggesting_since=_suggesting(name),
+        suggest_error=_suggester().last_error.get(name),
+        suggest_progress=_suggester().progress.get(name),
+        can_suggest=teacher_available(),
     ), status
+
+
+def _suggesting(name: str) -> int | None:
+    since = _suggester().running_since(name)
+    return None if since is None else int(time.time() - since)
 
 
 @bp.get("/prompts/<name>")
@@ -143,6 +169,42 @@ def label_prompts(name: str):
     return redirect(
         url_for("ui.prompt_set", name=name, page=page, q=search or "", task=task if task is not None else "*")
     )
+
+
+@bp.post("/prompts/<name>/suggest")
+def suggest_prompts(name: str):
+    """Suggest a task for every unlabelled prompt of the set, in the background."""
+    with sessions()() as session:
+        get_prompt_set(session, name)  # a set that is not there is the app's 404 page
+    if not teacher_available():
+        flash(f"no suggestions: {TeacherUnavailable.__doc__}", "error")
+    elif _suggester().start(name):
+        flash("suggesting a task for each unlabelled prompt; reload this page in a moment")
+    else:
+        flash("already suggesting tasks for this set")
+    return redirect(url_for("ui.prompt_set", name=name))
+
+
+@bp.post("/prompts/<name>/accept")
+def accept_prompt_suggestions(name: str):
+    """Make the suggested task the label of every unlabelled prompt whose suggestion's confidence is
+    at least ``min_confidence`` (one transaction)."""
+    raw = (request.form.get("min_confidence") or "").strip()
+    try:
+        bar = float(raw)
+    except ValueError:
+        bar = float("nan")
+    if not 0.0 <= bar <= 1.0:
+        return _set_page(
+            name, 1, None, None, f"the confidence must be a number from 0 to 1, not {raw!r}", 400
+        )
+    with sessions()() as session, session.begin():
+        accepted = accept_suggestions(session, get_prompt_set(session, name), bar)
+    flash(
+        f"{accepted} suggestion(s) with confidence {bar:.2f} or more are labels now "
+        "(used by the next classifier training)"
+    )
+    return redirect(url_for("ui.prompt_set", name=name))
 
 
 @bp.post("/prompts/<name>/delete")

