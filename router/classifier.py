@@ -37,6 +37,7 @@ from analyzer.prompt_checks import request_text
 from analyzer.summary_store import FINISHED_STATUSES, store_summary
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
+    MIN_SOURCES,
     USER_GROUP,
     calibration,
     catch_all_tasks,
@@ -380,21 +381,36 @@ def library_versions(features: str = "tfidf") -> dict[str, str]:
 
 
 def evaluate(
-    data: TrainingData, *, seed: int = 0, folds: int = 5, features: str = "tfidf", c: float | None = None
+    data: TrainingData,
+    *,
+    seed: int = 0,
+    folds: int = 5,
+    features: str = "tfidf",
+    c: float | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """Stratified k-fold CV (macro-F1, accuracy, per-class report, confusion matrix) beside the
     keyword baseline; leave-one-source-out CV when the data has two sources or more (``grouped``);
     the temperature, ECE and routing threshold from the grouped out-of-fold decision values (the
-    stratified ones with a single source); and per-task reachability."""
+    stratified ones with a single source); per-task reachability and catch-all tasks. ``progress``
+    gets a line per fold."""
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
     c = regularisation(features, c)
     with embedding_cache():
-        return _evaluate(data, labels, seed, folds, features, c)
+        return _evaluate(data, labels, seed, folds, features, c, progress)
 
 
-def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, features: str, c: float) -> dict:
+def _evaluate(
+    data: TrainingData,
+    labels: list[str],
+    seed: int,
+    folds: int,
+    features: str,
+    c: float,
+    progress: Progress | None = None,
+) -> dict:
     """The scores of ``evaluate``. Pseudo-labelled rows join every fold's training data (weighted)
     and are never scored: only labels are truth."""
     build = lambda: build_pipeline(seed, features, c)  # noqa: E731
@@ -406,14 +422,18 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
     def on_all(split: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
 
-    def oof(split: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-        values, learnable = out_of_fold(build, data.texts, data.labels, on_all(split), labels, weights)
+    def oof(split: list[tuple[np.ndarray, np.ndarray]], what: str) -> tuple[np.ndarray, np.ndarray]:
+        def said(done: int, total: int) -> None:
+            if progress is not None:
+                progress(f"cross-validating ({what}): fold {done}/{total}")
+
+        values, learnable = out_of_fold(build, data.texts, data.labels, on_all(split), labels, weights, said)
         return values[scored], learnable[scored]
 
     texts = [data.texts[i] for i in scored]
     truth_all = [data.labels[i] for i in scored]
     split = stratified_folds(truth_all, folds, seed)
-    stratified, _ = oof(split)
+    stratified, _ = oof(split, "stratified")
     scores = scores_of(truth_all, predictions(stratified, labels), labels)
     baseline = [keyword_baseline(t) for t in texts]
     scores |= {
@@ -430,7 +450,7 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
     calibrate_on, truth = stratified, truth_all
     scores["grouped"] = None
     if len(groups) >= 2:
-        grouped, learnable = oof(grouped_folds(scored_groups))
+        grouped, learnable = oof(grouped_folds(scored_groups), "leave-one-source-out")
         kept = np.nonzero(learnable)[0]
         evaluable = sorted({truth_all[i] for i in kept})
         if len(evaluable) >= 2:
@@ -445,8 +465,11 @@ def _evaluate(data: TrainingData, labels: list[str], seed: int, folds: int, feat
     scores["calibration"] = calibration(calibrate_on, truth, labels) | {
         "on": "leave-one-source-out" if scores["grouped"] else "stratified"
     }
-    scores["following"] = catch_all_tasks(calibrate_on, truth, labels, scores["calibration"]) | {
-        "on": scores["calibration"]["on"]
+    sources = {label: {g for g, t in zip(scored_groups, truth_all) if t == label} for label in labels}
+    judged = {label for label, groups_ in sources.items() if len(groups_) >= MIN_SOURCES}
+    scores["following"] = catch_all_tasks(calibrate_on, truth, labels, scores["calibration"], judged) | {
+        "on": scores["calibration"]["on"],
+        "min_sources": MIN_SOURCES,
     }
     recall = {label: row["recall"] for label, row in scores["per_class"].items()}
     if scores["grouped"]:
@@ -466,6 +489,7 @@ def train_classifier(
     cross_validate: bool = True,
     features: str = "tfidf",
     c: float | None = None,
+    progress: Progress | None = None,
 ) -> ClassifierVersion:
     """Cross-validate, fit on all the data (pseudo-labels weighted by confidence), and store a new
     version (the active one unless told not to), with what it was trained on per task (corpus, your
@@ -475,10 +499,12 @@ def train_classifier(
     c = regularisation(features, c)
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
         scores = (
-            evaluate(data, seed=seed, features=features, c=c)
+            evaluate(data, seed=seed, features=features, c=c, progress=progress)
             if cross_validate
             else {"features": features, "C": c}
         )
+        if progress is not None:
+            progress(f"fitting on all {len(data.texts)} prompts")
         pipeline = build_pipeline(seed, features, c).fit(
             data.texts, data.labels, model__sample_weight=data.weight_array()
         )

@@ -22,7 +22,8 @@ import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 from sklearn.model_selection import StratifiedKFold
 
-MIN_FOLLOWED = 5  # a task the router followed fewer times than this on unseen sources is not judged
+MIN_FOLLOWED = 10  # a task the router followed fewer times than this on unseen sources is not judged
+MIN_SOURCES = 3  # ... nor one with prompts from fewer sources (its right predictions could hardly show)
 MIN_REACH_RECALL = 0.3  # a task predicted for fewer of its prompts (unseen sources) is "rarely reached"
 MIN_TRAINING_PROMPTS = 20  # ... as is one with fewer training prompts
 ECE_BINS = 10
@@ -63,15 +64,18 @@ def out_of_fold(
     folds: list[tuple[np.ndarray, np.ndarray]],
     all_labels: list[str],
     weights: np.ndarray | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decision values of every prompt from a model fitted on the other folds (a Pipeline whose last
     step is "model", with ``weights`` as its sample weights when given), and whether its own task was
     among that model's training labels (it can only be predicted if so). A prompt in no test fold
-    keeps -inf."""
+    keeps -inf. ``progress`` is told (folds done, folds) after each fold."""
     texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(texts), len(all_labels)), -np.inf)
     learnable = np.zeros(len(texts), dtype=bool)
-    for train, test in folds:
+    for done, (train, test) in enumerate(folds, 1):
+        if progress is not None and done > 1:
+            progress(done - 1, len(folds))
         trained = set(labels[train])
         learnable[test] = [label in trained for label in labels[test]]
         if len(trained) < 2:
@@ -232,14 +236,17 @@ def reachability(recall: dict[str, float], training_counts: Counter, unseen: set
 
 
 def catch_all_tasks(
-    scores: np.ndarray, labels: Sequence[str], all_labels: list[str], calibrated: dict
+    scores: np.ndarray, labels: Sequence[str], all_labels: list[str], calibrated: dict, judged: set[str]
 ) -> dict:
     """Per predicted task, the out-of-fold predictions the router would follow (calibrated confidence
-    at or above the routing threshold) and how many were right; a task followed at least MIN_FOLLOWED
-    times and right for fewer than half of them is a **catch-all**: prompts of other tasks land in it
-    (typically "general"), so its policy would mostly be applied to the wrong traffic, and the router
-    uses the workload-wide policy for it instead. ``{"tasks": {task: {...}}, "catch_all": [...],
-    "share": share of all prompts predicted (and followed) as a catch-all task}``."""
+    at or above the routing threshold) and how many were right; a task in ``judged`` followed at least
+    MIN_FOLLOWED times and right for fewer than half of them is a **catch-all**: prompts of other tasks
+    land in it (typically "general"), so its policy would mostly be applied to the wrong traffic, and
+    the router uses the workload-wide policy for it instead. Only tasks with prompts from MIN_SOURCES
+    sources or more are judged: on leave-one-source-out folds a task with one or two sources has its
+    own prompts left out exactly when they could be predicted right, so its precision there says
+    little. ``{"tasks": {task: {...}}, "catch_all": [...], "share": share of all prompts predicted
+    (and followed) as a catch-all task}``."""
     index = {label: i for i, label in enumerate(all_labels)}
     truth = np.asarray([index[label] for label in labels])
     scored = np.isfinite(scores).any(axis=1)
@@ -253,8 +260,14 @@ def catch_all_tasks(
         n, right = int(mine.sum()), int((mine & (truth == j)).sum())
         if not n:
             continue
-        is_catch_all = n >= MIN_FOLLOWED and right < n / 2
-        tasks[task] = {"followed": n, "right": right, "precision": right / n, "catch_all": is_catch_all}
+        is_catch_all = task in judged and n >= MIN_FOLLOWED and right < n / 2
+        tasks[task] = {
+            "followed": n,
+            "right": right,
+            "precision": right / n,
+            "judged": task in judged,
+            "catch_all": is_catch_all,
+        }
         if is_catch_all:
             catch_all.append(task)
             covered += n

@@ -229,7 +229,7 @@ def test_web_upload_suggests_in_the_background_and_the_pages_show_it(ui):
     body = jsonl([{"prompt": p} for p in PERSONA + JSON_OUT] + LABELLED)
     page = upload(web, body, "mine.jsonl").get_data(as_text=True)
     assert "suggesting a task for its 12 unlabelled prompts" in page
-    ui.extensions["specroute.suggester"].wait("mine")
+    ui.extensions["specroute.jobs"].wait("suggest:mine")
     page = web.get("/prompts/mine").get_data(as_text=True)
     assert "12 unlabelled prompts have a suggested task" in page
     assert page.count('<td class="suggestion">roleplay') >= 5

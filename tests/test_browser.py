@@ -295,7 +295,13 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
 
     browser.get(base + "/classifier")
     browser.find_element(By.CSS_SELECTOR, "#adapt-form button").click()
-    _wait(lambda: "adapted to traffic" in browser.page_source, 600, "the adapted classifier")
+    _wait(lambda: "training a new classifier version in the background" in browser.page_source, 30, "the job")
+
+    def trained():
+        browser.get(base + "/classifier")
+        return "adapted to traffic" in browser.page_source
+
+    _wait(trained, 900, "the adapted classifier")
     rows = {
         r.find_elements(By.TAG_NAME, "td")[0].text: [c.text for c in r.find_elements(By.TAG_NAME, "td")]
         for r in browser.find_elements(By.CSS_SELECTOR, "#composition tbody tr")

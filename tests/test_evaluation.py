@@ -214,14 +214,31 @@ def test_a_task_followed_and_wrong_more_often_than_right_is_a_catch_all():
     predicted("general", "math", 7)  # 10 followed general predictions, 3 right: a catch-all
     predicted("math", "math", 9)
     predicted("math", "general", 1)  # math: 9 of 10 right
-    predicted("code", "math", 4)  # code: 0 of 4 right, too few to judge
+    predicted("code", "math", 9)  # code: 0 of 9 right, too few to judge
     predicted("math", "code", 5, confidence=0.1)  # below the threshold: not followed
-    out = catch_all_tasks(np.asarray(rows), truth, labels, {"temperature": 1.0, "threshold": 0.6})
+    calibrated = {"temperature": 1.0, "threshold": 0.6}
+    out = catch_all_tasks(np.asarray(rows), truth, labels, calibrated, set(labels))
     assert out["catch_all"] == ["general"]
-    assert out["tasks"]["general"] == {"followed": 10, "right": 3, "precision": 0.3, "catch_all": True}
+    assert out["tasks"]["general"] == {
+        "followed": 10,
+        "right": 3,
+        "precision": 0.3,
+        "judged": True,
+        "catch_all": True,
+    }
     assert out["tasks"]["math"]["followed"] == 10 and not out["tasks"]["math"]["catch_all"]
-    assert out["tasks"]["code"]["followed"] == 4 and not out["tasks"]["code"]["catch_all"]
-    assert out["share"] == 10 / 29
+    assert out["tasks"]["code"]["followed"] == 9 and not out["tasks"]["code"]["catch_all"]
+    assert out["share"] == 10 / 34
+    # a task with too few sources is not judged, however wrong its followed predictions
+    assert catch_all_tasks(np.asarray(rows), truth, labels, calibrated, {"math", "code"})["catch_all"] == []
+
+
+def test_a_task_with_fewer_than_three_sources_is_not_judged_a_catch_all():
+    texts, labels, groups = synthetic()  # two sources at most per task
+    following = evaluate(make_training_data(texts, labels, "synthetic", groups))["following"]
+    assert following["min_sources"] == 3 and following["tasks"]
+    assert all(not row["judged"] for row in following["tasks"].values())
+    assert following["catch_all"] == []
 
 
 def test_the_router_sends_a_catch_all_task_to_the_workload_policy():

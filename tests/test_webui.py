@@ -280,10 +280,12 @@ def test_classifier_training_playground_and_policies(web, session):
     ] + [f'{{"prompt": "My order {i} did not arrive, help", "task": "customer_support"}}' for i in range(6)]
     upload(web, ("\n".join(texts) + "\n").encode(), "labels.jsonl", "labels")
     tok = token(web, "/classifier")
-    trained = web.post(
+    started = web.post(
         "/classifier/train", data={"csrf_token": tok, "source": "labels"}, follow_redirects=True
     )
-    text = trained.get_data(as_text=True)
+    assert "training a new classifier version in the background" in started.get_data(as_text=True)
+    web.application.extensions["specroute.jobs"].wait("train")
+    text = web.get("/classifier").get_data(as_text=True)
     assert "classifier v1 trained on 12 prompts" in text and 'class="plot heatmap"' in text and "v1" in text
     with session.begin():
         run_id = make_done_run(session, {"translation": 0.9, "customer_support": 0.05}).id

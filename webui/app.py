@@ -28,9 +28,9 @@ from router import api
 from router.service import RouterService
 from router.strict_json import NonFiniteNumber
 from webui import access, prompt_pages, router_pages, run_pages, ui
+from webui.background import BackgroundJobs
 from webui.json_provider import StrictJSONProvider
 from webui.security import resolve_secret_key
-from webui.suggester import Suggester
 
 PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
         else None
     )
     app.extensions["specroute.worker"] = worker
-    suggester = Suggester(sessions)
-    app.extensions["specroute.suggester"] = suggester
+    jobs = BackgroundJobs()
+    app.extensions["specroute.jobs"] = jobs
     app.after_request(_security_headers)
 
     closed = []
@@ -86,7 +86,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
             closed.append(True)
             if worker is not None:
                 worker.stop()
-            suggester.close()
+            jobs.close()
             router_service.close()
             engine.dispose()
 

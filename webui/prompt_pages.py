@@ -4,8 +4,6 @@ corrected one at a time or for every prompt the filter matches (each change one 
 
 from __future__ import annotations
 
-import time
-
 from flask import current_app, flash, redirect, render_template, request, url_for
 
 from analyzer.ingest import IngestLimits, PromptFileError
@@ -22,7 +20,7 @@ from analyzer.prompt_sets import (
     set_prompt_task,
     summarize,
 )
-from router.suggestions import accept_suggestions, suggestion_stats
+from router.suggestions import accept_suggestions, suggest_tasks, suggestion_stats
 from router.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, sessions, settings
 
@@ -70,14 +68,27 @@ def upload_prompts():
     unlabelled = sum(1 for p in parsed.prompts if p.task is None)
     suggesting = ""
     if unlabelled and settings().suggest_tasks and teacher_available():
-        _suggester().start(set_name)
+        _start_suggesting(set_name)
         suggesting = f"; suggesting a task for its {unlabelled} unlabelled prompts"
     flash(f"imported {len(parsed.prompts)} prompts as '{set_name}'{merged}{suggesting}")
     return redirect(url_for("ui.prompt_set", name=set_name))
 
 
-def _suggester():
-    return current_app.extensions["specroute.suggester"]
+def _jobs():
+    return current_app.extensions["specroute.jobs"]
+
+
+def _start_suggesting(name: str) -> bool:
+    """Suggest tasks for the set's unlabelled prompts in the background (one transaction); False when
+    that is already under way."""
+    sessions_ = sessions()
+
+    def job(progress) -> str:
+        with sessions_() as session, session.begin():
+            done = suggest_tasks(session, [name], progress)
+        return f"suggested a task for {done.total} unlabelled prompts"
+
+    return _jobs().start(f"suggest:{name}", job)
 
 
 def _filter_args(source) -> tuple[str | None, str | None]:
@@ -123,16 +134,9 @@ def _set_page(
         known_tasks=tasks,
         error=error,
         suggested=suggested,
-        suggesting_since=_suggesting(name),
-        suggest_error=_suggester().last_error.get(name),
-        suggest_progress=_suggester().progress.get(name),
+        suggesting=_jobs().state(f"suggest:{name}"),
         can_suggest=teacher_available(),
     ), status
-
-
-def _suggesting(name: str) -> int | None:
-    since = _suggester().running_since(name)
-    return None if since is None else int(time.time() - since)
 
 
 @bp.get("/prompts/<name>")
@@ -178,7 +182,7 @@ def suggest_prompts(name: str):
         get_prompt_set(session, name)  # a set that is not there is the app's 404 page
     if not teacher_available():
         flash(f"no suggestions: {TeacherUnavailable.__doc__}", "error")
-    elif _suggester().start(name):
+    elif _start_suggesting(name):
         flash("suggesting a task for each unlabelled prompt; reload this page in a moment")
     else:
         flash("already suggesting tasks for this set")

@@ -12,9 +12,11 @@ from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompt_checks import prompt_text
 from router.classifier import (
     FEATURE_SETS,
+    TRAINING_SOURCES,
     ClassifierError,
     activate_version,
     rarely_reached,
+    regularisation,
     train_classifier,
     training_data,
 )
@@ -27,6 +29,7 @@ from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, sessions, settings
 
+TRAIN_JOB = "train"
 LEAST_SURE = 15  # the unlabelled prompts the classifier page lists for a person to label
 
 
@@ -108,40 +111,73 @@ def classifier():
         encoder=encoder_available(),
         unlabelled=unlabelled,
         least_sure=least_sure,
+        training=_jobs().state(TRAIN_JOB),
     )
 
 
 @bp.post("/classifier/train")
 def train():
+    """Train a new version in the background (cross-validation takes minutes); the classifier page
+    shows it running, then its outcome."""
     names = [n for n in request.form.getlist("prompt_sets") if n]
     adapt = [n for n in request.form.getlist("adapt") if n]
     source = request.form.get("source", "both")
     features = request.form.get("features") or settings().classifier_features
-    try:  # train_classifier refuses an unknown feature set
-        with sessions()() as session, session.begin():
-            data = training_data(session, source, names or None, adapt=adapt)
-            version = train_classifier(session, data, features=features)
-            grouped = version.scores.get("grouped")
-            message = (
-                f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
-                f"({data.source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
-                + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
-                + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
+    sessions_, service = sessions(), _router_service()
+    try:  # what can be refused at once is refused before anything starts
+        if source not in TRAINING_SOURCES:
+            raise ClassifierError(
+                f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}"
             )
-            adaptation = version.scores.get("adaptation")
-            if adaptation:
-                message += (
-                    f"; adapted to {', '.join(adaptation['sets'])} with {adaptation['pseudo_labels']} "
-                    f"pseudo-labels (it agrees with {100 * adaptation['agreement']:.0f}% of them)"
-                )
-            elif adapt:
-                message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
+        regularisation(features)  # an unknown feature set
+        with sessions_() as session:
+            named = set(names) | set(adapt)
+            missing = named - set(session.scalars(select(PromptSet.name).where(PromptSet.name.in_(named))))
+            if missing:
+                raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
     except ClassifierError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
-    _router_service().reload()
-    flash(message)
+
+    def job(progress) -> str:
+        with sessions_() as session, session.begin():
+            data = training_data(session, source, names or None, adapt=adapt, progress=progress)
+            version = train_classifier(session, data, features=features, progress=progress)
+            return _trained_message(version, data.source, adapt)
+
+    def job_and_reload(progress) -> str:
+        message = job(progress)
+        service.reload()
+        return message
+
+    if _jobs().start(TRAIN_JOB, job_and_reload):
+        flash("training a new classifier version in the background; this page shows its progress")
+    else:
+        flash("a classifier is already being trained", "error")
     return redirect(url_for("ui.classifier"))
+
+
+def _trained_message(version: ClassifierVersion, source: str, adapt: list[str]) -> str:
+    grouped = version.scores.get("grouped")
+    message = (
+        f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
+        f"({source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
+        + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
+        + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
+    )
+    adaptation = version.scores.get("adaptation")
+    if adaptation:
+        message += (
+            f"; adapted to {', '.join(adaptation['sets'])} with {adaptation['pseudo_labels']} "
+            f"pseudo-labels (it agrees with {100 * adaptation['agreement']:.0f}% of them)"
+        )
+    elif adapt:
+        message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
+    return message
+
+
+def _jobs():
+    return current_app.extensions["specroute.jobs"]
 
 
 @bp.post("/classifier/<int:version>/activate")

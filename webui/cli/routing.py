@@ -93,7 +93,13 @@ def train(
             f"{len(set(data.groups))} sources, features {features}; cross-validating ...",
             err=True,
         )
-        version = train_classifier(session, data, seed=seed, features=features)
+        version = train_classifier(
+            session,
+            data,
+            seed=seed,
+            features=features,
+            progress=lambda line: click.echo(f"  {line}", err=True),
+        )
         record = {**classifier_dict(version), "scores": version.scores}
     if as_json:
         click.echo(strict_json.dumps(record))
