@@ -270,14 +270,17 @@ class Teacher:
             f"{NEIGHBOURS} neighbours) trained on {self.trained_on} labelled prompts"
         )
 
-    def probabilities(self, texts: Sequence[str], embeddings: np.ndarray) -> np.ndarray:
-        """Each view's probabilities over self.labels, averaged (before spreading)."""
-        views = []
+    def views(self, texts: Sequence[str], embeddings: np.ndarray) -> dict[str, np.ndarray]:
+        """Each view's probabilities over self.labels: ``embedding`` (the logistic regression on the
+        embeddings), ``tfidf`` (the serving pipeline) and, when some labels have a description,
+        ``zero_shot`` (for a label without one, the embedding view's probability)."""
         embedding_p = np.zeros((len(texts), len(self.labels)))
         columns = [self.labels.index(c) for c in self.embedding_model.classes_]
         embedding_p[:, columns] = self.embedding_model.predict_proba(embeddings)
-        views.append(embedding_p)
-        views.append(softmax(decision_matrix(self.tfidf_model, list(texts), self.labels)))
+        views = {
+            "embedding": embedding_p,
+            "tfidf": softmax(decision_matrix(self.tfidf_model, list(texts), self.labels)),
+        }
         if self.described:
             similarity = embeddings @ self.description_vectors.T
             best = np.full((len(texts), len(self.described)), -np.inf)
@@ -287,8 +290,12 @@ class Teacher:
             described_columns = [self.labels.index(label) for label in self.described]
             share = embedding_p[:, described_columns].sum(axis=1, keepdims=True)
             zero_shot[:, described_columns] = softmax(best, ZERO_SHOT_TEMPERATURE) * share
-            views.append(zero_shot)
-        return np.mean(views, axis=0)
+            views["zero_shot"] = zero_shot
+        return views
+
+    def probabilities(self, texts: Sequence[str], embeddings: np.ndarray) -> np.ndarray:
+        """The views' probabilities averaged (before spreading)."""
+        return np.mean(list(self.views(texts, embeddings).values()), axis=0)
 
     def suggest(
         self, texts: Sequence[str], embeddings: np.ndarray | None = None, progress: Progress | None = None

@@ -308,7 +308,9 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
     }
     assert int(rows["roleplay"][3]) >= 5 and int(rows["roleplay"][1]) > 50  # pseudo-labelled; corpus
     assert int(rows["translation"][2]) == 2  # your labels
+    browser.set_window_size(1280, 4000)  # the whole page: scores, what it learned, the least sure prompts
     browser.save_screenshot(str(ARTIFACTS / "classifier.png"))
+    browser.set_window_size(1280, 1600)
     least = browser.find_elements(By.CSS_SELECTOR, "#least-sure tbody tr")
     assert len(least) == 12
     confidences = [float(r.find_elements(By.TAG_NAME, "td")[3].text) for r in least]

@@ -135,6 +135,7 @@ def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(sess
             "version": 1,
             "threshold": None,
             "rarely_reached": {},
+            "catch_all": {},
         },
     )()
     decision = router.route("What is 2 + 2?", max_new_tokens=100)

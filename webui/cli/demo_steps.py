@@ -204,9 +204,14 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
             return
         click.echo(
             "[4/6] training the task classifier on the bundled corpus (stratified and "
-            "leave-one-source-out cross-validation; about two minutes)"
+            "leave-one-source-out cross-validation, a line per fold)"
         )
-        version = train_classifier(session, cold_start_data(), features=state.settings.classifier_features)
+        version = train_classifier(
+            session,
+            cold_start_data(),
+            features=state.settings.classifier_features,
+            progress=lambda line: click.echo(f"      {line}"),
+        )
         scores = version.scores
         click.echo(
             f"      classifier v{version.version} ({scores['features']}): "
