@@ -366,6 +366,12 @@ def test_the_web_form_refuses_bad_devices_and_queues_good_ones(app, client):
     assert refused.status_code == 400
     assert b"unknown device &#39;tpu&#39;" in refused.data and b"batch sizes must be integers" in refused.data
     assert _count_runs(app) == 0
+    assert targets[0] in drafts  # a model spec is offered as both; the pair of it with itself is refused
+    itself = client.post(
+        "/runs", data={**form, "device": "cuda:1", "batch_sizes": "16,1,4", "draft": targets[0]}
+    )
+    assert itself.status_code == 400 and b"choose a draft other than the target" in itself.data
+    assert _count_runs(app) == 0
     accepted = client.post("/runs", data={**form, "device": "cuda:1", "batch_sizes": "16,1,4"})
     assert accepted.status_code == 302
     with app.extensions["specroute.sessions"]() as session:

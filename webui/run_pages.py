@@ -185,6 +185,10 @@ def start_run():
         errors.append("choose a target from the list (the operator sets it with SPECROUTE_MODELS)")
     if values["draft"] not in drafts:
         errors.append("choose a draft from the list (the operator sets it with SPECROUTE_MODELS)")
+    elif values["draft"] == values["target"]:
+        errors.append(
+            "choose a draft other than the target: drafting with the target itself cannot speed it up"
+        )
     values["chunk_size"] = values["chunk_size"].strip() or str(RunParams.chunk_size)  # blank: the default
     numbers = {}
     for key in WHOLE_NUMBER_FIELDS:

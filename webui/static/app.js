@@ -53,6 +53,23 @@
       if (!window.confirm(form.dataset.confirm)) { event.preventDefault(); }
     });
   });
+  // The new-run form: the draft list never offers the chosen target (drafting with the target itself
+  // cannot speed it up); the server refuses that pair too.
+  var target = document.querySelector("#new-run select[name=target]");
+  var draft = document.querySelector("#new-run select[name=draft]");
+  if (target && draft) {
+    var sync = function () {
+      Array.prototype.forEach.call(draft.options, function (option) {
+        option.disabled = option.value === target.value;
+      });
+      if (draft.selectedOptions.length && draft.selectedOptions[0].disabled) {
+        var free = Array.prototype.find.call(draft.options, function (o) { return !o.disabled; });
+        if (free) { draft.value = free.value; }
+      }
+    };
+    target.addEventListener("change", sync);
+    sync();
+  }
   document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
     select.addEventListener("change", function () { select.form.submit(); });
   });
