@@ -146,9 +146,9 @@ def prompts_import(
     )
     if suggested:
         click.echo(
-            f"suggested a task for {suggested.total} unlabelled prompts; see them with "
-            f"'specroute prompts show {summary.name} --task ''', accept them with "
-            f"'specroute prompts accept {summary.name} --min-confidence X'"
+            f"suggested a task for {suggested.total} unlabelled prompts; see them with: specroute prompts "
+            f'show {summary.name} --task ""; accept them with: specroute prompts accept {summary.name} '
+            "--min-confidence X"
         )
     if parsed.duplicates:
         click.echo(f"merged {len(parsed.duplicates)} duplicate(s):")
