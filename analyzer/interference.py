@@ -6,12 +6,15 @@ a point's repeats; the process CPU time our process got per wall second (quiet 0
 thread; with one other busy process 0.51-0.73); and the CPU other processes used, from /proc/stat
 (quiet 0-2% of the machine; one busy process 37%). The load average lagged and did not show it.
 :func:`judge` turns a matrix of timed repeats into medians and spreads over the repeats that were
-not disturbed; :mod:`analyzer.cost` re-measures what stays disturbed and records a verdict.
+not disturbed; :mod:`analyzer.cost` re-measures what stays disturbed or comes out physically
+implausible and records a verdict. :func:`wait_for_quiet` waits, bounded, for a quiet machine before
+profiling and validation start.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +26,13 @@ MIN_CPU_SHARE = 0.85  # a repeat's process CPU per wall second, relative to the 
 MIN_JUDGED_S = 0.05  # repeats shorter than this are not judged by CPU time (the CPU clock is too coarse)
 MAX_OTHERS_CPU = 0.15  # share of the machine's CPU other processes may use while we profile
 EXTRA_ROUNDS = 2  # re-measurements of the points interference hit
+# physically plausible T(k)/T(1) for k >= 2: one pass over k tokens never takes much less than a pass over
+# one (the same weights are read; ~0.9 allows for jitter), nor more than k passes of one each (a
+# compute-bound pass is at worst linear in k; 1.5 k allows for cache effects)
+MIN_RATIO = 0.9
+MAX_RATIO_PER_TOKEN = 1.5
+QUIET_WINDOW_S = 2.0  # the window over which the machine's load is judged while waiting for quiet
+QUIET_REPORT_EVERY_S = 10.0  # how often a wait for quiet says how it goes
 QUALITY_ORDER = ("clean", "remeasured", "noisy")
 
 
@@ -169,10 +179,12 @@ def checked_timings(
     interleaved over ks within each repeat after ``warmup`` untimed rounds, and the CPU seconds other
     processes used per repeat (NaN where unknown). :func:`judge` drops the starved repeats; points
     whose repeats spread more than SPREAD_TOLERANCE, or that kept fewer than half their repeats, are
-    measured again (up to EXTRA_ROUNDS more rounds, only those k, keeping the cleaner round). The
-    verdict is noisy when a point is still hit after that, or when other processes used more than
-    MAX_OTHERS_CPU of the machine during the repeats kept; remeasured when interference was seen and
-    measured around; clean otherwise, with notes in words.
+    measured again (up to EXTRA_ROUNDS more rounds, only those k, keeping the cleaner round); so are
+    the points whose T(k)/T(1) is physically implausible (:func:`implausible_ratios`), with k = 1,
+    taking the new round's values. The verdict is noisy when a point is still hit after that, when a
+    ratio is still implausible, or when other processes used more than MAX_OTHERS_CPU of the machine
+    during the repeats kept; remeasured when interference was seen and measured around; clean
+    otherwise, with notes in words.
     """
     ks = list(range(1, k_max + 1))
     points = judge(*measure(ks, warmup), threads, on_cpu)
@@ -180,8 +192,12 @@ def checked_timings(
     hit = (spread > SPREAD_TOLERANCE) | points.too_few
     starved, shares, rounds = points.starved, [points.share], [points]
     remeasured: set[int] = set()
+    first_odd = implausible_ratios(medians)
     for _ in range(EXTRA_ROUNDS):
-        again = [k for k in ks if hit[k - 1]]
+        odd = set(implausible_ratios(medians))
+        if odd:
+            odd.add(1)  # T(1) may be the disturbed one
+        again = [k for k in ks if hit[k - 1] or k in odd]
         if not again:
             break
         remeasured.update(again)
@@ -191,8 +207,10 @@ def checked_timings(
         rounds.append(new)
         for i, k in enumerate(again):
             new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
-            if (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
+            # an implausible point is replaced whatever its spread: a steady disturbance spreads little
+            if k in odd or (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
                 medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
+    odd_after = implausible_ratios(medians)
     others_s = [p.kept_others_s for p in rounds]
     kept_wall = sum(p.kept_wall_s for p in rounds)
     others_share = (
@@ -208,11 +226,19 @@ def checked_timings(
             f"process got less than {MIN_CPU_SHARE:.0%} of its best repeats' CPU time, or others used more "
             f"than {MAX_OTHERS_CPU:.0%} of the machine)"
         )
-    if remeasured:
+    if first_odd:
         notes.append(
-            f"k = {_ks(sorted(remeasured))} re-measured: their repeats spread more than "
+            f"T_t(k)/T_t(1) = {_ratios(first_odd)}: physically implausible (a pass over k tokens takes "
+            f"{MIN_RATIO:g} to {MAX_RATIO_PER_TOKEN:g} k times a pass over one); re-measured"
+        )
+    spread_hit = sorted(remeasured - set(first_odd) - ({1} if first_odd else set()))
+    if spread_hit:
+        notes.append(
+            f"k = {_ks(spread_hit)} re-measured: their repeats spread more than "
             f"{SPREAD_TOLERANCE:.0%} or were starved of CPU"
         )
+    if odd_after:
+        notes.append(f"T_t(k)/T_t(1) = {_ratios(odd_after)} still implausible after re-measuring")
     if still:
         notes.append(
             f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
@@ -221,7 +247,7 @@ def checked_timings(
     busy = others_share is not None and others_share > MAX_OTHERS_CPU
     if busy:
         notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
-    verdict = "noisy" if still or busy else "remeasured" if remeasured or starved else "clean"
+    verdict = "noisy" if still or busy or odd_after else "remeasured" if remeasured or starved else "clean"
     judged = [v for v in shares if v is not None]
     quality = TimingQuality(
         [float(v) for v in spread],
@@ -232,6 +258,114 @@ def checked_timings(
         notes,
     )
     return [float(t) for t in medians], quality
+
+
+def disturbed(others_cpu: float | None) -> bool:
+    """Whether a measurement during which other processes used ``others_cpu`` of the machine (None:
+    not known) counts as disturbed: kept, but marked and left out of predicted-vs-measured figures."""
+    return others_cpu is not None and others_cpu > MAX_OTHERS_CPU
+
+
+def implausible_ratios(medians: list[float] | np.ndarray) -> dict[int, float]:
+    """The k >= 2 whose T(k)/T(1) is physically implausible (below MIN_RATIO, or above
+    MAX_RATIO_PER_TOKEN x k), with the ratio: a disturbance that hit T(1) or T(k) and not the other."""
+    values = np.asarray(medians, dtype=np.float64)
+    if len(values) < 2 or not values[0] > 0:
+        return {}
+    ratios = values / values[0]
+    return {
+        k: float(ratios[k - 1])
+        for k in range(2, len(values) + 1)
+        if ratios[k - 1] < MIN_RATIO or ratios[k - 1] > MAX_RATIO_PER_TOKEN * k
+    }
+
+
+@dataclass(frozen=True)
+class QuietWait:
+    """How a wait for a quiet machine ended: ``quiet`` (a window with other processes' CPU share at
+    most MAX_OTHERS_CPU was seen, or the share cannot be read here), the seconds waited, the last
+    window's ``others_cpu`` share (None when unknown) and, when the wait gave up, a ``note`` in words."""
+
+    quiet: bool
+    waited_s: float
+    others_cpu: float | None
+    note: str | None = None
+
+
+def others_share_over(
+    seconds: float,
+    *,
+    reading: Callable[[], tuple[int | None, float]] = machine_reading,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float | None:
+    """The share of the machine's CPU other processes used over the next ``seconds`` (we sleep
+    meanwhile); None where /proc/stat cannot be read."""
+    before = reading()
+    if before[0] is None:
+        return None
+    sleep(seconds)
+    used = others_busy_s(before, reading())
+    return None if used is None else min(1.0, used / (seconds * (os.cpu_count() or 1)))
+
+
+def wait_for_quiet(
+    max_wait_s: float,
+    report: Callable[[int, int, str], None] | None = None,
+    *,
+    what: str = "profiling",
+    window_s: float = QUIET_WINDOW_S,
+    reading: Callable[[], tuple[int | None, float]] = machine_reading,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> QuietWait:
+    """Before timing anything: while other processes use more than MAX_OTHERS_CPU of the machine
+    (judged over ``window_s`` windows, /proc/stat), wait, up to ``max_wait_s`` seconds, for a quiet
+    window. ``report(waited_s, max_wait_s, line)`` hears of it when the first window is busy and
+    every QUIET_REPORT_EVERY_S after ("machine busy: others use 51%; waiting up to 5 min for a
+    quiet window before profiling"). Returns at once where the share cannot be read or
+    ``max_wait_s`` is 0 (no wait); gives up after ``max_wait_s`` with a note (the caller times
+    anyway and the interference checks judge what comes out). Once quiet after a wait it says so
+    (``report(0, 0, line)``, a line without a bar)."""
+    if max_wait_s <= 0:
+        return QuietWait(True, 0.0, None)
+    started = clock()
+    share = others_share_over(window_s, reading=reading, sleep=sleep)
+    last_report, line = None, ""
+    while share is not None and share > MAX_OTHERS_CPU:
+        waited = clock() - started
+        if waited >= max_wait_s:
+            return QuietWait(
+                False,
+                waited,
+                share,
+                f"machine busy: other processes used {share:.0%} of its CPU after waiting "
+                f"{_duration(waited)} for a quiet window; {what} went ahead",
+            )
+        if report and (last_report is None or waited - last_report >= QUIET_REPORT_EVERY_S):
+            line = line or (  # one line (one progress bar of seconds waited), worded at the first window
+                f"machine busy: others use {share:.0%}; waiting up to {_duration(max_wait_s)} for a "
+                f"quiet window before {what}"
+            )
+            report(int(waited), int(max_wait_s), line)
+            last_report = waited
+        share = others_share_over(window_s, reading=reading, sleep=sleep)
+    waited = clock() - started
+    if report and last_report is not None:
+        report(0, 0, f"machine quiet after {_duration(waited)} (others use {share or 0:.0%}); {what}")
+    return QuietWait(True, waited, share)
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``5 min``, ``2 min 30 s``."""
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+def _ratios(ratios: dict[int, float]) -> str:
+    return ", ".join(f"{ratio:.2f} at k = {k}" for k, ratio in sorted(ratios.items()))
 
 
 def _ks(values: list[int]) -> str:

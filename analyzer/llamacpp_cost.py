@@ -21,7 +21,7 @@ from analyzer.devices import cpu_model_name
 from analyzer.interference import checked_timings, interleaved_repeats
 from analyzer.llamacpp_engine import LlamaCppModel, context_size
 from analyzer.llamacpp_speculative import GreedyLlamaDraft, prompt_lookup, run_generate
-from analyzer.overhead import MachineryOverhead, retried_while_busy
+from analyzer.overhead import GenerateCallback, MachineryOverhead, retried_while_busy
 
 RepeatCallback = Callable[[], None]
 
@@ -163,24 +163,28 @@ def measure_llamacpp_overhead(
     draft: LlamaCppModel | None = None,
     ngram_max: int | None = None,
     repeats: int = 3,
+    on_generate: GenerateCallback | None = None,
 ) -> MachineryOverhead:
     """What ``Llama.generate`` spends outside the target's decodes and the draft, per plain greedy step
     and per speculative round at lookahead ``gamma``, generating exactly ``new_tokens`` tokens (EOS
     ignored) ``repeats`` times each, alternating; medians. Measured again while other processes hold
-    the CPU (:func:`analyzer.overhead.retried_while_busy`)."""
+    the CPU (:func:`analyzer.overhead.retried_while_busy`); ``on_generate(attempt)`` is called after
+    every timed generation (progress)."""
     n_ctx = context_size(len(context_ids), new_tokens, gamma)
     drafter = prompt_lookup(gamma, ngram_max or 2) if draft is None else GreedyLlamaDraft(draft, gamma)
     speculative = LlamaCppModel(
         target.path, n_ctx=n_ctx, threads=target.threads, logits_all=True, draft_model=drafter
     )
 
-    def once() -> MachineryOverhead:
+    def once(attempt: int) -> MachineryOverhead:
         decode, rounds = [], []
         for r in range(repeats):
             for model in (target, speculative) if r % 2 == 0 else (speculative, target):
                 run = run_generate(model, context_ids, new_tokens, eos_ids=[])
                 outside = max(0.0, run.time_s - run.decode_s - run.draft_s) / max(run.passes, 1)
                 (rounds if model is speculative else decode).append(outside)
+                if on_generate:
+                    on_generate(attempt)
         return MachineryOverhead(
             decode_s=float(np.median(decode)),
             round_s=float(np.median(rounds)),

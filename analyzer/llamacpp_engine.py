@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
 INSTALL_HINT = (
     "pip install -e '.[llamacpp]' (pip builds llama.cpp from source: about 4 minutes on 2 cores; "
-    "see the README, 'The llama.cpp engine')"
+    "see docs/llamacpp.md)"
 )
 CONTEXT_SLACK_TOKENS = 16  # positions beyond prompt + budget + lookahead, for the verify pass's extra tokens
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from analyzer.run_models import PromptPasses
 from analyzer.run_records import RunParams
 from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
+
+if TYPE_CHECKING:
+    from analyzer.overhead import GenerateCallback
 
 MAX_CONTEXT_TOKENS = 4096  # the longest prompt + budget a llama.cpp run holds (its KV cache is sized for it)
 
@@ -131,9 +135,11 @@ class LlamaCppRunModels:
             self.target, context, k_max, draft=self.draft, ngram_max=self.ngram_max, on_repeat=on_repeat
         )
 
-    def measure_overhead(self, context: list[int], params: RunParams):
+    def measure_overhead(
+        self, context: list[int], params: RunParams, on_generate: GenerateCallback | None = None
+    ):
         from analyzer.llamacpp_cost import measure_llamacpp_overhead
-        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS
+        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
         return measure_llamacpp_overhead(
             self.target,
@@ -142,6 +148,8 @@ class LlamaCppRunModels:
             new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
             draft=self.draft,
             ngram_max=self.ngram_max,
+            repeats=OVERHEAD_REPEATS,
+            on_generate=on_generate,
         )
 
     def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):

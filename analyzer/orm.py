@@ -348,6 +348,9 @@ class ValidationResult(Base):
     # the replay's rounds at this gamma, and whether the speculative output equals the analysed one
     replayed_rounds: Mapped[Optional[int]] = mapped_column(Integer)
     replay_identical: Mapped[Optional[bool]] = mapped_column(Boolean)
+    # the share of the machine's CPU other processes used meanwhile (None: not known); above the
+    # interference bar the validation is marked and kept out of the predicted-vs-measured error
+    others_cpu: Mapped[Optional[float]] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)

@@ -19,6 +19,9 @@ from transformers import PreTrainedModel
 from analyzer.cost import _synchronize
 from analyzer.interference import EXTRA_ROUNDS, MAX_OTHERS_CPU, machine_reading, others_busy_s
 
+# called after every timed generate() call of an overhead measurement, with the attempt's number (from 1)
+GenerateCallback = Callable[[int], None]
+
 
 @dataclass(frozen=True)
 class MachineryOverhead:
@@ -71,6 +74,7 @@ def measure_machinery_overhead(
     ngram_max: int | None = None,
     lookup_s: float = 0.0,
     repeats: int = 3,
+    on_generate: GenerateCallback | None = None,
 ) -> MachineryOverhead:
     """The time real generate() spends around the forwards, per step, at batch 1.
 
@@ -83,13 +87,14 @@ def measure_machinery_overhead(
     GPU predictions for prompt lookup about 20% too optimistic. While other processes use more than
     MAX_OTHERS_CPU of the machine (/proc/stat) it is measured again, up to EXTRA_ROUNDS more times;
     if they still do, the result says so in ``busy`` (a busy machine once made it 92 ms per round
-    against 6.5 ms quiet) and the profile that uses it counts as noisy.
+    against 6.5 ms quiet) and the profile that uses it counts as noisy. ``on_generate(attempt)`` is
+    called after every timed generate() call (progress; ``attempt`` counts from 1).
     """
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
     return retried_while_busy(
-        lambda: _overhead_once(
+        lambda attempt: _overhead_once(
             target_model,
             context_ids,
             models,
@@ -99,18 +104,19 @@ def measure_machinery_overhead(
             ngram_max=ngram_max,
             lookup_s=lookup_s,
             repeats=repeats,
+            on_generate=(lambda: on_generate(attempt)) if on_generate else None,
         )
     )
 
 
-def retried_while_busy(measure_once: Callable[[], MachineryOverhead]) -> MachineryOverhead:
-    """``measure_once()``, measured again while other processes use more than MAX_OTHERS_CPU of the
-    machine (/proc/stat), up to EXTRA_ROUNDS more times; the last result notes it in ``busy`` when
-    they always did. Shared by every engine's overhead measurement."""
+def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> MachineryOverhead:
+    """``measure_once(attempt)`` (attempt 1, 2, ...), measured again while other processes use more
+    than MAX_OTHERS_CPU of the machine (/proc/stat), up to EXTRA_ROUNDS more times; the last result
+    notes it in ``busy`` when they always did. Shared by every engine's overhead measurement."""
     shares = []
-    for _ in range(1 + EXTRA_ROUNDS):
+    for attempt in range(1, 2 + EXTRA_ROUNDS):
         before, started = machine_reading(), perf_counter()
-        measured = measure_once()
+        measured = measure_once(attempt)
         used = others_busy_s(before, machine_reading())
         share = (
             min(1.0, used / ((perf_counter() - started) * (os.cpu_count() or 1)))
@@ -138,6 +144,7 @@ def _overhead_once(
     ngram_max: int | None,
     lookup_s: float,
     repeats: int,
+    on_generate: Callable[[], None] | None = None,
 ) -> MachineryOverhead:
     """One measurement of :func:`measure_machinery_overhead` (see there)."""
     from analyzer.validate import assisted_generate, greedy_generate
@@ -166,6 +173,8 @@ def _overhead_once(
                 rounds.append(max(0.0, outside - lookup_s) if draft_model is None else outside)
             else:
                 decode.append(outside)
+            if on_generate:
+                on_generate()
     return MachineryOverhead(
         decode_s=float(np.median(decode)),
         round_s=float(np.median(rounds)),

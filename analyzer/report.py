@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from analyzer.devices import guarantee_sentence
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.errors import SpecrouteError
+from analyzer.interference import disturbed
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
 from analyzer.summary import UNLABELLED, AnalysisSummary, finite, load_results
@@ -29,13 +30,16 @@ class ReportError(SpecrouteError, LookupError):
 def validation_summary(rows: list[dict]) -> dict | None:
     """Real speculative decoding against the replay for a group of validation rows: how many, outputs
     identical to plain greedy and to the analysed output, the mean absolute error of target passes
-    against replayed rounds (%), mean predicted and measured speedup and their mean absolute relative
-    error (%); None for no rows."""
+    against replayed rounds (%), and over the rows timed on a quiet machine (``timed``; the
+    ``disturbed`` ones, measured while other processes used the machine, are left out) the mean
+    predicted and measured speedup and their mean absolute relative error (%, None without such
+    rows); None for no rows."""
     if not rows:
         return None
     errors = [r["passes_error_pct"] for r in rows if r.get("passes_error_pct") is not None]
-    predicted = np.array([r["predicted_speedup"] for r in rows], dtype=np.float64)
-    measured = np.array([r["measured_speedup"] for r in rows], dtype=np.float64)
+    quiet = [r for r in rows if not r.get("disturbed")]
+    predicted = np.array([r["predicted_speedup"] for r in quiet], dtype=np.float64)
+    measured = np.array([r["measured_speedup"] for r in quiet], dtype=np.float64)
     replay_known = [r["replay_identical"] for r in rows if r.get("replay_identical") is not None]
     return {
         "validated": len(rows),
@@ -43,14 +47,41 @@ def validation_summary(rows: list[dict]) -> dict | None:
         "replay_identical": int(sum(replay_known)) if replay_known else None,
         "passes_error_pct": finite(float(np.mean(np.abs(errors)))) if errors else None,
         "passes_equal_rounds": int(sum(1 for e in errors if e == 0)),
-        "predicted_speedup": finite(float(predicted.mean())),
-        "measured_speedup": finite(float(measured.mean())),
-        "speedup_error_pct": finite(float(np.mean(np.abs(predicted - measured) / measured) * 100)),
+        "timed": len(quiet),
+        "disturbed": len(rows) - len(quiet),
+        "predicted_speedup": finite(float(predicted.mean())) if quiet else None,
+        "measured_speedup": finite(float(measured.mean())) if quiet else None,
+        "speedup_error_pct": finite(float(np.mean(np.abs(predicted - measured) / measured) * 100))
+        if quiet
+        else None,
     }
 
 
+ADVICE_WITHHELD = "Advice withheld: measured on a busy machine"
+
+
+def advice_withheld(cost_profiles: dict[str, dict]) -> str | None:
+    """Why the run's advice is withheld, when a cost profile it is priced with was judged noisy
+    (measured on a busy machine): a sentence leading with :data:`ADVICE_WITHHELD`, naming the batch
+    sizes, what was seen and the fix; None when every profile is trustworthy."""
+    noisy = {batch: p for batch, p in cost_profiles.items() if p.get("quality") == "noisy"}
+    if not noisy:
+        return None
+    seen = "; ".join(dict.fromkeys(note for p in noisy.values() for note in p.get("quality_notes") or []))
+    return (
+        f"{ADVICE_WITHHELD} (the cost profile at batch size {', '.join(noisy)} was judged noisy: {seen}). "
+        "The speedups and gammas below may be wrong; measure again on a quiet machine: "
+        "specroute analyze ... --reprofile (or specroute demo --reprofile)."
+    )
+
+
+def run_advice_withheld(run: AnalysisRun) -> str | None:
+    """:func:`advice_withheld` for a stored run (publishing and the policies page ask it)."""
+    return advice_withheld(_cost_profile_fields(run)["cost_profiles"])
+
+
 def build_report(session: Session, run_id: int) -> dict:
-    """The report of run ``run_id`` (see README "Analysis report JSON" for the shape): the run's
+    """The report of run ``run_id`` (docs/report-json.md has the shape): the run's
     stored :class:`~analyzer.summary.AnalysisSummary` (:func:`~analyzer.summary.run_summary`)
     serialised, with the raw per-prompt counts, the cost profiles, the entropy table and the
     validation rows. The caller commits: a summary computed here (a run from before summaries were
@@ -62,9 +93,11 @@ def build_report(session: Session, run_id: int) -> dict:
     validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run_id)))
     summary = run_summary(session, run, results=results, validations=validations)
     validation_rows = _validation_rows(validations, results, summary)
+    profiles = _cost_profile_fields(run)
     return {
         **_run_fields(run, summary, validation_rows),
-        **_cost_profile_fields(run),
+        **profiles,
+        "advice_withheld": advice_withheld(profiles["cost_profiles"]),
         "prompts": _prompt_rows(results, summary, validations),
         "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
         "workload": summary.workload.as_dict() if summary.workload else None,
@@ -194,6 +227,8 @@ def _validation_rows(
                 "passes_error_pct": 100.0 * (v.target_forward_passes - replayed) / replayed
                 if v.target_forward_passes is not None and replayed
                 else None,
+                "others_cpu": v.others_cpu,
+                "disturbed": disturbed(v.others_cpu),
             }
         )
     return rows

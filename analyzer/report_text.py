@@ -50,8 +50,10 @@ def _fmt(value) -> str:
 
 
 def report_text(report: dict) -> str:
-    """A plain-text summary: the recommendation in words, then the per-task table."""
-    lines = [
+    """A plain-text summary: the recommendation in words, then the per-task table. A run whose
+    advice is withheld (a noisy cost profile) leads with that."""
+    lines = [report["advice_withheld"], ""] if report.get("advice_withheld") else []
+    lines += [
         f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
         f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {report.get('dtype') or 'float32'} "
         f"on {report.get('device') or 'an unknown device'}"
@@ -140,16 +142,28 @@ def report_text(report: dict) -> str:
             f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs "
             "identical to plain greedy, "
             f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
-            f"({summary['passes_equal_rounds']} equal), predicted {summary['predicted_speedup']:.2f}x vs measured "
-            f"{summary['measured_speedup']:.2f}x ({_pct(summary['speedup_error_pct'])} MARE)"
+            f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"
         )
         for task, t in report["validation_summary"]["tasks"].items():
             lines.append(
                 f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
-                f"{_pct(t['passes_error_pct'])}, "
-                f"predicted {t['predicted_speedup']:.2f}x, measured {t['measured_speedup']:.2f}x"
+                f"{_pct(t['passes_error_pct'])}, {_timed_text(t, mare=False)}"
             )
     return "\n".join(lines)
+
+
+def _timed_text(summary: dict, *, mare: bool = True) -> str:
+    """Predicted against measured speedup over the validations timed on a quiet machine, saying how
+    many were left out as disturbed (other processes used the machine meanwhile)."""
+    left_out = summary.get("disturbed") or 0
+    note = f" ({left_out} measured on a busy machine, left out)" if left_out else ""
+    if summary.get("measured_speedup") is None:
+        return "speedups not compared: every validation was measured on a busy machine"
+    error = f" ({_pct(summary['speedup_error_pct'])} MARE)" if mare else ""
+    return (
+        f"predicted {summary['predicted_speedup']:.2f}x vs measured {summary['measured_speedup']:.2f}x"
+        f"{error}{note}"
+    )
 
 
 def recommendation(report: dict) -> dict:
@@ -163,7 +177,9 @@ def recommendation(report: dict) -> dict:
     )
     off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
     workload = report.get("workload") or {}
-    if workload.get("speculate"):
+    if report.get("advice_withheld"):
+        headline = report["advice_withheld"]
+    elif workload.get("speculate"):
         headline = (
             f"Speculate: across this workload, {report['draft']} drafting at gamma "
             f"{workload['best_gamma']} is predicted to run {workload['predicted_speedup']:.2f}x "
@@ -177,6 +193,7 @@ def recommendation(report: dict) -> dict:
         headline = "No results yet."
     return {
         "headline": headline,
+        "withheld": bool(report.get("advice_withheld")),
         "on": [
             f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
             + (
@@ -228,7 +245,7 @@ def quality_text(profile: dict) -> str:
     if quality == "noisy":
         return (
             f"NOISY profile ({notes}): the machine was busy while it was measured and the advice may be wrong; "
-            "rerun with --reprofile on a quiet machine"
+            "measure again on a quiet machine (specroute analyze ... --reprofile, or specroute demo --reprofile)"
         )
     return f"quality {quality}" + (f" ({notes})" if notes else "")
 

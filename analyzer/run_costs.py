@@ -5,13 +5,14 @@ linked to the run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
 from analyzer.run_models import RunModels
 from analyzer.run_records import ProgressCallback, RunParams
@@ -27,6 +28,8 @@ FALLBACK_CONTEXT_TOKENS = 32
 OVERHEAD_GAMMA = 4
 # each timed generation of the overhead measurement makes this many tokens (or max_new_tokens, when fewer)
 OVERHEAD_NEW_TOKENS = 32
+# ... and it times this many plain and as many speculative generations (one attempt; a busy machine retries)
+OVERHEAD_REPEATS = 3
 # the passes each timed model makes while profiling (the defaults of analyzer.cost.profile_costs and
 # analyzer.llamacpp_cost.profile_llamacpp_costs): the progress bar plans this many per model, and
 # re-measurements of noisy points add passes beyond the plan
@@ -55,6 +58,8 @@ def profile_run_costs(
     params: RunParams,
     prompt_ids: list[list[int]],
     progress: ProgressCallback | None,
+    *,
+    quiet_wait_s: float = 0.0,
 ) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
     this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
@@ -62,7 +67,9 @@ def profile_run_costs(
     among ``prompt_ids`` (the run's prompts, already tokenized); link them to the run and return the
     smallest batch size's id. The machinery overhead is measured once (at batch 1) for the profiles
     measured now. Profiles are the run's engine's: measured by it (``loaded_models``), reused only
-    from it."""
+    from it. Before measuring, it waits up to ``quiet_wait_s`` seconds for a quiet machine
+    (:func:`analyzer.interference.wait_for_quiet`, shown in progress); a wait that gave up is noted
+    on the profiles measured."""
     plan = _profiling_plan(loaded_models, params)
     k_max = params.gamma_max + 1
     chosen, passed_over = _linked_or_reusable_profiles(
@@ -73,10 +80,15 @@ def profile_run_costs(
         if progress:
             progress(0, 0, note)
     if missing:
+        from analyzer.interference import wait_for_quiet
+
         context = _profiling_context(prompt_ids, loaded_models.pad_id)
-        if progress:
-            progress(0, 0, f"profiling the machinery overhead of {plan.machinery} on {plan.where}")
-        overhead = loaded_models.measure_overhead(context, params)
+        waited = wait_for_quiet(quiet_wait_s, progress, what="profiling")
+        if waited.note and progress:
+            progress(0, 0, waited.note)
+        overhead = _measure_overhead(loaded_models, context, params, plan, progress)
+        if waited.note:
+            overhead = replace(overhead, busy="; ".join(filter(None, [waited.note, overhead.busy])))
         for number, batch_size in enumerate(missing, start=1):
             phase = (
                 f"profiling the cost of drafting and verifying at batch size {batch_size} "
@@ -94,6 +106,32 @@ def profile_run_costs(
                     + "; ".join(measured.quality.notes),
                 )
     return _link_profiles_to_run(session_factory, run_id, chosen)
+
+
+def _measure_overhead(
+    loaded_models: RunModels | LlamaCppRunModels,
+    context: list[int],
+    params: RunParams,
+    plan: _ProfilingPlan,
+    progress: ProgressCallback | None,
+) -> MachineryOverhead:
+    """The machinery overhead, telling ``progress`` of every timed generation (2 x OVERHEAD_REPEATS
+    per attempt; an attempt the busy machine spoilt is shown as such and counted afresh)."""
+    phase = f"profiling the machinery overhead of {plan.machinery} on {plan.where}"
+    planned = 2 * OVERHEAD_REPEATS
+    done = {"attempt": 1, "generations": 0}
+
+    def tick(attempt: int) -> None:
+        if attempt != done["attempt"]:
+            done["attempt"], done["generations"] = attempt, 0
+        done["generations"] += 1
+        if progress:
+            again = f" again (attempt {attempt}: the machine was busy)" if attempt > 1 else ""
+            progress(min(done["generations"], planned), planned, phase + again)
+
+    if progress:
+        progress(0, planned, phase)
+    return loaded_models.measure_overhead(context, params, tick)
 
 
 def _profiling_plan(loaded_models: RunModels | LlamaCppRunModels, params: RunParams) -> _ProfilingPlan:
@@ -189,18 +227,25 @@ def _measure_cost_profile(
     """The engine's cost measurement at ``batch_size``, telling ``progress`` of every timed pass
     under ``phase`` (planned: :data:`PASSES_PER_TIMED_MODEL` for the target, as many for a draft model)."""
     timed_models = 2 if loaded_models.draft is not None else 1
-    passes_done, passes_planned = 0, PASSES_PER_TIMED_MODEL * timed_models
+    passes_planned = PASSES_PER_TIMED_MODEL * timed_models
+    extra_planned = EXTRA_ROUNDS * TIMED_REPEATS * timed_models  # the most re-measurement can add
+    extra_phase = f"{phase}: re-measuring what interference disturbed"
+    passes_done = 0
 
     def tick() -> None:
-        nonlocal passes_done, passes_planned
+        nonlocal passes_done
         passes_done += 1
-        passes_planned = max(passes_planned, passes_done)  # re-measurements add passes
-        if progress:
+        if progress and passes_done <= passes_planned:
             progress(passes_done, passes_planned, phase)
+        elif progress:  # passes beyond the plan: a bar of its own, whose total is the most there can be
+            progress(min(passes_done - passes_planned, extra_planned), extra_planned, extra_phase)
 
     if progress:
         progress(0, passes_planned, phase)
-    return loaded_models.measure_costs(context, k_max, batch_size, tick)
+    measured = loaded_models.measure_costs(context, k_max, batch_size, tick)
+    if progress and passes_done > passes_planned:
+        progress(extra_planned, extra_planned, extra_phase)
+    return measured
 
 
 def _store_cost_profile(

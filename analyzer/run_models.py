@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from analyzer.overhead import GenerateCallback
+
 
 @dataclass
 class PromptPasses:
@@ -170,11 +172,13 @@ class RunModels:
             on_repeat=on_repeat,
         )
 
-    def measure_overhead(self, context: list[int], params: RunParams):
+    def measure_overhead(
+        self, context: list[int], params: RunParams, on_generate: GenerateCallback | None = None
+    ):
         """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`)."""
         from analyzer.cost import time_callable
         from analyzer.overhead import measure_machinery_overhead
-        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS
+        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
         lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
         return measure_machinery_overhead(
@@ -185,6 +189,8 @@ class RunModels:
             draft_model=self.draft.model if self.draft else None,
             ngram_max=self.ngram_max,
             lookup_s=time_callable(lookup) if lookup else 0.0,
+            repeats=OVERHEAD_REPEATS,
+            on_generate=on_generate,
         )
 
     def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):

@@ -3,7 +3,7 @@
 The CLI, the web app and the workers all read their configuration through :func:`load_settings`:
 declared defaults, then ``SPECROUTE_*`` environment variables, then an explicit mapping (tests, the
 app factory's ``config`` argument). ``specroute settings`` prints this table with the values in force,
-and a test checks that the README documents every entry.
+and a test checks that docs/settings.md documents every entry.
 """
 
 from __future__ import annotations
@@ -149,6 +149,13 @@ class Settings:
         "prompt on the prompt set page, accepted there above a confidence, and used by 'specroute train "
         "--adapt'. The web UI suggests in a background thread; set false to suggest only on demand "
         "('specroute prompts suggest').",
+    )
+    quiet_wait_s: float = _setting(
+        300.0,
+        "Before profiling costs and before validating, how long (seconds) an analysis waits for a quiet "
+        "machine while other processes use more than 15% of its CPU, saying so ('machine busy: others use "
+        "51%; waiting up to 5 min for a quiet window'). After that it measures anyway: a profile still "
+        "disturbed is judged noisy (its advice withheld) and a disturbed validation is marked. 0: no wait.",
     )
     stale_after_s: float = _setting(
         STALE_AFTER_S,

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
+from analyzer.interference import disturbed
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.speedup import (
     DEFAULT_MARGIN,
@@ -205,7 +206,7 @@ class GroupSummary(GroupDecision):
     tier_note: str | None = None
 
     def as_dict(self) -> dict:
-        """The report's JSON for this group (see README "Analysis report JSON")."""
+        """The report's JSON for this group (docs/report-json.md)."""
         data = asdict(self)
         del data["reason"]
         data.update(
@@ -580,7 +581,7 @@ def summarize_run(
     results = load_results(session, run_id) if results is None else results
     if validations is None:
         validations = list(session.scalars(select(ValidationResult).where(ValidationResult.run_id == run_id)))
-    measured = {v.prompt_id: v.measured_speedup for v in validations}
+    measured = {v.prompt_id: v.measured_speedup for v in validations if not disturbed(v.others_cpu)}
     prompts = []
     for result in results:
         curve = _prompt_curve(result, cost, sampling) if cost else []

@@ -13,6 +13,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from analyzer.interference import disturbed
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.speedup import Cost
 from analyzer.summary import (
@@ -160,7 +161,7 @@ def with_validations(summary: AnalysisSummary, validations: Sequence[ValidationR
     stays as it is."""
     if summary.cost is None:
         return summary
-    measured = {v.prompt_id: v.measured_speedup for v in validations}
+    measured = {v.prompt_id: v.measured_speedup for v in validations if not disturbed(v.others_cpu)}
     members: dict[str, list[int]] = defaultdict(list)
     for prompt in summary.prompts:
         members[prompt.task].append(prompt.prompt_id)

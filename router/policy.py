@@ -14,6 +14,7 @@ from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import PolicyCurve, as_curve
+from analyzer.report import run_advice_withheld
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.speedup import Cost
 from analyzer.summary import AnalysisSummary, GroupSummary
@@ -88,12 +89,15 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
 
 
 def publish_policies(
-    session: Session, run_id: int, *, notes: str | None = None, activate: bool = True
+    session: Session, run_id: int, *, notes: str | None = None, activate: bool | None = None
 ) -> PolicySet:
     """Build a new policy set from run ``run_id`` (which must be done and have results): per task
     {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve, and
     the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload. The set
-    records the run's engine: the one whose cost priced these decisions."""
+    records the run's engine: the one whose cost priced these decisions. ``activate`` None (the
+    default) activates it unless the run's advice is withheld (a cost profile measured on a busy
+    machine, :func:`analyzer.report.run_advice_withheld`): such a set is stored, not activated, until
+    someone activates it explicitly; True or False decide regardless."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise PolicyError(f"no analysis run {run_id}")
@@ -115,6 +119,8 @@ def publish_policies(
     policy_set.policies = policies
     session.add(policy_set)
     session.flush()
+    if activate is None:
+        activate = run_advice_withheld(run) is None
     if activate:
         activate_policy_set(session, policy_set.version)
     return policy_set

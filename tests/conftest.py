@@ -21,6 +21,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
     # the teacher's suggestions on import take seconds; tests/test_adapt.py turns them on where it tests them
     monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "false")
+    # tests that fake a busy machine must not wait minutes for it to quiet down (tests of the wait set it)
+    monkeypatch.setenv("SPECROUTE_QUIET_WAIT_S", "0")
 
 
 def require_shared(path: Path) -> Path:

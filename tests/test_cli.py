@@ -85,9 +85,14 @@ def test_import_usage_errors(runner, tmp_path):
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
-def test_demo_runs_the_main_job_and_reuses_it(runner):
+def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
     """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
-    transformers here; its default engine, llama.cpp, is tested in tests/test_llamacpp.py)."""
+    transformers here; its default engine, llama.cpp, is tested in tests/test_llamacpp.py); then again
+    with --reprofile on a busy machine."""
+    import itertools
+
+    from analyzer import interference
+
     quick = (
         "demo",
         "--no-serve",
@@ -113,7 +118,8 @@ def test_demo_runs_the_main_job_and_reuses_it(runner):
         "[4/6] training the task classifier on the bundled corpus" in first.output
         and "keyword baseline" in first.output
     )
-    assert "[5/6] published policy set v1 from run 1" in first.output
+    assert "[5/6] published policy set v1 from run 1 (active)" in first.output
+    assert "Advice withheld" not in first.output
     assert "run 1" in first.output and "[6/6] not serving" in first.output
     second = run(runner, *quick)
     assert "already imported as 'sample' (reused)" in second.output
@@ -121,11 +127,34 @@ def test_demo_runs_the_main_job_and_reuses_it(runner):
         "analysis run 1 already done (reused)" in second.output
         and "classifier v1 already trained (reused)" in second.output
     )
-    assert "policy set v1 from run 1 already active (reused)" in second.output
+    assert "policy set v1 from run 1 already published (active; reused)" in second.output
     listed = json.loads(run(runner, "prompts", "list", "--json").stdout)
     assert [s["prompt_count"] for s in listed] == [64]
     runs = json.loads(run(runner, "runs", "list", "--json").stdout)
     assert [(r["status"], r["done"]) for r in runs] == [("done", 3)]
+    # on a busy machine, --reprofile analyzes again (a new run, its cost profile measured anew): the
+    # report leads with "Advice withheld", the validation is marked and left out of the error, and the
+    # policies are published but not activated
+    busy = itertools.count(0, 10**6)  # /proc/stat as on a machine whose other processes take every core
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
+    again = run(runner, *quick, "--reprofile")
+    assert again.exit_code == 0, again.output
+    assert "[3/6] analysis run 2 (new)" in again.output
+    assert "[5/6] published policy set v2 from run 2 (NOT activated: advice withheld)" in again.output
+    report = again.output.split("[5/6]")[1]
+    assert report.split("\n")[2].startswith(
+        "Advice withheld: measured on a busy machine (the cost profile at"
+    )
+    assert "speedups not compared: every validation was measured on a busy machine" in report
+    assert "The router does not follow this run's policies" in again.output
+    active = [
+        s["version"] for s in json.loads(run(runner, "policies", "list", "--json").stdout) if s["active"]
+    ]
+    assert active == [1]
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)
+    third = run(runner, *quick)  # a rerun reuses the newest finished run with the demo's settings
+    assert "analysis run 2 already done (reused)" in third.output
+    assert "policy set v2 from run 2 already published (not active; reused)" in third.output
 
 
 def test_settings_command_and_bad_setting(runner, monkeypatch):

@@ -343,3 +343,122 @@ def test_a_busy_machine_makes_the_profile_noisy(target, clock, monkeypatch):
     _, quality = _profile_with(target, clock, stall)
     assert quality.verdict == "noisy" and quality.others_cpu == pytest.approx(1.0, abs=0.02)
     assert quality.notes[-1] == "other processes used 100% of the machine's CPU while profiling"
+
+
+# ------------------------------------------------------------------ implausible ratios (issue 25, point 4)
+
+
+def test_a_ratio_below_one_that_persists_makes_the_profile_noisy(target, clock):
+    # every T(1) takes 2 s longer than it should, in every round: T(k)/T(1) is about 0.4 for k >= 2,
+    # which no verify pass can give (it reads the same weights for more tokens)
+    curve, quality = _profile_with(target, clock, lambda call, k: ("slow", 2.0) if k == 1 else (None, 0))
+    assert curve[0] == pytest.approx(forward_s(1) + 2.0) and quality.verdict == "noisy"
+    assert quality.remeasured == [1, 2, 3, 4, 5, 6]
+    assert (
+        quality.notes[0].startswith("T_t(k)/T_t(1) = 0.36 at k = 2, ")
+        and "physically implausible" in quality.notes[0]
+    )
+    assert quality.notes[-1].startswith("T_t(k)/T_t(1) = 0.36 at k = 2") and quality.notes[-1].endswith(
+        "still implausible after re-measuring"
+    )
+
+
+def test_an_implausible_ratio_in_the_first_round_only_is_measured_again(target, clock):
+    # a steady disturbance slows k = 4 by 9 s in every repeat of the first round (calls 0..29): its
+    # repeats do not spread, but T(4)/T(1) = 9.7 > 1.5 x 4; the re-measured round is clean
+    curve, quality = _profile_with(
+        target, clock, lambda call, k: ("slow", 9.0) if call < 30 and k == 4 else (None, 0)
+    )
+    assert curve == pytest.approx(CLEAN_CURVE) and quality.verdict == "remeasured"
+    assert quality.remeasured == [1, 4]
+    assert quality.notes == [
+        "T_t(k)/T_t(1) = 9.71 at k = 4: physically implausible (a pass over k tokens takes 0.9 to 1.5 k "
+        "times a pass over one); re-measured"
+    ]
+
+
+def test_implausible_ratios_bounds():
+    from analyzer.interference import implausible_ratios
+
+    assert implausible_ratios([1.0, 0.95, 1.2, 5.9]) == {}  # 5.9 <= 1.5 x 4
+    assert implausible_ratios([1.0, 0.85, 1.2, 6.1]) == {2: pytest.approx(0.85), 4: pytest.approx(6.1)}
+    assert implausible_ratios([2.0]) == {} and implausible_ratios([0.0, 1.0]) == {}
+
+
+# ------------------------------------------------------------------ waiting for a quiet machine
+
+
+class FakeMachine:
+    """/proc/stat readings on a fake clock: ``shares`` are other processes' CPU share in each window
+    (the last one repeats); ``sleep`` advances the clock and the busy jiffies by that share."""
+
+    def __init__(self, shares):
+        import os
+
+        self.shares, self.now, self.busy, self.window = list(shares), 0.0, 0, 0
+        self.ticks, self.cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+
+    def reading(self):
+        return self.busy, 0.0
+
+    def sleep(self, seconds):
+        share = self.shares[min(self.window, len(self.shares) - 1)]
+        self.busy += int(round(share * seconds * self.ticks * self.cores))
+        self.now += seconds
+        self.window += 1
+
+    def clock(self):
+        return self.now
+
+
+def _wait(machine, max_wait_s, lines):
+    from analyzer.interference import wait_for_quiet
+
+    return wait_for_quiet(
+        max_wait_s,
+        lambda done, total, line: lines.append((done, total, line)),
+        reading=machine.reading,
+        sleep=machine.sleep,
+        clock=machine.clock,
+    )
+
+
+def test_a_busy_machine_is_waited_for_until_it_is_quiet():
+    machine, lines = FakeMachine([0.51] * 12 + [0.05]), []
+    waited = _wait(machine, 300, lines)
+    assert (
+        waited.quiet
+        and waited.waited_s == pytest.approx(26.0)
+        and waited.others_cpu == pytest.approx(0.05, abs=0.01)
+    )
+    line = "machine busy: others use 51%; waiting up to 5 min for a quiet window before profiling"
+    assert lines == [
+        (2, 300, line),
+        (12, 300, line),
+        (22, 300, line),
+        (0, 0, "machine quiet after 26 s (others use 5%); profiling"),
+    ]
+
+
+def test_a_machine_that_stays_busy_is_waited_for_up_to_the_bound_then_profiled_with_a_note():
+    machine, lines = FakeMachine([0.8]), []
+    waited = _wait(machine, 60, lines)
+    assert not waited.quiet and waited.waited_s == pytest.approx(60.0)
+    assert waited.note == (
+        "machine busy: other processes used 80% of its CPU after waiting 1 min for a quiet window; profiling went ahead"
+    )
+    assert [done for done, _, _ in lines] == [2, 12, 22, 32, 42, 52] and {total for _, total, _ in lines} == {
+        60
+    }
+
+
+def test_a_quiet_machine_an_unreadable_one_or_no_bound_are_not_waited_for():
+    from analyzer.interference import wait_for_quiet
+
+    quiet, lines = FakeMachine([0.02]), []
+    assert _wait(quiet, 300, lines).waited_s == pytest.approx(2.0) and lines == []  # one window judged
+    busy = FakeMachine([0.9])
+    assert _wait(busy, 0, lines) == interference.QuietWait(True, 0.0, None) and busy.now == 0.0
+    slept = []
+    unknown = wait_for_quiet(300, reading=lambda: (None, 0.0), sleep=slept.append)
+    assert unknown.quiet and unknown.others_cpu is None and slept == []

@@ -536,16 +536,28 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(
     assert profile["quality_notes"][0] == (
         "machinery overhead: other processes used 100% of the machine's CPU in each of 3 attempts"
     )
+    assert first["advice_withheld"].startswith(
+        "Advice withheld: measured on a busy machine (the cost profile at batch size 1 was judged noisy: "
+        "machinery overhead: other processes used 100%"
+    )
     text = cli_db.invoke(cli, ["report", str(first["run_id"])]).stdout
-    assert "NOISY profile (" in text and "rerun with --reprofile on a quiet machine" in text
+    assert text.startswith("Advice withheld: measured on a busy machine (")  # it leads the report
+    assert "NOISY profile (" in text and "specroute analyze ... --reprofile" in text
+    published = cli_db.invoke(cli, ["policies", "publish", "--run", str(first["run_id"])])
+    assert published.exit_code == 0 and "policy set v1 NOT activated. Advice withheld" in published.stderr
+    assert json.loads(cli_db.invoke(cli, ["policies", "list", "--json"]).stdout)[0]["active"] is False
     app = create_app(
         {"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True}
     )
     try:
         page = app.test_client().get(f"/runs/{first['run_id']}").get_data(as_text=True)
+        policies_page = app.test_client().get("/policies").get_data(as_text=True)
     finally:
         app.extensions["specroute.close"]()
     assert 'id="noisy-profile-1"' in page and "<code>specroute analyze … --reprofile</code>" in page
+    assert 'id="advice-withheld">Advice withheld: measured on a busy machine' in page  # the headline
+    assert 'id="withheld-v1"><strong>Advice withheld: measured on a busy machine.</strong>' in policies_page
+    assert "this set was not\n    activated when it was published" in policies_page
     monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)  # the machine is quiet again
     second = cli_db.invoke(
         cli, ["analyze", "--prompts", "mix", "--max-new-tokens", "12", "--gamma-max", "4", *args]

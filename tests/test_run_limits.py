@@ -1,6 +1,6 @@
 """One set of limits for every surface (analyzer.run_params.LIMITS): the command line and the web form
 accept exactly the values at the bounds and refuse the next ones out, the form's inputs carry the
-bounds as min/max, and the README's table states them."""
+bounds as min/max, and the analysis page's table (docs/analysis.md) states them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from analyzer.settings import load_settings
 from webui.app import create_app
 from webui.cli import cli
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+ANALYSIS_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "analysis.md").read_text("utf-8")
 FORM_FIELDS = ("max_new_tokens", "gamma_max", "temperature", "validate", "limit", "chunk_size")
 FORM_BASE = {
     "prompt_set": "one",
@@ -216,10 +216,10 @@ def test_the_run_form_inputs_carry_the_limits_as_min_and_max(web):
     assert f'name="gamma_max" min="1" max="64" value="{DEFAULT_GAMMA_MAX}"' in page
 
 
-# ---------------------------------------------------------------- the README
+# ---------------------------------------------------------------- the docs
 
 
-def test_the_readme_states_the_limits_once_as_declared():
+def test_the_analysis_page_states_the_limits_once_as_declared():
     row = re.compile(r"^\| `([a-z_]+)` \| `--[a-z-]+` \|[^|]*\| ([^|]+) \|$", flags=re.M)
-    rows = {m.group(1): m.group(2) for m in row.finditer(README)}
+    rows = {m.group(1): m.group(2) for m in row.finditer(ANALYSIS_PAGE)}
     assert rows == {name: limit.text() for name, limit in LIMITS.items()}

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompt_checks import prompt_text
+from analyzer.report import run_advice_withheld
 from router.classifier import (
     FEATURE_SETS,
     TRAINING_SOURCES,
@@ -248,6 +249,11 @@ def policies():
             )
         ]
         classifier_version, rarely = rarely_reached(session)
+        withheld = {
+            s["run_id"]: reason
+            for s in sets
+            if s["run_id"] and (reason := run_advice_withheld(session.get(AnalysisRun, s["run_id"])))
+        }
     estimates = {
         e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
     }
@@ -257,6 +263,7 @@ def policies():
         runs=runs,
         preselected=next((r["id"] for r in runs if not r["noisy"]), None),  # never a noisy run by default
         estimates=estimates,
+        withheld=withheld,
         rarely=rarely,
         classifier_version=classifier_version,
     )
@@ -270,9 +277,18 @@ def publish():
             raise ValueError(run_id)
         with sessions()() as session, session.begin():
             lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
-            version = publish_policies(session, run_id, notes=request.form.get("notes") or None).version
+            published = publish_policies(session, run_id, notes=request.form.get("notes") or None)
+            version, active = published.version, published.is_active
+            withheld = run_advice_withheld(session.get(AnalysisRun, run_id))
     except (ValueError, PolicyError) as exc:
         flash(str(exc) if isinstance(exc, PolicyError) else "choose a finished run", "error")
+        return redirect(url_for("ui.policies"))
+    if not active:
+        flash(
+            f"policy set v{version} published from run {run_id} but NOT activated. {withheld} "
+            "Activate it below only if you trust it anyway.",
+            "error",
+        )
         return redirect(url_for("ui.policies"))
     _router_service().reload()
     flash(f"policy set v{version} published from run {run_id} and active")

@@ -114,15 +114,21 @@ class _TqdmProgress:
             if total == 0:
                 click.echo(phase + " ...", err=True)
                 return
-            unit = "pass" if phase.startswith("profiling") else "prompt"
+            unit = (
+                "s"
+                if phase.startswith("machine busy")
+                else "generation"
+                if "machinery overhead" in phase
+                else "pass"
+                if phase.startswith("profiling")
+                else "prompt"
+            )
             self.bar = tqdm(
                 total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True
             )
             return
-        if self.bar is not None:
-            if total > self.bar.total:  # re-measurements add passes to a profile
-                self.bar.total = total
-            self.bar.update(done - self.bar.n)
+        if self.bar is not None:  # a phase's total is fixed: its bar never grows past 100%
+            self.bar.update(min(done, self.bar.total) - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -72,6 +72,12 @@ def _shown_value(name: str, value):
     help=f"Engine of the analysis (default: SPECROUTE_ENGINE when it is set, else {DEMO_ENGINE}, which "
     "needs the [llamacpp] extra; --engine transformers needs nothing more).",
 )
+@click.option(
+    "--reprofile",
+    is_flag=True,
+    help="Analyze again instead of reusing the finished analysis, measuring the cost profiles anew (never "
+    "reusing a stored one): for a run whose advice was withheld because the machine was busy.",
+)
 @click.pass_obj
 def demo(
     state: CliState,
@@ -82,12 +88,15 @@ def demo(
     limit: int | None,
     no_serve: bool,
     engine: str | None,
+    reprofile: bool,
 ) -> None:
     """The main job on the embedded defaults: upgrade the database, import the bundled sample
     prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting in llama.cpp (or --engine),
     train the classifier on the bundled corpus, publish the policies, print the report, and serve the
     web UI and the router. A rerun reuses what exists (the set, a finished or interrupted analysis
-    with the same settings, the classifier, the policies)."""
+    with the same settings, the classifier, the policies); --reprofile analyzes again. Policies from
+    a run measured on a busy machine are published but not activated (the report says "Advice
+    withheld")."""
     engine = engine or (state.settings.engine if os.environ.get(env_name("engine")) else DEMO_ENGINE)
     demo_steps.require_engine(engine)
     demo_steps.upgrade_database(state)
@@ -101,6 +110,7 @@ def demo(
         validate_n=validate_n,
         limit=limit,
         engine=engine,
+        reprofile=reprofile,
     )
     demo_steps.train_classifier_once(state, sessions)
     demo_steps.publish_policies_and_print_report(sessions, run_id)

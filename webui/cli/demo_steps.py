@@ -109,10 +109,13 @@ def analyze_sample(
     validate_n: int,
     limit: int | None,
     engine: str,
+    reprofile: bool = False,
 ) -> int:
     """[3/6] The analysis of the sample with the demo's pair and these settings: a finished run is
     reused, an interrupted one resumed, else a new one is created and executed (Ctrl-C keeps what
-    is finished and exits with 130). Returns the run's id."""
+    is finished and exits with 130). With ``reprofile`` no finished run is reused: an interrupted
+    re-profiling run is resumed, else a new run measures everything again, cost profiles included
+    (never reusing a stored one). Returns the run's id."""
     from analyzer.run_records import RunParams
 
     params = RunParams(
@@ -123,6 +126,7 @@ def analyze_sample(
         engine=engine,
         device=state.settings.device,
         dtype=state.settings.dtype,
+        reprofile=reprofile,
     )
     run_id, status = _reused_or_new_run(sessions, prompt_set_id, params)
     if status == "done":
@@ -141,8 +145,9 @@ def _reused_or_new_run(
     sessions: sessionmaker[Session], prompt_set_id: int, params: RunParams
 ) -> tuple[int, str]:
     """The newest done run of the demo's pair over the set with the demo's parameters, else the
-    newest such run not cancelled, else a new one; its id and status ("new" for a new one)."""
-    from analyzer.run_records import create_run
+    newest such run not cancelled, else a new one; its id and status ("new" for a new one). With
+    ``params.reprofile`` only an unfinished re-profiling run is taken up."""
+    from analyzer.run_records import RunParams, create_run
     from analyzer.specs import parse_spec
 
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
@@ -158,6 +163,7 @@ def _reused_or_new_run(
             if (r.pair.target.spec, r.pair.draft.spec) == canonical
             and _has_demo_params(r, params)
             and r.status != "cancelled"
+            and (not params.reprofile or (r.status != "done" and RunParams.from_json(r.params).reprofile))
         ]
         reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
         if reuse is not None:
@@ -222,21 +228,36 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
 
 
 def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: int) -> None:
-    """[5/6] Publish the run's policies unless they are the active set, then print the run's report."""
+    """[5/6] Publish the run's policies unless a set from it exists, then print the run's report
+    (which leads with "Advice withheld" when its cost profile was measured on a busy machine; such a
+    set is published but not activated)."""
     from analyzer.report import build_report
     from analyzer.report_text import report_text
-    from router.policy import active_policy_set, publish_policies
+    from router.orm import PolicySet
+    from router.policy import publish_policies
 
     with sessions() as session, session.begin():
         lock_for_write(session)
-        active = active_policy_set(session)
-        if active is None or active.run_id != run_id:
-            active = publish_policies(session, run_id, notes="specroute demo")
-            click.echo(f"[5/6] published policy set v{active.version} from run {run_id}")
-        else:
-            click.echo(f"[5/6] policy set v{active.version} from run {run_id} already active (reused)")
+        existing = session.scalar(
+            select(PolicySet).where(PolicySet.run_id == run_id).order_by(PolicySet.version.desc()).limit(1)
+        )
         report = build_report(session, run_id)
+        withheld = report.get("advice_withheld")
+        if existing is None:
+            published = publish_policies(session, run_id, notes="specroute demo")
+            state = "active" if published.is_active else "NOT activated: advice withheld"
+            click.echo(f"[5/6] published policy set v{published.version} from run {run_id} ({state})")
+        else:
+            state = "active" if existing.is_active else "not active"
+            click.echo(
+                f"[5/6] policy set v{existing.version} from run {run_id} already published ({state}; reused)"
+            )
     click.echo("\n" + report_text(report) + "\n")
+    if withheld:
+        click.echo(
+            "The router does not follow this run's policies: measure again on a quiet machine with "
+            "'specroute demo --reprofile' (or activate the set anyway: 'specroute policies activate VERSION').\n"
+        )
 
 
 def serve_report(state: CliState, host: str, port: int, run_id: int, *, serve: bool) -> None:

@@ -198,17 +198,29 @@ def _print_policy_set(data: dict) -> None:
 def policies_publish(
     state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool
 ) -> None:
-    """Turn an analysis run into a new, versioned policy set (active unless --no-activate)."""
+    """Turn an analysis run into a new, versioned policy set (active unless --no-activate, or unless
+    the run's advice is withheld because its cost profile was measured on a busy machine: then
+    'specroute policies activate VERSION' activates it if you trust it anyway)."""
+    from analyzer.orm import AnalysisRun
+    from analyzer.report import run_advice_withheld
     from router.policy import publish_policies
     from router.records import policy_set_dict
 
     with state.sessions()() as session, session.begin():
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
-        data = policy_set_dict(publish_policies(session, run_id, notes=notes, activate=not no_activate))
+        policy_set = publish_policies(session, run_id, notes=notes, activate=False if no_activate else None)
+        data = policy_set_dict(policy_set)
+        withheld = None if no_activate else run_advice_withheld(session.get(AnalysisRun, run_id))
     if as_json:
         click.echo(strict_json.dumps(data))
     else:
         _print_policy_set(data)
+    if withheld:
+        click.echo(
+            f"policy set v{data['version']} NOT activated. {withheld} To route with it anyway: "
+            f"specroute policies activate {data['version']}",
+            err=True,
+        )
 
 
 @policies.command("list")
