@@ -138,8 +138,9 @@ def report_text(report: dict) -> str:
             if len(report["tasks"]) > 1
             else ""
         )
+        scope = f" {scope}" if scope else ""
         lines.append(
-            f"\nvalidation: {summary['validated']} prompts {scope}, {summary['identical']} outputs "
+            f"\nvalidation: {summary['validated']} prompts{scope}, {summary['identical']} outputs "
             "identical to plain greedy, "
             f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
             f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"

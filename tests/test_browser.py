@@ -317,3 +317,63 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
     assert confidences == sorted(confidences)
     least[0].find_element(By.TAG_NAME, "a").click()
     _wait(lambda: "Prompt set “traffic”" in browser.page_source, 30, "the prompt set page")
+
+
+def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium(
+    browser, site, db_url, monkeypatch
+):
+    """Issue 25, point 4: the report's headline, first on the page, says the advice is withheld; the
+    policies page publishes the run without activating it and says why."""
+    import itertools
+
+    from click.testing import CliRunner
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from analyzer import interference
+    from webui.cli import cli
+
+    base, folder = site
+    prompts = folder / "busy.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": text, "task": task}) + "\n"
+            for text, task in [
+                ("translate the story to French", "translation"),
+                ("write code for a function that returns the sum of a list", "code"),
+                ("def add(a, b): return a + b  # write tests for add", "code"),
+            ]
+        )
+    )
+    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
+    assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", "busy"], env=env).exit_code == 0
+    busy = itertools.count(0, 10**6)  # /proc/stat as on a machine whose other processes take every core
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
+    analyzed = runner.invoke(
+        cli,
+        ["analyze", "--prompts", "busy", "--target", f"hf:{folder / 'tiny-target'}", "--draft", "ngram"]
+        + ["--max-new-tokens", "12", "--gamma-max", "4", "--validate", "1", "--json"],
+        env=env,
+    )
+    assert analyzed.exit_code == 0, analyzed.output
+    run_id = json.loads(analyzed.stdout)["run_id"]
+    browser.get(f"{base}/runs/{run_id}")
+    headline = browser.find_element(By.ID, "advice-withheld")
+    assert headline.is_displayed() and headline.text.startswith(
+        "Advice withheld: measured on a busy machine ("
+    )
+    assert headline.location["y"] < 400  # above the fold: the first thing the report says
+    assert browser.find_element(By.ID, "disturbed-validations").text.startswith(
+        "1 of 1 validated prompts were timed while other processes used the machine"
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "noisy_report.png"))
+    browser.get(base + "/policies")
+    Select(browser.find_element(By.CSS_SELECTOR, "#publish-form select")).select_by_value(str(run_id))
+    browser.find_element(By.CSS_SELECTOR, "#publish-form button").click()
+    _wait(lambda: "NOT activated" in browser.page_source, 30, "the publish message")
+    assert browser.find_element(By.ID, "withheld-v1").text.startswith(
+        "Advice withheld: measured on a busy machine."
+    )
+    assert "active</span>" not in browser.page_source  # nothing was activated
+    browser.save_screenshot(str(ARTIFACTS / "noisy_policies.png"))

@@ -123,8 +123,15 @@ class _TqdmProgress:
                 if phase.startswith("profiling")
                 else "prompt"
             )
+            waiting = {"bar_format": "{desc}: {n_fmt}/{total_fmt} s waited"} if unit == "s" else {}
             self.bar = tqdm(
-                total=total, initial=done, desc=phase, unit=unit, file=sys.stderr, dynamic_ncols=True
+                total=total,
+                initial=done,
+                desc=phase,
+                unit=unit,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                **waiting,  # type: ignore[arg-type]
             )
             return
         if self.bar is not None:  # a phase's total is fixed: its bar never grows past 100%
