@@ -266,9 +266,11 @@ def disturbed(others_cpu: float | None) -> bool:
     return others_cpu is not None and others_cpu > MAX_OTHERS_CPU
 
 
-def implausible_ratios(medians: list[float] | np.ndarray) -> dict[int, float]:
+def implausible_ratios(
+    medians: list[float] | np.ndarray, max_per_token: float = MAX_RATIO_PER_TOKEN
+) -> dict[int, float]:
     """The k >= 2 whose T(k)/T(1) is physically implausible (below MIN_RATIO, or above
-    MAX_RATIO_PER_TOKEN x k), with the ratio: a disturbance that hit T(1) or T(k) and not the other."""
+    ``max_per_token`` x k), with the ratio: a disturbance that hit T(1) or T(k) and not the other."""
     values = np.asarray(medians, dtype=np.float64)
     if len(values) < 2 or not values[0] > 0:
         return {}
@@ -276,7 +278,7 @@ def implausible_ratios(medians: list[float] | np.ndarray) -> dict[int, float]:
     return {
         k: float(ratios[k - 1])
         for k in range(2, len(values) + 1)
-        if ratios[k - 1] < MIN_RATIO or ratios[k - 1] > MAX_RATIO_PER_TOKEN * k
+        if ratios[k - 1] < MIN_RATIO or ratios[k - 1] > max_per_token * k
     }
 
 

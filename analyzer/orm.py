@@ -140,7 +140,11 @@ class CostProfile(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
     # the engine that timed it (analyzer/engines.py); profiles of one engine never price another's runs
+    # unless a run is re-priced with them explicitly (an imported profile names any engine: vllm, sglang)
     engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # "measured" by an analysis, or "imported" from an engine's own benchmark; the engine's version
+    source: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
+    engine_version: Mapped[Optional[str]] = mapped_column(String(64))
     device: Mapped[str] = mapped_column(String(200))
     dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -208,6 +212,8 @@ class AnalysisRun(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[Optional[datetime]] = mapped_column()
     finished_at: Mapped[Optional[datetime]] = mapped_column()
+    # a re-priced run: its results are copied from this run and priced with another cost profile
+    repriced_from_run_id: Mapped[Optional[int]] = mapped_column(Integer)
     # the analysis summary, computed once when the run finished (analyzer.summary.run_summary); None:
     # not computed yet (a run from before it was stored, or an unfinished one)
     summary: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))

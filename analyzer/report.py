@@ -114,6 +114,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
     """The run's identity, status, parameters (every one, the defaults filled in), engine, device
     and dtype, how it measured (``mode``) and what that guarantees."""
     dtype = run.dtype or "float32"
+    measured_in = run.run_params.engine  # the engine that measured acceptance (run.engine priced it)
     sampling = summary.sampling
     run_fidelity = dict(summary.workload.fidelity or {}) if summary.workload else {}
     run_fidelity.update(validation_summary(validation_rows) or {})
@@ -128,15 +129,17 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         "mode": "sampling (expectations under i.i.d. acceptance)"
         if sampling
         else f"greedy (replay estimate in llama.cpp, {dtype} weights)"
-        if run.engine == "llama.cpp"
+        if measured_in == "llama.cpp"
         else "greedy (exact replay)"
         if dtype == "float32"
         else f"greedy (replay estimate in {dtype})",
         "params": _plain_params(run.run_params),
         "engine": run.engine,
+        "measured_in": measured_in,
+        "repriced_from": run.repriced_from_run_id,
         "device": run.device,
         "dtype": dtype,
-        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity, engine=run.engine),
+        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity, engine=measured_in),
     }
 
 
@@ -260,6 +263,9 @@ def _profile_dict(profile: CostProfile) -> dict:
         "round_overhead_s": profile.round_overhead_s,
         "decode_overhead_s": profile.decode_overhead_s,
         "engine": profile.engine,
+        "engine_version": profile.engine_version,
+        "source": profile.source or "measured",
+        "id": profile.id,
         "device": profile.device,
         "dtype": profile.dtype or "float32",
         "batch_size": profile.batch_size or 1,

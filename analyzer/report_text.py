@@ -240,6 +240,9 @@ def decision_text(summary: dict) -> str:
 def quality_text(profile: dict) -> str:
     """A cost profile's quality in words, with the fix when it is noisy."""
     quality = profile.get("quality")
+    if profile.get("source") == "imported":
+        version = f" {profile['engine_version']}" if profile.get("engine_version") else ""
+        return f"imported from {profile.get('engine')}{version}'s own benchmark (not judged here)"
     if quality is None:
         return "quality not judged (a profile from before it was)"
     notes = "; ".join(profile.get("quality_notes") or [])

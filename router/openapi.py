@@ -150,8 +150,9 @@ SCHEMAS: dict[str, Any] = {
                     },
                     "pool": {"type": "string", "description": "Deployment to send the request to."},
                     "priced_by": {
-                        "enum": [*ENGINES, None],
-                        "description": "The engine whose cost priced the active policy set (null: none).",
+                        "type": ["string", "null"],
+                        "description": "The engine whose cost priced the active policy set (null: none): "
+                        f"{', '.join(ENGINES)}, or an engine whose own step times were imported (vllm, sglang, ...).",
                     },
                 },
             },
@@ -303,7 +304,11 @@ SCHEMAS: dict[str, Any] = {
             "version": {"type": "integer"},
             "active": {"type": "boolean"},
             "run_id": {"type": ["integer", "null"]},
-            "engine": {"enum": list(ENGINES), "description": "The engine whose cost priced the set."},
+            "engine": {
+                "type": "string",
+                "description": f"The engine whose cost priced the set: {', '.join(ENGINES)}, or an engine whose "
+                "own step times were imported (a re-priced run).",
+            },
             "margin": _NUM,
             "gamma_max": {
                 "type": "integer",

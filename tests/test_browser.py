@@ -377,3 +377,67 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     )
     assert "active</span>" not in browser.page_source  # nothing was activated
     browser.save_screenshot(str(ARTIFACTS / "noisy_policies.png"))
+
+
+def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_chromium(
+    browser, site, db_url
+):
+    """Issue 22, point 3: the report prices the run's acceptance on every stored profile of its pair,
+    side by side, and one click re-prices it with an engine's imported step times: another g* and
+    another decision, without measuring again."""
+    from click.testing import CliRunner
+    from selenium.webdriver.common.by import By
+
+    from tests.test_costs import CHEAP, DEAR
+    from webui.cli import cli
+
+    base, folder = site
+    draft = save_tiny_model_folder(
+        folder / "tiny-draft", seed=4, noise_std=0.002, base_model=folder / "tiny-target"
+    )
+    prompts = folder / "mix.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": text, "task": task}) + "\n"
+            for text, task in [
+                ("translate the story to French", "translation"),
+                ("write code for a function that returns the sum of a list", "code"),
+                ("def add(a, b): return a + b  # write tests for add", "code"),
+                ("summarize: the cat sat on the mat and the dog sat on the log", "summarization"),
+            ]
+        )
+    )
+    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
+    assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", "mix"], env=env).exit_code == 0
+    analyzed = runner.invoke(
+        cli,
+        ["analyze", "--prompts", "mix", "--target", f"hf:{folder / 'tiny-target'}", "--draft", f"hf:{draft}"]
+        + ["--max-new-tokens", "12", "--gamma-max", "4", "--json"],
+        env=env,
+    )
+    assert analyzed.exit_code == 0, analyzed.output
+    costs = folder / "vllm.json"
+    costs.write_text(json.dumps([CHEAP, DEAR]))
+    imported = runner.invoke(cli, ["costs", "import", str(costs), "--for-run", "1"], env=env)
+    assert imported.exit_code == 0, imported.output
+    browser.get(f"{base}/runs/1")
+    table = browser.find_element(By.ID, "comparison-table")
+    rows = [
+        [c.text for c in r.find_elements(By.TAG_NAME, "td")]
+        for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")
+    ]
+    assert [r[0] for r in rows] == ["#1 (this run's)", "#3", "#2"]
+    assert rows[0][6] == "off" and rows[2][6] == "speculate" and rows[1][6] == "off"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.execute_script("document.getElementById('price-comparison').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "reprice_comparison.png"))
+    table.find_element(By.XPATH, ".//button[text()='Re-price with #2']").click()
+    _wait(lambda: browser.find_elements(By.ID, "repriced-from"), 30, "the re-priced run's report")
+    assert (
+        "priced with cost profile #2 (imported, vllm 0.11.0 on NVIDIA H100 80GB HBM3)"
+        in browser.find_element(By.ID, "repriced-from").text
+    )
+    assert browser.find_element(By.CSS_SELECTOR, "#verdict .headline").text.startswith(
+        "Speculate: across this workload"
+    )
+    browser.save_screenshot(str(ARTIFACTS / "repriced_report.png"))

@@ -27,12 +27,17 @@ from analyzer.worker import Worker
 from router import api
 from router.service import RouterService
 from router.strict_json import NonFiniteNumber
-from webui import access, prompt_pages, router_pages, run_pages, ui
+from webui import access, cost_pages, prompt_pages, router_pages, run_pages, ui
 from webui.background import BackgroundJobs
 from webui.json_provider import StrictJSONProvider
 from webui.security import resolve_secret_key
 
-PAGE_MODULES = (prompt_pages, run_pages, router_pages)  # importing them registers their views on ui.bp
+PAGE_MODULES = (
+    prompt_pages,
+    run_pages,
+    router_pages,
+    cost_pages,
+)  # importing them registers their views on ui.bp
 log = logging.getLogger(__name__)
 
 

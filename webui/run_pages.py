@@ -27,6 +27,7 @@ from analyzer.output_marks import output_marks
 from analyzer.prompt_checks import prompt_text
 from analyzer.report import build_report
 from analyzer.report_text import recommendation, report_csv
+from analyzer.repricing import price_comparison
 from analyzer.run_params import DEFAULT_GAMMA_MAX, LIMITS, Limit
 from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
@@ -287,8 +288,10 @@ def _report(run_id: int) -> dict:
 def run(run_id: int):
     report = _report(run_id)
     with sessions()() as session:
-        row = _run_row(session.get(AnalysisRun, run_id))
+        stored = session.get(AnalysisRun, run_id)
+        row = _run_row(stored)
         classifier_version, rarely = rarely_reached(session)
+        comparison = price_comparison(session, stored) if report["prompts"] else []
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     return render_template(
         "report.html",
@@ -299,6 +302,7 @@ def run(run_id: int):
         gammas=list(range(1, report["params"]["gamma_max"] + 1)),
         rarely=rarely,
         classifier_version=classifier_version,
+        comparison=comparison,
     )
 
 

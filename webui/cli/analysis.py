@@ -113,6 +113,15 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_r
     type=click.IntRange(1, MAX_ID),
     help="Resume an interrupted, failed or cancelled run by id.",
 )
+@click.option(
+    "--cost-profile",
+    "cost_profiles",
+    multiple=True,
+    type=click.IntRange(1, MAX_ID),
+    help="Price the run with this stored cost profile of its pair (an engine's own step times from "
+    "'specroute costs import', or an older measurement) instead of measuring one; repeat it, one per "
+    "batch size. A finished run is re-priced with 'specroute reprice'.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(
@@ -137,6 +146,7 @@ def analyze(
     chunk_size,
     queue_only,
     resume_run,
+    cost_profiles,
     as_json,
 ) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
@@ -154,6 +164,10 @@ def analyze(
     from analyzer.runs import execute_run
 
     sessions = state.sessions()
+    if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
+        raise click.UsageError(
+            "--cost-profile prices a new run: not with --resume, --batch-sizes or --reprofile"
+        )
     try:
         if resume_run is None:
             if not prompt_set:
@@ -174,14 +188,20 @@ def analyze(
                 engine=engine,
                 device=device,
                 dtype=dtype,
-                profile_batch_sizes=parse_batch_sizes(batch_sizes),
+                profile_batch_sizes=parse_batch_sizes(batch_sizes)
+                or _batch_sizes_of(sessions, cost_profiles),
                 chunk_size=chunk_size,
             )
             click.echo(
                 _placement_text(params.check(), queue_only), err=True
             )  # never stored if it cannot run here
             with sessions() as session, session.begin():
-                run_id = create_run(session, prompt_set, target, draft, params).id
+                run = create_run(session, prompt_set, target, draft, params)
+                if cost_profiles:
+                    from analyzer.repricing import link_pricing_profiles
+
+                    link_pricing_profiles(session, run, cost_profiles)
+                run_id = run.id
             click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
             if queue_only:
                 click.echo(
@@ -241,6 +261,17 @@ def _label_with_classifier(sessions, run_id: int) -> None:
             f"classifier v{outcome.classifier_version} labelled {outcome.labelled} unlabelled prompt(s)",
             err=True,
         )
+
+
+def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The batch sizes of the stored profiles a new run is priced with (None without any)."""
+    if not profile_ids:
+        return None
+    from analyzer.orm import CostProfile
+
+    with sessions() as session:
+        found = [session.get(CostProfile, i) for i in profile_ids]
+    return tuple(sorted({p.batch_size or 1 for p in found if p is not None})) or None
 
 
 @cli.command("report")

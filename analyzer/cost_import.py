@@ -1,0 +1,443 @@
+"""Cost profiles from an engine's own benchmarks (``specroute costs import FILE``, the web UI's cost
+profiles page): the step times vLLM, SGLang, TensorRT-LLM or llama.cpp measure with CUDA graphs and
+fused kernels, stored beside the profiles analyses measure, to price stored acceptance with
+(:mod:`analyzer.repricing`). The acceptance side of speculative decoding is engine-independent (the
+same greedy tokens); the cost side must come from the engine that serves.
+
+A file is JSON (one profile object, a list of them, or ``{"profiles": [...]}``) or CSV (a header,
+then one profile per row). Each profile gives the engine (and its version), the device, the dtype,
+the batch size, optionally the pair (``target`` and ``draft`` model specs; else the pair of the run
+named on import) and its step times in milliseconds, in one of two shapes:
+
+- **forwards**: ``target_step_ms`` = T_t(1..K), one target forward over k new tokens with a warm
+  cache, and ``draft_step_ms`` (one draft step: a model's single-token forward, or one n-gram
+  lookup), with optional ``round_overhead_ms`` / ``decode_overhead_ms`` (the engine's own time per
+  speculative round and per plain step);
+- **rounds**: ``plain_step_ms`` (one plain decoding step) and ``round_ms`` = the whole speculative
+  round at num_speculative_tokens = 1..K (drafting, verifying and bookkeeping), what an engine's
+  latency benchmark gives at several num_speculative_tokens. It is stored as T_t(1) = plain step,
+  T_t(k+1) = round at k, with no separate draft cost or overhead.
+
+In CSV the list columns are ``t1_ms, t2_ms, ...`` (forwards) or ``round1_ms, round2_ms, ...``
+(rounds). The whole file is checked before anything is stored: every problem is reported with its
+line and field, and a physically implausible profile (T(k)/T(1) below 0.9, or above 1.5 k) is refused
+like a bad value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from analyzer.errors import SpecrouteError
+from analyzer.interference import MAX_RATIO_PER_TOKEN, MIN_RATIO, implausible_ratios
+from analyzer.orm import AnalysisRun, CostProfile, ModelPair
+from analyzer.run_records import get_or_create_pair
+from analyzer.specs import SpecError, parse_spec
+
+MAX_LISTED = 50  # problems listed in a rejection (the total is always given)
+MAX_FILE_BYTES = 2_000_000
+MAX_K = 64  # the longest T_t(k) list accepted (gamma up to 63)
+TEXT_LIMITS = {"engine": 32, "engine_version": 64, "device": 200, "dtype": 16}
+IMPORTED = "imported"
+# a whole round drafting g tokens: at most g draft steps (each at most about a plain step) plus a verify
+# pass over g + 1 tokens (at most 1.5 (g + 1) plain steps): 3 (g + 1) plain steps leaves room for both
+MAX_ROUND_RATIO_PER_TOKEN = 3.0
+
+
+class CostFileError(SpecrouteError, ValueError):
+    """A cost profile file was rejected: ``problems`` (the first MAX_LISTED, in file order, each
+    naming its line and field) and ``total``; nothing was stored."""
+
+    status, code = 400, "invalid_cost_file"
+
+    def __init__(self, filename: str, problems: list[str]):
+        self.filename, self.problems, self.total = filename, problems[:MAX_LISTED], len(problems)
+        noun = "problem" if self.total == 1 else "problems"
+        super().__init__(
+            f"{filename}: {self.total} {noun}; nothing was imported", problems=self.problems, total=self.total
+        )
+
+    def report(self) -> str:
+        """The summary, then one line per listed problem."""
+        lines = [str(self)] + [f"  {p}" for p in self.problems]
+        if self.total > len(self.problems):
+            lines.append(f"  ... and {self.total - len(self.problems)} more")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ImportedProfile:
+    """One checked profile of a file, in seconds as profiles store them; ``line`` is where it starts."""
+
+    line: int
+    engine: str
+    engine_version: str | None
+    device: str
+    dtype: str
+    batch_size: int
+    target: str | None
+    draft: str | None
+    target_forward_s: list[float]
+    draft_step_s: float
+    round_overhead_s: float | None
+    decode_overhead_s: float | None
+    shape: str  # forwards | rounds
+
+
+def parse_cost_file(data: bytes, filename: str) -> list[ImportedProfile]:
+    """Every profile of a JSON or CSV cost file (by extension, else by its first character), checked;
+    a :class:`CostFileError` lists every problem with its line and field."""
+    if len(data) > MAX_FILE_BYTES:
+        raise CostFileError(
+            filename, [f"the file has {len(data)} bytes; at most {MAX_FILE_BYTES} are accepted"]
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise CostFileError(
+            filename, [f"line {line}: invalid UTF-8 (byte 0x{data[exc.start]:02x})"]
+        ) from None
+    lowered = filename.lower()
+    is_json = lowered.endswith(".json") or (not lowered.endswith(".csv") and text.lstrip()[:1] in "[{")
+    problems: list[str] = []
+    rows = _json_rows(text, problems) if is_json else _csv_rows(text, problems)
+    profiles = []
+    for line, fields, row in rows:
+        profile = _checked(line, fields, row, problems)
+        if profile is not None:
+            profiles.append(profile)
+    if not rows and not problems:
+        problems.append("line 1: no cost profile in the file")
+    if problems:
+        raise CostFileError(filename, problems)
+    return profiles
+
+
+# ---------------------------------------------------------------- reading the two formats
+
+
+def _json_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int], dict[str, Any]]]:
+    """(line of the object, line of each key, the object) for each profile of a JSON file."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        problems.append(f"line {exc.lineno}: bad JSON: {exc.msg} at column {exc.colno}")
+        return []
+    if isinstance(document, dict) and "profiles" in document:
+        objects, start = document["profiles"], _after(text, r'"profiles"\s*:\s*\[')
+    elif isinstance(document, list):
+        objects, start = document, _after(text, r"\[")
+    else:
+        objects, start = [document], None
+    if not isinstance(objects, list):
+        problems.append("line 1, field 'profiles': expected a list of profile objects")
+        return []
+    spans = _element_spans(text, start) if start is not None else [(text.index("{"), len(text))]
+    rows = []
+    for number, (obj, (begin, end)) in enumerate(zip(objects, spans), start=1):
+        line = text.count("\n", 0, begin) + 1
+        if not isinstance(obj, dict):
+            problems.append(f"line {line}: profile {number} is not an object")
+            continue
+        key_lines = {}
+        for key in obj:
+            found = re.compile(r'"' + re.escape(str(key)) + r'"\s*:').search(text, begin, end)
+            key_lines[key] = text.count("\n", 0, found.start()) + 1 if found else line
+        rows.append((line, key_lines, obj))
+    return rows
+
+
+def _after(text: str, pattern: str) -> int | None:
+    found = re.search(pattern, text)
+    return found.end() if found else None
+
+
+def _element_spans(text: str, position: int) -> list[tuple[int, int]]:
+    """The (start, end) offsets of each element of the JSON array whose body starts at ``position``."""
+    decoder, spans = json.JSONDecoder(), []
+    whitespace = re.compile(r"[\s,]*")
+    position = whitespace.match(text, position).end()  # type: ignore[union-attr]
+    while position < len(text) and text[position] != "]":
+        _, end = decoder.raw_decode(text, position)
+        spans.append((position, end))
+        position = whitespace.match(text, end).end()  # type: ignore[union-attr]
+    return spans
+
+
+LIST_COLUMN = re.compile(r"^(t|round)(\d+)_ms$")
+REPORTED = object()  # a value whose problem is already listed (no follow-on problems for it)
+
+
+def _csv_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int], dict[str, Any]]]:
+    """Each data row of a CSV file as a profile object: the ``t<k>_ms`` / ``round<k>_ms`` columns
+    gathered into ``target_step_ms`` / ``round_ms`` (in k order, blank cells ending the list)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        return []
+    except csv.Error as exc:
+        problems.append(f"line 1: bad CSV: {exc}")
+        return []
+    rows = []
+    for values in reader:
+        line = reader.line_num
+        if not any(v.strip() for v in values):
+            continue
+        if len(values) != len(header):
+            problems.append(f"line {line}: {len(values)} cells for {len(header)} columns")
+            continue
+        row: dict[str, Any] = {}
+        lists: dict[str, dict[int, str]] = {"target_step_ms": {}, "round_ms": {}}
+        for name, value in zip(header, values):
+            value = value.strip()
+            listed = LIST_COLUMN.match(name)
+            if listed:
+                key = "target_step_ms" if listed.group(1) == "t" else "round_ms"
+                if value:
+                    lists[key][int(listed.group(2))] = value
+            elif value:
+                row[name] = value
+        for key, cells in lists.items():
+            if cells:
+                ks = sorted(cells)
+                if ks != list(range(1, len(ks) + 1)):
+                    column = "t" if key == "target_step_ms" else "round"
+                    problems.append(
+                        f"line {line}, field '{key}': {column}<k>_ms cells must run from k = 1 without gaps"
+                    )
+                    row[key] = REPORTED
+                    continue
+                row[key] = [cells[k] for k in ks]
+        rows.append((line, {key: line for key in row}, row))
+    return rows
+
+
+# ---------------------------------------------------------------- checking one profile
+
+KNOWN_FIELDS = {
+    "engine",
+    "engine_version",
+    "device",
+    "dtype",
+    "batch_size",
+    "target",
+    "draft",
+    "target_step_ms",
+    "draft_step_ms",
+    "round_overhead_ms",
+    "decode_overhead_ms",
+    "plain_step_ms",
+    "round_ms",
+}
+
+
+def _checked(
+    line: int, lines: dict[str, int], row: dict[str, Any], problems: list[str]
+) -> ImportedProfile | None:
+    """The profile of one row, or None after adding its problems (each with its line and field)."""
+    before = len(problems)
+
+    def problem(field: str, message: str) -> None:
+        problems.append(f"line {lines.get(field.split('[')[0], line)}, field '{field}': {message}")
+
+    for field in sorted(set(row) - KNOWN_FIELDS):
+        problem(field, f"unknown field (known: {', '.join(sorted(KNOWN_FIELDS))})")
+    texts = {}
+    for field, limit in TEXT_LIMITS.items():
+        value = row.get(field)
+        if value is None or str(value).strip() == "":
+            if field != "engine_version":
+                problem(field, "required")
+            texts[field] = None
+            continue
+        text = str(value).strip()
+        if len(text) > limit:
+            problem(field, f"at most {limit} characters, got {len(text)}")
+        texts[field] = text
+    batch_size = _number(row.get("batch_size", 1), "batch_size", problem, integer=True, minimum=1)
+    pair = {}
+    for field in ("target", "draft"):
+        value = row.get(field)
+        pair[field] = None
+        if value is not None and str(value).strip():
+            try:
+                pair[field] = parse_spec(str(value)).canonical
+            except SpecError as exc:
+                problem(field, str(exc))
+    if (pair["target"] is None) != (pair["draft"] is None):
+        problem("target" if pair["target"] is None else "draft", "give both target and draft, or neither")
+    forwards = "target_step_ms" in row
+    rounds = "plain_step_ms" in row or "round_ms" in row
+    if forwards == rounds:
+        problem(
+            "target_step_ms",
+            "give target_step_ms (T_t(1..K)) with draft_step_ms, or plain_step_ms with round_ms, not both",
+        )
+        return None
+    if forwards:
+        steps = _ms_list(row.get("target_step_ms"), "target_step_ms", problem, minimum_length=2)
+        draft = _number(row.get("draft_step_ms"), "draft_step_ms", problem, minimum=0.0)
+        overheads = [
+            _number(row[f], f, problem, minimum=0.0) if f in row else None
+            for f in ("round_overhead_ms", "decode_overhead_ms")
+        ]
+    else:
+        plain = _number(row.get("plain_step_ms"), "plain_step_ms", problem, minimum=0.0, positive=True)
+        round_ms = _ms_list(row.get("round_ms"), "round_ms", problem, minimum_length=1)
+        steps = [plain] + round_ms if plain is not None and round_ms is not None else None
+        draft, overheads = 0.0, [None, None]
+        for field in ("draft_step_ms", "round_overhead_ms", "decode_overhead_ms"):
+            if field in row:
+                problem(field, "not with plain_step_ms and round_ms (a round's time includes it)")
+    if steps is not None and len(steps) > MAX_K:
+        problem("target_step_ms" if forwards else "round_ms", f"at most {MAX_K} step times, got {len(steps)}")
+    if steps is not None:
+        bound = MAX_RATIO_PER_TOKEN if forwards else MAX_ROUND_RATIO_PER_TOKEN
+        odd = implausible_ratios(steps, bound)
+        if odd and forwards:
+            listed = ", ".join(f"{ratio:.2f} at k = {k}" for k, ratio in sorted(odd.items()))
+            problem(
+                "target_step_ms",
+                f"physically implausible T_t(k)/T_t(1) = {listed} (a pass over k tokens takes {MIN_RATIO:g} to "
+                f"{bound:g} k times a pass over one); were the times warm and in milliseconds?",
+            )
+        elif odd:
+            listed = ", ".join(
+                f"{ratio:.2f} at {k - 1} speculative tokens" for k, ratio in sorted(odd.items())
+            )
+            problem(
+                "round_ms",
+                f"physically implausible round / plain step = {listed} (a round drafting g tokens takes "
+                f"{MIN_RATIO:g} to {bound:g} (g + 1) plain steps); were the times warm and in milliseconds?",
+            )
+    if len(problems) > before or steps is None or draft is None or batch_size is None:
+        return None
+    return ImportedProfile(
+        line=line,
+        engine=texts["engine"],
+        engine_version=texts["engine_version"],
+        device=texts["device"],
+        dtype=texts["dtype"],
+        batch_size=int(batch_size),
+        target=pair["target"],
+        draft=pair["draft"],
+        target_forward_s=[s / 1000 for s in steps],
+        draft_step_s=draft / 1000,
+        round_overhead_s=None if overheads[0] is None else overheads[0] / 1000,
+        decode_overhead_s=None if overheads[1] is None else overheads[1] / 1000,
+        shape="forwards" if forwards else "rounds",
+    )
+
+
+def _number(value, field, problem, *, integer=False, minimum=None, positive=False):
+    """``value`` as a finite number (an int with ``integer``) at least ``minimum`` (above 0 with
+    ``positive``), or None after a problem."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        problem(field, "required")
+        return None
+    if isinstance(value, bool):
+        problem(field, f"expected a number, got {value!r}")
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        problem(field, f"expected a number, got {value!r}")
+        return None
+    if not math.isfinite(number):
+        problem(field, f"expected a finite number, got {value!r}")
+        return None
+    if integer and number != int(number):
+        problem(field, f"expected a whole number, got {value!r}")
+        return None
+    if (minimum is not None and number < minimum) or (positive and number <= 0):
+        problem(
+            field,
+            f"must be {'above' if positive else 'at least'} {0 if positive else minimum:g}, got {value!r}",
+        )
+        return None
+    return int(number) if integer else number
+
+
+def _ms_list(value, field, problem, *, minimum_length):
+    """A list of positive millisecond values, or None after a problem."""
+    if value is REPORTED:
+        return None
+    if not isinstance(value, list) or len(value) < minimum_length:
+        problem(field, f"expected a list of at least {minimum_length} times in milliseconds")
+        return None
+    numbers = []
+    for i, item in enumerate(value, start=1):
+        number = _number(item, f"{field}[{i}]", problem, positive=True)
+        if number is None:
+            return None
+        numbers.append(number)
+    return numbers
+
+
+# ---------------------------------------------------------------- storing
+
+
+def store_imported_profiles(
+    session: Session, profiles: list[ImportedProfile], filename: str, *, for_run: int | None = None
+) -> list[CostProfile]:
+    """Store checked profiles (the caller's transaction: all or nothing), each for the pair its row
+    names, else for the pair of run ``for_run``; a :class:`CostFileError` when neither is given."""
+    run_pair: ModelPair | None = None
+    if for_run is not None:
+        run = session.get(AnalysisRun, for_run)
+        if run is None:
+            raise CostFileError(filename, [f"--for-run: no analysis run {for_run}"])
+        run_pair = run.pair
+    missing = [p.line for p in profiles if p.target is None and run_pair is None]
+    if missing:
+        raise CostFileError(
+            filename,
+            [
+                f"line {line}, field 'target': required (the pair the times are for), unless the "
+                "profiles are imported for a run (--for-run RUN)"
+                for line in missing
+            ],
+        )
+    stored = []
+    for p in profiles:
+        pair = (
+            run_pair
+            if p.target is None
+            else get_or_create_pair(session, parse_spec(p.target), parse_spec(p.draft or ""))
+        )
+        profile = CostProfile(
+            pair_id=pair.id,
+            engine=p.engine,
+            source=IMPORTED,
+            engine_version=p.engine_version,
+            device=p.device,
+            dtype=p.dtype,
+            batch_size=p.batch_size,
+            threads=None,
+            context_tokens=0,
+            repeats=1,
+            target_forward_s=p.target_forward_s,
+            draft_step_s=p.draft_step_s,
+            target_prefill_s=None,
+            draft_prefill_s=None,
+            round_overhead_s=p.round_overhead_s,
+            decode_overhead_s=p.decode_overhead_s,
+            target_forward_spread=None,
+            quality=None,  # not judged here: the engine's benchmark measured it
+            quality_notes=[f"imported from {filename} (line {p.line}, {p.shape})"],
+            library_versions={p.engine: p.engine_version} if p.engine_version else {},
+        )
+        session.add(profile)
+        stored.append(profile)
+    session.flush()
+    return stored

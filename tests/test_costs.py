@@ -1,0 +1,212 @@
+"""Cost profiles from an engine's own benchmark (issue 22, point 3): a JSON or CSV file checked line by
+line (nothing stored when any line is bad, a physically implausible profile refused), stored for a
+run's pair, and a finished run re-priced with it, without measuring again, in the CLI and the web UI:
+another gamma and another decision from the same stored acceptance."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from analyzer.cost_import import CostFileError, parse_cost_file
+from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
+from webui.cli import cli
+
+VLLM = {"engine": "vllm", "engine_version": "0.11.0", "device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16"}
+# verifying more tokens costs nothing more and drafting is free: speculate as far as the run looked
+CHEAP = {**VLLM, "target_step_ms": [4.0] * 5, "draft_step_ms": 0.0}
+# a whole round at num_speculative_tokens = 1..4 costs 3-9 plain steps: never speculate
+DEAR = {**VLLM, "plain_step_ms": 4.0, "round_ms": [12.0, 18.0, 26.0, 36.0]}
+
+
+def _problems(text: str, name: str) -> list[str]:
+    with pytest.raises(CostFileError) as caught:
+        parse_cost_file(text.encode(), name)
+    return caught.value.problems
+
+
+def test_a_bad_json_file_names_each_problem_with_its_line_and_field():
+    text = json.dumps(
+        [
+            {"engine": "vllm", "dtype": "bfloat16", "target_step_ms": [4.0, 4.1], "draft_step_ms": -1},
+            {**VLLM, "target_step_ms": [4.0, 2.0, 4.4], "draft_step_ms": 0.1, "batch": 4},
+            {**VLLM, "plain_step_ms": 4.0, "round_ms": [5.0, "fast"]},
+        ],
+        indent=1,
+    )
+    problems = _problems(text, "vllm.json")
+    assert problems == [
+        "line 2, field 'device': required",
+        "line 9, field 'draft_step_ms': must be at least 0, got -1",
+        "line 22, field 'batch': unknown field (known: batch_size, decode_overhead_ms, device, draft, "
+        "draft_step_ms, dtype, engine, engine_version, plain_step_ms, round_ms, round_overhead_ms, target, "
+        "target_step_ms)",
+        "line 16, field 'target_step_ms': physically implausible T_t(k)/T_t(1) = 0.50 at k = 2 (a pass over k "
+        "tokens takes 0.9 to 1.5 k times a pass over one); were the times warm and in milliseconds?",
+        "line 30, field 'round_ms[2]': expected a number, got 'fast'",
+    ]
+    assert _problems('{"engine": "vllm",\n "device": \n}', "x.json") == [
+        "line 3: bad JSON: Expecting value at column 1"
+    ]
+
+
+def test_a_bad_csv_file_names_each_problem_with_its_line_and_field():
+    text = (
+        "engine,device,dtype,batch_size,draft_step_ms,t1_ms,t2_ms,t3_ms\n"
+        "vllm,H100,bfloat16,1,0.1,4.0,4.1,4.2\n"
+        "vllm,H100,bfloat16,two,0.1,4.0,,4.2\n"
+        "sglang,H100,bfloat16,4,0.1,4.0,30.0,4.2\n"
+    )
+    assert _problems(text, "steps.csv") == [
+        "line 3, field 'target_step_ms': t<k>_ms cells must run from k = 1 without gaps",
+        "line 3, field 'batch_size': expected a number, got 'two'",
+        "line 4, field 'target_step_ms': physically implausible T_t(k)/T_t(1) = 7.50 at k = 2 (a pass over k "
+        "tokens takes 0.9 to 1.5 k times a pass over one); were the times warm and in milliseconds?",
+    ]
+    good = parse_cost_file(
+        text.splitlines(keepends=True)[0].encode() + text.splitlines(keepends=True)[1].encode(), "a.csv"
+    )
+    assert len(good) == 1 and good[0].target_forward_s == pytest.approx([0.004, 0.0041, 0.0042])
+    assert good[0].draft_step_s == pytest.approx(0.0001) and good[0].shape == "forwards"
+
+
+def test_a_rounds_profile_is_stored_as_plain_step_then_one_round_per_lookahead():
+    (profile,) = parse_cost_file(json.dumps(DEAR).encode(), "dear.json")
+    assert profile.target_forward_s == pytest.approx([0.004, 0.012, 0.018, 0.026, 0.036])
+    assert profile.draft_step_s == 0.0 and profile.shape == "rounds" and profile.batch_size == 1
+
+
+def test_an_imported_profile_reprices_a_finished_run_with_another_gamma_and_decision(
+    cli_db, model_folders, tmp_path
+):
+    first = _analyze(
+        cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"
+    )
+    assert first.exit_code == 0, first.stderr
+    measured = json.loads(first.stdout)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([CHEAP, {**DEAR, "round_ms": [12.0, -3.0]}]))
+    refused = cli_db.invoke(cli, ["costs", "import", str(bad), "--for-run", "1"])
+    assert refused.exit_code == 1 and "bad.json: 1 problem; nothing was imported" in refused.stderr
+    assert "line 1, field 'round_ms[2]': must be above 0, got -3.0" in refused.stderr
+    assert len(json.loads(cli_db.invoke(cli, ["costs", "list", "--json"]).stdout)) == 1  # the run's own only
+    costs = tmp_path / "vllm.json"
+    costs.write_text(json.dumps({"profiles": [CHEAP, DEAR]}, indent=1))
+    imported = json.loads(
+        cli_db.invoke(cli, ["costs", "import", str(costs), "--for-run", "1", "--json"]).stdout
+    )
+    assert [(p["id"], p["source"], p["engine"], p["k_max"]) for p in imported] == [
+        (2, "imported", "vllm", 5),
+        (3, "imported", "vllm", 5),
+    ]
+    cheap = cli_db.invoke(cli, ["reprice", "1", "--cost-profile", "2"])
+    assert cheap.exit_code == 0, cheap.stderr
+    assert "run 2: run 1's acceptance priced with cost profile 2" in cheap.stdout
+    # measured in eager transformers on this CPU speculation loses; priced with the engine's flat steps
+    # it pays, further ahead: another g* and another decision from the same acceptance
+    changed = re.search(r"\(workload\)\s+g(\d) \d\.\d\dx off\s+g(\d) \d\.\d\dx on\n", cheap.stdout)
+    assert changed and int(changed.group(2)) > int(changed.group(1)), cheap.stdout
+    dear = cli_db.invoke(cli, ["reprice", "1", "--cost-profile", "3", "--publish"])
+    assert dear.exit_code == 0 and "published policy set v1 from run 3 (active)" in dear.stdout
+    on, off = (json.loads(cli_db.invoke(cli, ["report", str(r), "--format", "json"]).stdout) for r in (2, 3))
+    assert on["engine"] == off["engine"] == "vllm" and on["measured_in"] == "transformers"
+    assert (
+        on["repriced_from"] == off["repriced_from"] == 1 and on["cost_profiles"]["1"]["source"] == "imported"
+    )
+    assert on["workload"]["speculate"] and on["workload"]["best_gamma"] == int(changed.group(2))
+    assert not off["workload"]["speculate"] and off["workload"]["predicted_speedup"] < 1.0
+    assert off["workload"]["best_gamma"] < on["workload"]["best_gamma"]
+    for priced in (on, off):  # the acceptance is the stored one: nothing was measured again
+        assert {t: s["alpha_mean"] for t, s in priced["tasks"].items()} == {
+            t: s["alpha_mean"] for t, s in measured["tasks"].items()
+        }
+        assert priced["validation"] == [] and len(priced["prompts"]) == len(measured["prompts"])
+    text = cli_db.invoke(cli, ["report", "2"]).stdout
+    assert "imported from vllm 0.11.0's own benchmark (not judged here)" in text
+    # a new analysis priced with the imported profile measures no cost of its own
+    priced_new = _analyze(
+        cli_db,
+        "--target",
+        f"hf:{model_folders['target']}",
+        "--draft",
+        f"hf:{model_folders['draft']}",
+        "--cost-profile",
+        "2",
+    )
+    assert priced_new.exit_code == 0, priced_new.stderr
+    assert "profiling the cost" not in priced_new.stderr
+    new = json.loads(priced_new.stdout)
+    assert new["engine"] == "vllm" and new["cost_profile"]["id"] == 2
+    assert new["workload"]["best_gamma"] == on["workload"]["best_gamma"] and new["workload"]["speculate"]
+    too_far = _analyze(
+        cli_db,
+        *("--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"),
+        *("--gamma-max", "8", "--cost-profile", "2"),
+    )
+    assert too_far.exit_code == 1 and "use --gamma-max 4 or less" in too_far.stderr
+    assert len(json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)) == 4  # nothing stored
+    missing = cli_db.invoke(cli, ["reprice", "1", "--cost-profile", "99"])
+    assert missing.exit_code == 1 and "no cost profile 99" in missing.stderr
+    other = _analyze(cli_db, "--target", f"hf:{model_folders['target']}", "--draft", "ngram")
+    other_id = json.loads(other.stdout)["run_id"]
+    wrong_pair = cli_db.invoke(cli, ["reprice", str(other_id), "--cost-profile", "2"])
+    assert wrong_pair.exit_code == 1 and "not this run's pair" in wrong_pair.stderr
+
+
+def test_the_report_page_prices_the_run_on_every_profile_and_reprices_in_a_click(
+    cli_db, model_folders, tmp_path
+):
+    from analyzer.settings import load_settings
+    from webui.app import create_app
+
+    result = _analyze(
+        cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"
+    )
+    assert result.exit_code == 0, result.stderr
+    app = create_app(
+        {"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True}
+    )
+    try:
+        web = app.test_client()
+        token = re.search(
+            r'name="csrf_token" value="([^"]+)"', web.get("/costs").get_data(as_text=True)
+        ).group(1)
+        bad = web.post(
+            "/costs",
+            data={
+                "csrf_token": token,
+                "for_run": "1",
+                "file": (io.BytesIO(b"engine,device,dtype,t1_ms,t2_ms\nvllm,H100,bf16,4.0\n"), "bad.csv"),
+            },
+            content_type="multipart/form-data",
+        )
+        assert bad.status_code == 400
+        assert "line 2: 4 cells for 5 columns" in bad.get_data(as_text=True)
+        good = web.post(
+            "/costs",
+            data={
+                "csrf_token": token,
+                "for_run": "1",
+                "file": (io.BytesIO(json.dumps([CHEAP, DEAR]).encode()), "vllm.json"),
+            },
+            content_type="multipart/form-data",
+        )
+        assert good.status_code == 302 and good.headers["Location"].endswith("/runs/1")
+        page = web.get("/runs/1").get_data(as_text=True)
+        table = page.split('id="comparison-table"')[1].split("</table>")[0]
+        rows = re.findall(r"<tr[^>]*><td class=\"num\">#(\d+)", table)
+        assert rows == ["1", "3", "2"] and "(this run's)" in table and "Re-price with #2" in table
+        assert table.count(">speculate<") >= 1 and table.count(">off<") >= 1  # the two imported differ
+        priced = web.post("/runs/1/reprice", data={"csrf_token": token, "profile_id": "2"})
+        assert priced.status_code == 302 and priced.headers["Location"].endswith("/runs/2")
+        report = web.get("/runs/2").get_data(as_text=True)
+        assert 'id="repriced-from"' in report and "priced with cost profile #2 (imported, vllm" in report
+        assert web.post("/runs/1/reprice", data={"csrf_token": token, "profile_id": "77"}).status_code == 302
+        assert "no cost profile 77" in web.get("/runs/1").get_data(as_text=True)
+        listed = web.get("/costs").get_data(as_text=True)
+        assert listed.count("<td>imported</td>") == 2 and "vllm 0.11.0" in listed
+    finally:
+        app.extensions["specroute.close"]()
