@@ -224,13 +224,24 @@ def time_prefill(
     model: PreTrainedModel, context_ids: list[int], *, repeats: int = 3, batch_size: int = 1
 ) -> float:
     """Median seconds of processing `context_ids` (for `batch_size` sequences) from an empty cache
-    (prompt prefill), after one untimed warm-up."""
+    (prompt prefill), after untimed warm-ups (:func:`warmup_rounds`)."""
 
     def prefill() -> None:
         prefill_cache(model, context_ids, batch_size)
         _synchronize(model.device)
 
-    return time_callable(prefill, repeats=repeats)
+    return time_callable(prefill, repeats=repeats, warmup=warmup_rounds(model))
+
+
+# untimed rounds of every timed shape before timing on a GPU: CUDA work that runs for the first time
+# (kernel selection, allocator growth, new shapes) once made a cold batch-1 step 24.8 ms against 16.9 ms
+# warm at batch 4, and a first validation 0.65x against 1.01x in a later run of the same process
+GPU_WARMUP_ROUNDS = 3
+
+
+def warmup_rounds(model: PreTrainedModel) -> int:
+    """Untimed rounds before timing ``model``: GPU_WARMUP_ROUNDS on a GPU, 1 elsewhere."""
+    return GPU_WARMUP_ROUNDS if model.device.type == "cuda" else 1
 
 
 def time_callable(fn: Callable[[], object], *, repeats: int = 20, warmup: int = 1) -> float:
@@ -270,20 +281,33 @@ def profile_costs(
     """
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
+    warmup = warmup_rounds(target_model)  # every k, the draft step and the prefill, at this batch size
     target_forward_s, quality = time_target_forwards_checked(
-        target_model, context_ids, k_max, repeats=repeats, batch_size=batch_size, on_repeat=on_repeat
+        target_model,
+        context_ids,
+        k_max,
+        repeats=repeats,
+        warmup=warmup,
+        batch_size=batch_size,
+        on_repeat=on_repeat,
     )
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
     draft_prefill_s = 0.0
     if draft_model is not None:
         draft_forward_s, draft_quality = time_target_forwards_checked(
-            draft_model, context_ids, 1, repeats=repeats, batch_size=batch_size, on_repeat=on_repeat
+            draft_model,
+            context_ids,
+            1,
+            repeats=repeats,
+            warmup=warmup,
+            batch_size=batch_size,
+            on_repeat=on_repeat,
         )
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")
         draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)
     elif draft_step is not None:
-        draft_step_s = batch_size * time_callable(draft_step)
+        draft_step_s = batch_size * time_callable(draft_step, warmup=warmup)
     else:
         draft_step_s = 0.0
     return CostMeasurement(

@@ -303,7 +303,9 @@ def _checked(
         problem("target_step_ms" if forwards else "round_ms", f"at most {MAX_K} step times, got {len(steps)}")
     if steps is not None:
         bound = MAX_RATIO_PER_TOKEN if forwards else MAX_ROUND_RATIO_PER_TOKEN
-        odd = implausible_ratios(steps, bound)
+        odd = implausible_ratios(
+            steps, bound, tolerance_s=0.0
+        )  # an engine's own medians: no jitter allowance
         if odd and forwards:
             listed = ", ".join(f"{ratio:.2f} at k = {k}" for k, ratio in sorted(odd.items()))
             problem(

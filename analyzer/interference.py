@@ -267,18 +267,23 @@ def disturbed(others_cpu: float | None) -> bool:
 
 
 def implausible_ratios(
-    medians: list[float] | np.ndarray, max_per_token: float = MAX_RATIO_PER_TOKEN
+    medians: list[float] | np.ndarray,
+    max_per_token: float = MAX_RATIO_PER_TOKEN,
+    tolerance_s: float | None = None,
 ) -> dict[int, float]:
     """The k >= 2 whose T(k)/T(1) is physically implausible (below MIN_RATIO, or above
-    ``max_per_token`` x k), with the ratio: a disturbance that hit T(1) or T(k) and not the other."""
+    ``max_per_token`` x k, by more than ``tolerance_s`` seconds of timer and scheduler jitter:
+    MIN_SPREAD_S unless given), with the ratio: a disturbance that hit T(1) or T(k) and not the other."""
+    tolerance = MIN_SPREAD_S if tolerance_s is None else tolerance_s
     values = np.asarray(medians, dtype=np.float64)
     if len(values) < 2 or not values[0] > 0:
         return {}
-    ratios = values / values[0]
+    first = values[0]
     return {
-        k: float(ratios[k - 1])
+        k: float(values[k - 1] / first)
         for k in range(2, len(values) + 1)
-        if ratios[k - 1] < MIN_RATIO or ratios[k - 1] > max_per_token * k
+        if values[k - 1] < MIN_RATIO * first - tolerance
+        or values[k - 1] > max_per_token * k * first + tolerance
     }
 
 

@@ -149,6 +149,17 @@ def _overhead_once(
     """One measurement of :func:`measure_machinery_overhead` (see there)."""
     from analyzer.validate import assisted_generate, greedy_generate
 
+    if target_model.device.type == "cuda":  # both kinds of generate() once, untimed, at these shapes
+        greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])
+        assisted_generate(
+            target_model,
+            context_ids,
+            new_tokens,
+            gamma=gamma,
+            draft_model=draft_model,
+            ngram_max=ngram_max,
+            eos_token_id=[],
+        )
     decode, rounds = [], []
     for r in range(repeats):
         for speculative in (False, True) if r % 2 == 0 else (True, False):

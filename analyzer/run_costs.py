@@ -30,6 +30,9 @@ OVERHEAD_GAMMA = 4
 OVERHEAD_NEW_TOKENS = 32
 # ... and it times this many plain and as many speculative generations (one attempt; a busy machine retries)
 OVERHEAD_REPEATS = 3
+# neighbouring batch sizes' T_t(1) may differ by this much the wrong way before one is re-measured
+# (a smaller batch slower than a larger one; on a GPU, where small batches read the same weights, either way)
+MAX_BATCH_STEP_CHANGE = 0.25
 # the passes each timed model makes while profiling (the defaults of analyzer.cost.profile_costs and
 # analyzer.llamacpp_cost.profile_llamacpp_costs): the progress bar plans this many per model, and
 # re-measurements of noisy points add passes beyond the plan
@@ -89,23 +92,73 @@ def profile_run_costs(
         overhead = _measure_overhead(loaded_models, context, params, plan, progress)
         if waited.note:
             overhead = replace(overhead, busy="; ".join(filter(None, [waited.note, overhead.busy])))
+        measured: dict[int, CostMeasurement] = {}
         for number, batch_size in enumerate(missing, start=1):
             phase = (
                 f"profiling the cost of drafting and verifying at batch size {batch_size} "
                 f"({number} of {len(missing)}) on {plan.where}"
             )
-            measured = _measure_cost_profile(loaded_models, context, k_max, batch_size, phase, progress)
-            chosen[batch_size] = _store_cost_profile(
-                session_factory, run_id, loaded_models, plan.dtype, batch_size, measured, overhead
+            measured[batch_size] = _measure_cost_profile(
+                loaded_models, context, k_max, batch_size, phase, progress
             )
-            if progress and measured.quality and measured.quality.verdict != "clean":
+        on_gpu = plan.device.startswith("cuda")
+        for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):  # measured again, once
+            phase = (
+                f"profiling the cost at batch size {smaller} again: its T_t(1) is implausible next to "
+                f"batch size {larger}'s, on {plan.where}"
+            )
+            measured[smaller] = _measure_cost_profile(loaded_models, context, k_max, smaller, phase, progress)
+        for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):
+            note = _batch_note(measured, smaller, larger)
+            for batch in (smaller, larger):
+                measured[batch] = _judged_noisy(measured[batch], note)
+        for batch_size, measurement in measured.items():
+            chosen[batch_size] = _store_cost_profile(
+                session_factory, run_id, loaded_models, plan.dtype, batch_size, measurement, overhead
+            )
+            if progress and measurement.quality and measurement.quality.verdict != "clean":
                 progress(
                     0,
                     0,
-                    f"cost profile at batch size {batch_size}: {measured.quality.verdict} — "
-                    + "; ".join(measured.quality.notes),
+                    f"cost profile at batch size {batch_size}: {measurement.quality.verdict} — "
+                    + "; ".join(measurement.quality.notes),
                 )
     return _link_profiles_to_run(session_factory, run_id, chosen)
+
+
+def implausible_batch_steps(measured: dict[int, CostMeasurement], *, on_gpu: bool) -> list[tuple[int, int]]:
+    """The neighbouring batch sizes (smaller, larger) among ``measured`` whose T_t(1) cannot both be
+    right: the smaller batch's step more than MAX_BATCH_STEP_CHANGE slower than the larger one's (a
+    larger batch does more work; on one GPU a cold start once gave 24.8 ms at batch 1 against 16.9 ms
+    at batch 4), or, on a GPU, where small batches all read the same weights, the larger one's more
+    than that slower too (beyond MIN_SPREAD_S of timer jitter)."""
+    from analyzer import interference  # its jitter allowance, read when called
+
+    batches = sorted(measured)
+    pairs = []
+    for smaller, larger in zip(batches, batches[1:]):
+        t_small, t_large = measured[smaller].target_forward_s[0], measured[larger].target_forward_s[0]
+        bound = 1 + MAX_BATCH_STEP_CHANGE
+        jitter = interference.MIN_SPREAD_S
+        if t_small > bound * t_large + jitter or (on_gpu and t_large > bound * t_small + jitter):
+            pairs.append((smaller, larger))
+    return pairs
+
+
+def _batch_note(measured: dict[int, CostMeasurement], smaller: int, larger: int) -> str:
+    return (
+        f"T_t(1) = {measured[smaller].target_forward_s[0] * 1000:.1f} ms at batch size {smaller} against "
+        f"{measured[larger].target_forward_s[0] * 1000:.1f} ms at batch size {larger}, after measuring again: "
+        f"physically implausible (more than {MAX_BATCH_STEP_CHANGE:.0%} apart the wrong way)"
+    )
+
+
+def _judged_noisy(measurement: CostMeasurement, note: str) -> CostMeasurement:
+    """``measurement`` judged noisy with ``note`` added (never reused; its run's advice withheld)."""
+    from analyzer.interference import TimingQuality
+
+    quality = measurement.quality or TimingQuality()
+    return replace(measurement, quality=replace(quality, verdict="noisy", notes=[*quality.notes, note]))
 
 
 def _measure_overhead(

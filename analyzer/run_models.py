@@ -23,6 +23,9 @@ from analyzer.run_records import RunParams
 from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
+# validations on a GPU: plain and speculative alternated over this many timed repeats, after a warm-up
+GPU_VALIDATION_REPEATS = 2
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -197,6 +200,7 @@ class RunModels:
         """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`)."""
         from analyzer.validate import validate_prompt
 
+        on_gpu = self.target.placement.is_cuda  # warm, and alternated over 2 repeats (cold runs lie there)
         return validate_prompt(
             self.target.model,
             prompt_ids,
@@ -205,6 +209,8 @@ class RunModels:
             draft_model=self.draft.model if self.draft else None,
             ngram_max=self.ngram_max,
             eos_token_id=self.eos_ids,
+            repeats=GPU_VALIDATION_REPEATS if on_gpu else 1,
+            warmup=on_gpu,
         )
 
     def _prompt_lookup_step(self, context: list[int], gamma: int):

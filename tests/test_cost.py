@@ -380,6 +380,10 @@ def test_an_implausible_ratio_in_the_first_round_only_is_measured_again(target, 
 def test_implausible_ratios_bounds():
     from analyzer.interference import implausible_ratios
 
+    # within timer jitter (MIN_SPREAD_S, 10 ms under the tests) a tiny model's ratios prove nothing
+    assert implausible_ratios([0.006, 0.002, 0.0099]) == {}
+    assert implausible_ratios([0.006, 0.002], tolerance_s=0.0) == {2: pytest.approx(1 / 3)}
+
     assert implausible_ratios([1.0, 0.95, 1.2, 5.9]) == {}  # 5.9 <= 1.5 x 4
     assert implausible_ratios([1.0, 0.85, 1.2, 6.1]) == {2: pytest.approx(0.85), 4: pytest.approx(6.1)}
     assert implausible_ratios([2.0]) == {} and implausible_ratios([0.0, 1.0]) == {}
@@ -462,3 +466,114 @@ def test_a_quiet_machine_an_unreadable_one_or_no_bound_are_not_waited_for():
     slept = []
     unknown = wait_for_quiet(300, reading=lambda: (None, 0.0), sleep=slept.append)
     assert unknown.quiet and unknown.others_cpu is None and slept == []
+
+
+# ------------------------------------------------------------------ neighbouring batch sizes (issue 22, point 1)
+
+
+class ScriptedModels:
+    """Stands in for a run's loaded models in :func:`analyzer.run_costs.profile_run_costs`: each cost
+    measurement returns the next scripted T_t(1) for its batch size (a flat curve over k), as a cold
+    GPU gave; nothing else is timed."""
+
+    engine = "transformers"
+    draft = None
+    pad_id = 0
+
+    def __init__(self, device: str, script: dict[int, list[float]]):
+        from analyzer.devices import Placement
+
+        self.device, self.script, self.calls = device, {b: list(v) for b, v in script.items()}, []
+        self.target = type("Target", (), {"placement": Placement("cpu", "float32", device)})()
+
+    def device_text(self):
+        return self.device
+
+    def dtype_text(self):
+        return "bfloat16"
+
+    def library_versions(self):
+        return {}
+
+    def measure_overhead(self, context, params, on_generate=None):
+        from analyzer.overhead import MachineryOverhead
+
+        return MachineryOverhead(decode_s=0.0, round_s=0.0, new_tokens=8, repeats=1)
+
+    def measure_costs(self, context, k_max, batch_size, on_repeat):
+        t1 = self.script[batch_size].pop(0)
+        self.calls.append(batch_size)
+        return CostMeasurement(
+            target_forward_s=[t1 * (1 + 0.01 * k) for k in range(k_max)],
+            draft_step_s=0.0,
+            device=self.device,
+            threads=1,
+            context_tokens=8,
+            repeats=5,
+            batch_size=batch_size,
+            quality=TimingQuality(verdict="clean"),
+        )
+
+
+def _profiled(engine, db_url, models):
+    from sqlalchemy import select
+
+    from analyzer.db import make_session_factory
+    from analyzer.orm import AnalysisRun, CostProfile
+    from analyzer.prompt_sets import import_prompt_file
+    from analyzer.run_costs import profile_run_costs
+    from analyzer.run_records import RunParams, create_run
+
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        import_prompt_file(session, "p", b"one prompt\n", "p.txt")
+        params = RunParams(gamma_max=3, profile_batch_sizes=(1, 4), device="cpu", dtype="float32")
+        run_id = create_run(session, "p", "hf:/models/t", "ngram", params).id
+    lines = []
+    profile_run_costs(sessions, run_id, models, params, [[1, 2, 3]], lambda d, t, line: lines.append(line))
+    with sessions() as session:
+        profiles = {p.batch_size: p for p in session.scalars(select(CostProfile))}
+        run = session.get(AnalysisRun, run_id)
+        linked = {link.batch_size: link.cost_profile_id for link in run.batch_profiles}
+        return (
+            {b: (p.target_forward_s[0], p.quality, p.quality_notes) for b, p in profiles.items()},
+            linked,
+            lines,
+        )
+
+
+def test_a_cold_batch_1_step_slower_than_batch_4_is_measured_again(engine, db_url):
+    models = ScriptedModels("cuda: NVIDIA H200, torch 2.11.0", {1: [0.248, 0.160], 4: [0.169]})
+    profiles, linked, lines = _profiled(engine, db_url, models)
+    assert models.calls == [1, 4, 1]  # batch 1 again, warm now
+    assert profiles[1][:2] == (0.160, "clean") and profiles[4][:2] == (0.169, "clean")
+    assert set(linked) == {1, 4}
+    assert any(
+        "at batch size 1 again: its T_t(1) is implausible next to batch size 4's" in line for line in lines
+    )
+
+
+def test_an_implausible_batch_step_that_persists_makes_both_profiles_noisy(engine, db_url):
+    # on a GPU small batches read the same weights: batch 4 at 1.6 x batch 1 is as implausible
+    models = ScriptedModels("cuda: NVIDIA H200, torch 2.11.0", {1: [0.100, 0.100], 4: [0.160]})
+    profiles, _, _ = _profiled(engine, db_url, models)
+    note = (
+        "T_t(1) = 100.0 ms at batch size 1 against 160.0 ms at batch size 4, after measuring again: physically "
+        "implausible (more than 25% apart the wrong way)"
+    )
+    assert profiles[1][1] == profiles[4][1] == "noisy"
+    assert profiles[1][2][-1] == profiles[4][2][-1] == note
+
+
+def test_on_a_cpu_a_larger_batch_may_cost_more_but_never_less():
+    from analyzer.run_costs import implausible_batch_steps
+
+    def measured(t1: float):
+        return CostMeasurement(
+            target_forward_s=[t1, t1], draft_step_s=0.0, device="cpu", threads=2, context_tokens=8, repeats=5
+        )
+
+    cpu = {1: measured(0.100), 4: measured(0.310), 16: measured(0.200)}
+    assert implausible_batch_steps(cpu, on_gpu=False) == [(4, 16)]  # batch 4 slower than batch 16
+    assert implausible_batch_steps(cpu, on_gpu=True) == [(1, 4), (4, 16)]
+    assert implausible_batch_steps({1: measured(0.100), 4: measured(0.120)}, on_gpu=True) == []
