@@ -53,11 +53,21 @@ def report_text(report: dict) -> str:
     """A plain-text summary: the recommendation in words, then the per-task table. A run whose
     advice is withheld (a noisy cost profile) leads with that."""
     lines = [report["advice_withheld"], ""] if report.get("advice_withheld") else []
-    lines += [
-        f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-        f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {report.get('dtype') or 'float32'} "
-        f"on {report.get('device') or 'an unknown device'}"
-    ]
+    measured_on = f"{report.get('dtype') or 'float32'} on {report.get('device') or 'an unknown device'}"
+    if report.get("repriced_from"):
+        priced = report.get("cost_profile") or {}
+        version = f" {priced['engine_version']}" if priced.get("engine_version") else ""
+        lines.append(
+            f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
+            f"{report['mode']}; acceptance from run {report['repriced_from']} (measured in "
+            f"{report.get('measured_in')}, {measured_on}), priced by {report.get('engine')}{version} on "
+            f"{priced.get('device')} in {priced.get('dtype')} (cost profile {priced.get('id')}, nothing measured again)"
+        )
+    else:
+        lines.append(
+            f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
+            f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {measured_on}"
+        )
     for batch, cp in (report.get("cost_profiles") or {}).items():
         ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
         overhead = (

@@ -155,8 +155,13 @@ def _changes(before: dict, after: dict) -> str:
     heads = [
         f"{when} ({report.get('engine') or ''})" for when, report in (("before", before), ("after", after))
     ]
-    lines = [f"{'task':<18} {heads[0]:>24} {heads[1]:>24}"]
+    width = max(24, *(len(h) + 2 for h in heads))
+    lines = [f"{'task':<18} {heads[0]:>{width}} {heads[1]:>{width}}"]
     for task in after["tasks"]:
-        lines.append(f"{task:<18} {cell(before['tasks'].get(task)):>24} {cell(after['tasks'][task]):>24}")
-    lines.append(f"{'(workload)':<18} {cell(before.get('workload')):>24} {cell(after.get('workload')):>24}")
+        lines.append(
+            f"{task:<18} {cell(before['tasks'].get(task)):>{width}} {cell(after['tasks'][task]):>{width}}"
+        )
+    lines.append(
+        f"{'(workload)':<18} {cell(before.get('workload')):>{width}} {cell(after.get('workload')):>{width}}"
+    )
     return "\n".join(lines)
