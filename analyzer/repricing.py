@@ -167,33 +167,42 @@ MAX_COMPARED = 12  # the newest stored profiles a run's acceptance is priced on,
 
 
 def price_comparison(session: Session, run: AnalysisRun) -> list[dict]:
-    """The run's stored acceptance priced on each stored profile of its pair (its own first, then the
-    newest others, up to MAX_COMPARED; any engine, device, dtype and batch size), side by side: per
-    profile, what priced it (engine and version, device, dtype, batch size, measured or imported),
-    the gamma range it covers, the workload's g*, S(g*) and decision, and the tasks it would
-    speculate on. Nothing is stored."""
+    """The run's stored acceptance priced on each stored profile of its pair (its own, from the stored
+    summary, then the newest others, up to MAX_COMPARED in all; any engine, device, dtype and batch
+    size), side by side: per profile, what priced it (engine and version, device, dtype, batch size,
+    measured or imported), the gamma range it covers, the workload's g*, S(g*) and decision, and the
+    tasks it would speculate on. Empty when the pair has no other profile. Nothing is stored."""
     from analyzer.summary import cost_from_profile, load_results, summarize_groups
+    from analyzer.summary_store import run_summary
 
-    if run.status != "done":
+    if run.status != "done" or run.cost_profile is None:
         return []
     own = {link.cost_profile_id for link in run.batch_profiles} | {run.cost_profile_id}
-    profiles = list(
+    others = list(
         session.scalars(
-            select(CostProfile).where(CostProfile.pair_id == run.pair_id).order_by(CostProfile.id.desc())
+            select(CostProfile)
+            .where(CostProfile.pair_id == run.pair_id, CostProfile.id.not_in(own))
+            .order_by(CostProfile.id.desc())
+            .limit(MAX_COMPARED - 1)
         )
     )
-    ordered = [p for p in profiles if p.id in own] + [p for p in profiles if p.id not in own]
+    if not others:  # nothing to compare with: nothing computed (the page reads the stored summary)
+        return []
     results = load_results(session, run.id)
     params = run.run_params
+    stored = run_summary(session, run, results=results)  # the run's own pricing, as stored
     rows = []
-    for profile in ordered[:MAX_COMPARED]:
+    for profile in [run.cost_profile, *others]:
         gamma_max = min(params.gamma_max, len(profile.target_forward_s) - 1)
         if gamma_max < 1 or not results:
             continue
-        cost = cost_from_profile(profile, run.pair.draft.kind)
-        tasks, workload = summarize_groups(
-            results, cost, gamma_max=gamma_max, margin=float(params.margin), sampling=params.sampling
-        )
+        if profile.id == run.cost_profile_id:
+            tasks, workload = stored.tasks, stored.workload
+        else:
+            cost = cost_from_profile(profile, run.pair.draft.kind)
+            tasks, workload = summarize_groups(
+                results, cost, gamma_max=gamma_max, margin=float(params.margin), sampling=params.sampling
+            )
         rows.append(
             {
                 "profile_id": profile.id,

@@ -32,7 +32,7 @@ from analyzer.errors import SpecrouteError
 from router.encoder import DIMENSIONS, EncoderUnavailable, encoder_folder, encoder_version, shared_encoder
 from router.evaluation import decision_matrix, softmax
 
-TEACHER_VERSION = "1"
+TEACHER_VERSION = "2"  # 2: a third description of roleplay and of general
 ZERO_SHOT_TEMPERATURE = 0.03  # cosine similarities lie within ~0.3 of each other: sharpen them
 EMBEDDING_C = 5.0  # the embedding model's C (the best unseen-source figure in bench_classifier.py)
 NEIGHBOURS = 10  # label spreading: each prompt's nearest neighbours among those being labelled
@@ -88,6 +88,9 @@ TASK_DESCRIPTIONS: dict[str, tuple[str, ...]] = {
     "roleplay": (
         "Act as a character, persona or professional and stay in that role while talking to me.",
         "I want you to pretend to be someone else and respond as they would.",
+        # the commonest way people ask for a role (bench_teacher_views.py: roleplay F1 0.00 -> 0.52)
+        "I want you to act as someone in a particular role. I will tell you what I need, and you reply only "
+        "as that role would.",
     ),
     "extraction": (
         "Extract the names, entities, dates or facts mentioned in the given text and list them.",
@@ -100,6 +103,9 @@ TASK_DESCRIPTIONS: dict[str, tuple[str, ...]] = {
     "general": (
         "An open-ended question asking for advice, an explanation or an opinion.",
         "Explain a topic or give recommendations.",
+        # what sets it apart from qa (bench_teacher_views.py: general F1 0.38 -> 0.60, qa 0.70 -> 0.75)
+        "A detailed question from a professional field, such as medicine, law, engineering or finance, that "
+        "needs an explanation rather than a single fact.",
     ),
 }
 

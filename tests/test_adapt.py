@@ -154,7 +154,7 @@ def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained
     assert prompts[12].suggested_task is None and prompts[13].suggested_task is None  # labelled: none
     assert all(0.0 < p.suggested_confidence <= 1.0 for p in prompts[:12])
     assert all(
-        p.suggested_by.startswith("teacher v1 (") and "bundled corpus" in p.suggested_by for p in prompts[:12]
+        p.suggested_by.startswith("teacher v2 (") and "bundled corpus" in p.suggested_by for p in prompts[:12]
     )
 
     with session.begin():
@@ -233,7 +233,7 @@ def test_web_upload_suggests_in_the_background_and_the_pages_show_it(ui):
     page = web.get("/prompts/mine").get_data(as_text=True)
     assert "12 unlabelled prompts have a suggested task" in page
     assert page.count('<td class="suggestion">roleplay') >= 5
-    assert "Suggestions come from teacher v1" in page
+    assert "Suggestions come from teacher v2" in page
     bad = web.post(
         "/prompts/mine/accept", data={"csrf_token": token(web, "/prompts/mine"), "min_confidence": "x"}
     )
