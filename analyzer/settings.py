@@ -155,7 +155,8 @@ class Settings:
         "Before profiling costs and before validating, how long (seconds) an analysis waits for a quiet "
         "machine while other processes use more than 15% of its CPU, saying so ('machine busy: others use "
         "51%; waiting up to 5 min for a quiet window'). After that it measures anyway: a profile still "
-        "disturbed is judged noisy (its advice withheld) and a disturbed validation is marked. 0: no wait.",
+        "disturbed is judged noisy (its advice withheld) and a disturbed validation is marked. 0: no wait. "
+        "Keep it below SPECROUTE_STALE_AFTER_S: a worker renews no heartbeat while it waits.",
     )
     stale_after_s: float = _setting(
         STALE_AFTER_S,
