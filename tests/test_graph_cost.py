@@ -1,0 +1,184 @@
+"""The cuda-graphs mode's harness (analyzer/graph_cost.py) on the CPU, where it runs the very same
+static-cache steps without capturing graphs: its forwards must give the logits of transformers' own
+cached forward, its greedy decoding transformers' greedy output, and its speculative decoding the same
+output in exactly as many target forwards as transformers' assisted generation and prompt lookup."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from analyzer.graph_cost import (
+    CACHE_LENGTH_STEP,
+    GraphCostError,
+    GraphDecoder,
+    StaticModel,
+    cache_length,
+    time_graph_forwards_checked,
+)
+from analyzer.validate import assisted_generate, greedy_generate
+from tests.test_validate import EOS_PROMPT, PROMPTS
+from tests.tiny_models import EOS_ID, make_noisy_copy, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def noisy(target):
+    return make_noisy_copy(target, noise_std=0.005, seed=1)
+
+
+def grouped_query_model(attention: str) -> LlamaForCausalLM:
+    """A tiny Llama with 4 query heads sharing 2 key/value heads (as SmolLM2's 9 share 3)."""
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attn_implementation=attention,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        return LlamaForCausalLM(config).eval()
+
+
+def dynamic_logits(model, context: list[int], new: list[int], batch_size: int = 1) -> torch.Tensor:
+    """Logits of ``new`` after ``context`` through transformers' own DynamicCache."""
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([context] * batch_size), cache=cache, use_cache=True)
+        return model(input_ids=torch.tensor([new] * batch_size), cache=cache, use_cache=True).logits
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_static_step_gives_the_logits_of_a_cached_forward_again_and_again(attention):
+    model = grouped_query_model(attention)
+    context = PROMPTS[0]
+    static = StaticModel(model, 2, cache_length(len(context) + 5), capture=False)
+    static.prefill(context)
+    for k in (1, 3, 5, 1):  # every step writes the same positions: nothing needs cropping
+        new = PROMPTS[1][:k]
+        expected = dynamic_logits(model, context, new, batch_size=2)
+        assert torch.allclose(static.step(new, len(context)), expected, atol=1e-5)
+    # a later step of a longer sequence sees the positions written before it, not stale ones
+    static.step(PROMPTS[2][:4], len(context))
+    expected = dynamic_logits(model, context + PROMPTS[2][:2], PROMPTS[2][2:3], batch_size=2)
+    assert torch.allclose(static.step(PROMPTS[2][2:3], len(context) + 2), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_step_a_graph_captures_reads_nothing_back_to_the_host(attention):
+    """A host read (.item(), a Python branch on a tensor) inside a step would break CUDA graph capture;
+    on the meta device every such read raises, so a step that runs there has none."""
+    model = grouped_query_model(attention).to("meta")
+    static = StaticModel(model, 2, 256, capture=False)
+    static.prefill([5, 6, 7, 8])
+    for k, start in ((1, 4), (3, 4), (1, 7)):  # one token takes the grouped-query packing branch
+        logits = static.step(PROMPTS[0][:k], start)
+        assert logits.device.type == "meta" and tuple(logits.shape) == (2, k, 97)
+    with pytest.raises(RuntimeError, match="meta"):
+        static.step([1], 8)[0, 0, 0].item()  # the read itself, outside the step
+
+
+def test_steps_that_do_not_fit_the_cache_are_refused(target):
+    static = StaticModel(target, 1, 16, capture=False)
+    with pytest.raises(ValueError, match="does not fit"):
+        static.step([5, 6], 15)
+    with pytest.raises(ValueError, match="do not fit"):
+        static.prefill(list(range(3, 20)))
+
+
+def test_capturing_cuda_graphs_on_a_cpu_is_refused_with_a_clear_error(target):
+    with pytest.raises(GraphCostError, match="CUDA graphs need a model on a CUDA GPU, not on cpu"):
+        StaticModel(target, 1, 64, capture=True)
+
+
+def test_cache_lengths_grow_in_steps():
+    assert [cache_length(n) for n in (1, CACHE_LENGTH_STEP, CACHE_LENGTH_STEP + 1)] == [
+        CACHE_LENGTH_STEP,
+        CACHE_LENGTH_STEP,
+        2 * CACHE_LENGTH_STEP,
+    ]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS + [EOS_PROMPT, [7]])
+def test_graph_greedy_decoding_is_transformers_greedy_decoding(target, prompt):
+    decoder = GraphDecoder(target, None, ngram_max=2, eos_ids=[EOS_ID], capture=False)
+    assert decoder.greedy(prompt, 24) == greedy_generate(target, prompt, 24, eos_token_id=[EOS_ID])
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 17])
+def test_graph_speculation_with_a_model_draft_matches_assisted_generation(
+    target, noisy, gamma, max_new_tokens
+):
+    decoder = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[EOS_ID], capture=False)
+    for prompt in PROMPTS + [EOS_PROMPT]:
+        expected_ids, expected_passes = assisted_generate(
+            target, prompt, max_new_tokens, gamma=gamma, draft_model=noisy, eos_token_id=[EOS_ID]
+        )
+        ids, passes = decoder.speculative(prompt, max_new_tokens, gamma)
+        assert ids == greedy_generate(target, prompt, max_new_tokens, eos_token_id=[EOS_ID])[0]
+        assert (ids, passes) == (expected_ids, expected_passes)
+
+
+def test_an_identical_draft_takes_ceil_n_over_gamma_plus_one_rounds(target):
+    decoder = GraphDecoder(target, copy.deepcopy(target), ngram_max=None, eos_ids=[], capture=False)
+    ids, passes = decoder.speculative(PROMPTS[0], 20, 3)
+    assert len(ids) == 20 and passes == 5
+
+
+@pytest.mark.parametrize("gamma", [2, 6])
+@pytest.mark.parametrize("ngram_max", [1, 3])
+def test_graph_speculation_with_prompt_lookup_matches_transformers(target, gamma, ngram_max):
+    decoder = GraphDecoder(target, None, ngram_max=ngram_max, eos_ids=[EOS_ID], capture=False)
+    for prompt in PROMPTS + [EOS_PROMPT]:
+        expected = assisted_generate(
+            target, prompt, 40, gamma=gamma, ngram_max=ngram_max, eos_token_id=[EOS_ID]
+        )
+        assert decoder.speculative(prompt, 40, gamma) == expected
+        assert expected[1] < 40 or prompt is EOS_PROMPT  # the lookup found drafts: fewer rounds than tokens
+
+
+def test_a_decoder_grows_its_caches_for_a_longer_prompt_and_stays_exact(target, noisy):
+    decoder = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[EOS_ID], capture=False)
+    decoder.speculative(PROMPTS[0], 8, 2)
+    assert decoder.target.max_len == CACHE_LENGTH_STEP
+    long_prompt = (PROMPTS[0] * 25)[: CACHE_LENGTH_STEP - 4]
+    expected = assisted_generate(target, long_prompt, 12, gamma=2, draft_model=noisy, eos_token_id=[EOS_ID])
+    assert decoder.speculative(long_prompt, 12, 2) == expected
+    assert decoder.target.max_len == decoder.draft.max_len == 2 * CACHE_LENGTH_STEP
+
+
+def test_timed_forwards_count_every_step_of_both_models(target, noisy):
+    decoder = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[], capture=False)
+    decoder.prepare_for(PROMPTS[0], 10, 3)
+    with decoder.timed_forwards() as times:
+        ids, passes = decoder.speculative(PROMPTS[0], 10, 3)
+    draft_steps = len(times) - passes
+    assert len(ids) == 10 and passes >= 3 and draft_steps >= passes  # each round drafts at least once
+    assert all(t > 0 for t in times)
+    decoder.greedy(PROMPTS[0], 4)
+    assert len(times) == passes + draft_steps  # nothing is appended after the block
+
+
+def test_graph_timings_cover_every_k_and_say_how_trustworthy_they_are(target):
+    timings, quality = time_graph_forwards_checked(target, PROMPTS[0], 4, repeats=3, capture=False)
+    assert len(timings) == 4 and all(t > 0 for t in timings)
+    assert len(quality.spread) == 4  # one relative spread per k, judged like eager forwards
+
+
+def test_a_decoder_needs_exactly_one_kind_of_draft(target, noisy):
+    with pytest.raises(ValueError, match="not both or neither"):
+        GraphDecoder(target, noisy, ngram_max=2, eos_ids=[], capture=False)
+    with pytest.raises(ValueError, match="not both or neither"):
+        GraphDecoder(target, None, ngram_max=None, eos_ids=[], capture=False)
