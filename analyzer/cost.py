@@ -148,6 +148,9 @@ def time_target_forwards(
 
 
 RepeatCallback = Callable[[], None]
+# times T(k) for k = 1..k_max of a model over a context and judges them: the eager
+# time_target_forwards_checked, or analyzer.graph_cost's replayed CUDA graphs (the cuda-graphs mode)
+ForwardsTimer = Callable[..., "tuple[list[float], TimingQuality]"]
 
 
 def _timing_matrix(
@@ -269,6 +272,7 @@ def profile_costs(
     repeats: int = 5,
     batch_size: int = 1,
     on_repeat: RepeatCallback | None = None,
+    forwards_checked: ForwardsTimer | None = None,
 ) -> CostMeasurement:
     """Measure T_t(1..k_max, b) of the target and T_d of the draft over a cache of `context_ids`, for
     b = `batch_size` sequences at once.
@@ -278,11 +282,15 @@ def profile_costs(
     is cheap; each of the b sequences looks up its own, so T_d = b lookups), else it is 0.0. Giving
     both is ambiguous and raises ValueError. ``on_repeat`` is called after every timed pass (progress:
     1 + ``repeats`` passes for the target, as many again for a draft model, more when re-measuring).
+    The forwards are timed by ``forwards_checked`` (default: eager forwards,
+    :func:`time_target_forwards_checked`; the cuda-graphs mode passes replayed graphs); the prefills
+    are eager in either mode, as engines run them.
     """
     if draft_model is not None and draft_step is not None:
         raise ValueError("give draft_model or draft_step, not both")
+    forwards_checked = forwards_checked or time_target_forwards_checked
     warmup = warmup_rounds(target_model)  # every k, the draft step and the prefill, at this batch size
-    target_forward_s, quality = time_target_forwards_checked(
+    target_forward_s, quality = forwards_checked(
         target_model,
         context_ids,
         k_max,
@@ -294,7 +302,7 @@ def profile_costs(
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
     draft_prefill_s = 0.0
     if draft_model is not None:
-        draft_forward_s, draft_quality = time_target_forwards_checked(
+        draft_forward_s, draft_quality = forwards_checked(
             draft_model,
             context_ids,
             1,

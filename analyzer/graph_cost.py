@@ -255,8 +255,12 @@ class GraphDecoder:
         """Make the caches big enough for this prompt, before anything is timed (growing them captures again)."""
         self._room(len(prompt_ids) + max_new_tokens + gamma + 1)
 
-    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
-        """Plain greedy decoding of up to ``max_new_tokens`` tokens (stopping after an EOS, kept)."""
+    def greedy(
+        self, prompt_ids: list[int], max_new_tokens: int, *, stop_ids: list[int] | None = None
+    ) -> tuple[list[int], int]:
+        """Plain greedy decoding of up to ``max_new_tokens`` tokens, stopping after an EOS (kept), or
+        after one of ``stop_ids`` when given (an empty list: after none)."""
+        stops = self.eos_ids if stop_ids is None else set(stop_ids)
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         self._room(len(prompt_ids) + max_new_tokens + 1)
@@ -267,14 +271,17 @@ class GraphDecoder:
             token = int(self.target.step(sequence[-1:], len(sequence) - 1)[0, -1].argmax())
             passes += 1
             sequence.append(token)
-            if token in self.eos_ids:
+            if token in stops:
                 break
         return sequence[len(prompt_ids) :], passes
 
-    def speculative(self, prompt_ids: list[int], max_new_tokens: int, gamma: int) -> tuple[list[int], int]:
+    def speculative(
+        self, prompt_ids: list[int], max_new_tokens: int, gamma: int, *, stop_ids: list[int] | None = None
+    ) -> tuple[list[int], int]:
         """Greedy speculative decoding with lookahead ``gamma``: each round verifies the last token and
         the drafts in one target step of k = drafts + 1, keeps the drafts the target agrees with and
-        adds the target's own next token."""
+        adds the target's own next token (stopping as :meth:`greedy` does)."""
+        stops = self.eos_ids if stop_ids is None else set(stop_ids)
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         if gamma < 1:
@@ -289,9 +296,11 @@ class GraphDecoder:
         while (made := len(sequence) - len(prompt_ids)) < max_new_tokens:
             left = max_new_tokens - made
             if self.draft is not None:
-                drafts, draft_position = self._model_drafts(sequence, draft_position, min(gamma, left - 1))
+                drafts, draft_position = self._model_drafts(
+                    sequence, draft_position, min(gamma, left - 1), stops
+                )
             else:
-                drafts = self._lookup_drafts(sequence, len(prompt_ids) + max_new_tokens, gamma)
+                drafts = self._lookup_drafts(sequence, len(prompt_ids) + max_new_tokens, gamma, stops)
             start = len(sequence) - 1
             choices = self.target.step(sequence[-1:] + drafts, start)[0].argmax(-1).tolist()
             passes += 1
@@ -299,7 +308,7 @@ class GraphDecoder:
             while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
                 accepted += 1
             new = (drafts[:accepted] + [choices[accepted]])[:left]
-            ended = next((i for i, token in enumerate(new) if token in self.eos_ids), None)
+            ended = next((i for i, token in enumerate(new) if token in stops), None)
             sequence += new if ended is None else new[: ended + 1]
             if (
                 self.draft is not None
@@ -309,7 +318,9 @@ class GraphDecoder:
                 break
         return sequence[len(prompt_ids) :], passes
 
-    def _model_drafts(self, sequence: list[int], position: int, count: int) -> tuple[list[int], int]:
+    def _model_drafts(
+        self, sequence: list[int], position: int, count: int, stops: set[int]
+    ) -> tuple[list[int], int]:
         """Up to ``count`` draft tokens after ``sequence`` (stopping after an EOS), feeding the draft
         what its cache lacks from ``position`` first; returns them and the new first missing position."""
         if count < 1:
@@ -317,18 +328,18 @@ class GraphDecoder:
         choice = int(self.draft.step(sequence[position:], position)[0, -1].argmax())
         position = len(sequence)
         drafts = [choice]
-        while len(drafts) < count and choice not in self.eos_ids:
+        while len(drafts) < count and choice not in stops:
             choice = int(self.draft.step([choice], position)[0, -1].argmax())
             position += 1
             drafts.append(choice)
         return drafts, position
 
-    def _lookup_drafts(self, sequence: list[int], max_length: int, gamma: int) -> list[int]:
+    def _lookup_drafts(self, sequence: list[int], max_length: int, gamma: int, stops: set[int]) -> list[int]:
         """Prompt lookup's proposal, exactly as transformers makes it (on the host, as engines do)."""
         from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
         generator = PromptLookupCandidateGenerator(
-            eos_token_id=torch.tensor(sorted(self.eos_ids)) if self.eos_ids else None,
+            eos_token_id=torch.tensor(sorted(stops)) if stops else None,
             num_output_tokens=gamma,
             max_matching_ngram_size=self.ngram_max,
             max_length=max_length,

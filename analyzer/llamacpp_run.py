@@ -123,7 +123,10 @@ class LlamaCppRunModels:
             replay_mismatches=int(replay_mismatches(self.target, enc.ids, output).sum()),
         )
 
-    def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
+    def measure_costs(
+        self, context: list[int], k_max: int, batch_size: int, on_repeat, *, cost_mode: str | None = None
+    ):
+        """llama.cpp's own step times (it has no cost modes: ``cost_mode`` is None)."""
         from analyzer.llamacpp_cost import profile_llamacpp_costs
 
         if batch_size != 1:

@@ -145,6 +145,9 @@ class CostProfile(Base):
     # "measured" by an analysis, or "imported" from an engine's own benchmark; the engine's version
     source: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
     engine_version: Mapped[Optional[str]] = mapped_column(String(64))
+    # how a transformers profile's steps were timed: eager | cuda-graphs (analyzer/engines.py); None for
+    # llama.cpp's and imported ones (their engine's own way); a run reuses only its own cost mode's
+    cost_mode: Mapped[Optional[str]] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(200))
     dtype: Mapped[str] = mapped_column(String(16), default="float32", server_default="float32")
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")

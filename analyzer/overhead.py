@@ -11,10 +11,14 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from analyzer.graph_cost import GraphDecoder
 
 from analyzer.cost import _synchronize
 from analyzer.interference import EXTRA_ROUNDS, MAX_OTHERS_CPU, machine_reading, others_busy_s
@@ -92,16 +96,86 @@ def measure_machinery_overhead(
     """
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
+    from analyzer.validate import assisted_generate, greedy_generate
+
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
+
+    def generate(speculative: bool) -> int:
+        if speculative:
+            return assisted_generate(
+                target_model,
+                context_ids,
+                new_tokens,
+                gamma=gamma,
+                draft_model=draft_model,
+                ngram_max=ngram_max,
+                eos_token_id=[],
+            )[1]
+        return greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])[1]
+
+    return overhead_of(
+        generate,
+        lambda: timed_forwards(*models),
+        target_model.device,
+        new_tokens=new_tokens,
+        lookup_s=lookup_s if draft_model is None else 0.0,
+        repeats=repeats,
+        on_generate=on_generate,
+    )
+
+
+def measure_graph_overhead(
+    decoder: GraphDecoder,
+    context_ids: list[int],
+    *,
+    gamma: int,
+    new_tokens: int = 32,
+    lookup_s: float = 0.0,
+    repeats: int = 3,
+    on_generate: GenerateCallback | None = None,
+) -> MachineryOverhead:
+    """:func:`measure_machinery_overhead` of the cuda-graphs mode: the host time around the replayed
+    steps of :class:`analyzer.graph_cost.GraphDecoder`'s greedy and speculative loops (reading each
+    step's choice back, drafting by lookup, acceptance), which is what an engine that replays graphs
+    pays per step and per round; its caches are sized (and graphs captured) before anything is timed."""
+    if repeats < 1 or new_tokens < 1:
+        raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
+    decoder.prepare_for(context_ids, new_tokens, gamma)
+
+    def generate(speculative: bool) -> int:
+        if speculative:
+            return decoder.speculative(context_ids, new_tokens, gamma, stop_ids=[])[1]
+        return decoder.greedy(context_ids, new_tokens, stop_ids=[])[1]
+
+    return overhead_of(
+        generate,
+        decoder.timed_forwards,
+        decoder.target_model.device,
+        new_tokens=new_tokens,
+        lookup_s=lookup_s if decoder.draft_model is None else 0.0,
+        repeats=repeats,
+        on_generate=on_generate,
+    )
+
+
+def overhead_of(
+    generate: Callable[[bool], int],
+    timed: Callable[[], contextlib.AbstractContextManager[list[float]]],
+    device: torch.device,
+    *,
+    new_tokens: int,
+    lookup_s: float,
+    repeats: int,
+    on_generate: GenerateCallback | None,
+) -> MachineryOverhead:
+    """The overhead of ``generate(speculative)`` (which returns its target forwards), whose model
+    forwards ``timed()`` collects: retried while the machine is busy (:func:`retried_while_busy`)."""
     return retried_while_busy(
         lambda attempt: _overhead_once(
-            target_model,
-            context_ids,
-            models,
-            gamma=gamma,
+            generate,
+            timed,
+            device,
             new_tokens=new_tokens,
-            draft_model=draft_model,
-            ngram_max=ngram_max,
             lookup_s=lookup_s,
             repeats=repeats,
             on_generate=(lambda: on_generate(attempt)) if on_generate else None,
@@ -134,54 +208,32 @@ def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> Mach
 
 
 def _overhead_once(
-    target_model: PreTrainedModel,
-    context_ids: list[int],
-    models: tuple,
+    generate: Callable[[bool], int],
+    timed: Callable[[], contextlib.AbstractContextManager[list[float]]],
+    device: torch.device,
     *,
-    gamma: int,
     new_tokens: int,
-    draft_model: PreTrainedModel | None,
-    ngram_max: int | None,
     lookup_s: float,
     repeats: int,
     on_generate: Callable[[], None] | None = None,
 ) -> MachineryOverhead:
-    """One measurement of :func:`measure_machinery_overhead` (see there)."""
-    from analyzer.validate import assisted_generate, greedy_generate
-
-    if target_model.device.type == "cuda":  # both kinds of generate() once, untimed, at these shapes
-        greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])
-        assisted_generate(
-            target_model,
-            context_ids,
-            new_tokens,
-            gamma=gamma,
-            draft_model=draft_model,
-            ngram_max=ngram_max,
-            eos_token_id=[],
-        )
+    """One measurement of :func:`overhead_of`: ``repeats`` plain and speculative generations,
+    alternating which goes first, each one's wall time minus its forwards' per target forward, less
+    ``lookup_s`` per round (prompt lookup's draft step, counted in the profile already); medians."""
+    if device.type == "cuda":  # both kinds once, untimed, at these shapes
+        generate(False)
+        generate(True)
     decode, rounds = [], []
     for r in range(repeats):
         for speculative in (False, True) if r % 2 == 0 else (True, False):
-            with timed_forwards(*models) as forward_times:
-                _synchronize(target_model.device)
+            with timed() as forward_times:
+                _synchronize(device)
                 start = perf_counter()
-                if speculative:
-                    _, passes = assisted_generate(
-                        target_model,
-                        context_ids,
-                        new_tokens,
-                        gamma=gamma,
-                        draft_model=draft_model,
-                        ngram_max=ngram_max,
-                        eos_token_id=[],
-                    )
-                else:
-                    _, passes = greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])
-                _synchronize(target_model.device)
+                passes = generate(speculative)
+                _synchronize(device)
                 outside = max(0.0, perf_counter() - start - sum(forward_times)) / max(passes, 1)
             if speculative:
-                rounds.append(max(0.0, outside - lookup_s) if draft_model is None else outside)
+                rounds.append(max(0.0, outside - lookup_s))
             else:
                 decode.append(outside)
             if on_generate:

@@ -94,9 +94,16 @@ def build_report(session: Session, run_id: int) -> dict:
     summary = run_summary(session, run, results=results, validations=validations)
     validation_rows = _validation_rows(validations, results, summary)
     profiles = _cost_profile_fields(run)
+    own = profiles["cost_profile"]
     return {
         **_run_fields(run, summary, validation_rows),
         **profiles,
+        # how the profile that priced the run timed its steps (None: llama.cpp's or an imported engine's own)
+        "cost_mode": own["cost_mode"]
+        if own
+        else run.run_params.cost_mode
+        if run.engine == "transformers"
+        else None,
         "advice_withheld": advice_withheld(profiles["cost_profiles"]),
         "prompts": _prompt_rows(results, summary, validations),
         "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
@@ -153,11 +160,11 @@ def _cost_profile_fields(run: AnalysisRun) -> dict:
     before batch sizes were profiled have their one profile there)."""
     profile = run.cost_profile
     return {
-        "cost_profile": _profile_dict(profile) if profile else None,
+        "cost_profile": profile_dict(profile) if profile else None,
         "cost_profiles": {
-            str(link.batch_size): _profile_dict(link.cost_profile) for link in run.batch_profiles
+            str(link.batch_size): profile_dict(link.cost_profile) for link in run.batch_profiles
         }
-        or ({str(profile.batch_size or 1): _profile_dict(profile)} if profile else {}),
+        or ({str(profile.batch_size or 1): profile_dict(profile)} if profile else {}),
     }
 
 
@@ -254,7 +261,9 @@ def _entropy_table(results: list[PromptResult], params: RunParams) -> dict:
     )
 
 
-def _profile_dict(profile: CostProfile) -> dict:
+def profile_dict(profile: CostProfile) -> dict:
+    """A stored cost profile as JSON-ready data, in seconds: the report's, `specroute costs list`'s and
+    the Cost profiles page's one description of it."""
     return {
         "target_k_s": list(profile.target_forward_s),
         "draft_s": profile.draft_step_s,
@@ -265,6 +274,7 @@ def _profile_dict(profile: CostProfile) -> dict:
         "engine": profile.engine,
         "engine_version": profile.engine_version,
         "source": profile.source or "measured",
+        "cost_mode": profile.cost_mode,
         "id": profile.id,
         "device": profile.device,
         "dtype": profile.dtype or "float32",
@@ -274,4 +284,7 @@ def _profile_dict(profile: CostProfile) -> dict:
         "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
         "threads": profile.threads,
         "context_tokens": profile.context_tokens,
+        "target": profile.pair.target.spec,
+        "draft": profile.pair.draft.spec,
+        "created_at": profile.created_at.isoformat(timespec="seconds"),
     }

@@ -66,7 +66,9 @@ def report_text(report: dict) -> str:
     else:
         lines.append(
             f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-            f"{report['mode']}, {report.get('engine') or 'transformers'} engine, {measured_on}"
+            f"{report['mode']}, {report.get('engine') or 'transformers'} engine"
+            + (f" ({report['cost_mode']} cost mode)" if report.get("cost_mode") else "")
+            + f", {measured_on}"
         )
     for batch, cp in (report.get("cost_profiles") or {}).items():
         ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])

@@ -209,6 +209,7 @@ def price_comparison(session: Session, run: AnalysisRun) -> list[dict]:
                 "own": profile.id in own,
                 "engine": profile.engine,
                 "engine_version": profile.engine_version,
+                "cost_mode": profile.cost_mode,
                 "source": profile.source or "measured",
                 "device": profile.device,
                 "dtype": profile.dtype or "float32",

@@ -12,6 +12,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.engines import CUDA_GRAPHS
 from analyzer.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
 from analyzer.run_models import RunModels
@@ -44,14 +45,16 @@ PASSES_PER_TIMED_MODEL = WARMUP_PASSES + TIMED_REPEATS
 @dataclass(frozen=True)
 class _ProfilingPlan:
     """Where a run's profiles are measured: ``device`` and ``dtype`` as profiles store them, ``where``
-    and ``machinery`` (whose overhead is measured) as progress shows them, and the ``batch_sizes`` to
-    profile (llama.cpp runs batch 1 only)."""
+    and ``machinery`` (whose overhead is measured) as progress shows them, the ``batch_sizes`` to
+    profile (llama.cpp runs batch 1 only) and the ``cost_mode`` the steps are timed in (None for
+    llama.cpp, which times its own)."""
 
     device: str
     dtype: str
     where: str
     machinery: str
     batch_sizes: tuple[int, ...]
+    cost_mode: str | None
 
 
 def profile_run_costs(
@@ -99,7 +102,7 @@ def profile_run_costs(
                 f"({number} of {len(missing)}) on {plan.where}"
             )
             measured[batch_size] = _measure_cost_profile(
-                loaded_models, context, k_max, batch_size, phase, progress
+                loaded_models, context, k_max, batch_size, phase, progress, plan.cost_mode
             )
         on_gpu = plan.device.startswith("cuda")
         for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):  # measured again, once
@@ -107,14 +110,16 @@ def profile_run_costs(
                 f"profiling the cost at batch size {smaller} again: its T_t(1) is implausible next to "
                 f"batch size {larger}'s, on {plan.where}"
             )
-            measured[smaller] = _measure_cost_profile(loaded_models, context, k_max, smaller, phase, progress)
+            measured[smaller] = _measure_cost_profile(
+                loaded_models, context, k_max, smaller, phase, progress, plan.cost_mode
+            )
         for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):
             note = _batch_note(measured, smaller, larger)
             for batch in (smaller, larger):
                 measured[batch] = _judged_noisy(measured[batch], note)
         for batch_size, measurement in measured.items():
             chosen[batch_size] = _store_cost_profile(
-                session_factory, run_id, loaded_models, plan.dtype, batch_size, measurement, overhead
+                session_factory, run_id, loaded_models, plan, batch_size, measurement, overhead
             )
             if progress and measurement.quality and measurement.quality.verdict != "clean":
                 progress(
@@ -192,10 +197,18 @@ def _profiling_plan(loaded_models: RunModels | LlamaCppRunModels, params: RunPar
     device, dtype = loaded_models.device_text(), loaded_models.dtype_text()
     if loaded_models.engine == "transformers":
         placement = loaded_models.target.placement
+        graphs = params.cost_mode == CUDA_GRAPHS
         return _ProfilingPlan(
-            device, dtype, f"{placement.device} in {dtype}", "generate()", params.batch_sizes(placement)
+            device,
+            dtype,
+            f"{placement.device} in {dtype}" + (", steps replayed from CUDA graphs" if graphs else ""),
+            "the CUDA-graph decoding loops" if graphs else "generate()",
+            params.batch_sizes(placement),
+            params.cost_mode,
         )
-    return _ProfilingPlan(device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,))
+    return _ProfilingPlan(
+        device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,), None
+    )
 
 
 def _linked_or_reusable_profiles(
@@ -238,8 +251,8 @@ def _newest_reusable_profile(
     passed_over: list[str],
 ) -> int | None:
     """The id of the newest stored profile of the run's pair in ``engine`` on the plan's device and
-    dtype at ``batch_size`` that covers ``k_max`` and was not judged noisy (each noisy one passed over
-    adds a note to ``passed_over``); None when there is none."""
+    dtype, in its cost mode, at ``batch_size`` that covers ``k_max`` and was not judged noisy (each
+    noisy one passed over adds a note to ``passed_over``); None when there is none."""
     for profile in session.scalars(
         select(CostProfile)
         .where(
@@ -248,6 +261,10 @@ def _newest_reusable_profile(
             CostProfile.dtype == plan.dtype,
             CostProfile.batch_size == batch_size,
             CostProfile.engine == engine,
+            CostProfile.source == "measured",
+            CostProfile.cost_mode.is_(None)
+            if plan.cost_mode is None
+            else CostProfile.cost_mode == plan.cost_mode,
         )
         .order_by(CostProfile.id.desc())
     ):
@@ -276,8 +293,9 @@ def _measure_cost_profile(
     batch_size: int,
     phase: str,
     progress: ProgressCallback | None,
+    cost_mode: str | None,
 ) -> CostMeasurement:
-    """The engine's cost measurement at ``batch_size``, telling ``progress`` of every timed pass
+    """The engine's cost measurement at ``batch_size`` (in ``cost_mode``), telling ``progress`` of every timed pass
     under ``phase`` (planned: :data:`PASSES_PER_TIMED_MODEL` for the target, as many for a draft model)."""
     timed_models = 2 if loaded_models.draft is not None else 1
     passes_planned = PASSES_PER_TIMED_MODEL * timed_models
@@ -295,7 +313,7 @@ def _measure_cost_profile(
 
     if progress:
         progress(0, passes_planned, phase)
-    measured = loaded_models.measure_costs(context, k_max, batch_size, tick)
+    measured = loaded_models.measure_costs(context, k_max, batch_size, tick, cost_mode=cost_mode)
     if progress and passes_done > passes_planned:
         progress(extra_planned, extra_planned, extra_phase)
     return measured
@@ -305,20 +323,22 @@ def _store_cost_profile(
     session_factory: sessionmaker,
     run_id: int,
     loaded_models: RunModels | LlamaCppRunModels,
-    dtype: str,
+    plan: _ProfilingPlan,
     batch_size: int,
     measured: CostMeasurement,
     overhead: MachineryOverhead,
 ) -> int:
     """Store a profile measured now (the cost measurement with the machinery ``overhead``; judged
-    noisy when the overhead was measured on a busy machine) for the run's pair; returns its id."""
+    noisy when the overhead was measured on a busy machine) for the run's pair, in the plan's dtype
+    and cost mode; returns its id."""
     quality = measured.quality
     with session_factory() as session, session.begin():
         run = session.get(AnalysisRun, run_id)
         profile = CostProfile(
             pair_id=run.pair_id,
             device=measured.device,
-            dtype=dtype,
+            dtype=plan.dtype,
+            cost_mode=plan.cost_mode,
             engine=loaded_models.engine,
             batch_size=batch_size,
             threads=measured.threads,

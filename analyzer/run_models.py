@@ -25,11 +25,14 @@ from analyzer.tokenizer_match import check_same_tokenizer
 
 # validations on a GPU: plain and speculative alternated over this many timed repeats, after a warm-up
 GPU_VALIDATION_REPEATS = 2
+# the cuda-graphs mode captures its steps' graphs; tests on the CPU run the same steps uncaptured
+CAPTURE_GRAPHS = True
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from analyzer.graph_cost import GraphDecoder
     from analyzer.overhead import GenerateCallback
 
 
@@ -65,6 +68,22 @@ class RunModels:
     pad_id: int
     engine: str = "transformers"
     rule: DraftingRule = TRANSFORMERS_RULE
+    graphs: GraphDecoder | None = None  # the cuda-graphs mode's loops, made on first use
+
+    def graph_decoder(self) -> GraphDecoder:
+        """The cuda-graphs mode's decoding loops over this pair (:class:`analyzer.graph_cost.GraphDecoder`),
+        made once: their captured graphs serve every overhead measurement and validation of the run."""
+        from analyzer.graph_cost import GraphDecoder
+
+        if self.graphs is None:
+            self.graphs = GraphDecoder(
+                self.target.model,
+                self.draft.model if self.draft else None,
+                ngram_max=self.ngram_max,
+                eos_ids=self.eos_ids,
+                capture=CAPTURE_GRAPHS,
+            )
+        return self.graphs
 
     @property
     def ngram_max(self) -> int | None:
@@ -160,11 +179,20 @@ class RunModels:
             )
         return passes
 
-    def measure_costs(self, context: list[int], k_max: int, batch_size: int, on_repeat):
-        """The cost profile at ``batch_size`` over a cache of ``context`` (:func:`analyzer.cost.profile_costs`)."""
+    def measure_costs(
+        self, context: list[int], k_max: int, batch_size: int, on_repeat, *, cost_mode: str | None = "eager"
+    ):
+        """The cost profile at ``batch_size`` over a cache of ``context`` (:func:`analyzer.cost.profile_costs`),
+        its steps timed in ``cost_mode``: eager forwards, or replayed CUDA graphs
+        (:func:`analyzer.graph_cost.time_graph_forwards_checked`)."""
+        from functools import partial
+
         from analyzer.cost import profile_costs
+        from analyzer.engines import CUDA_GRAPHS
+        from analyzer.graph_cost import time_graph_forwards_checked
 
         draft_step = self._prompt_lookup_step(context, k_max - 1) if self.draft is None else None
+        graphs = cost_mode == CUDA_GRAPHS
         return profile_costs(
             self.target.model,
             context,
@@ -173,17 +201,30 @@ class RunModels:
             draft_model=self.draft.model if self.draft else None,
             draft_step=draft_step,
             on_repeat=on_repeat,
+            forwards_checked=partial(time_graph_forwards_checked, capture=CAPTURE_GRAPHS) if graphs else None,
         )
 
     def measure_overhead(
         self, context: list[int], params: RunParams, on_generate: GenerateCallback | None = None
     ):
-        """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`)."""
+        """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`), or in the
+        cuda-graphs mode the host time of the loops over the replayed graphs."""
         from analyzer.cost import time_callable
-        from analyzer.overhead import measure_machinery_overhead
+        from analyzer.engines import CUDA_GRAPHS
+        from analyzer.overhead import measure_graph_overhead, measure_machinery_overhead
         from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
         lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
+        if params.cost_mode == CUDA_GRAPHS:
+            return measure_graph_overhead(
+                self.graph_decoder(),
+                context,
+                gamma=min(OVERHEAD_GAMMA, params.gamma_max),
+                new_tokens=min(OVERHEAD_NEW_TOKENS, params.max_new_tokens),
+                lookup_s=time_callable(lookup) if lookup else 0.0,
+                repeats=OVERHEAD_REPEATS,
+                on_generate=on_generate,
+            )
         return measure_machinery_overhead(
             self.target.model,
             context,
@@ -197,10 +238,23 @@ class RunModels:
         )
 
     def validate(self, prompt_ids: list[int], params: RunParams, gamma: int):
-        """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`)."""
-        from analyzer.validate import validate_prompt
+        """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`),
+        or in the cuda-graphs mode the speculative loop over the replayed graphs against the greedy one
+        (:class:`analyzer.graph_cost.GraphDecoder`, warm and alternated in the same way)."""
+        from analyzer.engines import CUDA_GRAPHS
+        from analyzer.validate import compare_generations, validate_prompt
 
         on_gpu = self.target.placement.is_cuda  # warm, and alternated over 2 repeats (cold runs lie there)
+        if params.cost_mode == CUDA_GRAPHS:
+            decoder = self.graph_decoder()
+            decoder.prepare_for(prompt_ids, params.max_new_tokens, gamma)  # capturing is not timed
+            return compare_generations(
+                lambda: decoder.greedy(prompt_ids, params.max_new_tokens),
+                lambda: decoder.speculative(prompt_ids, params.max_new_tokens, gamma),
+                gamma=gamma,
+                repeats=GPU_VALIDATION_REPEATS,
+                warmup=True,
+            )
         return validate_prompt(
             self.target.model,
             prompt_ids,

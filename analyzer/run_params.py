@@ -21,7 +21,17 @@ from analyzer.devices import (
     default_batch_sizes,
     resolve,
 )
-from analyzer.engines import DEFAULT_ENGINE, LLAMA_CPP, EngineError, check_engine_name
+from analyzer.engines import (
+    CUDA_GRAPHS,
+    DEFAULT_COST_MODE,
+    DEFAULT_ENGINE,
+    LLAMA_CPP,
+    CostModeError,
+    EngineError,
+    check_cost_mode_device,
+    check_cost_mode_name,
+    check_engine_name,
+)
 from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.errors import SpecrouteError
 
@@ -103,6 +113,8 @@ class RunParams:
     engine: str = (
         DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
     )
+    # eager | cuda-graphs (analyzer/engines.py): how the transformers engine times its steps
+    cost_mode: str = DEFAULT_COST_MODE
     device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
@@ -129,12 +141,27 @@ class RunParams:
             check_device_name(self.device), check_dtype_name(self.dtype), check_engine_name(self.engine)
         except (DeviceError, EngineError) as error:
             raise RunError(str(error)) from None
+        self._check_cost_mode()
         sizes = self.profile_batch_sizes
         if sizes is not None and (not sizes or any(not 1 <= int(b) <= MAX_PROFILE_BATCH_SIZE for b in sizes)):
             raise RunError(f"profile batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}")
         if self.engine == LLAMA_CPP:
             self._check_llama_cpp()
         return self
+
+    def _check_cost_mode(self) -> None:
+        """Raise :class:`RunError` for a cost mode that is unknown, or that this engine or an explicit
+        CPU device cannot time (a device of auto is checked where it is resolved: :meth:`placement`)."""
+        try:
+            check_cost_mode_name(self.cost_mode)
+            if self.cost_mode == CUDA_GRAPHS and self.engine != "transformers":
+                raise CostModeError(
+                    f"cost mode {CUDA_GRAPHS} is the transformers engine's; {self.engine} times its own steps"
+                )
+            if self.device == "cpu":
+                check_cost_mode_device(self.cost_mode, "cpu")
+        except CostModeError as error:
+            raise RunError(str(error)) from None
 
     def _check_llama_cpp(self) -> None:
         """Raise :class:`RunError` for the first setting the llama.cpp engine cannot measure."""
@@ -172,8 +199,14 @@ class RunParams:
         return cls(**values)
 
     def placement(self) -> Placement:
-        """The device and dtype this run asks for, resolved on this machine (DeviceError if absent)."""
-        return resolve(self.device, self.dtype)
+        """The device and dtype this run asks for, resolved on this machine (DeviceError if absent;
+        RunError when the run's cost mode cannot time on it: cuda-graphs on a CPU)."""
+        placement = resolve(self.device, self.dtype)
+        try:
+            check_cost_mode_device(self.cost_mode, "cuda" if placement.is_cuda else "cpu")
+        except CostModeError as error:
+            raise RunError(str(error)) from None
+        return placement
 
     def batch_sizes(self, placement: Placement) -> tuple[int, ...]:
         """The batch sizes to profile: the ones asked for, else the device's default."""

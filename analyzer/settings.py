@@ -125,6 +125,14 @@ class Settings:
         "demo's own default is llama.cpp), and as the web form's default; recorded on the run, its "
         "cost profiles and the policies published from it.",
     )
+    cost_mode: str = _setting(
+        "eager",
+        "How the transformers engine times the cost of drafting and verifying: eager (forwards as "
+        "transformers' generate() runs them, kernel launch by kernel launch) or cuda-graphs (each step "
+        "replayed from a captured CUDA graph over a static KV cache, as vLLM, SGLang and TensorRT-LLM "
+        "serve; a CUDA GPU only, refused on a CPU). Used by 'specroute analyze' unless --cost-mode is given, "
+        "and as the web form's default; stored on the run and its cost profiles and shown in the report.",
+    )
     device: str = _setting(
         "auto",
         "Device that analyses run on: auto (the first CUDA GPU when torch sees one, else the CPU), "
@@ -306,16 +314,17 @@ def load_settings(
 def _checked(settings: Settings) -> Settings:
     """Refuse settings whose value is of the right type but not a known choice."""
     from analyzer.devices import DeviceError, check_device_name, check_dtype_name
-    from analyzer.engines import EngineError, check_engine_name
+    from analyzer.engines import CostModeError, EngineError, check_cost_mode_name, check_engine_name
 
     for name, check in (
         ("device", check_device_name),
         ("dtype", check_dtype_name),
         ("engine", check_engine_name),
+        ("cost_mode", check_cost_mode_name),
     ):
         try:
             check(getattr(settings, name))
-        except (DeviceError, EngineError) as error:
+        except (DeviceError, EngineError, CostModeError) as error:
             raise SettingsError(f"{env_name(name)}: {error}") from None
     if settings.stale_after_s < MIN_STALE_AFTER_S:
         raise SettingsError(

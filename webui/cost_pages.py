@@ -9,6 +9,7 @@ from sqlalchemy import select
 from analyzer.cost_import import MAX_FILE_BYTES, CostFileError, parse_cost_file, store_imported_profiles
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, CostProfile
+from analyzer.report import profile_dict
 from analyzer.repricing import RepriceError, reprice_run
 from webui.ui import bp, sessions
 
@@ -17,21 +18,15 @@ def _list_page(errors: dict | None = None, status: int = 200, for_run: str = "")
     with sessions()() as session:
         profiles = [
             {
-                "id": p.id,
-                "source": p.source or "measured",
-                "engine": p.engine,
-                "engine_version": p.engine_version,
-                "device": p.device,
-                "dtype": p.dtype or "float32",
-                "batch_size": p.batch_size or 1,
-                "pair": f"{p.pair.target.spec} → {p.pair.draft.spec}",
-                "target_step_ms": p.target_forward_s[0] * 1000,
-                "ratios": [t / p.target_forward_s[0] for t in p.target_forward_s[1:9]],
-                "draft_step_ms": p.draft_step_s * 1000,
-                "quality": p.quality,
+                **row,
+                "pair": f"{row['target']} → {row['draft']}",
+                "target_step_ms": row["target_k_s"][0] * 1000,
+                "ratios": [t / row["target_k_s"][0] for t in row["target_k_s"][1:9]],
+                "draft_step_ms": row["draft_s"] * 1000,
                 "created_at": p.created_at.strftime("%Y-%m-%d %H:%M UTC"),
             }
             for p in session.scalars(select(CostProfile).order_by(CostProfile.id.desc()))
+            for row in [profile_dict(p)]
         ]
         runs = [
             {

@@ -20,7 +20,14 @@ from analyzer.devices import (
     check_dtype_name,
     parse_batch_sizes,
 )
-from analyzer.engines import ENGINES, EngineError, check_engine_name
+from analyzer.engines import (
+    COST_MODES,
+    ENGINES,
+    CostModeError,
+    EngineError,
+    check_cost_mode_name,
+    check_engine_name,
+)
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.output_marks import output_marks
@@ -121,6 +128,7 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
         "limit": "",
         "validate": 2,
         "engine": settings().engine,
+        "cost_mode": settings().cost_mode,
         "device": settings().device,
         "dtype": check_dtype_name(settings().dtype),
         "batch_sizes": "",
@@ -135,6 +143,7 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
         limits=FORM_LIMITS,
         dtypes=DTYPE_CHOICES,
         engines=ENGINES,
+        cost_modes=COST_MODES,
         values={**defaults, **(values or {})},
     ), status
 
@@ -173,6 +182,7 @@ def start_run():
             "temperature",
             "validate",
             "engine",
+            "cost_mode",
             "device",
             "dtype",
             "batch_sizes",
@@ -218,16 +228,18 @@ def start_run():
                 f"{range_words(FORM_LIMITS['limit'])}"
             )
     values["engine"] = values["engine"] or settings().engine  # absent (an older form): the setting
+    values["cost_mode"] = values["cost_mode"] or settings().cost_mode
     placement = {}
     for key, check in (
         ("engine", check_engine_name),
+        ("cost_mode", check_cost_mode_name),
         ("device", check_device_name),
         ("dtype", check_dtype_name),
         ("batch_sizes", parse_batch_sizes),
     ):
         try:
             placement[key] = check(values[key] or None)
-        except (DeviceError, EngineError) as exc:
+        except (DeviceError, EngineError, CostModeError) as exc:
             errors.append(str(exc))
     if errors:
         return _new_run_page(errors, values, 400)
@@ -237,6 +249,7 @@ def start_run():
         temperature=temperature,
         validate=numbers["validate"] if temperature == 0 else 0,
         engine=placement["engine"],
+        cost_mode=placement["cost_mode"] if placement["engine"] == "transformers" else "eager",
         device=placement["device"],
         dtype=placement["dtype"],
         profile_batch_sizes=placement["batch_sizes"],

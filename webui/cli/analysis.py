@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from analyzer.db import MAX_ID
-from analyzer.engines import ENGINES, LLAMA_CPP
+from analyzer.engines import COST_MODES, CUDA_GRAPHS, ENGINES, LLAMA_CPP
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from router import strict_json
 from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_range
@@ -80,6 +80,14 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_r
     "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.",
 )
 @click.option(
+    "--cost-mode",
+    type=click.Choice(COST_MODES),
+    help="How the transformers engine times drafting and verifying (default: SPECROUTE_COST_MODE, eager). "
+    "eager: forwards as transformers' generate() runs them. cuda-graphs: each step replayed from a captured "
+    "CUDA graph over a static KV cache, as vLLM, SGLang and TensorRT-LLM serve, and validated with a "
+    "speculative loop over the same graphs; needs a CUDA GPU (refused on a CPU).",
+)
+@click.option(
     "--device",
     help="auto, cpu, cuda or cuda:N (default: SPECROUTE_DEVICE, auto = the first GPU if any, else the CPU).",
 )
@@ -140,6 +148,7 @@ def analyze(
     no_chat_template,
     reprofile,
     engine,
+    cost_mode,
     device,
     dtype,
     batch_sizes,
@@ -151,8 +160,9 @@ def analyze(
 ) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
-    Runs in --engine on --device in --dtype (resolved before anything is stored: an absent GPU or a
-    dtype the device cannot run stops here). Each prompt's result is stored as soon as it is measured; an
+    Runs in --engine on --device in --dtype, timing costs in --cost-mode (resolved before anything is
+    stored: an absent GPU, a dtype the device cannot run or cuda-graphs without a GPU stops here).
+    Each prompt's result is stored as soon as it is measured; an
     interrupted run resumes with --resume RUN and skips finished prompts. The run is split in chunks
     of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
     claim some of them too; --queue leaves all of it to them.
@@ -186,6 +196,7 @@ def analyze(
                 margin=margin,
                 reprofile=reprofile,
                 engine=engine,
+                cost_mode=cost_mode or state.settings.cost_mode,
                 device=device,
                 dtype=dtype,
                 profile_batch_sizes=parse_batch_sizes(batch_sizes)
@@ -235,7 +246,8 @@ def analyze(
 
 def _placement_text(params, queue_only: bool = False) -> str:
     """Where the run will measure, resolved on this machine (DeviceError if it cannot, EngineUnavailable
-    when its engine is not installed here and it is not only queued for other workers: nothing is stored)."""
+    when its engine is not installed here and RunError when its cost mode cannot time here, unless it
+    is only queued for other workers: nothing is stored)."""
     if params.engine == LLAMA_CPP:
         if not queue_only:
             from analyzer.llamacpp_engine import require_llama_cpp
@@ -244,8 +256,11 @@ def _placement_text(params, queue_only: bool = False) -> str:
         return "engine llama.cpp on the CPU, the GGUF files' own quantization"
     from analyzer.devices import resolve
 
-    placement = resolve(params.device, params.dtype)
-    return f"engine {params.engine}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
+    placement = resolve(params.device, params.dtype) if queue_only else params.placement()
+    mode = " (steps timed as replayed CUDA graphs)" if params.cost_mode == CUDA_GRAPHS else ""
+    return (
+        f"engine {params.engine}{mode}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
+    )
 
 
 def _label_with_classifier(sessions, run_id: int) -> None:

@@ -73,27 +73,24 @@ def costs_list(state: CliState, as_json: bool) -> None:
 
 
 def _profile_row(profile) -> dict:
+    """:func:`analyzer.report.profile_dict` with the step times in milliseconds, as this command prints them."""
+    from analyzer.report import profile_dict
+
+    row = profile_dict(profile)
     return {
-        "id": profile.id,
-        "source": profile.source or "measured",
-        "engine": profile.engine,
-        "engine_version": profile.engine_version,
-        "device": profile.device,
-        "dtype": profile.dtype or "float32",
-        "batch_size": profile.batch_size or 1,
-        "target": profile.pair.target.spec,
-        "draft": profile.pair.draft.spec,
-        "k_max": len(profile.target_forward_s),
-        "target_step_ms": [t * 1000 for t in profile.target_forward_s],
-        "draft_step_ms": profile.draft_step_s * 1000,
-        "quality": profile.quality,
+        **row,
+        "k_max": len(row["target_k_s"]),
+        "target_step_ms": [t * 1000 for t in row["target_k_s"]],
+        "draft_step_ms": row["draft_s"] * 1000,
     }
 
 
 def _profile_line(row: dict) -> str:
     version = f" {row['engine_version']}" if row["engine_version"] else ""
     return (
-        f"profile {row['id']} ({row['source']}): {row['engine']}{version} on {row['device']} in {row['dtype']}, "
+        f"profile {row['id']} ({row['source']}): {row['engine']}{version}"
+        + (f" ({row['cost_mode']})" if row["cost_mode"] else "")
+        + f" on {row['device']} in {row['dtype']}, "
         f"batch {row['batch_size']}, {row['target']} with draft {row['draft']}, T_t(1) = "
         f"{row['target_step_ms'][0]:.2f} ms, k = 1..{row['k_max']}"
         + (f", {row['quality']}" if row["quality"] else "")

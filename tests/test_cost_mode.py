@@ -1,0 +1,143 @@
+"""The cost mode (issue 22, point 2): ``--cost-mode eager|cuda-graphs``, the SPECROUTE_COST_MODE setting
+and the web form's select; cuda-graphs refused on a CPU with a clear error, before anything is stored;
+and the plumbing end to end on the CPU with the graph harness's steps run uncaptured (a GPU captures
+them): the profile stored and reused in its own mode only, validation over the harness's loops,
+the mode shown in the report, its text and the price comparison."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from sqlalchemy import select
+
+from analyzer import run_models, run_params
+from analyzer.engines import CostModeError, check_cost_mode_device, check_cost_mode_name
+from analyzer.orm import AnalysisRun
+from analyzer.run_records import RunParams
+from analyzer.settings import SettingsError, load_settings
+from tests.test_engines import _form, web_app  # noqa: F401 (fixtures)
+from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
+from webui.cli import cli
+
+GPU_ONLY = "cost mode cuda-graphs times CUDA graphs, which need a CUDA GPU; this run's device is cpu"
+
+
+def test_cost_mode_names_and_devices_are_checked_with_the_choices_named():
+    assert check_cost_mode_name("cuda-graphs") == "cuda-graphs"
+    with pytest.raises(CostModeError, match=r"unknown cost mode 'graphs'; use one of: eager, cuda-graphs"):
+        check_cost_mode_name("graphs")
+    check_cost_mode_device("eager", "cpu")
+    check_cost_mode_device("cuda-graphs", "cuda")
+    with pytest.raises(CostModeError, match=GPU_ONLY):
+        check_cost_mode_device("cuda-graphs", "cpu")
+    with pytest.raises(run_params.RunError, match="is the transformers engine's; llama.cpp times its own"):
+        RunParams(engine="llama.cpp", cost_mode="cuda-graphs").check()
+    with pytest.raises(run_params.RunError, match=GPU_ONLY):
+        RunParams(device="cpu", cost_mode="cuda-graphs").check()
+    assert RunParams(device="auto", cost_mode="cuda-graphs").check().cost_mode == "cuda-graphs"
+    assert RunParams.from_json({"max_new_tokens": 8}).cost_mode == "eager"  # runs stored before the mode
+
+
+def test_the_cost_mode_setting_is_checked_and_read_from_the_environment():
+    assert load_settings(environ={}).cost_mode == "eager"
+    assert load_settings(environ={"SPECROUTE_COST_MODE": "cuda-graphs"}).cost_mode == "cuda-graphs"
+    with pytest.raises(SettingsError, match=r"SPECROUTE_COST_MODE: unknown cost mode 'fast'; use one of"):
+        load_settings(environ={"SPECROUTE_COST_MODE": "fast"})
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_analyze_refuses_cuda_graphs_on_a_cpu_before_storing_anything(cli_db, model_folders, device):
+    target = f"hf:{model_folders['target']}"
+    result = _analyze(
+        cli_db, "--target", target, "--draft", "ngram", "--cost-mode", "cuda-graphs", "--device", device
+    )
+    assert result.exit_code != 0
+    assert GPU_ONLY in result.stderr and "Use --cost-mode eager here" in result.stderr
+    assert json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout) == []
+
+
+def test_a_worker_on_a_cpu_fails_a_queued_cuda_graphs_run_with_the_reason(cli_db, model_folders, monkeypatch):
+    monkeypatch.setenv("SPECROUTE_COST_MODE", "cuda-graphs")  # the setting is the default
+    target = f"hf:{model_folders['target']}"
+    queued = _analyze(cli_db, "--target", target, "--draft", "ngram", "--queue")
+    assert queued.exit_code == 0, queued.stderr
+    run_id = json.loads(queued.stdout)["run_id"]
+    resumed = _analyze(cli_db, "--resume", str(run_id))
+    assert resumed.exit_code != 0 and GPU_ONLY in resumed.stderr
+    [run] = json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert run["status"] == "failed"
+
+
+@pytest.fixture
+def uncaptured_graphs(monkeypatch):
+    """The cuda-graphs mode on the CPU: the device check let through, the steps run uncaptured."""
+    monkeypatch.setattr(run_params, "check_cost_mode_device", lambda mode, device: None)
+    monkeypatch.setattr(run_models, "CAPTURE_GRAPHS", False)
+
+
+def test_a_cuda_graphs_run_prices_validates_and_says_so_and_reuses_only_its_own_mode(
+    cli_db, model_folders, uncaptured_graphs
+):
+    pair = ["--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"]
+    graphs = _analyze(cli_db, *pair, "--cost-mode", "cuda-graphs", "--validate", "2")
+    assert graphs.exit_code == 0, graphs.stderr
+    assert "(steps timed as replayed CUDA graphs)" in graphs.stderr
+    report = json.loads(graphs.stdout)
+    assert report["cost_mode"] == "cuda-graphs" and report["params"]["cost_mode"] == "cuda-graphs"
+    profile = report["cost_profile"]
+    assert (
+        profile["cost_mode"] == "cuda-graphs" and len(profile["target_k_s"]) == 5 and profile["draft_s"] > 0
+    )
+    assert profile["round_overhead_s"] is not None and profile["decode_overhead_s"] is not None
+    assert len(report["validation"]) == 2
+    for validation in report["validation"]:  # the harness's own loops: exact, in the walked rounds
+        assert validation["outputs_identical"] is True
+        prompt = next(p for p in report["prompts"] if p["prompt_id"] == validation["prompt_id"])
+        assert validation["target_forward_passes"] == prompt["per_gamma"][str(validation["gamma"])]["rounds"]
+
+    eager = json.loads(_analyze(cli_db, *pair, "--limit", "2").stdout)
+    assert eager["cost_mode"] == "eager" and eager["cost_profile"]["cost_mode"] == "eager"
+    assert eager["cost_profile"]["id"] != profile["id"]  # a cuda-graphs profile never prices an eager run
+    again = json.loads(_analyze(cli_db, *pair, "--limit", "2", "--cost-mode", "cuda-graphs").stdout)
+    assert again["cost_profile"]["id"] == profile["id"]  # ... and is reused by its own mode
+
+    text = cli_db.invoke(cli, ["report", str(report["run_id"])]).stdout
+    assert "transformers engine (cuda-graphs cost mode)" in text
+    listed = cli_db.invoke(cli, ["costs", "list"]).stdout
+    assert f"profile {profile['id']} (measured): transformers (cuda-graphs) on cpu" in listed
+
+    from webui.app import create_app
+
+    app = create_app(
+        {"database_url": load_settings().resolved_database_url(), "ui_worker": False, "TESTING": True}
+    )
+    try:
+        page = app.test_client().get(f"/runs/{report['run_id']}").get_data(as_text=True)
+        assert re.search(
+            r'cost mode <code id="cost-mode">cuda-graphs</code>\s*\(steps replayed from captured CUDA', page
+        )
+        table = page.split('id="comparison-table"')[1].split("</table>")[0]
+        assert "measured, cuda-graphs" in table and "measured, eager" in table  # both modes, side by side
+    finally:
+        app.extensions["specroute.close"]()
+
+
+def test_the_web_form_offers_the_cost_modes_and_refuses_cuda_graphs_on_a_cpu(web_app):
+    client = web_app.test_client()
+    page = client.get("/runs/new").get_data(as_text=True)
+    select_html = re.search(r'<select name="cost_mode">(.*?)</select>', page).group(1)
+    assert select_html == "<option selected>eager</option><option >cuda-graphs</option>"
+    form = {**_form(client), "target": "hf:/models/target"}
+    refused = client.post("/runs", data={**form, "cost_mode": "cuda-graphs", "device": "cpu"})
+    assert refused.status_code == 400 and "which need a CUDA GPU" in refused.get_data(as_text=True)
+    unknown = client.post("/runs", data={**form, "cost_mode": "graphs"})
+    assert unknown.status_code == 400 and "unknown cost mode &#39;graphs&#39;" in unknown.get_data(
+        as_text=True
+    )
+    queued = client.post("/runs", data={**form, "cost_mode": "cuda-graphs"})  # device auto: a GPU worker's
+    assert queued.status_code == 302
+    with web_app.extensions["specroute.sessions"]() as session:
+        [run] = session.scalars(select(AnalysisRun)).all()
+        assert run.run_params.cost_mode == "cuda-graphs"
