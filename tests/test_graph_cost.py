@@ -159,16 +159,20 @@ def test_a_decoder_grows_its_caches_for_a_longer_prompt_and_stays_exact(target, 
     assert decoder.target.max_len == decoder.draft.max_len == 2 * CACHE_LENGTH_STEP
 
 
-def test_timed_forwards_count_every_step_of_both_models(target, noisy):
+def test_timed_forwards_count_every_forward_of_both_models(target, noisy):
     decoder = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[], capture=False)
     decoder.prepare_for(PROMPTS[0], 10, 3)
     with decoder.timed_forwards() as times:
         ids, passes = decoder.speculative(PROMPTS[0], 10, 3)
-    draft_steps = len(times) - passes
-    assert len(ids) == 10 and passes >= 3 and draft_steps >= passes  # each round drafts at least once
+    # two prefills, one target step per round, and at least one draft step in every round but the last
+    assert len(ids) == 10 and passes >= 3 and len(times) >= 2 + passes + passes - 1
     assert all(t > 0 for t in times)
+    counted = len(times)
     decoder.greedy(PROMPTS[0], 4)
-    assert len(times) == passes + draft_steps  # nothing is appended after the block
+    assert len(times) == counted  # nothing is appended after the block
+    with decoder.timed_forwards() as greedy_times:
+        decoder.greedy(PROMPTS[0], 4, stop_ids=[])
+    assert len(greedy_times) == 1 + 4  # the prefill and one step per token
 
 
 def test_graph_timings_cover_every_k_and_say_how_trustworthy_they_are(target):
@@ -182,3 +186,39 @@ def test_a_decoder_needs_exactly_one_kind_of_draft(target, noisy):
         GraphDecoder(target, noisy, ngram_max=2, eos_ids=[], capture=False)
     with pytest.raises(ValueError, match="not both or neither"):
         GraphDecoder(target, None, ngram_max=None, eos_ids=[], capture=False)
+
+
+def test_the_overhead_is_the_wall_time_outside_the_forwards_per_pass_less_the_lookup(monkeypatch):
+    """overhead_of, which both modes share, on a scripted clock: a plain generation of 4 passes takes
+    10 s of which 6 s are forwards (1 s per pass outside them); a speculative one of 2 passes takes 9 s
+    of which 4 s are forwards (2.5 s per round, less a 0.5 s lookup = 2 s)."""
+    import contextlib
+
+    from analyzer import overhead
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(overhead, "perf_counter", lambda: clock["now"])
+    forwards: list[float] = []
+
+    @contextlib.contextmanager
+    def timed():
+        forwards.clear()
+        yield forwards
+
+    def generate(speculative: bool) -> int:
+        clock["now"] += 9.0 if speculative else 10.0
+        forwards.extend([2.0, 2.0] if speculative else [1.5] * 4)
+        return 2 if speculative else 4
+
+    calls = []
+    measured = overhead.overhead_of(
+        generate,
+        timed,
+        torch.device("cpu"),
+        new_tokens=4,
+        lookup_s=0.5,
+        repeats=3,
+        on_generate=calls.append,
+    )
+    assert (measured.decode_s, measured.round_s, measured.repeats) == (1.0, 2.0, 3)
+    assert calls == [1] * 6  # every timed generation, in attempt 1
