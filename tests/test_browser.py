@@ -322,6 +322,36 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
     _wait(lambda: "Prompt set “traffic”" in browser.page_source, 30, "the prompt set page")
 
 
+def _import_and_analyze(
+    db_url: str, folder: Path, name: str, rows: list[tuple[str, str]], *analyze_args: str
+):
+    """Write ``rows`` (text, task) as a prompt file, import it as set ``name`` and analyze it through the
+    CLI with 12 new tokens and gamma up to 4 (``analyze_args`` add the pair and the rest); returns the
+    runner, its environment and the run's id."""
+    from click.testing import CliRunner
+
+    from webui.cli import cli
+
+    prompts = folder / f"{name}.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text, "task": task}) + "\n" for text, task in rows))
+    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
+    assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", name], env=env).exit_code == 0
+    analyzed = runner.invoke(
+        cli,
+        ["analyze", "--prompts", name, "--max-new-tokens", "12", "--gamma-max", "4", "--json", *analyze_args],
+        env=env,
+    )
+    assert analyzed.exit_code == 0, analyzed.output
+    return runner, env, json.loads(analyzed.stdout)["run_id"]
+
+
+MIXED_PROMPTS = [
+    ("translate the story to French", "translation"),
+    ("write code for a function that returns the sum of a list", "code"),
+    ("def add(a, b): return a + b  # write tests for add", "code"),
+]
+
+
 def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium(
     browser, site, db_url, monkeypatch
 ):
@@ -329,37 +359,26 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     policies page publishes the run without activating it and says why."""
     import itertools
 
-    from click.testing import CliRunner
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
     from analyzer import interference
-    from webui.cli import cli
 
     base, folder = site
-    prompts = folder / "busy.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": text, "task": task}) + "\n"
-            for text, task in [
-                ("translate the story to French", "translation"),
-                ("write code for a function that returns the sum of a list", "code"),
-                ("def add(a, b): return a + b  # write tests for add", "code"),
-            ]
-        )
-    )
-    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
-    assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", "busy"], env=env).exit_code == 0
     busy = itertools.count(0, 10**6)  # /proc/stat as on a machine whose other processes take every core
     monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
-    analyzed = runner.invoke(
-        cli,
-        ["analyze", "--prompts", "busy", "--target", f"hf:{folder / 'tiny-target'}", "--draft", "ngram"]
-        + ["--max-new-tokens", "12", "--gamma-max", "4", "--validate", "1", "--json"],
-        env=env,
+    _, _, run_id = _import_and_analyze(
+        db_url,
+        folder,
+        "busy",
+        MIXED_PROMPTS,
+        "--target",
+        f"hf:{folder / 'tiny-target'}",
+        "--draft",
+        "ngram",
+        "--validate",
+        "1",
     )
-    assert analyzed.exit_code == 0, analyzed.output
-    run_id = json.loads(analyzed.stdout)["run_id"]
     browser.get(f"{base}/runs/{run_id}")
     headline = browser.find_element(By.ID, "advice-withheld")
     assert headline.is_displayed() and headline.text.startswith(
@@ -388,7 +407,6 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     """Issue 22, point 3: the report prices the run's acceptance on every stored profile of its pair,
     side by side, and one click re-prices it with an engine's imported step times: another g* and
     another decision, without measuring again."""
-    from click.testing import CliRunner
     from selenium.webdriver.common.by import By
 
     from tests.test_costs import CHEAP, DEAR
@@ -398,27 +416,17 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     draft = save_tiny_model_folder(
         folder / "tiny-draft", seed=4, noise_std=0.002, base_model=folder / "tiny-target"
     )
-    prompts = folder / "mix.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": text, "task": task}) + "\n"
-            for text, task in [
-                ("translate the story to French", "translation"),
-                ("write code for a function that returns the sum of a list", "code"),
-                ("def add(a, b): return a + b  # write tests for add", "code"),
-                ("summarize: the cat sat on the mat and the dog sat on the log", "summarization"),
-            ]
-        )
+    summary = ("summarize: the cat sat on the mat and the dog sat on the log", "summarization")
+    runner, env, _ = _import_and_analyze(
+        db_url,
+        folder,
+        "mix",
+        [*MIXED_PROMPTS, summary],
+        "--target",
+        f"hf:{folder / 'tiny-target'}",
+        "--draft",
+        f"hf:{draft}",
     )
-    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
-    assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", "mix"], env=env).exit_code == 0
-    analyzed = runner.invoke(
-        cli,
-        ["analyze", "--prompts", "mix", "--target", f"hf:{folder / 'tiny-target'}", "--draft", f"hf:{draft}"]
-        + ["--max-new-tokens", "12", "--gamma-max", "4", "--json"],
-        env=env,
-    )
-    assert analyzed.exit_code == 0, analyzed.output
     costs = folder / "vllm.json"
     costs.write_text(json.dumps([CHEAP, DEAR]))
     imported = runner.invoke(cli, ["costs", "import", str(costs), "--for-run", "1"], env=env)

@@ -210,3 +210,36 @@ def test_the_report_page_prices_the_run_on_every_profile_and_reprices_in_a_click
         assert listed.count("<td>imported</td>") == 2 and "vllm 0.11.0" in listed
     finally:
         app.extensions["specroute.close"]()
+
+
+def test_a_runs_price_comparison_is_computed_once_per_profile_and_dropped_with_its_summary(
+    cli_db, model_folders, tmp_path, monkeypatch
+):
+    from analyzer import summary
+    from analyzer.db import make_engine, make_session_factory
+    from analyzer.orm import AnalysisRun
+    from analyzer.repricing import price_comparison
+    from analyzer.settings import load_settings
+    from analyzer.summary_store import store_summary
+
+    result = _analyze(
+        cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"
+    )
+    assert result.exit_code == 0, result.stderr
+    costs = tmp_path / "vllm.json"
+    costs.write_text(json.dumps([CHEAP, DEAR]))
+    assert cli_db.invoke(cli, ["costs", "import", str(costs), "--for-run", "1"]).exit_code == 0
+    sessions = make_session_factory(make_engine(load_settings().resolved_database_url()))
+    with sessions() as session, session.begin():
+        first = price_comparison(session, session.get(AnalysisRun, 1))
+    with sessions() as session, session.begin():
+        run = session.get(AnalysisRun, 1)
+        assert sorted(run.price_comparisons) == ["2", "3"]  # the imported ones; the run's own is its summary
+        with monkeypatch.context() as patched:  # a second view prices nothing
+            patched.setattr(summary, "summarize_groups", lambda *a, **k: pytest.fail("priced again"))
+            assert price_comparison(session, run) == first
+        assert [row["profile_id"] for row in first] == [1, 3, 2]
+        assert first[2]["workload"]["speculate"] and not first[1]["workload"]["speculate"]
+        store_summary(session, run, relabelled=True)  # task types changed: the rows kept go with it
+        assert run.price_comparisons is None
+        assert price_comparison(session, run) == first

@@ -300,7 +300,7 @@ def _report(run_id: int) -> dict:
 @bp.get("/runs/<int:run_id>")
 def run(run_id: int):
     report = _report(run_id)
-    with sessions()() as session:
+    with sessions()() as session, session.begin():  # committed: comparison rows computed now are kept
         stored = session.get(AnalysisRun, run_id)
         row = _run_row(stored)
         classifier_version, rarely = rarely_reached(session)
