@@ -44,7 +44,6 @@ from analyzer.orm import (
     ModelPair,
     Prompt,
     PromptResult,
-    ValidationResult,
 )
 from analyzer.prompt_encoding import EncodedPrompt
 from analyzer.run_costs import profile_run_costs
@@ -60,8 +59,8 @@ from analyzer.run_records import (
     recording_phases,
     selected_prompts,
     store_finished_summary,
-    validation_sample,
 )
+from analyzer.run_validation import validate_run
 from analyzer.settings import load_settings
 from analyzer.tokenizer_match import tokenizer_fingerprint
 
@@ -411,7 +410,7 @@ def execute_chunk(
             if not _measure_chunk(session_factory, chunk, worker_id, model_cache, params, prompts, progress):
                 return False
         elif params.validate and params.temperature == 0:
-            _validate(session_factory, run_id, loaded_models, params, progress, quiet_wait_s=quiet_wait_s)
+            validate_run(session_factory, run_id, loaded_models, params, progress, quiet_wait_s=quiet_wait_s)
         if complete(session_factory, chunk, worker_id):  # this chunk finished the run: its summary, once
             store_finished_summary(session_factory, run_id)
         return True
@@ -480,91 +479,3 @@ def _measure_chunk(
         if progress:
             progress(done, total, where)
     return True
-
-
-def _validate(
-    session_factory: sessionmaker,
-    run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
-    params: RunParams,
-    progress: ProgressCallback | None,
-    *,
-    quiet_wait_s: float = 0.0,
-) -> None:
-    """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
-    plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
-    run measured (stored with each result). It first waits for a quiet machine (up to
-    ``quiet_wait_s`` seconds in all, :func:`analyzer.interference.wait_for_quiet`); a prompt
-    validated while other processes used more than MAX_OTHERS_CPU of the machine is validated
-    again after another wait (while the budget lasts), and the less disturbed measurement is kept
-    with its share (``others_cpu``), so that the report can mark it."""
-    from analyzer.interference import MAX_OTHERS_CPU, wait_for_quiet
-    from analyzer.summary_store import store_summary
-
-    with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
-        summary = store_summary(session, session.get(AnalysisRun, run_id))
-        validated = set(
-            session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id))
-        )
-        stored = {
-            pid: (prompt_ids, output)
-            for pid, prompt_ids, output in session.execute(
-                select(
-                    PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids
-                ).where(PromptResult.run_id == run_id)
-            )
-        }
-    already = [p for p in summary.prompts if p.prompt_id in validated]
-    chosen = validation_sample(summary, params.validate, already=already)
-    deadline = time.monotonic() + quiet_wait_s
-    if chosen:
-        wait_for_quiet(quiet_wait_s, progress, what="validating")
-    for number, prompt in enumerate(chosen, start=1):
-        if progress:
-            progress(number - 1, len(chosen), "validating with real speculative decoding")
-        gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
-        measured, others = _validated_while_watching(
-            loaded_models, stored[prompt.prompt_id][0], params, gamma
-        )
-        left = deadline - time.monotonic()
-        if others is not None and others > MAX_OTHERS_CPU and left > 0:
-            if wait_for_quiet(left, progress, what="validating again").quiet:
-                again, others_again = _validated_while_watching(
-                    loaded_models, stored[prompt.prompt_id][0], params, gamma
-                )
-                if others_again is not None and others_again < others:
-                    measured, others = again, others_again
-        with session_factory() as session, session.begin():
-            session.add(
-                ValidationResult(
-                    run_id=run_id,
-                    prompt_id=prompt.prompt_id,
-                    gamma=gamma,
-                    greedy_time_s=measured.greedy_time_s,
-                    speculative_time_s=measured.speculative_time_s,
-                    measured_speedup=measured.measured_speedup,
-                    predicted_speedup=float(prompt.speedup_curve[gamma - 1]),
-                    outputs_identical=measured.outputs_identical,
-                    target_forward_passes=measured.target_forward_passes,
-                    replayed_rounds=prompt.rounds.get(gamma),
-                    replay_identical=measured.speculative_ids == list(stored[prompt.prompt_id][1] or []),
-                    others_cpu=others,
-                )
-            )
-    if progress and chosen:
-        progress(len(chosen), len(chosen), "validating with real speculative decoding")
-
-
-def _validated_while_watching(
-    loaded_models: RunModels | LlamaCppRunModels, prompt_ids, params: RunParams, gamma: int
-):
-    """``loaded_models.validate`` of one prompt, and the share of the machine's CPU other processes
-    used meanwhile (None where it cannot be read)."""
-    from analyzer.interference import machine_reading, others_busy_s
-
-    before, started = machine_reading(), time.perf_counter()
-    measured = loaded_models.validate(list(prompt_ids), params, gamma)
-    used = others_busy_s(before, machine_reading())
-    elapsed = time.perf_counter() - started
-    share = None if used is None or elapsed <= 0 else min(1.0, used / (elapsed * (os.cpu_count() or 1)))
-    return measured, share

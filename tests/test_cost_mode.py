@@ -120,6 +120,10 @@ def test_a_cuda_graphs_run_prices_validates_and_says_so_and_reuses_only_its_own_
         )
         table = page.split('id="comparison-table"')[1].split("</table>")[0]
         assert "measured, cuda-graphs" in table and "measured, eager" in table  # both modes, side by side
+        published = cli_db.invoke(cli, ["policies", "publish", "--run", str(report["run_id"])])
+        assert published.exit_code == 0, published.stderr
+        policies = app.test_client().get("/policies").get_data(as_text=True)
+        assert "engine, <code>cuda-graphs</code> cost mode)" in policies
     finally:
         app.extensions["specroute.close"]()
 

@@ -254,6 +254,11 @@ def policies():
             for s in sets
             if s["run_id"] and (reason := run_advice_withheld(session.get(AnalysisRun, s["run_id"])))
         }
+        cost_modes = {  # how the profile that priced each set's run timed its steps
+            s["run_id"]: run.cost_profile.cost_mode
+            for s in sets
+            if s["run_id"] and (run := session.get(AnalysisRun, s["run_id"])) and run.cost_profile
+        }
     estimates = {
         e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
     }
@@ -264,6 +269,7 @@ def policies():
         preselected=next((r["id"] for r in runs if not r["noisy"]), None),  # never a noisy run by default
         estimates=estimates,
         withheld=withheld,
+        cost_modes=cost_modes,
         rarely=rarely,
         classifier_version=classifier_version,
     )
