@@ -191,8 +191,10 @@ class RunModels:
         from analyzer.engines import CUDA_GRAPHS
         from analyzer.graph_cost import time_graph_forwards_checked
 
-        draft_step = self._prompt_lookup_step(context, k_max - 1) if self.draft is None else None
         graphs = cost_mode == CUDA_GRAPHS
+        draft_step = (
+            self._prompt_lookup_step(context, k_max - 1, on_host=graphs) if self.draft is None else None
+        )
         return profile_costs(
             self.target.model,
             context,
@@ -214,8 +216,13 @@ class RunModels:
         from analyzer.overhead import measure_graph_overhead, measure_machinery_overhead
         from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
-        lookup = self._prompt_lookup_step(context, params.gamma_max) if self.draft is None else None
-        if params.cost_mode == CUDA_GRAPHS:
+        graphs = params.cost_mode == CUDA_GRAPHS
+        lookup = (
+            self._prompt_lookup_step(context, params.gamma_max, on_host=graphs)
+            if self.draft is None
+            else None
+        )
+        if graphs:
             return measure_graph_overhead(
                 self.graph_decoder(),
                 context,
@@ -267,19 +274,22 @@ class RunModels:
             warmup=on_gpu,
         )
 
-    def _prompt_lookup_step(self, context: list[int], gamma: int):
+    def _prompt_lookup_step(self, context: list[int], gamma: int, *, on_host: bool = False):
         """One prompt-lookup proposal as transformers computes it (a scan of the whole context), which
-        is what an engine pays per round; the lookup of our analysis is indexed and not representative."""
+        is what an engine pays per round; the lookup of our analysis is indexed and not representative.
+        ``on_host``: over ids on the CPU, as the cuda-graphs mode's loop looks up (generate() looks up
+        on the model's device)."""
         import torch
         from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
+        device = "cpu" if on_host else self.target.model.device
         generator = PromptLookupCandidateGenerator(
-            eos_token_id=torch.tensor(self.eos_ids, device=self.target.model.device),
+            eos_token_id=torch.tensor(self.eos_ids, device=device),
             num_output_tokens=gamma,
             max_matching_ngram_size=self.ngram_max or 2,
             max_length=len(context) + 4096,
         )
-        input_ids = torch.tensor([context], dtype=torch.long, device=self.target.model.device)
+        input_ids = torch.tensor([context], dtype=torch.long, device=device)
         return lambda: generator.get_candidates(input_ids)
 
 
