@@ -500,7 +500,8 @@ class ScriptedModels:
 
         return MachineryOverhead(decode_s=0.0, round_s=0.0, new_tokens=8, repeats=1)
 
-    def measure_costs(self, context, k_max, batch_size, on_repeat):
+    def measure_costs(self, context, k_max, batch_size, on_repeat, *, cost_mode):
+        assert cost_mode == "eager"  # the run's mode reaches the engine (the default params' here)
         t1 = self.script[batch_size].pop(0)
         self.calls.append(batch_size)
         return CostMeasurement(
