@@ -166,8 +166,15 @@ class StaticModel:
                 self._forward(input_ids)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()  # a private memory pool each: steps of any k replay in any order
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a worker's other threads go on
-            logits = self._forward(input_ids)
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a worker's other threads go on
+                logits = self._forward(input_ids)
+        except RuntimeError as error:  # e.g. a model whose forward reads a tensor back to the host
+            raise GraphCostError(
+                f"capturing the CUDA graph of a {k}-token step of {type(self.model).__name__} failed "
+                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                "time this model with --cost-mode eager"
+            ) from error
         return input_ids, graph, logits
 
 

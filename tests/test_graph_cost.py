@@ -222,3 +222,39 @@ def test_the_overhead_is_the_wall_time_outside_the_forwards_per_pass_less_the_lo
     )
     assert (measured.decode_s, measured.round_s, measured.repeats) == (1.0, 2.0, 3)
     assert calls == [1] * 6  # every timed generation, in attempt 1
+
+
+def test_a_capture_that_fails_says_so_and_what_to_use_instead(target, monkeypatch):
+    """What a GPU would raise when a model's forward cannot be captured, played on the CPU: torch's
+    stream and graph calls stand in, the capture raises, and the error names the step and the way out."""
+    import contextlib
+    import types
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    def failing_capture(graph, **options):
+        assert options == {"capture_error_mode": "thread_local"}
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(
+        torch,
+        "cuda",
+        types.SimpleNamespace(
+            Stream=lambda device: Stream(),
+            current_stream=lambda device: Stream(),
+            stream=lambda stream: contextlib.nullcontext(),
+            CUDAGraph=object,
+            graph=failing_capture,
+            synchronize=torch.cuda.synchronize,
+        ),
+    )
+    static = StaticModel(target, 1, 64, capture=False)
+    static.capture = True
+    with pytest.raises(GraphCostError) as caught:
+        static.step([5, 6], 3)
+    assert str(caught.value) == (
+        "capturing the CUDA graph of a 2-token step of LlamaForCausalLM failed (CUDA error: operation not "
+        "permitted when stream is capturing); time this model with --cost-mode eager"
+    )
