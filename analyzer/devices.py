@@ -213,12 +213,19 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def guarantee_sentence(
-    dtype: str | None, *, sampling: bool = False, fidelity: dict | None = None, engine: str | None = None
+    dtype: str | None,
+    *,
+    sampling: bool = False,
+    fidelity: dict | None = None,
+    engine: str | None = None,
+    repriced_from: int | None = None,
 ) -> str:
     """What this run's numbers guarantee, in one plain sentence. float32 greedy: an exact replay;
     bfloat16/float16 greedy: an estimate whose measured fidelity is quoted when known; sampling: an
     expectation under i.i.d. acceptance. In llama.cpp (quantized weights, whose batched and one-token
-    kernels differ) always an estimate with its measured fidelity."""
+    kernels differ) always an estimate with its measured fidelity. A run re-priced from run
+    ``repriced_from`` has no validations of its own: where it would suggest --validate, it points to
+    that run's and to the engine that priced it instead."""
     dtype = dtype or "float32"
     if engine == "llama.cpp":
         return _estimate_sentence(
@@ -226,6 +233,7 @@ def guarantee_sentence(
             "batched verification and one-token decoding use different kernels, so real "
             "speculative decoding can take other paths",
             fidelity,
+            repriced_from,
         )
     if sampling:
         return (
@@ -241,10 +249,11 @@ def guarantee_sentence(
         f"{dtype}: the replay is an estimate, not exact — batched verification and one-token "
         "decoding round differently, so real speculative decoding can take other paths",
         fidelity,
+        repriced_from,
     )
 
 
-def _estimate_sentence(opening: str, fidelity: dict | None) -> str:
+def _estimate_sentence(opening: str, fidelity: dict | None, repriced_from: int | None = None) -> str:
     """``opening`` followed by the measured fidelity, or how to measure it."""
     parts = [opening]
     if fidelity and fidelity.get("mismatch_share") is not None:
@@ -261,6 +270,11 @@ def _estimate_sentence(opening: str, fidelity: dict | None) -> str:
                 f" and target passes differed from the replayed rounds by {fidelity['passes_error_pct']:.1f}% "
                 "on average"
             )
+    elif repriced_from is not None:
+        parts.append(
+            f"; a re-priced run has no validations of its own: see run {repriced_from}'s, and validate the "
+            "speedups in the engine that priced it"
+        )
     else:
         parts.append("; run with --validate N to measure it against real speculative decoding")
     return "".join(parts) + "."

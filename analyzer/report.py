@@ -146,7 +146,13 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         "repriced_from": run.repriced_from_run_id,
         "device": run.device,
         "dtype": dtype,
-        "guarantee": guarantee_sentence(dtype, sampling=sampling, fidelity=run_fidelity, engine=measured_in),
+        "guarantee": guarantee_sentence(
+            dtype,
+            sampling=sampling,
+            fidelity=run_fidelity,
+            engine=measured_in,
+            repriced_from=run.repriced_from_run_id,
+        ),
     }
 
 

@@ -164,14 +164,15 @@ class Settings:
         "machine while other processes use more than 15% of its CPU, saying so ('machine busy: others use "
         "51%; waiting up to 5 min for a quiet window'). After that it measures anyway: a profile still "
         "disturbed is judged noisy (its advice withheld) and a disturbed validation is marked. 0: no wait. "
-        "Keep it below SPECROUTE_STALE_AFTER_S: a worker renews no heartbeat while it waits.",
+        "A worker renews its heartbeat every 30 s while it waits.",
     )
     stale_after_s: float = _setting(
         STALE_AFTER_S,
         "Seconds without a heartbeat after which a running analysis counts as abandoned by "
         "its worker (killed, or its machine gone): the run is shown as interrupted, and any worker claims "
         "its chunk again ('specroute worker --stale-after' defaults to it). Workers renew the heartbeat "
-        "before every batch of prompts, so keep it well above the slowest batch (or model load).",
+        "before every batch of prompts, and every 30 s while they profile or validate (a quiet wait "
+        "included), so keep it well above the slowest batch (or model load).",
     )
 
     def resolved_data_dir(self) -> Path:

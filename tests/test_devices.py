@@ -517,6 +517,14 @@ def test_the_guarantee_sentence_per_dtype_and_mode():
         "bfloat16", fidelity={"validated": 1, "identical": 1, "passes_error_pct": None}
     )
     assert no_rounds.endswith("1 of 1 validated outputs matched plain greedy.")
+    repriced = guarantee_sentence(
+        "Q4_1", engine="llama.cpp", fidelity={"mismatch_share": 0.01}, repriced_from=2
+    )
+    assert repriced.endswith(
+        "; a re-priced run has no validations of its own: see run 2's, and validate the speedups in the "
+        "engine that priced it."
+    )
+    assert "--validate" not in repriced
 
 
 def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(

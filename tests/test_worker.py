@@ -95,3 +95,31 @@ def test_worker_thread_executes_a_queued_run_and_records_its_failure(engine, tmp
     assert (
         run.status == "failed" and "/nowhere/target" in run.error
     )  # the model does not exist: failed, recorded
+
+
+def test_a_long_profile_or_validation_renews_its_chunks_heartbeat_as_it_reports_progress(engine):
+    from analyzer.runs import HEARTBEAT_EVERY_S, renewing_heartbeat
+
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        _queue(session, 1)
+    held = claim_chunk(sessions, "w0")
+    assert held.kind == "profile"
+    old = utcnow() - timedelta(minutes=30)
+
+    def heartbeat():
+        with sessions() as session:
+            return session.get(RunChunk, held.id).heartbeat_at.replace(tzinfo=None)
+
+    with sessions() as session, session.begin():
+        session.get(RunChunk, held.id).heartbeat_at = old
+    now = {"s": 0.0}
+    reported = []
+    report = renewing_heartbeat(sessions, held, "w0", lambda *a: reported.append(a), clock=lambda: now["s"])
+    report(5, 300, "machine busy: waiting")
+    assert heartbeat() == old.replace(tzinfo=None)  # not yet due
+    now["s"] = HEARTBEAT_EVERY_S
+    report(35, 300, "machine busy: waiting")
+    assert heartbeat() > old.replace(tzinfo=None) + timedelta(minutes=29)
+    assert claim_chunk(sessions, "w1", stale_after_s=600) is None  # so nobody takes it over
+    assert reported == [(5, 300, "machine busy: waiting"), (35, 300, "machine busy: waiting")]
