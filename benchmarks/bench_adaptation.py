@@ -61,10 +61,11 @@ from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
 from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_results, summarize_groups  # noqa: E402
 from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
-from router.classifier import cold_start_data, load_active, make_training_data, train_classifier  # noqa: E402
+from router.classifier import load_active, train_classifier  # noqa: E402
 from router.decision import Router, RouterConfig  # noqa: E402
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, task_policies  # noqa: E402
 from router.route_ids import parse_route_id  # noqa: E402
+from router.training_data import cold_start_data, make_training_data  # noqa: E402
 
 
 @dataclass

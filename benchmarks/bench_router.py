@@ -50,9 +50,10 @@ from analyzer.db import make_engine  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompt_checks import prompt_text  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
-from router.classifier import TaskClassifier, build_pipeline, cold_start_data  # noqa: E402
+from router.classifier import TaskClassifier, build_pipeline  # noqa: E402
 from router.decision import Router  # noqa: E402
 from router.policy import PolicySnapshot  # noqa: E402
+from router.training_data import cold_start_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql")
@@ -286,7 +287,8 @@ import json, sys
 import migrations
 from analyzer.db import make_engine, make_session_factory
 from analyzer.simulated_run import create_simulated_run
-from router.classifier import cold_start_data, train_classifier
+from router.classifier import train_classifier
+from router.training_data import cold_start_data
 from router.policy import publish_policies
 url, features, tasks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 engine = make_engine(url)

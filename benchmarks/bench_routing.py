@@ -63,9 +63,10 @@ from analyzer.runs import execute_run  # noqa: E402
 from analyzer.specs import parse_spec  # noqa: E402
 from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
 from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
-from router.classifier import cold_start_data, make_training_data, train_classifier  # noqa: E402
+from router.classifier import train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
+from router.training_data import cold_start_data, make_training_data  # noqa: E402
 
 TARGET = "builtin:smollm2-135m-instruct"
 MODES = ("a: off", "b: always, transformers defaults", "c: always, workload gamma", "d: routed")

@@ -11,12 +11,10 @@ checked before it is loaded. Nothing a user uploads is ever unpickled.
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
 import platform
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Sequence
 
 import numpy as np
@@ -30,15 +28,12 @@ from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.errors import SpecrouteError
-from analyzer.ingest import parse_prompt_file
-from analyzer.orm import AnalysisRun, Prompt, PromptResult, PromptSet
+from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompt_checks import request_text
 from analyzer.summary_store import FINISHED_STATUSES, store_summary
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
     MIN_SOURCES,
-    USER_GROUP,
     calibration,
     catch_all_tasks,
     decision_matrix,
@@ -48,7 +43,6 @@ from router.evaluation import (
     reachability,
     scores_of,
     softmax,
-    source_group,
     stratified_folds,
 )
 from router.fast_scorer import FastScorer
@@ -59,234 +53,13 @@ from router.features import (
     structural_features,
 )
 from router.orm import ClassifierVersion, activate_only
-from router.suggestions import PseudoLabel, TeacherUnavailable, pseudo_labels, suggest_tasks
 from router.teacher import Progress
-
-CORPUS_FILE = "corpus.jsonl"
-MIN_PER_LABEL = 2
-# Pseudo-labels below this teacher confidence are not trained on; the others are weighted by it. Chosen
-# by leave-one-source-out macro-F1 after adapting (benchmarks/bench_adapt.py, RESULTS.md: bars 0.1 /
-# 0.2 / 0.3 / 0.5 gave 0.653 / 0.619 / 0.486 / 0.287): the teacher's spread probabilities are spread
-# over 13 tasks, so even its right labels are often below 0.5, and weighting already discounts doubt.
-DEFAULT_PSEUDO_CONFIDENCE = 0.1
-
-
-class ClassifierError(SpecrouteError, RuntimeError):
-    """Training or loading the classifier is not possible; the message says why and what to do (the
-    API meets it when the stored classifier cannot be loaded: 503)."""
-
-    status, code = 503, "classifier_unavailable"
-
-
-@dataclass(frozen=True)
-class TrainingData:
-    """Texts and labels to train on, the group of each text for grouped CV (the repository it came
-    from, or USER_GROUP for a user's own label), their hash, where they came from, and labels left
-    out for having fewer than MIN_PER_LABEL prompts. ``weights`` (empty: all 1) and ``kinds``
-    ("corpus", "label" or "pseudo" per text; empty: all "label") say what each text is; pseudo-labels
-    are trained on, weighted by confidence, and never scored."""
-
-    texts: list[str]
-    labels: list[str]
-    sha256: str
-    source: str
-    dropped: dict[str, int]
-    groups: list[str] = field(default_factory=list)
-    weights: list[float] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
-
-    def weight_array(self) -> np.ndarray:
-        return np.asarray(self.weights or [1.0] * len(self.texts), dtype=np.float64)
-
-    def kind_list(self) -> list[str]:
-        return self.kinds or ["label"] * len(self.texts)
-
-    def composition(self) -> dict[str, dict[str, int]]:
-        """Per task: how many corpus, user-labelled and pseudo-labelled prompts."""
-        out: dict[str, dict[str, int]] = {}
-        for label, kind in zip(self.labels, self.kind_list()):
-            row = out.setdefault(label, {"corpus": 0, "label": 0, "pseudo": 0})
-            row[kind] += 1
-        return dict(sorted(out.items()))
-
-
-def make_training_data(
-    texts: list[str],
-    labels: list[str],
-    source: str,
-    groups: Sequence[str] | None = None,
-    *,
-    weights: Sequence[float] | None = None,
-    kinds: Sequence[str] | None = None,
-) -> TrainingData:
-    """Training data from parallel texts, labels and groups (default: all in USER_GROUP), weights
-    (default 1) and kinds (default "label"); labels with fewer than MIN_PER_LABEL prompts are left
-    out (and listed), and the hash covers the kept rows in sorted order."""
-    groups = list(groups) if groups is not None else [USER_GROUP] * len(texts)
-    weights = list(weights) if weights is not None else [1.0] * len(texts)
-    kinds = list(kinds) if kinds is not None else ["label"] * len(texts)
-    counts = Counter(labels)
-    dropped = {label: n for label, n in counts.items() if n < MIN_PER_LABEL}
-    kept = [
-        (t, label, g, w, k)
-        for t, label, g, w, k in zip(texts, labels, groups, weights, kinds)
-        if label not in dropped
-    ]
-    digest = hashlib.sha256()
-    for text, label, _, weight, kind in sorted(kept):
-        row = [text, label] if kind != "pseudo" else [text, label, round(weight, 4), kind]
-        digest.update(json.dumps(row, ensure_ascii=False).encode("utf-8"))
-    return TrainingData(
-        [row[0] for row in kept],
-        [row[1] for row in kept],
-        digest.hexdigest(),
-        source,
-        dropped,
-        [row[2] for row in kept],
-        [row[3] for row in kept],
-        [row[4] for row in kept],
-    )
-
-
-def with_pseudo_labels(
-    data: TrainingData, pseudo: Sequence[PseudoLabel], min_confidence: float | None = None
-) -> TrainingData:
-    """``data`` plus the pseudo-labels at or above ``min_confidence`` (default DEFAULT_PSEUDO_CONFIDENCE),
-    weighted by confidence, grouped by their prompt set; a text already in ``data`` keeps its label."""
-    bar = DEFAULT_PSEUDO_CONFIDENCE if min_confidence is None else min_confidence
-    present = set(data.texts)
-    added = [p for p in pseudo if p.confidence >= bar and p.text not in present]
-    added = list({p.text: p for p in added}.values())  # one per distinct text
-    if not added:
-        return data
-    sets = sorted({p.prompt_set for p in added})
-    return make_training_data(
-        data.texts + [p.text for p in added],
-        data.labels + [p.task for p in added],
-        f"{data.source} + {len(added)} pseudo-labelled prompts of {', '.join(sets)} "
-        f"(teacher confidence >= {bar:.2f})",
-        data.groups + [f"pseudo: {p.prompt_set}" for p in added],
-        weights=list(data.weight_array()) + [p.confidence for p in added],
-        kinds=data.kind_list() + ["pseudo"] * len(added),
-    )
-
-
-def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -> dict[str, tuple[str, str]]:
-    """text -> (task, group) of the labeled prompts of the named sets (all sets when none are named),
-    one per distinct text (the first stored label wins)."""
-    query = (
-        select(Prompt.text, Prompt.messages, Prompt.task, PromptSet.name)
-        .join(PromptSet)
-        .where(Prompt.task.is_not(None))
-    )
-    if prompt_set_names:
-        query = query.where(PromptSet.name.in_(list(prompt_set_names)))
-        missing = set(prompt_set_names) - set(
-            session.scalars(select(PromptSet.name).where(PromptSet.name.in_(list(prompt_set_names))))
-        )
-        if missing:
-            raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
-    seen: dict[str, tuple[str, str]] = {}
-    for text, messages, task, set_name in session.execute(query.order_by(Prompt.id)):
-        seen.setdefault(request_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
-    return seen
-
-
-def _describe(prompt_set_names: Sequence[str] | None) -> str:
-    return (
-        "prompt sets " + ", ".join(prompt_set_names)
-        if prompt_set_names
-        else "all labeled prompts in the database"
-    )
-
-
-def training_data_from_db(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
-    """The labeled prompts of the named sets (all sets when none are named), one per distinct text
-    (the first stored label wins), each grouped by its prompt set for grouped CV."""
-    seen = _labeled_prompts(session, prompt_set_names)
-    return make_training_data(
-        list(seen), [t for t, _ in seen.values()], _describe(prompt_set_names), [g for _, g in seen.values()]
-    )
-
-
-def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None) -> TrainingData:
-    """The bundled corpus plus the user's labeled prompts; for a text in both, the user's label wins
-    (the prompt keeps the corpus source as its group). Labels too rare to train on are left out after
-    merging, so a single correction of a corpus prompt counts."""
-    corpus = cold_start_data()
-    own = _labeled_prompts(session, prompt_set_names)
-    overridden = sum(1 for t, label in zip(corpus.texts, corpus.labels) if t in own and own[t][0] != label)
-    in_corpus = set(corpus.texts)
-    extra = [t for t in own if t not in in_corpus]
-    texts = corpus.texts + extra
-    labels = [own[t][0] if t in own else label for t, label in zip(corpus.texts, corpus.labels)] + [
-        own[t][0] for t in extra
-    ]
-    groups = corpus.groups + [own[t][1] for t in extra]
-    kinds = ["label" if t in own else "corpus" for t in corpus.texts] + ["label"] * len(extra)
-    source = (
-        f"bundled corpus + {len(own)} labeled prompts from {_describe(prompt_set_names)}"
-        f" ({overridden} relabel a corpus prompt)"
-        if own
-        else "bundled corpus"
-    )
-    return make_training_data(texts, labels, source, groups, kinds=kinds)
-
-
-TRAINING_SOURCES = ("both", "labels", "corpus")
-
-
-def training_data(
-    session: Session,
-    source: str = "both",
-    prompt_set_names: Sequence[str] | None = None,
-    *,
-    adapt: Sequence[str] = (),
-    min_confidence: float | None = None,
-    progress: Progress | None = None,
-) -> TrainingData:
-    """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
-    same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
-    ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
-    unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
-    as pseudo-labels at or above ``min_confidence``, weighted by confidence."""
-    if source not in TRAINING_SOURCES:
-        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
-    if source == "corpus":
-        if prompt_set_names:
-            raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
-        data = cold_start_data()
-    elif source == "both":
-        data = with_corpus(session, prompt_set_names)
-    else:
-        data = training_data_from_db(session, prompt_set_names)
-        if not data.texts:
-            raise ClassifierError(
-                "no labeled prompts in the database; label some on a prompt set's page, "
-                "or train on the bundled corpus"
-            )
-    if not adapt:
-        return data
-    try:
-        suggest_tasks(session, adapt, progress)
-    except TeacherUnavailable as exc:
-        raise ClassifierError(f"cannot adapt: {exc}") from None
-    return with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence)
-
-
-def cold_start_data() -> TrainingData:
-    """The bundled labeled corpus (router/data/corpus.jsonl; sources and licenses beside it), each
-    prompt grouped by the repository it came from."""
-    data = resources.files("router.data").joinpath(CORPUS_FILE).read_bytes()
-    parsed = parse_prompt_file(data, CORPUS_FILE)
-    source_of = {row["id"]: row["source"] for row in map(json.loads, data.decode("utf-8").splitlines())}
-    return make_training_data(
-        [request_text(p.text, p.messages) for p in parsed.prompts],
-        [p.task for p in parsed.prompts],
-        "bundled corpus",
-        [source_group(source_of[p.external_id]) for p in parsed.prompts],
-        kinds=["corpus"] * len(parsed.prompts),
-    )
+from router.training_data import (
+    DEFAULT_PSEUDO_CONFIDENCE,
+    ClassifierError,
+    TrainingData,
+    trained_on,
+)
 
 
 def adapted_fit(
@@ -304,7 +77,7 @@ def adapted_fit(
     ones, (text, task, confidence), weighted by their confidence; pseudo-labels below
     ``min_confidence``, and texts that already have a label, are left out."""
     labelled = set(texts)
-    kept = [(t, task, w) for t, task, w in pseudo if w >= min_confidence and t not in labelled]
+    kept = [(t, task, w) for t, task, w in pseudo if trained_on(t, w, labelled, min_confidence)]
     sample_weight = list(weights) if weights is not None else [1.0] * len(texts)
     return build_pipeline(seed, features, c).fit(
         list(texts) + [t for t, _, _ in kept],

@@ -72,7 +72,7 @@ def suggest_tasks(
     """Suggest a task for every unlabelled prompt of the named sets (their suggestions replaced), with
     a teacher trained on the bundled corpus plus every label in the database. The sets' unlabelled
     prompts are labelled together, so alike prompts vote with each other. In the caller's transaction."""
-    from router.classifier import with_corpus
+    from router.training_data import with_corpus
 
     sets = _sets(session, names)
     prompts = list(

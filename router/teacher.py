@@ -155,7 +155,7 @@ def _texts_sha256(texts: Sequence[str]) -> str:
 def write_corpus_embeddings(path: Path) -> int:
     """Embed the bundled corpus's request texts and store them (float16) with the texts' hash and the
     encoder version; returns the row count."""
-    from router.classifier import cold_start_data
+    from router.training_data import cold_start_data
 
     texts = cold_start_data().texts
     vectors = embed_all(texts, lambda line: print(line, flush=True), "the bundled corpus")
@@ -176,7 +176,7 @@ def corpus_embeddings() -> dict[str, np.ndarray]:
     match the corpus or the installed encoder (then everything is embedded afresh)."""
     global _corpus_rows
     if _corpus_rows is None:
-        from router.classifier import cold_start_data
+        from router.training_data import cold_start_data
 
         texts = cold_start_data().texts
         _corpus_rows = {}

@@ -15,8 +15,9 @@ def make_routing_database(url: str):
     classifier telling code from qa; returns its engine."""
     import migrations
     from analyzer.db import make_engine, make_session_factory
-    from router.classifier import make_training_data, train_classifier
+    from router.classifier import train_classifier
     from router.policy import publish_policies
+    from router.training_data import make_training_data
 
     engine = make_engine(url)
     migrations.upgrade(engine)

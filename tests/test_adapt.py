@@ -13,16 +13,10 @@ from sqlalchemy import select
 
 from analyzer.orm import Prompt
 from analyzer.prompt_sets import get_prompt_set, import_prompt_file
-from router.classifier import (
-    cold_start_data,
-    evaluate,
-    make_training_data,
-    train_classifier,
-    training_data,
-    with_pseudo_labels,
-)
+from router.classifier import evaluate, train_classifier
 from router.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
 from router.teacher import corpus_embeddings, embed_all, spread, teacher_available
+from router.training_data import cold_start_data, make_training_data, training_data, with_pseudo_labels
 from tests.test_webui import token, upload
 from webui.app import create_app
 from webui.cli import cli

@@ -14,9 +14,10 @@ from referencing.jsonschema import DRAFT202012
 from sqlalchemy import func, select
 
 from analyzer.db import lock_for_write
-from router.classifier import make_training_data, train_classifier
+from router.classifier import train_classifier
 from router.orm import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
 from router.policy import activate_policy_set, publish_policies
+from router.training_data import make_training_data
 from tests.factories import make_done_run
 from webui.app import create_app
 

@@ -17,18 +17,15 @@ from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
 from analyzer.prompt_sets import import_prompt_file
 from router.classifier import (
     ClassifierError,
-    TrainingData,
-    cold_start_data,
     evaluate,
     label_run_results,
     load_active,
     load_version,
-    make_training_data,
     train_classifier,
-    training_data_from_db,
 )
 from router.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
 from router.orm import ClassifierVersion
+from router.training_data import TrainingData, cold_start_data, make_training_data, training_data_from_db
 from tests.conftest import require_shared
 from webui.cli import cli
 

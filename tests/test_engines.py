@@ -20,9 +20,10 @@ from analyzer.report import build_report
 from analyzer.report_text import report_text
 from analyzer.run_records import RunError, RunParams, create_run
 from analyzer.settings import SettingsError, load_settings
-from router.classifier import make_training_data, train_classifier
+from router.classifier import train_classifier
 from router.decision import Router
 from router.policy import PolicyContract, PolicySnapshot, publish_policies
+from router.training_data import make_training_data
 from tests.factories import make_done_run
 from tests.test_api import _validator
 from webui.app import create_app

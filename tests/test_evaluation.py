@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.classifier import TaskClassifier, build_pipeline, evaluate, make_training_data
+from router.classifier import TaskClassifier, build_pipeline, evaluate
 from router.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
 from router.evaluation import (
     catch_all_tasks,
@@ -20,6 +20,7 @@ from router.evaluation import (
     source_group,
 )
 from router.policy import PolicySnapshot
+from router.training_data import make_training_data
 
 
 def test_source_group_is_the_repository():

@@ -8,11 +8,12 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from router.classifier import make_training_data, train_classifier
+from router.classifier import train_classifier
 from router.feedback import FeedbackError, normalise, parse_feedback, record_feedback
 from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies
 from router.route_ids import new_route_id, parse_route_id
+from router.training_data import make_training_data
 from tests.factories import make_done_run
 
 

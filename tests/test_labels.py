@@ -18,7 +18,8 @@ from analyzer.prompt_sets import (
     relabel_prompts,
     set_prompt_task,
 )
-from router.classifier import ClassifierError, cold_start_data, training_data
+from router.classifier import ClassifierError
+from router.training_data import cold_start_data, training_data
 from tests.test_webui import token, ui, upload, web  # noqa: F401  (fixtures)
 from webui.cli import cli
 

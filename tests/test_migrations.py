@@ -109,11 +109,12 @@ def _realistic_rows(url: str) -> None:
     from analyzer.chunks import plan_chunks
     from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
-    from router.classifier import make_training_data, train_classifier
+    from router.classifier import train_classifier
     from router.decision import Router
     from router.decision_log import DecisionLog
     from router.feedback import parse_feedback, record_feedback
     from router.policy import PolicySnapshot, publish_policies
+    from router.training_data import make_training_data
     from tests.factories import make_done_run
 
     engine = make_engine(url)

@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from router.classifier import make_training_data, train_classifier
+from router.classifier import train_classifier
 from router.decision import Router, RouterConfig, router_from_database
 from router.orm import PolicySet
 from router.policy import (
@@ -18,6 +18,7 @@ from router.policy import (
     activate_policy_set,
     publish_policies,
 )
+from router.training_data import make_training_data
 from tests.factories import make_done_run
 from webui.cli import cli
 

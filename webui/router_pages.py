@@ -13,19 +13,18 @@ from analyzer.prompt_checks import prompt_text
 from analyzer.report import run_advice_withheld
 from router.classifier import (
     FEATURE_SETS,
-    TRAINING_SOURCES,
     ClassifierError,
     activate_version,
     rarely_reached,
     regularisation,
     train_classifier,
-    training_data,
 )
 from router.decision import RouteRequest
 from router.encoder import encoder_available
 from router.orm import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
+from router.training_data import TRAINING_SOURCES, training_data
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, sessions, settings

@@ -198,7 +198,8 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classifier import ClassifierError, cold_start_data, load_active, train_classifier
+    from router.classifier import ClassifierError, load_active, train_classifier
+    from router.training_data import cold_start_data
 
     with sessions() as session, session.begin():
         try:

@@ -71,8 +71,9 @@ def train(
     encoder) labels them, and those it is confident of are trained on, weighted by its confidence.
     They are never scored: only labels are truth.
     """
-    from router.classifier import train_classifier, training_data
+    from router.classifier import train_classifier
     from router.records import classifier_dict
+    from router.training_data import training_data
 
     if cold_start:
         source = "corpus"
