@@ -18,6 +18,7 @@ assisted generation); the product refuses the mode on a CPU (:meth:`analyzer.run
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from time import perf_counter, process_time
 
@@ -26,7 +27,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from analyzer.cost import RepeatCallback, _synchronize, _trailing_ids
+from analyzer.cost import RepeatCallback, _cache_argument, _synchronize, _trailing_ids
 from analyzer.errors import SpecrouteError
 from analyzer.interference import TimingQuality, checked_timings, interleaved_repeats
 
@@ -65,6 +66,10 @@ class StaticModel:
         self.device = model.device
         self.forward_times: list[float] | None = None
         self._eager_mask = model.config._attn_implementation not in ("sdpa", "flash_attention_2")
+        # transformers 5 takes the cache as `cache` and writes where each layer's device counter says;
+        # earlier versions take `past_key_values` and write at the `cache_position` they are given
+        self._takes_cache_position = "cache_position" in inspect.signature(model.forward).parameters
+        self._cache_argument = _cache_argument(model)
         with torch.inference_mode():
             self.cache = StaticCache(config=model.config, max_cache_len=max_len)
             unsupported = {
@@ -84,7 +89,7 @@ class StaticModel:
         only device work, so that it can be captured."""
         k = input_ids.shape[1]
         for layer in self.cache.layers:  # the write position (a device tensor per layer once allocated)
-            if layer.is_initialized:
+            if getattr(layer, "is_initialized", False) and hasattr(layer, "cumulative_length"):
                 layer.cumulative_length.copy_(self._start)
         query_positions = self._start + self._positions[:k]
         allowed = self._positions[None, :] <= query_positions[:, None]  # (k, max_len)
@@ -93,12 +98,14 @@ class StaticModel:
             mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=self.device).masked_fill(
                 ~mask, torch.finfo(self.model.dtype).min
             )
+        where = {"cache_position": query_positions} if self._takes_cache_position else {}
         output = self.model(
             input_ids=input_ids,
             position_ids=query_positions[None].expand(self.batch_size, k),
             attention_mask=mask,
-            cache=self.cache,
             use_cache=True,
+            **{self._cache_argument: self.cache},
+            **where,
         )
         return output.logits
 

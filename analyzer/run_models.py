@@ -254,7 +254,7 @@ class RunModels:
         on_gpu = self.target.placement.is_cuda  # warm, and alternated over 2 repeats (cold runs lie there)
         if params.cost_mode == CUDA_GRAPHS:
             decoder = self.graph_decoder()
-            decoder.prepare_for(prompt_ids, params.max_new_tokens, gamma)  # capturing is not timed
+            decoder.prepare_for(prompt_ids, params.max_new_tokens, gamma)  # sized, and captured untimed below
             return compare_generations(
                 lambda: decoder.greedy(prompt_ids, params.max_new_tokens),
                 lambda: decoder.speculative(prompt_ids, params.max_new_tokens, gamma),

@@ -11,6 +11,7 @@ import torch
 from analyzer import cost, interference
 from analyzer.cost import (
     CostMeasurement,
+    _cache_argument,
     device_description,
     prefill_cache,
     profile_costs,
@@ -119,7 +120,9 @@ def test_forwards_over_the_cache_leave_it_as_found(target):
     token, continuation = CONTEXT[-1], []
     with torch.inference_mode():
         for _ in range(8):
-            logits = target(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits
+            logits = target(
+                input_ids=torch.tensor([[token]]), use_cache=True, **{_cache_argument(target): cache}
+            ).logits
             token = int(logits[0, -1].argmax())
             continuation.append(token)
     assert continuation == expected

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from analyzer.cost import _cache_argument
 from analyzer.graph_cost import (
     CACHE_LENGTH_STEP,
     GraphCostError,
@@ -54,9 +55,10 @@ def grouped_query_model(attention: str) -> LlamaForCausalLM:
 def dynamic_logits(model, context: list[int], new: list[int], batch_size: int = 1) -> torch.Tensor:
     """Logits of ``new`` after ``context`` through transformers' own DynamicCache."""
     cache = DynamicCache(config=model.config)
+    argument = {_cache_argument(model): cache}  # `cache` in transformers 5.2x, `past_key_values` before
     with torch.inference_mode():
-        model(input_ids=torch.tensor([context] * batch_size), cache=cache, use_cache=True)
-        return model(input_ids=torch.tensor([new] * batch_size), cache=cache, use_cache=True).logits
+        model(input_ids=torch.tensor([context] * batch_size), use_cache=True, **argument)
+        return model(input_ids=torch.tensor([new] * batch_size), use_cache=True, **argument).logits
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
