@@ -149,15 +149,32 @@ def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -
     )
     if prompt_set_names:
         query = query.where(PromptSet.name.in_(list(prompt_set_names)))
-        missing = set(prompt_set_names) - set(
-            session.scalars(select(PromptSet.name).where(PromptSet.name.in_(list(prompt_set_names))))
-        )
-        if missing:
-            raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
+        _refuse_missing_sets(session, prompt_set_names)
     seen: dict[str, tuple[str, str]] = {}
     for text, messages, task, set_name in session.execute(query.order_by(Prompt.id)):
         seen.setdefault(request_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
     return seen
+
+
+def _refuse_missing_sets(session: Session, names: Sequence[str]) -> None:
+    """ClassifierError naming the prompt sets among ``names`` that do not exist."""
+    missing = set(names) - set(session.scalars(select(PromptSet.name).where(PromptSet.name.in_(list(names)))))
+    if missing:
+        raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
+
+
+def check_training_request(
+    session: Session, source: str, prompt_set_names: Sequence[str] | None = None, adapt: Sequence[str] = ()
+) -> None:
+    """Refuse at once what :func:`training_data` would refuse before any work: training data other
+    than TRAINING_SOURCES, prompt sets named for the bundled corpus alone, and prompt sets (to take
+    labels from, or to adapt to) that do not exist. The web form asks this before it starts a job."""
+    if source not in TRAINING_SOURCES:
+        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
+    if source == "corpus" and prompt_set_names:
+        raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
+    if prompt_set_names or adapt:
+        _refuse_missing_sets(session, [*(prompt_set_names or ()), *adapt])
 
 
 def _describe(prompt_set_names: Sequence[str] | None) -> str:
@@ -218,11 +235,8 @@ def training_data(
     ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
     unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
     as pseudo-labels at or above ``min_confidence``, weighted by confidence."""
-    if source not in TRAINING_SOURCES:
-        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
+    check_training_request(session, source, prompt_set_names, adapt)
     if source == "corpus":
-        if prompt_set_names:
-            raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
         data = cold_start_data()
     elif source == "both":
         data = with_corpus(session, prompt_set_names)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -146,6 +147,24 @@ def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):
         assert training_data_from_db(session, ["two"]).dropped == {"qa": 1}
         with pytest.raises(ClassifierError, match="no prompt set named nope"):
             training_data_from_db(session, ["nope"])
+
+
+def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(session):
+    from router.training_data import check_training_request, training_data
+
+    import_prompt_file(session, "mine", b"a\nb\n", "mine.txt")
+    check_training_request(session, "both", ["mine"], adapt=["mine"])  # nothing to refuse
+    refusals = [
+        (("bogus",), "unknown training data 'bogus'; use one of both, labels, corpus"),
+        (("corpus", ["mine"]), "prompt sets were named but the training data is the bundled corpus only"),
+        (("both", ["mine", "nope"]), "no prompt set named nope"),
+        (("labels", None, ["gone", "mine"]), "no prompt set named gone"),
+    ]
+    for args, message in refusals:
+        with pytest.raises(ClassifierError, match=f"^{re.escape(message)}$"):
+            check_training_request(session, *args)
+        with pytest.raises(ClassifierError, match=f"^{re.escape(message)}$"):  # training says the same
+            training_data(session, *args[:2], **({"adapt": args[2]} if len(args) > 2 else {}))
 
 
 def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session, subset):

@@ -24,7 +24,7 @@ from router.encoder import encoder_available
 from router.orm import ClassifierVersion
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
-from router.training_data import TRAINING_SOURCES, training_data
+from router.training_data import check_training_request, training_data
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, sessions, settings
@@ -125,16 +125,9 @@ def train():
     features = request.form.get("features") or settings().classifier_features
     sessions_, service = sessions(), _router_service()
     try:  # what can be refused at once is refused before anything starts
-        if source not in TRAINING_SOURCES:
-            raise ClassifierError(
-                f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}"
-            )
         regularisation(features)  # an unknown feature set
         with sessions_() as session:
-            named = set(names) | set(adapt)
-            missing = named - set(session.scalars(select(PromptSet.name).where(PromptSet.name.in_(named))))
-            if missing:
-                raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
+            check_training_request(session, source, names, adapt)
     except ClassifierError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
