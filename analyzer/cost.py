@@ -273,6 +273,7 @@ def profile_costs(
     batch_size: int = 1,
     on_repeat: RepeatCallback | None = None,
     forwards_checked: ForwardsTimer | None = None,
+    on_draft_repeat: RepeatCallback | None = None,
 ) -> CostMeasurement:
     """Measure T_t(1..k_max, b) of the target and T_d of the draft over a cache of `context_ids`, for
     b = `batch_size` sequences at once.
@@ -280,8 +281,9 @@ def profile_costs(
     T_d comes from `draft_model` (one single-token forward of b rows) when given, else from the
     callable `draft_step` (one n-gram lookup, timed with `time_callable`'s own repeat count since it
     is cheap; each of the b sequences looks up its own, so T_d = b lookups), else it is 0.0. Giving
-    both is ambiguous and raises ValueError. ``on_repeat`` is called after every timed pass (progress:
-    1 + ``repeats`` passes for the target, as many again for a draft model, more when re-measuring).
+    both is ambiguous and raises ValueError. ``on_repeat`` is called after every timed pass of the
+    target (progress: its warm-up and ``repeats`` passes, more when re-measuring), and
+    ``on_draft_repeat`` (default ``on_repeat``) after every one of a draft model.
     The forwards are timed by ``forwards_checked`` (default: eager forwards,
     :func:`time_target_forwards_checked`; the cuda-graphs mode passes replayed graphs); the prefills
     are eager in either mode, as engines run them.
@@ -309,7 +311,7 @@ def profile_costs(
             repeats=repeats,
             warmup=warmup,
             batch_size=batch_size,
-            on_repeat=on_repeat,
+            on_repeat=on_draft_repeat or on_repeat,
         )
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")

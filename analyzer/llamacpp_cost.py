@@ -105,6 +105,7 @@ def profile_llamacpp_costs(
     ngram_max: int | None = None,
     repeats: int = 5,
     on_repeat: RepeatCallback | None = None,
+    on_draft_repeat: RepeatCallback | None = None,
 ) -> CostMeasurement:
     """T_t(1..k_max) of the target and the draft step in llama.cpp over a cache of ``context_ids``
     (batch 1: llama-cpp-python runs one sequence per context). The verify passes run in a context
@@ -130,7 +131,7 @@ def profile_llamacpp_costs(
     draft_prefill_s = max(0.0, speculating_prefill_s - target_prefill_s)
     if draft is not None:
         draft_forward_s, draft_quality = time_decodes_checked(
-            draft, context_ids, 1, repeats=repeats, on_repeat=on_repeat
+            draft, context_ids, 1, repeats=repeats, on_repeat=on_draft_repeat or on_repeat
         )
         draft_step_s = draft_forward_s[0]
         quality = quality.combined(draft_quality, "draft step")

@@ -124,7 +124,14 @@ class LlamaCppRunModels:
         )
 
     def measure_costs(
-        self, context: list[int], k_max: int, batch_size: int, on_repeat, *, cost_mode: str | None = None
+        self,
+        context: list[int],
+        k_max: int,
+        batch_size: int,
+        on_repeat,
+        *,
+        on_draft_repeat=None,
+        cost_mode: str | None = None,
     ):
         """llama.cpp's own step times (it has no cost modes: ``cost_mode`` is None)."""
         from analyzer.llamacpp_cost import profile_llamacpp_costs
@@ -135,7 +142,13 @@ class LlamaCppRunModels:
                 "sequence per context)"
             )
         return profile_llamacpp_costs(
-            self.target, context, k_max, draft=self.draft, ngram_max=self.ngram_max, on_repeat=on_repeat
+            self.target,
+            context,
+            k_max,
+            draft=self.draft,
+            ngram_max=self.ngram_max,
+            on_repeat=on_repeat,
+            on_draft_repeat=on_draft_repeat,
         )
 
     def measure_overhead(

@@ -35,11 +35,10 @@ OVERHEAD_REPEATS = 3
 # (a smaller batch slower than a larger one; on a GPU, where small batches read the same weights, either way)
 MAX_BATCH_STEP_CHANGE = 0.25
 # the passes each timed model makes while profiling (the defaults of analyzer.cost.profile_costs and
-# analyzer.llamacpp_cost.profile_llamacpp_costs): the progress bar plans this many per model, and
-# re-measurements of noisy points add passes beyond the plan
+# analyzer.llamacpp_cost.profile_llamacpp_costs; on a GPU analyzer.cost.GPU_WARMUP_ROUNDS untimed ones):
+# the progress bar plans this many per model, and re-measurements of noisy points add passes beyond it
 WARMUP_PASSES = 1
 TIMED_REPEATS = 5
-PASSES_PER_TIMED_MODEL = WARMUP_PASSES + TIMED_REPEATS
 
 
 @dataclass(frozen=True)
@@ -295,26 +294,38 @@ def _measure_cost_profile(
     progress: ProgressCallback | None,
     cost_mode: str | None,
 ) -> CostMeasurement:
-    """The engine's cost measurement at ``batch_size`` (in ``cost_mode``), telling ``progress`` of every timed pass
-    under ``phase`` (planned: :data:`PASSES_PER_TIMED_MODEL` for the target, as many for a draft model)."""
+    """The engine's cost measurement at ``batch_size`` (in ``cost_mode``), telling ``progress`` of every
+    timed pass under ``phase``: planned, each timed model's warm-up and TIMED_REPEATS passes (the
+    target's, then a draft model's); a model's passes beyond that re-measure what interference disturbed
+    and go to a bar of their own."""
+    from analyzer.cost import GPU_WARMUP_ROUNDS
+
+    on_gpu = loaded_models.engine == "transformers" and loaded_models.target.placement.is_cuda
+    per_model = (GPU_WARMUP_ROUNDS if on_gpu else WARMUP_PASSES) + TIMED_REPEATS
     timed_models = 2 if loaded_models.draft is not None else 1
-    passes_planned = PASSES_PER_TIMED_MODEL * timed_models
+    passes_planned = per_model * timed_models
     extra_planned = EXTRA_ROUNDS * TIMED_REPEATS * timed_models  # the most re-measurement can add
     extra_phase = f"{phase}: re-measuring what interference disturbed"
-    passes_done = 0
+    done = [0, 0]  # passes of the target, of the draft model
 
-    def tick() -> None:
-        nonlocal passes_done
-        passes_done += 1
-        if progress and passes_done <= passes_planned:
-            progress(passes_done, passes_planned, phase)
-        elif progress:  # passes beyond the plan: a bar of its own, whose total is the most there can be
-            progress(min(passes_done - passes_planned, extra_planned), extra_planned, extra_phase)
+    def counting(model: int):
+        def tick() -> None:
+            done[model] += 1
+            if progress and done[model] <= per_model:
+                progress(sum(min(d, per_model) for d in done), passes_planned, phase)
+            elif progress:  # a bar of its own, whose total is the most there can be
+                progress(
+                    min(sum(max(0, d - per_model) for d in done), extra_planned), extra_planned, extra_phase
+                )
+
+        return tick
 
     if progress:
         progress(0, passes_planned, phase)
-    measured = loaded_models.measure_costs(context, k_max, batch_size, tick, cost_mode=cost_mode)
-    if progress and passes_done > passes_planned:
+    measured = loaded_models.measure_costs(
+        context, k_max, batch_size, counting(0), on_draft_repeat=counting(1), cost_mode=cost_mode
+    )
+    if progress and any(d > per_model for d in done):
         progress(extra_planned, extra_planned, extra_phase)
     return measured
 

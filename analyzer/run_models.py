@@ -180,7 +180,14 @@ class RunModels:
         return passes
 
     def measure_costs(
-        self, context: list[int], k_max: int, batch_size: int, on_repeat, *, cost_mode: str | None = "eager"
+        self,
+        context: list[int],
+        k_max: int,
+        batch_size: int,
+        on_repeat,
+        *,
+        on_draft_repeat=None,
+        cost_mode: str | None = "eager",
     ):
         """The cost profile at ``batch_size`` over a cache of ``context`` (:func:`analyzer.cost.profile_costs`),
         its steps timed in ``cost_mode``: eager forwards, or replayed CUDA graphs
@@ -204,6 +211,7 @@ class RunModels:
             draft_step=draft_step,
             on_repeat=on_repeat,
             forwards_checked=partial(time_graph_forwards_checked, capture=CAPTURE_GRAPHS) if graphs else None,
+            on_draft_repeat=on_draft_repeat,
         )
 
     def measure_overhead(

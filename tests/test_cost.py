@@ -503,7 +503,7 @@ class ScriptedModels:
 
         return MachineryOverhead(decode_s=0.0, round_s=0.0, new_tokens=8, repeats=1)
 
-    def measure_costs(self, context, k_max, batch_size, on_repeat, *, cost_mode):
+    def measure_costs(self, context, k_max, batch_size, on_repeat, *, on_draft_repeat, cost_mode):
         assert cost_mode == "eager"  # the run's mode reaches the engine (the default params' here)
         t1 = self.script[batch_size].pop(0)
         self.calls.append(batch_size)
@@ -581,3 +581,40 @@ def test_on_a_cpu_a_larger_batch_may_cost_more_but_never_less():
     assert implausible_batch_steps(cpu, on_gpu=False) == [(4, 16)]  # batch 4 slower than batch 16
     assert implausible_batch_steps(cpu, on_gpu=True) == [(1, 4), (4, 16)]
     assert implausible_batch_steps({1: measured(0.100), 4: measured(0.120)}, on_gpu=True) == []
+
+
+def test_profiling_progress_plans_each_models_passes_and_shows_re_measurements_apart():
+    """On a GPU each timed model makes GPU_WARMUP_ROUNDS + TIMED_REPEATS passes: the target's 5 passes
+    re-measured go to a bar of their own, and the draft's passes after them count as planned ones."""
+    from analyzer.cost import GPU_WARMUP_ROUNDS
+    from analyzer.devices import Placement
+    from analyzer.interference import EXTRA_ROUNDS
+    from analyzer.run_costs import TIMED_REPEATS, _measure_cost_profile
+
+    per_model = GPU_WARMUP_ROUNDS + TIMED_REPEATS
+
+    class TwoModels:
+        engine, draft = "transformers", object()
+        target = type("Target", (), {"placement": Placement("cuda:0", "bfloat16", "H100")})()
+
+        def measure_costs(self, context, k_max, batch_size, on_repeat, *, on_draft_repeat, cost_mode):
+            for _ in range(per_model + TIMED_REPEATS):  # one round of re-measurement
+                on_repeat()
+            for _ in range(per_model):
+                on_draft_repeat()
+            return "measured"
+
+    seen = []
+    assert (
+        _measure_cost_profile(TwoModels(), [1, 2], 3, 1, "phase", lambda *a: seen.append(a), "eager")
+        == "measured"
+    )
+    extra = EXTRA_ROUNDS * TIMED_REPEATS * 2
+    again = "phase: re-measuring what interference disturbed"
+    assert seen == (
+        [(0, 2 * per_model, "phase")]
+        + [(n, 2 * per_model, "phase") for n in range(1, per_model + 1)]
+        + [(n, extra, again) for n in range(1, TIMED_REPEATS + 1)]
+        + [(n, 2 * per_model, "phase") for n in range(per_model + 1, 2 * per_model + 1)]
+        + [(extra, extra, again)]
+    )
