@@ -55,8 +55,8 @@ class StaticModel:
     :meth:`step` runs k new tokens at a given start position from a CUDA graph captured for k on first
     use (``capture``), or eagerly over the same static buffers (``capture=False``, on a CPU). Positions
     beyond the start are masked, so a step never needs the cache cropped: rejected drafts are simply
-    overwritten later. With ``forward_times`` set to a list, every step's seconds (synchronised) are
-    appended to it.
+    overwritten later. With ``forward_times`` set to a list, the seconds of every step and prefill
+    (synchronised) are appended to it.
     """
 
     def __init__(self, model: PreTrainedModel, batch_size: int, max_len: int, *, capture: bool):
@@ -66,8 +66,8 @@ class StaticModel:
         self.device = model.device
         self.forward_times: list[float] | None = None
         self._eager_mask = model.config._attn_implementation not in ("sdpa", "flash_attention_2")
-        # transformers 5 takes the cache as `cache` and writes where each layer's device counter says;
-        # earlier versions take `past_key_values` and write at the `cache_position` they are given
+        # transformers takes the cache as `cache` (5.2x) or `past_key_values` (5.17 and before); a static
+        # layer writes where its device counter says, or, where forward() takes one, at `cache_position`
         self._takes_cache_position = "cache_position" in inspect.signature(model.forward).parameters
         self._cache_argument = _cache_argument(model)
         with torch.inference_mode():
@@ -127,16 +127,25 @@ class StaticModel:
             self.forward_times.append(perf_counter() - started)
 
     def prepare(self, ids: list[int], start: int) -> int:
-        """Copy ``ids`` into the input of the step of k = len(ids) tokens (capturing its graph on first
-        use) and set the start position; returns k. :meth:`run` then runs it."""
+        """Copy ``ids`` into the input of the step of k = len(ids) tokens and set the start position
+        (capturing the step's graph on first use, after both: the eager warm-up runs before a capture
+        write into the cache, so they must write what the step itself will, where it will); returns
+        k. :meth:`run` then runs it."""
         k = len(ids)
         if not 1 <= k or start + k > self.max_len:
             raise ValueError(f"a step of {k} tokens at position {start} does not fit {self.max_len}")
         with torch.inference_mode():
             if k not in self._steps:
-                self._steps[k] = self._new_step(k)
-            self._steps[k][0].copy_(torch.tensor([ids] * self.batch_size, dtype=torch.long))
+                self._steps[k] = (
+                    torch.zeros((self.batch_size, k), dtype=torch.long, device=self.device),
+                    None,
+                    None,
+                )
+            input_ids = self._steps[k][0]
+            input_ids.copy_(torch.tensor([ids] * self.batch_size, dtype=torch.long))
             self._start.fill_(start)
+            if self.capture and self._steps[k][1] is None:
+                self._steps[k] = (input_ids, *self._captured(input_ids))
         return k
 
     def run(self, k: int) -> torch.Tensor:
@@ -160,12 +169,10 @@ class StaticModel:
         """:meth:`prepare` and :meth:`run`: the logits (b, k, V) of ``ids`` written at ``start``."""
         return self.run(self.prepare(ids, start))
 
-    def _new_step(self, k: int) -> tuple[torch.Tensor, torch.cuda.CUDAGraph | None, torch.Tensor | None]:
-        """The static input of k tokens and, capturing, its graph and output (after eager warm-up runs
-        on a side stream, as CUDA graph capture requires)."""
-        input_ids = torch.zeros((self.batch_size, k), dtype=torch.long, device=self.device)
-        if not self.capture:
-            return input_ids, None, None
+    def _captured(self, input_ids: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The graph of the step over ``input_ids`` and its static output, captured after eager warm-up
+        runs on a side stream, as CUDA graph capture requires."""
+        k = input_ids.shape[1]
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -182,7 +189,7 @@ class StaticModel:
                 f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
                 "time this model with --cost-mode eager"
             ) from error
-        return input_ids, graph, logits
+        return graph, logits
 
 
 def time_graph_forwards_checked(

@@ -99,6 +99,99 @@ def test_steps_that_do_not_fit_the_cache_are_refused(target):
         static.prefill(list(range(3, 20)))
 
 
+@pytest.fixture
+def graphs_played_on_the_cpu(monkeypatch):
+    """torch.cuda's stream and graph calls as a CPU can play them, so that the capturing code runs: the
+    warm-ups run eagerly (as on a GPU), the captured body runs once too (a GPU only records it: the
+    same writes), and a replay runs the captured step again into its static output. Returns the
+    graphs made."""
+    import contextlib
+    import types
+
+    from analyzer import graph_cost
+
+    graphs, capturing = [], []
+
+    class Graph:
+        def __init__(self):
+            self.step, self.replays = None, 0
+            graphs.append(self)
+
+        def replay(self):
+            static, input_ids, logits = self.step
+            logits.copy_(forward(static, input_ids))
+            self.replays += 1
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def capture(graph, **options):
+        capturing.append(graph)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    forward = graph_cost.StaticModel._forward
+
+    def recorded_forward(self, input_ids):
+        logits = forward(self, input_ids)
+        if capturing:
+            capturing[-1].step = (self, input_ids, logits)
+        return logits
+
+    construct = graph_cost.StaticModel.__init__
+
+    def construct_capturing(self, model, batch_size, max_len, *, capture):
+        construct(self, model, batch_size, max_len, capture=False)  # past the CPU's refusal
+        self.capture = capture
+
+    monkeypatch.setattr(graph_cost.StaticModel, "_forward", recorded_forward)
+    monkeypatch.setattr(graph_cost.StaticModel, "__init__", construct_capturing)
+    fake = types.SimpleNamespace(
+        Stream=lambda device: Stream(),
+        current_stream=lambda device: Stream(),
+        stream=lambda stream: contextlib.nullcontext(),
+        CUDAGraph=Graph,
+        graph=capture,
+        synchronize=lambda device: None,
+    )
+    monkeypatch.setattr(torch, "cuda", fake)
+    return graphs
+
+
+def test_captured_steps_replayed_decode_exactly_as_transformers(target, noisy, graphs_played_on_the_cpu):
+    """Capturing runs warm-ups that write into the cache: they must write what the step will, where
+    it will, or they corrupt the context (they once wrote at the previous step's position)."""
+    drafted = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[EOS_ID], capture=True)
+    lookup = GraphDecoder(target, None, ngram_max=2, eos_ids=[EOS_ID], capture=True)
+    for prompt in PROMPTS + [EOS_PROMPT, [7]]:
+        greedy = greedy_generate(target, prompt, 17, eos_token_id=[EOS_ID])
+        assert drafted.greedy(prompt, 17) == greedy
+        assert drafted.speculative(prompt, 17, 3) == assisted_generate(
+            target, prompt, 17, gamma=3, draft_model=noisy, eos_token_id=[EOS_ID]
+        )
+        assert lookup.speculative(prompt, 17, 4) == assisted_generate(
+            target, prompt, 17, gamma=4, ngram_max=2, eos_token_id=[EOS_ID]
+        )
+    captured = {graph.step[2].shape[1] for graph in graphs_played_on_the_cpu}
+    assert captured == {
+        1,
+        2,
+        3,
+        4,
+        5,
+    }  # k = 1 (plain steps, draft steps), 2 (the draft's catch-up), ..., gamma + 1
+    assert all(graph.replays > 0 for graph in graphs_played_on_the_cpu)
+
+
+def test_replayed_graph_timings_cover_every_k(target, graphs_played_on_the_cpu):
+    timings, _ = time_graph_forwards_checked(target, PROMPTS[0], 4, repeats=2, capture=True)
+    assert len(timings) == 4 and sorted(g.step[2].shape[1] for g in graphs_played_on_the_cpu) == [1, 2, 3, 4]
+
+
 def test_capturing_cuda_graphs_on_a_cpu_is_refused_with_a_clear_error(target):
     with pytest.raises(GraphCostError, match="CUDA graphs need a model on a CUDA GPU, not on cpu"):
         StaticModel(target, 1, 64, capture=True)
