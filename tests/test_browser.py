@@ -452,3 +452,34 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
         "Speculate: across this workload"
     )
     browser.save_screenshot(str(ARTIFACTS / "repriced_report.png"))
+
+
+def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_chromium(
+    browser, site, db_url, monkeypatch
+):
+    """Issue 22, point 2: the report says which cost mode priced the advice, and prices the same
+    acceptance on the other mode's profile side by side. The cuda-graphs steps run uncaptured here (a
+    CPU); on a GPU they are replayed CUDA graphs."""
+    from selenium.webdriver.common.by import By
+
+    from analyzer import run_models, run_params
+
+    monkeypatch.setattr(run_params, "check_cost_mode_device", lambda mode, device: None)
+    monkeypatch.setattr(run_models, "CAPTURE_GRAPHS", False)
+    base, folder = site
+    pair = ("--target", f"hf:{folder / 'tiny-target'}", "--draft", "ngram")
+    _import_and_analyze(db_url, folder, "eager", MIXED_PROMPTS, *pair)
+    _, _, run_id = _import_and_analyze(
+        db_url, folder, "graphs", MIXED_PROMPTS, *pair, "--cost-mode", "cuda-graphs", "--validate", "1"
+    )
+    browser.get(f"{base}/runs/{run_id}")
+    assert browser.find_element(By.ID, "cost-mode").text == "cuda-graphs"
+    assert "(cuda-graphs cost mode)" in browser.find_element(By.CSS_SELECTOR, "#verdict .hint").text
+    rows = [
+        [c.text for c in r.find_elements(By.TAG_NAME, "td")]
+        for r in browser.find_elements(By.CSS_SELECTOR, "#comparison-table tbody tr")
+    ]
+    assert [(r[0], r[1].split()[-1]) for r in rows] == [("#2 (this run's)", "cuda-graphs"), ("#1", "eager")]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.execute_script("document.getElementById('device').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "cost_modes_report.png"))
