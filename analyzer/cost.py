@@ -174,6 +174,14 @@ def _timing_matrix(
     return interleaved_repeats(time_one, ks, repeats, warmup, on_repeat)
 
 
+def check_timing_arguments(k_max: int, repeats: int, warmup: int) -> None:
+    """ValueError unless k_max >= 1, repeats >= 1 and warmup >= 0 (every T(k) timer checks these)."""
+    if k_max < 1:
+        raise ValueError(f"k_max must be at least 1, got {k_max}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+
+
 def time_target_forwards_checked(
     model: PreTrainedModel,
     context_ids: list[int],
@@ -201,10 +209,7 @@ def time_target_forwards_checked(
     so and is not reused silently. ``on_repeat`` is called after every pass over the k values (for
     progress).
     """
-    if k_max < 1:
-        raise ValueError(f"k_max must be at least 1, got {k_max}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    check_timing_arguments(k_max, repeats, warmup)
     threads = max(1, torch.get_num_threads())
     on_cpu = model.device.type == "cpu"
     cache = prefill_cache(model, context_ids, batch_size)

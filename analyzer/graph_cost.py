@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from analyzer.cost import RepeatCallback, _cache_argument, _synchronize, _trailing_ids
+from analyzer.cost import RepeatCallback, _cache_argument, _synchronize, _trailing_ids, check_timing_arguments
 from analyzer.errors import SpecrouteError
 from analyzer.interference import TimingQuality, checked_timings, interleaved_repeats
 
@@ -208,10 +208,7 @@ def time_graph_forwards_checked(
     position after the context), and each is replayed, interleaved and judged exactly as
     :func:`analyzer.cost.time_target_forwards_checked` judges eager forwards. Every replay writes the
     same positions, so all timings see len(context_ids) cached positions."""
-    if k_max < 1:
-        raise ValueError(f"k_max must be at least 1, got {k_max}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    check_timing_arguments(k_max, repeats, warmup)
     static = StaticModel(model, batch_size, cache_length(len(context_ids) + k_max), capture=capture)
     static.prefill(context_ids)
     start = len(context_ids)

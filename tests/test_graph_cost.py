@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
 
 from analyzer.cost import _cache_argument
 from analyzer.graph_cost import (
@@ -37,19 +37,7 @@ def noisy(target):
 
 def grouped_query_model(attention: str) -> LlamaForCausalLM:
     """A tiny Llama with 4 query heads sharing 2 key/value heads (as SmolLM2's 9 share 3)."""
-    config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        attn_implementation=attention,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
-        return LlamaForCausalLM(config).eval()
+    return make_tiny_model(seed=3, kv_heads=2, attention=attention)
 
 
 def dynamic_logits(model, context: list[int], new: list[int], batch_size: int = 1) -> torch.Tensor:

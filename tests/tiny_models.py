@@ -20,21 +20,26 @@ def make_tiny_model(
     layers: int = 2,
     heads: int = 4,
     max_positions: int = 512,
+    kv_heads: int | None = None,
+    attention: str | None = None,
 ) -> LlamaForCausalLM:
     """A float32 LlamaForCausalLM in eval mode with weights drawn from `seed` (the global torch RNG is
-    left as it was), pad id 0, EOS id 1 and BOS id 2, and a generation_config holding only those ids."""
+    left as it was), pad id 0, EOS id 1 and BOS id 2, and a generation_config holding only those ids;
+    `kv_heads` key/value heads (default: one per query head) and attention implementation `attention`
+    (default: transformers')."""
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_positions,
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
         bos_token_id=BOS_ID,
         tie_word_embeddings=False,
+        **({"attn_implementation": attention} if attention else {}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
