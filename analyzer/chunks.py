@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -221,3 +223,31 @@ def take_over(session: Session, run_id: int) -> None:
         .where(RunChunk.run_id == run_id, RunChunk.status == "claimed")
         .values(status="pending", worker_id=None)
     )
+
+
+# a profile or validation chunk renews its heartbeat at most this often while it reports progress
+HEARTBEAT_EVERY_S = 30.0
+
+
+def renewing_heartbeat(
+    session_factory: sessionmaker,
+    chunk: ClaimedChunk,
+    worker_id: str,
+    progress: Callable[[int, int, str], None],
+    *,
+    clock=time.monotonic,
+) -> Callable[[int, int, str], None]:
+    """``progress`` that also renews the chunk's heartbeat (:func:`renew`) when
+    HEARTBEAT_EVERY_S have passed since the last renewal: a profile or a validation reports progress
+    all along (a quiet wait every few seconds, every timed pass) but renews nothing else between its
+    start and its end, and may take longer than the stale limit, after which another worker would take
+    the chunk over and do it again."""
+    renewed = [clock()]
+
+    def report(done: int, total: int, phase: str) -> None:
+        if clock() - renewed[0] >= HEARTBEAT_EVERY_S:
+            renewed[0] = clock()
+            renew(session_factory, chunk, worker_id)
+        progress(done, total, phase)
+
+    return report

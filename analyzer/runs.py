@@ -35,7 +35,15 @@ from analyzer.acceptance import (
     walk_model_draft,
     walk_ngram,
 )
-from analyzer.chunks import ClaimedChunk, claim_chunk, complete, plan_chunks, renew, take_over
+from analyzer.chunks import (
+    ClaimedChunk,
+    claim_chunk,
+    complete,
+    plan_chunks,
+    renew,
+    renewing_heartbeat,
+    take_over,
+)
 from analyzer.db import lock_for_write, utcnow
 from analyzer.measure import processed_probabilities, sampling_overlaps
 from analyzer.orm import (
@@ -419,34 +427,6 @@ def execute_chunk(
     except BaseException as exc:
         finish(session_factory, run_id, "failed", error=error_text(exc))
         raise
-
-
-# a profile or validation chunk renews its heartbeat at most this often while it reports progress
-HEARTBEAT_EVERY_S = 30.0
-
-
-def renewing_heartbeat(
-    session_factory: sessionmaker,
-    chunk: ClaimedChunk,
-    worker_id: str,
-    progress: ProgressCallback,
-    *,
-    clock=time.monotonic,
-) -> ProgressCallback:
-    """``progress`` that also renews the chunk's heartbeat (:func:`analyzer.chunks.renew`) when
-    HEARTBEAT_EVERY_S have passed since the last renewal: a profile or a validation reports progress
-    all along (a quiet wait every few seconds, every timed pass) but renews nothing else between its
-    start and its end, and may take longer than the stale limit, after which another worker would take
-    the chunk over and do it again."""
-    renewed = [clock()]
-
-    def report(done: int, total: int, phase: str) -> None:
-        if clock() - renewed[0] >= HEARTBEAT_EVERY_S:
-            renewed[0] = clock()
-            renew(session_factory, chunk, worker_id)
-        progress(done, total, phase)
-
-    return report
 
 
 def _prompt_chars(prompt: Prompt) -> int:

@@ -98,7 +98,7 @@ def test_worker_thread_executes_a_queued_run_and_records_its_failure(engine, tmp
 
 
 def test_a_long_profile_or_validation_renews_its_chunks_heartbeat_as_it_reports_progress(engine):
-    from analyzer.runs import HEARTBEAT_EVERY_S, renewing_heartbeat
+    from analyzer.chunks import HEARTBEAT_EVERY_S, renewing_heartbeat
 
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
