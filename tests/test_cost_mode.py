@@ -70,6 +70,28 @@ def test_a_worker_on_a_cpu_fails_a_queued_cuda_graphs_run_with_the_reason(cli_db
     assert run["status"] == "failed"
 
 
+def test_the_cost_mode_setting_does_not_stop_a_llama_cpp_run_but_the_option_does(cli_db, monkeypatch):
+    monkeypatch.setenv("SPECROUTE_COST_MODE", "cuda-graphs")
+    args = [
+        "--target",
+        "builtin:smollm2-135m-instruct",
+        "--draft",
+        "ngram",
+        "--engine",
+        "llama.cpp",
+        "--queue",
+    ]
+    queued = _analyze(cli_db, *args)
+    assert queued.exit_code == 0, queued.stderr
+    [run] = json.loads(cli_db.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert run["engine"] == "llama.cpp" and run["status"] == "queued"
+    refused = _analyze(cli_db, *args, "--cost-mode", "cuda-graphs")
+    assert (
+        refused.exit_code != 0
+        and "is the transformers engine's; llama.cpp times its own steps" in refused.stderr
+    )
+
+
 @pytest.fixture
 def uncaptured_graphs(monkeypatch):
     """The cuda-graphs mode on the CPU: the device check let through, the steps run uncaptured."""

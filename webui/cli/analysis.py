@@ -196,7 +196,8 @@ def analyze(
                 margin=margin,
                 reprofile=reprofile,
                 engine=engine,
-                cost_mode=cost_mode or state.settings.cost_mode,
+                # the setting is the transformers engine's default; another engine times its own steps
+                cost_mode=cost_mode or (state.settings.cost_mode if engine == "transformers" else "eager"),
                 device=device,
                 dtype=dtype,
                 profile_batch_sizes=parse_batch_sizes(batch_sizes)
