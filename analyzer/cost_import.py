@@ -20,8 +20,18 @@ named on import) and its step times in milliseconds, in one of two shapes:
 
 In CSV the list columns are ``t1_ms, t2_ms, ...`` (forwards) or ``round1_ms, round2_ms, ...``
 (rounds). The whole file is checked before anything is stored: every problem is reported with its
-line and field, and a physically implausible profile (T(k)/T(1) below 0.9, or above 1.5 k) is refused
-like a bad value.
+line and field, and nothing is stored if there is one. Refused like a bad value:
+
+- an implausible magnitude: a step time (``target_step_ms``, ``plain_step_ms``, ``round_ms``) under
+  MIN_STEP_MS (times in seconds, most likely) or any time over MAX_STEP_MS (in microseconds, or a
+  whole generation), a batch size over MAX_BATCH_SIZE, more than MAX_K step times; a draft step of 0
+  stays allowed (an n-gram lookup);
+- a physically implausible shape (T(k)/T(1) below 0.9, or above 1.5 k; a round above 3 (g + 1) plain
+  steps);
+- a profile already stored (:func:`store_imported_profiles`: the same engine, engine_version, device,
+  dtype, batch size, pair and times), or one the file gives twice;
+- a ``target`` or ``draft`` that no stored run or model spec knows (a typo, most likely), unless the
+  import is told it is a new pair (``new_pair``: ``--new-pair``, the web form's "new pair" box).
 """
 
 from __future__ import annotations
@@ -32,13 +42,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import Session, aliased
 
 from analyzer.errors import SpecrouteError
 from analyzer.interference import MAX_RATIO_PER_TOKEN, MIN_RATIO, implausible_ratios
-from analyzer.orm import AnalysisRun, CostProfile, ModelPair
+from analyzer.json_input import JsonInputError, loads_untrusted
+from analyzer.orm import AnalysisRun, CostProfile, ModelPair, ModelSpec
 from analyzer.run_records import get_or_create_pair
 from analyzer.specs import SpecError, parse_spec
 
@@ -47,6 +60,16 @@ MAX_FILE_BYTES = 2_000_000
 MAX_K = 64  # the longest T_t(k) list accepted (gamma up to 63)
 TEXT_LIMITS = {"engine": 32, "engine_version": 64, "device": 200, "dtype": 16}
 IMPORTED = "imported"
+# one decoding step of any model in any engine takes longer than 0.1 ms (a kernel launch alone is several
+# microseconds, a forward dozens of them): a smaller value is, in practice, seconds typed as milliseconds
+MIN_STEP_MS = 0.1
+# and no warm step takes a minute: a larger time is in microseconds, or a whole generation's
+MAX_STEP_MS = 60_000.0
+# sequences decoded together: vLLM's and SGLang's largest default (max_num_seqs, max_running_requests)
+# is 1024; a larger "batch size" is, in practice, a count of tokens
+MAX_BATCH_SIZE = 1024
+NEW_PAIR_HINT = "import with --new-pair (on the web page: tick 'new pair')"
+SAME_FIELDS = "engine, engine_version, device, dtype, batch_size, target, draft and times"
 # a whole round drafting g tokens: at most g draft steps (each at most about a plain step) plus a verify
 # pass over g + 1 tokens (at most 1.5 (g + 1) plain steps): 3 (g + 1) plain steps leaves room for both
 MAX_ROUND_RATIO_PER_TOKEN = 3.0
@@ -90,6 +113,22 @@ class ImportedProfile:
     round_overhead_s: float | None
     decode_overhead_s: float | None
     shape: str  # forwards | rounds
+    # the line of each field the row gave (a JSON object's fields may each have their own line)
+    field_lines: dict[str, int] = dataclass_field(default_factory=dict, compare=False)
+
+    def line_of(self, name: str) -> int:
+        """The line of field ``name``, else the line where the profile starts."""
+        return self.field_lines.get(name, self.line)
+
+    def times_s(self) -> tuple:
+        """Every time of the profile, in seconds (None for an overhead not given): what makes two
+        profiles of one engine, device, dtype, batch size and pair the same."""
+        return (
+            tuple(self.target_forward_s),
+            self.draft_step_s,
+            self.round_overhead_s,
+            self.decode_overhead_s,
+        )
 
 
 def parse_cost_file(data: bytes, filename: str) -> list[ImportedProfile]:
@@ -117,9 +156,26 @@ def parse_cost_file(data: bytes, filename: str) -> list[ImportedProfile]:
             profiles.append(profile)
     if not rows and not problems:
         problems.append("line 1: no cost profile in the file")
+    problems.extend(_repeated_in_file(profiles))
     if problems:
         raise CostFileError(filename, problems)
     return profiles
+
+
+def _repeated_in_file(profiles: list[ImportedProfile]) -> list[str]:
+    """A problem for each profile that repeats an earlier one of the same file (every field the same:
+    rows without a pair both take the pair given on import)."""
+    first_line: dict[tuple, int] = {}
+    problems = []
+    for p in profiles:
+        key = (p.engine, p.engine_version, p.device, p.dtype, p.batch_size, p.target, p.draft, p.times_s())
+        if key in first_line:
+            problems.append(
+                f"line {p.line}: the same profile as line {first_line[key]} (the same {SAME_FIELDS})"
+            )
+        else:
+            first_line[key] = p.line
+    return problems
 
 
 # ---------------------------------------------------------------- reading the two formats
@@ -128,9 +184,14 @@ def parse_cost_file(data: bytes, filename: str) -> list[ImportedProfile]:
 def _json_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int], dict[str, Any]]]:
     """(line of the object, line of each key, the object) for each profile of a JSON file."""
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        problems.append(f"line {exc.lineno}: bad JSON: {exc.msg} at column {exc.colno}")
+        document = loads_untrusted(text, subject="the file")
+    except JsonInputError as exc:
+        details = exc.details
+        problems.append(
+            f"line {details['line']}: bad JSON: {details['reason']} at column {details['column']}"
+            if "reason" in details
+            else f"line 1: {exc.message}"
+        )
         return []
     if isinstance(document, dict) and "profiles" in document:
         objects, start = document["profiles"], _after(text, r'"profiles"\s*:\s*\[')
@@ -265,17 +326,32 @@ def _checked(
             problem(field, f"at most {limit} characters, got {len(text)}")
         texts[field] = text
     batch_size = _number(row.get("batch_size", 1), "batch_size", problem, integer=True, minimum=1)
-    pair = {}
+    if batch_size is not None and batch_size > MAX_BATCH_SIZE:
+        problem(
+            "batch_size",
+            f"at most {MAX_BATCH_SIZE} sequences decoded together, got {batch_size}; the batch size counts "
+            "sequences, not tokens",
+        )
+        batch_size = None
+    pair: dict[str, str | None] = {}
+    given = [f for f in ("target", "draft") if row.get(f) is not None and str(row[f]).strip()]
     for field in ("target", "draft"):
-        value = row.get(field)
         pair[field] = None
-        if value is not None and str(value).strip():
+        if field in given:
             try:
-                pair[field] = parse_spec(str(value)).canonical
+                ref = parse_spec(str(row[field]))
             except SpecError as exc:
                 problem(field, str(exc))
-    if (pair["target"] is None) != (pair["draft"] is None):
-        problem("target" if pair["target"] is None else "draft", "give both target and draft, or neither")
+                continue
+            if field == "target" and ref.kind == "ngram":
+                problem(
+                    field,
+                    "the target must be a model, not 'ngram' (n-gram lookup drafts, it does not verify)",
+                )
+                continue
+            pair[field] = ref.canonical
+    if len(given) == 1:
+        problem("draft" if given == ["target"] else "target", "give both target and draft, or neither")
     forwards = "target_step_ms" in row
     rounds = "plain_step_ms" in row or "round_ms" in row
     if forwards == rounds:
@@ -286,9 +362,10 @@ def _checked(
         return None
     if forwards:
         steps = _ms_list(row.get("target_step_ms"), "target_step_ms", problem, minimum_length=2)
-        draft = _number(row.get("draft_step_ms"), "draft_step_ms", problem, minimum=0.0)
+        # a draft step or an overhead may be 0 (an n-gram lookup, an engine that overlaps its bookkeeping)
+        draft = _number(row.get("draft_step_ms"), "draft_step_ms", problem, minimum=0.0, maximum=MAX_STEP_MS)
         overheads = [
-            _number(row[f], f, problem, minimum=0.0) if f in row else None
+            _number(row[f], f, problem, minimum=0.0, maximum=MAX_STEP_MS) if f in row else None
             for f in ("round_overhead_ms", "decode_overhead_ms")
         ]
     else:
@@ -301,6 +378,15 @@ def _checked(
                 problem(field, "not with plain_step_ms and round_ms (a round's time includes it)")
     if steps is not None and len(steps) > MAX_K:
         problem("target_step_ms" if forwards else "round_ms", f"at most {MAX_K} step times, got {len(steps)}")
+    if steps is not None:
+        named = (
+            [(f"target_step_ms[{k}]", t) for k, t in enumerate(steps, start=1)]
+            if forwards
+            else [("plain_step_ms", steps[0])]
+            + [(f"round_ms[{k}]", t) for k, t in enumerate(steps[1:], start=1)]
+        )
+        if not _plausible_magnitudes(named, problem):
+            steps = None
     if steps is not None:
         bound = MAX_RATIO_PER_TOKEN if forwards else MAX_ROUND_RATIO_PER_TOKEN
         odd = implausible_ratios(
@@ -338,12 +424,40 @@ def _checked(
         round_overhead_s=None if overheads[0] is None else overheads[0] / 1000,
         decode_overhead_s=None if overheads[1] is None else overheads[1] / 1000,
         shape="forwards" if forwards else "rounds",
+        field_lines=dict(lines),
     )
 
 
-def _number(value, field, problem, *, integer=False, minimum=None, positive=False):
+def _plausible_magnitudes(named: list[tuple[str, float]], problem) -> bool:
+    """Whether every step time (``(field, milliseconds)`` in file order) is within MIN_STEP_MS to
+    MAX_STEP_MS; else one problem per list field, at its first time outside, and False."""
+    reported = set()
+    for name, ms in named:
+        listed = name.split("[")[0]
+        if listed in reported or MIN_STEP_MS <= ms <= MAX_STEP_MS:
+            continue
+        reported.add(listed)
+        if ms < MIN_STEP_MS:
+            problem(
+                name,
+                f"{ms:g} ms is under {MIN_STEP_MS:g} ms, shorter than any engine's decoding step: were the "
+                "times in seconds? the fields are in milliseconds",
+            )
+        else:
+            problem(name, _too_long(ms))
+    return not reported
+
+
+def _too_long(ms: float) -> str:
+    return (
+        f"{ms:g} ms is over {MAX_STEP_MS:g} ms, a minute for one step: were the times in microseconds, "
+        "or of a whole generation? the fields are in milliseconds"
+    )
+
+
+def _number(value, field, problem, *, integer=False, minimum=None, positive=False, maximum=None):
     """``value`` as a finite number (an int with ``integer``) at least ``minimum`` (above 0 with
-    ``positive``), or None after a problem."""
+    ``positive``), and at most ``maximum`` milliseconds, or None after a problem."""
     if value is None or (isinstance(value, str) and not value.strip()):
         problem(field, "required")
         return None
@@ -366,6 +480,9 @@ def _number(value, field, problem, *, integer=False, minimum=None, positive=Fals
             field,
             f"must be {'above' if positive else 'at least'} {0 if positive else minimum:g}, got {value!r}",
         )
+        return None
+    if maximum is not None and number > maximum:
+        problem(field, _too_long(number))
         return None
     return int(number) if integer else number
 
@@ -390,26 +507,61 @@ def _ms_list(value, field, problem, *, minimum_length):
 
 
 def store_imported_profiles(
-    session: Session, profiles: list[ImportedProfile], filename: str, *, for_run: int | None = None
+    session: Session,
+    profiles: list[ImportedProfile],
+    filename: str,
+    *,
+    for_run: int | None = None,
+    new_pair: bool = False,
 ) -> list[CostProfile]:
-    """Store checked profiles (the caller's transaction: all or nothing), each for the pair its row
-    names, else for the pair of run ``for_run``; a :class:`CostFileError` when neither is given."""
+    """Store checked profiles (the caller's transaction: all or nothing; hold the write lock, so that
+    two imports cannot both store one profile), each for the pair its row names, else for the pair of
+    run ``for_run``. A :class:`CostFileError` lists, with line and field, every profile with no pair,
+    with a ``target`` or ``draft`` no stored run or model spec knows (unless ``new_pair``), or already
+    stored; nothing is stored then."""
     run_pair: ModelPair | None = None
     if for_run is not None:
         run = session.get(AnalysisRun, for_run)
         if run is None:
             raise CostFileError(filename, [f"--for-run: no analysis run {for_run}"])
         run_pair = run.pair
-    missing = [p.line for p in profiles if p.target is None and run_pair is None]
-    if missing:
-        raise CostFileError(
-            filename,
-            [
-                f"line {line}, field 'target': required (the pair the times are for), unless the "
+    problems: list[str] = []
+    first_line: dict[tuple, int] = {}
+    for p in profiles:
+        if p.target is None and run_pair is None:
+            problems.append(
+                f"line {p.line}, field 'target': required (the pair the times are for), unless the "
                 "profiles are imported for a run (--for-run RUN)"
-                for line in missing
-            ],
-        )
+            )
+            continue
+        if p.target is not None and not new_pair:
+            unknown = [
+                (name, spec)
+                for name, spec in (("target", p.target), ("draft", p.draft))
+                if not _known(session, spec)
+            ]
+            for name, spec in unknown:
+                problems.append(
+                    f"line {p.line_of(name)}, field '{name}': no stored run or model spec knows {spec}; check "
+                    f"the spelling, or {NEW_PAIR_HINT} to store a profile for a pair not analysed yet"
+                )
+            if unknown:
+                continue
+        pair = run_pair if p.target is None else _stored_pair(session, p.target, p.draft or "")
+        same = _stored_duplicate(session, p, pair) if pair is not None else None
+        if same is not None:
+            problems.append(f"line {p.line}: already stored as cost profile #{same} (the same {SAME_FIELDS})")
+            continue
+        # a row naming the run's pair and one taking it from --for-run (the file's own check cannot see it)
+        key = (pair.id if pair is not None else (p.target, p.draft), p.engine, p.engine_version, p.device)
+        key += (p.dtype, p.batch_size, p.times_s())
+        if key in first_line:
+            problems.append(
+                f"line {p.line}: the same profile as line {first_line[key]} (the same {SAME_FIELDS})"
+            )
+        first_line.setdefault(key, p.line)
+    if problems:
+        raise CostFileError(filename, problems)
     stored = []
     for p in profiles:
         pair = (
@@ -443,3 +595,47 @@ def store_imported_profiles(
         stored.append(profile)
     session.flush()
     return stored
+
+
+def _known(session: Session, spec: str | None) -> bool:
+    """Whether a stored model spec (every run stores its pair's) is ``spec``, canonical."""
+    return session.scalar(select(ModelSpec.id).where(ModelSpec.spec == spec)) is not None
+
+
+def _stored_pair(session: Session, target: str, draft: str) -> ModelPair | None:
+    """The stored pair of these canonical specs, without creating one."""
+    target_spec, draft_spec = aliased(ModelSpec), aliased(ModelSpec)
+    return session.scalar(
+        select(ModelPair)
+        .join(target_spec, ModelPair.target_id == target_spec.id)
+        .join(draft_spec, ModelPair.draft_id == draft_spec.id)
+        .where(target_spec.spec == target, draft_spec.spec == draft)
+    )
+
+
+def _stored_duplicate(session: Session, p: ImportedProfile, pair: ModelPair) -> int | None:
+    """The id of a stored profile of ``pair`` with every field and time of ``p``, else None."""
+    candidates = session.scalars(
+        select(CostProfile)
+        .where(
+            CostProfile.pair_id == pair.id,
+            CostProfile.engine == p.engine,
+            CostProfile.engine_version.is_(None)
+            if p.engine_version is None
+            else CostProfile.engine_version == p.engine_version,
+            CostProfile.device == p.device,
+            CostProfile.dtype == p.dtype,
+            CostProfile.batch_size == p.batch_size,
+        )
+        .order_by(CostProfile.id)
+    )
+    for stored in candidates:
+        times = (
+            tuple(stored.target_forward_s),
+            stored.draft_step_s,
+            stored.round_overhead_s,
+            stored.decode_overhead_s,
+        )
+        if times == p.times_s():
+            return stored.id
+    return None

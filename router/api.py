@@ -23,10 +23,11 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
+from analyzer.json_input import JsonInputError, loads_untrusted
 from analyzer.prompt_checks import message_problem
 from router import strict_json
 from router.decision import RouteRequest
-from router.openapi import MAX_BATCH, openapi_document
+from router.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
 from router.service import RouterService
 
 EXTENSION = "specroute.router"
@@ -132,11 +133,9 @@ def _parse_json(raw: bytes) -> Any:
     if not raw:
         raise InvalidJson("the request body is empty; send a JSON object")
     try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise InvalidJson(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except ValueError as exc:
-        raise InvalidJson(f"the body is not valid JSON: {exc}") from None
+        return loads_untrusted(raw, subject="the body")
+    except JsonInputError as exc:
+        raise InvalidJson(exc.message, **exc.details) from None
 
 
 def _object(value: Any, where: str) -> dict:
@@ -159,12 +158,17 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _positive_int(body: dict, key: str, where: str) -> int | None:
+def _positive_int(body: dict, key: str, where: str, limit: int) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError(f"field '{where}{key}' must be a positive integer, got {value!r}", field=where + key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        raise ApiError(
+            f"field '{where}{key}' must be an integer from 1 to {limit}, got {shown}",
+            field=where + key,
+            limit=limit,
+        )
     return value
 
 
@@ -205,8 +209,8 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
             limit=max_chars,
         )
     batch_size, concurrency = (
-        _positive_int(body, "batch_size", where),
-        _positive_int(body, "concurrency", where),
+        _positive_int(body, "batch_size", where, MAX_BATCH_SIZE),
+        _positive_int(body, "concurrency", where, MAX_BATCH_SIZE),
     )
     if batch_size is not None and concurrency is not None:
         raise ApiError(
@@ -226,7 +230,7 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
     return RouteRequest(
         prompt=prompt,
         messages=messages,
-        max_new_tokens=_positive_int(body, "max_new_tokens", where),
+        max_new_tokens=_positive_int(body, "max_new_tokens", where, MAX_NEW_TOKENS),
         batch_size=batch_size if batch_size is not None else concurrency,
         temperature=float(temperature) if temperature is not None else None,
     )

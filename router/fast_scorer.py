@@ -42,7 +42,8 @@ _SPACE = 32
 
 
 def _codes(text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    # surrogatepass: a lone surrogate (which no API body passes any more) is one code like any other
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
 class _CharGramTable:

@@ -191,7 +191,7 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     elif {"rounds", "drafted", "accepted"} <= set(payload):
         output = payload.get("output_tokens")
         counts = FeedbackCounts(
-            str(payload.get("engine") or "counts")[:32],
+            _engine_name(payload.get("engine")),
             _count(payload, "rounds"),
             _count(payload, "drafted"),
             _count(payload, "accepted"),
@@ -204,7 +204,23 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
         )
     if counts.accepted > counts.drafted:
         raise FeedbackError(f"accepted ({counts.accepted}) cannot exceed drafted ({counts.drafted})")
+    if counts.drafted == 0:
+        raise FeedbackError(
+            "nothing was drafted (drafted 0): such a request tells nothing about acceptance; send "
+            "feedback only for requests that speculated"
+        )
+    if counts.rounds == 0:
+        raise FeedbackError(f"{counts.drafted} drafted tokens need at least one round (rounds 0)")
     return counts
+
+
+def _engine_name(value: Any) -> str:
+    """The free ``engine`` label of a counts payload: printable text of at most 32 characters."""
+    if value is None or value == "":
+        return "counts"
+    if not isinstance(value, str) or len(value) > 32 or not value.isprintable():
+        raise FeedbackError("field 'engine' must be printable text of at most 32 characters")
+    return value
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from router.reasons import REASON_CODES
 MAX_BATCH = 1000
 
 _INT1 = {"type": "integer", "minimum": 1}
+MAX_NEW_TOKENS = 1 << 20  # beyond any model's context: a larger number is a client's mistake
+MAX_BATCH_SIZE = 1 << 16  # beyond any engine's batch
 _NUM = {"type": "number"}
 
 
@@ -65,9 +67,9 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "prompt": {"type": "string", "minLength": 1},
             "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-            "max_new_tokens": _INT1,
-            "batch_size": _INT1,
-            "concurrency": _INT1,
+            "max_new_tokens": {**_INT1, "maximum": MAX_NEW_TOKENS},
+            "batch_size": {**_INT1, "maximum": MAX_BATCH_SIZE},
+            "concurrency": {**_INT1, "maximum": MAX_BATCH_SIZE},
             "temperature": {"type": "number", "minimum": 0},
         },
     },

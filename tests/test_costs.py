@@ -1,10 +1,13 @@
 """Cost profiles from an engine's own benchmark (issue 22, point 3): a JSON or CSV file checked line by
 line (nothing stored when any line is bad, a physically implausible profile refused), stored for a
 run's pair, and a finished run re-priced with it, without measuring again, in the CLI and the web UI:
-another gamma and another decision from the same stored acceptance."""
+another gamma and another decision from the same stored acceptance. Issue 35, point 3: times out of
+range (seconds typed as milliseconds), duplicates and pairs no run knows are refused, the last unless
+the import is told it is a new pair."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -20,6 +23,32 @@ VLLM = {"engine": "vllm", "engine_version": "0.11.0", "device": "NVIDIA H100 80G
 CHEAP = {**VLLM, "target_step_ms": [4.0] * 5, "draft_step_ms": 0.0}
 # a whole round at num_speculative_tokens = 1..4 costs 3-9 plain steps: never speculate
 DEAR = {**VLLM, "plain_step_ms": 4.0, "round_ms": [12.0, 18.0, 26.0, 36.0]}
+# eager transformers on a CPU: verifying k tokens costs k plain steps and a draft step costs as much as a
+# target step (tiny models), so a round drafting g tokens costs 4 g + 2 ms for at most g + 1 tokens
+# where plain decoding takes 2 ms a token: speculation loses at every gamma whatever the acceptance,
+# and S(1) beats every longer gamma (the 1 + g a_1 tokens bound); priced so, not measured on a busy CPU
+STEEP = {
+    "engine": "transformers",
+    "device": "cpu",
+    "dtype": "float32",
+    "target_step_ms": [2.0, 4.0, 6.0, 8.0, 10.0],
+    "draft_step_ms": 2.0,
+}
+SECONDS_HINT = (
+    "shorter than any engine's decoding step: were the times in seconds? the fields are in milliseconds"
+)
+MINUTE_HINT = (
+    "a minute for one step: were the times in microseconds, or of a whole generation? the fields are in "
+    "milliseconds"
+)
+SAME = "(the same engine, engine_version, device, dtype, batch_size, target, draft and times)"
+
+
+def _unknown(line: int, field: str, spec: str) -> str:
+    return (
+        f"line {line}, field '{field}': no stored run or model spec knows {spec}; check the spelling, or import "
+        "with --new-pair (on the web page: tick 'new pair') to store a profile for a pair not analysed yet"
+    )
 
 
 def _problems(text: str, name: str) -> list[str]:
@@ -79,20 +108,172 @@ def test_a_rounds_profile_is_stored_as_plain_step_then_one_round_per_lookahead()
     assert profile.draft_step_s == 0.0 and profile.shape == "rounds" and profile.batch_size == 1
 
 
+def _one_per_line(*profiles: dict) -> str:
+    """A JSON list with profile i on line i + 1."""
+    return "[\n" + ",\n".join(json.dumps(p) for p in profiles) + "\n]"
+
+
+def test_times_out_of_range_are_refused_with_their_line_field_and_a_hint():
+    text = _one_per_line(
+        {**VLLM, "plain_step_ms": 0.0061, "round_ms": [0.0066, 6.8, 0.007]},  # seconds, the user report
+        {**VLLM, "target_step_ms": [4.0, 0.05], "draft_step_ms": 0.0},
+        {**VLLM, "target_step_ms": [61000.0, 62000.0], "draft_step_ms": 70000, "round_overhead_ms": 1e9},
+        {**CHEAP, "batch_size": 4096, "target": "ngram", "draft": "ngram"},
+    )
+    assert _problems(text, "seconds.json") == [
+        f"line 2, field 'plain_step_ms': 0.0061 ms is under 0.1 ms, {SECONDS_HINT}",
+        f"line 2, field 'round_ms[1]': 0.0066 ms is under 0.1 ms, {SECONDS_HINT}",  # a list's first only
+        f"line 3, field 'target_step_ms[2]': 0.05 ms is under 0.1 ms, {SECONDS_HINT}",
+        f"line 4, field 'draft_step_ms': 70000 ms is over 60000 ms, {MINUTE_HINT}",
+        f"line 4, field 'round_overhead_ms': 1e+09 ms is over 60000 ms, {MINUTE_HINT}",
+        f"line 4, field 'target_step_ms[1]': 61000 ms is over 60000 ms, {MINUTE_HINT}",
+        "line 5, field 'batch_size': at most 1024 sequences decoded together, got 4096; the batch size "
+        "counts sequences, not tokens",
+        "line 5, field 'target': the target must be a model, not 'ngram' (n-gram lookup drafts, it does not "
+        "verify)",
+    ]
+    # a field on its own line is named there
+    assert _problems(json.dumps({**DEAR, "plain_step_ms": 0.004}, indent=1), "s.json") == [
+        f"line 6, field 'plain_step_ms': 0.004 ms is under 0.1 ms, {SECONDS_HINT}"
+    ]
+    # the edges are allowed, and a draft step of 0 (an n-gram lookup) too
+    edges = {**VLLM, "target_step_ms": [0.1, 0.1], "draft_step_ms": 0.0, "decode_overhead_ms": 60000}
+    (profile,) = parse_cost_file(json.dumps(edges).encode(), "edges.json")
+    assert profile.target_forward_s == pytest.approx([0.0001, 0.0001]) and profile.draft_step_s == 0.0
+    rounds = {**VLLM, "plain_step_ms": 6.1, "round_ms": [6.6, 60000.0]}
+    assert _problems(json.dumps(rounds), "r.json")[0].startswith("line 1, field 'round_ms': physically")
+    csv_seconds = "engine,device,dtype,plain_step_ms,round1_ms\nvllm,H100,bf16,0.0061,0.0066\n"
+    assert _problems(csv_seconds, "s.csv") == [
+        f"line 2, field 'plain_step_ms': 0.0061 ms is under 0.1 ms, {SECONDS_HINT}",
+        f"line 2, field 'round_ms[1]': 0.0066 ms is under 0.1 ms, {SECONDS_HINT}",
+    ]
+
+
+def test_a_profile_given_twice_in_one_file_is_refused():
+    # 4 and 4.0 ms are the same time; another batch size, draft step or pair is another profile
+    named = {**DEAR, "target": "hf:org/model", "draft": "ngram"}
+    rows = [CHEAP, DEAR, {**CHEAP, "target_step_ms": [4, 4, 4, 4, 4]}, named, {**DEAR, "batch_size": 4}]
+    rows += [{**CHEAP, "draft_step_ms": 0.5}, named]
+    assert _problems(_one_per_line(*rows), "twice.json") == [
+        f"line 4: the same profile as line 2 {SAME}",
+        f"line 8: the same profile as line 5 {SAME}",
+    ]
+    assert (
+        len(parse_cost_file(("[" + ",".join(json.dumps(r) for r in rows[3:6]) + "]").encode(), "ok.json"))
+        == 3
+    )
+
+
+def test_an_import_refuses_a_pair_no_run_knows_unless_told_and_a_profile_already_stored(cli_db, tmp_path):
+    def run(*args):
+        result = cli_db.invoke(cli, ["costs", "import", *map(str, args)])
+        return result.exit_code, result.stderr.splitlines()
+
+    def stored():
+        return [p["id"] for p in json.loads(cli_db.invoke(cli, ["costs", "list", "--json"]).stdout)]
+
+    typo = {**DEAR, "target": "hf:nonexistent/model", "draft": "ngram"}
+    file = tmp_path / "typo.json"
+    file.write_text(json.dumps([typo], indent=1))
+    assert run(file) == (
+        1,
+        [
+            "typo.json: 2 problems; nothing was imported",
+            "  " + _unknown(14, "target", "hf:nonexistent/model"),  # the lines of the fields
+            "  " + _unknown(15, "draft", "ngram:max_ngram=2"),
+        ],
+    )
+    assert stored() == []
+    assert run(file, "--new-pair")[0] == 0 and stored() == [1]
+    # stored again, alone or beside a new profile: nothing of the file is stored
+    assert run(file, "--new-pair") == (
+        1,
+        ["typo.json: 1 problem; nothing was imported", f"  line 2: already stored as cost profile #1 {SAME}"],
+    )
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps([{**typo, "batch_size": 4}, typo]))
+    assert run(both) == (
+        1,
+        ["both.json: 1 problem; nothing was imported", f"  line 1: already stored as cost profile #1 {SAME}"],
+    )
+    assert stored() == [1]
+    # the pair is known now (the flagged import stored it): another profile of it needs no flag, another
+    # version of the engine is not the same profile; a draft no one knows still is refused
+    other = tmp_path / "other.json"
+    other.write_text(
+        _one_per_line(
+            {**typo, "batch_size": 4},
+            {**typo, "engine_version": "0.12.0"},
+            {**typo, "draft": "hf:nonexistent/drafter"},
+        )
+    )
+    assert run(other) == (
+        1,
+        [
+            "other.json: 1 problem; nothing was imported",
+            "  " + _unknown(4, "draft", "hf:nonexistent/drafter"),
+        ],
+    )
+    other.write_text(json.dumps([{**typo, "batch_size": 4}, {**typo, "engine_version": "0.12.0"}]))
+    assert run(other)[0] == 0 and stored() == [3, 2, 1]
+    # a queued run's pair is known: the specs of every stored run are
+    queued = cli_db.invoke(
+        cli,
+        [
+            "analyze",
+            "--prompts",
+            "mix",
+            "--target",
+            "hf:org/served",
+            "--draft",
+            "ngram:max_ngram=3",
+            "--queue",
+        ],
+    )
+    assert queued.exit_code == 0, queued.stderr
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps([{**CHEAP, "target": "hf:org/served", "draft": "ngram:max_ngram=3"}]))
+    assert run(served)[0] == 0 and stored() == [4, 3, 2, 1]
+    # a row naming the run's pair and one taking it from --for-run, and the run's profile again
+    run_pair = tmp_path / "run_pair.json"
+    run_pair.write_text(
+        _one_per_line(DEAR, {**DEAR, "target": "hf:org/served", "draft": "ngram:max_ngram=3"}, CHEAP)
+    )
+    assert run(run_pair, "--for-run", 1) == (
+        1,
+        [
+            "run_pair.json: 2 problems; nothing was imported",
+            f"  line 3: the same profile as line 2 {SAME}",
+            f"  line 4: already stored as cost profile #4 {SAME}",
+        ],
+    )
+    assert stored() == [4, 3, 2, 1]
+    run_pair.write_text(_one_per_line(DEAR))
+    assert run(run_pair, "--for-run", 1)[0] == 0 and stored() == [5, 4, 3, 2, 1]
+
+
 def test_an_imported_profile_reprices_a_finished_run_with_another_gamma_and_decision(
     cli_db, model_folders, tmp_path
 ):
-    first = _analyze(
-        cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"
-    )
+    # the first run is priced with a CPU-like profile, not the cost this CPU measures under load
+    pair = {"target": f"hf:{model_folders['target']}", "draft": f"hf:{model_folders['draft']}"}
+    steep = tmp_path / "steep.json"
+    steep.write_text(json.dumps({**STEEP, **pair}))
+    refused = cli_db.invoke(cli, ["costs", "import", str(steep)])
+    assert refused.exit_code == 1 and "no stored run or model spec knows hf:" in refused.stderr
+    assert cli_db.invoke(cli, ["costs", "import", str(steep), "--new-pair"]).exit_code == 0
+    first = _analyze(cli_db, "--target", pair["target"], "--draft", pair["draft"], "--cost-profile", "1")
     assert first.exit_code == 0, first.stderr
     measured = json.loads(first.stdout)
+    assert measured["engine"] == "transformers" and not measured["workload"]["speculate"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([CHEAP, {**DEAR, "round_ms": [12.0, -3.0]}]))
     refused = cli_db.invoke(cli, ["costs", "import", str(bad), "--for-run", "1"])
     assert refused.exit_code == 1 and "bad.json: 1 problem; nothing was imported" in refused.stderr
     assert "line 1, field 'round_ms[2]': must be above 0, got -3.0" in refused.stderr
     assert len(json.loads(cli_db.invoke(cli, ["costs", "list", "--json"]).stdout)) == 1  # the run's own only
+    again = cli_db.invoke(cli, ["costs", "import", str(steep)])  # known now (the run's), and stored
+    assert again.exit_code == 1 and f"line 1: already stored as cost profile #1 {SAME}" in again.stderr
     costs = tmp_path / "vllm.json"
     costs.write_text(json.dumps({"profiles": [CHEAP, DEAR]}, indent=1))
     imported = json.loads(
@@ -105,8 +286,8 @@ def test_an_imported_profile_reprices_a_finished_run_with_another_gamma_and_deci
     cheap = cli_db.invoke(cli, ["reprice", "1", "--cost-profile", "2"])
     assert cheap.exit_code == 0, cheap.stderr
     assert "run 2: run 1's acceptance priced with cost profile 2" in cheap.stdout
-    # measured in eager transformers on this CPU speculation loses; priced with the engine's flat steps
-    # it pays, further ahead: another g* and another decision from the same acceptance
+    # priced with CPU-like steps speculation loses; priced with the engine's flat steps it pays, further
+    # ahead: another g* and another decision from the same acceptance
     changed = re.search(r"\(workload\)\s+g(\d) \d\.\d\dx off\s+g(\d) \d\.\d\dx on\n", cheap.stdout)
     assert changed and int(changed.group(2)) > int(changed.group(1)), cheap.stdout
     dear = cli_db.invoke(cli, ["reprice", "1", "--cost-profile", "3", "--publish"])
@@ -208,6 +389,26 @@ def test_the_report_page_prices_the_run_on_every_profile_and_reprices_in_a_click
         assert "no cost profile 77" in web.get("/runs/1").get_data(as_text=True)
         listed = web.get("/costs").get_data(as_text=True)
         assert listed.count("<td>imported</td>") == 2 and "vllm 0.11.0" in listed
+
+        def post(name: str, profiles: list[dict], **form: str):
+            upload = (io.BytesIO(json.dumps(profiles).encode()), name)
+            data = {"csrf_token": token, "file": upload, **form}
+            return web.post("/costs", data=data, content_type="multipart/form-data")
+
+        again = post("vllm.json", [CHEAP, DEAR], for_run="1")
+        assert again.status_code == 400
+        assert f"line 1: already stored as cost profile #2 {SAME}" in html.unescape(
+            again.get_data(as_text=True)
+        )
+        typo = [{**DEAR, "target": "hf:nonexistent/model", "draft": f"hf:{model_folders['draft']}"}]
+        unknown = post("typo.json", typo)
+        page = html.unescape(unknown.get_data(as_text=True))
+        assert unknown.status_code == 400 and _unknown(1, "target", "hf:nonexistent/model") in page
+        assert "field 'draft'" not in page and 'id="new-pair">' in page  # the run's draft is known
+        kept = post("typo.json", [{**typo[0], "batch_size": 0}], new_pair="1")
+        assert kept.status_code == 400 and 'id="new-pair" checked>' in kept.get_data(as_text=True)
+        assert post("typo.json", typo, new_pair="1").status_code == 302
+        assert web.get("/costs").get_data(as_text=True).count("<td>imported</td>") == 3
     finally:
         app.extensions["specroute.close"]()
 

@@ -3,7 +3,7 @@ benchmark) with an import form, and the re-price action of a finished run's repo
 
 from __future__ import annotations
 
-from flask import flash, redirect, render_template, request, url_for
+from flask import redirect, render_template, request, url_for
 from sqlalchemy import select
 
 from analyzer.cost_import import MAX_FILE_BYTES, CostFileError, parse_cost_file, store_imported_profiles
@@ -11,10 +11,10 @@ from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, CostProfile
 from analyzer.report import profile_dict
 from analyzer.repricing import RepriceError, reprice_run
-from webui.ui import bp, sessions
+from webui.ui import bp, flash, sessions
 
 
-def _list_page(errors: dict | None = None, status: int = 200, for_run: str = ""):
+def _list_page(errors: dict | None = None, status: int = 200, for_run: str = "", new_pair: bool = False):
     with sessions()() as session:
         profiles = [
             {
@@ -43,6 +43,7 @@ def _list_page(errors: dict | None = None, status: int = 200, for_run: str = "")
         runs=runs,
         errors=errors,
         for_run=for_run,
+        new_pair=new_pair,
         max_kb=MAX_FILE_BYTES // 1000,
     ), status
 
@@ -56,20 +57,25 @@ def cost_profiles():
 def import_costs():
     upload = request.files.get("file")
     for_run_text = (request.form.get("for_run") or "").strip()
+    new_pair = request.form.get("new_pair") == "1"  # the "new pair" box: a pair no run knows yet
     if upload is None or not upload.filename:
         return _list_page(
-            {"summary": "choose a cost profile file to import", "problems": []}, 400, for_run_text
+            {"summary": "choose a cost profile file to import", "problems": []}, 400, for_run_text, new_pair
         )
     for_run = int(for_run_text) if for_run_text.isdigit() and 1 <= int(for_run_text) <= MAX_ID else None
     try:
         profiles = parse_cost_file(upload.read(MAX_FILE_BYTES + 1), upload.filename)
         with sessions()() as session, session.begin():
+            lock_for_write(session)  # the check for a stored copy and the insert, one import at a time
             stored = [
-                p.id for p in store_imported_profiles(session, profiles, upload.filename, for_run=for_run)
+                p.id
+                for p in store_imported_profiles(
+                    session, profiles, upload.filename, for_run=for_run, new_pair=new_pair
+                )
             ]
     except CostFileError as exc:
         return _list_page(
-            {"summary": str(exc), "problems": exc.problems, "total": exc.total}, 400, for_run_text
+            {"summary": str(exc), "problems": exc.problems, "total": exc.total}, 400, for_run_text, new_pair
         )
     flash(
         f"imported {len(stored)} cost profile(s) from {upload.filename}: "

@@ -4,7 +4,7 @@ corrected one at a time or for every prompt the filter matches (each change one 
 
 from __future__ import annotations
 
-from flask import current_app, flash, redirect, render_template, request, url_for
+from flask import current_app, redirect, render_template, request, url_for
 
 from analyzer.ingest import IngestLimits, PromptFileError
 from analyzer.prompt_checks import prompt_text
@@ -22,7 +22,7 @@ from analyzer.prompt_sets import (
 )
 from router.suggestions import accept_suggestions, suggest_tasks, suggestion_stats
 from router.teacher import TeacherUnavailable, teacher_available
-from webui.ui import bp, sessions, settings
+from webui.ui import bp, flash, sessions, settings
 
 PAGE_SIZE = 25
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from flask import Response, abort, flash, jsonify, redirect, render_template, request, url_for
+from flask import Response, abort, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
@@ -27,6 +27,7 @@ from analyzer.engines import (
     EngineError,
     check_cost_mode_name,
     check_engine_name,
+    measuring_engine,
 )
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
@@ -43,7 +44,7 @@ from analyzer.summary_store import run_summary
 from router import strict_json
 from router.classifier import rarely_reached
 from webui.plots import report_plots
-from webui.ui import bp, sessions, settings
+from webui.ui import bp, flash, sessions, settings
 
 # The form's numbers and their limits: analyzer.run_params.LIMITS, as on the command line and in
 # RunParams.check (the new-run page's inputs take their min and max attributes from here too).
@@ -249,7 +250,7 @@ def start_run():
         temperature=temperature,
         validate=numbers["validate"] if temperature == 0 else 0,
         engine=placement["engine"],
-        cost_mode=placement["cost_mode"] if placement["engine"] == "transformers" else "eager",
+        cost_mode=_cost_mode(placement["engine"], placement["cost_mode"]),
         device=placement["device"],
         dtype=placement["dtype"],
         profile_batch_sizes=placement["batch_sizes"],
@@ -263,6 +264,13 @@ def start_run():
         return _new_run_page([str(exc)], values, 400)
     flash(f"analysis run {run_id} queued; it starts as soon as a worker is free")
     return redirect(url_for("ui.run", run_id=run_id))
+
+
+def _cost_mode(engine_name: str, chosen: str) -> str:
+    """The cost mode a form run stores: the one chosen where its engine offers it; an engine that times
+    its own way (llama.cpp) stores its default whatever the select (meant for transformers) shows."""
+    engine = measuring_engine(engine_name)
+    return engine.cost_mode_for(chosen if chosen in engine.cost_modes else None, settings().cost_mode)
 
 
 @bp.get("/runs/<int:run_id>/status.json")

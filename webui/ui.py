@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 
 from flask import Blueprint, Response, current_app, redirect, render_template, request, session, url_for
+from flask import flash as flask_flash
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
+from analyzer.engines import COST_MODE_WORDS
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import Settings
@@ -30,6 +32,17 @@ def settings() -> Settings:
     return current_app.config["SPECROUTE_SETTINGS"]
 
 
+FLASH_CHARS = 600  # a message quoting a 10 MB field would not fit the session cookie (4 kB)
+
+
+def flash(message: str, category: str = "message") -> None:
+    """Flask's ``flash``, with the message cut to FLASH_CHARS: messages quote what the user sent, and
+    they travel in the session cookie, which a browser drops past 4 kB."""
+    if len(message) > FLASH_CHARS:
+        message = f"{message[: FLASH_CHARS - 30]}... ({len(message):,} characters)"
+    flask_flash(message, category)
+
+
 @bp.before_app_request
 def _csrf():
     if request.blueprint == "ui" or (request.endpoint or "").startswith("ui."):
@@ -41,6 +54,7 @@ def _globals():
     auth = bool(current_app.config.get("SPECROUTE_AUTH"))
     return {
         "csrf_token": csrf_token,
+        "cost_mode_words": COST_MODE_WORDS.get,
         "auth_enabled": auth,
         "signed_in": auth and access.signed_in(settings().api_token),
     }

@@ -25,18 +25,26 @@ def costs() -> None:
     type=click.IntRange(1, MAX_ID),
     help="Store the profiles for this run's model pair (for rows that name no target and draft).",
 )
+@click.option(
+    "--new-pair",
+    is_flag=True,
+    help="Allow a target or draft that no stored run or model spec knows yet (refused without it: a typo).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def costs_import(state: CliState, file: Path, for_run: int | None, as_json: bool) -> None:
+def costs_import(state: CliState, file: Path, for_run: int | None, new_pair: bool, as_json: bool) -> None:
     """Store the cost profiles of a JSON or CSV FILE (docs/costs.md: the columns and how vLLM's and
     SGLang's latency benchmarks give them). The whole file is checked first: any bad line stores
-    nothing and every problem is listed with its line and field."""
+    nothing and every problem is listed with its line and field. Refused: a step under 0.1 ms (seconds,
+    not milliseconds) or any time over a minute, a batch size over 1024, an implausible T(k)/T(1), a
+    profile already stored (or given twice), and a target or draft no stored run knows unless --new-pair."""
     from analyzer.cost_import import CostFileError, parse_cost_file, store_imported_profiles
 
     try:
         profiles = parse_cost_file(file.read_bytes(), file.name)
         with state.sessions()() as session, session.begin():
-            stored = store_imported_profiles(session, profiles, file.name, for_run=for_run)
+            lock_for_write(session)  # the check for a stored copy and the insert, one import at a time
+            stored = store_imported_profiles(session, profiles, file.name, for_run=for_run, new_pair=new_pair)
             rows = [_profile_row(p) for p in stored]
     except CostFileError as exc:  # every problem on its own line, not the one-line "Error: ..."
         if as_json:
