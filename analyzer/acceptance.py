@@ -46,15 +46,6 @@ class DraftingRule:
 
 TRANSFORMERS_RULE = DraftingRule("transformers", prefill_round=False, cap_at_budget=True, cut_at_eos=True)
 LLAMA_CPP_RULE = DraftingRule("llama.cpp", prefill_round=True, cap_at_budget=False, cut_at_eos=False)
-DRAFTING_RULES = {rule.name: rule for rule in (TRANSFORMERS_RULE, LLAMA_CPP_RULE)}
-
-
-def drafting_rule(engine: str | None) -> DraftingRule:
-    """The drafting rule of ``engine`` (None: transformers, the engine of runs stored before engines)."""
-    try:
-        return DRAFTING_RULES[engine or "transformers"]
-    except KeyError:
-        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(DRAFTING_RULES)}") from None
 
 
 @dataclass(frozen=True)

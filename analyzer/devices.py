@@ -217,24 +217,20 @@ def guarantee_sentence(
     *,
     sampling: bool = False,
     fidelity: dict | None = None,
-    engine: str | None = None,
+    estimate_opening: str | None = None,
     repriced_from: int | None = None,
 ) -> str:
     """What this run's numbers guarantee, in one plain sentence. float32 greedy: an exact replay;
     bfloat16/float16 greedy: an estimate whose measured fidelity is quoted when known; sampling: an
-    expectation under i.i.d. acceptance. In llama.cpp (quantized weights, whose batched and one-token
-    kernels differ) always an estimate with its measured fidelity. A run re-priced from run
+    expectation under i.i.d. acceptance. An engine whose replay is always an estimate (llama.cpp:
+    quantized weights, whose batched and one-token kernels differ) gives its ``estimate_opening``
+    (:meth:`analyzer.engine_base.Engine.estimate_opening`), followed by the measured fidelity. A run
+    re-priced from run
     ``repriced_from`` has no validations of its own: where it would suggest --validate, it points to
     that run's and to the engine that priced it instead."""
     dtype = dtype or "float32"
-    if engine == "llama.cpp":
-        return _estimate_sentence(
-            f"llama.cpp, {dtype} weights: the replay is an estimate, not exact — llama.cpp's "
-            "batched verification and one-token decoding use different kernels, so real "
-            "speculative decoding can take other paths",
-            fidelity,
-            repriced_from,
-        )
+    if estimate_opening is not None:
+        return _estimate_sentence(estimate_opening, fidelity, repriced_from)
     if sampling:
         return (
             "Sampling mode: the speedups are expectations under i.i.d. acceptance (alpha = mean overlap), "

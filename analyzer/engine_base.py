@@ -1,17 +1,143 @@
-"""The engines an analysis can measure in, named once: the CLI's ``--engine``, the web form's select,
-the ``SPECROUTE_ENGINE`` setting and :class:`analyzer.run_records.RunParams` all check names here.
+"""What every engine is, named once: the engines' names, the :class:`Engine` protocol each engine module
+implements, the :class:`LoadedPair` protocol of a pair loaded in one, and the checks of names.
 
-Acceptance travels between engines; cost does not (DESIGN.md, "Engines"): so every run, cost profile
-and policy set records the engine that priced it. Names are checked without importing either engine.
+Acceptance travels between engines; cost does not (DESIGN.md, "Engines"). So every run, cost profile and
+policy set records two engines: the one that **measured** the acceptance (``measured_by``: an engine of
+:data:`ENGINES`, which measure) and the one that **priced** it (``priced_by``: the same engine, or the
+engine an imported cost profile came from, vLLM or SGLang for example). The registry of engine objects
+is :mod:`analyzer.engines`; this module imports no engine, so any module may import it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
 from analyzer.errors import SpecrouteError
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from analyzer.acceptance import DraftingRule
+    from analyzer.orm import ModelPair
+    from analyzer.run_params import RunParams
+    from analyzer.specs import ModelSpecRef
+
 TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
-ENGINES = (TRANSFORMERS, LLAMA_CPP)
+ENGINES = (TRANSFORMERS, LLAMA_CPP)  # the engines that measure (the CLI's --engine, the web form's select)
 DEFAULT_ENGINE = TRANSFORMERS
+# the engine entry of cost profiles imported from another engine's own benchmark (analyzer/cost_import.py):
+# they price, and never measure
+IMPORTED = "imported"
+
+
+class ProfilingPlan(NamedTuple):
+    """Where a loaded pair times its cost profiles: the device and dtype as stored, the text progress
+    shows, the machinery timed around the model calls, the batch sizes and the cost mode (None where
+    the engine times its own way)."""
+
+    device: str
+    dtype: str
+    where: str
+    machinery: str
+    batch_sizes: tuple[int, ...]
+    cost_mode: str | None
+
+
+class Engine(Protocol):
+    """One engine: how it measures (its drafting rule, what it loads and where), what it refuses, how
+    it prices (its cost modes) and what its numbers guarantee. transformers and llama.cpp measure and
+    price; the imported entry only prices. Callers look an engine up by name in
+    :mod:`analyzer.engines` and ask it; they never compare names."""
+
+    name: str
+    measures: bool  # False: the engine only prices (imported cost profiles)
+    cost_modes: tuple[str, ...]  # how it can time its steps; () where it times its own way only
+
+    @property
+    def rule(self) -> DraftingRule:
+        """The drafting rule its replay follows (analyzer/acceptance.py)."""
+        ...
+
+    def check_params(self, params: RunParams) -> None:
+        """Raise :class:`RunError` for the first setting of ``params`` this engine cannot measure."""
+        ...
+
+    def check_specs(self, target: ModelSpecRef, draft: ModelSpecRef) -> None:
+        """Raise :class:`RunError` unless this engine can load the pair."""
+        ...
+
+    def cost_mode_for(self, asked: str | None, setting: str) -> str:
+        """The cost mode a run stores: ``asked`` when given, else the engine's default under the
+        ``SPECROUTE_COST_MODE`` ``setting`` (an unusable asked mode is refused by check_params)."""
+        ...
+
+    def require_installed(self) -> None:
+        """Raise :class:`EngineUnavailable` (saying how to install it) unless it can run here."""
+        ...
+
+    def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
+        """Where a run of ``params`` measures, resolved on this machine unless it is only queued."""
+        ...
+
+    def load_key(self, params: RunParams) -> tuple[Any, ...]:
+        """What, beyond the pair, decides whether an already-loaded pair serves a run of ``params``
+        (its first item is the text that says where it loads)."""
+        ...
+
+    def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
+        """The pair loaded in this engine, as ``params`` asks."""
+        ...
+
+    def report_cost_mode(self, params: RunParams) -> str | None:
+        """The cost mode a report names before any profile is linked (None: the engine's own timing)."""
+        ...
+
+    def replay_mode(self, dtype: str) -> str | None:
+        """How a greedy replay in this engine relates to real decoding, for the report's ``mode`` (None:
+        the generic words for ``dtype``)."""
+        ...
+
+    def estimate_opening(self, dtype: str) -> str | None:
+        """The guarantee's opening where this engine's replay is always an estimate (None: the generic
+        sentences for ``dtype``)."""
+        ...
+
+    def profile_note(self, profile: dict[str, Any]) -> str | None:
+        """What a report says of the quality of a cost profile this entry priced with (``profile`` as
+        :func:`analyzer.report.profile_dict` gives it); None: its measured timing quality."""
+        ...
+
+
+class LoadedPair(Protocol):
+    """A target and draft loaded in one engine: what an analysis asks of it (runs.py, run_costs.py,
+    run_validation.py). ``analyzer.run_models.RunModels`` and ``analyzer.llamacpp_run.LlamaCppRunModels``
+    implement it."""
+
+    engine: str
+    rule: DraftingRule
+    draft: Any
+    eos_ids: list[int]
+    pad_id: int
+
+    def device_text(self) -> str: ...
+
+    def dtype_text(self) -> str: ...
+
+    def library_versions(self) -> dict[str, Any]: ...
+
+    def profiling_plan(self, params: RunParams) -> ProfilingPlan:
+        """Where and at which batch sizes this pair's cost profiles are timed."""
+        ...
+
+    def warmup_passes(self) -> int:
+        """The untimed passes before each timed model's first timed pass."""
+        ...
+
+
+class EngineUnavailable(SpecrouteError, RuntimeError):
+    """The engine a run asks for is not installed on this machine; the message says how to install it."""
+
+    status, code = 503, "engine_unavailable"
 
 
 class EngineError(SpecrouteError, ValueError):
@@ -34,6 +160,11 @@ def check_engine_name(text: str | None) -> str:
 EAGER, CUDA_GRAPHS = "eager", "cuda-graphs"
 COST_MODES = (EAGER, CUDA_GRAPHS)
 DEFAULT_COST_MODE = EAGER
+# what each cost mode times, in the words a report uses
+COST_MODE_WORDS = {
+    EAGER: "forwards as transformers' generate() runs them",
+    CUDA_GRAPHS: "steps replayed from captured CUDA graphs over a static KV cache, as serving engines run them",
+}
 
 
 class CostModeError(SpecrouteError, ValueError):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from analyzer.errors import SpecrouteError
+from analyzer.engine_base import EngineUnavailable
 from analyzer.loading import _builtin_gguf_path, builtin_cache_folder
 from analyzer.specs import ModelSpecRef, SpecError
 
@@ -34,12 +34,6 @@ INSTALL_HINT = (
     "see docs/llamacpp.md)"
 )
 CONTEXT_SLACK_TOKENS = 16  # positions beyond prompt + budget + lookahead, for the verify pass's extra tokens
-
-
-class EngineUnavailable(SpecrouteError, RuntimeError):
-    """The engine a run asks for is not installed on this machine; the message says how to install it."""
-
-    status, code = 503, "engine_unavailable"
 
 
 def require_llama_cpp() -> Any:

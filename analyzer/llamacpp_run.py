@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analyzer.acceptance import LLAMA_CPP_RULE, DraftingRule
+from analyzer.engine_base import LLAMA_CPP, ProfilingPlan
 from analyzer.errors import SpecrouteError
 from analyzer.llamacpp_engine import (
     LlamaCppModel,
@@ -54,7 +55,7 @@ class LlamaCppRunModels:
     draft_tokenizer: object | None
     eos_ids: list[int]
     pad_id: int
-    engine: str = "llama.cpp"
+    engine: str = LLAMA_CPP
     rule: DraftingRule = LLAMA_CPP_RULE
     _pair: object = field(default=None, repr=False)
 
@@ -86,6 +87,17 @@ class LlamaCppRunModels:
     def dtype_text(self) -> str:
         """The target's weights as shipped (Q4_1, Q8_0, F16, ...)."""
         return self.target.quantization
+
+    def profiling_plan(self, params: RunParams) -> ProfilingPlan:
+        """On the CPU in the GGUF file's own quantization, batch 1, timing llama.cpp's own loop."""
+        device, dtype = self.device_text(), self.dtype_text()
+        return ProfilingPlan(
+            device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,), None
+        )
+
+    def warmup_passes(self) -> int:
+        """One untimed pass before each timed model's first timed one."""
+        return 1
 
     def library_versions(self) -> dict:
         import llama_cpp

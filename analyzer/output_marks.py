@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzer.acceptance import drafting_rule, token_marks_model_draft, token_marks_ngram
+from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
+from analyzer.engines import measuring_engine
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
 
@@ -53,7 +54,7 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
     if params.sampling:
         return OutputMarks(plain, SAMPLING)
     max_new_tokens = params.max_new_tokens
-    rule = drafting_rule(params.engine)
+    rule = measuring_engine(params.engine).rule
     if ngram.kind == "ngram":
         marks = token_marks_ngram(
             result.prompt_token_ids,

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.devices import guarantee_sentence
+from analyzer.engines import engine_named, measuring_engine, pricing_entry
 from analyzer.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.errors import SpecrouteError
 from analyzer.interference import disturbed
@@ -99,11 +100,8 @@ def build_report(session: Session, run_id: int) -> dict:
         **_run_fields(run, summary, validation_rows),
         **profiles,
         # how the profile that priced the run timed its steps (None: llama.cpp's or an imported engine's own)
-        "cost_mode": own["cost_mode"]
-        if own
-        else run.run_params.cost_mode
-        if run.engine == "transformers"
-        else None,
+        "cost_mode": own["cost_mode"] if own else engine_named(run.engine).report_cost_mode(run.run_params),
+        "priced_by": _priced_by(run, own),
         "advice_withheld": advice_withheld(profiles["cost_profiles"]),
         "prompts": _prompt_rows(results, summary, validations),
         "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
@@ -122,6 +120,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
     and dtype, how it measured (``mode``) and what that guarantees."""
     dtype = run.dtype or "float32"
     measured_in = run.run_params.engine  # the engine that measured acceptance (run.engine priced it)
+    measured_by = measuring_engine(measured_in)
     sampling = summary.sampling
     run_fidelity = dict(summary.workload.fidelity or {}) if summary.workload else {}
     run_fidelity.update(validation_summary(validation_rows) or {})
@@ -135,14 +134,13 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         "draft": run.pair.draft.spec,
         "mode": "sampling (expectations under i.i.d. acceptance)"
         if sampling
-        else f"greedy (replay estimate in llama.cpp, {dtype} weights)"
-        if measured_in == "llama.cpp"
-        else "greedy (exact replay)"
-        if dtype == "float32"
-        else f"greedy (replay estimate in {dtype})",
+        else measured_by.replay_mode(dtype)
+        or ("greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})"),
         "params": _plain_params(run.run_params),
         "engine": run.engine,
         "measured_in": measured_in,
+        # what measured the acceptance: for a re-priced run, its source run's engine and machine
+        "measured_by": {"engine": measured_in, "device": run.device, "dtype": dtype},
         "repriced_from": run.repriced_from_run_id,
         "device": run.device,
         "dtype": dtype,
@@ -150,7 +148,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
             dtype,
             sampling=sampling,
             fidelity=run_fidelity,
-            engine=measured_in,
+            estimate_opening=measured_by.estimate_opening(dtype),
             repriced_from=run.repriced_from_run_id,
         ),
     }
@@ -159,6 +157,16 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
 def _plain_params(params: RunParams) -> dict:
     """The parameters as JSON-ready data (tuples as lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in params.to_json().items()}
+
+
+def _priced_by(run: AnalysisRun, own: dict | None) -> dict:
+    """What priced the run: its engine and, once a cost profile is linked, that profile's engine
+    version, source, device, dtype, threads and id (never the acceptance's machine)."""
+    fields = {"engine": run.engine, "engine_version": None, "source": None, "device": None, "dtype": None}
+    if own:
+        fields.update({key: own[key] for key in ("engine_version", "source", "device", "dtype")})
+        fields.update(threads=own["threads"], cost_profile=own["id"], note=own["note"])
+    return fields
 
 
 def _cost_profile_fields(run: AnalysisRun) -> dict:
@@ -270,7 +278,7 @@ def _entropy_table(results: list[PromptResult], params: RunParams) -> dict:
 def profile_dict(profile: CostProfile) -> dict:
     """A stored cost profile as JSON-ready data, in seconds: the report's, `specroute costs list`'s and
     the Cost profiles page's one description of it."""
-    return {
+    found = {
         "target_k_s": list(profile.target_forward_s),
         "draft_s": profile.draft_step_s,
         "target_prefill_s": profile.target_prefill_s,
@@ -294,3 +302,6 @@ def profile_dict(profile: CostProfile) -> dict:
         "draft": profile.pair.draft.spec,
         "created_at": profile.created_at.isoformat(timespec="seconds"),
     }
+    # what the entry that priced with it says of its quality (an imported profile: not judged here)
+    found["note"] = pricing_entry(found["engine"], found["source"]).profile_note(found)
+    return found

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import io
 
+from analyzer.engines import DEFAULT_ENGINE, pricing_entry
+
 CSV_COLUMNS = [
     "prompt_id",
     "external_id",
@@ -66,20 +68,21 @@ def report_text(report: dict) -> str:
     else:
         lines.append(
             f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-            f"{report['mode']}, {report.get('engine') or 'transformers'} engine"
+            f"{report['mode']}, {report.get('engine') or DEFAULT_ENGINE} engine"
             + (f" ({report['cost_mode']} cost mode)" if report.get("cost_mode") else "")
             + f", {measured_on}"
         )
     for batch, cp in (report.get("cost_profiles") or {}).items():
-        ratios = ", ".join(f"{t / cp['target_k_s'][0]:.2f}" for t in cp["target_k_s"][:8])
+        shown = cp["target_k_s"][:8]
+        ratios = ", ".join(f"{t / shown[0]:.2f}" for t in shown)
         overhead = (
             f"; machinery {cp['round_overhead_s'] * 1000:.2f} ms/round, {cp['decode_overhead_s'] * 1000:.2f} ms/step"
             if cp.get("round_overhead_s") is not None
             else ""
         )
         lines.append(
-            f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, T_t(k)/T_t(1) for k=1..8: "
-            f"{ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
+            f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, "
+            f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
         )
     if report.get("guarantee"):
         lines.append(report["guarantee"])
@@ -252,9 +255,9 @@ def decision_text(summary: dict) -> str:
 def quality_text(profile: dict) -> str:
     """A cost profile's quality in words, with the fix when it is noisy."""
     quality = profile.get("quality")
-    if profile.get("source") == "imported":
-        version = f" {profile['engine_version']}" if profile.get("engine_version") else ""
-        return f"imported from {profile.get('engine')}{version}'s own benchmark (not judged here)"
+    note = pricing_entry(profile.get("engine"), profile.get("source")).profile_note(profile)
+    if note is not None:
+        return note
     if quality is None:
         return "quality not judged (a profile from before it was)"
     notes = "; ".join(profile.get("quality_notes") or [])

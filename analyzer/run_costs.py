@@ -5,22 +5,20 @@ linked to the run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.engines import CUDA_GRAPHS
+from analyzer.engine_base import LoadedPair, ProfilingPlan
 from analyzer.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
-from analyzer.run_models import RunModels
 from analyzer.run_records import ProgressCallback, RunParams
 
 if TYPE_CHECKING:
     from analyzer.cost import CostMeasurement
-    from analyzer.llamacpp_run import LlamaCppRunModels
     from analyzer.overhead import MachineryOverhead
 
 # a run without prompts is profiled over a context of this many pad tokens
@@ -34,32 +32,16 @@ OVERHEAD_REPEATS = 3
 # neighbouring batch sizes' T_t(1) may differ by this much the wrong way before one is re-measured
 # (a smaller batch slower than a larger one; on a GPU, where small batches read the same weights, either way)
 MAX_BATCH_STEP_CHANGE = 0.25
-# the passes each timed model makes while profiling (the defaults of analyzer.cost.profile_costs and
-# analyzer.llamacpp_cost.profile_llamacpp_costs; on a GPU analyzer.cost.GPU_WARMUP_ROUNDS untimed ones):
-# the progress bar plans this many per model, and re-measurements of noisy points add passes beyond it
-WARMUP_PASSES = 1
+# the timed passes each timed model makes while profiling, after its pair's warmup_passes() (the defaults
+# of analyzer.cost.profile_costs and analyzer.llamacpp_cost.profile_llamacpp_costs): the progress bar plans
+# these per model, and re-measurements of noisy points add passes beyond them
 TIMED_REPEATS = 5
-
-
-@dataclass(frozen=True)
-class _ProfilingPlan:
-    """Where a run's profiles are measured: ``device`` and ``dtype`` as profiles store them, ``where``
-    and ``machinery`` (whose overhead is measured) as progress shows them, the ``batch_sizes`` to
-    profile (llama.cpp runs batch 1 only) and the ``cost_mode`` the steps are timed in (None for
-    llama.cpp, which times its own)."""
-
-    device: str
-    dtype: str
-    where: str
-    machinery: str
-    batch_sizes: tuple[int, ...]
-    cost_mode: str | None
 
 
 def profile_run_costs(
     session_factory: sessionmaker,
     run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     params: RunParams,
     prompt_ids: list[list[int]],
     progress: ProgressCallback | None,
@@ -75,7 +57,7 @@ def profile_run_costs(
     from it. Before measuring, it waits up to ``quiet_wait_s`` seconds for a quiet machine
     (:func:`analyzer.interference.wait_for_quiet`, shown in progress); a wait that gave up is noted
     on the profiles measured."""
-    plan = _profiling_plan(loaded_models, params)
+    plan = loaded_models.profiling_plan(params)
     k_max = params.gamma_max + 1
     chosen, passed_over = _linked_or_reusable_profiles(
         session_factory, run_id, loaded_models, plan, k_max, reuse=not params.reprofile
@@ -166,10 +148,10 @@ def _judged_noisy(measurement: CostMeasurement, note: str) -> CostMeasurement:
 
 
 def _measure_overhead(
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     context: list[int],
     params: RunParams,
-    plan: _ProfilingPlan,
+    plan: ProfilingPlan,
     progress: ProgressCallback | None,
 ) -> MachineryOverhead:
     """The machinery overhead, telling ``progress`` of every timed generation (2 x OVERHEAD_REPEATS
@@ -191,30 +173,11 @@ def _measure_overhead(
     return loaded_models.measure_overhead(context, params, tick)
 
 
-def _profiling_plan(loaded_models: RunModels | LlamaCppRunModels, params: RunParams) -> _ProfilingPlan:
-    """Where the run's engine measures its profiles, and at which batch sizes."""
-    device, dtype = loaded_models.device_text(), loaded_models.dtype_text()
-    if loaded_models.engine == "transformers":
-        placement = loaded_models.target.placement
-        graphs = params.cost_mode == CUDA_GRAPHS
-        return _ProfilingPlan(
-            device,
-            dtype,
-            f"{placement.device} in {dtype}" + (", steps replayed from CUDA graphs" if graphs else ""),
-            "the CUDA-graph decoding loops" if graphs else "generate()",
-            params.batch_sizes(placement),
-            params.cost_mode,
-        )
-    return _ProfilingPlan(
-        device, dtype, f"{device}, weights {dtype}", "llama.cpp's Llama.generate()", (1,), None
-    )
-
-
 def _linked_or_reusable_profiles(
     session_factory: sessionmaker,
     run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
-    plan: _ProfilingPlan,
+    loaded_models: LoadedPair,
+    plan: ProfilingPlan,
     k_max: int,
     *,
     reuse: bool,
@@ -244,7 +207,7 @@ def _newest_reusable_profile(
     session: Session,
     run: AnalysisRun,
     engine: str,
-    plan: _ProfilingPlan,
+    plan: ProfilingPlan,
     batch_size: int,
     k_max: int,
     passed_over: list[str],
@@ -286,7 +249,7 @@ def _profiling_context(prompt_ids: list[list[int]], pad_id: int) -> list[int]:
 
 
 def _measure_cost_profile(
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     context: list[int],
     k_max: int,
     batch_size: int,
@@ -298,10 +261,7 @@ def _measure_cost_profile(
     timed pass under ``phase``: planned, each timed model's warm-up and TIMED_REPEATS passes (the
     target's, then a draft model's); a model's passes beyond that re-measure what interference disturbed
     and go to a bar of their own."""
-    from analyzer.cost import GPU_WARMUP_ROUNDS
-
-    on_gpu = loaded_models.engine == "transformers" and loaded_models.target.placement.is_cuda
-    per_model = (GPU_WARMUP_ROUNDS if on_gpu else WARMUP_PASSES) + TIMED_REPEATS
+    per_model = loaded_models.warmup_passes() + TIMED_REPEATS
     timed_models = 2 if loaded_models.draft is not None else 1
     passes_planned = per_model * timed_models
     extra_planned = EXTRA_ROUNDS * TIMED_REPEATS * timed_models  # the most re-measurement can add
@@ -333,8 +293,8 @@ def _measure_cost_profile(
 def _store_cost_profile(
     session_factory: sessionmaker,
     run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
-    plan: _ProfilingPlan,
+    loaded_models: LoadedPair,
+    plan: ProfilingPlan,
     batch_size: int,
     measured: CostMeasurement,
     overhead: MachineryOverhead,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
 from analyzer.devices import Placement
+from analyzer.engine_base import CUDA_GRAPHS, TRANSFORMERS, ProfilingPlan
 from analyzer.loading import LoadedModel, load_model
 from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import (
@@ -66,7 +67,7 @@ class RunModels:
     draft_ref: ModelSpecRef
     eos_ids: list[int]
     pad_id: int
-    engine: str = "transformers"
+    engine: str = TRANSFORMERS
     rule: DraftingRule = TRANSFORMERS_RULE
     graphs: GraphDecoder | None = None  # the cuda-graphs mode's loops, made on first use
 
@@ -128,6 +129,26 @@ class RunModels:
         from analyzer.run_costs import library_versions
 
         return library_versions()
+
+    def profiling_plan(self, params: RunParams) -> ProfilingPlan:
+        """On the target's device in its dtype, at the run's batch sizes (1, 4, 16 on a GPU by default),
+        timing ``generate()`` or, in the cuda-graphs cost mode, the CUDA-graph decoding loops."""
+        placement, dtype = self.target.placement, self.dtype_text()
+        graphs = params.cost_mode == CUDA_GRAPHS
+        return ProfilingPlan(
+            self.device_text(),
+            dtype,
+            f"{placement.device} in {dtype}" + (", steps replayed from CUDA graphs" if graphs else ""),
+            "the CUDA-graph decoding loops" if graphs else "generate()",
+            params.batch_sizes(placement),
+            params.cost_mode,
+        )
+
+    def warmup_passes(self) -> int:
+        """GPU_WARMUP_ROUNDS untimed passes on a GPU (nothing is timed cold there), one elsewhere."""
+        from analyzer.cost import GPU_WARMUP_ROUNDS
+
+        return GPU_WARMUP_ROUNDS if self.target.placement.is_cuda else 1
 
     def measure_batch(
         self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int
@@ -195,7 +216,6 @@ class RunModels:
         from functools import partial
 
         from analyzer.cost import profile_costs
-        from analyzer.engines import CUDA_GRAPHS
         from analyzer.graph_cost import time_graph_forwards_checked
 
         graphs = cost_mode == CUDA_GRAPHS
@@ -220,7 +240,6 @@ class RunModels:
         """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`), or in the
         cuda-graphs mode the host time of the loops over the replayed graphs."""
         from analyzer.cost import time_callable
-        from analyzer.engines import CUDA_GRAPHS
         from analyzer.overhead import measure_graph_overhead, measure_machinery_overhead
         from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
@@ -256,7 +275,6 @@ class RunModels:
         """transformers' assisted generation against plain greedy (:func:`analyzer.validate.validate_prompt`),
         or in the cuda-graphs mode the speculative loop over the replayed graphs against the greedy one
         (:class:`analyzer.graph_cost.GraphDecoder`, warm and alternated in the same way)."""
-        from analyzer.engines import CUDA_GRAPHS
         from analyzer.validate import compare_generations, validate_prompt
 
         on_gpu = self.target.placement.is_cuda  # warm, and alternated over 2 repeats (cold runs lie there)

@@ -21,11 +21,9 @@ from analyzer.devices import (
     default_batch_sizes,
     resolve,
 )
-from analyzer.engines import (
-    CUDA_GRAPHS,
+from analyzer.engine_base import (
     DEFAULT_COST_MODE,
     DEFAULT_ENGINE,
-    LLAMA_CPP,
     CostModeError,
     EngineError,
     check_cost_mode_device,
@@ -130,7 +128,8 @@ class RunParams:
         return self.temperature > 0
 
     def check(self) -> RunParams:
-        """Raise :class:`RunError` naming the first parameter out of range."""
+        """Raise :class:`RunError` naming the first parameter out of range, or unknown. What the run's
+        engine cannot measure is its engine's to refuse: :func:`analyzer.engines.check_run` checks both."""
         for name, limit in LIMITS.items():
             value = getattr(self, name)
             if value is not None and not limit.admits(value):
@@ -141,46 +140,14 @@ class RunParams:
             check_device_name(self.device), check_dtype_name(self.dtype), check_engine_name(self.engine)
         except (DeviceError, EngineError) as error:
             raise RunError(str(error)) from None
-        self._check_cost_mode()
+        try:
+            check_cost_mode_name(self.cost_mode)
+        except CostModeError as error:
+            raise RunError(str(error)) from None
         sizes = self.profile_batch_sizes
         if sizes is not None and (not sizes or any(not 1 <= int(b) <= MAX_PROFILE_BATCH_SIZE for b in sizes)):
             raise RunError(f"profile batch sizes must be integers from 1 to {MAX_PROFILE_BATCH_SIZE}")
-        if self.engine == LLAMA_CPP:
-            self._check_llama_cpp()
         return self
-
-    def _check_cost_mode(self) -> None:
-        """Raise :class:`RunError` for a cost mode that is unknown, or that this engine or an explicit
-        CPU device cannot time (a device of auto is checked where it is resolved: :meth:`placement`)."""
-        try:
-            check_cost_mode_name(self.cost_mode)
-            if self.cost_mode == CUDA_GRAPHS and self.engine != "transformers":
-                raise CostModeError(
-                    f"cost mode {CUDA_GRAPHS} is the transformers engine's; {self.engine} times its own steps"
-                )
-            if self.device == "cpu":
-                check_cost_mode_device(self.cost_mode, "cpu")
-        except CostModeError as error:
-            raise RunError(str(error)) from None
-
-    def _check_llama_cpp(self) -> None:
-        """Raise :class:`RunError` for the first setting the llama.cpp engine cannot measure."""
-        if self.temperature != 0:
-            raise RunError("the llama.cpp engine measures greedy decoding only; use temperature 0")
-        if check_device_name(self.device) not in ("auto", "cpu"):
-            raise RunError(
-                f"the llama.cpp engine runs on the CPU here; use device auto or cpu, not {self.device!r}"
-            )
-        if check_dtype_name(self.dtype) != "auto":
-            raise RunError(
-                "the llama.cpp engine measures the GGUF file's own quantization (Q4_1, Q8_0, ...) as "
-                f"shipped; leave dtype auto, not {self.dtype!r}"
-            )
-        if self.batch_size != 1 or tuple(self.profile_batch_sizes or (1,)) != (1,):
-            raise RunError(
-                "the llama.cpp engine runs one sequence per context (llama-cpp-python): use batch size 1 "
-                "and profile batch size 1 only"
-            )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON stored on the run."""

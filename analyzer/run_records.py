@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import utcnow
-from analyzer.engines import LLAMA_CPP
+from analyzer.engines import check_run, measuring_engine
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.prompt_sets import get_prompt_set
 from analyzer.run_params import RunError, RunNotFound, RunParams  # noqa: F401  (importers name them here)
@@ -60,12 +60,11 @@ def create_run(
     session: Session, prompt_set_name: str, target: str, draft: str, params: RunParams
 ) -> AnalysisRun:
     """Queue an analysis of the named prompt set with ``target`` and ``draft`` spec strings."""
-    params.check()
+    check_run(params)
     target_ref, draft_ref = parse_spec(target), parse_spec(draft)
     if target_ref.kind == "ngram":
         raise RunError("the target must be a model, not 'ngram'")
-    if params.engine == LLAMA_CPP:
-        _check_llama_cpp_specs(target_ref, draft_ref)
+    measuring_engine(params.engine).check_specs(target_ref, draft_ref)
     prompt_set = get_prompt_set(session, prompt_set_name)
     pair = get_or_create_pair(session, target_ref, draft_ref)
     total = prompt_set.prompt_count if params.limit is None else min(params.limit, prompt_set.prompt_count)
@@ -80,24 +79,6 @@ def create_run(
     session.add(run)
     session.flush()
     return run
-
-
-LLAMA_CPP_SPEC_KINDS = ("gguf", "builtin")  # the spec kinds llama.cpp loads natively (GGUF files)
-
-
-def _check_llama_cpp_specs(target: ModelSpecRef, draft: ModelSpecRef) -> None:
-    """Raise :class:`RunError` unless llama.cpp can load the pair: a GGUF target (``gguf:`` or
-    ``builtin:``) and a GGUF or n-gram draft."""
-    if target.kind not in LLAMA_CPP_SPEC_KINDS:
-        raise RunError(
-            f"the llama.cpp engine loads GGUF files only: the target must be gguf:<folder>#<file.gguf> "
-            f"or builtin:<name>, not {target.canonical!r}"
-        )
-    if draft.kind not in LLAMA_CPP_SPEC_KINDS + ("ngram",):
-        raise RunError(
-            f"the llama.cpp engine loads GGUF files only: the draft must be ngram, "
-            f"gguf:<folder>#<file.gguf> or builtin:<name>, not {draft.canonical!r}"
-        )
 
 
 def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
+from analyzer.engine_base import LoadedPair
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.run_records import ProgressCallback, RunParams, validation_sample
-
-if TYPE_CHECKING:
-    from analyzer.llamacpp_run import LlamaCppRunModels
-    from analyzer.run_models import RunModels
 
 
 def validate_run(
     session_factory: sessionmaker,
     run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     params: RunParams,
     progress: ProgressCallback | None,
     *,
@@ -92,9 +88,7 @@ def validate_run(
         progress(len(chosen), len(chosen), "validating with real speculative decoding")
 
 
-def _validated_while_watching(
-    loaded_models: RunModels | LlamaCppRunModels, prompt_ids, params: RunParams, gamma: int
-):
+def _validated_while_watching(loaded_models: LoadedPair, prompt_ids, params: RunParams, gamma: int):
     """``loaded_models.validate`` of one prompt, and the share of the machine's CPU other processes
     used meanwhile (None where it cannot be read)."""
     from analyzer.interference import machine_reading, others_busy_s

@@ -20,7 +20,6 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
@@ -45,6 +44,7 @@ from analyzer.chunks import (
     take_over,
 )
 from analyzer.db import lock_for_write, utcnow
+from analyzer.engines import LoadedPair, measuring_engine
 from analyzer.measure import processed_probabilities, sampling_overlaps
 from analyzer.orm import (
     AnalysisRun,
@@ -55,7 +55,7 @@ from analyzer.orm import (
 )
 from analyzer.prompt_encoding import EncodedPrompt
 from analyzer.run_costs import profile_run_costs
-from analyzer.run_models import PromptPasses, RunModels, load_run_models
+from analyzer.run_models import PromptPasses
 from analyzer.run_records import (
     UNLABELLED,
     ProgressCallback,
@@ -71,9 +71,6 @@ from analyzer.run_records import (
 from analyzer.run_validation import validate_run
 from analyzer.settings import load_settings
 from analyzer.tokenizer_match import tokenizer_fingerprint
-
-if TYPE_CHECKING:
-    from analyzer.llamacpp_run import LlamaCppRunModels
 
 
 @dataclass
@@ -116,7 +113,7 @@ class MeasuredPrompt:
 
 
 def _measure_batch(
-    loaded_models: RunModels | LlamaCppRunModels, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams
+    loaded_models: LoadedPair, batch: list[tuple[Prompt, EncodedPrompt]], params: RunParams
 ) -> list[MeasuredPrompt]:
     """Measure a batch of (prompt, its token ids) in the run's engine; one result per prompt."""
     passes = loaded_models.measure_batch([enc for _, enc in batch], params, seed=params.seed + batch[0][0].id)
@@ -127,7 +124,7 @@ def _measure_batch(
 
 
 def _result(
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     prompt: Prompt,
     enc: EncodedPrompt,
     measured: PromptPasses,
@@ -167,7 +164,7 @@ def _result(
 
 
 def _alpha_sampling(
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     enc: EncodedPrompt,
     measured: PromptPasses,
     index: NgramIndex | None,
@@ -203,7 +200,7 @@ def _sampling_counts(alpha_sampling: float, gamma_max: int) -> list[CountsAtGamm
 
 
 def _greedy_counts(
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     enc: EncodedPrompt,
     output: list[int],
     matches,
@@ -284,29 +281,22 @@ class LoadedModelCache:
     def __init__(self, cache_dir: Path, allow_network: bool = False):
         self.cache_dir, self.allow_network = cache_dir, allow_network
         self.key: tuple | None = None
-        self.loaded: RunModels | LlamaCppRunModels | None = None
+        self.loaded: LoadedPair | None = None
         self.encoded: dict[int, EncodedPrompt] = {}
 
-    def load(
-        self, pair: ModelPair, params: RunParams, progress: ProgressCallback | None
-    ) -> RunModels | LlamaCppRunModels:
+    def load(self, pair: ModelPair, params: RunParams, progress: ProgressCallback | None) -> LoadedPair:
         """The run's pair in its engine, on the device and dtype it asks for, loaded unless it already is."""
-        llama_cpp = params.engine == "llama.cpp"
-        placement = None if llama_cpp else params.placement()
-        where = (
-            "in llama.cpp on the CPU"
-            if llama_cpp
-            else f"on {placement.device} ({placement.name}) in {placement.dtype}"
-        )
+        engine = measuring_engine(params.engine)
+        where, *load_key = engine.load_key(params)
         key = (
-            params.engine,
+            engine.name,
             pair.target.spec,
             pair.draft.spec,
             where,
             params.chat_template,
             params.max_prompt_tokens,
             params.max_new_tokens,
-            params.gamma_max if llama_cpp else None,
+            *load_key,
         )
         if key != self.key:
             self.loaded = self.key = None
@@ -319,17 +309,12 @@ class LoadedModelCache:
                     + ("" if pair.draft.kind == "ngram" else f" and {pair.draft.spec}")
                     + f" {where}",
                 )
-            if llama_cpp:
-                from analyzer.llamacpp_run import load_llamacpp_models
-
-                self.loaded = load_llamacpp_models(pair, self.cache_dir, params)
-            else:
-                self.loaded = load_run_models(pair, self.cache_dir, self.allow_network, placement)
+            self.loaded = engine.load(pair, self.cache_dir, params, allow_network=self.allow_network)
             self.key = key
         return self.loaded
 
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
-        """The prompt's token ids under the run's rule (:meth:`RunModels.encode`), once per prompt."""
+        """The prompt's token ids under the run's rule (``RunModels.encode``), once per prompt."""
         if prompt.id not in self.encoded:
             self.encoded[prompt.id] = self.loaded.encode(prompt, params)
         return self.encoded[prompt.id]
@@ -436,7 +421,7 @@ def _prompt_chars(prompt: Prompt) -> int:
 def _record_machine(
     session_factory: sessionmaker,
     run_id: int,
-    loaded_models: RunModels | LlamaCppRunModels,
+    loaded_models: LoadedPair,
     params: RunParams,
 ) -> None:
     """Store on the run where it is measured: device, dtype (for llama.cpp the weights' type as

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer import run_models, run_params
-from analyzer.engines import CostModeError, check_cost_mode_device, check_cost_mode_name
+from analyzer.engines import CostModeError, check_cost_mode_device, check_cost_mode_name, check_run
 from analyzer.orm import AnalysisRun
 from analyzer.run_records import RunParams
 from analyzer.settings import SettingsError, load_settings
@@ -33,10 +33,10 @@ def test_cost_mode_names_and_devices_are_checked_with_the_choices_named():
     with pytest.raises(CostModeError, match=GPU_ONLY):
         check_cost_mode_device("cuda-graphs", "cpu")
     with pytest.raises(run_params.RunError, match="is the transformers engine's; llama.cpp times its own"):
-        RunParams(engine="llama.cpp", cost_mode="cuda-graphs").check()
+        check_run(RunParams(engine="llama.cpp", cost_mode="cuda-graphs"))
     with pytest.raises(run_params.RunError, match=GPU_ONLY):
-        RunParams(device="cpu", cost_mode="cuda-graphs").check()
-    assert RunParams(device="auto", cost_mode="cuda-graphs").check().cost_mode == "cuda-graphs"
+        check_run(RunParams(device="cpu", cost_mode="cuda-graphs"))
+    assert check_run(RunParams(device="auto", cost_mode="cuda-graphs")).cost_mode == "cuda-graphs"
     assert RunParams.from_json({"max_new_tokens": 8}).cost_mode == "eager"  # runs stored before the mode
 
 

@@ -23,6 +23,7 @@ from analyzer.devices import (
     parse_batch_sizes,
     resolve,
 )
+from analyzer.engines import measuring_engine
 from analyzer.loading import load_model
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, RunCostProfile
 from analyzer.overhead import measure_machinery_overhead
@@ -518,7 +519,10 @@ def test_the_guarantee_sentence_per_dtype_and_mode():
     )
     assert no_rounds.endswith("1 of 1 validated outputs matched plain greedy.")
     repriced = guarantee_sentence(
-        "Q4_1", engine="llama.cpp", fidelity={"mismatch_share": 0.01}, repriced_from=2
+        "Q4_1",
+        estimate_opening=measuring_engine("llama.cpp").estimate_opening("Q4_1"),
+        fidelity={"mismatch_share": 0.01},
+        repriced_from=2,
     )
     assert repriced.endswith(
         "; a re-priced run has no validations of its own: see run 2's, and validate the speedups in the "

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.db import make_engine, make_session_factory
-from analyzer.engines import ENGINES, EngineError, check_engine_name
+from analyzer.engines import ENGINES, EngineError, check_engine_name, check_run
 from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import import_prompt_file
 from analyzer.report import build_report
@@ -66,9 +66,11 @@ def test_engine_names_are_checked_exactly_and_the_error_names_the_choices():
 )
 def test_run_params_refuse_what_the_llama_cpp_engine_cannot_measure(changes, message):
     with pytest.raises(RunError) as refused:
-        RunParams(engine="llama.cpp", **changes).check()
+        check_run(RunParams(engine="llama.cpp", **changes))
     assert message in str(refused.value)
-    assert RunParams(engine="transformers", **changes).check()  # the same settings are fine in transformers
+    assert check_run(
+        RunParams(engine="transformers", **changes)
+    )  # the same settings are fine in transformers
 
 
 def test_run_params_accept_a_llama_cpp_run_and_refuse_an_unknown_engine():
@@ -76,7 +78,7 @@ def test_run_params_accept_a_llama_cpp_run_and_refuse_an_unknown_engine():
         RunParams(engine="llama.cpp"),
         RunParams(engine="llama.cpp", device="cpu", profile_batch_sizes=(1,)),
     ):
-        assert ok.check().engine == "llama.cpp"
+        assert check_run(ok).engine == "llama.cpp"
     assert RunParams().engine == "transformers"
     assert RunParams.from_json({"max_new_tokens": 8}).engine == "transformers"  # params stored before engines
     with pytest.raises(RunError, match=r"unknown engine 'vllm'; use one of: transformers, llama\.cpp"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from analyzer.db import MAX_ID
-from analyzer.engines import COST_MODES, CUDA_GRAPHS, ENGINES, LLAMA_CPP
+from analyzer.engines import COST_MODES, ENGINES, check_run, measuring_engine
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from router import strict_json
 from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_range
@@ -197,7 +197,7 @@ def analyze(
                 reprofile=reprofile,
                 engine=engine,
                 # the setting is the transformers engine's default; another engine times its own steps
-                cost_mode=cost_mode or (state.settings.cost_mode if engine == "transformers" else "eager"),
+                cost_mode=measuring_engine(engine).cost_mode_for(cost_mode, state.settings.cost_mode),
                 device=device,
                 dtype=dtype,
                 profile_batch_sizes=parse_batch_sizes(batch_sizes)
@@ -205,7 +205,7 @@ def analyze(
                 chunk_size=chunk_size,
             )
             click.echo(
-                _placement_text(params.check(), queue_only), err=True
+                _placement_text(check_run(params), queue_only), err=True
             )  # never stored if it cannot run here
             with sessions() as session, session.begin():
                 run = create_run(session, prompt_set, target, draft, params)
@@ -249,19 +249,7 @@ def _placement_text(params, queue_only: bool = False) -> str:
     """Where the run will measure, resolved on this machine (DeviceError if it cannot, EngineUnavailable
     when its engine is not installed here and RunError when its cost mode cannot time here, unless it
     is only queued for other workers: nothing is stored)."""
-    if params.engine == LLAMA_CPP:
-        if not queue_only:
-            from analyzer.llamacpp_engine import require_llama_cpp
-
-            require_llama_cpp()
-        return "engine llama.cpp on the CPU, the GGUF files' own quantization"
-    from analyzer.devices import resolve
-
-    placement = resolve(params.device, params.dtype) if queue_only else params.placement()
-    mode = " (steps timed as replayed CUDA graphs)" if params.cost_mode == CUDA_GRAPHS else ""
-    return (
-        f"engine {params.engine}{mode}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
-    )
+    return measuring_engine(params.engine).placement_text(params, queue_only=queue_only)
 
 
 def _label_with_classifier(sessions, run_id: int) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.engines import LLAMA_CPP
+from analyzer.engines import LLAMA_CPP, EngineUnavailable, measuring_engine
 from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
 from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT
@@ -62,12 +62,8 @@ __all__ = [
 
 def require_engine(engine: str) -> None:
     """Stop before anything is done when the demo's engine is not installed, saying both ways on."""
-    if engine != LLAMA_CPP:
-        return
-    from analyzer.llamacpp_engine import EngineUnavailable, require_llama_cpp
-
     try:
-        require_llama_cpp()
+        measuring_engine(engine).require_installed()
     except EngineUnavailable as exc:
         raise EngineUnavailable(
             f"{exc}; or run the demo in transformers: specroute demo --engine transformers"

@@ -1,0 +1,131 @@
+"""One engine interface (issue 32, point 1): every engine is an object of the registry
+(analyzer/engines.py) implementing analyzer.engine_base.Engine, and code outside the registry and the
+engines' own modules asks it rather than comparing engine names. The scan below fails on a comparison
+with an engine's name or a cost mode's, in Python (any ``==``, ``!=``, ``in`` or ``not in`` with such a
+constant or its name) and in the templates."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from analyzer import engine_base
+from analyzer.engines import REGISTRY, engine_named, measuring_engine, pricing_entry
+from analyzer.run_params import RunError, RunParams
+
+ROOT = Path(__file__).resolve().parent.parent
+# the registry, the protocol, and the engines' own modules: the only places a name may be compared
+ENGINE_MODULES = {
+    "analyzer/engine_base.py",
+    "analyzer/engines.py",
+    "analyzer/engine_transformers.py",
+    "analyzer/engine_llamacpp.py",
+    "analyzer/engine_imported.py",
+    "analyzer/run_models.py",
+    "analyzer/graph_cost.py",
+    "analyzer/llamacpp_run.py",
+    "analyzer/llamacpp_engine.py",
+    "analyzer/llamacpp_cost.py",
+    "analyzer/llamacpp_speculative.py",
+}
+NAMES = {*REGISTRY, *engine_base.COST_MODES}
+CONSTANTS = {"TRANSFORMERS", "LLAMA_CPP", "IMPORTED", "EAGER", "CUDA_GRAPHS"}
+
+
+def _names_in(node: ast.AST) -> bool:
+    """Whether ``node`` is an engine or cost-mode name: the string itself, its constant, or a tuple,
+    list or set of them."""
+    if isinstance(node, ast.Constant):
+        return node.value in NAMES
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return (node.id if isinstance(node, ast.Name) else node.attr) in CONSTANTS
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_in(element) for element in node.elts)
+    return False
+
+
+def engine_name_comparisons(source: str) -> list[int]:
+    """The lines of ``source`` that compare something with an engine's or a cost mode's name."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(_names_in(side) for side in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_scan_finds_each_kind_of_comparison():
+    code = (
+        "a = x == 'llama.cpp'\n"
+        "b = engine != TRANSFORMERS\n"
+        "c = mode in (EAGER, 'other')\n"
+        "d = params.cost_mode == engines.CUDA_GRAPHS\n"
+        "e = x == 'vllm'\n"
+        "f = name in REGISTRY\n"
+    )
+    assert engine_name_comparisons(code) == [1, 2, 3, 4]
+
+
+def _product_files():
+    for folder in ("analyzer", "router", "webui"):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_no_engine_name_is_compared_outside_the_registry_and_the_engines_own_modules():
+    found = {}
+    for path in _product_files():
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in ENGINE_MODULES:
+            continue
+        lines = engine_name_comparisons(path.read_text())
+        if lines:
+            found[relative] = lines
+    assert found == {}
+
+
+def test_no_template_compares_an_engine_or_cost_mode_name():
+    names = "|".join(re.escape(name) for name in sorted(NAMES))
+    comparison = re.compile(rf"""(==|!=)\s*['"]({names})['"]|['"]({names})['"]\s*(==|!=)""")
+    found = {
+        path.name: [m.group(0) for m in comparison.finditer(path.read_text())]
+        for path in sorted((ROOT / "webui" / "templates").glob("*.html"))
+        if comparison.search(path.read_text())
+    }
+    assert found == {}
+
+
+def test_the_registry_holds_every_engine_and_the_measuring_ones_are_the_engines_runs_name():
+    assert [name for name, engine in REGISTRY.items() if engine.measures] == list(engine_base.ENGINES)
+    assert {name: engine.name for name, engine in REGISTRY.items()} == {n: n for n in REGISTRY}
+    assert engine_named(None).name == engine_base.DEFAULT_ENGINE  # runs stored before engines
+    assert REGISTRY["transformers"].cost_modes == engine_base.COST_MODES
+    assert REGISTRY["llama.cpp"].cost_modes == ()
+    assert pricing_entry("vllm", "imported").name == "imported"
+    assert pricing_entry("llama.cpp", "measured").name == "llama.cpp"
+    with pytest.raises(
+        engine_base.EngineError, match="unknown engine 'vllm'; use one of: transformers, llama.cpp"
+    ):
+        measuring_engine("vllm")
+    with pytest.raises(engine_base.EngineError, match="unknown engine 'tgi'; known: transformers, llama.cpp"):
+        engine_named("tgi")
+
+
+def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measures_nothing():
+    transformers, llama_cpp, imported = (REGISTRY[n] for n in ("transformers", "llama.cpp", "imported"))
+    transformers.check_params(RunParams(temperature=0.7, dtype="bfloat16", batch_size=1))
+    with pytest.raises(RunError, match="greedy decoding only"):
+        llama_cpp.check_params(RunParams(engine="llama.cpp", temperature=0.7))
+    with pytest.raises(RunError, match="measure nothing"):
+        imported.check_params(RunParams())
+    with pytest.raises(RunError, match="measure nothing"):
+        imported.rule  # noqa: B018
+    # the cost mode a run stores: the setting is transformers' default, llama.cpp times its own way
+    assert transformers.cost_mode_for(None, "cuda-graphs") == "cuda-graphs"
+    assert transformers.cost_mode_for("eager", "cuda-graphs") == "eager"
+    assert llama_cpp.cost_mode_for(None, "cuda-graphs") == "eager"
+    assert imported.profile_note({"engine": "vllm", "engine_version": "0.11"}) == (
+        "imported from vllm 0.11's own benchmark (not judged here)"
+    )
+    assert transformers.profile_note({}) is None and llama_cpp.replay_mode("Q4_1").startswith("greedy (")
