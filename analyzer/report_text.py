@@ -82,7 +82,8 @@ def report_text(report: dict) -> str:
         )
         lines.append(
             f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, "
-            f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}; draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
+            f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}; "
+            f"draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
         )
     if report.get("guarantee"):
         lines.append(report["guarantee"])

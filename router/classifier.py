@@ -2,7 +2,9 @@
 a linear model), trained on the labeled prompts in the database or, for a cold start, on the bundled
 labeled corpus; scored by stratified cross-validation beside the keyword baseline; persisted as a
 version with its record (library versions, training-data hash, labels, scores) and refused on load
-when the record does not match what is installed.
+when the record does not match what is installed. An adapted version (trained on pseudo-labels too)
+becomes active only when it is no worse than the active one on the same held-out folds and had
+enough confident pseudo-labels to learn from (:func:`train_classifier`).
 
 The stored artifact is a pickle that specroute itself wrote into its own database; its SHA-256 is
 checked before it is loaded. Nothing a user uploads is ever unpickled.
@@ -41,6 +43,7 @@ from router.evaluation import (
     out_of_fold,
     predictions,
     reachability,
+    regressions,
     scores_of,
     softmax,
     stratified_folds,
@@ -58,6 +61,7 @@ from router.training_data import (
     DEFAULT_PSEUDO_CONFIDENCE,
     ClassifierError,
     TrainingData,
+    pseudo_label_support,
     trained_on,
 )
 
@@ -161,18 +165,21 @@ def evaluate(
     features: str = "tfidf",
     c: float | None = None,
     progress: Progress | None = None,
+    compare_with: tuple[str, float] | None = None,
 ) -> dict:
     """Stratified k-fold CV (macro-F1, accuracy, per-class report, confusion matrix) beside the
     keyword baseline; leave-one-source-out CV when the data has two sources or more (``grouped``);
     the temperature, ECE and routing threshold from the grouped out-of-fold decision values (the
     stratified ones with a single source); per-task reachability and catch-all tasks. ``progress``
-    gets a line per fold."""
+    gets a line per fold. ``compare_with``, a (feature set, C) recipe (the active version's), is
+    cross-validated too on the very same folds without the pseudo-labels (``comparison``, see
+    :func:`_same_fold_comparison`)."""
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
     c = regularisation(features, c)
     with embedding_cache():
-        return _evaluate(data, labels, seed, folds, features, c, progress)
+        return _evaluate(data, labels, seed, folds, features, c, progress, compare_with)
 
 
 def _evaluate(
@@ -183,6 +190,7 @@ def _evaluate(
     features: str,
     c: float,
     progress: Progress | None = None,
+    compare_with: tuple[str, float] | None = None,
 ) -> dict:
     """The scores of ``evaluate``. Pseudo-labelled rows join every fold's training data (weighted)
     and are never scored: only labels are truth."""
@@ -222,8 +230,11 @@ def _evaluate(
     groups = sorted(set(scored_groups))
     calibrate_on, truth = stratified, truth_all
     scores["grouped"] = None
+    compared_on = [(split, stratified, "stratified")]  # the folds to compare on, the first that can
     if len(groups) >= 2:
-        grouped, learnable = oof(grouped_folds(scored_groups), "leave-one-source-out")
+        by_source = grouped_folds(scored_groups)
+        grouped, learnable = oof(by_source, "leave-one-source-out")
+        compared_on.insert(0, (by_source, grouped, "leave-one-source-out"))
         kept = np.nonzero(learnable)[0]
         evaluable = sorted({truth_all[i] for i in kept})
         if len(evaluable) >= 2:
@@ -250,7 +261,72 @@ def _evaluate(
     scores["reachability"] = reachability(
         recall, Counter(data.labels), set(scores["grouped"]["per_class"]) if scores["grouped"] else set()
     )
+    if compare_with is not None and len(pseudo):
+        other_features, other_c = compare_with
+        other = lambda: build_pipeline(seed, other_features, other_c)  # noqa: E731
+        scores["comparison"] = None
+        try:
+            for split_, adapted_values, what in compared_on:
+                comparison = _same_fold_comparison(
+                    data, labels, scored, split_, adapted_values, other, what, progress
+                )
+                if comparison is not None:
+                    scores["comparison"] = comparison | {"features": other_features, "C": other_c}
+                    break
+        except (ClassifierError, EncoderUnavailable) as exc:  # e.g. its feature set needs the encoder
+            scores["comparison"] = {"problem": str(exc)}
     return scores
+
+
+def _same_fold_comparison(
+    data: TrainingData,
+    labels: list[str],
+    scored: np.ndarray,
+    split: list[tuple[np.ndarray, np.ndarray]],
+    adapted_values: np.ndarray,
+    build,
+    what: str,
+    progress: Progress | None,
+) -> dict | None:
+    """The adapted classifier against another recipe (the active version's) on the same held-out
+    prompts: ``build`` is fitted on exactly the training side of each of ``split``'s folds (indices
+    into the ``scored``, labelled rows) without the pseudo-labels, and both are scored on the prompts
+    that recipe could learn (their task was among its training labels; the pseudo-labels may make
+    more learnable for the adapted one, which then counts for neither). ``adapted_values`` are the
+    adapted classifier's out-of-fold decision values on the scored rows, (len(scored), len(labels)).
+    Macro-F1 and per-task recall of both, or None when fewer than two tasks could be learnt."""
+
+    def said(done: int, total: int) -> None:
+        if progress is not None:
+            progress(
+                f"cross-validating the active version without pseudo-labels ({what}): fold {done}/{total}"
+            )
+
+    weights = data.weight_array() if data.weights else None
+    folds_ = [(scored[train], scored[test]) for train, test in split]
+    values, learnable = out_of_fold(build, data.texts, data.labels, folds_, labels, weights, said)
+    values, learnable = values[scored], learnable[scored]
+    kept = np.nonzero(learnable)[0]
+    truth_all = [data.labels[i] for i in scored]
+    truth = [truth_all[i] for i in kept]
+    evaluable = sorted(set(truth))
+    if len(evaluable) < 2:
+        return None
+
+    def summary(matrix: np.ndarray) -> dict:
+        result = scores_of(truth, predictions(matrix[kept], labels), evaluable)
+        return {
+            "macro_f1": result["macro_f1"],
+            "recall": {task: row["recall"] for task, row in result["per_class"].items()},
+        }
+
+    return {
+        "on": what,
+        "folds": len(split),
+        "prompts": len(kept),
+        "adapted": summary(adapted_values),
+        "active": summary(values),
+    }
 
 
 def train_classifier(
@@ -259,6 +335,7 @@ def train_classifier(
     *,
     seed: int = 0,
     activate: bool = True,
+    force_activate: bool = False,
     cross_validate: bool = True,
     features: str = "tfidf",
     c: float | None = None,
@@ -268,11 +345,33 @@ def train_classifier(
     version (the active one unless told not to), with what it was trained on per task (corpus, your
     labels, pseudo-labels) and, when adapted, how often it agrees with the pseudo-labels.
     ``cross_validate=False`` stores no scores (benchmarks that only need a fitted model; the version
-    then has no calibration and no threshold of its own)."""
+    then has no calibration and no threshold of its own).
+
+    Adapting (``data.adapting()``) never replaces the active version silently: the active version's
+    recipe (feature set and C) is cross-validated on the very folds the new one is scored on, fitted
+    on each fold's labelled training prompts without the pseudo-labels, and the new version is
+    stored but not activated when it is worse there (:func:`router.evaluation.regressions`) or had
+    too few confident pseudo-labels (:func:`router.training_data.pseudo_label_support`); the stored
+    active artifact itself is not re-scored, because it was fitted on those held-out prompts.
+    ``force_activate`` activates it anyway. The verdict, with both versions' numbers, is
+    ``scores["activation"]`` (:func:`activation_check`, :func:`activation_message`). Training
+    without pseudo-labels activates as before."""
     c = regularisation(features, c)
+    active = (
+        session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
+        if activate and data.adapting()
+        else None
+    )
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
         scores = (
-            evaluate(data, seed=seed, features=features, c=c, progress=progress)
+            evaluate(
+                data,
+                seed=seed,
+                features=features,
+                c=c,
+                progress=progress,
+                compare_with=_recipe(active) if active is not None else None,
+            )
             if cross_validate
             else {"features": features, "C": c}
         )
@@ -296,6 +395,15 @@ def train_classifier(
                 "agreement_per_class": {k: float(np.mean(v)) for k, v in sorted(per_class.items())},
                 "mean_confidence": float(np.mean([data.weight_array()[i] for i in pseudo])),
             }
+    if activate and data.adapting():
+        check = activation_check(data, scores, active)
+        scores.pop("comparison", None)  # kept, with what it compared, in the check
+        withheld = bool(check["reasons"])
+        scores["activation"] = check | {
+            "activated": not withheld or force_activate,
+            "forced": withheld and force_activate,
+        }
+        activate = scores["activation"]["activated"]
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
     version = ClassifierVersion(
@@ -314,6 +422,84 @@ def train_classifier(
     if activate:
         activate_version(session, version.version)
     return version
+
+
+def _recipe(record: ClassifierVersion) -> tuple[str, float]:
+    """A stored version's feature set and C (the feature set's default when its record has none)."""
+    scores = record.scores or {}
+    features = scores.get("features", "tfidf")
+    return features, float(scores.get("C") or DEFAULT_C.get(features, 1.0))
+
+
+def activation_check(data: TrainingData, scores: dict, active: ClassifierVersion | None) -> dict:
+    """Why an adapted version (trained on ``data``, cross-validated into ``scores``) must not replace
+    ``active``: too few confident pseudo-labels, worse than it on the same held-out folds
+    (``scores["comparison"]``), or no comparison at all (not cross-validated, or the active recipe
+    could not be fitted). ``{"previous": active version or None, "reasons": [...], "pseudo": ...,
+    "comparison": ...}``; no reasons when nothing is active (nothing to keep)."""
+    support = pseudo_label_support(data)
+    comparison = scores.get("comparison")
+    check = {"previous": None, "reasons": [], "pseudo": support, "comparison": None}
+    if active is None:
+        return check
+    check["previous"] = active.version
+    reasons = [support["too_few"]] if support["too_few"] else []
+    if comparison and "problem" not in comparison:
+        comparison = comparison | {
+            # the active version's own data (it added no labels since) or its recipe on today's labels
+            "same_data": active.training_data_sha256 == data.without_pseudo_labels().sha256,
+            "active_adapted": "adaptation" in (active.scores or {}),
+        }
+        check["comparison"] = comparison
+        worse = regressions(comparison["adapted"], comparison["active"])
+        if worse:
+            reasons.append(f"worse than v{active.version}: " + "; ".join(worse))
+    elif support["count"]:
+        why = (
+            comparison["problem"]
+            if comparison
+            else "not cross-validated"
+            if "macro_f1" not in scores
+            else "fewer than two tasks could be learnt on its folds"
+        )
+        reasons.append(f"not compared with v{active.version} on the same held-out folds ({why})")
+    check["reasons"] = reasons
+    return check
+
+
+def activation_message(version: ClassifierVersion) -> str | None:
+    """What became of an adapted version, in a line or two with both versions' numbers: activated
+    (better or no worse than the active one on the same folds, or nothing was active), activated by
+    force despite the reasons, or NOT activated and why. None for a version trained without adapting."""
+    check = (version.scores or {}).get("activation")
+    if check is None:
+        return None
+    previous, reasons, comparison = check["previous"], check["reasons"], check["comparison"]
+    if previous is None:
+        head = f"classifier v{version.version} activated: no version was active to compare it with"
+    elif not check["activated"]:
+        head = f"classifier v{version.version} NOT activated (v{previous} stays active): " + "; ".join(
+            reasons
+        )
+    elif check["forced"]:
+        head = f"classifier v{version.version} activated because you forced it, although: " + "; ".join(
+            reasons
+        )
+    else:
+        head = f"classifier v{version.version} activated: no worse than v{previous}"
+    if comparison:
+        head += (
+            f". Same {comparison['folds']} {comparison['on']} folds ({comparison['prompts']} labelled "
+            f"prompts): macro-F1 {comparison['adapted']['macro_f1']:.3f} adapted vs "
+            f"{comparison['active']['macro_f1']:.3f} for v{previous}"
+            + (
+                " re-trained fold by fold on its own training data"
+                if comparison["same_data"] and not comparison["active_adapted"]
+                else f"'s recipe ({comparison['features']}, C {comparison['C']:g}) re-trained fold by fold "
+                "on today's labelled prompts, without pseudo-labels"
+            )
+        )
+    return head
 
 
 def activate_version(session: Session, version: int) -> ClassifierVersion:

@@ -11,6 +11,9 @@ From the grouped out-of-fold decision values: a temperature that calibrates the 
 expected calibration error and a reliability table before and after), the confidence threshold below
 which the router should use the workload policy (where following the classifier stops paying: more
 of its predictions right than wrong above it), and per task whether the classifier reaches it.
+
+An adapted classifier replaces the active one only if it is no worse on the same held-out prompts
+(:func:`regressions`, used by ``router.classifier.train_classifier``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ MIN_REACH_RECALL = 0.3  # a task predicted for fewer of its prompts (unseen sour
 MIN_TRAINING_PROMPTS = 20  # ... as is one with fewer training prompts
 ECE_BINS = 10
 USER_GROUP = "your labels"
+# An adapted version is worse than the active one, on the same held-out folds, when its macro-F1 is lower
+# by more than WORSE_MACRO_F1, or when a task's recall falls by LOST_RECALL_DROP or more to below
+# MIN_REACH_RECALL (the router would stop reaching it): see regressions() and docs/classifier.md.
+WORSE_MACRO_F1 = 0.01
+LOST_RECALL_DROP = 0.1
 
 
 def source_group(source: str | None) -> str:
@@ -272,3 +280,24 @@ def catch_all_tasks(
             catch_all.append(task)
             covered += n
     return {"tasks": tasks, "catch_all": catch_all, "share": covered / max(len(truth), 1)}
+
+
+def regressions(adapted: dict, active: dict) -> list[str]:
+    """Why the ``adapted`` classifier is worse than the ``active`` one, both scored on the same held-out
+    prompts and tasks (each ``{"macro_f1": float, "recall": {task: float}}``): macro-F1 lower by more
+    than WORSE_MACRO_F1 (``adapted < active - WORSE_MACRO_F1``), and every task whose recall fell by
+    LOST_RECALL_DROP or more to below MIN_REACH_RECALL. Empty when it is not worse."""
+    found = []
+    drop = round(active["macro_f1"] - adapted["macro_f1"], 9)  # 0.60 - 0.59 is 0.01, not 0.0100...09
+    if drop > WORSE_MACRO_F1:
+        found.append(
+            f"macro-F1 {adapted['macro_f1']:.3f} adapted vs {active['macro_f1']:.3f} active "
+            f"({drop:.3f} lower; tolerance {WORSE_MACRO_F1})"
+        )
+    for task, before in sorted(active["recall"].items()):
+        after = adapted["recall"].get(task, 0.0)
+        if after < MIN_REACH_RECALL and round(before - after, 9) >= LOST_RECALL_DROP:
+            found.append(
+                f"{task} recall {before:.2f} -> {after:.2f} (below {MIN_REACH_RECALL}: rarely reached)"
+            )
+    return found

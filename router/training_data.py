@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Sequence
 
@@ -31,6 +31,11 @@ MIN_PER_LABEL = 2
 # 0.2 / 0.3 / 0.5 gave 0.653 / 0.619 / 0.486 / 0.287): the teacher's spread probabilities are spread
 # over 13 tasks, so even its right labels are often below 0.5, and weighting already discounts doubt.
 DEFAULT_PSEUDO_CONFIDENCE = 0.1
+# An adapted version is not activated with fewer than MIN_CONFIDENT_PSEUDO_LABELS pseudo-labels at teacher
+# confidence CONFIDENT_PSEUDO_LABEL or more: too few to learn from. From 0.3 the teacher is mostly right
+# (RESULTS.md: 0.2-0.3 54% right, 0.3-0.4 76%); below it, pseudo-labels are nearly a coin toss.
+CONFIDENT_PSEUDO_LABEL = 0.3
+MIN_CONFIDENT_PSEUDO_LABELS = 10
 
 
 class ClassifierError(SpecrouteError, RuntimeError):
@@ -46,7 +51,8 @@ class TrainingData:
     from, or USER_GROUP for a user's own label), their hash, where they came from, and labels left
     out for having fewer than MIN_PER_LABEL prompts. ``weights`` (empty: all 1) and ``kinds``
     ("corpus", "label" or "pseudo" per text; empty: all "label") say what each text is; pseudo-labels
-    are trained on, weighted by confidence, and never scored."""
+    are trained on, weighted by confidence, and never scored. ``adapt`` names the prompt sets it was
+    asked to adapt to (even when none of their pseudo-labels cleared the bar)."""
 
     texts: list[str]
     labels: list[str]
@@ -56,6 +62,7 @@ class TrainingData:
     groups: list[str] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+    adapt: list[str] = field(default_factory=list)
 
     def weight_array(self) -> np.ndarray:
         return np.asarray(self.weights or [1.0] * len(self.texts), dtype=np.float64)
@@ -70,6 +77,48 @@ class TrainingData:
             row = out.setdefault(label, {"corpus": 0, "label": 0, "pseudo": 0})
             row[kind] += 1
         return dict(sorted(out.items()))
+
+    def adapting(self) -> bool:
+        """Whether this is data to adapt with: it has pseudo-labels, or adapting was asked for."""
+        return bool(self.adapt) or "pseudo" in self.kind_list()
+
+    def without_pseudo_labels(self) -> TrainingData:
+        """The same data without its pseudo-labelled rows (its hash is the labelled rows' hash)."""
+        keep = [i for i, kind in enumerate(self.kind_list()) if kind != "pseudo"]
+        return make_training_data(
+            [self.texts[i] for i in keep],
+            [self.labels[i] for i in keep],
+            self.source,
+            [self.groups[i] for i in keep] if self.groups else None,
+            weights=[float(self.weight_array()[i]) for i in keep],
+            kinds=[self.kind_list()[i] for i in keep],
+        )
+
+
+def pseudo_label_support(data: TrainingData) -> dict:
+    """What the pseudo-labels of ``data`` give to learn from: ``count``, ``confident`` (how many have
+    teacher confidence >= CONFIDENT_PSEUDO_LABEL), ``mean_confidence`` (None without any) and
+    ``too_few``: why they are too few to learn from (fewer than MIN_CONFIDENT_PSEUDO_LABELS confident
+    ones), or None."""
+    kinds = data.kind_list()
+    confidence = data.weight_array()[np.asarray([k == "pseudo" for k in kinds], dtype=bool)]
+    confident = int(np.count_nonzero(confidence >= CONFIDENT_PSEUDO_LABEL))
+    mean = float(np.mean(confidence)) if confidence.size else None
+    too_few = None
+    if confident < MIN_CONFIDENT_PSEUDO_LABELS:
+        too_few = (
+            f"too few confident pseudo-labels to learn from: {confident} at teacher confidence >= "
+            f"{CONFIDENT_PSEUDO_LABEL:.2f} (needs {MIN_CONFIDENT_PSEUDO_LABELS}; {confidence.size} in all"
+            + (f", mean confidence {mean:.2f})" if mean is not None else ")")
+        )
+    return {
+        "count": int(confidence.size),
+        "confident": confident,
+        "mean_confidence": mean,
+        "confident_at": CONFIDENT_PSEUDO_LABEL,
+        "min_confident": MIN_CONFIDENT_PSEUDO_LABELS,
+        "too_few": too_few,
+    }
 
 
 def make_training_data(
@@ -234,7 +283,8 @@ def training_data(
     same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
     ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
     unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
-    as pseudo-labels at or above ``min_confidence``, weighted by confidence."""
+    as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
+    in ``adapt``, so that training guards the activation (:func:`router.classifier.train_classifier`)."""
     check_training_request(session, source, prompt_set_names, adapt)
     if source == "corpus":
         data = cold_start_data()
@@ -253,7 +303,7 @@ def training_data(
         suggest_tasks(session, adapt, progress)
     except TeacherUnavailable as exc:
         raise ClassifierError(f"cannot adapt: {exc}") from None
-    return with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence)
+    return replace(with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence), adapt=list(adapt))
 
 
 def cold_start_data() -> TrainingData:

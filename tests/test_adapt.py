@@ -1,22 +1,34 @@
 """Adapting the task classifier to a user's unlabelled prompts: the teacher's neighbour vote, stored
 suggestions with their provenance, accepting them above a confidence, pseudo-labels trained on
-(weighted, never scored), and the same through the CLI and the web pages."""
+(weighted, never scored), the same through the CLI and the web pages, and the guard that keeps a worse
+adapted version (or one with too few confident pseudo-labels) from being activated."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from sqlalchemy import select
 
+from analyzer.db import make_session_factory
 from analyzer.orm import Prompt
 from analyzer.prompt_sets import get_prompt_set, import_prompt_file
-from router.classifier import evaluate, train_classifier
+from router.classifier import activation_message, evaluate, load_active, train_classifier
+from router.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
+from router.orm import ClassifierVersion
 from router.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
 from router.teacher import corpus_embeddings, embed_all, spread, teacher_available
-from router.training_data import cold_start_data, make_training_data, training_data, with_pseudo_labels
+from router.training_data import (
+    CONFIDENT_PSEUDO_LABEL,
+    MIN_CONFIDENT_PSEUDO_LABELS,
+    cold_start_data,
+    make_training_data,
+    training_data,
+    with_pseudo_labels,
+)
 from tests.test_webui import token, upload
 from webui.app import create_app
 from webui.cli import cli
@@ -243,3 +255,211 @@ def test_web_upload_suggests_in_the_background_and_the_pages_show_it(ui):
     ).get_data(as_text=True)
     assert "12 suggestion(s) with confidence 0.00 or more are labels now" in done
     assert "have a suggested task" not in done
+
+
+# ---------------------------------------------------------------- adapting never makes it worse silently
+
+WORDS = ["river", "garden", "window", "market", "letter", "station"]
+PHRASINGS = {  # three sources, each phrasing the three tasks its own way (grouped CV: three folds)
+    "src0": (
+        "Translate into German: the {w} is near",
+        "Solve for x: {i}x + 3 = {j}",
+        "def {w}_{i}(x): return x * {i}",
+    ),
+    "src1": (
+        "Please translate to French the word {w}",
+        "What is {i} times {j}? Compute it",
+        "Fix this python function: def get_{w}(): return {i}",
+    ),
+    "src2": (
+        "How do you say '{w}' in Spanish? translate",
+        "Calculate {i} plus {j} and simplify",
+        "Write a python def that returns {w} {i}",
+    ),
+}
+NOUNS = ["teacher", "mountain", "kitchen", "holiday", "doctor", "school"]  # none in the labelled prompts
+# an upload of translation requests, which the (stubbed) teacher gets wrong: all "math"
+MISLABELLED = [
+    PseudoLabel(f"Translate this sentence about the {w} {k} into Italian", "math", 0.9, "upload")
+    for k, w in enumerate(NOUNS * 2)
+]
+# an upload of translation and math requests phrased like none of the sources, labelled right
+WELL_LABELLED = [
+    PseudoLabel(text, task, 0.8, "upload")
+    for k, w in enumerate(NOUNS)
+    for text, task in (
+        (f"Translate: my {w} is far away ({k})", "translation"),
+        (f"Calculate what {k} times {k + 5} is, solve it", "math"),
+    )
+]
+
+
+def test_worse_means_macro_f1_below_the_tolerance_or_a_task_lost():
+    active = {"macro_f1": 0.60, "recall": {"a": 0.50, "b": 0.35, "c": 0.15, "d": 0.9, "e": 0.3}}
+    same = {"macro_f1": 0.59, "recall": {"a": 0.50, "b": 0.29, "c": 0.15, "d": 0.9, "e": 0.3}}
+    assert regressions(same, active) == []  # 0.01 lower is within the tolerance; b fell by 0.06 only
+    worse = {"macro_f1": 0.585, "recall": {"a": 0.29, "b": 0.35, "c": 0.0, "e": 0.2}}
+    assert regressions(worse, active) == [
+        "macro-F1 0.585 adapted vs 0.600 active (0.015 lower; tolerance 0.01)",
+        "a recall 0.50 -> 0.29 (below 0.3: rarely reached)",
+        "c recall 0.15 -> 0.00 (below 0.3: rarely reached)",
+        "d recall 0.90 -> 0.00 (below 0.3: rarely reached)",  # a task it no longer scores is lost too
+        "e recall 0.30 -> 0.20 (below 0.3: rarely reached)",  # 0.3 - 0.2 is a fall of 0.1
+    ]
+    assert regressions(active, active) == []
+
+
+def labelled_rows(source: str) -> list[dict]:
+    rows = []
+    for k, w in enumerate(WORDS):
+        for task, template in zip(("translation", "math", "code"), PHRASINGS[source]):
+            rows.append({"prompt": template.format(w=w, i=k + 2, j=3 * k + 7), "task": task})
+    return rows
+
+
+def sourced_data():
+    """The three sources' 54 labelled prompts, each grouped by its source."""
+    rows = [(row, source) for source in PHRASINGS for row in labelled_rows(source)]
+    return make_training_data(
+        [r["prompt"] for r, _ in rows], [r["task"] for r, _ in rows], "three sources", [s for _, s in rows]
+    )
+
+
+def test_a_worse_adaptation_is_stored_not_activated_and_says_why_with_both_numbers(session):
+    data = sourced_data()
+    with session.begin():
+        active = train_classifier(session, data)
+        wrong = train_classifier(session, with_pseudo_labels(data, MISLABELLED))
+    assert (active.version, active.is_active, wrong.version, wrong.is_active) == (1, True, 2, False)
+    with session.begin():
+        assert load_active(session).version == 1  # the active version is unchanged
+    check = wrong.scores["activation"]
+    assert check["activated"] is False and check["forced"] is False and check["previous"] == 1
+    comparison = check["comparison"]
+    assert comparison["on"] == "leave-one-source-out" and comparison["folds"] == 3
+    assert comparison["prompts"] == 54 and comparison["same_data"] is True
+    # the same folds: the active version re-trained fold by fold scores exactly what it scored itself
+    assert comparison["active"]["macro_f1"] == pytest.approx(active.scores["grouped"]["macro_f1"])
+    adapted, before = comparison["adapted"]["macro_f1"], comparison["active"]["macro_f1"]
+    assert adapted < before - WORSE_MACRO_F1
+    lost, had = comparison["adapted"]["recall"]["translation"], comparison["active"]["recall"]["translation"]
+    assert lost < MIN_REACH_RECALL <= had
+    message = activation_message(wrong)
+    assert message.startswith("classifier v2 NOT activated (v1 stays active): worse than v1: ")
+    assert f"macro-F1 {adapted:.3f} adapted vs {before:.3f} active" in message
+    assert f"translation recall {had:.2f} -> {lost:.2f} (below 0.3: rarely reached)" in message
+    assert (
+        f"Same 3 leave-one-source-out folds (54 labelled prompts): macro-F1 {adapted:.3f} adapted vs "
+        f"{before:.3f} for v1 re-trained fold by fold on its own training data"
+    ) in message
+
+    with session.begin():
+        forced = train_classifier(session, with_pseudo_labels(data, MISLABELLED), force_activate=True)
+    assert forced.is_active and forced.scores["activation"]["forced"] is True
+    assert activation_message(forced).startswith(
+        "classifier v3 activated because you forced it, although: worse"
+    )
+    with session.begin():
+        assert load_active(session).version == 3
+
+
+def test_too_few_confident_pseudo_labels_are_not_activated_even_when_no_worse(session):
+    data = sourced_data()
+    with session.begin():
+        train_classifier(session, data)
+        unsure = [replace(p, confidence=0.28) for p in WELL_LABELLED[:4]]
+        few = train_classifier(session, with_pseudo_labels(data, unsure))
+        none_cleared = train_classifier(session, replace(data, adapt=["upload"]))  # nothing cleared the bar
+    assert not few.is_active and not none_cleared.is_active
+    check = few.scores["activation"]
+    assert check["pseudo"] == {
+        "count": 4,
+        "confident": 0,
+        "mean_confidence": pytest.approx(0.28),
+        "confident_at": CONFIDENT_PSEUDO_LABEL,
+        "min_confident": MIN_CONFIDENT_PSEUDO_LABELS,
+        "too_few": check["reasons"][0],
+    }
+    assert check["reasons"] == [
+        "too few confident pseudo-labels to learn from: 0 at teacher confidence >= 0.30 "
+        "(needs 10; 4 in all, mean confidence 0.28)"
+    ]
+    assert check["comparison"]["adapted"]["macro_f1"] >= check["comparison"]["active"]["macro_f1"] - 0.01
+    assert "0 at teacher confidence >= 0.30 (needs 10; 0 in all)" in activation_message(none_cleared)
+    with session.begin():
+        assert load_active(session).version == 1
+
+
+def test_a_good_adaptation_is_activated_and_the_first_one_needs_no_comparison(session):
+    data = sourced_data()
+    with session.begin():
+        first = train_classifier(session, with_pseudo_labels(data, WELL_LABELLED[:4]))  # too few, but
+    assert first.is_active and first.scores["activation"]["previous"] is None  # nothing was active
+    assert activation_message(first) == "classifier v1 activated: no version was active to compare it with"
+    with session.begin():
+        good = train_classifier(session, with_pseudo_labels(data, WELL_LABELLED))
+    assert good.is_active and good.scores["activation"]["reasons"] == []
+    comparison = good.scores["activation"]["comparison"]
+    assert comparison["same_data"] is False  # v1 was trained on other data: its recipe on today's labels
+    adapted, before = comparison["adapted"]["macro_f1"], comparison["active"]["macro_f1"]
+    assert adapted >= before - WORSE_MACRO_F1
+    assert activation_message(good).startswith(
+        f"classifier v2 activated: no worse than v1. Same 3 leave-one-source-out folds (54 labelled "
+        f"prompts): macro-F1 {adapted:.3f} adapted vs {before:.3f} for v1's recipe (tfidf, C 1) re-trained"
+    )
+    with session.begin():  # training without adapting is not guarded: it activates as before
+        plain = train_classifier(session, data)
+    assert plain.is_active and "activation" not in plain.scores
+
+
+def test_cli_and_web_withhold_a_worse_adaptation_and_activate_forces_it(
+    runner, tmp_path, monkeypatch, engine, db_url
+):
+    """``specroute train --adapt`` and the web form with the teacher's (wrong) labels stubbed in: the
+    new version is stored, not activated, with both numbers; --activate / the form's box force it."""
+    import router.training_data as training_module
+
+    monkeypatch.setattr(training_module, "suggest_tasks", lambda session, names, progress=None: None)
+    monkeypatch.setattr(training_module, "pseudo_labels", lambda session, names: MISLABELLED)
+    monkeypatch.setenv("SPECROUTE_DATABASE_URL", db_url)
+    for source in PHRASINGS:
+        (tmp_path / f"{source}.jsonl").write_bytes(jsonl(labelled_rows(source)))
+        assert runner.invoke(cli, ["prompts", "import", str(tmp_path / f"{source}.jsonl")]).exit_code == 0
+    (tmp_path / "upload.jsonl").write_bytes(jsonl([{"prompt": p.text} for p in MISLABELLED]))
+    assert runner.invoke(cli, ["prompts", "import", str(tmp_path / "upload.jsonl")]).exit_code == 0
+    assert runner.invoke(cli, ["train", "--data", "labels"]).exit_code == 0
+    refused = runner.invoke(cli, ["train", "--activate"])
+    assert refused.exit_code == 2 and "--activate needs --adapt" in refused.output
+
+    withheld = runner.invoke(cli, ["train", "--data", "labels", "--adapt", "upload"])
+    assert withheld.exit_code == 0, withheld.output
+    assert "classifier v2 stored, NOT active (tfidf)" in withheld.stdout
+    numbers = re.search(
+        r"classifier v2 NOT activated \(v1 stays active\): worse than v1: macro-F1 (\d\.\d{3}) adapted vs "
+        r"(\d\.\d{3}) active .*Same 3 leave-one-source-out folds \(54 labelled prompts\)",
+        withheld.stdout,
+    )
+    assert numbers and float(numbers.group(1)) < float(numbers.group(2)) - WORSE_MACRO_F1, withheld.stdout
+    assert "train again with --activate" in withheld.stdout
+
+    app = create_app({"database_url": db_url, "ui_worker": False, "TESTING": True})
+    try:
+        web = app.test_client()
+        page = web.get("/classifier").get_data(as_text=True)
+        assert 'name="activate" value="1"' in page and 'name="adapt" value="upload"' in page
+        assert '<span class="pill warn">not activated</span>' in page  # v2 in the versions table
+        for box, outcome in (
+            ({}, "NOT activated (v1 stays active)"),
+            ({"activate": "1"}, "because you forced"),
+        ):
+            form = {"csrf_token": token(web, "/classifier"), "source": "labels", "adapt": "upload", **box}
+            web.post("/classifier/train", data=form)
+            app.extensions["specroute.jobs"].wait("train")
+            page = web.get("/classifier").get_data(as_text=True)
+            assert outcome in page, page
+        assert 'class="warning" id="trained"' not in page  # the forced one is active: no warning
+    finally:
+        app.extensions["specroute.close"]()
+    with make_session_factory(engine)() as session:
+        assert load_active(session).version == 4  # v3 (web, withheld) stays inactive; v4 was forced
+        assert not session.scalar(select(ClassifierVersion).where(ClassifierVersion.version == 3)).is_active

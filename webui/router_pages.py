@@ -3,7 +3,7 @@ routing playground, and the policy sets (publish from a run, re-activate an olde
 
 from __future__ import annotations
 
-from flask import current_app, flash, redirect, render_template, request, url_for
+from flask import current_app, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import func, select
 
@@ -15,6 +15,7 @@ from router.classifier import (
     FEATURE_SETS,
     ClassifierError,
     activate_version,
+    activation_message,
     rarely_reached,
     regularisation,
     train_classifier,
@@ -27,7 +28,7 @@ from router.records import policy_set_dict
 from router.training_data import check_training_request, training_data
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
-from webui.ui import bp, sessions, settings
+from webui.ui import bp, flash, sessions, settings
 
 TRAIN_JOB = "train"
 LEAST_SURE = 15  # the unlabelled prompts the classifier page lists for a person to label
@@ -54,6 +55,7 @@ def classifier():
                 "unseen_f1": ((v.scores or {}).get("grouped") or {}).get("macro_f1"),
                 "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
                 "created_at": v.created_at.isoformat(timespec="seconds"),
+                "withheld": _withheld(v),
             }
             for v in versions
         ]
@@ -118,9 +120,11 @@ def classifier():
 @bp.post("/classifier/train")
 def train():
     """Train a new version in the background (cross-validation takes minutes); the classifier page
-    shows it running, then its outcome."""
+    shows it running, then its outcome. An adapted version is activated only when it is no worse
+    than the active one on the same held-out folds, unless the form's "activate" box is ticked."""
     names = [n for n in request.form.getlist("prompt_sets") if n]
     adapt = [n for n in request.form.getlist("adapt") if n]
+    force_activate = bool(adapt) and request.form.get("activate") == "1"
     source = request.form.get("source", "both")
     features = request.form.get("features") or settings().classifier_features
     sessions_, service = sessions(), _router_service()
@@ -135,7 +139,9 @@ def train():
     def job(progress) -> str:
         with sessions_() as session, session.begin():
             data = training_data(session, source, names or None, adapt=adapt, progress=progress)
-            version = train_classifier(session, data, features=features, progress=progress)
+            version = train_classifier(
+                session, data, features=features, force_activate=force_activate, progress=progress
+            )
             return _trained_message(version, data.source, adapt)
 
     def job_and_reload(progress) -> str:
@@ -166,7 +172,20 @@ def _trained_message(version: ClassifierVersion, source: str, adapt: list[str]) 
         )
     elif adapt:
         message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
+    verdict = activation_message(version)
+    if verdict:
+        message += f". {verdict}"
+        if not version.is_active:
+            message += f". Activate v{version.version} below (Versions) if you want it anyway"
     return message
+
+
+def _withheld(version: ClassifierVersion) -> str | None:
+    """Why an inactive adapted version was not activated when it was trained (None otherwise)."""
+    check = (version.scores or {}).get("activation") or {}
+    if version.is_active or check.get("activated", True):
+        return None
+    return "; ".join(check["reasons"])
 
 
 def _jobs():

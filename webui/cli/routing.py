@@ -48,6 +48,13 @@ from webui.cli.base import CliState, cli
     help="With --adapt: the teacher confidence a pseudo-label needs to be trained on "
     "(default: 0.1, from benchmarks/bench_adapt.py); each is weighted by its confidence.",
 )
+@click.option(
+    "--activate",
+    "force_activate",
+    is_flag=True,
+    help="With --adapt: make the new version active even when it is worse than the active one on the "
+    "same held-out folds or had too few confident pseudo-labels (without this it is stored, not activated).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the new version's record as JSON.")
 @click.pass_obj
@@ -59,6 +66,7 @@ def train(
     features: str | None,
     adapt: tuple[str, ...],
     min_confidence: float | None,
+    force_activate: bool,
     seed: int,
     as_json: bool,
 ) -> None:
@@ -69,9 +77,11 @@ def train(
     With --adapt NAME, the classifier also learns the named sets' unlabelled prompts: the teacher
     (sentence-embedding models and task descriptions, whose neighbours vote; needs the sentence
     encoder) labels them, and those it is confident of are trained on, weighted by its confidence.
-    They are never scored: only labels are truth.
+    They are never scored: only labels are truth. An adapted version becomes active only when it is
+    no worse than the active one on the same held-out folds and had enough confident pseudo-labels;
+    otherwise it is stored but not activated, and the numbers say why (--activate forces it).
     """
-    from router.classifier import train_classifier
+    from router.classifier import activation_message, train_classifier
     from router.records import classifier_dict
     from router.training_data import training_data
 
@@ -79,6 +89,8 @@ def train(
         source = "corpus"
     if min_confidence is not None and not adapt:
         raise click.UsageError("--min-confidence needs --adapt")
+    if force_activate and not adapt:
+        raise click.UsageError("--activate needs --adapt (training without it always activates)")
     features = features or state.settings.classifier_features
     with state.sessions()() as session, session.begin():
         data = training_data(
@@ -99,15 +111,25 @@ def train(
             data,
             seed=seed,
             features=features,
+            force_activate=force_activate,
             progress=lambda line: click.echo(f"  {line}", err=True),
         )
         record = {**classifier_dict(version), "scores": version.scores}
+        verdict = activation_message(version)
+    if verdict and not record["active"]:
+        verdict += (
+            f". To use v{record['version']} anyway: its Activate button on the classifier page, or "
+            "train again with --activate"
+        )
     if as_json:
         click.echo(strict_json.dumps(record))
+        if verdict:
+            click.echo(verdict, err=True)
         return
     scores = record["scores"]
+    state_word = "active" if record["active"] else "stored, NOT active"
     click.echo(
-        f"classifier v{record['version']} active ({scores['features']}): stratified {scores['folds']}-fold CV "
+        f"classifier v{record['version']} {state_word} ({scores['features']}): stratified {scores['folds']}-fold CV "
         f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
         f"{scores['baseline']['macro_f1']:.3f}"
     )
@@ -163,6 +185,8 @@ def train(
             click.echo(
                 f"  {label:<18} corpus {row['corpus']:>5}  your labels {row['label']:>5}  pseudo {row['pseudo']:>5}"
             )
+    if verdict:
+        click.echo(verdict)
 
 
 # ---------------------------------------------------------------- policies and routing
