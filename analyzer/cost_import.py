@@ -571,7 +571,8 @@ def store_imported_profiles(
         )
         profile = CostProfile(
             pair_id=pair.id,
-            engine=p.engine,
+            priced_by=p.engine,
+            measured_by=IMPORTED,
             source=IMPORTED,
             engine_version=p.engine_version,
             device=p.device,
@@ -619,7 +620,7 @@ def _stored_duplicate(session: Session, p: ImportedProfile, pair: ModelPair) -> 
         select(CostProfile)
         .where(
             CostProfile.pair_id == pair.id,
-            CostProfile.engine == p.engine,
+            CostProfile.priced_by == p.engine,
             CostProfile.engine_version.is_(None)
             if p.engine_version is None
             else CostProfile.engine_version == p.engine_version,

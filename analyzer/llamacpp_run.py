@@ -26,8 +26,8 @@ from analyzer.llamacpp_engine import (
 )
 from analyzer.orm import ModelPair, Prompt
 from analyzer.prompt_encoding import EncodedPrompt, encode_prompt, token_texts
-from analyzer.run_models import PromptPasses
-from analyzer.run_records import RunParams
+from analyzer.prompt_passes import PromptPasses
+from analyzer.run_params import RunParams
 from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
@@ -167,7 +167,7 @@ class LlamaCppRunModels:
         self, context: list[int], params: RunParams, on_generate: GenerateCallback | None = None
     ):
         from analyzer.llamacpp_cost import measure_llamacpp_overhead
-        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
+        from analyzer.overhead import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
 
         return measure_llamacpp_overhead(
             self.target,

@@ -139,9 +139,14 @@ class CostProfile(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
-    # the engine that timed it (analyzer/engines.py); profiles of one engine never price another's runs
-    # unless a run is re-priced with them explicitly (an imported profile names any engine: vllm, sglang)
-    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # the engine whose step times these are, the one that prices with it: transformers or llama.cpp for a
+    # profile an analysis measured, the benchmark's engine (vllm, sglang, ...) for an imported one; profiles
+    # of one engine never price another's runs unless a run is re-priced with them explicitly
+    priced_by: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # the registry entry that produced it (analyzer/engines.py): transformers or llama.cpp, or "imported"
+    measured_by: Mapped[str] = mapped_column(
+        String(32), default="transformers", server_default="transformers"
+    )
     # "measured" by an analysis, or "imported" from an engine's own benchmark; the engine's version
     source: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
     engine_version: Mapped[Optional[str]] = mapped_column(String(64))
@@ -197,7 +202,12 @@ class AnalysisRun(Base):
     pair_id: Mapped[int] = mapped_column(ForeignKey("model_pairs.id"), index=True)
     cost_profile_id: Mapped[Optional[int]] = mapped_column(ForeignKey("cost_profiles.id"))
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
-    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # the engine that measured the acceptance (a re-priced run: its source run's) and the engine whose
+    # cost profiles priced it (an imported profile's engine after re-pricing: vllm, sglang, ...)
+    measured_by: Mapped[str] = mapped_column(
+        String(32), default="transformers", server_default="transformers"
+    )
+    priced_by: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     progress_done: Mapped[int] = mapped_column(Integer, default=0)
     progress_total: Mapped[int] = mapped_column(Integer, default=0)

@@ -25,6 +25,13 @@ from analyzer.interference import EXTRA_ROUNDS, MAX_OTHERS_CPU, machine_reading,
 
 # called after every timed generate() call of an overhead measurement, with the attempt's number (from 1)
 GenerateCallback = Callable[[int], None]
+# A run's overhead measurement (each engine's LoadedPair.measure_overhead; analyzer/run_costs.py plans
+# its progress): at this lookahead, or at the run's gamma_max when that is smaller
+OVERHEAD_GAMMA = 4
+# each timed generation of the overhead measurement makes this many tokens (or max_new_tokens, when fewer)
+OVERHEAD_NEW_TOKENS = 32
+# ... and it times this many plain and as many speculative generations (one attempt; a busy machine retries)
+OVERHEAD_REPEATS = 3
 
 
 @dataclass(frozen=True)

@@ -9,22 +9,62 @@ margin and the largest gamma the run analysed. It answers, for a batch size and 
 - the online rescaling: a round's cost does not depend on alpha, only the tokens it yields do, so
   under an online alpha the curve is ``S(g) * E_iid(alpha, g) / E_iid(prior, g)`` with
   ``E_iid(a, g) = (1 - a^(g+1)) / (1 - a)`` (the interval's lower end is scaled alike at g*);
-- the decision rule (:func:`analyzer.speedup.clears_break_even`): speculate when S(g*) clears
-  1 + margin and the lower end of its interval clears 1.0.
+- the decision rule (:func:`decision_rule`, applied by :meth:`PolicyCurve.decide`): speculate when
+  S(g*) clears 1 + margin and the lower end of its interval clears 1.0; a group of fewer than
+  ``min_prompts`` prompts takes its ``fallback``'s decision (a task: the workload's) or, with none, is
+  decided on its own numbers as a point estimate; online, a policy that speculates stays on until
+  S(g*) falls below 1 + ``off_margin`` (hysteresis), and turns on only under the whole rule.
 
-The analysis (per batch size), the report, ``/v1/policies``, the router and the online adaptation
-all ask it; nothing else rescales a curve or applies the rule.
+The analysis (its summary per task and batch size, so the report), the published policies,
+``/v1/policies``, the router and the online adaptation all ask it; nothing else rescales a curve or
+applies the rule, and the reason text is rendered from the code it returns.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from analyzer.acceptance import expected_tokens_iid
 from analyzer.run_params import DEFAULT_MARGIN
-from analyzer.speedup import Cost, best_gamma, clears_break_even, iid_speedup
+from analyzer.speedup import (
+    MIN_TASK_PROMPTS,
+    Cost,
+    best_gamma,
+    clears_break_even,
+    iid_speedup,
+    should_speculate,
+)
+
+# Why a group is speculated or not, as a code (the sentence is rendered from it and its numbers):
+DECISION_CODES = (
+    "nothing_measured",  # no finite S(g): no cost profile yet, or no output
+    "too_few_prompts",  # fewer than min_prompts: the fallback's (workload's) decision applies
+    "point_estimate",  # fewer than min_prompts, no fallback and no interval: decided on S(g*) alone
+    "below_margin",  # S(g*) does not clear 1 + margin
+    "interval_reaches_loss",  # S(g*) clears 1 + margin, but the interval's lower end does not clear 1.0
+    "clears",  # S(g*) clears 1 + margin and the interval stays above 1.0
+    "kept_on",  # online only: speculating, S(g*) no longer clears the rule but stays above 1 + off_margin
+)
+
+
+def decision_rule(
+    speedup: float, low: float | None, margin: float, *, hold: bool | None = None, off_margin: float = 0.0
+) -> tuple[bool, str]:
+    """(speculate, code of :data:`DECISION_CODES`) for S(g*) = ``speedup`` and the lower end ``low`` of
+    its interval (None or NaN: none): on when S(g*) > 1 + margin and low > 1.0. ``hold`` True (an
+    online policy that speculates now) keeps it on while S(g*) >= 1 + ``off_margin`` ("kept_on"); turning
+    on always takes the whole rule. A NaN S(g*) is "nothing_measured"."""
+    if not math.isfinite(speedup):
+        return False, "nothing_measured"
+    if clears_break_even(speedup, low, margin):
+        return True, "clears"
+    if hold and speedup >= 1.0 + off_margin:
+        return True, "kept_on"
+    if not should_speculate(speedup, margin):
+        return False, "below_margin"
+    return False, "interval_reaches_loss"
 
 
 def as_curve(values: Sequence[float | None] | None) -> tuple[float, ...]:
@@ -41,8 +81,11 @@ def acceptance_scale(alpha: float, prior_alpha: float, gamma: int) -> float:
 @dataclass(frozen=True)
 class CurvePoint:
     """The decision at one batch size and alpha: g* (None when nothing is finite), S(g*) (NaN then),
-    the lower end of its interval (None where none was published), whether it clears break-even, the
-    profiled batch sizes the curve came from (equal: measured there) and whether alpha moved it."""
+    the lower end of its interval (None where none was published), whether to speculate, the profiled
+    batch sizes the curve came from (equal: measured there), whether alpha moved it, why (``code``, one
+    of :data:`DECISION_CODES`) and on what ``basis``: "task" (its own numbers), "workload" (too few
+    prompts: its fallback's decision, gamma and speedup) or "point estimate" (too few prompts, no
+    fallback)."""
 
     gamma: int | None
     speedup: float
@@ -51,6 +94,8 @@ class CurvePoint:
     lower_batch: int
     upper_batch: int
     rescaled: bool = False
+    code: str = "clears"
+    basis: str = "task"
 
     @property
     def measured(self) -> bool:
@@ -71,7 +116,9 @@ class PolicyCurve:
     end of S(g*)'s interval (None: not published); ``base_low`` the base curve's. ``gamma_max``: the
     largest gamma the run analysed (None: the curves' length). ``cost``: the run's batch-1 cost, which
     bounds the gammas priced on the base curve and gives the i.i.d. curve where nothing finite was
-    published. ``prior_alpha``: the analysis' alpha, the base of the rescaling."""
+    published. ``prior_alpha``: the analysis' alpha, the base of the rescaling. ``n``: the prompts the
+    curves pool (None: enough to decide), ``min_prompts`` the fewest that decide alone, ``fallback`` the
+    curve whose decision a smaller group takes (a task's: the workload's; None: decide alone)."""
 
     base: tuple[float, ...]
     by_batch: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
@@ -81,6 +128,9 @@ class PolicyCurve:
     gamma_max: int | None = None
     prior_alpha: float = 0.5
     cost: Cost | None = None
+    n: int | None = None
+    min_prompts: int = MIN_TASK_PROMPTS
+    fallback: PolicyCurve | None = None
 
     @property
     def top_gamma(self) -> int:
@@ -134,26 +184,50 @@ class PolicyCurve:
             value * acceptance_scale(alpha, self.prior_alpha if prior_alpha is None else prior_alpha, gamma)
         )
 
-    def at(
-        self, batch_size: float | None = BASE, alpha: float | None = None, prior_alpha: float | None = None
+    def decide(
+        self,
+        batch_size: float | None = BASE,
+        alpha: float | None = None,
+        prior_alpha: float | None = None,
+        *,
+        hold: bool | None = None,
+        off_margin: float = 0.0,
     ) -> CurvePoint | None:
         """The decision at ``batch_size`` under ``alpha`` (None: the analysis' own, rescaled from
-        ``prior_alpha`` as in :meth:`curve`): g* of the curve, S(g*), the lower end (interpolated between
-        the profiled sizes, scaled at g* like the curve) and the rule. None outside the profiled sizes."""
+        ``prior_alpha`` as in :meth:`curve`), by the one rule (module docstring): g* of the curve, S(g*),
+        the lower end (interpolated between the profiled sizes, scaled at g* like the curve),
+        :func:`decision_rule` with ``hold`` and ``off_margin``, its code and basis. A group of fewer than
+        ``min_prompts`` takes its fallback's decision. None outside the profiled sizes."""
+        small = self.n is not None and self.n < self.min_prompts
+        if small and self.fallback is not None:
+            taken = self.fallback.decide(batch_size, alpha, prior_alpha, hold=hold, off_margin=off_margin)
+            return None if taken is None else replace(taken, code="too_few_prompts", basis="workload")
         span = self._span(batch_size, prior_alpha)
         if span is None:
             return None
         _, lower, upper = span
         prior = self.prior_alpha if prior_alpha is None else prior_alpha
+        basis = "point estimate" if small else "task"
         gamma, speedup = best_gamma(self.curve(batch_size, alpha, prior) or ())
         if not gamma:
-            return CurvePoint(None, float("nan"), None, False, lower, upper, alpha is not None)
+            return CurvePoint(
+                None, float("nan"), None, False, lower, upper, alpha is not None, "nothing_measured", basis
+            )
         low = self.base_low if batch_size is BASE else self._low(batch_size, lower, upper)
+        if low is not None and not math.isfinite(low):
+            low = None
         if low is not None and alpha is not None:
             low *= acceptance_scale(alpha, prior, gamma)
-        return CurvePoint(
-            gamma, speedup, low, clears_break_even(speedup, low, self.margin), lower, upper, alpha is not None
-        )
+        speculate, code = decision_rule(speedup, low, self.margin, hold=hold, off_margin=off_margin)
+        if small and low is None and code != "kept_on":
+            code = "point_estimate"  # too few prompts for an interval: decided on S(g*) alone
+        return CurvePoint(gamma, speedup, low, speculate, lower, upper, alpha is not None, code, basis)
+
+    def at(
+        self, batch_size: float | None = BASE, alpha: float | None = None, prior_alpha: float | None = None
+    ) -> CurvePoint | None:
+        """:meth:`decide` without hysteresis (the published decision at ``batch_size``)."""
+        return self.decide(batch_size, alpha, prior_alpha)
 
     # ---------------------------------------------------------------- internals
 

@@ -5,6 +5,7 @@ text are in analyzer.report_text, HTML in the web UI's templates; all are made f
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -68,11 +69,60 @@ def advice_withheld(cost_profiles: dict[str, dict]) -> str | None:
     noisy = {batch: p for batch, p in cost_profiles.items() if p.get("quality") == "noisy"}
     if not noisy:
         return None
-    seen = "; ".join(dict.fromkeys(note for p in noisy.values() for note in p.get("quality_notes") or []))
+    seen = "; ".join(withheld_notes(noisy.values()))  # each k list said once
     return (
         f"{ADVICE_WITHHELD} (the cost profile at batch size {', '.join(noisy)} was judged noisy: {seen}). "
         "The speedups and gammas below may be wrong; measure again on a quiet machine: "
         "specroute analyze ... --reprofile (or specroute demo --reprofile)."
+    )
+
+
+_REMEASURED = re.compile(r"^(?:(?P<label>[^:]+): )?k = (?P<ks>\d+(?:, \d+)*) re-measured: (?P<why>.+)$")
+_STILL = re.compile(
+    r"^(?:(?P<label>[^:]+): )?k = (?P<ks>\d+(?:, \d+)*) still spread up to (?P<pct>\S+) across repeats "
+    r"after re-measuring$"
+)
+
+
+def withheld_notes(noisy_profiles) -> list[str]:
+    """What was seen in the noisy cost profiles, one list item a note, each said once over every batch
+    size: the note that k = ... were re-measured and the one that the same k still spread afterwards
+    become one item, so the k list is given once, and a run of consecutive k reads ``1..17``."""
+    notes = list(dict.fromkeys(note for p in noisy_profiles for note in p.get("quality_notes") or []))
+    still = {(m["label"], m["ks"]): m for m in map(_STILL.match, notes) if m}
+    remeasured = {(m["label"], m["ks"]) for m in map(_REMEASURED.match, notes) if m}
+    items = []
+    for note in notes:
+        if found := _REMEASURED.match(note):
+            key = (found["label"], found["ks"])
+            after = f", they still spread up to {still[key]['pct']}" if key in still else ""
+            items.append(f"{_label(found)}k = {_k_ranges(found['ks'])}: {found['why']}; re-measured{after}")
+        elif found := _STILL.match(note):
+            if (found["label"], found["ks"]) not in remeasured:  # else said with its re-measuring
+                items.append(
+                    f"{_label(found)}k = {_k_ranges(found['ks'])} still spread up to {found['pct']} across "
+                    "repeats after re-measuring"
+                )
+        else:
+            items.append(note)
+    return items
+
+
+def _label(found: re.Match) -> str:
+    return f"{found['label']}: " if found["label"] else ""
+
+
+def _k_ranges(ks: str) -> str:
+    """``1, 2, 3, 5, 7, 8`` as ``1..3, 5, 7, 8``: runs of three or more consecutive k shortened."""
+    values = [int(k) for k in ks.split(", ")]
+    runs: list[list[int]] = []
+    for k in values:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(
+        f"{run[0]}..{run[-1]}" if len(run) >= 3 else ", ".join(str(k) for k in run) for run in runs
     )
 
 
@@ -100,7 +150,9 @@ def build_report(session: Session, run_id: int) -> dict:
         **_run_fields(run, summary, validation_rows),
         **profiles,
         # how the profile that priced the run timed its steps (None: llama.cpp's or an imported engine's own)
-        "cost_mode": own["cost_mode"] if own else engine_named(run.engine).report_cost_mode(run.run_params),
+        "cost_mode": own["cost_mode"]
+        if own
+        else engine_named(run.measured_by).report_cost_mode(run.run_params),
         "priced_by": _priced_by(run, own),
         "advice_withheld": advice_withheld(profiles["cost_profiles"]),
         "prompts": _prompt_rows(results, summary, validations),
@@ -119,7 +171,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
     """The run's identity, status, parameters (every one, the defaults filled in), engine, device
     and dtype, how it measured (``mode``) and what that guarantees."""
     dtype = run.dtype or "float32"
-    measured_in = run.run_params.engine  # the engine that measured acceptance (run.engine priced it)
+    measured_in = run.measured_by  # the engine that measured acceptance (run.priced_by priced it)
     measured_by = measuring_engine(measured_in)
     sampling = summary.sampling
     run_fidelity = dict(summary.workload.fidelity or {}) if summary.workload else {}
@@ -137,7 +189,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         else measured_by.replay_mode(dtype)
         or ("greedy (exact replay)" if dtype == "float32" else f"greedy (replay estimate in {dtype})"),
         "params": _plain_params(run.run_params),
-        "engine": run.engine,
+        "engine": run.priced_by,
         "measured_in": measured_in,
         # what measured the acceptance: for a re-priced run, its source run's engine and machine
         "measured_by": {"engine": measured_in, "device": run.device, "dtype": dtype},
@@ -162,7 +214,7 @@ def _plain_params(params: RunParams) -> dict:
 def _priced_by(run: AnalysisRun, own: dict | None) -> dict:
     """What priced the run: its engine and, once a cost profile is linked, that profile's engine
     version, source, device, dtype, threads and id (never the acceptance's machine)."""
-    fields = {"engine": run.engine, "engine_version": None, "source": None, "device": None, "dtype": None}
+    fields = {"engine": run.priced_by, "engine_version": None, "source": None, "device": None, "dtype": None}
     if own:
         fields.update({key: own[key] for key in ("engine_version", "source", "device", "dtype")})
         fields.update(threads=own["threads"], cost_profile=own["id"], note=own["note"])
@@ -285,7 +337,9 @@ def profile_dict(profile: CostProfile) -> dict:
         "draft_prefill_s": profile.draft_prefill_s,
         "round_overhead_s": profile.round_overhead_s,
         "decode_overhead_s": profile.decode_overhead_s,
-        "engine": profile.engine,
+        "engine": profile.priced_by,
+        "priced_by": profile.priced_by,
+        "measured_by": profile.measured_by,
         "engine_version": profile.engine_version,
         "source": profile.source or "measured",
         "cost_mode": profile.cost_mode,

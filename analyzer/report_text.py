@@ -8,6 +8,7 @@ import csv
 import io
 
 from analyzer.engines import DEFAULT_ENGINE, pricing_entry
+from analyzer.report import ADVICE_WITHHELD, withheld_notes
 
 CSV_COLUMNS = [
     "prompt_id",
@@ -186,7 +187,9 @@ def _timed_text(summary: dict, *, mare: bool = True) -> str:
 def recommendation(report: dict) -> dict:
     """The report's verdict in plain words: the headline (speculate on the workload, or why not, from
     its decision's code), the tasks to speculate on (with gamma and speedup, the best first) and the
-    tasks to leave off."""
+    tasks to leave off. A run whose advice is withheld has the short :data:`ADVICE_WITHHELD` as its
+    headline, the noisy profiles' batch sizes (``withheld_batches``) and what was seen, each note once
+    (``withheld_notes``); ``noisy_notes`` are those notes per noisy batch size."""
     tasks = report["tasks"]
     on = sorted(
         ((t, s) for t, s in tasks.items() if s.get("speculate")),
@@ -194,8 +197,9 @@ def recommendation(report: dict) -> dict:
     )
     off = sorted(t for t, s in tasks.items() if not s.get("speculate"))
     workload = report.get("workload") or {}
+    noisy = {b: p for b, p in (report.get("cost_profiles") or {}).items() if p.get("quality") == "noisy"}
     if report.get("advice_withheld"):
-        headline = report["advice_withheld"]
+        headline = f"{ADVICE_WITHHELD}."  # short: what was seen is the list in withheld_notes
     elif workload.get("speculate"):
         headline = (
             f"Speculate: across this workload, {report['draft']} drafting at gamma "
@@ -211,6 +215,9 @@ def recommendation(report: dict) -> dict:
     return {
         "headline": headline,
         "withheld": bool(report.get("advice_withheld")),
+        "withheld_batches": list(noisy) if report.get("advice_withheld") else [],
+        "withheld_notes": withheld_notes(noisy.values()) if report.get("advice_withheld") else [],
+        "noisy_notes": {batch: withheld_notes([profile]) for batch, profile in noisy.items()},
         "on": [
             f"{t} (gamma {s['best_gamma']}, {s['predicted_speedup']:.2f}x"
             + (

@@ -47,9 +47,10 @@ def pricing_profiles(session: Session, profile_ids: Sequence[int], pair_id: int)
                 "engine's times for this run's pair ('specroute costs import FILE --for-run RUN')"
             )
         profiles.append(profile)
-    if len({p.engine for p in profiles}) > 1:
+    if len({p.priced_by for p in profiles}) > 1:
         raise RepriceError(
-            "the cost profiles must come from one engine: " + ", ".join(sorted({p.engine for p in profiles}))
+            "the cost profiles must come from one engine: "
+            + ", ".join(sorted({p.priced_by for p in profiles}))
         )
     batches = [p.batch_size or 1 for p in profiles]
     if len(set(batches)) < len(batches):
@@ -95,7 +96,8 @@ def reprice_run(session: Session, run_id: int, profile_ids: Sequence[int]) -> An
         prompt_set_id=run.prompt_set_id,
         pair_id=run.pair_id,
         status="done",
-        engine=profiles[0].engine,
+        measured_by=run.measured_by,
+        priced_by=profiles[0].priced_by,
         params=replace(
             params, gamma_max=gamma_max, profile_batch_sizes=tuple(p.batch_size or 1 for p in profiles)
         ).to_json(),
@@ -148,7 +150,7 @@ def link_pricing_profiles(session: Session, run: AnalysisRun, profile_ids: Seque
             f"the cost profiles cover gamma up to {priced_gamma_max(profiles, params.gamma_max)}; "
             f"use --gamma-max {priced_gamma_max(profiles, params.gamma_max)} or less"
         )
-    run.engine = profiles[0].engine
+    run.priced_by = profiles[0].priced_by
     _link(run, profiles)
 
 
@@ -226,7 +228,8 @@ def _comparison_row(profile: CostProfile, gamma_max: int, tasks: dict, workload,
     return {
         "profile_id": profile.id,
         "own": own,
-        "engine": profile.engine,
+        "engine": profile.priced_by,
+        "priced_by": profile.priced_by,
         "engine_version": profile.engine_version,
         "cost_mode": profile.cost_mode,
         "source": profile.source or "measured",

@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.engine_base import LoadedPair, ProfilingPlan
 from analyzer.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
-from analyzer.run_records import ProgressCallback, RunParams
+from analyzer.progress import ProgressCallback
+from analyzer.run_params import RunParams
 
 if TYPE_CHECKING:
     from analyzer.cost import CostMeasurement
@@ -23,12 +23,6 @@ if TYPE_CHECKING:
 
 # a run without prompts is profiled over a context of this many pad tokens
 FALLBACK_CONTEXT_TOKENS = 32
-# the machinery overhead is measured at this lookahead, or at the run's gamma_max when that is smaller
-OVERHEAD_GAMMA = 4
-# each timed generation of the overhead measurement makes this many tokens (or max_new_tokens, when fewer)
-OVERHEAD_NEW_TOKENS = 32
-# ... and it times this many plain and as many speculative generations (one attempt; a busy machine retries)
-OVERHEAD_REPEATS = 3
 # neighbouring batch sizes' T_t(1) may differ by this much the wrong way before one is re-measured
 # (a smaller batch slower than a larger one; on a GPU, where small batches read the same weights, either way)
 MAX_BATCH_STEP_CHANGE = 0.25
@@ -156,6 +150,8 @@ def _measure_overhead(
 ) -> MachineryOverhead:
     """The machinery overhead, telling ``progress`` of every timed generation (2 x OVERHEAD_REPEATS
     per attempt; an attempt the busy machine spoilt is shown as such and counted afresh)."""
+    from analyzer.overhead import OVERHEAD_REPEATS  # a torch module: loaded when measuring, not with this one
+
     phase = f"profiling the machinery overhead of {plan.machinery} on {plan.where}"
     planned = 2 * OVERHEAD_REPEATS
     done = {"attempt": 1, "generations": 0}
@@ -222,7 +218,8 @@ def _newest_reusable_profile(
             CostProfile.device == plan.device,
             CostProfile.dtype == plan.dtype,
             CostProfile.batch_size == batch_size,
-            CostProfile.engine == engine,
+            CostProfile.priced_by == engine,
+            CostProfile.measured_by == engine,
             CostProfile.source == "measured",
             CostProfile.cost_mode.is_(None)
             if plan.cost_mode is None
@@ -310,7 +307,8 @@ def _store_cost_profile(
             device=measured.device,
             dtype=plan.dtype,
             cost_mode=plan.cost_mode,
-            engine=loaded_models.engine,
+            priced_by=loaded_models.engine,
+            measured_by=loaded_models.engine,
             batch_size=batch_size,
             threads=measured.threads,
             context_tokens=measured.context_tokens,
@@ -342,11 +340,3 @@ def _link_profiles_to_run(session_factory: sessionmaker, run_id: int, chosen: di
                 run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile_id=profile_id))
         run.cost_profile_id = chosen[min(chosen)]
         return run.cost_profile_id
-
-
-def library_versions() -> dict:
-    """The versions of torch, transformers and numpy doing the measuring (stored with runs and profiles)."""
-    import torch
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__}

@@ -20,7 +20,8 @@ from analyzer.prompt_encoding import (
     prompt_token_limit,
     token_texts,
 )
-from analyzer.run_records import RunParams
+from analyzer.prompt_passes import PromptPasses
+from analyzer.run_params import RunParams
 from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
@@ -30,30 +31,8 @@ GPU_VALIDATION_REPEATS = 2
 CAPTURE_GRAPHS = True
 
 if TYPE_CHECKING:
-    import numpy as np
-    import torch
-
     from analyzer.graph_cost import GraphDecoder
     from analyzer.overhead import GenerateCallback
-
-
-@dataclass
-class PromptPasses:
-    """What a run's engine measured of one prompt (``measure_batch`` of either engine gives one per
-    prompt): the ``output_ids`` (N,) the target generated in ``target_time_s``, with the ``entropies``
-    (N,) in nats of its next-token distributions; a model draft's ``matches`` (N,) int8 (None for
-    prompt lookup, whose matches the run finds from the output), found in ``draft_time_s``;
-    ``replay_mismatches``, the positions where teacher-forced verification departs from decoding
-    (None where not checked); and, sampling, the raw ``target_logits`` and ``draft_logits`` (N, V)."""
-
-    output_ids: list[int]
-    entropies: np.ndarray
-    target_time_s: float
-    matches: np.ndarray | None
-    replay_mismatches: int | None
-    draft_time_s: float
-    target_logits: torch.Tensor | None = None
-    draft_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -126,9 +105,12 @@ class RunModels:
         return self.target.placement.dtype
 
     def library_versions(self) -> dict:
-        from analyzer.run_costs import library_versions
+        """The versions of torch, transformers and numpy doing the measuring (stored with runs and profiles)."""
+        import numpy as np
+        import torch
+        import transformers
 
-        return library_versions()
+        return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__}
 
     def profiling_plan(self, params: RunParams) -> ProfilingPlan:
         """On the target's device in its dtype, at the run's batch sizes (1, 4, 16 on a GPU by default),
@@ -240,8 +222,13 @@ class RunModels:
         """generate()'s own time per plain step and per round (:mod:`analyzer.overhead`), or in the
         cuda-graphs mode the host time of the loops over the replayed graphs."""
         from analyzer.cost import time_callable
-        from analyzer.overhead import measure_graph_overhead, measure_machinery_overhead
-        from analyzer.run_costs import OVERHEAD_GAMMA, OVERHEAD_NEW_TOKENS, OVERHEAD_REPEATS
+        from analyzer.overhead import (
+            OVERHEAD_GAMMA,
+            OVERHEAD_NEW_TOKENS,
+            OVERHEAD_REPEATS,
+            measure_graph_overhead,
+            measure_machinery_overhead,
+        )
 
         graphs = params.cost_mode == CUDA_GRAPHS
         lookup = (

@@ -10,7 +10,7 @@ import logging
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import utcnow
 from analyzer.engines import check_run, measuring_engine
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
+from analyzer.progress import ProgressCallback
 from analyzer.prompt_sets import get_prompt_set
 from analyzer.run_params import RunError, RunNotFound, RunParams  # noqa: F401  (importers name them here)
 from analyzer.settings import STALE_AFTER_S
@@ -27,9 +28,6 @@ from analyzer.summary_store import store_summary
 
 UNLABELLED = "unlabelled"
 log = logging.getLogger(__name__)
-
-
-ProgressCallback = Callable[[int, int, str], None]
 
 
 def _get_or_create_spec(session: Session, ref: ModelSpecRef) -> ModelSpec:
@@ -74,7 +72,8 @@ def create_run(
         status="queued",
         params=params.to_json(),
         progress_total=total,
-        engine=params.engine,
+        measured_by=params.engine,
+        priced_by=params.engine,
     )
     session.add(run)
     session.flush()

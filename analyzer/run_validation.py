@@ -12,7 +12,9 @@ from sqlalchemy.orm import sessionmaker
 
 from analyzer.engine_base import LoadedPair
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
-from analyzer.run_records import ProgressCallback, RunParams, validation_sample
+from analyzer.progress import ProgressCallback
+from analyzer.run_params import RunParams
+from analyzer.run_records import validation_sample
 
 
 def validate_run(

@@ -53,12 +53,12 @@ from analyzer.orm import (
     Prompt,
     PromptResult,
 )
+from analyzer.progress import ProgressCallback
 from analyzer.prompt_encoding import EncodedPrompt
+from analyzer.prompt_passes import PromptPasses
 from analyzer.run_costs import profile_run_costs
-from analyzer.run_models import PromptPasses
 from analyzer.run_records import (
     UNLABELLED,
-    ProgressCallback,
     RunNotFound,
     RunParams,
     cancelled,

@@ -118,12 +118,14 @@ class Settings:
         "/healthz stays open).",
     )
     engine: str = _setting(
-        "transformers",
-        "Engine that analyses measure and price in: transformers (eager PyTorch forwards, any "
-        "model spec) or llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
-        "[llamacpp] extra). Used by 'specroute analyze' unless --engine is given (and by 'demo' when set; the "
-        "demo's own default is llama.cpp), and as the web form's default; recorded on the run, its "
-        "cost profiles and the policies published from it.",
+        "auto",
+        "Engine that new analyses measure and price in: transformers (eager PyTorch forwards, any model "
+        "spec), llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
+        "[llamacpp] extra) or auto: llama.cpp where it can measure the run as asked (a gguf: or builtin: "
+        "target with an ngram or GGUF draft, greedy, on the CPU, batch 1: the demo's run), else "
+        "transformers. The one default of 'specroute analyze' and 'demo' (unless --engine is given) and of "
+        "the web form, which says which engine it picks and why; recorded on the run, its cost profiles "
+        "and the policies published from it.",
     )
     cost_mode: str = _setting(
         "eager",
@@ -315,12 +317,13 @@ def load_settings(
 def _checked(settings: Settings) -> Settings:
     """Refuse settings whose value is of the right type but not a known choice."""
     from analyzer.devices import DeviceError, check_device_name, check_dtype_name
-    from analyzer.engines import CostModeError, EngineError, check_cost_mode_name, check_engine_name
+    from analyzer.engine_base import CostModeError, EngineError, check_cost_mode_name
+    from analyzer.run_params import check_engine_input  # an engine's name, or auto
 
     for name, check in (
         ("device", check_device_name),
         ("dtype", check_dtype_name),
-        ("engine", check_engine_name),
+        ("engine", check_engine_input),
         ("cost_mode", check_cost_mode_name),
     ):
         try:

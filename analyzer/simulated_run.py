@@ -62,7 +62,8 @@ def create_simulated_run(
     pair = ModelPair(target=target, draft=draft)
     profile = CostProfile(
         pair=pair,
-        engine=engine,
+        priced_by=engine,
+        measured_by=engine,
         device="test-device",
         threads=2,
         context_tokens=100,
@@ -75,7 +76,8 @@ def create_simulated_run(
         pair=pair,
         cost_profile=profile,
         status="done",
-        engine=engine,
+        measured_by=engine,
+        priced_by=engine,
         params=RunParams(max_new_tokens=n_tokens, gamma_max=gamma_max, engine=engine).to_json(),
         progress_done=len(lines),
         progress_total=len(lines),
@@ -87,7 +89,8 @@ def create_simulated_run(
                 batch_size=batch_size,
                 cost_profile=CostProfile(
                     pair=pair,
-                    engine=engine,
+                    priced_by=engine,
+                    measured_by=engine,
                     device="test-device",
                     threads=2,
                     context_tokens=100,

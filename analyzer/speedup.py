@@ -61,6 +61,33 @@ class Cost:
         """Seconds of one plain greedy decoding step: T_t(1) plus the machinery's per-step time."""
         return float(self.target_forward_s[0]) + self.decode_overhead_s
 
+    def as_json(self) -> dict:
+        """This cost as JSON-ready data (a published policy set stores it; :meth:`from_json` reads it)."""
+        return {
+            "target_forward_s": [float(t) for t in self.target_forward_s],
+            "draft_step_s": float(self.draft_step_s),
+            "draft_cost_per_token": bool(self.draft_cost_per_token),
+            "target_prefill_s_per_token": float(self.target_prefill_s_per_token),
+            "draft_prefill_s_per_token": float(self.draft_prefill_s_per_token),
+            "round_overhead_s": float(self.round_overhead_s),
+            "decode_overhead_s": float(self.decode_overhead_s),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Cost | None:
+        """The cost :meth:`as_json` wrote (None for None)."""
+        if data is None:
+            return None
+        return cls(
+            tuple(float(t) for t in data["target_forward_s"]),
+            float(data["draft_step_s"]),
+            bool(data.get("draft_cost_per_token", True)),
+            float(data.get("target_prefill_s_per_token", 0.0)),
+            float(data.get("draft_prefill_s_per_token", 0.0)),
+            float(data.get("round_overhead_s", 0.0)),
+            float(data.get("decode_overhead_s", 0.0)),
+        )
+
 
 def speculative_time_s(drafted_hist: Sequence[int] | np.ndarray, cost: Cost) -> float:
     """Predicted seconds of the speculative walk: sum_k drafted_hist[k] * round_s(k)."""

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, selectinload
 from analyzer.acceptance import alpha_from_matches, mean_acceptance_length
 from analyzer.interference import disturbed
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
+from analyzer.policy_curve import BASE, DECISION_CODES, PolicyCurve, as_curve  # noqa: F401 (DECISION_CODES: importers name it here)
 from analyzer.speedup import (
     DEFAULT_MARGIN,
     INTERVAL_LEVEL,
@@ -30,14 +31,12 @@ from analyzer.speedup import (
     Cost,
     best_gamma,
     bootstrap_speedup_interval,
-    clears_break_even,
     iid_speedup,
     leviathan_speedup,
     mean_and_variance,
     pooled_speedup,
     predicted_speedup,
     recommendation_tier,
-    should_speculate,
     speculative_time_s,
 )
 
@@ -50,17 +49,6 @@ def finite(value: float | None) -> float | None:
 
 
 # ---------------------------------------------------------------- the types
-
-
-# Why a group is speculated or not, as a code (the sentence is rendered from it and its numbers):
-DECISION_CODES = (
-    "nothing_measured",  # no finite S(g): no cost profile yet, or no output
-    "too_few_prompts",  # fewer than min_prompts: the workload's decision applies (basis "workload")
-    "point_estimate",  # the workload itself has too few prompts: decided on S(g*) alone
-    "below_margin",  # S(g*) does not clear 1 + margin
-    "interval_reaches_loss",  # S(g*) clears 1 + margin, but the interval's lower end does not clear 1.0
-    "clears",  # S(g*) clears 1 + margin and the interval stays above 1.0
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,27 +105,6 @@ class DecisionReason:
 
 def _or_nan(value: float | None) -> float:
     return float("nan") if value is None else value
-
-
-def decide_group(
-    speedup: float, interval: tuple[float, float], n: int, margin: float = DEFAULT_MARGIN
-) -> tuple[bool | None, DecisionReason]:
-    """The decision rule for a group of n prompts from S(g*) and its bootstrap interval: speculate
-    when S(g*) clears 1 + margin **and** the interval's lower end clears 1.0; None when n <
-    MIN_TASK_PROMPTS (too few prompts to decide: the caller applies the workload's decision).
-    Returns (decision, reason)."""
-    low, high = interval
-    if n < MIN_TASK_PROMPTS:
-        speculate, code = None, "too_few_prompts"
-    elif not should_speculate(speedup, margin):
-        speculate, code = False, "below_margin"
-    elif not clears_break_even(speedup, low, margin):
-        speculate, code = False, "interval_reaches_loss"
-    else:
-        speculate, code = True, "clears"
-    return speculate, DecisionReason(
-        code=code, speedup=finite(speedup), interval=(finite(low), finite(high)), n=n, margin=margin
-    )
 
 
 @dataclass(kw_only=True)
@@ -359,8 +326,8 @@ def _prompt_times(
 def _decision(
     results: list[PromptResult], cost: Cost, sampling: bool, gamma_max: int, margin: float
 ) -> GroupDecision:
-    """g*, S(g*), its bootstrap interval over the prompts and the decision with its reason;
-    ``speculate`` is None when the group is too small to decide (the caller applies the workload's)."""
+    """g*, S(g*) and its bootstrap interval over the prompts, not yet decided (``speculate`` None):
+    :func:`summarize_groups` decides every group with its :class:`PolicyCurve`."""
     curve = _group_curve(results, cost, sampling, gamma_max)
     g_star, s_star = best_gamma(curve)
     greedy, speculative = (
@@ -370,16 +337,11 @@ def _decision(
     interval = (
         bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
     )
-    speculate, reason = (
-        decide_group(s_star, interval, len(results), margin) if g_star else (False, DecisionReason())
-    )
-    return GroupDecision(
+    return GroupDecision(  # undecided: summarize_groups decides every group by its PolicyCurve
         best_gamma=g_star,
         predicted_speedup=finite(s_star),
         speedup_interval=(finite(interval[0]), finite(interval[1])),
-        speculate=speculate,
-        decision_basis="task" if speculate is not None else "workload",
-        reason=reason,
+        speculate=None,
         speedup_curve=[finite(v) for v in curve],
     )
 
@@ -477,22 +439,54 @@ def summarize_group(
     )
 
 
-def _take_workload_decision(summary: GroupDecision, workload: GroupDecision) -> None:
-    """A group too small to decide (speculate None) takes the workload's decision, and says so."""
-    if summary.speculate is None:
-        summary.speculate = bool(workload.speculate)
-        summary.decision_basis = "workload"
-        summary.reason = replace(
-            summary.reason, workload_speculate=bool(workload.speculate), workload_gamma=workload.best_gamma
+def group_curve(
+    summary: GroupSummary, margin: float, gamma_max: int, fallback: PolicyCurve | None = None
+) -> PolicyCurve:
+    """The :class:`PolicyCurve` of a summarised group: its S(g) at batch 1 and at every profiled batch
+    size, the lower ends of S(g*)'s intervals, its n and the curve whose decision it takes when too
+    small (a task: the workload's). What it decides is what is published and routed."""
+    return PolicyCurve(
+        as_curve(summary.speedup_curve),
+        {b: as_curve(entry.speedup_curve) for b, entry in summary.by_batch.items()},
+        {b: entry.speedup_interval[0] for b, entry in summary.by_batch.items()},
+        summary.speedup_interval[0],
+        margin=margin,
+        gamma_max=gamma_max,
+        n=summary.n,
+        fallback=fallback,
+    )
+
+
+def _decide(summary: GroupSummary, curve: PolicyCurve, workload: GroupSummary, cost: Cost | None) -> None:
+    """Decide ``summary`` at batch 1 and at every profiled batch size by ``curve``, and say why; a
+    group the workload decides (too few prompts) shows the workload's gamma, speedup and interval, the
+    ones routed (its reason keeps its own numbers)."""
+    entries = [
+        (summary, BASE, workload),
+        *((e, b, workload.by_batch.get(b)) for b, e in summary.by_batch.items()),
+    ]
+    for entry, batch, taken in entries:
+        point = curve.decide(batch)
+        if point is None:  # a batch size the curve does not cover: nothing to decide on
+            entry.speculate, entry.decision_basis = False, "task"
+            entry.reason = DecisionReason(n=summary.n, margin=curve.margin)
+            continue
+        entry.speculate, entry.decision_basis = point.speculate, point.basis
+        entry.reason = DecisionReason(
+            code=point.code,
+            speedup=entry.predicted_speedup,
+            interval=entry.speedup_interval,
+            n=summary.n,
+            margin=curve.margin,
+            min_prompts=curve.min_prompts,
+            workload_speculate=point.speculate if point.basis == "workload" else None,
+            workload_gamma=point.gamma if point.basis == "workload" else None,
         )
-
-
-def _decide_alone(summary: GroupDecision, margin: float) -> None:
-    """The workload has nothing to fall back to: too few prompts are decided on S(g*) alone, and say so."""
-    if summary.speculate is None:
-        summary.speculate = should_speculate(summary.predicted_speedup or float("nan"), margin)
-        summary.decision_basis = "point estimate"
-        summary.reason = replace(summary.reason, code="point_estimate")
+    summary.tier_note = tier_note(summary, cost)  # read with the group's own g* and acceptance length
+    for entry, _, taken in entries:
+        if entry.decision_basis == "workload" and taken is not None:
+            entry.best_gamma, entry.predicted_speedup = taken.best_gamma, taken.predicted_speedup
+            entry.speedup_interval = taken.speedup_interval
 
 
 def tier_note(summary: GroupSummary, cost: Cost | None) -> str | None:
@@ -523,10 +517,10 @@ def summarize_groups(
     costs: dict[int, Cost] | None = None,
     measured: dict[int, float] | None = None,
 ) -> tuple[dict[str, GroupSummary], GroupSummary | None]:
-    """(per task type, workload) for a set of one run's results, with the decision rules applied: a
-    task too small to decide takes the workload's decision (at every batch size), the workload decides
-    on S(g*) alone when it is too small itself, and a validation sample from one task is no workload
-    figure."""
+    """(per task type, workload) for a set of one run's results, each decided by its
+    :class:`PolicyCurve` (:func:`group_curve`), the one rule the router applies: a task too small to
+    decide takes the workload's decision (at every batch size), the workload too small itself is a
+    point estimate; a validation sample from one task is no workload figure."""
     by_task: dict[str, list[PromptResult]] = defaultdict(list)
     for result in results:
         by_task[result.task_type or UNLABELLED].append(result)
@@ -542,14 +536,10 @@ def summarize_groups(
     workload = summarized(results)
     if len(by_task) > 1 and len(workload.measured_tasks) == 1:
         workload.measured_speedup = None  # a sample of one task says nothing about the others
-    for decision in [workload, *workload.by_batch.values()]:
-        _decide_alone(decision, margin)
+    workload_curve = group_curve(workload, margin, gamma_max)
+    _decide(workload, workload_curve, workload, cost)
     for summary in tasks.values():
-        _take_workload_decision(summary, workload)
-        for batch, entry in summary.by_batch.items():
-            _take_workload_decision(entry, workload.by_batch[batch])
-    for summary in [*tasks.values(), workload]:
-        summary.tier_note = tier_note(summary, cost)
+        _decide(summary, group_curve(summary, margin, gamma_max, fallback=workload_curve), workload, cost)
     return tasks, workload
 
 

@@ -26,7 +26,7 @@ from analyzer.summary import (
     summarize_run,
 )
 
-SUMMARY_FORMAT = 1  # the stored JSON's shape; a summary stored in another is computed again
+SUMMARY_FORMAT = 2  # the stored JSON's shape and rule (2: PolicyCurve.decide); another is computed again
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 
 

@@ -33,8 +33,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.classifier import TaskClassifier, adapted_fit, build_pipeline  # noqa: E402
+from router.classifier import TaskClassifier, adapted_fit  # noqa: E402
 from router.evaluation import decision_matrix, grouped_folds, scores_of, softmax  # noqa: E402
+from router.pipeline import build_pipeline  # noqa: E402
 from router.teacher import Teacher, embed_all  # noqa: E402
 from router.training_data import DEFAULT_PSEUDO_CONFIDENCE, cold_start_data  # noqa: E402
 

@@ -402,7 +402,9 @@ def main() -> None:
                         cost=cost,
                         config=RouterConfig(),
                         adaptation=AdaptationConfig(),
-                        contract=PolicyContract(gamma_max=gamma_max, margin=params.margin, engine=run.engine),
+                        contract=PolicyContract(
+                            gamma_max=gamma_max, margin=params.margin, priced_by=run.priced_by
+                        ),
                     )
 
                 servers = [

@@ -30,8 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.classifier import TaskClassifier, build_pipeline, evaluate  # noqa: E402
+from router.classifier import TaskClassifier, evaluate  # noqa: E402
 from router.evaluation import calibration, grouped_folds, out_of_fold, predictions, scores_of  # noqa: E402
+from router.pipeline import build_pipeline  # noqa: E402
 from router.training_data import cold_start_data, make_training_data  # noqa: E402
 
 DEFAULT_OPTIONS = "tfidf:20,tfidf:1,minilm:5,tfidf+minilm:20"

@@ -50,8 +50,9 @@ from analyzer.db import make_engine  # noqa: E402
 from analyzer.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompt_checks import prompt_text  # noqa: E402
 from analyzer.speedup import Cost  # noqa: E402
-from router.classifier import TaskClassifier, build_pipeline  # noqa: E402
+from router.classifier import TaskClassifier  # noqa: E402
 from router.decision import Router  # noqa: E402
+from router.pipeline import build_pipeline  # noqa: E402
 from router.policy import PolicySnapshot  # noqa: E402
 from router.training_data import cold_start_data  # noqa: E402
 
@@ -91,7 +92,7 @@ def percentiles_ms(values_ns: list[int]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-FEATURES = {"name": "tfidf"}  # --features: the classifier's feature set (router.classifier.FEATURE_SETS)
+FEATURES = {"name": "tfidf"}  # --features: the classifier's feature set (router.pipeline.FEATURE_SETS)
 
 
 def in_process(train: tuple[list[str], list[str]], prompts: list[str], repeats: int) -> dict:

@@ -14,10 +14,11 @@ sequences, the device's cost per round), moved by the posterior as the policy's
     S(g) = S_pub(g) * E_iid(alpha_post, g) / E_iid(alpha_prior, g),   E_iid(a, g) = (1 - a^(g+1)) / (1 - a),
 
 which is the published curve itself until feedback moves alpha (the i.i.d. formula is used only
-where nothing was published). gamma = argmax S(g) over the gammas the run analysed. Speculation turns
-off when S(g*) falls below
-1 + off_margin and on again only above 1 + on_margin (hysteresis), and while off every
-``probe_every``-th request speculates at the current gamma so that evidence keeps arriving.
+where nothing was published). gamma = argmax S(g) over the gammas the run analysed. Speculation follows
+the policy curve's one rule with hysteresis (:meth:`analyzer.policy_curve.PolicyCurve.decide`): it turns
+off when S(g*) falls below 1 + off_margin, and on again only where the analysis would turn it on (S(g*)
+above 1 + the set's margin and the interval's lower end, scaled to the posterior, above 1.0); while off
+every ``probe_every``-th request speculates at the current gamma so that evidence keeps arriving.
 """
 
 from __future__ import annotations
@@ -28,28 +29,20 @@ import numpy as np
 
 from analyzer.acceptance import expected_tokens_iid
 from analyzer.policy_curve import BASE, PolicyCurve
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
-from router.policy import PRIOR_ALPHA_RANGE, PolicyContract
+from router.policy import PRIOR_ALPHA_RANGE
 
 SMALLEST_GAMMA = 1  # what a probe drafts for a policy published without a g* (NO_GAMMA)
 
 
 @dataclass(frozen=True)
 class AdaptationConfig:
-    """Knobs of the online estimate (see the module docstring). ``on_margin`` and ``gamma_max`` are
-    the policy set's own (:meth:`for_contract`): speculation turns back on where the analysis would
-    have turned it on, over the gammas the analysis chose from."""
+    """Knobs of the online estimate (see the module docstring). Where speculation turns back on, and
+    over which gammas, is the policy curve's (its set's margin and gamma_max), not a knob here."""
 
     prior_strength: float = 50.0
     decay: float = 0.97
-    on_margin: float = DEFAULT_MARGIN
     off_margin: float = 0.0
     probe_every: int = 20
-    gamma_max: int = DEFAULT_GAMMA_MAX
-
-    def for_contract(self, contract: PolicyContract) -> AdaptationConfig:
-        """These knobs under a policy set's contract (its margin and gamma_max)."""
-        return replace(self, on_margin=contract.margin, gamma_max=contract.gamma_max)
 
 
 @dataclass(frozen=True)
@@ -133,15 +126,15 @@ def apply_feedback(
 
 def decide(state: TaskState, curve: PolicyCurve, config: AdaptationConfig) -> TaskState:
     """Re-choose gamma = argmax S(g) of the policy's base curve under the posterior alpha, and switch
-    speculation with hysteresis."""
-    point = curve.at(BASE, state.alpha, state.prior_alpha)
+    speculation by the policy curve's one rule with hysteresis (:meth:`PolicyCurve.decide` with
+    ``hold``): on only when S(g*) clears 1 + the set's margin and the interval's lower end, scaled to
+    the posterior, clears 1.0; off once S(g*) falls below 1 + ``off_margin``."""
+    point = curve.decide(
+        BASE, state.alpha, state.prior_alpha, hold=state.speculate, off_margin=config.off_margin
+    )
     if point is None or point.gamma is None:
         return state
-    speculate = state.speculate
-    if speculate and point.speedup < 1.0 + config.off_margin:
-        speculate = False
-    elif not speculate and point.speedup > 1.0 + config.on_margin:
-        speculate = True
+    speculate = point.speculate
     return replace(
         state,
         gamma=point.gamma,

@@ -22,11 +22,8 @@ from typing import Sequence
 import numpy as np
 import scipy
 import sklearn
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
-from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
-from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
+from sklearn.pipeline import Pipeline
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,11 +48,10 @@ from router.evaluation import (
 from router.fast_scorer import FastScorer
 from router.features import (
     FEATURES_VERSION,
-    classifier_text,
     keyword_baseline,
-    structural_features,
 )
 from router.orm import ClassifierVersion, activate_only
+from router.pipeline import DEFAULT_C, build_pipeline, regularisation
 from router.teacher import Progress
 from router.training_data import (
     DEFAULT_PSEUDO_CONFIDENCE,
@@ -88,59 +84,6 @@ def adapted_fit(
         list(labels) + [task for _, task, _ in kept],
         model__sample_weight=np.asarray(sample_weight + [w for _, _, w in kept], dtype=np.float64),
     )
-
-
-FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
-# The logistic regression's inverse regularisation strength per feature set, chosen by
-# leave-one-source-out macro-F1 on the bundled corpus (benchmarks/bench_classifier.py; RESULTS.md).
-DEFAULT_C = {"tfidf": 1.0, "minilm": 5.0, "tfidf+minilm": 20.0}
-
-
-def regularisation(features: str, c: float | None = None) -> float:
-    """``c``, or the feature set's default C; a ClassifierError for an unknown feature set."""
-    if features not in FEATURE_SETS:
-        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
-    return DEFAULT_C[features] if c is None else c
-
-
-def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:
-    """``tfidf``: word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS
-    characters plus scaled structural features of the whole prompt; ``minilm``: the sentence encoder's
-    embedding (router/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
-    regression, which gives a probability per task."""
-    c = regularisation(features, c)
-    parts = []
-    if "tfidf" in features:
-        parts += [
-            (
-                "words",
-                TfidfVectorizer(
-                    ngram_range=(1, 2),
-                    sublinear_tf=True,
-                    min_df=2,
-                    max_features=50_000,
-                    preprocessor=classifier_text,
-                ),
-            ),
-            (
-                "chars",
-                TfidfVectorizer(
-                    analyzer="char_wb",
-                    ngram_range=(2, 5),
-                    sublinear_tf=True,
-                    min_df=2,
-                    max_features=100_000,
-                    preprocessor=classifier_text,
-                ),
-            ),
-            ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
-        ]
-    if "minilm" in features:
-        from router.encoder import EmbeddingFeatures
-
-        parts.append(("embedding", EmbeddingFeatures()))
-    model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)
-    return Pipeline([("features", FeatureUnion(parts)), ("model", model)])
 
 
 def library_versions(features: str = "tfidf") -> dict[str, str]:
@@ -204,10 +147,13 @@ def _evaluate(
         return [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
 
     def oof(split: list[tuple[np.ndarray, np.ndarray]], what: str) -> tuple[np.ndarray, np.ndarray]:
+        # out_of_fold says (folds done, folds) before each fold after the first: the line names the fold
+        # being fitted, 1/n first (said here) and n/n last
         def said(done: int, total: int) -> None:
             if progress is not None:
-                progress(f"cross-validating ({what}): fold {done}/{total}")
+                progress(f"cross-validating ({what}): fold {done + 1}/{total}")
 
+        said(0, len(split))
         values, learnable = out_of_fold(build, data.texts, data.labels, on_all(split), labels, weights, said)
         return values[scored], learnable[scored]
 
@@ -296,14 +242,15 @@ def _same_fold_comparison(
     adapted classifier's out-of-fold decision values on the scored rows, (len(scored), len(labels)).
     Macro-F1 and per-task recall of both, or None when fewer than two tasks could be learnt."""
 
-    def said(done: int, total: int) -> None:
+    def said(done: int, total: int) -> None:  # the fold being fitted, 1/n to n/n (as in _evaluate)
         if progress is not None:
             progress(
-                f"cross-validating the active version without pseudo-labels ({what}): fold {done}/{total}"
+                f"cross-validating the active version without pseudo-labels ({what}): fold {done + 1}/{total}"
             )
 
     weights = data.weight_array() if data.weights else None
     folds_ = [(scored[train], scored[test]) for train, test in split]
+    said(0, len(folds_))
     values, learnable = out_of_fold(build, data.texts, data.labels, folds_, labels, weights, said)
     values, learnable = values[scored], learnable[scored]
     kept = np.nonzero(learnable)[0]

@@ -17,13 +17,10 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence, router_pools
-from analyzer.specs import parse_spec
 from analyzer.speedup import Cost
-from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier, load_active
 from router.feedback import estimate_state
@@ -168,7 +165,7 @@ class Router:
         self.config = config or RouterConfig()
         self.cost = cost
         self.contract = contract or PolicyContract()
-        self.adaptation = (adaptation or AdaptationConfig()).for_contract(self.contract)
+        self.adaptation = adaptation or AdaptationConfig()
         self.curves = {task: p.curve(self.contract, cost) for task, p in policies.items()}
         self.states: dict[str, TaskState] = {}
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
@@ -184,7 +181,7 @@ class Router:
     @property
     def priced_by(self) -> str | None:
         """The engine whose cost priced the policies (None: no policy set)."""
-        return self.contract.engine
+        return self.contract.priced_by
 
     @property
     def classifier_version(self) -> int | None:
@@ -357,7 +354,10 @@ class Router:
     ) -> None:
         """The request's own rules: its batch size's curve, short outputs, unprofiled batches, sampling."""
         point = self._at_batch_size(policy, state, request.batch_size)
-        if point is not None and point.gamma is not None:
+        if point is not None and point.gamma is None:  # the curve covers the batch size, nothing pays there
+            choice.speculate, choice.gamma = False, NO_GAMMA
+            choice.reasons.append(reason("no_predicted_gain"))
+        elif point is not None and point.gamma is not None:
             choice.speculate, choice.gamma, choice.expected = point.speculate, point.gamma, point.speedup
             choice.reasons.append(
                 reason(
@@ -370,6 +370,7 @@ class Router:
                     speedup=point.speedup,
                     low=point.low,
                     speculate=point.speculate,
+                    decision=point.code,
                     margin=self.margin,
                 )
             )
@@ -410,19 +411,18 @@ class Router:
     def _at_batch_size(
         self, policy: PolicySnapshot | None, state: TaskState | None, batch_size: int | None
     ) -> CurvePoint | None:
-        """The policy curve's decision at a request batch size above 1 that the published per-batch
-        curves cover (measured there, or linear between the two profiled sizes around it), under the
-        task's online alpha once feedback has moved it; None where no profile covers the batch size."""
+        """The policy curve's decision (:meth:`PolicyCurve.decide`, the rule the report applies) at a
+        request batch size above 1 that the published per-batch curves cover (measured there, or linear
+        between the two profiled sizes around it), under the task's online alpha once feedback has moved
+        it; None where no profile covers the batch size. Its gamma is None where nothing pays there."""
         if policy is None or batch_size is None or batch_size <= 1 or len(policy.curves_by_batch) < 2:
             return None
         curve = self.curve_of(policy.task_type)  # built once per loaded policy set, not per request
         if curve is None:
             return None
         if state is not None and state.events > 0:  # feedback moved alpha: rescale from the estimate's prior
-            point = curve.at(batch_size, state.alpha, state.prior_alpha)
-        else:
-            point = curve.at(batch_size)
-        return point if point is not None and point.gamma is not None else None
+            return curve.decide(batch_size, state.alpha, state.prior_alpha)
+        return curve.decide(batch_size)
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
@@ -432,6 +432,7 @@ class Router:
             "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},
             "pool": pool,
             "priced_by": self.priced_by,
+            "measured_by": self.contract.measured_by,
         }
 
     def _transformers_settings(self, speculate: bool, gamma: int) -> dict[str, Any]:
@@ -467,29 +468,23 @@ def router_from_database(
     policy_set = active_policy_set(session)
     policies: dict[str, PolicySnapshot] = {}
     states: dict[str, TaskState] = {}
-    draft_kind, ngram_max, cost = "ngram", 2, None
+    contract = PolicyContract.of(policy_set)  # the whole contract: no analysis run is read
     if policy_set is not None:
         policies = {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies}
         states = {
             e.task_type: estimate_state(e)
             for e in session.scalars(select(TaskEstimate).where(TaskEstimate.policy_set_id == policy_set.id))
         }
-        run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id else None
-        if run is not None:
-            draft = parse_spec(run.pair.draft.spec)
-            draft_kind = draft.kind
-            ngram_max = int(draft.options.get("max_ngram", 2)) if draft.kind == "ngram" else ngram_max
-            cost = cost_for_run(run)
     return Router(
         classifier,
         policies,
         policy_version=policy_set.version if policy_set else None,
         policy_set_id=policy_set.id if policy_set else None,
-        draft_kind=draft_kind,
-        ngram_max=ngram_max,
+        draft_kind=contract.draft_kind,
+        ngram_max=contract.ngram_max,
         config=config,
-        cost=cost,
+        cost=contract.cost,
         states=states,
         adaptation=adaptation,
-        contract=PolicyContract.of(policy_set),
+        contract=contract,
     )

@@ -34,10 +34,8 @@ from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
-from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import PolicyCurve
 from analyzer.speedup import Cost
-from analyzer.summary import cost_for_run
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
@@ -318,7 +316,7 @@ class PolicyContext:
     policies: Mapping[str, PolicySnapshot]  # task type (and FALLBACK_TASK) -> its published policy
     cost: Cost
     classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
-    contract: PolicyContract = PolicyContract()  # the set's gamma_max, margin and engine
+    contract: PolicyContract = PolicyContract()  # the set's gamma_max, margin, engines, draft and cost
 
     @property
     def known_tasks(self) -> frozenset[str]:
@@ -348,15 +346,16 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
         if version is None
         else query.where(PolicySet.version == version)
     )
-    if policy_set is None or policy_set.run_id is None:
+    contract = PolicyContract.of(policy_set)
+    if policy_set is None or contract.cost is None:
         return None
     return PolicyContext(
         policy_set.id,
         policy_set.version,
         {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
-        cost_for_run(session.get(AnalysisRun, policy_set.run_id)),
+        contract.cost,
         active_classifier_labels(session),
-        PolicyContract.of(policy_set),
+        contract,
     )
 
 
@@ -450,7 +449,7 @@ def _apply(
         counts.drafted,
         counts.accepted,
         context.curve(request.task),
-        config.for_contract(context.contract),
+        config,
     )
     now = utcnow()
     if estimate.decision_since is None or (state.speculate, state.gamma) != (

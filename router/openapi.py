@@ -116,7 +116,7 @@ SCHEMAS: dict[str, Any] = {
             "policy_version": {"type": ["integer", "null"]},
             "engine": {
                 "type": "object",
-                "required": ["transformers", "llama.cpp", "pool", "priced_by"],
+                "required": ["transformers", "llama.cpp", "pool", "priced_by", "measured_by"],
                 "additionalProperties": False,
                 "properties": {
                     "transformers": {
@@ -155,6 +155,11 @@ SCHEMAS: dict[str, Any] = {
                         "type": ["string", "null"],
                         "description": "The engine whose cost priced the active policy set (null: none): "
                         f"{', '.join(ENGINES)}, or an engine whose own step times were imported (vllm, sglang, ...).",
+                    },
+                    "measured_by": {
+                        "type": ["string", "null"],
+                        "description": "The engine that measured the acceptance behind the active policy set "
+                        f"(null: none): {', '.join(ENGINES)}.",
                     },
                 },
             },
@@ -275,15 +280,17 @@ SCHEMAS: dict[str, Any] = {
             "by_batch": {
                 "type": "object",
                 "description": "Per profiled batch size: the best gamma, its predicted speedup and "
-                "whether that clears the policy set's margin, from the published S(g) curve.",
+                "whether to speculate, by the one decision rule over the published S(g) curve (the "
+                "report's decision at that batch size), with the rule's code.",
                 "additionalProperties": {
                     "type": "object",
                     "additionalProperties": False,
-                    "required": ["gamma", "expected_speedup", "speculate"],
+                    "required": ["gamma", "expected_speedup", "speculate", "decision_code"],
                     "properties": {
                         "gamma": {"type": "integer"},
                         "expected_speedup": _NUM,
                         "speculate": {"type": "boolean"},
+                        "decision_code": {"type": "string"},
                     },
                 },
             },
@@ -296,8 +303,13 @@ SCHEMAS: dict[str, Any] = {
             "active",
             "run_id",
             "engine",
+            "priced_by",
+            "measured_by",
             "margin",
             "gamma_max",
+            "draft_kind",
+            "draft_options",
+            "cost",
             "notes",
             "created_at",
             "activated_at",
@@ -306,10 +318,25 @@ SCHEMAS: dict[str, Any] = {
             "version": {"type": "integer"},
             "active": {"type": "boolean"},
             "run_id": {"type": ["integer", "null"]},
-            "engine": {
+            "engine": {"type": "string", "description": "The same as priced_by (for earlier clients)."},
+            "priced_by": {
                 "type": "string",
                 "description": f"The engine whose cost priced the set: {', '.join(ENGINES)}, or an engine whose "
                 "own step times were imported (a re-priced run).",
+            },
+            "measured_by": {
+                "type": "string",
+                "description": f"The engine that measured the acceptance: {', '.join(ENGINES)}.",
+            },
+            "draft_kind": {
+                "type": "string",
+                "description": "The draft's spec kind (ngram: prompt lookup; else a draft model).",
+            },
+            "draft_options": {"type": "object", "description": "The draft's options, e.g. {max_ngram: 2}."},
+            "cost": {
+                "type": ["object", "null"],
+                "description": "The batch-1 cost the decisions were priced with, in seconds "
+                "(target_forward_s = T_t(1..K), draft_step_s, ...); null: none was linked.",
             },
             "margin": _NUM,
             "gamma_max": {

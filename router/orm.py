@@ -58,8 +58,17 @@ class PolicySet(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     version: Mapped[int] = mapped_column(Integer, unique=True)
     run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("analysis_runs.id"), index=True)
-    # the engine whose cost priced the policies (the run's): the decisions' settings are for it first
-    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # the engine that measured the run's acceptance, and the engine whose cost priced the policies
+    measured_by: Mapped[str] = mapped_column(
+        String(32), default="transformers", server_default="transformers"
+    )
+    priced_by: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
+    # what the router needs beyond the curves, published with them (it reads no analysis run): the
+    # draft's kind (a spec kind: ngram is prompt lookup) and options ({"max_ngram": 2}), and the batch-1
+    # cost the decisions were priced with (analyzer.speedup.Cost.as_json; None: none was linked)
+    draft_kind: Mapped[str] = mapped_column(String(16), default="ngram", server_default="ngram")
+    draft_options: Mapped[Optional[dict[str, Any]]] = mapped_column()
+    cost: Mapped[Optional[dict[str, Any]]] = mapped_column()
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
     # the largest gamma the run analysed: the router prices and adapts over g = 1..gamma_max

@@ -16,8 +16,9 @@ from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import PolicyCurve, as_curve
 from analyzer.report import run_advice_withheld
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
+from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.speedup import Cost
-from analyzer.summary import AnalysisSummary, GroupSummary
+from analyzer.summary import AnalysisSummary, GroupSummary, cost_for_run
 from analyzer.summary_store import run_summary
 from router.orm import PolicySet, TaskPolicy, activate_only
 
@@ -28,19 +29,35 @@ PRIOR_ALPHA_RANGE = (1e-3, 1 - 1e-3)  # the analysis' alpha as a prior: never ex
 
 @dataclass(frozen=True)
 class PolicyContract:
-    """What the router needs of the run behind a policy set, published with it: the largest gamma the
-    run analysed, the margin its decisions cleared, and the engine whose cost priced them."""
+    """Everything the router needs of the run behind a policy set, published with it (the router reads
+    no analysis run): the largest gamma the run analysed, the margin its decisions cleared, the engine
+    whose cost priced them and the one that measured the acceptance, the draft (its spec kind, "ngram"
+    for prompt lookup, and the n-gram size) and the batch-1 cost the decisions were priced with (None:
+    none was linked; nothing adapts online without it)."""
 
     gamma_max: int = DEFAULT_GAMMA_MAX
     margin: float = DEFAULT_MARGIN
-    engine: str | None = None  # None: no policy set
+    priced_by: str | None = None  # None: no policy set
+    measured_by: str | None = None
+    draft_kind: str = "ngram"
+    ngram_max: int = NGRAM_DEFAULT_MAX
+    cost: Cost | None = None
 
     @classmethod
     def of(cls, policy_set: PolicySet | None) -> "PolicyContract":
-        """The contract of a stored policy set (the defaults, engine None, without one)."""
+        """The contract of a stored policy set (the defaults, engines None, without one)."""
         if policy_set is None:
             return cls()
-        return cls(int(policy_set.gamma_max), float(policy_set.margin), policy_set.engine)
+        options = policy_set.draft_options or {}
+        return cls(
+            int(policy_set.gamma_max),
+            float(policy_set.margin),
+            policy_set.priced_by,
+            policy_set.measured_by,
+            policy_set.draft_kind,
+            int(options.get("max_ngram", NGRAM_DEFAULT_MAX)),
+            Cost.from_json(policy_set.cost),
+        )
 
 
 class PolicyError(SpecrouteError, ValueError):
@@ -50,14 +67,15 @@ class PolicyError(SpecrouteError, ValueError):
 
 
 def task_policies(summary: AnalysisSummary) -> list[TaskPolicy]:
-    """The policy rows of a run's summary: one per task type with a g*, and the fallback ("*") from
-    the whole workload (none without results or a cost profile). A task decided by the workload
-    (too few prompts) keeps its own alpha, n and tier but takes the workload's decision, gamma,
-    speedup, interval and curves, so that routing it is routing the workload."""
+    """The policy rows of a run's summary: one per task type (one where nothing pays is published
+    off, so that the router routes it as the report says rather than by the fallback), and the
+    fallback ("*") from the whole workload (none without results or a cost profile). A task decided by
+    the workload (too few prompts) keeps its own alpha, n and tier but takes the workload's decision,
+    gamma, speedup, interval and curves, so that routing it is routing the workload."""
     workload = summary.workload
     if workload is None or summary.cost is None:
         return []
-    rows = [(task, group, False) for task, group in summary.tasks.items() if group.best_gamma]
+    rows = [(task, group, False) for task, group in summary.tasks.items()]
     return [
         _policy(task, group, workload, fallback)
         for task, group, fallback in rows + [(FALLBACK_TASK, workload, True)]
@@ -108,12 +126,17 @@ def publish_policies(
         raise PolicyError(f"run {run_id} has no measured prompts to publish")
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
     params = run.run_params
+    draft, cost = parse_spec(run.pair.draft.spec), cost_for_run(run)
     policy_set = PolicySet(
         version=latest + 1,
         run_id=run_id,
-        engine=run.engine,
+        measured_by=run.measured_by,
+        priced_by=run.priced_by,
         margin=params.margin,
         gamma_max=params.gamma_max,
+        draft_kind=draft.kind,
+        draft_options=dict(draft.options) if draft.kind == "ngram" else {},
+        cost=cost.as_json() if cost is not None else None,
         notes=notes,
     )
     policy_set.policies = policies

@@ -63,13 +63,15 @@ def _batch(p: Mapping[str, Any]) -> str:
     )
     adjusted = f", adjusted to the online alpha {p['alpha']:.2f}" if p.get("alpha") is not None else ""
     interval = f" (interval from {p['low']:.2f}x)" if p.get("low") is not None else ""
-    why = (
-        "on"
-        if p["speculate"]
-        else f"off (needs > {1 + p['margin']:.2f}x)"
-        if p["speedup"] <= 1.0 + p["margin"]
-        else "off (the interval reaches a loss)"
-    )
+    why = {  # rendered from the rule's code (analyzer.policy_curve.decision_rule), never re-derived
+        "clears": "on",
+        "kept_on": f"on (kept: it stays on above {1 + p.get('off_margin', 0.0):.2f}x)",
+        "below_margin": f"off (needs > {1 + p['margin']:.2f}x)",
+        "interval_reaches_loss": "off (the interval reaches a loss)",
+        "point_estimate": "on (decided on S(g*) alone)" if p["speculate"] else "off (decided on S(g*) alone)",
+        "nothing_measured": "off (nothing measured)",
+        "too_few_prompts": "as the workload decides",
+    }[p.get("decision", "clears" if p["speculate"] else "below_margin")]
     return (
         f"batch size {p['batch_size']}: S(g) {where}{adjusted}: best gamma {p['gamma']} at {p['speedup']:.2f}x"
         f"{interval}, speculation {why}"

@@ -16,12 +16,13 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
     curve = PolicySnapshot.of(policy).curve(contract or PolicyContract())
     by_batch = {}
     for batch in curve.batch_sizes:
-        point = curve.at(batch)
+        point = curve.decide(batch)
         gamma = point.gamma if point is not None and point.gamma is not None else NO_GAMMA
         by_batch[str(batch)] = {
             "gamma": gamma,
             "expected_speedup": point.speedup if gamma else 1.0,
             "speculate": bool(gamma) and point.speculate,
+            "decision_code": point.code if point is not None else "nothing_measured",
         }
     return {
         "task_type": policy.task_type,
@@ -41,16 +42,22 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
-    """A policy set: version, whether active, its run, the engine that priced it, its margin and
-    gamma_max (the contract the router decides under), notes, times and (``with_policies``) its
-    policies, the fallback ("*") last."""
+    """A policy set: version, whether active, its run, the engines that measured and priced it, its
+    margin, gamma_max, draft and batch-1 cost (the contract the router decides under), notes, times and
+    (``with_policies``) its policies, the fallback ("*") last. ``engine`` repeats ``priced_by`` for
+    clients of earlier versions."""
     data = {
         "version": policy_set.version,
         "active": policy_set.is_active,
         "run_id": policy_set.run_id,
-        "engine": policy_set.engine,
+        "engine": policy_set.priced_by,
+        "priced_by": policy_set.priced_by,
+        "measured_by": policy_set.measured_by,
         "margin": policy_set.margin,
         "gamma_max": policy_set.gamma_max,
+        "draft_kind": policy_set.draft_kind,
+        "draft_options": dict(policy_set.draft_options or {}),
+        "cost": policy_set.cost,
         "notes": policy_set.notes,
         "created_at": policy_set.created_at.isoformat(timespec="seconds"),
         "activated_at": policy_set.activated_at.isoformat(timespec="seconds")

@@ -21,6 +21,7 @@ from analyzer.db import utcnow
 from analyzer.orm import Prompt, PromptSet
 from analyzer.prompt_checks import request_text
 from router.teacher import Progress, TeacherUnavailable, cached_teacher
+from router.training_data import ClassifierError, PseudoLabel, with_corpus
 
 __all__ = [
     "PseudoLabel",
@@ -45,20 +46,7 @@ class SuggestionSummary:
         return sum(self.suggested.values())
 
 
-@dataclass(frozen=True)
-class PseudoLabel:
-    """A suggested task trained on: the request text, the task, the teacher's confidence (its weight),
-    and the prompt set it came from."""
-
-    text: str
-    task: str
-    confidence: float
-    prompt_set: str
-
-
 def _sets(session: Session, names: Sequence[str]) -> list[PromptSet]:
-    from router.classifier import ClassifierError
-
     found = list(session.scalars(select(PromptSet).where(PromptSet.name.in_(list(names)))))
     missing = sorted(set(names) - {s.name for s in found})
     if missing:
@@ -72,8 +60,6 @@ def suggest_tasks(
     """Suggest a task for every unlabelled prompt of the named sets (their suggestions replaced), with
     a teacher trained on the bundled corpus plus every label in the database. The sets' unlabelled
     prompts are labelled together, so alike prompts vote with each other. In the caller's transaction."""
-    from router.training_data import with_corpus
-
     sets = _sets(session, names)
     prompts = list(
         session.scalars(

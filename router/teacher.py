@@ -31,6 +31,8 @@ from sklearn.linear_model import LogisticRegression
 from analyzer.errors import SpecrouteError
 from router.encoder import DIMENSIONS, EncoderUnavailable, encoder_folder, encoder_version, shared_encoder
 from router.evaluation import decision_matrix, softmax
+from router.pipeline import build_pipeline
+from router.training_data import cold_start_data
 
 TEACHER_VERSION = "2"  # 2: a third description of roleplay and of general
 ZERO_SHOT_TEMPERATURE = 0.03  # cosine similarities lie within ~0.3 of each other: sharpen them
@@ -155,8 +157,6 @@ def _texts_sha256(texts: Sequence[str]) -> str:
 def write_corpus_embeddings(path: Path) -> int:
     """Embed the bundled corpus's request texts and store them (float16) with the texts' hash and the
     encoder version; returns the row count."""
-    from router.training_data import cold_start_data
-
     texts = cold_start_data().texts
     vectors = embed_all(texts, lambda line: print(line, flush=True), "the bundled corpus")
     np.savez_compressed(
@@ -176,8 +176,6 @@ def corpus_embeddings() -> dict[str, np.ndarray]:
     match the corpus or the installed encoder (then everything is embedded afresh)."""
     global _corpus_rows
     if _corpus_rows is None:
-        from router.training_data import cold_start_data
-
         texts = cold_start_data().texts
         _corpus_rows = {}
         stored = resources.files("router.data").joinpath(CORPUS_EMBEDDINGS)
@@ -241,8 +239,6 @@ class Teacher:
         seed: int = 0,
         progress: Progress | None = None,
     ):
-        from router.classifier import build_pipeline  # the classifier module imports this one
-
         try:
             encoder_folder()
         except EncoderUnavailable as exc:

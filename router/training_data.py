@@ -1,14 +1,16 @@
 """What the task classifier trains on: the bundled labeled corpus (a cold start), the labeled prompts
 in the database, both (the user's label winning for the same text), and pseudo-labels from the teacher
 for unlabelled prompt sets (weighted by its confidence); rare labels left out, and a hash of the rows
-for the version record (:mod:`router.classifier`)."""
+for the version record (:mod:`router.classifier`). Nothing here asks the teacher, which reads the bundled
+corpus from here: which data a training request takes, and the teacher's fresh pseudo-labels when it
+adapts, are :mod:`router.training_request`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Sequence
 
@@ -21,8 +23,6 @@ from analyzer.ingest import parse_prompt_file
 from analyzer.orm import Prompt, PromptSet
 from analyzer.prompt_checks import request_text
 from router.evaluation import USER_GROUP, source_group
-from router.suggestions import PseudoLabel, TeacherUnavailable, pseudo_labels, suggest_tasks
-from router.teacher import Progress
 
 CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2
@@ -93,6 +93,17 @@ class TrainingData:
             weights=[float(self.weight_array()[i]) for i in keep],
             kinds=[self.kind_list()[i] for i in keep],
         )
+
+
+@dataclass(frozen=True)
+class PseudoLabel:
+    """A suggested task trained on: the request text, the task, the teacher's confidence (its weight),
+    and the prompt set it came from."""
+
+    text: str
+    task: str
+    confidence: float
+    prompt_set: str
 
 
 def pseudo_label_support(data: TrainingData) -> dict:
@@ -198,32 +209,18 @@ def _labeled_prompts(session: Session, prompt_set_names: Sequence[str] | None) -
     )
     if prompt_set_names:
         query = query.where(PromptSet.name.in_(list(prompt_set_names)))
-        _refuse_missing_sets(session, prompt_set_names)
+        refuse_missing_sets(session, prompt_set_names)
     seen: dict[str, tuple[str, str]] = {}
     for text, messages, task, set_name in session.execute(query.order_by(Prompt.id)):
         seen.setdefault(request_text(text, messages), (task, f"{USER_GROUP}: {set_name}"))
     return seen
 
 
-def _refuse_missing_sets(session: Session, names: Sequence[str]) -> None:
+def refuse_missing_sets(session: Session, names: Sequence[str]) -> None:
     """ClassifierError naming the prompt sets among ``names`` that do not exist."""
     missing = set(names) - set(session.scalars(select(PromptSet.name).where(PromptSet.name.in_(list(names)))))
     if missing:
         raise ClassifierError(f"no prompt set named {', '.join(sorted(missing))}")
-
-
-def check_training_request(
-    session: Session, source: str, prompt_set_names: Sequence[str] | None = None, adapt: Sequence[str] = ()
-) -> None:
-    """Refuse at once what :func:`training_data` would refuse before any work: training data other
-    than TRAINING_SOURCES, prompt sets named for the bundled corpus alone, and prompt sets (to take
-    labels from, or to adapt to) that do not exist. The web form asks this before it starts a job."""
-    if source not in TRAINING_SOURCES:
-        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
-    if source == "corpus" and prompt_set_names:
-        raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
-    if prompt_set_names or adapt:
-        _refuse_missing_sets(session, [*(prompt_set_names or ()), *adapt])
 
 
 def _describe(prompt_set_names: Sequence[str] | None) -> str:
@@ -265,45 +262,6 @@ def with_corpus(session: Session, prompt_set_names: Sequence[str] | None = None)
         else "bundled corpus"
     )
     return make_training_data(texts, labels, source, groups, kinds=kinds)
-
-
-TRAINING_SOURCES = ("both", "labels", "corpus")
-
-
-def training_data(
-    session: Session,
-    source: str = "both",
-    prompt_set_names: Sequence[str] | None = None,
-    *,
-    adapt: Sequence[str] = (),
-    min_confidence: float | None = None,
-    progress: Progress | None = None,
-) -> TrainingData:
-    """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
-    same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
-    ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
-    unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
-    as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
-    in ``adapt``, so that training guards the activation (:func:`router.classifier.train_classifier`)."""
-    check_training_request(session, source, prompt_set_names, adapt)
-    if source == "corpus":
-        data = cold_start_data()
-    elif source == "both":
-        data = with_corpus(session, prompt_set_names)
-    else:
-        data = training_data_from_db(session, prompt_set_names)
-        if not data.texts:
-            raise ClassifierError(
-                "no labeled prompts in the database; label some on a prompt set's page, "
-                "or train on the bundled corpus"
-            )
-    if not adapt:
-        return data
-    try:
-        suggest_tasks(session, adapt, progress)
-    except TeacherUnavailable as exc:
-        raise ClassifierError(f"cannot adapt: {exc}") from None
-    return replace(with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence), adapt=list(adapt))
 
 
 def cold_start_data() -> TrainingData:

@@ -26,9 +26,9 @@ from router.training_data import (
     MIN_CONFIDENT_PSEUDO_LABELS,
     cold_start_data,
     make_training_data,
-    training_data,
     with_pseudo_labels,
 )
+from router.training_request import training_data
 from tests.test_webui import token, upload
 from webui.app import create_app
 from webui.cli import cli
@@ -417,7 +417,7 @@ def test_cli_and_web_withhold_a_worse_adaptation_and_activate_forces_it(
 ):
     """``specroute train --adapt`` and the web form with the teacher's (wrong) labels stubbed in: the
     new version is stored, not activated, with both numbers; --activate / the form's box force it."""
-    import router.training_data as training_module
+    import router.training_request as training_module
 
     monkeypatch.setattr(training_module, "suggest_tasks", lambda session, names, progress=None: None)
     monkeypatch.setattr(training_module, "pseudo_labels", lambda session, names: MISLABELLED)

@@ -3,6 +3,8 @@ change of acceptance, speculation turns off below break-even without flapping, a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,7 +23,7 @@ from router.adaptation import (
 from tests.factories import COST_CURVE
 
 COST = Cost(COST_CURVE, 0.004)
-CONFIG = AdaptationConfig(gamma_max=8)
+CONFIG = AdaptationConfig()
 
 
 def policy_curve(published=(), gamma_max=8) -> PolicyCurve:
@@ -82,10 +84,18 @@ def test_hysteresis_keeps_the_current_decision_between_the_margins():
     from router.adaptation import decide
 
     best = float(speedup_curve(near, CURVE).max())
-    config = AdaptationConfig(gamma_max=8, on_margin=best - 1 + 0.01, off_margin=best - 1 - 0.01)
-    assert decide(near, CURVE, config).speculate is False  # below the on threshold: stays off
+    curve = replace(CURVE, margin=best - 1 + 0.01)  # the set's margin: S(g*) does not clear it
+    config = AdaptationConfig(off_margin=best - 1 - 0.01)
+    assert decide(near, curve, config).speculate is False  # below the on threshold: stays off
     on = initial_state(0.45, True, 2, config)
-    assert decide(on, CURVE, config).speculate is True  # above the off threshold: stays on
+    assert decide(on, curve, config).speculate is True  # above the off threshold: stays on
+    assert (
+        curve.decide(BASE, on.alpha, on.prior_alpha, hold=True, off_margin=config.off_margin).code
+        == "kept_on"
+    )
+    low = replace(curve, margin=0.0, base_low=0.9)  # clears the margin, but its interval reaches a loss
+    assert decide(near, low, config).speculate is False  # turning on takes the whole rule
+    assert decide(on, low, config).speculate is True  # staying on takes S(g*) above 1 + off_margin
 
 
 def test_probes_while_off_every_nth_request():
@@ -104,7 +114,7 @@ def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
 
     # a bursty task: the measured curve peaks at g = 2 where the i.i.d. formula would pick a longer g
     published = (1.10, 1.30, 1.20, float("nan"), 0.95, 0.90, 0.85, 0.80)
-    config = AdaptationConfig(gamma_max=8)
+    config = AdaptationConfig()
     state = initial_state(0.7, True, 2, config)
     published_curve = policy_curve(published)
     curve = speedup_curve(state, published_curve)

@@ -212,12 +212,18 @@ def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
         speedup_lows_by_batch={"1": 1.1, "16": 0.95},
     )
     by_batch = policy_dict(policy, PolicyContract(margin=0.05))["by_batch"]
-    assert by_batch["1"] == {"gamma": 3, "expected_speedup": 1.35, "speculate": True}
+    assert by_batch["1"] == {
+        "gamma": 3,
+        "expected_speedup": 1.35,
+        "speculate": True,
+        "decision_code": "clears",
+    }
     assert by_batch["16"] == {
         "gamma": 4,
         "expected_speedup": 2.0,
         "speculate": False,
-    }  # the interval reaches 0.95x
+        "decision_code": "interval_reaches_loss",
+    }
     snapshot = Router(
         None,
         {

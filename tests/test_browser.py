@@ -182,6 +182,19 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
         and "general 1" not in browser.find_element(By.TAG_NAME, "main").text
     )
 
+    # issue 35, point 8e: the classifier form's training-data choices read one under the other
+    browser.get(base + "/classifier")
+    tops = [
+        e.location["y"]
+        for e in browser.find_elements(By.CSS_SELECTOR, "#train-form fieldset input[name=source]")
+        + browser.find_elements(By.CSS_SELECTOR, "#train-form fieldset select[name=prompt_sets]")
+    ]
+    assert len(tops) == 4 and tops == sorted(tops) and len(set(tops)) == 4, tops
+    features = browser.find_element(By.CSS_SELECTOR, "#train-form select[name=features]")
+    fieldset = browser.find_element(By.CSS_SELECTOR, "#train-form fieldset")
+    assert features.location["y"] >= fieldset.location["y"] + fieldset.size["height"]  # below it, not beside
+    browser.save_screenshot(str(ARTIFACTS / "classifier_form.png"))
+
     browser.get(base + "/runs/new")
     Select(browser.find_element(By.NAME, "prompt_set")).select_by_visible_text("tiny")
     Select(browser.find_element(By.NAME, "draft")).select_by_visible_text("ngram")
@@ -381,10 +394,16 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     )
     browser.get(f"{base}/runs/{run_id}")
     headline = browser.find_element(By.ID, "advice-withheld")
-    assert headline.is_displayed() and headline.text.startswith(
-        "Advice withheld: measured on a busy machine ("
-    )
+    # issue 35, point 8f: a short bold headline, then what was seen as a list
+    assert headline.is_displayed() and headline.text == "Advice withheld: measured on a busy machine."
+    assert int(headline.value_of_css_property("font-weight")) >= 600
     assert headline.location["y"] < 400  # above the fold: the first thing the report says
+    seen = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#withheld-notes li")]
+    assert "other processes used 100% of the machine's CPU while profiling" in seen, seen
+    assert all(
+        int(li.value_of_css_property("font-weight")) < 600
+        for li in browser.find_elements(By.CSS_SELECTOR, "#withheld-notes li")
+    )
     assert browser.find_element(By.ID, "disturbed-validations").text.startswith(
         "1 of 1 validated prompts were timed while other processes used the machine"
     )
@@ -431,6 +450,17 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     costs.write_text(json.dumps([CHEAP, DEAR]))
     imported = runner.invoke(cli, ["costs", "import", str(costs), "--for-run", "1"], env=env)
     assert imported.exit_code == 0, imported.output
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    # issue 35, point 8d: the cost profiles table (long model paths, device strings) fits a 1280 px window
+    browser.get(f"{base}/costs")
+    overflow = browser.execute_script(
+        "const t = document.getElementById('cost-profiles').getBoundingClientRect();"
+        "const m = document.querySelector('main').getBoundingClientRect();"
+        "return [t.right - m.right, document.documentElement.scrollWidth - document.documentElement.clientWidth];"
+    )
+    browser.execute_script("document.getElementById('cost-profiles').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "cost_profiles.png"))
+    assert overflow[0] <= 0 and overflow[1] <= 0, overflow  # (past main's edge, page's horizontal scroll) px
     browser.get(f"{base}/runs/1")
     table = browser.find_element(By.ID, "comparison-table")
     rows = [
@@ -439,7 +469,6 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     ]
     assert [r[0] for r in rows] == ["#1 (this run's)", "#3", "#2"]
     assert rows[0][6] == "off" and rows[2][6] == "speculate" and rows[1][6] == "off"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.execute_script("document.getElementById('price-comparison').scrollIntoView()")
     browser.save_screenshot(str(ARTIFACTS / "reprice_comparison.png"))
     table.find_element(By.XPATH, ".//button[text()='Re-price with #2']").click()

@@ -150,7 +150,7 @@ def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):
 
 
 def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(session):
-    from router.training_data import check_training_request, training_data
+    from router.training_request import check_training_request, training_data
 
     import_prompt_file(session, "mine", b"a\nb\n", "mine.txt")
     check_training_request(session, "both", ["mine"], adapt=["mine"])  # nothing to refuse
@@ -242,8 +242,8 @@ def test_bundled_corpus_covers_every_task_with_several_sources():
 def test_fast_scorer_equals_the_pipeline_probabilities(subset):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from router.classifier import build_pipeline
     from router.fast_scorer import FastScorer, _char_wb_ngrams
+    from router.pipeline import build_pipeline
 
     pipeline = build_pipeline().fit(subset.texts, subset.labels)
     fast = FastScorer(pipeline)

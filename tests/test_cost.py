@@ -498,6 +498,23 @@ class ScriptedModels:
     def library_versions(self):
         return {}
 
+    def profiling_plan(self, params):
+        """As the transformers pair plans it (analyzer.run_models.RunModels.profiling_plan)."""
+        from analyzer.engine_base import ProfilingPlan
+
+        placement = self.target.placement
+        return ProfilingPlan(
+            self.device,
+            "bfloat16",
+            self.device,
+            "generate()",
+            params.batch_sizes(placement),
+            params.cost_mode,
+        )
+
+    def warmup_passes(self):
+        return 1
+
     def measure_overhead(self, context, params, on_generate=None):
         from analyzer.overhead import MachineryOverhead
 
@@ -596,6 +613,9 @@ def test_profiling_progress_plans_each_models_passes_and_shows_re_measurements_a
     class TwoModels:
         engine, draft = "transformers", object()
         target = type("Target", (), {"placement": Placement("cuda:0", "bfloat16", "H100")})()
+
+        def warmup_passes(self):  # on a GPU, as the transformers pair warms up there
+            return GPU_WARMUP_ROUNDS
 
         def measure_costs(self, context, k_max, batch_size, on_repeat, *, on_draft_repeat, cost_mode):
             for _ in range(per_model + TIMED_REPEATS):  # one round of re-measurement

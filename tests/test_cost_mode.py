@@ -154,7 +154,10 @@ def test_the_web_form_offers_the_cost_modes_and_refuses_cuda_graphs_on_a_cpu(web
     client = web_app.test_client()
     page = client.get("/runs/new").get_data(as_text=True)
     select_html = re.search(r'<select name="cost_mode">(.*?)</select>', page).group(1)
-    assert select_html == "<option selected>eager</option><option >cuda-graphs</option>"
+    assert select_html == (  # blank: the engine's own default (SPECROUTE_COST_MODE in transformers)
+        '<option value="" selected>default (eager in transformers)</option>'
+        "<option >eager</option><option >cuda-graphs</option>"
+    )
     form = {**_form(client), "target": "hf:/models/target"}
     refused = client.post("/runs", data={**form, "cost_mode": "cuda-graphs", "device": "cpu"})
     assert refused.status_code == 400 and "which need a CUDA GPU" in refused.get_data(as_text=True)

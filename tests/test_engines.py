@@ -117,14 +117,19 @@ def test_create_run_records_the_engine_on_the_run_and_in_its_params(session):
         import_prompt_file(session, "mix", PROMPTS, "mix.jsonl")
         llama = create_run(session, "mix", BUILTIN, "ngram:max_ngram=3", RunParams(engine="llama.cpp"))
         plain = create_run(session, "mix", "hf:/models/target", "ngram", RunParams())
-    assert (llama.engine, llama.params["engine"]) == ("llama.cpp", "llama.cpp")
-    assert (plain.engine, plain.params["engine"]) == ("transformers", "transformers")
+    assert (llama.measured_by, llama.priced_by, llama.params["engine"]) == ("llama.cpp",) * 3
+    assert (plain.measured_by, plain.priced_by, plain.params["engine"]) == ("transformers",) * 3
 
 
 def test_the_engine_setting_is_checked_and_read_from_the_environment():
-    assert load_settings(environ={}).engine == "transformers"
+    assert (
+        load_settings(environ={}).engine == "auto"
+    )  # llama.cpp where it can measure the run, else transformers
     assert load_settings(environ={"SPECROUTE_ENGINE": "llama.cpp"}).engine == "llama.cpp"
-    with pytest.raises(SettingsError, match=r"SPECROUTE_ENGINE: unknown engine 'vllm'; use one of"):
+    with pytest.raises(
+        SettingsError,
+        match=r"SPECROUTE_ENGINE: unknown engine 'vllm'; use one of: auto, transformers, llama\.cpp",
+    ):
         load_settings({"engine": "vllm"}, environ={})
 
 
@@ -180,7 +185,8 @@ def test_analyze_refuses_what_llama_cpp_cannot_measure_and_stores_no_run(cli_mix
 
 def test_analyze_refuses_an_unknown_engine_with_the_choices(cli_mix):
     result = _queue(cli_mix, "--engine", "vllm")
-    assert result.exit_code == 2 and "'transformers', 'llama.cpp'" in result.stderr
+    assert result.exit_code == 1
+    assert "unknown engine 'vllm'; use one of: auto, transformers, llama.cpp" in result.stderr
 
 
 # ------------------------------------------------------------------------------ report and policies
@@ -271,11 +277,15 @@ def test_policies_list_names_the_engine(runner):
     with make_session_factory(database)() as session, session.begin():
         run = make_done_run(session, {"code": 0.9}, engine="llama.cpp")
         publish_policies(session, run.id)
-        run.engine = "transformers"  # the set copies the run's engine as it is when published
+        run.priced_by = "transformers"  # the set copies the run's engines as they are when published
         publish_policies(session, run.id)
     database.dispose()
     listed = json.loads(_cli(runner, "policies", "list", "--json").stdout)
     assert [(s["version"], s["engine"]) for s in listed] == [(2, "transformers"), (1, "llama.cpp")]
+    assert [(s["priced_by"], s["measured_by"]) for s in listed] == [
+        ("transformers", "llama.cpp"),
+        ("llama.cpp", "llama.cpp"),
+    ]
     assert (
         "policy set v1 (inactive) from run 1, priced in llama.cpp" in _cli(runner, "policies", "list").stdout
     )
@@ -284,7 +294,11 @@ def test_policies_list_names_the_engine(runner):
 def test_a_model_draft_speculates_in_llama_cpp_with_a_model_and_without_a_policy_set_nothing_priced():
     policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", (1.1, 1.2, 1.35, 1.3))
     decision = Router(
-        None, {"*": policy}, policy_version=1, draft_kind="hf", contract=PolicyContract(engine="transformers")
+        None,
+        {"*": policy},
+        policy_version=1,
+        draft_kind="hf",
+        contract=PolicyContract(priced_by="transformers"),
     ).route("x")
     assert decision.engine["llama.cpp"] == {"pool": "spec-k3", "speculative": {"draft": "model", "n_max": 3}}
     assert decision.engine["priced_by"] == "transformers"
@@ -336,7 +350,14 @@ def test_the_web_form_offers_the_engines_and_queues_a_llama_cpp_run(web_app):
     client = web_app.test_client()
     page = client.get("/runs/new").get_data(as_text=True)
     select_html = re.search(r'<select name="engine">(.*?)</select>', page).group(1)
-    assert select_html == "<option selected>transformers</option><option >llama.cpp</option>"
+    assert select_html == (
+        "<option selected>auto</option><option >transformers</option><option >llama.cpp</option>"
+    )
+    # the form says which engine the preselected run measures in, and why
+    assert (
+        '<strong id="engine-choice">llama.cpp: SPECROUTE_ENGINE is auto and llama.cpp can measure this run '
+        "as asked</strong>" in page
+    )
     form = _form(client)
     refused = client.post("/runs", data={**form, "engine": "llama.cpp", "target": "hf:/models/target"})
     assert refused.status_code == 400
@@ -345,11 +366,16 @@ def test_the_web_form_offers_the_engines_and_queues_a_llama_cpp_run(web_app):
     assert unknown.status_code == 400 and "unknown engine &#39;vllm&#39;" in unknown.get_data(as_text=True)
     started = client.post("/runs", data={**form, "engine": "llama.cpp"})
     assert started.status_code == 302
-    default = client.post("/runs", data=form)  # no engine field: the setting's (transformers)
+    # no engine field: the setting's, auto, which measures the builtin (GGUF) target in llama.cpp and
+    # a Hugging Face model in transformers
+    default = client.post("/runs", data=form)
     assert default.status_code == 302
+    plain = client.post("/runs", data={**form, "target": "hf:/models/target"})
+    assert plain.status_code == 302
     with web_app.extensions["specroute.sessions"]() as session:
         runs = session.scalars(select(AnalysisRun).order_by(AnalysisRun.id)).all()
-        assert [(r.engine, r.params["engine"]) for r in runs] == [
+        assert [(r.priced_by, r.params["engine"]) for r in runs] == [
+            ("llama.cpp", "llama.cpp"),
             ("llama.cpp", "llama.cpp"),
             ("transformers", "transformers"),
         ]
@@ -379,3 +405,4 @@ def test_the_web_form_defaults_to_the_engine_setting(engine, db_url, tmp_path):
     finally:
         app.extensions["specroute.close"]()
     assert "<option >transformers</option><option selected>llama.cpp</option>" in page
+    assert '<strong id="engine-choice">llama.cpp: SPECROUTE_ENGINE is llama.cpp</strong>' in page

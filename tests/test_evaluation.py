@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.classifier import TaskClassifier, build_pipeline, evaluate
+from router.classifier import TaskClassifier, evaluate
 from router.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
 from router.evaluation import (
     catch_all_tasks,
@@ -19,6 +19,7 @@ from router.evaluation import (
     softmax,
     source_group,
 )
+from router.pipeline import build_pipeline
 from router.policy import PolicySnapshot
 from router.training_data import make_training_data
 

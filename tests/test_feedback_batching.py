@@ -106,7 +106,7 @@ def _post_while_locked(app, groups: list[list[dict]]) -> list[tuple[int, dict]]:
 def _replay(session, task: str) -> list:
     """The task's states after each of its stored events, applied one after the other in id order."""
     context = policy_context(session)
-    policy, config = context.policy(task), AdaptationConfig().for_contract(context.contract)
+    policy, config = context.policy(task), AdaptationConfig()
     state = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
     states = []
     for e in session.scalars(

@@ -19,7 +19,8 @@ from analyzer.prompt_sets import (
     set_prompt_task,
 )
 from router.classifier import ClassifierError
-from router.training_data import cold_start_data, training_data
+from router.training_data import cold_start_data
+from router.training_request import training_data
 from tests.test_webui import token, ui, upload, web  # noqa: F401  (fixtures)
 from webui.cli import cli
 

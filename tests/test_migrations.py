@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -167,6 +169,14 @@ def _realistic_rows(url: str) -> None:
 # columns a later revision drops, with the value an old row holds there (0008: the online estimate
 # moves the published curve, no burstiness factor)
 DROPPED_LATER = {("task_estimates", "burstiness"): 1.0}
+# columns a later revision renames, with their name at head (0018: the engine that priced, beside the one
+# that measured)
+RENAMED_LATER = {(t, "engine"): "priced_by" for t in ("analysis_runs", "cost_profiles", "policy_sets")}
+
+
+def _at_head(columns: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The same columns under their names at head."""
+    return {name: [RENAMED_LATER.get((name, c), c) for c in cols] for name, cols in columns.items()}
 
 
 def _tables(engine) -> dict[str, list[str]]:
@@ -199,11 +209,12 @@ def _database_at(tmp_path, revision: str):
     old_tables, source_tables = _tables(old), _tables(source)
     with source.connect() as read, old.begin() as write:  # the rows, as far as the old schema has columns
         for name, columns in old_tables.items():
-            kept = [c for c in columns if c in source_tables[name]]
+            kept = [c for c in columns if RENAMED_LATER.get((name, c), c) in source_tables[name]]
             dropped = [c for c in columns if (name, c) in DROPPED_LATER]
+            read_as = [RENAMED_LATER.get((name, c), c) for c in kept]
             rows = [
                 tuple(r) + tuple(DROPPED_LATER[name, c] for c in dropped)
-                for r in read.exec_driver_sql(f"SELECT {', '.join(kept)} FROM {name}")
+                for r in read.exec_driver_sql(f"SELECT {', '.join(read_as)} FROM {name}")
             ]
             assert rows, f"no rows for {name}: the filler must cover every table"
             names = kept + dropped
@@ -222,7 +233,7 @@ def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revisi
     before = _snapshot(old, old_tables)
     migrations.upgrade(old)
     assert migrations.current_revision(old) == migrations.head_revision()
-    assert _snapshot(old, old_tables) == before
+    assert _snapshot(old, _at_head(old_tables)) == before
     assert _differences(old) == []
     old.dispose()
 
@@ -282,10 +293,10 @@ def test_there_is_an_earlier_revision_to_upgrade_from():
 ENGINE_TABLES = ("analysis_runs", "cost_profiles", "policy_sets")
 
 
-def _engines(engine) -> dict[str, list[str]]:
+def _engines(engine, column: str = "priced_by") -> dict[str, list[str]]:
     with engine.connect() as connection:
         return {
-            table: [e for (e,) in connection.exec_driver_sql(f"SELECT engine FROM {table} ORDER BY id")]
+            table: [e for (e,) in connection.exec_driver_sql(f"SELECT {column} FROM {table} ORDER BY id")]
             for table in ENGINE_TABLES
         }
 
@@ -298,11 +309,11 @@ def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_dow
     old, _ = _database_at(tmp_path, "0009")
     assert all("engine" not in {c["name"] for c in inspect(old).get_columns(t)} for t in ENGINE_TABLES)
     migrations.upgrade(old)
-    assert _engines(old) == {t: ["transformers"] for t in ENGINE_TABLES}
+    assert _engines(old) == _engines(old, "measured_by") == {t: ["transformers"] for t in ENGINE_TABLES}
     with make_session_factory(old)() as session, session.begin():
         run = session.scalar(select(AnalysisRun))
-        run.engine = run.cost_profile.engine = "llama.cpp"
-        assert publish_policies(session, run.id).engine == "llama.cpp"
+        run.priced_by = run.cost_profile.priced_by = "llama.cpp"
+        assert publish_policies(session, run.id).priced_by == "llama.cpp"
     assert _engines(old) == {
         "analysis_runs": ["llama.cpp"],
         "cost_profiles": ["llama.cpp"],
@@ -315,4 +326,40 @@ def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_dow
     migrations.upgrade(old)
     assert _engines(old) == {t: ["transformers"] * (2 if t == "policy_sets" else 1) for t in ENGINE_TABLES}
     assert _differences(old) == []
+    old.dispose()
+
+
+def test_0018_fills_measured_by_and_the_policy_sets_contract_as_the_router_read_it_from_the_run(tmp_path):
+    from analyzer.db import make_session_factory
+    from analyzer.orm import AnalysisRun, CostProfile
+    from analyzer.summary import cost_for_run
+    from router.decision import router_from_database
+    from router.orm import PolicySet
+
+    old, _ = _database_at(tmp_path, "0017")
+    with old.begin() as connection:
+        run_id, params = connection.exec_driver_sql("SELECT id, params FROM analysis_runs").first()
+        params = {**json.loads(params), "engine": "llama.cpp"}
+        connection.exec_driver_sql(
+            "UPDATE analysis_runs SET params = ? WHERE id = ?", (json.dumps(params), run_id)
+        )
+        connection.exec_driver_sql("UPDATE cost_profiles SET source = 'imported', engine = 'vllm'")
+        policy_sets = connection.exec_driver_sql("SELECT count(*) FROM policy_sets").scalar()
+    migrations.upgrade(old)
+    with make_session_factory(old)() as session:
+        run = session.get(AnalysisRun, run_id)
+        assert (run.measured_by, run.priced_by) == ("llama.cpp", "transformers")
+        assert {(p.measured_by, p.priced_by) for p in session.scalars(select(CostProfile))} == {
+            ("imported", "vllm")
+        }
+        sets = session.scalars(select(PolicySet)).all()
+        assert len(sets) == policy_sets >= 1
+        for policy_set in sets:
+            source = session.get(AnalysisRun, policy_set.run_id)
+            assert policy_set.measured_by == source.measured_by
+            assert policy_set.draft_kind == source.pair.draft.kind
+            expected = cost_for_run(source)
+            assert policy_set.cost == (expected.as_json() if expected is not None else None)
+        router = router_from_database(session)
+        assert router.cost.as_json() == cost_for_run(session.get(AnalysisRun, sets[-1].run_id)).as_json()
     old.dispose()

@@ -83,20 +83,13 @@ def test_the_policy_sets_contract_reaches_the_router_and_its_adaptation():
         cost=Cost([0.04] * 25, 0.001),
         adaptation=AdaptationConfig(prior_strength=10),
     )
-    assert (router.adaptation.gamma_max, router.adaptation.on_margin, router.adaptation.prior_strength) == (
-        24,
-        0.2,
-        10,
-    )
+    assert router.adaptation.prior_strength == 10
     assert router.curve_of("code").gamma_max == 24 and router.curve_of("code").margin == 0.2
     decision = router.route("x", max_new_tokens=100)
     assert decision.gamma == 20 and decision.expected_speedup == pytest.approx(
         3.0
     )  # the curve's S(20), not NaN
     assert decision.engine["priced_by"] == "llama.cpp"
-    assert AdaptationConfig().for_contract(PolicyContract(7, 0.01)) == AdaptationConfig(
-        on_margin=0.01, gamma_max=7
-    )
 
 
 def test_every_reason_code_renders_and_unknown_codes_are_refused():

@@ -32,7 +32,8 @@ def repriced(tmp_path):
         source.device, source.dtype = CPU, "Q4_1"
         imported = CostProfile(
             pair=source.pair,
-            engine="vllm",
+            priced_by="vllm",
+            measured_by="imported",
             engine_version="0.11.0",
             source="imported",
             device=GPU,

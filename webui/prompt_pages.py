@@ -20,6 +20,7 @@ from analyzer.prompt_sets import (
     set_prompt_task,
     summarize,
 )
+from router.encoder import EncoderUnavailable, encoder_folder
 from router.suggestions import accept_suggestions, suggest_tasks, suggestion_stats
 from router.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, flash, sessions, settings
@@ -98,6 +99,17 @@ def _filter_args(source) -> tuple[str | None, str | None]:
     return search, (task if task is not None and task != "*" else None)
 
 
+def _why_no_suggestions() -> str | None:
+    """Why the teacher cannot suggest tasks on this machine, in the words `specroute prompts suggest`
+    prints after "no task suggestions: " (the sentence encoder is missing, and how to install it), or
+    None when it can."""
+    try:
+        encoder_folder()
+    except EncoderUnavailable as exc:
+        return f"suggesting tasks needs the sentence encoder: {exc}"
+    return None
+
+
 def _set_page(
     name: str, page: int, search: str | None, task: str | None, error: str | None = None, status: int = 200
 ):
@@ -135,7 +147,8 @@ def _set_page(
         error=error,
         suggested=suggested,
         suggesting=_jobs().state(f"suggest:{name}"),
-        can_suggest=teacher_available(),
+        no_suggestions=(why := _why_no_suggestions()),
+        can_suggest=why is None,
     ), status
 
 

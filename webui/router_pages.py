@@ -12,20 +12,19 @@ from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompt_checks import prompt_text
 from analyzer.report import run_advice_withheld
 from router.classifier import (
-    FEATURE_SETS,
     ClassifierError,
     activate_version,
     activation_message,
     rarely_reached,
-    regularisation,
     train_classifier,
 )
 from router.decision import RouteRequest
 from router.encoder import encoder_available
 from router.orm import ClassifierVersion
+from router.pipeline import FEATURE_SETS, regularisation
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
-from router.training_data import check_training_request, training_data
+from router.training_request import check_training_request, training_data
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, flash, sessions, settings

@@ -13,22 +13,8 @@ from sqlalchemy.orm import object_session
 
 from analyzer.chunks import chunk_progress
 from analyzer.db import utcnow
-from analyzer.devices import (
-    DTYPE_CHOICES,
-    DeviceError,
-    check_device_name,
-    check_dtype_name,
-    parse_batch_sizes,
-)
-from analyzer.engines import (
-    COST_MODES,
-    ENGINES,
-    CostModeError,
-    EngineError,
-    check_cost_mode_name,
-    check_engine_name,
-    measuring_engine,
-)
+from analyzer.devices import DTYPE_CHOICES, check_dtype_name
+from analyzer.engines import COST_MODES, ENGINES, REGISTRY
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.output_marks import output_marks
@@ -36,7 +22,13 @@ from analyzer.prompt_checks import prompt_text
 from analyzer.report import build_report
 from analyzer.report_text import recommendation, report_csv
 from analyzer.repricing import price_comparison
-from analyzer.run_params import DEFAULT_GAMMA_MAX, LIMITS, Limit
+from analyzer.run_params import (
+    AUTO_ENGINE,
+    DEFAULT_VALIDATE,
+    LIMITS,
+    RunInputError,
+    read_inputs,
+)
 from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.summary import UNLABELLED
@@ -50,20 +42,29 @@ from webui.ui import bp, flash, sessions, settings
 # RunParams.check (the new-run page's inputs take their min and max attributes from here too).
 WHOLE_NUMBER_FIELDS = ("max_new_tokens", "gamma_max", "validate", "chunk_size")
 FORM_LIMITS = {name: LIMITS[name] for name in (*WHOLE_NUMBER_FIELDS, "temperature", "limit")}
+# what the form sends: the run's inputs, read by RunParams.from_inputs as the CLI's are
+FORM_FIELDS = (
+    "prompt_set",
+    "target",
+    "draft",
+    "max_new_tokens",
+    "gamma_max",
+    "temperature",
+    "validate",
+    "engine",
+    "cost_mode",
+    "device",
+    "dtype",
+    "batch_sizes",
+    "limit",
+    "chunk_size",
+)
+FORM_WORDS = {"limit": "prompts to analyze"}  # a field the form labels otherwise than by its name
 
 
-def _bound_text(number: float) -> str:
-    return str(int(number)) if float(number).is_integer() else f"{number:g}"
-
-
-def range_words(limit: Limit) -> str:
-    """A limit as the form's error messages say it: ``from 1 to 4096``, ``of at least 1``,
-    ``above 0 and at most 1``."""
-    low = _bound_text(limit.low)
-    if limit.high is None:
-        return f"above {low}" if limit.low_open else f"of at least {low}"
-    high = _bound_text(limit.high)
-    return f"above {low} and at most {high}" if limit.low_open else f"from {low} to {high}"
+def form_words(field: str) -> str:
+    """A run input as the form's messages name it: ``max new tokens``, ``prompts to analyze``."""
+    return FORM_WORDS.get(field, field.replace("_", " "))
 
 
 def model_choices() -> tuple[list[str], list[str]]:
@@ -92,7 +93,8 @@ def _run_row(run: AnalysisRun) -> dict:
     return {
         "id": run.id,
         "status": status,
-        "engine": run.engine,
+        "engine": run.priced_by,
+        "measured_by": run.measured_by,
         "prompt_set": run.prompt_set.name,
         "target": run.pair.target.spec,
         "draft": run.pair.draft.spec,
@@ -119,17 +121,18 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
     targets, drafts = model_choices()
     with sessions()() as session:
         names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
+    # the defaults every surface shares (analyzer/run_params.py, the settings); a blank input takes them
     defaults = {
         "prompt_set": request.args.get("prompts", names[0] if names else ""),
         "target": _default_choice(targets, DEFAULT_TARGET),
         "draft": _default_choice(drafts, DEFAULT_DRAFT),
-        "max_new_tokens": 64,
-        "gamma_max": DEFAULT_GAMMA_MAX,
-        "temperature": 0.0,
+        "max_new_tokens": RunParams.max_new_tokens,
+        "gamma_max": RunParams.gamma_max,
+        "temperature": RunParams.temperature,
         "limit": "",
-        "validate": 2,
+        "validate": "",  # DEFAULT_VALIDATE for a greedy run, 0 for a sampling one
         "engine": settings().engine,
-        "cost_mode": settings().cost_mode,
+        "cost_mode": "",  # the engine's own default (SPECROUTE_COST_MODE for transformers)
         "device": settings().device,
         "dtype": check_dtype_name(settings().dtype),
         "batch_sizes": "",
@@ -143,10 +146,24 @@ def _new_run_page(errors: list[str] | None = None, values: dict | None = None, s
         errors=errors or [],
         limits=FORM_LIMITS,
         dtypes=DTYPE_CHOICES,
-        engines=ENGINES,
+        engines=(AUTO_ENGINE, *ENGINES),
         cost_modes=COST_MODES,
+        default_validate=DEFAULT_VALIDATE,
+        engine_setting=settings().engine,
+        cost_mode_setting=settings().cost_mode,
+        engine_note=_engine_note(defaults),
         values={**defaults, **(values or {})},
     ), status
+
+
+def _engine_note(defaults: dict) -> str | None:
+    """Which engine the form's defaults measure in and why (``llama.cpp: SPECROUTE_ENGINE is auto and
+    llama.cpp can measure this run as asked``); None when they cannot be read (no model to choose)."""
+    try:
+        inputs = read_inputs({**defaults, "engine": ""}, settings(), engines=REGISTRY)
+    except RunInputError:
+        return None
+    return f"{inputs.params.engine}: {inputs.engine_why}"
 
 
 def _default_choice(choices: list[str], preferred: str) -> str:
@@ -171,26 +188,7 @@ def new_run():
 
 @bp.post("/runs")
 def start_run():
-    form = request.form
-    values = {
-        k: form.get(k, "")
-        for k in (
-            "prompt_set",
-            "target",
-            "draft",
-            "max_new_tokens",
-            "gamma_max",
-            "temperature",
-            "validate",
-            "engine",
-            "cost_mode",
-            "device",
-            "dtype",
-            "batch_sizes",
-            "limit",
-            "chunk_size",
-        )
-    }
+    values = {k: request.form.get(k, "") for k in FORM_FIELDS}
     errors = []
     targets, drafts = model_choices()
     if values["target"] not in targets:
@@ -201,76 +199,19 @@ def start_run():
         errors.append(
             "choose a draft other than the target: drafting with the target itself cannot speed it up"
         )
-    values["chunk_size"] = values["chunk_size"].strip() or str(RunParams.chunk_size)  # blank: the default
-    numbers = {}
-    for key in WHOLE_NUMBER_FIELDS:
-        try:
-            numbers[key] = int(values[key])
-            if not FORM_LIMITS[key].admits(numbers[key]):
-                raise ValueError
-        except ValueError:
-            errors.append(f"{key.replace('_', ' ')} must be a whole number {range_words(FORM_LIMITS[key])}")
-    try:
-        temperature = float(values["temperature"] or 0)
-        if not FORM_LIMITS["temperature"].admits(temperature):  # NaN is admitted by no limit
-            raise ValueError
-    except ValueError:
-        errors.append(f"temperature must be a number {range_words(FORM_LIMITS['temperature'])}")
-        temperature = 0.0
-    limit = None
-    if values["limit"].strip():
-        try:
-            limit = int(values["limit"])
-            if not FORM_LIMITS["limit"].admits(limit):
-                raise ValueError
-        except ValueError:
-            errors.append(
-                "prompts to analyze must be blank (all) or a whole number "
-                f"{range_words(FORM_LIMITS['limit'])}"
-            )
-    values["engine"] = values["engine"] or settings().engine  # absent (an older form): the setting
-    values["cost_mode"] = values["cost_mode"] or settings().cost_mode
-    placement = {}
-    for key, check in (
-        ("engine", check_engine_name),
-        ("cost_mode", check_cost_mode_name),
-        ("device", check_device_name),
-        ("dtype", check_dtype_name),
-        ("batch_sizes", parse_batch_sizes),
-    ):
-        try:
-            placement[key] = check(values[key] or None)
-        except (DeviceError, EngineError, CostModeError) as exc:
-            errors.append(str(exc))
+    try:  # the CLI's reader: the same defaults, the same words
+        params = RunParams.from_inputs(values, settings(), engines=REGISTRY)
+    except RunInputError as error:
+        errors += error.messages(form_words)
     if errors:
         return _new_run_page(errors, values, 400)
-    params = RunParams(
-        max_new_tokens=numbers["max_new_tokens"],
-        gamma_max=numbers["gamma_max"],
-        temperature=temperature,
-        validate=numbers["validate"] if temperature == 0 else 0,
-        engine=placement["engine"],
-        cost_mode=_cost_mode(placement["engine"], placement["cost_mode"]),
-        device=placement["device"],
-        dtype=placement["dtype"],
-        profile_batch_sizes=placement["batch_sizes"],
-        limit=limit,
-        chunk_size=numbers["chunk_size"],
-    )
     try:
         with sessions()() as session, session.begin():
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
     except SpecrouteError as exc:  # RunError, SpecError, PromptSetNotFound: shown in the form
         return _new_run_page([str(exc)], values, 400)
-    flash(f"analysis run {run_id} queued; it starts as soon as a worker is free")
+    flash(f"analysis run {run_id} queued in {params.engine}; it starts as soon as a worker is free")
     return redirect(url_for("ui.run", run_id=run_id))
-
-
-def _cost_mode(engine_name: str, chosen: str) -> str:
-    """The cost mode a form run stores: the one chosen where its engine offers it; an engine that times
-    its own way (llama.cpp) stores its default whatever the select (meant for transformers) shows."""
-    engine = measuring_engine(engine_name)
-    return engine.cost_mode_for(chosen if chosen in engine.cost_modes else None, settings().cost_mode)
 
 
 @bp.get("/runs/<int:run_id>/status.json")

@@ -2,16 +2,51 @@
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import click
 
 from analyzer.db import MAX_ID
-from analyzer.engines import COST_MODES, ENGINES, check_run, measuring_engine
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
+from analyzer.engines import COST_MODES, ENGINES, REGISTRY, EngineUnavailable, check_run, measuring_engine
+from analyzer.run_params import (
+    AUTO_ENGINE,
+    BLANK_MEANS,
+    DEFAULT_VALIDATE,
+    LIMITS,
+    RunInputError,
+    RunParams,
+    range_words,
+    read_inputs,
+    whole_number,
+)
 from router import strict_json
-from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_range
+from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli
 
 # ---------------------------------------------------------------- analysis
+
+
+def option_name(field: str) -> str:
+    """The option a run input is given with: ``max_new_tokens`` -> ``--max-new-tokens``."""
+    return "--" + field.replace("_", "-")
+
+
+def run_input_option(field: str, help_text: str, dest: str | None = None) -> Callable:
+    """A ``click`` option of the run input ``field``, taken as typed and read by
+    :meth:`RunParams.from_inputs` (so a bad value gets the words the web form gives); its help states the
+    limit and the default, both from analyzer/run_params.py."""
+    default = BLANK_MEANS.get(field) or (
+        f"{DEFAULT_VALIDATE} for a greedy run, 0 for a sampling one"
+        if field == "validate"
+        else getattr(RunParams, field)
+    )
+    whole = whole_number(field)
+    kind = "a whole number" if whole else "a number"
+    return click.option(
+        option_name(field),
+        dest or field,
+        metavar="N" if whole else "X",
+        help=f"{help_text} ({kind} {range_words(LIMITS[field])}; default: {default}).",
+    )
 
 
 @cli.command("analyze")
@@ -28,45 +63,19 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_r
     show_default=True,
     help="Draft: a model spec like --target, or ngram / ngram:max_ngram=N (prompt lookup).",
 )
-@click.option("--max-new-tokens", default=128, show_default=True, type=run_param_range("max_new_tokens"))
-@click.option(
-    "--gamma-max",
-    default=DEFAULT_GAMMA_MAX,
-    show_default=True,
-    type=run_param_range("gamma_max"),
-    help="Largest lookahead g analysed.",
+@run_input_option("max_new_tokens", "New tokens generated per prompt")
+@run_input_option("gamma_max", "Largest lookahead g analysed")
+@run_input_option("temperature", "0 = exact greedy replay; > 0 = sampling expectations")
+@run_input_option("top_p", "Nucleus sampling's p, when sampling")
+@run_input_option(
+    "validate",
+    "Prompts to validate with real speculative decoding (greedy runs only: a sampling run with N > 0 is "
+    "refused)",
+    dest="validate_n",
 )
-@click.option(
-    "--temperature",
-    default=0.0,
-    show_default=True,
-    type=run_param_range("temperature"),
-    help="0 = exact greedy replay; > 0 = sampling expectations.",
-)
-@click.option("--top-p", default=1.0, show_default=True, type=run_param_range("top_p"))
-@click.option(
-    "--validate",
-    "validate_n",
-    default=0,
-    show_default=True,
-    type=run_param_range("validate"),
-    help="Prompts to validate with real speculative decoding (greedy only).",
-)
-@click.option("--limit", type=run_param_range("limit"), help="Analyze only the first N prompts of the set.")
-@click.option(
-    "--batch-size",
-    default=1,
-    show_default=True,
-    type=run_param_range("batch_size"),
-    help="Prompts per target generation call (left padding).",
-)
-@click.option(
-    "--margin",
-    default=DEFAULT_MARGIN,
-    show_default=True,
-    type=run_param_range("margin"),
-    help="Speculate only if the predicted speedup exceeds 1 + margin.",
-)
+@run_input_option("limit", "Analyze only the first N prompts of the set")
+@run_input_option("batch_size", "Prompts per target generation call (left padding)")
+@run_input_option("margin", "Speculate only if the predicted speedup exceeds 1 + margin")
 @click.option("--no-chat-template", is_flag=True, help="Feed plain prompts to the model as they are.")
 @click.option(
     "--reprofile",
@@ -75,13 +84,14 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_r
 )
 @click.option(
     "--engine",
-    type=click.Choice(ENGINES),
-    help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, transformers). llama.cpp: "
+    metavar="|".join((AUTO_ENGINE, *ENGINES)),
+    help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, auto: llama.cpp where it can "
+    "measure the run as asked, else transformers; the command says which it picked and why). llama.cpp: "
     "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.",
 )
 @click.option(
     "--cost-mode",
-    type=click.Choice(COST_MODES),
+    metavar="|".join(COST_MODES),
     help="How the transformers engine times drafting and verifying (default: SPECROUTE_COST_MODE, eager). "
     "eager: forwards as transformers' generate() runs them. cuda-graphs: each step replayed from a captured "
     "CUDA graph over a static KV cache, as vLLM, SGLang and TensorRT-LLM serve, and validated with a "
@@ -102,12 +112,9 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli, run_param_r
     help="Batch sizes to profile the cost at, e.g. 1,4,16 (default: 1,4,16 on a GPU, 1 on the CPU); "
     "the router decides at the request's batch size from these.",
 )
-@click.option(
-    "--chunk-size",
-    default=32,
-    show_default=True,
-    type=run_param_range("chunk_size"),
-    help="Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines).",
+@run_input_option(
+    "chunk_size",
+    "Prompts per chunk: the pieces any number of workers claim (specroute worker on other machines)",
 )
 @click.option(
     "--queue",
@@ -162,15 +169,16 @@ def analyze(
 
     Runs in --engine on --device in --dtype, timing costs in --cost-mode (resolved before anything is
     stored: an absent GPU, a dtype the device cannot run or cuda-graphs without a GPU stops here).
+    Options left out take the defaults every surface shares (analyzer/run_params.py and the settings);
+    every bad value is named at once, in the words the web form uses.
     Each prompt's result is stored as soon as it is measured; an
     interrupted run resumes with --resume RUN and skips finished prompts. The run is split in chunks
     of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
     claim some of them too; --queue leaves all of it to them.
     """
-    from analyzer.devices import parse_batch_sizes
     from analyzer.report import build_report
     from analyzer.report_text import report_text
-    from analyzer.run_records import RunParams, create_run
+    from analyzer.run_records import create_run
     from analyzer.runs import execute_run
 
     sessions = state.sessions()
@@ -182,30 +190,35 @@ def analyze(
         if resume_run is None:
             if not prompt_set:
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
-            engine = engine or state.settings.engine
-            device, dtype = device or state.settings.device, dtype or state.settings.dtype
-            params = RunParams(
-                max_new_tokens=max_new_tokens,
-                gamma_max=gamma_max,
-                temperature=temperature,
-                top_p=top_p,
-                validate=validate_n,
-                limit=limit,
-                chat_template=not no_chat_template,
-                batch_size=batch_size,
-                margin=margin,
-                reprofile=reprofile,
-                engine=engine,
-                # the setting is the transformers engine's default; another engine times its own steps
-                cost_mode=measuring_engine(engine).cost_mode_for(cost_mode, state.settings.cost_mode),
-                device=device,
-                dtype=dtype,
-                profile_batch_sizes=parse_batch_sizes(batch_sizes)
-                or _batch_sizes_of(sessions, cost_profiles),
-                chunk_size=chunk_size,
-            )
+            raw = {
+                "target": target,
+                "draft": draft,
+                "max_new_tokens": max_new_tokens,
+                "gamma_max": gamma_max,
+                "temperature": temperature,
+                "top_p": top_p,
+                "validate": validate_n,
+                "limit": limit,
+                "batch_size": batch_size,
+                "margin": margin,
+                "chunk_size": chunk_size,
+                "chat_template": False if no_chat_template else None,
+                "reprofile": reprofile or None,
+                "engine": engine,
+                "cost_mode": cost_mode,
+                "device": device,
+                "dtype": dtype,
+                "batch_sizes": batch_sizes or _batch_sizes_of(sessions, cost_profiles),
+            }
+            try:
+                inputs = read_inputs(raw, state.settings, engines=REGISTRY)
+            except RunInputError as error:
+                raise error.spelled(option_name) from None
+            params = inputs.params
+            if engine is None:
+                click.echo(f"engine {params.engine}: {inputs.engine_why}", err=True)
             click.echo(
-                _placement_text(check_run(params), queue_only), err=True
+                _placement_text(check_run(params), queue_only, chosen=engine is None), err=True
             )  # never stored if it cannot run here
             with sessions() as session, session.begin():
                 run = create_run(session, prompt_set, target, draft, params)
@@ -245,11 +258,17 @@ def analyze(
     click.echo(strict_json.dumps(report) if as_json else report_text(report))
 
 
-def _placement_text(params, queue_only: bool = False) -> str:
+def _placement_text(params, queue_only: bool = False, *, chosen: bool = False) -> str:
     """Where the run will measure, resolved on this machine (DeviceError if it cannot, EngineUnavailable
     when its engine is not installed here and RunError when its cost mode cannot time here, unless it
-    is only queued for other workers: nothing is stored)."""
-    return measuring_engine(params.engine).placement_text(params, queue_only=queue_only)
+    is only queued for other workers: nothing is stored). ``chosen``: the engine was not asked for, so
+    the refusal of an engine not installed also says how to name the other one."""
+    try:
+        return measuring_engine(params.engine).placement_text(params, queue_only=queue_only)
+    except EngineUnavailable as error:
+        if not chosen:
+            raise
+        raise EngineUnavailable(f"{error}; or analyze in transformers: --engine transformers") from None
 
 
 def _label_with_classifier(sessions, run_id: int) -> None:
@@ -329,7 +348,8 @@ def runs_list(state: CliState, as_json: bool) -> None:
             {
                 "id": r.id,
                 "status": shown_status(r, stale_after_s=state.settings.stale_after_s),
-                "engine": r.engine,
+                "engine": r.priced_by,
+                "measured_by": r.measured_by,
                 "prompt_set": r.prompt_set.name,
                 "target": r.pair.target.spec,
                 "draft": r.pair.draft.spec,

@@ -2,15 +2,15 @@
 :mod:`webui.cli.demo_steps`)."""
 
 import json
-import os
 
 import click
 
 from analyzer.engines import ENGINES
-from analyzer.settings import SECRET_SETTINGS, describe_settings, env_name
+from analyzer.run_params import AUTO_ENGINE
+from analyzer.settings import SECRET_SETTINGS, describe_settings
 from webui.cli import demo_steps
-from webui.cli.base import CliState, cli, run_param_range
-from webui.cli.demo_steps import DEMO_ENGINE
+from webui.cli.analysis import run_input_option
+from webui.cli.base import CliState, cli
 
 # ---------------------------------------------------------------- settings and the main job
 
@@ -53,24 +53,15 @@ def _shown_value(name: str, value):
 @click.option(
     "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to serve on."
 )
-@click.option("--max-new-tokens", default=64, show_default=True, type=run_param_range("max_new_tokens"))
-@click.option(
-    "--validate",
-    "validate_n",
-    default=3,
-    show_default=True,
-    type=run_param_range("validate"),
-    help="Prompts to validate with real speculative decoding.",
-)
-@click.option(
-    "--limit", type=run_param_range("limit"), help="Analyze only the first N sample prompts (a quick look)."
-)
+@run_input_option("max_new_tokens", "New tokens generated per prompt")
+@run_input_option("validate", "Prompts to validate with real speculative decoding", dest="validate_n")
+@run_input_option("limit", "Analyze only the first N sample prompts (a quick look)")
 @click.option("--no-serve", is_flag=True, help="Stop after the report instead of serving it.")
 @click.option(
     "--engine",
-    type=click.Choice(ENGINES),
-    help=f"Engine of the analysis (default: SPECROUTE_ENGINE when it is set, else {DEMO_ENGINE}, which "
-    "needs the [llamacpp] extra; --engine transformers needs nothing more).",
+    metavar="|".join((AUTO_ENGINE, *ENGINES)),
+    help="Engine of the analysis (default: SPECROUTE_ENGINE, auto, which picks llama.cpp for the demo's run "
+    "and needs the [llamacpp] extra; --engine transformers needs nothing more).",
 )
 @click.option(
     "--reprofile",
@@ -83,35 +74,35 @@ def demo(
     state: CliState,
     host: str,
     port: int,
-    max_new_tokens: int,
-    validate_n: int,
-    limit: int | None,
+    max_new_tokens: str | None,
+    validate_n: str | None,
+    limit: str | None,
     no_serve: bool,
     engine: str | None,
     reprofile: bool,
 ) -> None:
     """The main job on the embedded defaults: upgrade the database, import the bundled sample
-    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting in llama.cpp (or --engine),
-    train the classifier on the bundled corpus, publish the policies, print the report, and serve the
-    web UI and the router. A rerun reuses what exists (the set, a finished or interrupted analysis
-    with the same settings, the classifier, the policies); --reprofile analyzes again. Policies from
-    a run measured on a busy machine are published but not activated (the report says "Advice
-    withheld")."""
-    engine = engine or (state.settings.engine if os.environ.get(env_name("engine")) else DEMO_ENGINE)
-    demo_steps.require_engine(engine)
+    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting with the defaults every surface
+    shares (in llama.cpp under SPECROUTE_ENGINE's default, auto; or --engine), train the classifier on the
+    bundled corpus, publish the policies, print the report, and serve the web UI and the router. A rerun
+    reuses what exists (the set, a finished or interrupted analysis with the same settings, the
+    classifier, the policies); --reprofile analyzes again. Policies from a run measured on a busy machine
+    are published but not activated (the report says "Advice withheld")."""
+    inputs = demo_steps.demo_run_inputs(
+        state,
+        {
+            "max_new_tokens": max_new_tokens,
+            "validate": validate_n,
+            "limit": limit,
+            "engine": engine,
+            "reprofile": reprofile or None,
+        },
+    )
+    demo_steps.require_engine(inputs.params.engine)
     demo_steps.upgrade_database(state)
     sessions = state.sessions()
     prompt_set_id = demo_steps.import_sample_prompts(sessions)
-    run_id = demo_steps.analyze_sample(
-        state,
-        sessions,
-        prompt_set_id,
-        max_new_tokens=max_new_tokens,
-        validate_n=validate_n,
-        limit=limit,
-        engine=engine,
-        reprofile=reprofile,
-    )
+    run_id = demo_steps.analyze_sample(state, sessions, prompt_set_id, inputs)
     demo_steps.train_classifier_once(state, sessions)
     demo_steps.publish_policies_and_print_report(sessions, run_id)
     demo_steps.serve_report(state, host, port, run_id, serve=not no_serve)

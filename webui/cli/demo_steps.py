@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.engines import LLAMA_CPP, EngineUnavailable, measuring_engine
+from analyzer.engines import REGISTRY, EngineUnavailable, check_run, measuring_engine
 from analyzer.orm import AnalysisRun
 from analyzer.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
 from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT
@@ -24,11 +24,9 @@ from webui.cli.base import CliState, _cache_dir, _tasks_text, _TqdmProgress
 from webui.cli.serving import _serve
 
 if TYPE_CHECKING:
+    from analyzer.run_params import RunInputs
     from analyzer.run_records import RunParams
 
-# the engine users serve GGUF models with on CPUs (benchmarks/RESULTS.md: "Which engine")
-DEMO_ENGINE = LLAMA_CPP
-DEMO_GAMMA_MAX = 16  # the demo analyzes lookaheads g = 1..16
 # a stored run is reused by the demo when these of its parameters are the demo's
 DEMO_PARAM_KEYS = (
     "max_new_tokens",
@@ -45,12 +43,11 @@ DEMO_SERVE_THREADS = 8  # the server's threads, as `specroute serve` starts it b
 
 __all__ = [
     "DEMO_DRAFT",
-    "DEMO_ENGINE",
-    "DEMO_GAMMA_MAX",
     "DEMO_PARAM_KEYS",
     "DEMO_SERVE_THREADS",
     "DEMO_TARGET",
     "analyze_sample",
+    "demo_run_inputs",
     "import_sample_prompts",
     "publish_policies_and_print_report",
     "require_engine",
@@ -58,6 +55,25 @@ __all__ = [
     "train_classifier_once",
     "upgrade_database",
 ]
+
+
+def demo_run_inputs(state: CliState, raw: dict[str, object]) -> RunInputs:
+    """The demo's run of the sample: its pair (the embedded target, n-gram drafting) with ``raw`` (the
+    demo's options, None where left out) read as every surface reads a run's inputs, so a blank takes the
+    defaults the CLI and the web form take (analyzer/run_params.py and the settings: under
+    SPECROUTE_ENGINE's default, auto, the demo's run is measured in llama.cpp); checked in full before
+    anything is done."""
+    from analyzer.run_params import RunInputError, read_inputs
+    from webui.cli.analysis import option_name
+
+    try:
+        inputs = read_inputs(
+            {**raw, "target": DEMO_TARGET, "draft": DEMO_DRAFT}, state.settings, engines=REGISTRY
+        )
+    except RunInputError as error:
+        raise error.spelled(option_name) from None
+    check_run(inputs.params)
+    return inputs
 
 
 def require_engine(engine: str) -> None:
@@ -97,42 +113,25 @@ def import_sample_prompts(sessions: sessionmaker[Session]) -> int:
 
 
 def analyze_sample(
-    state: CliState,
-    sessions: sessionmaker[Session],
-    prompt_set_id: int,
-    *,
-    max_new_tokens: int,
-    validate_n: int,
-    limit: int | None,
-    engine: str,
-    reprofile: bool = False,
+    state: CliState, sessions: sessionmaker[Session], prompt_set_id: int, inputs: RunInputs
 ) -> int:
-    """[3/6] The analysis of the sample with the demo's pair and these settings: a finished run is
-    reused, an interrupted one resumed, else a new one is created and executed (Ctrl-C keeps what
-    is finished and exits with 130). With ``reprofile`` no finished run is reused: an interrupted
-    re-profiling run is resumed, else a new run measures everything again, cost profiles included
-    (never reusing a stored one). Returns the run's id."""
-    from analyzer.run_records import RunParams
-
-    params = RunParams(
-        max_new_tokens=max_new_tokens,
-        gamma_max=DEMO_GAMMA_MAX,
-        validate=validate_n,
-        limit=limit,
-        engine=engine,
-        device=state.settings.device,
-        dtype=state.settings.dtype,
-        reprofile=reprofile,
-    )
+    """[3/6] The analysis of the sample with the demo's pair and ``inputs`` (:func:`demo_run_inputs`): a
+    finished run is reused, an interrupted one resumed, else a new one is created and executed (Ctrl-C
+    keeps what is finished and exits with 130). With ``reprofile`` no finished run is reused: an
+    interrupted re-profiling run is resumed, else a new run measures everything again, cost profiles
+    included (never reusing a stored one). Returns the run's id."""
+    params = inputs.params
     run_id, status = _reused_or_new_run(sessions, prompt_set_id, params)
     if status == "done":
         click.echo(f"[3/6] analysis run {run_id} already done (reused)")
         return run_id
     click.echo(
         f"[3/6] analysis run {run_id} ({'resumed' if status != 'new' else 'new'}): {DEMO_TARGET} with "
-        f"{DEMO_DRAFT} drafting in {engine}, {max_new_tokens} new tokens, gamma 1..{DEMO_GAMMA_MAX}, "
-        f"{validate_n} validated"
+        f"{DEMO_DRAFT} drafting in {params.engine}, {params.max_new_tokens} new tokens, gamma "
+        f"1..{params.gamma_max}, {params.validate} validated"
     )
+    if inputs.engine_why:
+        click.echo(f"      engine {params.engine}: {inputs.engine_why}")
     _execute_run_with_progress(state, sessions, run_id)
     return run_id
 

@@ -83,7 +83,7 @@ def train(
     """
     from router.classifier import activation_message, train_classifier
     from router.records import classifier_dict
-    from router.training_data import training_data
+    from router.training_request import training_data
 
     if cold_start:
         source = "corpus"

@@ -1,0 +1,66 @@
+"""The task classifier's scikit-learn pipeline for each feature set: TF-IDF and structural features
+(router/features.py), the sentence encoder's embeddings (router/encoder.py), or both, into a
+class-balanced logistic regression. The classifier (router/classifier.py) and the teacher's TF-IDF view
+(router/teacher.py) both build it here."""
+
+from __future__ import annotations
+
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
+from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
+
+from router.features import classifier_text, structural_features
+from router.training_data import ClassifierError
+
+FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
+# The logistic regression's inverse regularisation strength per feature set, chosen by
+# leave-one-source-out macro-F1 on the bundled corpus (benchmarks/bench_classifier.py; RESULTS.md).
+DEFAULT_C = {"tfidf": 1.0, "minilm": 5.0, "tfidf+minilm": 20.0}
+
+
+def regularisation(features: str, c: float | None = None) -> float:
+    """``c``, or the feature set's default C; a ClassifierError for an unknown feature set."""
+    if features not in FEATURE_SETS:
+        raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
+    return DEFAULT_C[features] if c is None else c
+
+
+def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:
+    """``tfidf``: word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS
+    characters plus scaled structural features of the whole prompt; ``minilm``: the sentence encoder's
+    embedding (router/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
+    regression, which gives a probability per task."""
+    c = regularisation(features, c)
+    parts = []
+    if "tfidf" in features:
+        parts += [
+            (
+                "words",
+                TfidfVectorizer(
+                    ngram_range=(1, 2),
+                    sublinear_tf=True,
+                    min_df=2,
+                    max_features=50_000,
+                    preprocessor=classifier_text,
+                ),
+            ),
+            (
+                "chars",
+                TfidfVectorizer(
+                    analyzer="char_wb",
+                    ngram_range=(2, 5),
+                    sublinear_tf=True,
+                    min_df=2,
+                    max_features=100_000,
+                    preprocessor=classifier_text,
+                ),
+            ),
+            ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
+        ]
+    if "minilm" in features:
+        from router.encoder import EmbeddingFeatures
+
+        parts.append(("embedding", EmbeddingFeatures()))
+    model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)
+    return Pipeline([("features", FeatureUnion(parts)), ("model", model)])

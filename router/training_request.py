@@ -1,0 +1,76 @@
+"""What one training request trains on (``specroute train``, the classifier page's form): the
+training data it names (:data:`TRAINING_SOURCES`, limited to some prompt sets' labels) and, to adapt
+to prompt sets, the teacher's pseudo-labels for their unlabelled prompts, suggested afresh
+(:mod:`router.suggestions`). The data itself is :mod:`router.training_data`, which the teacher and the
+suggestions also read, so asking the teacher is here, above all three."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from sqlalchemy.orm import Session
+
+from router.suggestions import TeacherUnavailable, pseudo_labels, suggest_tasks
+from router.teacher import Progress
+from router.training_data import (
+    ClassifierError,
+    TrainingData,
+    cold_start_data,
+    refuse_missing_sets,
+    training_data_from_db,
+    with_corpus,
+    with_pseudo_labels,
+)
+
+TRAINING_SOURCES = ("both", "labels", "corpus")
+
+
+def check_training_request(
+    session: Session, source: str, prompt_set_names: Sequence[str] | None = None, adapt: Sequence[str] = ()
+) -> None:
+    """Refuse at once what :func:`training_data` would refuse before any work: training data other
+    than TRAINING_SOURCES, prompt sets named for the bundled corpus alone, and prompt sets (to take
+    labels from, or to adapt to) that do not exist. The web form asks this before it starts a job."""
+    if source not in TRAINING_SOURCES:
+        raise ClassifierError(f"unknown training data {source!r}; use one of {', '.join(TRAINING_SOURCES)}")
+    if source == "corpus" and prompt_set_names:
+        raise ClassifierError("prompt sets were named but the training data is the bundled corpus only")
+    if prompt_set_names or adapt:
+        refuse_missing_sets(session, [*(prompt_set_names or ()), *adapt])
+
+
+def training_data(
+    session: Session,
+    source: str = "both",
+    prompt_set_names: Sequence[str] | None = None,
+    *,
+    adapt: Sequence[str] = (),
+    min_confidence: float | None = None,
+    progress: Progress | None = None,
+) -> TrainingData:
+    """What to train on: ``both`` (the bundled corpus plus your labeled prompts, yours winning for the
+    same text), ``labels`` (your labeled prompts only) or ``corpus`` (the bundled corpus only);
+    ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
+    unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
+    as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
+    in ``adapt``, so that training guards the activation (:func:`router.classifier.train_classifier`)."""
+    check_training_request(session, source, prompt_set_names, adapt)
+    if source == "corpus":
+        data = cold_start_data()
+    elif source == "both":
+        data = with_corpus(session, prompt_set_names)
+    else:
+        data = training_data_from_db(session, prompt_set_names)
+        if not data.texts:
+            raise ClassifierError(
+                "no labeled prompts in the database; label some on a prompt set's page, "
+                "or train on the bundled corpus"
+            )
+    if not adapt:
+        return data
+    try:
+        suggest_tasks(session, adapt, progress)
+    except TeacherUnavailable as exc:
+        raise ClassifierError(f"cannot adapt: {exc}") from None
+    return replace(with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence), adapt=list(adapt))
