@@ -94,6 +94,8 @@ class RunInputError(RunError):
     """Every problem with a run's inputs at once (the web form lists them all); its message has one line
     per problem. ``spell`` names a field as the surface's user typed it (None: the field's own name)."""
 
+    status, code = 400, "invalid_run_inputs"
+
     def __init__(self, problems: list[InputProblem], spell: Callable[[str], str] | None = None):
         self.problems = tuple(problems)
         self.spell = spell
@@ -509,11 +511,11 @@ def read_inputs(raw: Mapping[str, object], settings: Settings, *, engines: Mappi
     def in_engine(name: str) -> RunParams:
         return replace(params, engine=name, cost_mode=engines[name].cost_mode_for(mode, settings.cost_mode))
 
-    if asked_engine is not None:
-        return RunInputs(in_engine(engine_name), None)
-    if engine_name != AUTO_ENGINE:
-        return RunInputs(in_engine(engine_name), f"SPECROUTE_ENGINE is {engine_name}")
-    return _auto_engine(in_engine, engines, raw)
+    if engine_name == AUTO_ENGINE:  # asked for (the form's preselection, --engine auto) or the setting
+        return _auto_engine(in_engine, engines, raw)
+    return RunInputs(
+        in_engine(engine_name), None if asked_engine is not None else f"SPECROUTE_ENGINE is {engine_name}"
+    )
 
 
 def _batch_sizes(given: object | None) -> tuple[int, ...] | None:

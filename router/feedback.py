@@ -202,10 +202,10 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
         )
     if counts.accepted > counts.drafted:
         raise FeedbackError(f"accepted ({counts.accepted}) cannot exceed drafted ({counts.drafted})")
-    if counts.drafted == 0:
+    if counts.rounds == 0 and counts.drafted == 0:
         raise FeedbackError(
-            "nothing was drafted (drafted 0): such a request tells nothing about acceptance; send "
-            "feedback only for requests that speculated"
+            "the counts are all zero (rounds 0, drafted 0): such an event tells nothing; send feedback "
+            "for requests that generated with speculation on"
         )
     if counts.rounds == 0:
         raise FeedbackError(f"{counts.drafted} drafted tokens need at least one round (rounds 0)")

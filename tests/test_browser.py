@@ -61,11 +61,22 @@ def browser():
     driver.quit()
 
 
+# The server's worker and the command line write one SQLite file: on a busy machine a writer can hold the
+# lock past the 5 s default (the test failed with "database is locked" beside another job), so both wait
+# longer here. What the tests assert is unchanged.
+LOCK_WAIT_MS = 60_000
+
+
 @pytest.fixture
 def site(engine, db_url, tmp_path):
     target = save_tiny_model_folder(tmp_path / "tiny-target", seed=1)
     app = create_app(
-        {"database_url": db_url, "data_dir": str(tmp_path / "data"), "models": f"hf:{target},ngram"}
+        {
+            "database_url": db_url,
+            "data_dir": str(tmp_path / "data"),
+            "models": f"hf:{target},ngram",
+            "sqlite_busy_timeout_ms": LOCK_WAIT_MS,
+        }
     )
     server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -347,7 +358,10 @@ def _import_and_analyze(
 
     prompts = folder / f"{name}.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": text, "task": task}) + "\n" for text, task in rows))
-    runner, env = CliRunner(), {"SPECROUTE_DATABASE_URL": db_url}
+    runner, env = (
+        CliRunner(),
+        {"SPECROUTE_DATABASE_URL": db_url, "SPECROUTE_SQLITE_BUSY_TIMEOUT_MS": str(LOCK_WAIT_MS)},
+    )
     assert runner.invoke(cli, ["prompts", "import", str(prompts), "--name", name], env=env).exit_code == 0
     analyzed = runner.invoke(
         cli,

@@ -323,13 +323,15 @@ def test_the_cli_stores_what_from_inputs_gives(cli_one):
         ({"target": BUILTIN, "cost_mode": "cuda-graphs"}, "transformers"),
         ({"target": BUILTIN, "engine": "transformers"}, "transformers"),
         ({"target": HF, "engine": "llama.cpp"}, "llama.cpp"),  # asked for: create_run refuses the pair
+        ({"target": BUILTIN, "engine": "auto"}, "llama.cpp"),  # auto asked for (the form preselects it)
+        ({"target": HF, "engine": "auto"}, "transformers"),
     ],
 )
 def test_auto_is_the_first_engine_whose_own_checks_accept_the_run(inputs, engine):
     """auto asks the engines (llama.cpp first), so it never picks one that then refuses the run."""
     read = read_inputs({"draft": "ngram", **inputs}, load_settings(), engines=REGISTRY)
     assert read.params.engine == engine
-    if "engine" in inputs:
+    if inputs.get("engine") not in (None, "auto"):
         assert read.engine_why is None
     else:
         REGISTRY[engine].check_params(read.params)

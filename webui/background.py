@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 Job = Callable[[Callable[[str], None]], str]  # takes a progress callback, returns the outcome message
 
 
+class JobCancelled(BaseException):
+    """Raised by a job's progress callback once the server is shutting down (:meth:`BackgroundJobs.close`):
+    the job unwinds at its next progress line, its transaction rolls back. A BaseException, so that no
+    ``except Exception`` in the job's own code swallows it."""
+
+
 @dataclass(frozen=True)
 class JobState:
     """A job as a page shows it: running (since, progress) or ended (message or error)."""
@@ -39,6 +45,7 @@ class BackgroundJobs:
         self._progress: dict[str, str] = {}
         self._outcome: dict[str, tuple[str | None, str | None]] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._closing = threading.Event()
 
     def start(self, key: str, job: Job) -> bool:
         """Start ``job`` under ``key``; False when a job with that key is running."""
@@ -55,7 +62,9 @@ class BackgroundJobs:
     def _run(self, key: str, job: Job) -> None:
         message = error = None
         try:
-            message = job(lambda line: self._progress.__setitem__(key, line))
+            message = job(lambda line: self._report(key, line))
+        except JobCancelled:
+            error = "cancelled: the server shut down before it ended; nothing was stored"
         except SpecrouteError as exc:  # a refusal the user can act on (no encoder, no labels, ...)
             error = str(exc)
         except Exception as exc:  # logged; the page says it failed, nothing was stored
@@ -66,6 +75,11 @@ class BackgroundJobs:
                 self._started.pop(key, None)
                 self._progress.pop(key, None)
                 self._outcome[key] = (message, error)
+
+    def _report(self, key: str, line: str) -> None:
+        if self._closing.is_set():
+            raise JobCancelled(key)
+        self._progress[key] = line
 
     def state(self, key: str) -> JobState | None:
         """The job's state, or None when none ran under ``key`` in this process."""
@@ -83,9 +97,11 @@ class BackgroundJobs:
         if thread is not None:
             thread.join(timeout_s)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Wait (briefly) for running jobs before the database goes away; a job cut short by the
-        shutdown rolls back (its transaction never commits) and is logged."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Cancel running jobs and wait for them (up to ``timeout_s``) before the database goes away: each
+        stops at its next progress line (a classifier's next fold) and rolls back, so none goes on
+        computing after its server (or a test's app) is gone."""
+        self._closing.set()
         deadline = time.monotonic() + timeout_s
         for thread in list(self._threads.values()):
             thread.join(max(deadline - time.monotonic(), 0.0))
