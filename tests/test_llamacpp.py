@@ -157,8 +157,11 @@ def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
     engine = make_engine(load_settings().resolved_database_url())
     with make_session_factory(engine)() as session:
         run = session.scalar(select(AnalysisRun))
-        assert run.engine == "llama.cpp" and run.library_versions["llama_cpp_python"]
-        assert session.scalar(select(CostProfile)).engine == "llama.cpp"
+        assert (run.measured_by, run.priced_by) == ("llama.cpp", "llama.cpp") and run.library_versions[
+            "llama_cpp_python"
+        ]
+        profile = session.scalar(select(CostProfile))
+        assert (profile.measured_by, profile.priced_by) == ("llama.cpp", "llama.cpp")
         assert len(session.scalars(select(PromptResult)).all()) == 4
     engine.dispose()
 
@@ -171,7 +174,7 @@ def test_llama_cpp_profiles_are_reused_by_llama_cpp_runs_only(cli_db, smollm2):
     engine = make_engine(load_settings().resolved_database_url())
     with make_session_factory(engine)() as session:
         profiles = session.scalars(select(CostProfile)).all()
-        assert [p.engine for p in profiles] == ["llama.cpp", "llama.cpp"]
+        assert [p.priced_by for p in profiles] == ["llama.cpp", "llama.cpp"]
         runs = session.scalars(select(AnalysisRun).order_by(AnalysisRun.id)).all()
         assert runs[2].cost_profile_id == profiles[1].id
     engine.dispose()
