@@ -72,7 +72,7 @@ def test_route_rules_short_outputs_batches_and_fallback():
         policy_version=4,
         draft_kind="ngram",
         ngram_max=3,
-        contract=PolicyContract(priced_by="transformers"),
+        contract=PolicyContract(priced_by="transformers", measured_by="llama.cpp"),
         config=RouterConfig(min_output_tokens=20, max_batch_size=8, pools={"k3": "vllm-spec3"}),
     )
     decision = router.route("anything at all", max_new_tokens=256, batch_size=1)
@@ -87,6 +87,7 @@ def test_route_rules_short_outputs_batches_and_fallback():
         "llama.cpp": {"pool": "vllm-spec3", "speculative": {"draft": "prompt-lookup", "n_max": 3}},
         "pool": "vllm-spec3",
         "priced_by": "transformers",
+        "measured_by": "llama.cpp",
     }
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)

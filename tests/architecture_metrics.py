@@ -2,9 +2,9 @@
 benchmarks/RESULTS.md): engine- or cost-mode-name comparisons outside the engines' own modules (the scan
 of tests/test_engine_registry.py), import cycles with imports inside functions counted (the scan of
 tests/test_import_cycles.py), product functions over 60 lines, modules per package, and the files mypy
-checks. No timing.
+checks (so it lives beside them, not in benchmarks/, which measures the product). No timing.
 
-    python benchmarks/architecture_metrics.py [CHECKOUT]   # default: this repository
+    python -m tests.architecture_metrics [CHECKOUT]   # default: this repository
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
+
 
 from tests.test_engine_registry import ENGINE_MODULES, engine_name_comparisons  # noqa: E402
 from tests.test_import_cycles import find_cycles, import_sites  # noqa: E402
