@@ -7,7 +7,7 @@ from __future__ import annotations
 from analyzer.simulated_run import SIMULATED_COST_CURVE as COST_CURVE
 from analyzer.simulated_run import create_simulated_run as make_done_run
 
-__all__ = ["COST_CURVE", "make_done_run", "make_routing_database"]
+__all__ = ["COST_CURVE", "make_done_run", "make_routing_database", "routing_test_app"]
 
 
 def make_routing_database(url: str):
@@ -31,3 +31,31 @@ def make_routing_database(url: str):
             session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"), cross_validate=False
         )
     return engine
+
+
+def routing_test_app(folder, **config):
+    """(app, its test client, the session factory, the form's CSRF token, the database engine, its URL):
+    a web app over a routing database in ``folder`` (no UI worker, no router refresh), for tests that
+    post to every surface. The caller closes ``app.extensions["specroute.close"]`` and disposes the engine."""
+    import re
+
+    from analyzer.db import make_session_factory
+    from webui.app import create_app
+
+    url = f"sqlite:///{folder}/routing.db"
+    engine = make_routing_database(url)
+    app = create_app(
+        {
+            "database_url": url,
+            "data_dir": str(folder),
+            "router_refresh_s": 0,
+            "ui_worker": False,
+            "TESTING": True,
+        }
+        | config
+    )
+    client = app.test_client()
+    token = re.search(
+        r'name="csrf_token" value="([^"]+)"', client.get("/prompts").get_data(as_text=True)
+    ).group(1)
+    return app, client, make_session_factory(engine), token, engine, url

@@ -13,18 +13,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from analyzer.db import make_session_factory
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
-from tests.factories import make_routing_database
-from webui.app import create_app
+from tests.factories import routing_test_app
 
 EXAMPLES = int(os.environ.get("SPECROUTE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
@@ -33,7 +30,6 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 scalars = (
     st.none()
@@ -105,22 +101,9 @@ def _encode(body) -> bytes:
 
 @pytest.fixture(scope="module")
 def surfaces(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fuzz")
-    url = f"sqlite:///{folder}/fuzz.db"
-    engine = make_routing_database(url)
-    sessions = make_session_factory(engine)
-    app = create_app(
-        {
-            "database_url": url,
-            "data_dir": str(folder),
-            "router_refresh_s": 0,
-            "ui_worker": False,
-            "max_prompt_chars": 2000,
-            "TESTING": True,
-        }
+    app, client, sessions, token, engine, url = routing_test_app(
+        tmp_path_factory.mktemp("fuzz"), max_prompt_chars=2000
     )
-    client = app.test_client()
-    token = CSRF.search(client.get("/prompts").get_data(as_text=True)).group(1)
     yield client, sessions, app, token
     app.extensions["specroute.close"]()
     engine.dispose()

@@ -14,21 +14,17 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.db import make_session_factory
 from analyzer.json_input import JsonInputError, loads_untrusted
 from analyzer.orm import AnalysisRun, CostProfile, Prompt, PromptSet
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
-from tests.factories import make_routing_database
-from webui.app import create_app
+from tests.factories import routing_test_app
 from webui.cli import cli
 
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 ARTIFACTS = Path(
     os.environ.get("SPECROUTE_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts")
 )
@@ -115,21 +111,7 @@ def _feedback_bodies() -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def surfaces(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hostile")
-    url = f"sqlite:///{folder}/hostile.db"
-    engine = make_routing_database(url)
-    sessions = make_session_factory(engine)
-    app = create_app(
-        {
-            "database_url": url,
-            "data_dir": str(folder),
-            "router_refresh_s": 0,
-            "ui_worker": False,
-            "TESTING": True,
-        }
-    )
-    client = app.test_client()
-    token = CSRF.search(client.get("/prompts").get_data(as_text=True)).group(1)
+    app, client, sessions, token, engine, url = routing_test_app(tmp_path_factory.mktemp("hostile"))
     yield client, sessions, app, token, url
     app.extensions["specroute.close"]()
     engine.dispose()
