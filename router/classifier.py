@@ -51,7 +51,7 @@ from router.features import (
     keyword_baseline,
 )
 from router.orm import ClassifierVersion, activate_only
-from router.pipeline import DEFAULT_C, build_pipeline, regularisation
+from router.pipeline import DEFAULT_C, build_pipeline, fold_jobs, regularisation
 from router.teacher import Progress
 from router.training_data import (
     DEFAULT_PSEUDO_CONFIDENCE,
@@ -109,6 +109,7 @@ def evaluate(
     c: float | None = None,
     progress: Progress | None = None,
     compare_with: tuple[str, float] | None = None,
+    jobs: int = 1,
 ) -> dict:
     """Stratified k-fold CV (macro-F1, accuracy, per-class report, confusion matrix) beside the
     keyword baseline; leave-one-source-out CV when the data has two sources or more (``grouped``);
@@ -116,13 +117,14 @@ def evaluate(
     stratified ones with a single source); per-task reachability and catch-all tasks. ``progress``
     gets a line per fold. ``compare_with``, a (feature set, C) recipe (the active version's), is
     cross-validated too on the very same folds without the pseudo-labels (``comparison``, see
-    :func:`_same_fold_comparison`)."""
+    :func:`_same_fold_comparison`). ``jobs``: how many folds are fitted at once
+    (:func:`router.pipeline.fold_jobs`)."""
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
     c = regularisation(features, c)
     with embedding_cache():
-        return _evaluate(data, labels, seed, folds, features, c, progress, compare_with)
+        return _evaluate(data, labels, seed, folds, features, c, progress, compare_with, jobs)
 
 
 def _evaluate(
@@ -134,6 +136,7 @@ def _evaluate(
     c: float,
     progress: Progress | None = None,
     compare_with: tuple[str, float] | None = None,
+    jobs: int = 1,
 ) -> dict:
     """The scores of ``evaluate``. Pseudo-labelled rows join every fold's training data (weighted)
     and are never scored: only labels are truth."""
@@ -154,7 +157,9 @@ def _evaluate(
                 progress(f"cross-validating ({what}): fold {done + 1}/{total}")
 
         said(0, len(split))
-        values, learnable = out_of_fold(build, data.texts, data.labels, on_all(split), labels, weights, said)
+        values, learnable = out_of_fold(
+            build, data.texts, data.labels, on_all(split), labels, weights, said, jobs
+        )
         return values[scored], learnable[scored]
 
     texts = [data.texts[i] for i in scored]
@@ -214,7 +219,15 @@ def _evaluate(
         try:
             for split_, adapted_values, what in compared_on:
                 comparison = _same_fold_comparison(
-                    data, labels, scored, split_, adapted_values, other, what, progress
+                    data,
+                    labels,
+                    scored,
+                    split_,
+                    adapted_values,
+                    other,
+                    what,
+                    progress,
+                    fold_jobs(jobs, other_features),
                 )
                 if comparison is not None:
                     scores["comparison"] = comparison | {"features": other_features, "C": other_c}
@@ -233,6 +246,7 @@ def _same_fold_comparison(
     build,
     what: str,
     progress: Progress | None,
+    jobs: int = 1,
 ) -> dict | None:
     """The adapted classifier against another recipe (the active version's) on the same held-out
     prompts: ``build`` is fitted on exactly the training side of each of ``split``'s folds (indices
@@ -251,7 +265,7 @@ def _same_fold_comparison(
     weights = data.weight_array() if data.weights else None
     folds_ = [(scored[train], scored[test]) for train, test in split]
     said(0, len(folds_))
-    values, learnable = out_of_fold(build, data.texts, data.labels, folds_, labels, weights, said)
+    values, learnable = out_of_fold(build, data.texts, data.labels, folds_, labels, weights, said, jobs)
     values, learnable = values[scored], learnable[scored]
     kept = np.nonzero(learnable)[0]
     truth_all = [data.labels[i] for i in scored]
@@ -287,6 +301,7 @@ def train_classifier(
     features: str = "tfidf",
     c: float | None = None,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> ClassifierVersion:
     """Cross-validate, fit on all the data (pseudo-labels weighted by confidence), and store a new
     version (the active one unless told not to), with what it was trained on per task (corpus, your
@@ -302,7 +317,8 @@ def train_classifier(
     active artifact itself is not re-scored, because it was fitted on those held-out prompts.
     ``force_activate`` activates it anyway. The verdict, with both versions' numbers, is
     ``scores["activation"]`` (:func:`activation_check`, :func:`activation_message`). Training
-    without pseudo-labels activates as before."""
+    without pseudo-labels activates as before. ``jobs``: how many folds are cross-validated at once
+    (:func:`router.pipeline.fold_jobs` turns the setting into it)."""
     c = regularisation(features, c)
     active = (
         session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
@@ -318,6 +334,7 @@ def train_classifier(
                 c=c,
                 progress=progress,
                 compare_with=_recipe(active) if active is not None else None,
+                jobs=jobs,
             )
             if cross_validate
             else {"features": features, "C": c}

@@ -22,6 +22,7 @@ from collections import Counter
 from typing import Callable, Sequence
 
 import numpy as np
+from joblib import Parallel, delayed
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 from sklearn.model_selection import StratifiedKFold
 
@@ -73,25 +74,56 @@ def out_of_fold(
     all_labels: list[str],
     weights: np.ndarray | None = None,
     progress: Callable[[int, int], None] | None = None,
+    jobs: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decision values of every prompt from a model fitted on the other folds (a Pipeline whose last
     step is "model", with ``weights`` as its sample weights when given), and whether its own task was
     among that model's training labels (it can only be predicted if so). A prompt in no test fold
-    keeps -inf. ``progress`` is told (folds done, folds) after each fold."""
+    keeps -inf. ``progress`` is told (folds done, folds) after each fold but the last. ``jobs`` > 1
+    fits that many folds at once in worker processes (joblib): the same models, the same values."""
     texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(texts), len(all_labels)), -np.inf)
     learnable = np.zeros(len(texts), dtype=bool)
-    for done, (train, test) in enumerate(folds, 1):
-        if progress is not None and done > 1:
-            progress(done - 1, len(folds))
+    tasks = (
+        delayed(_fold_values)(
+            build, texts[train], labels[train], texts[test], all_labels, _part(weights, train)
+        )
+        for train, test in folds
+    )
+    fitted = (
+        Parallel(n_jobs=min(jobs, len(folds)), return_as="generator")(tasks)
+        if jobs > 1 and len(folds) > 1
+        else (task(*args, **kwargs) for task, args, kwargs in tasks)
+    )
+    for done, ((train, test), values) in enumerate(zip(folds, fitted), 1):
         trained = set(labels[train])
         learnable[test] = [label in trained for label in labels[test]]
-        if len(trained) < 2:
-            continue  # nothing to learn from one class; the fold's prompts stay unpredicted
-        fit_params = {} if weights is None else {"model__sample_weight": weights[train]}
-        model = build().fit(list(texts[train]), list(labels[train]), **fit_params)
-        scores[test] = decision_matrix(model, texts[test], all_labels)
+        if values is not None:
+            scores[test] = values
+        if progress is not None and done < len(folds):
+            progress(done, len(folds))
     return scores, learnable
+
+
+def _part(weights: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
+    return None if weights is None else weights[rows]
+
+
+def _fold_values(
+    build: Callable[[], object],
+    train_texts: np.ndarray,
+    train_labels: np.ndarray,
+    test_texts: np.ndarray,
+    all_labels: list[str],
+    weights: np.ndarray | None,
+) -> np.ndarray | None:
+    """One fold: ``build()`` fitted on its training side, its decision values on its test side; None
+    when the training side has a single task (nothing to learn; the fold's prompts stay unpredicted)."""
+    if len(set(train_labels)) < 2:
+        return None
+    fit_params = {} if weights is None else {"model__sample_weight": weights}
+    model = build().fit(list(train_texts), list(train_labels), **fit_params)
+    return decision_matrix(model, test_texts, all_labels)
 
 
 def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -5,6 +5,8 @@ class-balanced logistic regression. The classifier (router/classifier.py) and th
 
 from __future__ import annotations
 
+import os
+
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
@@ -24,6 +26,15 @@ def regularisation(features: str, c: float | None = None) -> float:
     if features not in FEATURE_SETS:
         raise ClassifierError(f"unknown feature set {features!r}; use one of {', '.join(FEATURE_SETS)}")
     return DEFAULT_C[features] if c is None else c
+
+
+def fold_jobs(setting: int, features: str) -> int:
+    """How many cross-validation folds to fit at once, each in a worker process: SPECROUTE_CLASSIFIER_JOBS
+    (``setting``; 0: one per CPU core), but 1 (in this process) for feature sets with the sentence
+    encoder, whose loaded model and embedding cache live in this process."""
+    if "minilm" in features:
+        return 1
+    return setting if setting > 0 else os.cpu_count() or 1
 
 
 def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:

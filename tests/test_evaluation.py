@@ -14,12 +14,13 @@ from router.evaluation import (
     choose_threshold,
     fit_temperature,
     grouped_folds,
+    out_of_fold,
     reachability,
     reliability,
     softmax,
     source_group,
 )
-from router.pipeline import build_pipeline
+from router.pipeline import build_pipeline, fold_jobs
 from router.policy import PolicySnapshot
 from router.training_data import make_training_data
 
@@ -93,6 +94,38 @@ def synthetic() -> tuple:
         labels += ["code", "math"]
         groups += ["B", "B"]
     return texts, labels, groups
+
+
+def test_folds_fitted_in_worker_processes_give_the_same_values_and_progress():
+    """SPECROUTE_CLASSIFIER_JOBS fits folds at once in worker processes: the decision values, what is
+    learnable and the progress calls are those of fitting them one by one; a fold with a single task
+    stays unpredicted either way."""
+    texts, labels, groups = synthetic()
+    translation = np.flatnonzero(np.asarray(labels) == "translation")
+    folds = grouped_folds(groups) + [(translation[:6], translation[6:])]  # the last trains on one task
+    runs = {}
+    for jobs in (1, 2):
+        calls: list[tuple[int, int]] = []
+        values, learnable = out_of_fold(
+            lambda: build_pipeline(0),
+            texts,
+            labels,
+            folds,
+            ["code", "math", "translation"],
+            None,
+            lambda done, total, calls=calls: calls.append((done, total)),
+            jobs,
+        )
+        runs[jobs] = (values, learnable, calls)
+    (values, learnable, calls), (values2, learnable2, calls2) = runs[1], runs[2]
+    np.testing.assert_array_equal(values, values2)
+    np.testing.assert_array_equal(learnable, learnable2)
+    assert calls == calls2 == [(1, 3), (2, 3)]
+    in_a = np.asarray(groups) == "A"  # predicted by a model of source B, which has no translation
+    assert np.isinf(values[in_a, 2]).all() and np.isfinite(values[~in_a]).all()
+    assert learnable[translation].sum() == 6  # only the one-task fold's test prompts, by its own label
+    assert fold_jobs(0, "tfidf") >= 1 and fold_jobs(3, "tfidf") == 3
+    assert fold_jobs(3, "minilm") == fold_jobs(0, "tfidf+minilm") == 1
 
 
 def test_grouped_cv_scores_only_learnable_tasks_and_calibrates():

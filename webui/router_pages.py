@@ -21,7 +21,7 @@ from router.classifier import (
 from router.decision import RouteRequest
 from router.encoder import encoder_available
 from router.orm import ClassifierVersion
-from router.pipeline import FEATURE_SETS, regularisation
+from router.pipeline import FEATURE_SETS, fold_jobs, regularisation
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
 from router.training_request import check_training_request, training_data
@@ -135,11 +135,18 @@ def train():
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
 
+    workers = fold_jobs(settings().classifier_jobs, features)
+
     def job(progress) -> str:
         with sessions_() as session, session.begin():
             data = training_data(session, source, names or None, adapt=adapt, progress=progress)
             version = train_classifier(
-                session, data, features=features, force_activate=force_activate, progress=progress
+                session,
+                data,
+                features=features,
+                force_activate=force_activate,
+                progress=progress,
+                jobs=workers,
             )
             return _trained_message(version, data.source, adapt)
 

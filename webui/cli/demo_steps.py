@@ -194,6 +194,7 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
     from router.classifier import ClassifierError, load_active, train_classifier
+    from router.pipeline import fold_jobs
     from router.training_data import cold_start_data
 
     with sessions() as session, session.begin():
@@ -213,6 +214,7 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
             cold_start_data(),
             features=state.settings.classifier_features,
             progress=lambda line: click.echo(f"      {line}"),
+            jobs=fold_jobs(state.settings.classifier_jobs, state.settings.classifier_features),
         )
         scores = version.scores
         click.echo(

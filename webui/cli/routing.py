@@ -82,6 +82,7 @@ def train(
     otherwise it is stored but not activated, and the numbers say why (--activate forces it).
     """
     from router.classifier import activation_message, train_classifier
+    from router.pipeline import fold_jobs
     from router.records import classifier_dict
     from router.training_request import training_data
 
@@ -113,6 +114,7 @@ def train(
             features=features,
             force_activate=force_activate,
             progress=lambda line: click.echo(f"  {line}", err=True),
+            jobs=fold_jobs(state.settings.classifier_jobs, features),
         )
         record = {**classifier_dict(version), "scores": version.scores}
         verdict = activation_message(version)
