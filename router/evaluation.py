@@ -18,6 +18,7 @@ An adapted classifier replaces the active one only if it is no worse on the same
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -95,13 +96,18 @@ def out_of_fold(
         if jobs > 1 and len(folds) > 1
         else (task(*args, **kwargs) for task, args, kwargs in tasks)
     )
-    for done, ((train, test), values) in enumerate(zip(folds, fitted), 1):
-        trained = set(labels[train])
-        learnable[test] = [label in trained for label in labels[test]]
-        if values is not None:
-            scores[test] = values
-        if progress is not None and done < len(folds):
-            progress(done, len(folds))
+    try:
+        for done, ((train, test), values) in enumerate(zip(folds, fitted), 1):
+            trained = set(labels[train])
+            learnable[test] = [label in trained for label in labels[test]]
+            if values is not None:
+                scores[test] = values
+            if progress is not None and done < len(folds):
+                progress(done, len(folds))  # may raise to cancel (webui/background.py)
+    finally:
+        with warnings.catch_warnings():  # cancelled on purpose: joblib need not say it dropped the rest
+            warnings.filterwarnings("ignore", ".*tasks which were still being processed", UserWarning)
+            fitted.close()
     return scores, learnable
 
 

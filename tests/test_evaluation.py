@@ -4,6 +4,8 @@ promises, reachability, and the router using all three."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,24 @@ def test_folds_fitted_in_worker_processes_give_the_same_values_and_progress():
     in_a = np.asarray(groups) == "A"  # predicted by a model of source B, which has no translation
     assert np.isinf(values[in_a, 2]).all() and np.isfinite(values[~in_a]).all()
     assert learnable[translation].sum() == 6  # only the one-task fold's test prompts, by its own label
+
+    # a progress callback that raises cancels the rest (webui/background.py), without joblib's warning
+    def cancel(done: int, total: int) -> None:
+        raise RuntimeError("cancelled")
+
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="cancelled"):
+        warnings.simplefilter("always")
+        out_of_fold(
+            lambda: build_pipeline(0),
+            texts,
+            labels,
+            folds * 3,
+            ["code", "math", "translation"],
+            None,
+            cancel,
+            2,
+        )
+    assert [str(w.message) for w in caught] == []
     assert fold_jobs(0, "tfidf") >= 1 and fold_jobs(3, "tfidf") == 3
     assert fold_jobs(3, "minilm") == fold_jobs(0, "tfidf+minilm") == 1
 
