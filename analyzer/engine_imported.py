@@ -69,4 +69,4 @@ class ImportedEngine:
         """An imported profile is the engine's own benchmark: specroute did not time it, so does not
         judge it."""
         version = f" {profile['engine_version']}" if profile.get("engine_version") else ""
-        return f"imported from {profile.get('engine')}{version}'s own benchmark (not judged here)"
+        return f"imported from {profile.get('engine')}{version}'s own benchmark, not judged here"

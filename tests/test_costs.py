@@ -306,7 +306,7 @@ def test_an_imported_profile_reprices_a_finished_run_with_another_gamma_and_deci
         }
         assert priced["validation"] == [] and len(priced["prompts"]) == len(measured["prompts"])
     text = cli_db.invoke(cli, ["report", "2"]).stdout
-    assert "imported from vllm 0.11.0's own benchmark (not judged here)" in text
+    assert "imported from vllm 0.11.0's own benchmark, not judged here" in text
     # a new analysis priced with the imported profile measures no cost of its own
     priced_new = _analyze(
         cli_db,

@@ -126,6 +126,6 @@ def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measu
     assert transformers.cost_mode_for("eager", "cuda-graphs") == "eager"
     assert llama_cpp.cost_mode_for(None, "cuda-graphs") == "eager"
     assert imported.profile_note({"engine": "vllm", "engine_version": "0.11"}) == (
-        "imported from vllm 0.11's own benchmark (not judged here)"
+        "imported from vllm 0.11's own benchmark, not judged here"
     )
     assert transformers.profile_note({}) is None and llama_cpp.replay_mode("Q4_1").startswith("greedy (")

@@ -65,7 +65,7 @@ def test_the_report_json_keeps_the_measuring_and_the_pricing_machine_apart(repri
         "dtype": "bfloat16",
         "threads": None,
     }
-    assert priced["note"] == "imported from vllm 0.11.0's own benchmark (not judged here)"
+    assert priced["note"] == "imported from vllm 0.11.0's own benchmark, not judged here"
     text = report_text(report)
     assert f"measured in llama.cpp, Q4_1 on {CPU}), priced by vllm 0.11.0 on {GPU} in bfloat16" in text
     assert "None" not in text
