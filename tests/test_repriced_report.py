@@ -81,7 +81,7 @@ def test_the_report_page_says_which_engine_and_machine_measured_and_which_priced
     assert f"Acceptance measured by llama.cpp on {CPU} in Q4_1 (run #1)." in words
     assert (
         f"Cost priced by vllm 0.11.0 on {GPU} in bfloat16 (cost profile #2, imported from vllm 0.11.0's own "
-        "benchmark (not judged here))." in words
+        "benchmark, not judged here)." in words
     )
     assert f"one target step 4.0 ms on {GPU} in bfloat16." in words
     assert "None" not in words and "older profile" not in words and "not in its benchmark" in words
