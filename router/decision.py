@@ -41,6 +41,7 @@ class RouterConfig:
     min_confidence: float | None = (
         None  # None: the classifier's own threshold, DEFAULT_MIN_CONFIDENCE without one
     )
+    # the server's SPECROUTE_ROUTER_POOLS: names the pools of a policy set published without its own
     pools: Mapping[str, str] = field(default_factory=dict)
     route_key: bytes = PROCESS_KEY  # signs route ids (router/route_ids.py): the server's secret key
 
@@ -55,12 +56,6 @@ class RouterConfig:
             router_pools(settings),
             route_key(secret_key),
         )
-
-    def pool(self, speculate: bool, gamma: int) -> str:
-        """The deployment for this decision: the configured name for "off" or the gamma, else
-        "spec-off" / "spec-k<gamma>"."""
-        key = f"k{gamma}" if speculate else "off"
-        return self.pools.get(key, "spec-off" if not speculate else f"spec-k{gamma}")
 
 
 @dataclass(frozen=True)
@@ -426,7 +421,7 @@ class Router:
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
         """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
-        pool = self.config.pool(speculate, gamma)
+        pool = self.contract.pool(speculate, gamma, self.config.pools)
         return {
             "transformers": self._transformers_settings(speculate, gamma),
             "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},

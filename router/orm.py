@@ -69,6 +69,9 @@ class PolicySet(Base):
     draft_kind: Mapped[str] = mapped_column(String(16), default="ngram", server_default="ngram")
     draft_options: Mapped[Optional[dict[str, Any]]] = mapped_column()
     cost: Mapped[Optional[dict[str, Any]]] = mapped_column()
+    # the deployment per decision ("off", "k<gamma>") as SPECROUTE_ROUTER_POOLS named them at publishing;
+    # None (sets published before revision 0019): the serving process's own setting names them
+    pools: Mapped[Optional[dict[str, Any]]] = mapped_column()
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
     # the largest gamma the run analysed: the router prices and adapts over g = 1..gamma_max

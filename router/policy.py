@@ -16,6 +16,7 @@ from analyzer.orm import AnalysisRun
 from analyzer.policy_curve import PolicyCurve, as_curve
 from analyzer.report import run_advice_withheld
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
+from analyzer.settings import load_settings, router_pools
 from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.speedup import Cost
 from analyzer.summary import AnalysisSummary, GroupSummary, cost_for_run
@@ -42,6 +43,9 @@ class PolicyContract:
     draft_kind: str = "ngram"
     ngram_max: int = NGRAM_DEFAULT_MAX
     cost: Cost | None = None
+    pools: Mapping[str, str] | None = (
+        None  # None: published before pools were (the server's setting names them)
+    )
 
     @classmethod
     def of(cls, policy_set: PolicySet | None) -> "PolicyContract":
@@ -57,7 +61,29 @@ class PolicyContract:
             policy_set.draft_kind,
             int(options.get("max_ngram", NGRAM_DEFAULT_MAX)),
             Cost.from_json(policy_set.cost),
+            dict(policy_set.pools) if policy_set.pools is not None else None,
         )
+
+    def pool(self, speculate: bool, gamma: int, configured: Mapping[str, str]) -> str:
+        """The deployment this decision goes to: the set's published pools, or (a set published
+        before they were) ``configured``, the serving process's SPECROUTE_ROUTER_POOLS."""
+        return pool_name(self.pools if self.pools is not None else configured, speculate, gamma)
+
+
+def pool_name(pools: Mapping[str, str], speculate: bool, gamma: int) -> str:
+    """The deployment named in ``pools`` for a decision ("off", or "k<gamma>" when it speculates), else
+    the default name "spec-off" / "spec-k<gamma>"."""
+    key = f"k{gamma}" if speculate else "off"
+    return pools.get(key, f"spec-k{gamma}" if speculate else "spec-off")
+
+
+def published_pools(configured: Mapping[str, str], gamma_max: int) -> dict[str, str]:
+    """The pools a policy set publishes: a name for "off" and for every gamma up to ``gamma_max`` (online
+    adaptation may move a task to any of them), from ``configured`` (SPECROUTE_ROUTER_POOLS) or the
+    default names; a configured key beyond ``gamma_max`` is kept, since it names a deployment too."""
+    names = {"off": pool_name(configured, False, 0)}
+    names |= {f"k{g}": pool_name(configured, True, g) for g in range(1, gamma_max + 1)}
+    return names | dict(configured)
 
 
 class PolicyError(SpecrouteError, ValueError):
@@ -107,7 +133,12 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
 
 
 def publish_policies(
-    session: Session, run_id: int, *, notes: str | None = None, activate: bool | None = None
+    session: Session,
+    run_id: int,
+    *,
+    notes: str | None = None,
+    activate: bool | None = None,
+    pools: Mapping[str, str] | None = None,
 ) -> PolicySet:
     """Build a new policy set from run ``run_id`` (which must be done and have results): per task
     {speculate, gamma, alpha estimate with n and variance, expected speedup, tier, S(g) curve, and
@@ -115,7 +146,9 @@ def publish_policies(
     records the run's engine: the one whose cost priced these decisions. ``activate`` None (the
     default) activates it unless the run's advice is withheld (a cost profile measured on a busy
     machine, :func:`analyzer.report.run_advice_withheld`): such a set is stored, not activated, until
-    someone activates it explicitly; True or False decide regardless."""
+    someone activates it explicitly; True or False decide regardless. ``pools`` (the publisher's
+    SPECROUTE_ROUTER_POOLS; None: the settings in force) names the deployment of every decision the set
+    can make, published with it (:func:`published_pools`)."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise PolicyError(f"no analysis run {run_id}")
@@ -137,6 +170,7 @@ def publish_policies(
         draft_kind=draft.kind,
         draft_options=dict(draft.options) if draft.kind == "ngram" else {},
         cost=cost.as_json() if cost is not None else None,
+        pools=published_pools(router_pools(load_settings()) if pools is None else pools, params.gamma_max),
         notes=notes,
     )
     policy_set.policies = policies

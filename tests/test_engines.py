@@ -217,7 +217,7 @@ def llama_published(session):
     does not) and a classifier telling the two apart."""
     with session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.1}, draft_spec="ngram", engine="llama.cpp")
-        publish_policies(session, run.id)
+        publish_policies(session, run.id, pools={"off": "llama-plain"})  # the publisher's pools
         texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
             f"What is the capital of country number {i}? Answer briefly." for i in range(6)
         ]
@@ -236,13 +236,18 @@ def test_a_llama_cpp_policy_set_is_served_with_its_engine_and_the_llama_cpp_pool
             "router_refresh_s": 0,
             "ui_worker": False,
             "TESTING": True,
-            "router_pools": json.dumps({"off": "llama-plain"}),
+            # this server's own naming: the active set published its pools, and those win (every replica
+            # routes alike whatever its environment says)
+            "router_pools": json.dumps({"off": "other-plain"}),
         }
     )
     client = app.test_client()
     try:
         _, validate = _validator(client)
         policies = client.get("/v1/policies").get_json()
+        assert policies["active"]["pools"] == {"off": "llama-plain"} | {
+            f"k{g}": f"spec-k{g}" for g in range(1, 9)
+        }
         validate("Policies", policies)
         assert policies["active"]["engine"] == "llama.cpp"
         assert [v["engine"] for v in policies["versions"]] == ["llama.cpp"]

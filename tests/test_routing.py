@@ -17,6 +17,7 @@ from router.policy import (
     PolicySnapshot,
     activate_policy_set,
     publish_policies,
+    published_pools,
 )
 from router.training_data import make_training_data
 from tests.factories import make_done_run
@@ -58,6 +59,25 @@ def test_publish_refuses_unfinished_or_unknown_runs(session):
             publish_policies(session, run.id)
         with pytest.raises(PolicyError, match="no analysis run 999"):
             publish_policies(session, 999)
+
+
+def test_a_policy_set_publishes_its_pools_and_they_win_over_the_servers_setting():
+    """The pools are part of the contract: a name for "off" and every gamma to gamma_max (adaptation may
+    move a task to any), the publisher's names first; a set published before pools were (None) is named
+    by the serving process's SPECROUTE_ROUTER_POOLS."""
+    published = published_pools({"k2": "vllm-spec2", "k12": "vllm-spec12"}, 3)
+    assert published == {
+        "off": "spec-off",
+        "k1": "spec-k1",
+        "k2": "vllm-spec2",
+        "k3": "spec-k3",
+        "k12": "vllm-spec12",
+    }
+    server = {"off": "server-plain", "k2": "server-spec2"}
+    assert PolicyContract(pools=published).pool(True, 2, server) == "vllm-spec2"
+    assert PolicyContract(pools=published).pool(False, 0, server) == "spec-off"
+    assert PolicyContract(pools=None).pool(False, 0, server) == "server-plain"
+    assert PolicyContract(pools=None).pool(True, 5, server) == "spec-k5"
 
 
 def _snapshot(task, speculate, gamma, speedup, alpha=0.8):
