@@ -21,9 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import CursorResult, Update, and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
@@ -94,14 +95,7 @@ def claim_chunk(
     cutoff = now - timedelta(seconds=stale_after_s)
     with sessions() as session, session.begin():
         lock_for_write(session)
-        runs = select(AnalysisRun).where(
-            AnalysisRun.status.in_(("queued", "running")), AnalysisRun.cancel_requested.is_(False)
-        )
-        if run_id is not None:
-            runs = runs.where(AnalysisRun.id == run_id)
-        unplanned = runs.where(~select(RunChunk.id).where(RunChunk.run_id == AnalysisRun.id).exists())
-        for run in session.scalars(unplanned.with_for_update(skip_locked=True)):
-            plan_chunks(session, run)
+        _plan_unplanned_runs(session, run_id)
         live = select(AnalysisRun.id).where(
             AnalysisRun.status.in_(("queued", "running")), AnalysisRun.cancel_requested.is_(False)
         )
@@ -121,26 +115,40 @@ def claim_chunk(
             .with_for_update(skip_locked=True)
         )
         for chunk in candidates:
-            if not _claimable(session, chunk):
-                continue
-            chunk.status, chunk.worker_id, chunk.claimed_at, chunk.heartbeat_at = (
-                "claimed",
-                worker_id,
-                now,
-                now,
-            )
-            chunk.attempts += 1
-            run = session.get(AnalysisRun, chunk.run_id)
-            if run.status == "queued":
-                run.status, run.started_at = "running", run.started_at or now
-            run.worker_id, run.heartbeat_at, run.error = worker_id, now, None
-            count = session.scalar(
-                select(func.count()).select_from(RunChunk).where(RunChunk.run_id == chunk.run_id)
-            )
-            return ClaimedChunk(
-                chunk.id, chunk.run_id, chunk.position, chunk.kind, tuple(chunk.prompt_ids), count
-            )
+            if _claimable(session, chunk):
+                return _claim(session, chunk, worker_id, now)
     return None
+
+
+def _plan_unplanned_runs(session: Session, run_id: int | None) -> None:
+    """Plan the chunks of every live run (or run ``run_id``) that has none, locking each run's row."""
+    runs = select(AnalysisRun).where(
+        AnalysisRun.status.in_(("queued", "running")), AnalysisRun.cancel_requested.is_(False)
+    )
+    if run_id is not None:
+        runs = runs.where(AnalysisRun.id == run_id)
+    unplanned = runs.where(~select(RunChunk.id).where(RunChunk.run_id == AnalysisRun.id).exists())
+    for run in session.scalars(unplanned.with_for_update(skip_locked=True)):
+        plan_chunks(session, run)
+
+
+def _claim(session: Session, chunk: RunChunk, worker_id: str, now: datetime) -> ClaimedChunk:
+    """Mark ``chunk`` claimed by ``worker_id`` and its run running, with both heartbeats at ``now``."""
+    chunk.status, chunk.worker_id, chunk.claimed_at, chunk.heartbeat_at = (
+        "claimed",
+        worker_id,
+        now,
+        now,
+    )
+    chunk.attempts += 1
+    run = session.get_one(AnalysisRun, chunk.run_id)  # the candidates are chunks of live runs
+    if run.status == "queued":
+        run.status, run.started_at = "running", run.started_at or now
+    run.worker_id, run.heartbeat_at, run.error = worker_id, now, None
+    count = session.execute(
+        select(func.count()).select_from(RunChunk).where(RunChunk.run_id == chunk.run_id)
+    ).scalar_one()
+    return ClaimedChunk(chunk.id, chunk.run_id, chunk.position, chunk.kind, tuple(chunk.prompt_ids), count)
 
 
 def renew(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: str) -> bool:
@@ -148,21 +156,29 @@ def renew(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: str) 
     (another worker took it over after the heartbeat went stale) or its run stopped running."""
     now = utcnow()
     with sessions() as session, session.begin():
-        held = session.execute(
+        held = _rows_matched(
+            session,
             update(RunChunk)
             .where(RunChunk.id == chunk.id, RunChunk.worker_id == worker_id, RunChunk.status == "claimed")
-            .values(heartbeat_at=now)
-        ).rowcount
-        running = session.execute(
+            .values(heartbeat_at=now),
+        )
+        running = _rows_matched(
+            session,
             update(AnalysisRun)
             .where(
                 AnalysisRun.id == chunk.run_id,
                 AnalysisRun.status == "running",
                 AnalysisRun.cancel_requested.is_(False),
             )
-            .values(heartbeat_at=now)
-        ).rowcount
+            .values(heartbeat_at=now),
+        )
     return bool(held and running)
+
+
+def _rows_matched(session: Session, statement: Update) -> int:
+    """The number of rows an UPDATE matched (``Session.execute`` is typed as returning a plain
+    ``Result``; for a DML statement it is a ``CursorResult``, which has the row count)."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount
 
 
 def complete(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: str) -> bool:
@@ -189,7 +205,8 @@ def complete(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: st
         results = session.scalar(
             select(func.count()).select_from(PromptResult).where(PromptResult.run_id == chunk.run_id)
         )
-        finished = session.execute(
+        finished = _rows_matched(
+            session,
             update(AnalysisRun)
             .where(AnalysisRun.id == chunk.run_id, AnalysisRun.status == "running")
             .values(
@@ -199,8 +216,8 @@ def complete(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: st
                 cancel_requested=False,
                 error=None,
                 progress_done=results,
-            )
-        ).rowcount
+            ),
+        )
         return bool(finished)
 
 

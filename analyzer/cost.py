@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from time import perf_counter, process_time
 
 import numpy as np
@@ -297,34 +298,14 @@ def profile_costs(
         raise ValueError("give draft_model or draft_step, not both")
     forwards_checked = forwards_checked or time_target_forwards_checked
     warmup = warmup_rounds(target_model)  # every k, the draft step and the prefill, at this batch size
-    target_forward_s, quality = forwards_checked(
-        target_model,
-        context_ids,
-        k_max,
-        repeats=repeats,
-        warmup=warmup,
-        batch_size=batch_size,
-        on_repeat=on_repeat,
-    )
+    timed = partial(forwards_checked, repeats=repeats, warmup=warmup, batch_size=batch_size)
+    target_forward_s, quality = timed(target_model, context_ids, k_max, on_repeat=on_repeat)
     target_prefill_s = time_prefill(target_model, context_ids, batch_size=batch_size)
-    draft_prefill_s = 0.0
-    if draft_model is not None:
-        draft_forward_s, draft_quality = forwards_checked(
-            draft_model,
-            context_ids,
-            1,
-            repeats=repeats,
-            warmup=warmup,
-            batch_size=batch_size,
-            on_repeat=on_draft_repeat or on_repeat,
-        )
-        draft_step_s = draft_forward_s[0]
+    draft_step_s, draft_prefill_s, draft_quality = _draft_costs(
+        draft_model, draft_step, context_ids, timed, warmup, batch_size, on_draft_repeat or on_repeat
+    )
+    if draft_quality is not None:
         quality = quality.combined(draft_quality, "draft step")
-        draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)
-    elif draft_step is not None:
-        draft_step_s = batch_size * time_callable(draft_step, warmup=warmup)
-    else:
-        draft_step_s = 0.0
     return CostMeasurement(
         target_prefill_s=target_prefill_s,
         draft_prefill_s=draft_prefill_s,
@@ -338,3 +319,22 @@ def profile_costs(
         dtype=str(next(target_model.parameters()).dtype).removeprefix("torch."),
         quality=quality,
     )
+
+
+def _draft_costs(
+    draft_model: PreTrainedModel | None,
+    draft_step: Callable[[], object] | None,
+    context_ids: list[int],
+    timed: ForwardsTimer,
+    warmup: int,
+    batch_size: int,
+    on_repeat: RepeatCallback | None,
+) -> tuple[float, float, TimingQuality | None]:
+    """(T_d, the draft's prefill seconds, a draft model's timing quality) for :func:`profile_costs`."""
+    if draft_model is not None:
+        draft_forward_s, draft_quality = timed(draft_model, context_ids, 1, on_repeat=on_repeat)
+        draft_prefill_s = time_prefill(draft_model, context_ids, batch_size=batch_size)
+        return draft_forward_s[0], draft_prefill_s, draft_quality
+    if draft_step is not None:
+        return batch_size * time_callable(draft_step, warmup=warmup), 0.0, None
+    return 0.0, 0.0, None

@@ -41,6 +41,7 @@ import io
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -73,6 +74,8 @@ SAME_FIELDS = "engine, engine_version, device, dtype, batch_size, target, draft 
 # a whole round drafting g tokens: at most g draft steps (each at most about a plain step) plus a verify
 # pass over g + 1 tokens (at most 1.5 (g + 1) plain steps): 3 (g + 1) plain steps leaves room for both
 MAX_ROUND_RATIO_PER_TOKEN = 3.0
+# how a check reports a problem: (field, message), the line found from the field
+ProblemSink = Callable[[str, str], None]
 
 
 class CostFileError(SpecrouteError, ValueError):
@@ -257,30 +260,36 @@ def _csv_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int],
         if len(values) != len(header):
             problems.append(f"line {line}: {len(values)} cells for {len(header)} columns")
             continue
-        row: dict[str, Any] = {}
-        lists: dict[str, dict[int, str]] = {"target_step_ms": {}, "round_ms": {}}
-        for name, value in zip(header, values):
-            value = value.strip()
-            listed = LIST_COLUMN.match(name)
-            if listed:
-                key = "target_step_ms" if listed.group(1) == "t" else "round_ms"
-                if value:
-                    lists[key][int(listed.group(2))] = value
-            elif value:
-                row[name] = value
-        for key, cells in lists.items():
-            if cells:
-                ks = sorted(cells)
-                if ks != list(range(1, len(ks) + 1)):
-                    column = "t" if key == "target_step_ms" else "round"
-                    problems.append(
-                        f"line {line}, field '{key}': {column}<k>_ms cells must run from k = 1 without gaps"
-                    )
-                    row[key] = REPORTED
-                    continue
-                row[key] = [cells[k] for k in ks]
+        row = _csv_profile(line, header, values, problems)
         rows.append((line, {key: line for key in row}, row))
     return rows
+
+
+def _csv_profile(line: int, header: list[str], values: list[str], problems: list[str]) -> dict[str, Any]:
+    """The profile object of one CSV row: its non-blank cells by column, the list columns gathered."""
+    row: dict[str, Any] = {}
+    lists: dict[str, dict[int, str]] = {"target_step_ms": {}, "round_ms": {}}
+    for name, value in zip(header, values):
+        value = value.strip()
+        listed = LIST_COLUMN.match(name)
+        if listed:
+            key = "target_step_ms" if listed.group(1) == "t" else "round_ms"
+            if value:
+                lists[key][int(listed.group(2))] = value
+        elif value:
+            row[name] = value
+    for key, cells in lists.items():
+        if cells:
+            ks = sorted(cells)
+            if ks != list(range(1, len(ks) + 1)):
+                column = "t" if key == "target_step_ms" else "round"
+                problems.append(
+                    f"line {line}, field '{key}': {column}<k>_ms cells must run from k = 1 without gaps"
+                )
+                row[key] = REPORTED
+                continue
+            row[key] = [cells[k] for k in ks]
+    return row
 
 
 # ---------------------------------------------------------------- checking one profile
@@ -313,7 +322,46 @@ def _checked(
 
     for field in sorted(set(row) - KNOWN_FIELDS):
         problem(field, f"unknown field (known: {', '.join(sorted(KNOWN_FIELDS))})")
-    texts = {}
+    texts = _texts(row, problem)
+    batch_size = _batch_size(row, problem)
+    pair = _pair(row, problem)
+    forwards = "target_step_ms" in row
+    rounds = "plain_step_ms" in row or "round_ms" in row
+    if forwards == rounds:
+        problem(
+            "target_step_ms",
+            "give target_step_ms (T_t(1..K)) with draft_step_ms, or plain_step_ms with round_ms, not both",
+        )
+        return None
+    steps, draft, overheads = _forwards_times(row, problem) if forwards else _rounds_times(row, problem)
+    if steps is not None and not _plausible_steps(steps, forwards, problem):
+        steps = None
+    engine, device, dtype = texts["engine"], texts["device"], texts["dtype"]
+    if len(problems) > before or steps is None or draft is None or batch_size is None:
+        return None
+    if engine is None or device is None or dtype is None:  # each was reported as required above
+        return None
+    return ImportedProfile(
+        line=line,
+        engine=engine,
+        engine_version=texts["engine_version"],
+        device=device,
+        dtype=dtype,
+        batch_size=int(batch_size),
+        target=pair["target"],
+        draft=pair["draft"],
+        target_forward_s=[s / 1000 for s in steps],
+        draft_step_s=draft / 1000,
+        round_overhead_s=None if overheads[0] is None else overheads[0] / 1000,
+        decode_overhead_s=None if overheads[1] is None else overheads[1] / 1000,
+        shape="forwards" if forwards else "rounds",
+        field_lines=dict(lines),
+    )
+
+
+def _texts(row: dict[str, Any], problem: ProblemSink) -> dict[str, str | None]:
+    """The text fields of :data:`TEXT_LIMITS`, stripped (None when blank: a problem unless optional)."""
+    texts: dict[str, str | None] = {}
     for field, limit in TEXT_LIMITS.items():
         value = row.get(field)
         if value is None or str(value).strip() == "":
@@ -325,6 +373,11 @@ def _checked(
         if len(text) > limit:
             problem(field, f"at most {limit} characters, got {len(text)}")
         texts[field] = text
+    return texts
+
+
+def _batch_size(row: dict[str, Any], problem: ProblemSink) -> int | None:
+    """The row's batch size (1 when not given), or None after a problem."""
     batch_size = _number(row.get("batch_size", 1), "batch_size", problem, integer=True, minimum=1)
     if batch_size is not None and batch_size > MAX_BATCH_SIZE:
         problem(
@@ -332,7 +385,12 @@ def _checked(
             f"at most {MAX_BATCH_SIZE} sequences decoded together, got {batch_size}; the batch size counts "
             "sequences, not tokens",
         )
-        batch_size = None
+        return None
+    return batch_size
+
+
+def _pair(row: dict[str, Any], problem: ProblemSink) -> dict[str, str | None]:
+    """The canonical ``target`` and ``draft`` specs the row names (None where not given or refused)."""
     pair: dict[str, str | None] = {}
     given = [f for f in ("target", "draft") if row.get(f) is not None and str(row[f]).strip()]
     for field in ("target", "draft"):
@@ -352,83 +410,73 @@ def _checked(
             pair[field] = ref.canonical
     if len(given) == 1:
         problem("draft" if given == ["target"] else "target", "give both target and draft, or neither")
-    forwards = "target_step_ms" in row
-    rounds = "plain_step_ms" in row or "round_ms" in row
-    if forwards == rounds:
+    return pair
+
+
+def _forwards_times(
+    row: dict[str, Any], problem: ProblemSink
+) -> tuple[list[float] | None, float | None, list]:
+    """(T_t(1..K), draft step, [round overhead, decode overhead]) in ms of a forwards row (None where
+    refused; an overhead not given is None)."""
+    steps = _ms_list(row.get("target_step_ms"), "target_step_ms", problem, minimum_length=2)
+    # a draft step or an overhead may be 0 (an n-gram lookup, an engine that overlaps its bookkeeping)
+    draft = _number(row.get("draft_step_ms"), "draft_step_ms", problem, minimum=0.0, maximum=MAX_STEP_MS)
+    overheads = [
+        _number(row[f], f, problem, minimum=0.0, maximum=MAX_STEP_MS) if f in row else None
+        for f in ("round_overhead_ms", "decode_overhead_ms")
+    ]
+    return steps, draft, overheads
+
+
+def _rounds_times(row: dict[str, Any], problem: ProblemSink) -> tuple[list[float] | None, float | None, list]:
+    """As :func:`_forwards_times` for a rounds row: the plain step, then the round at 1..K speculative
+    tokens, as T_t(1..K+1), with no draft step or overhead of its own."""
+    plain = _number(row.get("plain_step_ms"), "plain_step_ms", problem, minimum=0.0, positive=True)
+    round_ms = _ms_list(row.get("round_ms"), "round_ms", problem, minimum_length=1)
+    steps = [plain] + round_ms if plain is not None and round_ms is not None else None
+    for field in ("draft_step_ms", "round_overhead_ms", "decode_overhead_ms"):
+        if field in row:
+            problem(field, "not with plain_step_ms and round_ms (a round's time includes it)")
+    return steps, 0.0, [None, None]
+
+
+def _plausible_steps(steps: list[float], forwards: bool, problem: ProblemSink) -> bool:
+    """Whether the step times pass the count and magnitude checks (False after a magnitude problem;
+    a count or shape problem is reported and left to the caller's problem count)."""
+    if len(steps) > MAX_K:
+        problem("target_step_ms" if forwards else "round_ms", f"at most {MAX_K} step times, got {len(steps)}")
+    named = (
+        [(f"target_step_ms[{k}]", t) for k, t in enumerate(steps, start=1)]
+        if forwards
+        else [("plain_step_ms", steps[0])] + [(f"round_ms[{k}]", t) for k, t in enumerate(steps[1:], start=1)]
+    )
+    if not _plausible_magnitudes(named, problem):
+        return False
+    _check_shape(steps, forwards, problem)
+    return True
+
+
+def _check_shape(steps: list[float], forwards: bool, problem: ProblemSink) -> None:
+    """A problem when T(k)/T(1) (forwards) or round / plain step (rounds) is physically implausible."""
+    bound = MAX_RATIO_PER_TOKEN if forwards else MAX_ROUND_RATIO_PER_TOKEN
+    odd = implausible_ratios(steps, bound, tolerance_s=0.0)  # an engine's own medians: no jitter allowance
+    if odd and forwards:
+        listed = ", ".join(f"{ratio:.2f} at k = {k}" for k, ratio in sorted(odd.items()))
         problem(
             "target_step_ms",
-            "give target_step_ms (T_t(1..K)) with draft_step_ms, or plain_step_ms with round_ms, not both",
+            f"physically implausible T_t(k)/T_t(1) = {listed} (a pass over k tokens takes {MIN_RATIO:g} to "
+            f"{bound:g} k times a pass over one); were the times warm and in milliseconds?",
         )
-        return None
-    if forwards:
-        steps = _ms_list(row.get("target_step_ms"), "target_step_ms", problem, minimum_length=2)
-        # a draft step or an overhead may be 0 (an n-gram lookup, an engine that overlaps its bookkeeping)
-        draft = _number(row.get("draft_step_ms"), "draft_step_ms", problem, minimum=0.0, maximum=MAX_STEP_MS)
-        overheads = [
-            _number(row[f], f, problem, minimum=0.0, maximum=MAX_STEP_MS) if f in row else None
-            for f in ("round_overhead_ms", "decode_overhead_ms")
-        ]
-    else:
-        plain = _number(row.get("plain_step_ms"), "plain_step_ms", problem, minimum=0.0, positive=True)
-        round_ms = _ms_list(row.get("round_ms"), "round_ms", problem, minimum_length=1)
-        steps = [plain] + round_ms if plain is not None and round_ms is not None else None
-        draft, overheads = 0.0, [None, None]
-        for field in ("draft_step_ms", "round_overhead_ms", "decode_overhead_ms"):
-            if field in row:
-                problem(field, "not with plain_step_ms and round_ms (a round's time includes it)")
-    if steps is not None and len(steps) > MAX_K:
-        problem("target_step_ms" if forwards else "round_ms", f"at most {MAX_K} step times, got {len(steps)}")
-    if steps is not None:
-        named = (
-            [(f"target_step_ms[{k}]", t) for k, t in enumerate(steps, start=1)]
-            if forwards
-            else [("plain_step_ms", steps[0])]
-            + [(f"round_ms[{k}]", t) for k, t in enumerate(steps[1:], start=1)]
+    elif odd:
+        listed = ", ".join(f"{ratio:.2f} at {k - 1} speculative tokens" for k, ratio in sorted(odd.items()))
+        problem(
+            "round_ms",
+            f"physically implausible round / plain step = {listed} (a round drafting g tokens takes "
+            f"{MIN_RATIO:g} to {bound:g} (g + 1) plain steps); were the times warm and in milliseconds?",
         )
-        if not _plausible_magnitudes(named, problem):
-            steps = None
-    if steps is not None:
-        bound = MAX_RATIO_PER_TOKEN if forwards else MAX_ROUND_RATIO_PER_TOKEN
-        odd = implausible_ratios(
-            steps, bound, tolerance_s=0.0
-        )  # an engine's own medians: no jitter allowance
-        if odd and forwards:
-            listed = ", ".join(f"{ratio:.2f} at k = {k}" for k, ratio in sorted(odd.items()))
-            problem(
-                "target_step_ms",
-                f"physically implausible T_t(k)/T_t(1) = {listed} (a pass over k tokens takes {MIN_RATIO:g} to "
-                f"{bound:g} k times a pass over one); were the times warm and in milliseconds?",
-            )
-        elif odd:
-            listed = ", ".join(
-                f"{ratio:.2f} at {k - 1} speculative tokens" for k, ratio in sorted(odd.items())
-            )
-            problem(
-                "round_ms",
-                f"physically implausible round / plain step = {listed} (a round drafting g tokens takes "
-                f"{MIN_RATIO:g} to {bound:g} (g + 1) plain steps); were the times warm and in milliseconds?",
-            )
-    if len(problems) > before or steps is None or draft is None or batch_size is None:
-        return None
-    return ImportedProfile(
-        line=line,
-        engine=texts["engine"],
-        engine_version=texts["engine_version"],
-        device=texts["device"],
-        dtype=texts["dtype"],
-        batch_size=int(batch_size),
-        target=pair["target"],
-        draft=pair["draft"],
-        target_forward_s=[s / 1000 for s in steps],
-        draft_step_s=draft / 1000,
-        round_overhead_s=None if overheads[0] is None else overheads[0] / 1000,
-        decode_overhead_s=None if overheads[1] is None else overheads[1] / 1000,
-        shape="forwards" if forwards else "rounds",
-        field_lines=dict(lines),
-    )
 
 
-def _plausible_magnitudes(named: list[tuple[str, float]], problem) -> bool:
+def _plausible_magnitudes(named: list[tuple[str, float]], problem: ProblemSink) -> bool:
     """Whether every step time (``(field, milliseconds)`` in file order) is within MIN_STEP_MS to
     MAX_STEP_MS; else one problem per list field, at its first time outside, and False."""
     reported = set()
@@ -525,6 +573,29 @@ def store_imported_profiles(
         if run is None:
             raise CostFileError(filename, [f"--for-run: no analysis run {for_run}"])
         run_pair = run.pair
+    problems = _unstorable(session, profiles, run_pair, new_pair)
+    if problems:
+        raise CostFileError(filename, problems)
+    stored = []
+    for p in profiles:
+        if p.target is None:
+            # a profile without a pair was refused above unless the import is for a run
+            assert run_pair is not None
+            pair = run_pair
+        else:
+            pair = get_or_create_pair(session, parse_spec(p.target), parse_spec(p.draft or ""))
+        profile = _imported_profile(p, pair, filename)
+        session.add(profile)
+        stored.append(profile)
+    session.flush()
+    return stored
+
+
+def _unstorable(
+    session: Session, profiles: list[ImportedProfile], run_pair: ModelPair | None, new_pair: bool
+) -> list[str]:
+    """A problem, with line and field, for each profile that has no pair, names a pair no stored run
+    or model spec knows (unless ``new_pair``), is stored already, or repeats an earlier one."""
     problems: list[str] = []
     first_line: dict[tuple, int] = {}
     for p in profiles:
@@ -535,16 +606,8 @@ def store_imported_profiles(
             )
             continue
         if p.target is not None and not new_pair:
-            unknown = [
-                (name, spec)
-                for name, spec in (("target", p.target), ("draft", p.draft))
-                if not _known(session, spec)
-            ]
-            for name, spec in unknown:
-                problems.append(
-                    f"line {p.line_of(name)}, field '{name}': no stored run or model spec knows {spec}; check "
-                    f"the spelling, or {NEW_PAIR_HINT} to store a profile for a pair not analysed yet"
-                )
+            unknown = _unknown_specs(session, p)
+            problems.extend(unknown)
             if unknown:
                 continue
         pair = run_pair if p.target is None else _stored_pair(session, p.target, p.draft or "")
@@ -553,49 +616,58 @@ def store_imported_profiles(
             problems.append(f"line {p.line}: already stored as cost profile #{same} (the same {SAME_FIELDS})")
             continue
         # a row naming the run's pair and one taking it from --for-run (the file's own check cannot see it)
-        key = (pair.id if pair is not None else (p.target, p.draft), p.engine, p.engine_version, p.device)
-        key += (p.dtype, p.batch_size, p.times_s())
+        key = (
+            pair.id if pair is not None else (p.target, p.draft),
+            p.engine,
+            p.engine_version,
+            p.device,
+            p.dtype,
+            p.batch_size,
+            p.times_s(),
+        )
         if key in first_line:
             problems.append(
                 f"line {p.line}: the same profile as line {first_line[key]} (the same {SAME_FIELDS})"
             )
         first_line.setdefault(key, p.line)
-    if problems:
-        raise CostFileError(filename, problems)
-    stored = []
-    for p in profiles:
-        pair = (
-            run_pair
-            if p.target is None
-            else get_or_create_pair(session, parse_spec(p.target), parse_spec(p.draft or ""))
-        )
-        profile = CostProfile(
-            pair_id=pair.id,
-            priced_by=p.engine,
-            measured_by=IMPORTED,
-            source=IMPORTED,
-            engine_version=p.engine_version,
-            device=p.device,
-            dtype=p.dtype,
-            batch_size=p.batch_size,
-            threads=None,
-            context_tokens=0,
-            repeats=1,
-            target_forward_s=p.target_forward_s,
-            draft_step_s=p.draft_step_s,
-            target_prefill_s=None,
-            draft_prefill_s=None,
-            round_overhead_s=p.round_overhead_s,
-            decode_overhead_s=p.decode_overhead_s,
-            target_forward_spread=None,
-            quality=None,  # not judged here: the engine's benchmark measured it
-            quality_notes=[f"imported from {filename} (line {p.line}, {p.shape})"],
-            library_versions={p.engine: p.engine_version} if p.engine_version else {},
-        )
-        session.add(profile)
-        stored.append(profile)
-    session.flush()
-    return stored
+    return problems
+
+
+def _unknown_specs(session: Session, p: ImportedProfile) -> list[str]:
+    """A problem for the ``target`` and the ``draft`` of ``p`` that no stored model spec is."""
+    return [
+        f"line {p.line_of(name)}, field '{name}': no stored run or model spec knows {spec}; check "
+        f"the spelling, or {NEW_PAIR_HINT} to store a profile for a pair not analysed yet"
+        for name, spec in (("target", p.target), ("draft", p.draft))
+        if not _known(session, spec)
+    ]
+
+
+def _imported_profile(p: ImportedProfile, pair: ModelPair, filename: str) -> CostProfile:
+    """The cost profile row that stores ``p`` for ``pair``."""
+    return CostProfile(
+        pair_id=pair.id,
+        priced_by=p.engine,
+        measured_by=IMPORTED,
+        source=IMPORTED,
+        engine_version=p.engine_version,
+        device=p.device,
+        dtype=p.dtype,
+        batch_size=p.batch_size,
+        threads=None,
+        context_tokens=0,
+        repeats=1,
+        target_forward_s=p.target_forward_s,
+        draft_step_s=p.draft_step_s,
+        target_prefill_s=None,
+        draft_prefill_s=None,
+        round_overhead_s=p.round_overhead_s,
+        decode_overhead_s=p.decode_overhead_s,
+        target_forward_spread=None,
+        quality=None,  # not judged here: the engine's benchmark measured it
+        quality_notes=[f"imported from {filename} (line {p.line}, {p.shape})"],
+        library_versions={p.engine: p.engine_version} if p.engine_version else {},
+    )
 
 
 def _known(session: Session, spec: str | None) -> bool:

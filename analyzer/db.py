@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # Windows: SQLite's busy handler alone

@@ -18,7 +18,11 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from analyzer.acceptance import DraftingRule
-    from analyzer.orm import ModelPair
+    from analyzer.cost import CostMeasurement
+    from analyzer.orm import ModelPair, Prompt
+    from analyzer.overhead import MachineryOverhead
+    from analyzer.prompt_encoding import EncodedPrompt
+    from analyzer.prompt_passes import PromptPasses
     from analyzer.run_params import RunParams
     from analyzer.specs import ModelSpecRef
 
@@ -131,6 +135,57 @@ class LoadedPair(Protocol):
 
     def warmup_passes(self) -> int:
         """The untimed passes before each timed model's first timed pass."""
+        ...
+
+    @property
+    def ngram_max(self) -> int | None:
+        """The prompt-lookup n-gram size (None for a model draft)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (``decode`` turns output ids into text)."""
+        ...
+
+    def tokenizers(self) -> tuple[Any, Any | None]:
+        """The target's and a model draft's tokenizers (None for prompt lookup), for fingerprints."""
+        ...
+
+    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
+        """The prompt's token ids under the run's chat template and prompt limit."""
+        ...
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's text, for the report's drill-down."""
+        ...
+
+    def measure_batch(
+        self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int
+    ) -> list[PromptPasses]:
+        """The passes of a batch of prompts, one :class:`PromptPasses` per prompt."""
+        ...
+
+    def measure_costs(
+        self,
+        context: list[int],
+        k_max: int,
+        batch_size: int,
+        on_repeat: Any,
+        *,
+        on_draft_repeat: Any = None,
+        cost_mode: str | None = ...,
+    ) -> CostMeasurement:
+        """The cost measurement at ``batch_size`` over a cache of ``context``, timed in ``cost_mode``."""
+        ...
+
+    def measure_overhead(
+        self, context: list[int], params: RunParams, on_generate: Any = None
+    ) -> MachineryOverhead:
+        """The machinery's own time around the model calls, per plain step and per round."""
+        ...
+
+    def validate(self, prompt_ids: list[int], params: RunParams, gamma: int) -> Any:
+        """Plain against speculative greedy generation of one prompt at ``gamma``."""
         ...
 
 

@@ -21,6 +21,7 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from time import perf_counter, process_time
+from typing import cast
 
 import numpy as np
 import torch
@@ -82,13 +83,15 @@ class StaticModel:
                 )
             self._positions = torch.arange(max_len, device=self.device)
             self._start = torch.zeros((), dtype=torch.long, device=self.device)
-        self._steps: dict[int, tuple[torch.Tensor, torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        # per k: the step's input ids and, once captured, its graph and the graph's static logits
+        self._steps: dict[int, tuple[torch.Tensor, tuple[torch.cuda.CUDAGraph, torch.Tensor] | None]] = {}
 
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits (b, k, V) of ``input_ids`` (b, k) written at positions start..start+k-1 of the cache;
         only device work, so that it can be captured."""
         k = input_ids.shape[1]
-        for layer in self.cache.layers:  # the write position (a device tensor per layer once allocated)
+        # the write position (a device tensor per layer once allocated); __init__ refused other layer types
+        for layer in cast("list[StaticLayer]", self.cache.layers):
             if getattr(layer, "is_initialized", False) and hasattr(layer, "cumulative_length"):
                 layer.cumulative_length.copy_(self._start)
         query_positions = self._start + self._positions[:k]
@@ -115,16 +118,16 @@ class StaticModel:
             raise ValueError(f"{len(ids)} tokens do not fit a static cache of {self.max_len}")
         if not ids:
             return
-        timing = self.forward_times is not None
-        if timing:  # a forward like any other: what the machinery spends around it is measured apart
+        forward_times = self.forward_times
+        if forward_times is not None:  # a forward like any other: the machinery around it is measured apart
             _synchronize(self.device)
             started = perf_counter()
         with torch.inference_mode():
             self._start.fill_(0)
             self._forward(torch.tensor([ids] * self.batch_size, dtype=torch.long, device=self.device))
-        if timing:
+        if forward_times is not None:
             _synchronize(self.device)
-            self.forward_times.append(perf_counter() - started)
+            forward_times.append(perf_counter() - started)
 
     def prepare(self, ids: list[int], start: int) -> int:
         """Copy ``ids`` into the input of the step of k = len(ids) tokens and set the start position
@@ -139,30 +142,30 @@ class StaticModel:
                 self._steps[k] = (
                     torch.zeros((self.batch_size, k), dtype=torch.long, device=self.device),
                     None,
-                    None,
                 )
             input_ids = self._steps[k][0]
             input_ids.copy_(torch.tensor([ids] * self.batch_size, dtype=torch.long))
             self._start.fill_(start)
             if self.capture and self._steps[k][1] is None:
-                self._steps[k] = (input_ids, *self._captured(input_ids))
+                self._steps[k] = (input_ids, self._captured(input_ids))
         return k
 
     def run(self, k: int) -> torch.Tensor:
         """Run the prepared step of k tokens; its logits (b, k, V), valid until the next step of k."""
-        input_ids, graph, logits = self._steps[k]
-        timing = self.forward_times is not None
-        if timing:
+        input_ids, captured = self._steps[k]
+        forward_times = self.forward_times
+        if forward_times is not None:
             _synchronize(self.device)
             started = perf_counter()
         with torch.inference_mode():
-            if graph is not None:
+            if captured is not None:
+                graph, logits = captured
                 graph.replay()
             else:
                 logits = self._forward(input_ids)
-        if timing:
+        if forward_times is not None:
             _synchronize(self.device)
-            self.forward_times.append(perf_counter() - started)
+            forward_times.append(perf_counter() - started)
         return logits
 
     def step(self, ids: list[int], start: int) -> torch.Tensor:
@@ -255,12 +258,14 @@ class GraphDecoder:
         self.target: StaticModel | None = None
         self.draft: StaticModel | None = None
 
-    def _room(self, needed: int) -> None:
+    def _room(self, needed: int) -> StaticModel:
+        """Make the caches hold ``needed`` positions (replacing smaller ones); the target's static model."""
         if self.target is None or self.target.max_len < needed:
             length = cache_length(needed)
             self.target = StaticModel(self.target_model, 1, length, capture=self.capture)
             if self.draft_model is not None:
                 self.draft = StaticModel(self.draft_model, 1, length, capture=self.capture)
+        return self.target
 
     @contextlib.contextmanager
     def timed_forwards(self) -> Iterator[list[float]]:
@@ -288,12 +293,12 @@ class GraphDecoder:
         stops = self.eos_ids if stop_ids is None else set(stop_ids)
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        self._room(len(prompt_ids) + max_new_tokens + 1)
+        target = self._room(len(prompt_ids) + max_new_tokens + 1)
         sequence = list(prompt_ids)
-        self.target.prefill(sequence[:-1])
+        target.prefill(sequence[:-1])
         passes = 0
         while len(sequence) - len(prompt_ids) < max_new_tokens:
-            token = int(self.target.step(sequence[-1:], len(sequence) - 1)[0, -1].argmax())
+            token = int(target.step(sequence[-1:], len(sequence) - 1)[0, -1].argmax())
             passes += 1
             sequence.append(token)
             if token in stops:
@@ -311,23 +316,23 @@ class GraphDecoder:
             raise ValueError("prompt_ids must not be empty")
         if gamma < 1:
             raise ValueError(f"gamma must be at least 1, got {gamma}")
-        self._room(len(prompt_ids) + max_new_tokens + gamma + 1)
+        target, draft = self._room(len(prompt_ids) + max_new_tokens + gamma + 1), self.draft
         sequence = list(prompt_ids)
-        self.target.prefill(sequence[:-1])
-        if self.draft is not None:
-            self.draft.prefill(sequence[:-1])
+        target.prefill(sequence[:-1])
+        if draft is not None:
+            draft.prefill(sequence[:-1])
         draft_position = len(sequence) - 1  # the first position the draft's cache lacks
         passes = 0
         while (made := len(sequence) - len(prompt_ids)) < max_new_tokens:
             left = max_new_tokens - made
-            if self.draft is not None:
+            if draft is not None:
                 drafts, draft_position = self._model_drafts(
-                    sequence, draft_position, min(gamma, left - 1), stops
+                    draft, sequence, draft_position, min(gamma, left - 1), stops
                 )
             else:
                 drafts = self._lookup_drafts(sequence, len(prompt_ids) + max_new_tokens, gamma, stops)
             start = len(sequence) - 1
-            choices = self.target.step(sequence[-1:] + drafts, start)[0].argmax(-1).tolist()
+            choices = target.step(sequence[-1:] + drafts, start)[0].argmax(-1).tolist()
             passes += 1
             accepted = 0
             while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
@@ -335,26 +340,25 @@ class GraphDecoder:
             new = (drafts[:accepted] + [choices[accepted]])[:left]
             ended = next((i for i, token in enumerate(new) if token in stops), None)
             sequence += new if ended is None else new[: ended + 1]
-            if (
-                self.draft is not None
-            ):  # the draft's cache holds the drafts it was fed, up to the first rejected
+            if draft is not None:  # the draft's cache holds the drafts it was fed, up to the first rejected
                 draft_position = min(draft_position, start + 1 + accepted)
             if ended is not None:
                 break
         return sequence[len(prompt_ids) :], passes
 
+    @staticmethod
     def _model_drafts(
-        self, sequence: list[int], position: int, count: int, stops: set[int]
+        draft: StaticModel, sequence: list[int], position: int, count: int, stops: set[int]
     ) -> tuple[list[int], int]:
-        """Up to ``count`` draft tokens after ``sequence`` (stopping after an EOS), feeding the draft
+        """Up to ``count`` tokens of ``draft`` after ``sequence`` (stopping after an EOS), feeding the draft
         what its cache lacks from ``position`` first; returns them and the new first missing position."""
         if count < 1:
             return [], position
-        choice = int(self.draft.step(sequence[position:], position)[0, -1].argmax())
+        choice = int(draft.step(sequence[position:], position)[0, -1].argmax())
         position = len(sequence)
         drafts = [choice]
         while len(drafts) < count and choice not in stops:
-            choice = int(self.draft.step([choice], position)[0, -1].argmax())
+            choice = int(draft.step([choice], position)[0, -1].argmax())
             position += 1
             drafts.append(choice)
         return drafts, position
@@ -363,11 +367,15 @@ class GraphDecoder:
         """Prompt lookup's proposal, exactly as transformers makes it (on the host, as engines do)."""
         from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
+        if self.ngram_max is None:  # __init__ allows that only with a draft model, which never gets here
+            raise ValueError("prompt lookup needs ngram_max")
         generator = PromptLookupCandidateGenerator(
             eos_token_id=torch.tensor(sorted(stops)) if stops else None,
             num_output_tokens=gamma,
             max_matching_ngram_size=self.ngram_max,
             max_length=max_length,
         )
-        candidates, _ = generator.get_candidates(torch.tensor([sequence], dtype=torch.long))
+        candidates, _ = generator.get_candidates(
+            cast(torch.LongTensor, torch.tensor([sequence], dtype=torch.long))
+        )
         return candidates[0, len(sequence) :].tolist()

@@ -76,7 +76,7 @@ class ParsedFile:
     prompts: list[ParsedPrompt]
     duplicates: list[DuplicateNotice] = field(default_factory=list)
 
-    def task_counts(self) -> dict[str, int]:
+    def task_counts(self) -> dict[str | None, int]:
         """Number of prompts per task label (``None`` for unlabelled)."""
         return dict(Counter(p.task for p in self.prompts))
 

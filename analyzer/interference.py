@@ -86,6 +86,7 @@ def others_busy_s(before: tuple[int | None, float], after: tuple[int | None, flo
 
 
 def machine_reading() -> tuple[int | None, float]:
+    """(busy jiffies of the whole machine, None off Linux; CPU seconds our process has used so far)."""
     ours = os.times()
     return _busy_jiffies(), ours.user + ours.system
 
@@ -190,9 +191,43 @@ def checked_timings(
     points = judge(*measure(ks, warmup), threads, on_cpu)
     medians, spread = points.medians, points.spread
     hit = (spread > SPREAD_TOLERANCE) | points.too_few
-    starved, shares, rounds = points.starved, [points.share], [points]
-    remeasured: set[int] = set()
     first_odd = implausible_ratios(medians)
+    remeasured, new_rounds = _remeasure_hit_points(measure, ks, medians, spread, hit, threads, on_cpu)
+    rounds = [points, *new_rounds]
+    starved = sum(p.starved for p in rounds)
+    odd_after = implausible_ratios(medians)
+    others_share = _others_share(rounds)
+    still = [k for k in ks if hit[k - 1]]
+    busy = others_share is not None and others_share > MAX_OTHERS_CPU
+    notes = _timing_notes(
+        starved, first_odd, remeasured, odd_after, still, spread, others_share if busy else None
+    )
+    verdict = "noisy" if still or busy or odd_after else "remeasured" if remeasured or starved else "clean"
+    judged = [p.share for p in rounds if p.share is not None]
+    quality = TimingQuality(
+        [float(v) for v in spread],
+        sorted(remeasured),
+        float(min(judged)) if judged else None,
+        others_share,
+        verdict,
+        notes,
+    )
+    return [float(t) for t in medians], quality
+
+
+def _remeasure_hit_points(
+    measure: TimingMatrix,
+    ks: list[int],
+    medians: np.ndarray,
+    spread: np.ndarray,
+    hit: np.ndarray,
+    threads: int,
+    on_cpu: bool,
+) -> tuple[set[int], list[Points]]:
+    """Measure hit and implausible points again, updating ``medians``, ``spread`` and ``hit`` in place;
+    returns the k values measured again and the new rounds."""
+    remeasured: set[int] = set()
+    rounds: list[Points] = []
     for _ in range(EXTRA_ROUNDS):
         odd = set(implausible_ratios(medians))
         if odd:
@@ -202,23 +237,34 @@ def checked_timings(
             break
         remeasured.update(again)
         new = judge(*measure(again, 0), threads, on_cpu)
-        starved += new.starved
-        shares.append(new.share)
         rounds.append(new)
         for i, k in enumerate(again):
             new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
             # an implausible point is replaced whatever its spread: a steady disturbance spreads little
             if k in odd or (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
                 medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
-    odd_after = implausible_ratios(medians)
-    others_s = [p.kept_others_s for p in rounds]
+    return remeasured, rounds
+
+
+def _others_share(rounds: list[Points]) -> float | None:
+    """The share of the machine's CPU other processes used during the repeats kept (None: not known)."""
+    others_s = [p.kept_others_s for p in rounds if p.kept_others_s is not None]
     kept_wall = sum(p.kept_wall_s for p in rounds)
-    others_share = (
-        min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
-        if kept_wall > 0 and None not in others_s
-        else None
-    )
-    still = [k for k in ks if hit[k - 1]]
+    if kept_wall > 0 and len(others_s) == len(rounds):
+        return min(1.0, sum(others_s) / (kept_wall * (os.cpu_count() or 1)))
+    return None
+
+
+def _timing_notes(
+    starved: int,
+    first_odd: dict[int, float],
+    remeasured: set[int],
+    odd_after: dict[int, float],
+    still: list[int],
+    spread: np.ndarray,
+    busy_share: float | None,
+) -> list[str]:
+    """What :func:`checked_timings` saw, in words (``busy_share``: others' share when above the bar)."""
     notes = []
     if starved:
         notes.append(
@@ -244,20 +290,9 @@ def checked_timings(
             f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
             "repeats after re-measuring"
         )
-    busy = others_share is not None and others_share > MAX_OTHERS_CPU
-    if busy:
-        notes.append(f"other processes used {others_share:.0%} of the machine's CPU while profiling")
-    verdict = "noisy" if still or busy or odd_after else "remeasured" if remeasured or starved else "clean"
-    judged = [v for v in shares if v is not None]
-    quality = TimingQuality(
-        [float(v) for v in spread],
-        sorted(remeasured),
-        float(min(judged)) if judged else None,
-        others_share,
-        verdict,
-        notes,
-    )
-    return [float(t) for t in medians], quality
+    if busy_share is not None:
+        notes.append(f"other processes used {busy_share:.0%} of the machine's CPU while profiling")
+    return notes
 
 
 def disturbed(others_cpu: float | None) -> bool:

@@ -178,7 +178,8 @@ def measure_llamacpp_overhead(
     )
 
     def once(attempt: int) -> MachineryOverhead:
-        decode, rounds = [], []
+        decode: list[float] = []
+        rounds: list[float] = []
         for r in range(repeats):
             for model in (target, speculative) if r % 2 == 0 else (speculative, target):
                 run = run_generate(model, context_ids, new_tokens, eos_ids=[])

@@ -32,6 +32,9 @@ from analyzer.specs import ModelSpecRef, parse_spec
 from analyzer.tokenizer_match import check_same_tokenizer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from analyzer.llamacpp_speculative import SpeculativePair
     from analyzer.overhead import GenerateCallback
 
 MAX_CONTEXT_TOKENS = 4096  # the longest prompt + budget a llama.cpp run holds (its KV cache is sized for it)
@@ -51,13 +54,13 @@ class LlamaCppRunModels:
     target: LlamaCppModel
     draft: LlamaCppModel | None
     draft_ref: ModelSpecRef
-    tokenizer: object
-    draft_tokenizer: object | None
+    tokenizer: PreTrainedTokenizerBase
+    draft_tokenizer: PreTrainedTokenizerBase | None
     eos_ids: list[int]
     pad_id: int
     engine: str = LLAMA_CPP
     rule: DraftingRule = LLAMA_CPP_RULE
-    _pair: object = field(default=None, repr=False)
+    _pair: SpeculativePair | None = field(default=None, repr=False)
 
     @property
     def ngram_max(self) -> int | None:

@@ -139,19 +139,21 @@ class SpeculativePair:
 
     def speculative(self, gamma: int, n_ctx: int) -> LlamaCppModel:
         """The speculating context at lookahead ``gamma`` with at least ``n_ctx`` positions."""
-        if self._key is None or self._key[0] != gamma or self._key[1] < n_ctx:
-            if self._speculative is not None:
-                self._speculative.close()
+        speculative = self._speculative
+        # close() drops the context but not its key: a closed pair builds a new one
+        if speculative is None or self._key is None or self._key[0] != gamma or self._key[1] < n_ctx:
+            if speculative is not None:
+                speculative.close()
             drafter = (
                 prompt_lookup(gamma, self.ngram_max or 2)
                 if self.draft is None
                 else GreedyLlamaDraft(self.draft, gamma, self.eos_ids)
             )
-            self._speculative = LlamaCppModel(
+            speculative = self._speculative = LlamaCppModel(
                 self.plain.path, n_ctx=n_ctx, threads=self.plain.threads, logits_all=True, draft_model=drafter
             )
             self._key = (gamma, n_ctx)
-        return self._speculative
+        return speculative
 
     def close(self) -> None:
         if self._speculative is not None:

@@ -80,7 +80,8 @@ def _ready_for_measurement(model: PreTrainedModel, placement: Placement, name: s
         if free is not None and needed > free:
             raise ModelTooLarge(_too_large(name, parameters, needed, free, placement))
     try:
-        return model.to(device=placement.device, dtype=placement.torch_dtype).eval()
+        # transformers wraps `to` in functools.wraps, whose stub is no descriptor: mypy misses the bound self
+        return model.to(device=placement.device, dtype=placement.torch_dtype).eval()  # type: ignore[call-arg]
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
@@ -169,7 +170,8 @@ def strip_gguf_quantizer(model: PreTrainedModel) -> PreTrainedModel:
     """Make a GGUF-loaded (already dequantized) model saveable: transformers 5 refuses
     ``save_pretrained`` while ``model.hf_quantizer`` is set or the config carries a
     ``quantization_config``, although the weights are plain float tensors by then."""
-    model.hf_quantizer = None
+    # torch's stub types every attribute set on a Module as a Tensor or Module; this one is a plain attribute
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
     return model

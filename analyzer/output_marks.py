@@ -9,6 +9,7 @@ them. Results from before token ids were stored are not guessed at: they get a m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from analyzer.acceptance import token_marks_model_draft, token_marks_ngram
 from analyzer.engines import measuring_engine
@@ -62,7 +63,7 @@ def output_marks(run: AnalysisRun, result: PromptResult, gamma: int) -> OutputMa
             gamma,
             max_new_tokens,
             max_ngram=int(ngram.options.get("max_ngram", NGRAM_DEFAULT_MAX)),
-            eos_ids=run.eos_token_ids,
+            eos_ids=cast("list[int]", run.eos_token_ids),  # not None: checked above
             rule=rule,
         )
     elif result.draft_matches is not None:

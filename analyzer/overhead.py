@@ -194,7 +194,7 @@ def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> Mach
     """``measure_once(attempt)`` (attempt 1, 2, ...), measured again while other processes use more
     than MAX_OTHERS_CPU of the machine (/proc/stat), up to EXTRA_ROUNDS more times; the last result
     notes it in ``busy`` when they always did. Shared by every engine's overhead measurement."""
-    shares = []
+    shares: list[float] = []  # what other processes used during each attempt found too busy
     for attempt in range(1, 2 + EXTRA_ROUNDS):
         before, started = machine_reading(), perf_counter()
         measured = measure_once(attempt)
@@ -204,9 +204,9 @@ def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> Mach
             if used is not None
             else None
         )
-        shares.append(share)
         if share is None or share <= MAX_OTHERS_CPU:
             return measured
+        shares.append(share)
     return replace(
         measured,
         busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "

@@ -54,7 +54,7 @@ def prompt_token_limit(
     return max(MIN_PROMPT_TOKENS, context_limit(model) - max_new_tokens)
 
 
-def eos_token_ids(*candidates: int | Iterable[int] | None) -> list[int]:
+def eos_token_ids(*candidates: int | list[int] | tuple[int, ...] | None) -> list[int]:
     """The EOS ids as a list of ints from the first candidate that is set (not None): each one an id,
     a list or tuple of ids, or None, as ``generation_config.eos_token_id`` and
     ``tokenizer.eos_token_id`` hold them. ``eos_token_ids(model.generation_config.eos_token_id,

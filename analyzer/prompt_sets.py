@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
+from typing import cast
 
 from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
@@ -233,7 +235,7 @@ def list_prompts(
 def known_task_types(session: Session) -> list[str]:
     """The default task types and every label a stored prompt carries, sorted."""
     used = session.scalars(select(Prompt.task).where(Prompt.task.is_not(None)).distinct())
-    return sorted(set(DEFAULT_TASK_TYPES) | set(used))
+    return sorted(set(DEFAULT_TASK_TYPES) | {task for task in used if task is not None})
 
 
 def _checked_task(session: Session, task: str | None) -> str | None:
@@ -274,16 +276,20 @@ def relabel_prompts(
     label ``task`` ("" clears it); returns how many prompts changed."""
     checked = _checked_task(session, task)
     ids = select(Prompt.id).where(_filtered(prompt_set, search, current_task).whereclause)
-    result = session.execute(
-        update(Prompt)
-        .where(Prompt.id.in_(ids))
-        .where(
-            Prompt.task.is_not(None)
-            if checked is None
-            else or_(Prompt.task.is_(None), Prompt.task != checked)
-        )
-        .values(task=checked)
-        .execution_options(synchronize_session=False)
+    # an UPDATE's result is a CursorResult (Session.execute is typed for any statement)
+    result = cast(
+        CursorResult,
+        session.execute(
+            update(Prompt)
+            .where(Prompt.id.in_(ids))
+            .where(
+                Prompt.task.is_not(None)
+                if checked is None
+                else or_(Prompt.task.is_(None), Prompt.task != checked)
+            )
+            .values(task=checked)
+            .execution_options(synchronize_session=False)
+        ),
     )
     return int(result.rowcount or 0)
 

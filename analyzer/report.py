@@ -330,7 +330,7 @@ def _entropy_table(results: list[PromptResult], params: RunParams) -> dict:
 def profile_dict(profile: CostProfile) -> dict:
     """A stored cost profile as JSON-ready data, in seconds: the report's, `specroute costs list`'s and
     the Cost profiles page's one description of it."""
-    found = {
+    found: dict = {
         "target_k_s": list(profile.target_forward_s),
         "draft_s": profile.draft_step_s,
         "target_prefill_s": profile.target_prefill_s,

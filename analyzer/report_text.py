@@ -56,23 +56,48 @@ def report_text(report: dict) -> str:
     """A plain-text summary: the recommendation in words, then the per-task table. A run whose
     advice is withheld (a noisy cost profile) leads with that."""
     lines = [report["advice_withheld"], ""] if report.get("advice_withheld") else []
+    lines.append(_run_line(report))
+    lines.extend(_cost_lines(report))
+    if report.get("guarantee"):
+        lines.append(report["guarantee"])
+    workload = report.get("workload")
+    if workload and workload.get("best_gamma"):
+        verdict = "speculate" if workload["speculate"] else "do not speculate"
+        lines.append(
+            f"workload: {verdict} (best gamma {workload['best_gamma']}, predicted speedup "
+            f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})"
+        )
+    on = [t for t, s in report["tasks"].items() if s["speculate"]]
+    lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
+    lines.extend(_task_table(report))
+    lines.extend(_batch_table(report))
+    lines.extend(_validation_lines(report))
+    return "\n".join(lines)
+
+
+def _run_line(report: dict) -> str:
+    """The run's first line: its pair and mode, and what measured and priced it."""
     measured_on = f"{report.get('dtype') or 'float32'} on {report.get('device') or 'an unknown device'}"
     if report.get("repriced_from"):
         priced = report.get("cost_profile") or {}
         version = f" {priced['engine_version']}" if priced.get("engine_version") else ""
-        lines.append(
+        return (
             f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
             f"{report['mode']}; acceptance from run {report['repriced_from']} (measured in "
             f"{report.get('measured_in')}, {measured_on}), priced by {report.get('engine')}{version} on "
             f"{priced.get('device')} in {priced.get('dtype')} (cost profile {priced.get('id')}, nothing measured again)"
         )
-    else:
-        lines.append(
-            f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
-            f"{report['mode']}, {report.get('engine') or DEFAULT_ENGINE} engine"
-            + (f" ({report['cost_mode']} cost mode)" if report.get("cost_mode") else "")
-            + f", {measured_on}"
-        )
+    return (
+        f"run {report['run_id']} ({report['status']}): {report['target']} with draft {report['draft']}, "
+        f"{report['mode']}, {report.get('engine') or DEFAULT_ENGINE} engine"
+        + (f" ({report['cost_mode']} cost mode)" if report.get("cost_mode") else "")
+        + f", {measured_on}"
+    )
+
+
+def _cost_lines(report: dict) -> list[str]:
+    """One line per batch size's cost profile: T_t(1), the curve's ratios, the draft step, quality."""
+    lines = []
     for batch, cp in (report.get("cost_profiles") or {}).items():
         shown = cp["target_k_s"][:8]
         ratios = ", ".join(f"{t / shown[0]:.2f}" for t in shown)
@@ -86,22 +111,16 @@ def report_text(report: dict) -> str:
             f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}; "
             f"draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
         )
-    if report.get("guarantee"):
-        lines.append(report["guarantee"])
-    workload = report.get("workload")
-    if workload and workload.get("best_gamma"):
-        verdict = "speculate" if workload["speculate"] else "do not speculate"
-        lines.append(
-            f"workload: {verdict} (best gamma {workload['best_gamma']}, predicted speedup "
-            f"{workload['predicted_speedup']:.2f}x, alpha {workload['alpha_mean']:.2f})"
-        )
-    on = [t for t, s in report["tasks"].items() if s["speculate"]]
-    lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
+    return lines
+
+
+def _task_table(report: dict) -> list[str]:
+    """The per-task table, then why (a task on the workload's decision, a tier's note)."""
     header = (
         f"{'task':<18} {'n':>3} {'alpha':>6} {'±std':>6} {'AL':>5} {'g*':>3} {'S(g*) [90% interval]':>22} "
         f"{'meas.':>6}  {'tier':<19} decision"
     )
-    lines.append(header)
+    lines = [header]
     notes = []
     for task, s in report["tasks"].items():
         lines.append(
@@ -125,49 +144,61 @@ def report_text(report: dict) -> str:
     if notes:
         lines.append("why:")
         lines.extend(notes)
+    return lines
+
+
+def _batch_table(report: dict) -> list[str]:
+    """g* and S(g*) per task (and the workload) per batch size; nothing for a single batch size."""
     batches = sorted({int(b) for s in report["tasks"].values() for b in s.get("by_batch") or {}})
-    if len(batches) > 1:
-        lines.append("\nbest gamma and S(g*) per batch size:")
-        lines.append(f"{'task':<18} " + " ".join(f"{'b=' + str(b):>14}" for b in batches))
-        for task, s in list(report["tasks"].items()) + (
-            [("(workload)", report["workload"])] if report.get("workload") else []
-        ):
-            cells = []
-            for b in batches:
-                entry = (s.get("by_batch") or {}).get(str(b))
-                cells.append(
-                    f"{'-':>14}"
-                    if not entry or entry["predicted_speedup"] is None
-                    else format(
-                        f"g{entry['best_gamma']} {entry['predicted_speedup']:.2f}x"
-                        + (" on" if entry["speculate"] else " off"),
-                        ">14",
-                    )
+    if len(batches) <= 1:
+        return []
+    lines = ["\nbest gamma and S(g*) per batch size:"]
+    lines.append(f"{'task':<18} " + " ".join(f"{'b=' + str(b):>14}" for b in batches))
+    for task, s in list(report["tasks"].items()) + (
+        [("(workload)", report["workload"])] if report.get("workload") else []
+    ):
+        cells = []
+        for b in batches:
+            entry = (s.get("by_batch") or {}).get(str(b))
+            cells.append(
+                f"{'-':>14}"
+                if not entry or entry["predicted_speedup"] is None
+                else format(
+                    f"g{entry['best_gamma']} {entry['predicted_speedup']:.2f}x"
+                    + (" on" if entry["speculate"] else " off"),
+                    ">14",
                 )
-            lines.append(f"{task:<18} " + " ".join(cells))
-    summary = (report.get("validation_summary") or {}).get("run")
-    if summary:
-        covered = report["validation_summary"]["tasks"]
-        scope = (
-            f"over {len(covered)} tasks"
-            if len(covered) > 1
-            else f"all {next(iter(covered))}, so not a workload figure"
-            if len(report["tasks"]) > 1
-            else ""
-        )
-        scope = f" {scope}" if scope else ""
-        lines.append(
-            f"\nvalidation: {summary['validated']} prompts{scope}, {summary['identical']} outputs "
-            "identical to plain greedy, "
-            f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
-            f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"
-        )
-        for task, t in report["validation_summary"]["tasks"].items():
-            lines.append(
-                f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
-                f"{_pct(t['passes_error_pct'])}, {_timed_text(t, mare=False)}"
             )
-    return "\n".join(lines)
+        lines.append(f"{task:<18} " + " ".join(cells))
+    return lines
+
+
+def _validation_lines(report: dict) -> list[str]:
+    """The validation summary of the run, then one line per task; nothing when none was validated."""
+    summary = (report.get("validation_summary") or {}).get("run")
+    if not summary:
+        return []
+    covered = report["validation_summary"]["tasks"]
+    scope = (
+        f"over {len(covered)} tasks"
+        if len(covered) > 1
+        else f"all {next(iter(covered))}, so not a workload figure"
+        if len(report["tasks"]) > 1
+        else ""
+    )
+    scope = f" {scope}" if scope else ""
+    lines = [
+        f"\nvalidation: {summary['validated']} prompts{scope}, {summary['identical']} outputs "
+        "identical to plain greedy, "
+        f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
+        f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"
+    ]
+    for task, t in report["validation_summary"]["tasks"].items():
+        lines.append(
+            f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
+            f"{_pct(t['passes_error_pct'])}, {_timed_text(t, mare=False)}"
+        )
+    return lines
 
 
 def _timed_text(summary: dict, *, mare: bool = True) -> str:

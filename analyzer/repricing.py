@@ -115,28 +115,33 @@ def reprice_run(session: Session, run_id: int, profile_ids: Sequence[int]) -> An
     session.flush()
     _link(priced, profiles)
     for result in results:
-        copy = PromptResult(
-            run_id=priced.id,
-            **{
-                c.key: getattr(result, c.key)
-                for c in PromptResult.__table__.columns
-                if c.key not in SKIPPED_COLUMNS
-            },
-        )
-        copy.gamma_counts = [
-            GammaCount(
-                **{
-                    c.key: getattr(g, c.key)
-                    for c in GammaCount.__table__.columns
-                    if c.key not in ("id", "result_id")
-                }
-            )
-            for g in result.gamma_counts
-            if g.gamma <= gamma_max
-        ]
-        session.add(copy)
+        session.add(_copied_result(result, priced.id, gamma_max))
     session.flush()
     return priced
+
+
+def _copied_result(result: PromptResult, run_id: int, gamma_max: int) -> PromptResult:
+    """A copy of ``result`` for run ``run_id``, with its counts for gamma up to ``gamma_max``."""
+    copy = PromptResult(
+        run_id=run_id,
+        **{
+            c.key: getattr(result, c.key)
+            for c in PromptResult.__table__.columns
+            if c.key not in SKIPPED_COLUMNS
+        },
+    )
+    copy.gamma_counts = [
+        GammaCount(
+            **{
+                c.key: getattr(g, c.key)
+                for c in GammaCount.__table__.columns
+                if c.key not in ("id", "result_id")
+            }
+        )
+        for g in result.gamma_counts
+        if g.gamma <= gamma_max
+    ]
+    return copy
 
 
 def link_pricing_profiles(session: Session, run: AnalysisRun, profile_ids: Sequence[int]) -> None:

@@ -61,37 +61,9 @@ def profile_run_costs(
         if progress:
             progress(0, 0, note)
     if missing:
-        from analyzer.interference import wait_for_quiet
-
         context = _profiling_context(prompt_ids, loaded_models.pad_id)
-        waited = wait_for_quiet(quiet_wait_s, progress, what="profiling")
-        if waited.note and progress:
-            progress(0, 0, waited.note)
-        overhead = _measure_overhead(loaded_models, context, params, plan, progress)
-        if waited.note:
-            overhead = replace(overhead, busy="; ".join(filter(None, [waited.note, overhead.busy])))
-        measured: dict[int, CostMeasurement] = {}
-        for number, batch_size in enumerate(missing, start=1):
-            phase = (
-                f"profiling the cost of drafting and verifying at batch size {batch_size} "
-                f"({number} of {len(missing)}) on {plan.where}"
-            )
-            measured[batch_size] = _measure_cost_profile(
-                loaded_models, context, k_max, batch_size, phase, progress, plan.cost_mode
-            )
-        on_gpu = plan.device.startswith("cuda")
-        for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):  # measured again, once
-            phase = (
-                f"profiling the cost at batch size {smaller} again: its T_t(1) is implausible next to "
-                f"batch size {larger}'s, on {plan.where}"
-            )
-            measured[smaller] = _measure_cost_profile(
-                loaded_models, context, k_max, smaller, phase, progress, plan.cost_mode
-            )
-        for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):
-            note = _batch_note(measured, smaller, larger)
-            for batch in (smaller, larger):
-                measured[batch] = _judged_noisy(measured[batch], note)
+        overhead = _overhead_after_quiet_wait(loaded_models, context, params, plan, progress, quiet_wait_s)
+        measured = _measured_batch_profiles(loaded_models, context, k_max, missing, plan, progress)
         for batch_size, measurement in measured.items():
             chosen[batch_size] = _store_cost_profile(
                 session_factory, run_id, loaded_models, plan, batch_size, measurement, overhead
@@ -104,6 +76,62 @@ def profile_run_costs(
                     + "; ".join(measurement.quality.notes),
                 )
     return _link_profiles_to_run(session_factory, run_id, chosen)
+
+
+def _overhead_after_quiet_wait(
+    loaded_models: LoadedPair,
+    context: list[int],
+    params: RunParams,
+    plan: ProfilingPlan,
+    progress: ProgressCallback | None,
+    quiet_wait_s: float,
+) -> MachineryOverhead:
+    """The machinery overhead, measured after waiting up to ``quiet_wait_s`` for a quiet machine (a
+    wait that gave up is noted in progress and on the overhead)."""
+    from analyzer.interference import wait_for_quiet
+
+    waited = wait_for_quiet(quiet_wait_s, progress, what="profiling")
+    if waited.note and progress:
+        progress(0, 0, waited.note)
+    overhead = _measure_overhead(loaded_models, context, params, plan, progress)
+    if waited.note:
+        overhead = replace(overhead, busy="; ".join(filter(None, [waited.note, overhead.busy])))
+    return overhead
+
+
+def _measured_batch_profiles(
+    loaded_models: LoadedPair,
+    context: list[int],
+    k_max: int,
+    missing: list[int],
+    plan: ProfilingPlan,
+    progress: ProgressCallback | None,
+) -> dict[int, CostMeasurement]:
+    """The cost measurement at each batch size of ``missing``; a batch size whose T_t(1) is implausible
+    next to its neighbour's is measured again once, and a pair still implausible is judged noisy."""
+    measured: dict[int, CostMeasurement] = {}
+    for number, batch_size in enumerate(missing, start=1):
+        phase = (
+            f"profiling the cost of drafting and verifying at batch size {batch_size} "
+            f"({number} of {len(missing)}) on {plan.where}"
+        )
+        measured[batch_size] = _measure_cost_profile(
+            loaded_models, context, k_max, batch_size, phase, progress, plan.cost_mode
+        )
+    on_gpu = plan.device.startswith("cuda")
+    for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):  # measured again, once
+        phase = (
+            f"profiling the cost at batch size {smaller} again: its T_t(1) is implausible next to "
+            f"batch size {larger}'s, on {plan.where}"
+        )
+        measured[smaller] = _measure_cost_profile(
+            loaded_models, context, k_max, smaller, phase, progress, plan.cost_mode
+        )
+    for smaller, larger in implausible_batch_steps(measured, on_gpu=on_gpu):
+        note = _batch_note(measured, smaller, larger)
+        for batch in (smaller, larger):
+            measured[batch] = _judged_noisy(measured[batch], note)
+    return measured
 
 
 def implausible_batch_steps(measured: dict[int, CostMeasurement], *, on_gpu: bool) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from analyzer.acceptance import TRANSFORMERS_RULE, DraftingRule
 from analyzer.devices import Placement
@@ -302,7 +302,7 @@ class RunModels:
             max_matching_ngram_size=self.ngram_max or 2,
             max_length=len(context) + 4096,
         )
-        input_ids = torch.tensor([context], dtype=torch.long, device=device)
+        input_ids = cast(torch.LongTensor, torch.tensor([context], dtype=torch.long, device=device))
         return lambda: generator.get_candidates(input_ids)
 
 

@@ -463,26 +463,8 @@ def read_inputs(raw: Mapping[str, object], settings: Settings, *, engines: Mappi
     registry), which also gives the cost mode a run stores (``Engine.cost_mode_for``)."""
     problems: list[InputProblem] = []
     values: dict[str, Any] = {}
-    for name in NUMBER_INPUTS:
-        given = _given(raw, name)
-        if given is None:
-            continue
-        try:
-            number = _read_number(name, given)
-        except _Refused as refused:
-            problems.append(refused.problem)
-            continue
-        if not LIMITS[name].admits(number):
-            problems.append(InputProblem(name, _number_text(name, given)))
-            continue
-        values[name] = number
-    for name in FLAG_INPUTS:
-        given = _given(raw, name)
-        if given is not None:
-            try:
-                values[name] = _read_flag(name, given)
-            except _Refused as refused:
-                problems.append(refused.problem)
+    _read_number_inputs(raw, values, problems)
+    _read_flag_inputs(raw, values, problems)
     asked_engine, asked_mode = _given(raw, "engine"), _given(raw, "cost_mode")
     for name, read in (
         ("engine", lambda: check_engine_input(str(asked_engine or settings.engine).strip())),
@@ -516,6 +498,38 @@ def read_inputs(raw: Mapping[str, object], settings: Settings, *, engines: Mappi
     return RunInputs(
         in_engine(engine_name), None if asked_engine is not None else f"SPECROUTE_ENGINE is {engine_name}"
     )
+
+
+def _read_number_inputs(
+    raw: Mapping[str, object], values: dict[str, Any], problems: list[InputProblem]
+) -> None:
+    """Read each given input of :data:`NUMBER_INPUTS` into ``values``, or its problem into ``problems``."""
+    for name in NUMBER_INPUTS:
+        given = _given(raw, name)
+        if given is None:
+            continue
+        try:
+            number = _read_number(name, given)
+        except _Refused as refused:
+            problems.append(refused.problem)
+            continue
+        if not LIMITS[name].admits(number):
+            problems.append(InputProblem(name, _number_text(name, given)))
+            continue
+        values[name] = number
+
+
+def _read_flag_inputs(
+    raw: Mapping[str, object], values: dict[str, Any], problems: list[InputProblem]
+) -> None:
+    """Read each given input of :data:`FLAG_INPUTS` into ``values``, or its problem into ``problems``."""
+    for name in FLAG_INPUTS:
+        given = _given(raw, name)
+        if given is not None:
+            try:
+                values[name] = _read_flag(name, given)
+            except _Refused as refused:
+                problems.append(refused.problem)
 
 
 def _batch_sizes(given: object | None) -> tuple[int, ...] | None:

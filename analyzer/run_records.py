@@ -188,7 +188,8 @@ def validation_sample(
     stratified: one prompt per task in turn, the tasks predicted to speculate first (highest
     predicted speedup first), then the others (most prompts first); within a task in file order. So
     a sample of N covers min(N, number of tasks) tasks, and the decisions that matter most (where
-    speculation is switched on) are checked first."""
+    speculation is switched on) are checked first. A prompt with no predicted speedup (an empty output)
+    is never chosen."""
     tasks = summary.tasks
     order = sorted(
         tasks,
@@ -203,7 +204,8 @@ def validation_sample(
         t: [
             p
             for p in sorted(summary.prompts, key=lambda p: p.position)
-            if p.task == t and p.prompt_id not in done
+            # a prompt without a predicted S(g) (an empty output: NaN) has nothing to compare with
+            if p.task == t and p.prompt_id not in done and None not in p.speedup_curve
         ]
         for t in order
     }

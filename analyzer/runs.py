@@ -134,10 +134,10 @@ def _result(
     i.i.d. expectation from the overlaps), with the passes that fed them."""
     started = time.perf_counter()
     output, matches, index = measured.output_ids, measured.matches, None
-    if matches is None:
-        index = NgramIndex(
-            list(enc.ids) + list(output), loaded_models.ngram_max, loaded_models.eos_ids, loaded_models.rule
-        )
+    if matches is None:  # prompt lookup: its matches are found from the output
+        ngram_max = loaded_models.ngram_max
+        assert ngram_max is not None  # a prompt-lookup pair has its n-gram size
+        index = NgramIndex(list(enc.ids) + list(output), ngram_max, loaded_models.eos_ids, loaded_models.rule)
         matches = ngram_first_token_matches(enc.ids, output, index=index)
     alpha_sampling = None
     if params.temperature > 0:
@@ -171,12 +171,14 @@ def _alpha_sampling(
     params: RunParams,
 ) -> float:
     """The mean overlap of target and draft distributions over the output (NaN for an empty output)."""
+    target_logits = measured.target_logits
+    assert target_logits is not None  # both engines keep the target's logits when sampling
     if loaded_models.draft is not None:
-        betas = sampling_overlaps(
-            measured.target_logits, measured.draft_logits, params.temperature, params.top_p
-        )
+        assert measured.draft_logits is not None  # ... and a model draft's
+        betas = sampling_overlaps(target_logits, measured.draft_logits, params.temperature, params.top_p)
     else:
-        betas = _ngram_sampling_overlaps(measured.target_logits, enc.ids, measured.output_ids, index, params)
+        assert index is not None  # prompt lookup: _result built the output's n-gram index
+        betas = _ngram_sampling_overlaps(target_logits, enc.ids, measured.output_ids, index, params)
     return float(np.mean(betas)) if betas.size else float("nan")
 
 
@@ -311,11 +313,13 @@ class LoadedModelCache:
                 )
             self.loaded = engine.load(pair, self.cache_dir, params, allow_network=self.allow_network)
             self.key = key
+        assert self.loaded is not None  # set together with self.key
         return self.loaded
 
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
         """The prompt's token ids under the run's rule (``RunModels.encode``), once per prompt."""
         if prompt.id not in self.encoded:
+            assert self.loaded is not None, "load() the run's pair before encoding its prompts"
             self.encoded[prompt.id] = self.loaded.encode(prompt, params)
         return self.encoded[prompt.id]
 
@@ -402,7 +406,9 @@ def execute_chunk(
                 quiet_wait_s=quiet_wait_s,
             )
         elif chunk.kind == "measure":
-            if not _measure_chunk(session_factory, chunk, worker_id, model_cache, params, prompts, progress):
+            if not _measure_chunk(
+                session_factory, chunk, worker_id, model_cache, loaded_models, params, prompts, progress
+            ):
                 return False
         elif params.validate and params.temperature == 0:
             validate_run(session_factory, run_id, loaded_models, params, progress, quiet_wait_s=quiet_wait_s)
@@ -442,12 +448,14 @@ def _measure_chunk(
     chunk: ClaimedChunk,
     worker_id: str,
     model_cache: LoadedModelCache,
+    loaded_models: LoadedPair,
     params: RunParams,
     prompts: list[Prompt],
     progress: ProgressCallback | None,
 ) -> bool:
-    """Measure the chunk's prompts that have no result yet, a batch at a time; False when the run
-    was cancelled (marked so here) or the chunk is no longer this worker's."""
+    """Measure the chunk's prompts that have no result yet, a batch at a time, in ``loaded_models``
+    (the cache's loaded pair); False when the run was cancelled (marked so here) or the chunk is no
+    longer this worker's."""
     mine = set(chunk.prompt_ids)
     with session_factory() as session:
         stored = set(
@@ -461,7 +469,7 @@ def _measure_chunk(
                 finish(session_factory, chunk.run_id, "cancelled")
             return False
         batch = [(p, model_cache.encode(p, params)) for p in pending[start : start + params.batch_size]]
-        results = _measure_batch(model_cache.loaded, batch, params)
+        results = _measure_batch(loaded_models, batch, params)
         try:
             with session_factory() as session, session.begin():
                 run = session.get(AnalysisRun, chunk.run_id)

@@ -89,7 +89,9 @@ class Settings:
     router_pools: str = _setting(
         "",
         "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
-        '(e.g. {"off": "vllm-plain", "k4": "vllm-spec4"}); unnamed ones are spec-off / spec-k<gamma>.',
+        '(e.g. {"off": "vllm-plain", "k4": "vllm-spec4"}); unnamed ones are spec-off / spec-k<gamma>. Read when '
+        "a policy set is published, and published with it: the router names the pools the active set "
+        "published, and uses the serving process's own value only for a set published before revision 0019.",
     )
     router_refresh_s: float = _setting(
         2.0,
@@ -288,12 +290,12 @@ def _coerce(name: str, type_name: str, raw: Any) -> Any:
         raise SettingsError(f"{env_name(name)}: expected true or false, got {raw!r}")
     if type_name == "float":
         try:
-            value = float(raw)
+            number = float(raw)
         except (TypeError, ValueError):
             raise SettingsError(f"{env_name(name)}: expected a number, got {raw!r}") from None
-        if not 0.0 <= value < float("inf"):
+        if not 0.0 <= number < float("inf"):
             raise SettingsError(f"{env_name(name)}: must be a finite number >= 0, got {raw!r}")
-        return value
+        return number
     return str(raw)
 
 

@@ -8,6 +8,7 @@ seen without loading a model (the tests and the router benchmark build their dat
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -19,7 +20,9 @@ from analyzer.orm import (
     GammaCount,
     ModelPair,
     ModelSpec,
+    Prompt,
     PromptResult,
+    PromptSet,
     RunCostProfile,
 )
 from analyzer.prompt_sets import import_prompt_file
@@ -50,27 +53,13 @@ def create_simulated_run(
     draft step)."""
     rng = np.random.default_rng(seed)
     counts = per_task if isinstance(per_task, dict) else {task: per_task for task in tasks}
-    lines = [
-        {"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(counts[task])
-    ]
-    prompt_set, _ = import_prompt_file(
-        session, name, "".join(json.dumps(line) + "\n" for line in lines).encode(), f"{name}.jsonl"
-    )
+    prompt_set = _simulated_prompt_set(session, name, tasks, counts)
+    prompt_count = sum(counts[task] for task in tasks)
     target = ModelSpec(spec="hf:/models/target", kind="hf", display_name="target")
     draft_kind = "ngram" if draft_spec.startswith("ngram") else "hf"
     draft = ModelSpec(spec=draft_spec, kind=draft_kind, display_name="draft")
     pair = ModelPair(target=target, draft=draft)
-    profile = CostProfile(
-        pair=pair,
-        priced_by=engine,
-        measured_by=engine,
-        device="test-device",
-        threads=2,
-        context_tokens=100,
-        repeats=5,
-        target_forward_s=SIMULATED_COST_CURVE[: gamma_max + 1],
-        draft_step_s=draft_step_s,
-    )
+    profile = _simulated_profile(pair, engine, SIMULATED_COST_CURVE[: gamma_max + 1], draft_step_s)
     run = AnalysisRun(
         prompt_set=prompt_set,
         pair=pair,
@@ -79,55 +68,80 @@ def create_simulated_run(
         measured_by=engine,
         priced_by=engine,
         params=RunParams(max_new_tokens=n_tokens, gamma_max=gamma_max, engine=engine).to_json(),
-        progress_done=len(lines),
-        progress_total=len(lines),
+        progress_done=prompt_count,
+        progress_total=prompt_count,
     )
     run.batch_profiles.append(RunCostProfile(cost_profile=profile, batch_size=1))
     for batch_size, curve in sorted((batch_curves or {}).items()):
-        run.batch_profiles.append(
-            RunCostProfile(
-                batch_size=batch_size,
-                cost_profile=CostProfile(
-                    pair=pair,
-                    priced_by=engine,
-                    measured_by=engine,
-                    device="test-device",
-                    threads=2,
-                    context_tokens=100,
-                    repeats=5,
-                    batch_size=batch_size,
-                    target_forward_s=list(curve[: gamma_max + 1]),
-                    draft_step_s=draft_step_s,
-                ),
-            )
-        )
+        batch_profile = _simulated_profile(pair, engine, list(curve[: gamma_max + 1]), draft_step_s)
+        batch_profile.batch_size = batch_size
+        run.batch_profiles.append(RunCostProfile(batch_size=batch_size, cost_profile=batch_profile))
     session.add(run)
     session.flush()
     for prompt in prompt_set.prompts:
-        matches = (rng.random(n_tokens) < tasks[prompt.task]).astype(int)
-        result = PromptResult(
-            run_id=run.id,
-            prompt_id=prompt.id,
-            task_type=prompt.task,
-            task_source="label",
-            prompt_tokens=20,
-            output_tokens=n_tokens,
-            draft_matches=matches.tolist(),
-            entropies=[1.0] * n_tokens,
-        )
-        for g in range(1, gamma_max + 1):
-            counts = walk_model_draft(matches, g, n_tokens)
-            result.gamma_counts.append(
-                GammaCount(
-                    gamma=g,
-                    rounds=counts.rounds,
-                    drafted=counts.drafted,
-                    accepted=counts.accepted,
-                    accepted_hist=counts.accepted_hist.tolist(),
-                    drafted_hist=counts.drafted_hist.tolist(),
-                    position_accepted=counts.position_accepted.tolist(),
-                )
-            )
-        session.add(result)
+        # every prompt of the set was written with one of the given tasks
+        match_rate = tasks[cast(str, prompt.task)]
+        matches = (rng.random(n_tokens) < match_rate).astype(int)
+        session.add(_simulated_result(run.id, prompt, matches, gamma_max, n_tokens))
     session.flush()
     return run
+
+
+def _simulated_prompt_set(
+    session: Session, name: str, tasks: dict[str, float], counts: dict[str, int]
+) -> PromptSet:
+    """A new prompt set ``name`` with ``counts[task]`` numbered prompts per task."""
+    lines = [
+        {"prompt": f"{task} prompt number {i}", "task": task} for task in tasks for i in range(counts[task])
+    ]
+    prompt_set, _ = import_prompt_file(
+        session, name, "".join(json.dumps(line) + "\n" for line in lines).encode(), f"{name}.jsonl"
+    )
+    return prompt_set
+
+
+def _simulated_profile(
+    pair: ModelPair, engine: str, target_forward_s: list[float], draft_step_s: float
+) -> CostProfile:
+    """A cost profile of ``pair`` as ``engine`` on the test device would have measured it."""
+    return CostProfile(
+        pair=pair,
+        priced_by=engine,
+        measured_by=engine,
+        device="test-device",
+        threads=2,
+        context_tokens=100,
+        repeats=5,
+        target_forward_s=target_forward_s,
+        draft_step_s=draft_step_s,
+    )
+
+
+def _simulated_result(
+    run_id: int, prompt: Prompt, matches: np.ndarray, gamma_max: int, n_tokens: int
+) -> PromptResult:
+    """The result of ``prompt`` with draft ``matches``, walked for g = 1..gamma_max."""
+    result = PromptResult(
+        run_id=run_id,
+        prompt_id=prompt.id,
+        task_type=prompt.task,
+        task_source="label",
+        prompt_tokens=20,
+        output_tokens=n_tokens,
+        draft_matches=matches.tolist(),
+        entropies=[1.0] * n_tokens,
+    )
+    for g in range(1, gamma_max + 1):
+        walked = walk_model_draft(matches, g, n_tokens)
+        result.gamma_counts.append(
+            GammaCount(
+                gamma=g,
+                rounds=walked.rounds,
+                drafted=walked.drafted,
+                accepted=walked.accepted,
+                accepted_hist=walked.accepted_hist.tolist(),
+                drafted_hist=walked.drafted_hist.tolist(),
+                position_accepted=walked.position_accepted.tolist(),
+            )
+        )
+    return result

@@ -105,7 +105,7 @@ def predicted_speedup(
 
 def pooled_speedup(
     output_tokens: Sequence[int],
-    drafted_hists: Sequence[np.ndarray],
+    drafted_hists: Sequence[Sequence[int] | np.ndarray],
     cost: Cost,
     prompt_tokens: Sequence[int] | None = None,
 ) -> float:

@@ -397,38 +397,17 @@ def summarize_group(
     by_batch = {
         b: _decision(results, c_b, sampling, gamma_max, margin) for b, c_b in sorted((costs or {}).items())
     }
-    # the batch-1 decision is usually one of those already made (same profile): one bootstrap, not two
-    same = next((entry for b, entry in by_batch.items() if (costs or {})[b] == cost), None)
-    decision = (
-        replace(same, speedup_curve=list(same.speedup_curve))
-        if same is not None
-        else _decision(results, cost, sampling, gamma_max, margin)
-    )
+    decision = _batch_one_decision(results, cost, costs, by_batch, sampling, gamma_max, margin)
     g_star = decision.best_gamma
-    c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
-    if g_star and not sampling:
-        al = mean_acceptance_length(
-            sum(r.gamma_counts[g_star - 1].accepted for r in results),
-            sum(r.gamma_counts[g_star - 1].rounds for r in results),
-        )
-    elif g_star:
-        al = float(np.mean([r.gamma_counts[g_star - 1].expected_tokens_per_round or np.nan for r in results]))
-    else:
-        al = float("nan")
     validated = [measured[r.prompt_id] for r in results if r.prompt_id in measured]
-    known_alpha = math.isfinite(alpha_mean)
+    iid_curve, leviathan_curve = _comparison_curves(alpha_mean, cost, gamma_max)
     return replace(
         summary,
         **{k: getattr(decision, k) for k in decision.__dataclass_fields__},
         interval_level=INTERVAL_LEVEL,
-        al=finite(al),
-        iid_curve=[
-            finite(iid_speedup(alpha_mean, g, cost)) if known_alpha else None for g in range(1, gamma_max + 1)
-        ],
-        leviathan_curve=[
-            finite(leviathan_speedup(alpha_mean, g, c)) if known_alpha else None
-            for g in range(1, gamma_max + 1)
-        ],
+        al=finite(_acceptance_length(results, g_star, sampling)),
+        iid_curve=iid_curve,
+        leviathan_curve=leviathan_curve,
         histogram=np.sum([r.gamma_counts[g_star - 1].accepted_hist for r in results], axis=0).tolist()
         if g_star
         else [],
@@ -437,6 +416,54 @@ def summarize_group(
         measured_tasks=sorted({r.task_type or UNLABELLED for r in results if r.prompt_id in measured}),
         by_batch=by_batch,
     )
+
+
+def _batch_one_decision(
+    results: list[PromptResult],
+    cost: Cost,
+    costs: dict[int, Cost] | None,
+    by_batch: dict[int, GroupDecision],
+    sampling: bool,
+    gamma_max: int,
+    margin: float,
+) -> GroupDecision:
+    """The decision at batch 1: a copy of the one already made with the same profile, else made now."""
+    # the batch-1 decision is usually one of those already made (same profile): one bootstrap, not two
+    same = next((entry for b, entry in by_batch.items() if (costs or {})[b] == cost), None)
+    return (
+        replace(same, speedup_curve=list(same.speedup_curve))
+        if same is not None
+        else _decision(results, cost, sampling, gamma_max, margin)
+    )
+
+
+def _acceptance_length(results: list[PromptResult], g_star: int | None, sampling: bool) -> float:
+    """Mean tokens per round at g* (the walks', or sampling's i.i.d. expectation); NaN without a g*."""
+    if g_star and not sampling:
+        return mean_acceptance_length(
+            sum(r.gamma_counts[g_star - 1].accepted for r in results),
+            sum(r.gamma_counts[g_star - 1].rounds for r in results),
+        )
+    if g_star:
+        return float(
+            np.mean([r.gamma_counts[g_star - 1].expected_tokens_per_round or np.nan for r in results])
+        )
+    return float("nan")
+
+
+def _comparison_curves(
+    alpha_mean: float, cost: Cost, gamma_max: int
+) -> tuple[list[float | None], list[float | None]]:
+    """The i.i.d. and Leviathan S(g) curves at the group's mean alpha (None where alpha is unknown)."""
+    c = cost.draft_step_s / cost.decode_s if cost.decode_s else 0.0
+    known_alpha = math.isfinite(alpha_mean)
+    iid_curve = [
+        finite(iid_speedup(alpha_mean, g, cost)) if known_alpha else None for g in range(1, gamma_max + 1)
+    ]
+    leviathan_curve = [
+        finite(leviathan_speedup(alpha_mean, g, c)) if known_alpha else None for g in range(1, gamma_max + 1)
+    ]
+    return iid_curve, leviathan_curve
 
 
 def group_curve(

@@ -14,7 +14,7 @@ from time import perf_counter
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
 from analyzer.prompt_encoding import eos_token_ids
 
@@ -100,6 +100,9 @@ def _generate(
     """Run target_model.generate() on one prompt under `config` and return (new ids, target forwards)."""
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
+    # transformers 5 gives generate() to generative models only
+    if not isinstance(target_model, GenerationMixin):
+        raise TypeError(f"{type(target_model).__name__} cannot generate: it is not a GenerationMixin")
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=target_model.device)
     with _generation_config_replaced(target_model, config), count_forward_passes(target_model) as counter:
         with torch.inference_mode():
@@ -223,8 +226,10 @@ def compare_generations(
     if warmup:
         run_greedy()
         run_speculative()
-    greedy_runs, speculative_runs = [], []
-    greedy_times, speculative_times = [], []
+    greedy_runs: list[tuple[list[int], int]] = []
+    speculative_runs: list[tuple[list[int], int]] = []
+    greedy_times: list[float] = []
+    speculative_times: list[float] = []
     for r in range(repeats):
         order = [
             (run_greedy, greedy_runs, greedy_times),

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -29,6 +29,9 @@ from router import strict_json
 from router.decision import RouteRequest
 from router.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
 from router.service import RouterService
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 EXTENSION = "specroute.router"
 API_PREFIXES = ("/v1/", "/healthz", "/metrics", "/openapi.json")
@@ -119,6 +122,7 @@ def error_response(exc: BaseException) -> Response:
 
 
 def service() -> RouterService:
+    """The RouterService of the current app (:func:`init_app` put it there)."""
     return current_app.extensions[EXTENSION]
 
 
@@ -181,26 +185,7 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
             f"unknown field '{where}{unknown[0]}'; known: {', '.join(ROUTE_FIELDS)}", field=where + unknown[0]
         )
     prompt, messages = body.get("prompt"), body.get("messages")
-    if (prompt is None) == (messages is None):
-        raise (MissingPrompt if prompt is None else ApiError)(
-            f"give exactly one of '{where}prompt' and '{where}messages'", field=where + "prompt"
-        )
-    if prompt is not None:
-        if not isinstance(prompt, str):
-            raise ApiError(
-                f"field '{where}prompt' must be a string, got {_kind(prompt)}", field=where + "prompt"
-            )
-        if not prompt.strip():
-            raise EmptyPrompt(f"field '{where}prompt' is empty", field=where + "prompt")
-        length = len(prompt)
-    else:
-        problem = message_problem(messages)
-        if problem is not None and problem.code == "empty_prompt":
-            raise EmptyPrompt(f"field '{where}messages' has no content", field=where + "messages")
-        if problem is not None:
-            field = f"{where}messages{problem.where}"
-            raise ApiError(f"field '{field}': {problem.message}", field=field)
-        length = sum(len(m["content"]) for m in messages)
+    length = _prompt_length(prompt, messages, where)
     if length > max_chars:
         raise PromptTooLong(
             f"the prompt of '{where or 'the request'}' has {length} characters; "
@@ -216,6 +201,42 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
         raise ApiError(
             f"give '{where}batch_size' or '{where}concurrency', not both", field=where + "concurrency"
         )
+    temperature = _temperature(body, where)
+    return RouteRequest(
+        prompt=prompt,
+        messages=messages,
+        max_new_tokens=_positive_int(body, "max_new_tokens", where, MAX_NEW_TOKENS),
+        batch_size=batch_size if batch_size is not None else concurrency,
+        temperature=temperature,
+    )
+
+
+def _prompt_length(prompt: Any, messages: Any, where: str) -> int:
+    """The characters of the request's prompt or messages (exactly one given, a non-empty string or
+    valid chat messages; ApiError naming the field otherwise)."""
+    if (prompt is None) == (messages is None):
+        raise (MissingPrompt if prompt is None else ApiError)(
+            f"give exactly one of '{where}prompt' and '{where}messages'", field=where + "prompt"
+        )
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise ApiError(
+                f"field '{where}prompt' must be a string, got {_kind(prompt)}", field=where + "prompt"
+            )
+        if not prompt.strip():
+            raise EmptyPrompt(f"field '{where}prompt' is empty", field=where + "prompt")
+        return len(prompt)
+    problem = message_problem(messages)
+    if problem is not None and problem.code == "empty_prompt":
+        raise EmptyPrompt(f"field '{where}messages' has no content", field=where + "messages")
+    if problem is not None:
+        field = f"{where}messages{problem.where}"
+        raise ApiError(f"field '{field}': {problem.message}", field=field)
+    return sum(len(m["content"]) for m in messages)
+
+
+def _temperature(body: dict, where: str) -> float | None:
+    """The request's sampling temperature (a finite number >= 0), or None when it gives none."""
     temperature = body.get("temperature")
     if temperature is not None and (
         isinstance(temperature, bool)
@@ -227,13 +248,7 @@ def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequ
             f"field '{where}temperature' must be a number >= 0, got {temperature!r}",
             field=where + "temperature",
         )
-    return RouteRequest(
-        prompt=prompt,
-        messages=messages,
-        max_new_tokens=_positive_int(body, "max_new_tokens", where, MAX_NEW_TOKENS),
-        batch_size=batch_size if batch_size is not None else concurrency,
-        temperature=float(temperature) if temperature is not None else None,
-    )
+    return float(temperature) if temperature is not None else None
 
 
 def parse_batch(body: Any, max_chars: int) -> list[RouteRequest]:
@@ -269,11 +284,13 @@ def answer_route(raw: bytes, router_service: RouterService) -> dict[str, Any]:
 
 @bp.post("/v1/route")
 def route_one():
+    """POST /v1/route: the decision for one request."""
     return jsonify(answer_route(request.get_data(cache=False), service()))
 
 
 @bp.post("/v1/route/batch")
 def route_batch():
+    """POST /v1/route/batch: the decisions for a batch of requests, in order."""
     parsed = parse_batch(_json_body(), service().settings.max_prompt_chars)
     decisions = service().route(parsed)
     return jsonify({"decisions": [d.as_dict() for d in decisions]})
@@ -281,22 +298,26 @@ def route_batch():
 
 @bp.post("/v1/feedback")
 def feedback():
+    """POST /v1/feedback: store one feedback event; the task's estimate right after it."""
     estimate = service().feedback(_object(_json_body(), ""))  # FeedbackError's classes carry 400/404/409
     return jsonify({"estimate": estimate})
 
 
 @bp.get("/v1/policies")
 def policies():
+    """GET /v1/policies: the active policy set, its online estimates and every version."""
     return jsonify(service().policies())
 
 
 @bp.get("/v1/classifier")
 def classifier():
+    """GET /v1/classifier: the active task classifier's version record."""
     return jsonify(service().classifier())
 
 
 @bp.get("/healthz")
 def healthz():
+    """GET /healthz: liveness and what is loaded; 503 ``unhealthy`` when the database does not answer."""
     try:
         return jsonify(service().health())
     except Exception as exc:  # any database failure means "not healthy", with the reason
@@ -305,11 +326,13 @@ def healthz():
 
 @bp.get("/metrics")
 def metrics():
+    """GET /metrics: the service's metrics in the Prometheus text format."""
     return Response(service().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
 @bp.get("/openapi.json")
 def openapi():
+    """GET /openapi.json: the OpenAPI document of this API."""
     try:
         own = version("specroute")
     except PackageNotFoundError:
@@ -330,7 +353,7 @@ class RouteFastPath:
 
     def __init__(
         self,
-        wsgi_app,
+        wsgi_app: WSGIApplication,
         router_service: RouterService,
         headers: Mapping[str, str],
         body_limit: int,
@@ -344,7 +367,7 @@ class RouteFastPath:
         )
         self.headers = [(name, value) for name, value in headers.items()]
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != "/v1/route" or environ.get("REQUEST_METHOD") != "POST":
             return self.wsgi_app(environ, start_response)
         try:
@@ -409,7 +432,9 @@ def init_app(
     app.config.setdefault("MAX_CONTENT_LENGTH", router_service.settings.api_max_body_bytes)
     api_limit = router_service.settings.api_max_body_bytes
     app.register_blueprint(bp)
-    app.wsgi_app = RouteFastPath(app.wsgi_app, router_service, headers or {}, api_limit, authorize)
+    # Flask's documented way to add WSGI middleware is to replace the instance's wsgi_app; its stubs
+    # declare wsgi_app a method (mypy refuses assigning to one), so the instance attribute is set by name
+    setattr(app, "wsgi_app", RouteFastPath(app.wsgi_app, router_service, headers or {}, api_limit, authorize))
 
     @app.before_request
     def start_timer():

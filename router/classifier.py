@@ -17,7 +17,7 @@ import pickle
 import platform
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import scipy
@@ -60,6 +60,8 @@ from router.training_data import (
     pseudo_label_support,
     trained_on,
 )
+
+_Folds = list[tuple[np.ndarray, np.ndarray]]  # (training rows, test rows) per fold
 
 
 def adapted_fit(
@@ -140,16 +142,60 @@ def _evaluate(
 ) -> dict:
     """The scores of ``evaluate``. Pseudo-labelled rows join every fold's training data (weighted)
     and are never scored: only labels are truth."""
-    build = lambda: build_pipeline(seed, features, c)  # noqa: E731
     kinds = data.kind_list()
     scored = np.asarray([i for i, k in enumerate(kinds) if k != "pseudo"], dtype=int)
     pseudo = np.asarray([i for i, k in enumerate(kinds) if k == "pseudo"], dtype=int)
+    oof = _scored_out_of_fold(
+        data, labels, scored, pseudo, lambda: build_pipeline(seed, features, c), progress, jobs
+    )
+    texts = [data.texts[i] for i in scored]
+    truth_all = [data.labels[i] for i in scored]
+    split = stratified_folds(truth_all, folds, seed)
+    stratified, _ = oof(split, "stratified")
+    scores = scores_of(truth_all, predictions(stratified, labels), labels)
+    scores |= {
+        "features": features,
+        "C": c,
+        "folds": len(split),
+        "baseline": _baseline_scores(texts, truth_all, labels),
+    }
+    scored_groups = [data.groups[i] for i in scored]
+    calibrate_on, truth = stratified, truth_all
+    scores["grouped"] = None
+    compared_on = [(split, stratified, "stratified")]  # the folds to compare on, the first that can
+    grouped_run, grouped_learnt = _grouped_cv(oof, scored_groups, truth_all, labels)
+    if grouped_run is not None:
+        compared_on.insert(0, grouped_run)
+    if grouped_learnt is not None:
+        scores["grouped"], calibrate_on, truth = grouped_learnt
+    scores["calibration"] = calibration(calibrate_on, truth, labels) | {
+        "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    }
+    scores["following"] = _following(
+        calibrate_on, truth, labels, scores["calibration"], scored_groups, truth_all
+    )
+    scores["reachability"] = _reachability(scores, data.labels)
+    if compare_with is not None and len(pseudo):
+        scores["comparison"] = _comparison(
+            data, labels, scored, compared_on, compare_with, seed, progress, jobs
+        )
+    return scores
+
+
+def _scored_out_of_fold(
+    data: TrainingData,
+    labels: list[str],
+    scored: np.ndarray,
+    pseudo: np.ndarray,
+    build: Callable[[], Pipeline],
+    progress: Progress | None,
+    jobs: int,
+) -> Callable[[_Folds, str], tuple[np.ndarray, np.ndarray]]:
+    """A function of (folds of the scored rows, what they are) to the scored rows' out-of-fold decision
+    values and learnability, every fold trained with the pseudo-labelled rows too."""
     weights = data.weight_array() if data.weights else None
 
-    def on_all(split: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
-
-    def oof(split: list[tuple[np.ndarray, np.ndarray]], what: str) -> tuple[np.ndarray, np.ndarray]:
+    def oof(split: _Folds, what: str) -> tuple[np.ndarray, np.ndarray]:
         # out_of_fold says (folds done, folds) before each fold after the first: the line names the fold
         # being fitted, 1/n first (said here) and n/n last
         def said(done: int, total: int) -> None:
@@ -157,84 +203,111 @@ def _evaluate(
                 progress(f"cross-validating ({what}): fold {done + 1}/{total}")
 
         said(0, len(split))
-        values, learnable = out_of_fold(
-            build, data.texts, data.labels, on_all(split), labels, weights, said, jobs
-        )
+        on_all = [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
+        values, learnable = out_of_fold(build, data.texts, data.labels, on_all, labels, weights, said, jobs)
         return values[scored], learnable[scored]
 
-    texts = [data.texts[i] for i in scored]
-    truth_all = [data.labels[i] for i in scored]
-    split = stratified_folds(truth_all, folds, seed)
-    stratified, _ = oof(split, "stratified")
-    scores = scores_of(truth_all, predictions(stratified, labels), labels)
+    return oof
+
+
+def _baseline_scores(texts: list[str], truth: list[str], labels: list[str]) -> dict[str, float]:
+    """Macro-F1 and accuracy of the keyword baseline on ``texts``."""
     baseline = [keyword_baseline(t) for t in texts]
-    scores |= {
-        "features": features,
-        "C": c,
-        "folds": len(split),
-        "baseline": {
-            "macro_f1": float(f1_score(truth_all, baseline, labels=labels, average="macro", zero_division=0)),
-            "accuracy": float(accuracy_score(truth_all, baseline)),
-        },
+    return {
+        "macro_f1": float(f1_score(truth, baseline, labels=labels, average="macro", zero_division=0)),
+        "accuracy": float(accuracy_score(truth, baseline)),
     }
-    scored_groups = [data.groups[i] for i in scored]
+
+
+def _grouped_cv(
+    oof: Callable[[_Folds, str], tuple[np.ndarray, np.ndarray]],
+    scored_groups: list[str],
+    truth_all: list[str],
+    labels: list[str],
+) -> tuple[tuple[_Folds, np.ndarray, str] | None, tuple[dict, np.ndarray, list[str]] | None]:
+    """Leave-one-source-out CV: (its folds, out-of-fold values, name) or None with a single source, and
+    (its scores, the values and truth of the prompts it could learn) or None when fewer than two tasks
+    could be learnt."""
     groups = sorted(set(scored_groups))
-    calibrate_on, truth = stratified, truth_all
-    scores["grouped"] = None
-    compared_on = [(split, stratified, "stratified")]  # the folds to compare on, the first that can
-    if len(groups) >= 2:
-        by_source = grouped_folds(scored_groups)
-        grouped, learnable = oof(by_source, "leave-one-source-out")
-        compared_on.insert(0, (by_source, grouped, "leave-one-source-out"))
-        kept = np.nonzero(learnable)[0]
-        evaluable = sorted({truth_all[i] for i in kept})
-        if len(evaluable) >= 2:
-            truth = [truth_all[i] for i in kept]
-            calibrate_on = grouped[kept]
-            scores["grouped"] = scores_of(truth, predictions(calibrate_on, labels), evaluable) | {
-                "folds": len(groups),
-                "groups": groups,
-                "prompts": len(kept),
-                "single_source": sorted(set(labels) - set(evaluable)),
-            }
-    scores["calibration"] = calibration(calibrate_on, truth, labels) | {
-        "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    if len(groups) < 2:
+        return None, None
+    by_source = grouped_folds(scored_groups)
+    grouped, learnable = oof(by_source, "leave-one-source-out")
+    kept = np.nonzero(learnable)[0]
+    evaluable = sorted({truth_all[i] for i in kept})
+    if len(evaluable) < 2:
+        return (by_source, grouped, "leave-one-source-out"), None
+    truth = [truth_all[i] for i in kept]
+    calibrate_on = grouped[kept]
+    scores = scores_of(truth, predictions(calibrate_on, labels), evaluable) | {
+        "folds": len(groups),
+        "groups": groups,
+        "prompts": len(kept),
+        "single_source": sorted(set(labels) - set(evaluable)),
     }
+    return (by_source, grouped, "leave-one-source-out"), (scores, calibrate_on, truth)
+
+
+def _following(
+    calibrate_on: np.ndarray,
+    truth: list[str],
+    labels: list[str],
+    calibrated: dict,
+    scored_groups: list[str],
+    truth_all: list[str],
+) -> dict:
+    """The catch-all tasks (:func:`router.evaluation.catch_all_tasks`), judged for the tasks with
+    prompts from MIN_SOURCES sources or more."""
     sources = {label: {g for g, t in zip(scored_groups, truth_all) if t == label} for label in labels}
     judged = {label for label, groups_ in sources.items() if len(groups_) >= MIN_SOURCES}
-    scores["following"] = catch_all_tasks(calibrate_on, truth, labels, scores["calibration"], judged) | {
-        "on": scores["calibration"]["on"],
+    return catch_all_tasks(calibrate_on, truth, labels, calibrated, judged) | {
+        "on": calibrated["on"],
         "min_sources": MIN_SOURCES,
     }
+
+
+def _reachability(scores: dict, training_labels: list[str]) -> dict[str, dict]:
+    """Per task, whether it is reached: the grouped recall where there is one, the stratified otherwise."""
     recall = {label: row["recall"] for label, row in scores["per_class"].items()}
     if scores["grouped"]:
         recall |= {label: row["recall"] for label, row in scores["grouped"]["per_class"].items()}
-    scores["reachability"] = reachability(
-        recall, Counter(data.labels), set(scores["grouped"]["per_class"]) if scores["grouped"] else set()
+    return reachability(
+        recall, Counter(training_labels), set(scores["grouped"]["per_class"]) if scores["grouped"] else set()
     )
-    if compare_with is not None and len(pseudo):
-        other_features, other_c = compare_with
-        other = lambda: build_pipeline(seed, other_features, other_c)  # noqa: E731
-        scores["comparison"] = None
-        try:
-            for split_, adapted_values, what in compared_on:
-                comparison = _same_fold_comparison(
-                    data,
-                    labels,
-                    scored,
-                    split_,
-                    adapted_values,
-                    other,
-                    what,
-                    progress,
-                    fold_jobs(jobs, other_features),
-                )
-                if comparison is not None:
-                    scores["comparison"] = comparison | {"features": other_features, "C": other_c}
-                    break
-        except (ClassifierError, EncoderUnavailable) as exc:  # e.g. its feature set needs the encoder
-            scores["comparison"] = {"problem": str(exc)}
-    return scores
+
+
+def _comparison(
+    data: TrainingData,
+    labels: list[str],
+    scored: np.ndarray,
+    compared_on: list[tuple[_Folds, np.ndarray, str]],
+    compare_with: tuple[str, float],
+    seed: int,
+    progress: Progress | None,
+    jobs: int,
+) -> dict | None:
+    """The adapted classifier against the ``compare_with`` recipe on the first of ``compared_on`` (folds,
+    adapted values, name) where two tasks or more could be learnt; its problem when it cannot be fitted."""
+    other_features, other_c = compare_with
+    other = lambda: build_pipeline(seed, other_features, other_c)  # noqa: E731
+    try:
+        for split_, adapted_values, what in compared_on:
+            comparison = _same_fold_comparison(
+                data,
+                labels,
+                scored,
+                split_,
+                adapted_values,
+                other,
+                what,
+                progress,
+                fold_jobs(jobs, other_features),
+            )
+            if comparison is not None:
+                return comparison | {"features": other_features, "C": other_c}
+    except (ClassifierError, EncoderUnavailable) as exc:  # e.g. its feature set needs the encoder
+        return {"problem": str(exc)}
+    return None
 
 
 def _same_fold_comparison(
@@ -325,15 +398,47 @@ def train_classifier(
         if activate and data.adapting()
         else None
     )
+    pipeline, scores = _cross_validate_and_fit(
+        data,
+        seed=seed,
+        features=features,
+        c=c,
+        progress=progress,
+        compare_with=_recipe(active) if active is not None and cross_validate else None,
+        cross_validate=cross_validate,
+        jobs=jobs,
+    )
+    if activate and data.adapting():
+        activate = _settle_activation(data, scores, active, force_activate)
+    version = _store_version(session, data, pipeline, scores, features)
+    if activate:
+        activate_version(session, version.version)
+    return version
+
+
+def _cross_validate_and_fit(
+    data: TrainingData,
+    *,
+    seed: int,
+    features: str,
+    c: float,
+    progress: Progress | None,
+    compare_with: tuple[str, float] | None,
+    cross_validate: bool,
+    jobs: int,
+) -> tuple[Pipeline, dict[str, Any]]:
+    """The pipeline fitted on all of ``data`` and its scores: cross-validated (:func:`evaluate`, or
+    only the recipe without ``cross_validate``), with the data's composition and, when adapted, the
+    agreement with the pseudo-labels."""
     with embedding_cache():  # each prompt embedded once across the folds and the final fit
-        scores = (
+        scores: dict[str, Any] = (
             evaluate(
                 data,
                 seed=seed,
                 features=features,
                 c=c,
                 progress=progress,
-                compare_with=_recipe(active) if active is not None else None,
+                compare_with=compare_with,
                 jobs=jobs,
             )
             if cross_validate
@@ -345,29 +450,52 @@ def train_classifier(
             data.texts, data.labels, model__sample_weight=data.weight_array()
         )
         scores["composition"] = data.composition()
-        pseudo = [i for i, kind in enumerate(data.kind_list()) if kind == "pseudo"]
-        if pseudo:
-            predicted = pipeline.predict([data.texts[i] for i in pseudo])
-            agree = [data.labels[i] == p for i, p in zip(pseudo, predicted)]
-            per_class: dict[str, list[bool]] = {}
-            for i, same in zip(pseudo, agree):
-                per_class.setdefault(data.labels[i], []).append(same)
-            scores["adaptation"] = {
-                "pseudo_labels": len(pseudo),
-                "sets": sorted({data.groups[i].removeprefix("pseudo: ") for i in pseudo}),
-                "agreement": float(np.mean(agree)),
-                "agreement_per_class": {k: float(np.mean(v)) for k, v in sorted(per_class.items())},
-                "mean_confidence": float(np.mean([data.weight_array()[i] for i in pseudo])),
-            }
-    if activate and data.adapting():
-        check = activation_check(data, scores, active)
-        scores.pop("comparison", None)  # kept, with what it compared, in the check
-        withheld = bool(check["reasons"])
-        scores["activation"] = check | {
-            "activated": not withheld or force_activate,
-            "forced": withheld and force_activate,
-        }
-        activate = scores["activation"]["activated"]
+        adaptation = _adaptation(pipeline, data)
+        if adaptation is not None:
+            scores["adaptation"] = adaptation
+    return pipeline, scores
+
+
+def _settle_activation(
+    data: TrainingData, scores: dict[str, Any], active: ClassifierVersion | None, force_activate: bool
+) -> bool:
+    """Whether the adapted version becomes active (:func:`activation_check`, or ``force_activate``);
+    the verdict goes into ``scores["activation"]``, with the comparison it was made on."""
+    check = activation_check(data, scores, active)
+    scores.pop("comparison", None)  # kept, with what it compared, in the check
+    withheld = bool(check["reasons"])
+    scores["activation"] = check | {
+        "activated": not withheld or force_activate,
+        "forced": withheld and force_activate,
+    }
+    return scores["activation"]["activated"]
+
+
+def _adaptation(pipeline: Pipeline, data: TrainingData) -> dict[str, Any] | None:
+    """How often the fitted ``pipeline`` agrees with the pseudo-labels it was trained on, overall and
+    per task, with how many there were, their sets and mean confidence; None without pseudo-labels."""
+    pseudo = [i for i, kind in enumerate(data.kind_list()) if kind == "pseudo"]
+    if not pseudo:
+        return None
+    predicted = pipeline.predict([data.texts[i] for i in pseudo])
+    agree = [data.labels[i] == p for i, p in zip(pseudo, predicted)]
+    per_class: dict[str, list[bool]] = {}
+    for i, same in zip(pseudo, agree):
+        per_class.setdefault(data.labels[i], []).append(same)
+    return {
+        "pseudo_labels": len(pseudo),
+        "sets": sorted({data.groups[i].removeprefix("pseudo: ") for i in pseudo}),
+        "agreement": float(np.mean(agree)),
+        "agreement_per_class": {k: float(np.mean(v)) for k, v in sorted(per_class.items())},
+        "mean_confidence": float(np.mean([data.weight_array()[i] for i in pseudo])),
+    }
+
+
+def _store_version(
+    session: Session, data: TrainingData, pipeline: Pipeline, scores: dict[str, Any], features: str
+) -> ClassifierVersion:
+    """A new, inactive ClassifierVersion (the next number) of the fitted ``pipeline``, its record and
+    ``scores``, added and flushed."""
     artifact = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
     latest = session.scalar(select(func.max(ClassifierVersion.version))) or 0
     version = ClassifierVersion(
@@ -383,8 +511,6 @@ def train_classifier(
     )
     session.add(version)
     session.flush()
-    if activate:
-        activate_version(session, version.version)
     return version
 
 
@@ -403,7 +529,7 @@ def activation_check(data: TrainingData, scores: dict, active: ClassifierVersion
     "comparison": ...}``; no reasons when nothing is active (nothing to keep)."""
     support = pseudo_label_support(data)
     comparison = scores.get("comparison")
-    check = {"previous": None, "reasons": [], "pseudo": support, "comparison": None}
+    check: dict[str, Any] = {"previous": None, "reasons": [], "pseudo": support, "comparison": None}
     if active is None:
         return check
     check["previous"] = active.version
@@ -494,18 +620,21 @@ class TaskClassifier:
     catch_all: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._fast_scorer()
+
+    def _fast_scorer(self) -> FastScorer:
+        """The FastScorer of the pipeline (built when none was given)."""
         if self.fast is None:
             self.fast = FastScorer(self.pipeline)
+        return self.fast
 
     def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         """(task type, confidence) for each text."""
         if not texts:
             return []
         if len(texts) <= 64:
-            probabilities, classes = (
-                self.fast.predict_proba(list(texts), self.temperature),
-                self.fast.classes_,
-            )
+            fast = self._fast_scorer()
+            probabilities, classes = fast.predict_proba(list(texts), self.temperature), fast.classes_
         else:
             classes = self.pipeline.classes_
             probabilities = softmax(

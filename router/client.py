@@ -85,9 +85,11 @@ class RouterClient:
         return self._call("POST", "/v1/feedback", {**(payload or {}), **fields})["estimate"]
 
     def policies(self) -> dict[str, Any]:
+        """The active policy set, its online estimates and every version (see GET /v1/policies)."""
         return self._call("GET", "/v1/policies")
 
     def health(self) -> dict[str, Any]:
+        """Liveness and what the router has loaded (see GET /healthz)."""
         return self._call("GET", "/healthz")
 
 
@@ -130,13 +132,44 @@ def generate_routed(
     prompt, messages = (
         (messages_or_prompt, None)
         if isinstance(messages_or_prompt, str)
-        else (None, list(messages_or_prompt))
+        else (None, [dict(m) for m in messages_or_prompt])
     )
     decision = _decide(router, prompt, messages, max_new_tokens)
     room = max(context_limit(model) - max_new_tokens, 1)
     ids = encode_prompt(
         tokenizer, text=prompt, messages=messages, use_chat_template=use_chat_template, max_prompt_tokens=room
     ).ids
+    output, rounds, drafted, accepted = _generate(model, draft, ids, decision, max_new_tokens)
+    answer = None
+    if send_feedback and decision["speculate"] and hasattr(router, "feedback") and rounds:
+        answer = router.feedback(
+            {
+                "route_id": decision["route_id"],
+                "rounds": rounds,
+                "drafted": drafted,
+                "accepted": accepted,
+                "output_tokens": len(output),
+                "gamma": int(decision["gamma"]),
+                "engine": "transformers",
+            }
+        )
+    return RoutedGeneration(
+        tokenizer.decode(output, skip_special_tokens=True),
+        output,
+        decision,
+        rounds,
+        drafted,
+        accepted,
+        answer,
+    )
+
+
+def _generate(
+    model, draft, ids: list[int], decision: Mapping[str, Any], max_new_tokens: int
+) -> tuple[list[int], int, int, int]:
+    """Generate greedily as ``decision`` says (plain, prompt lookup, or with ``draft`` as the
+    assistant): the new token ids, and the rounds, drafted and accepted tokens (zeros when it did not
+    speculate)."""
     settings = decision["engine"]["transformers"]
     gamma = int(decision["gamma"])
     rounds = drafted = accepted = 0
@@ -161,25 +194,4 @@ def generate_routed(
             output, rounds = assisted_generate(model, ids, max_new_tokens, gamma=gamma, draft_model=draft)
         drafted = draft_passes.count
         accepted = min(max(len(output) - rounds, 0), drafted)
-    answer = None
-    if send_feedback and decision["speculate"] and hasattr(router, "feedback") and rounds:
-        answer = router.feedback(
-            {
-                "route_id": decision["route_id"],
-                "rounds": rounds,
-                "drafted": drafted,
-                "accepted": accepted,
-                "output_tokens": len(output),
-                "gamma": gamma,
-                "engine": "transformers",
-            }
-        )
-    return RoutedGeneration(
-        tokenizer.decode(output, skip_special_tokens=True),
-        output,
-        decision,
-        rounds,
-        drafted,
-        accepted,
-        answer,
-    )
+    return output, rounds, drafted, accepted

@@ -26,6 +26,7 @@ import numpy as np
 from joblib import Parallel, delayed
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import Pipeline
 
 MIN_FOLLOWED = 10  # a task the router followed fewer times than this on unseen sources is not judged
 MIN_SOURCES = 3  # ... nor one with prompts from fewer sources (its right predictions could hardly show)
@@ -68,7 +69,7 @@ def decision_matrix(model, texts: Sequence[str], labels: Sequence[str]) -> np.nd
 
 
 def out_of_fold(
-    build: Callable[[], object],
+    build: Callable[[], Pipeline],
     texts: Sequence[str],
     labels: Sequence[str],
     folds: list[tuple[np.ndarray, np.ndarray]],
@@ -82,12 +83,12 @@ def out_of_fold(
     among that model's training labels (it can only be predicted if so). A prompt in no test fold
     keeps -inf. ``progress`` is told (folds done, folds) after each fold but the last. ``jobs`` > 1
     fits that many folds at once in worker processes (joblib): the same models, the same values."""
-    texts, labels = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
-    scores = np.full((len(texts), len(all_labels)), -np.inf)
-    learnable = np.zeros(len(texts), dtype=bool)
+    text_array, label_array = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
+    scores = np.full((len(text_array), len(all_labels)), -np.inf)
+    learnable = np.zeros(len(text_array), dtype=bool)
     tasks = (
         delayed(_fold_values)(
-            build, texts[train], labels[train], texts[test], all_labels, _part(weights, train)
+            build, text_array[train], label_array[train], text_array[test], all_labels, _part(weights, train)
         )
         for train, test in folds
     )
@@ -98,8 +99,8 @@ def out_of_fold(
     )
     try:
         for done, ((train, test), values) in enumerate(zip(folds, fitted), 1):
-            trained = set(labels[train])
-            learnable[test] = [label in trained for label in labels[test]]
+            trained = set(label_array[train])
+            learnable[test] = [label in trained for label in label_array[test]]
             if values is not None:
                 scores[test] = values
             if progress is not None and done < len(folds):
@@ -112,11 +113,12 @@ def out_of_fold(
 
 
 def _part(weights: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
+    """The weights of ``rows`` (None without weights)."""
     return None if weights is None else weights[rows]
 
 
 def _fold_values(
-    build: Callable[[], object],
+    build: Callable[[], Pipeline],
     train_texts: np.ndarray,
     train_labels: np.ndarray,
     test_texts: np.ndarray,
@@ -129,10 +131,12 @@ def _fold_values(
         return None
     fit_params = {} if weights is None else {"model__sample_weight": weights}
     model = build().fit(list(train_texts), list(train_labels), **fit_params)
-    return decision_matrix(model, test_texts, all_labels)
+    return decision_matrix(model, list(test_texts), all_labels)
 
 
 def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Shuffled stratified k-fold splits of ``labels`` (``folds``, or fewer when the rarest label has
+    fewer prompts), as (training rows, test rows)."""
     splits = min(folds, min(Counter(labels).values()))
     return list(
         StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
@@ -141,9 +145,9 @@ def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple
 
 def grouped_folds(groups: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Leave one group out: one fold per distinct group."""
-    groups = np.asarray(groups, dtype=object)
-    indices = np.arange(len(groups))
-    return [(indices[groups != g], indices[groups == g]) for g in sorted(set(groups))]
+    group_array = np.asarray(groups, dtype=object)
+    indices = np.arange(len(group_array))
+    return [(indices[group_array != g], indices[group_array == g]) for g in sorted(set(group_array))]
 
 
 def predictions(scores: np.ndarray, all_labels: list[str]) -> list[str]:
@@ -214,9 +218,9 @@ def fit_temperature(scores: np.ndarray, truth: np.ndarray) -> float:
         )
 
     grid = np.exp(np.linspace(np.log(0.05), np.log(50.0), 121))
-    best = grid[min(range(len(grid)), key=lambda i: cost(grid[i]))]
+    best = grid[min(range(len(grid)), key=lambda i: cost(float(grid[i])))]
     fine = np.exp(np.linspace(np.log(best) - 0.06, np.log(best) + 0.06, 25))
-    return float(fine[min(range(len(fine)), key=lambda i: cost(fine[i]))])
+    return float(fine[min(range(len(fine)), key=lambda i: cost(float(fine[i])))])
 
 
 def choose_threshold(confidence: np.ndarray, correct: np.ndarray) -> dict:

@@ -4,7 +4,7 @@ vocabularies, idf weights, scaling and weights; a test checks the probabilities 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -103,7 +103,8 @@ class _CharGramTable:
                 cache.clear()
             cache.update(fresh)
             found = [hits if hits is not None else fresh[w] for w, hits in zip(words, found)]
-        hits = np.concatenate(found)
+        # no entry is None here: every word missing from the cache got its fresh hits above
+        hits = np.concatenate(cast("list[np.ndarray]", found))
         hits.sort()
         return hits
 
@@ -173,6 +174,7 @@ class _WordGrams:
         self.get = transformer.vocabulary_.get
 
     def ids(self, text: str) -> np.ndarray:
+        """Sorted vocabulary indices of the text's word n-grams, one per occurrence."""
         tokens = self.tokenize(self.preprocess(text))
         grams = list(tokens) if self.low == 1 else []
         for n in range(max(self.low, 2), self.high + 1):
@@ -187,6 +189,37 @@ class _WordGrams:
         return ids
 
 
+# one block of the feature union: (kind, ids function, idf per id (None for "dense" and "structure"),
+# model weights per id (rows)); a plain tuple, unpacked in the scoring loop
+_Part = tuple
+
+
+def _embedding_part(weights: np.ndarray) -> tuple[_Part, int]:
+    """The sentence-embedding block's part and its width; ``weights`` are the model's from its first row."""
+    from router.encoder import DIMENSIONS, embed
+
+    return (
+        "dense",
+        lambda text: embed([text])[0],
+        None,
+        np.ascontiguousarray(weights[:DIMENSIONS]),
+    ), DIMENSIONS
+
+
+def _structure_part(transformer: Pipeline, weights: np.ndarray) -> tuple[_Part, int]:
+    """The structural features' part (their scaling folded into the weights) and its width; ``weights``
+    are the model's from its first row."""
+    scaler = transformer.steps[-1][1]
+    size = len(scaler.scale_)
+    inverse = 1.0 / np.where(scaler.scale_ == 0, 1.0, scaler.scale_)
+    return (
+        "structure",
+        structural_row,
+        None,
+        np.ascontiguousarray(weights[:size] * inverse[:, None]),
+    ), size
+
+
 class FastScorer:
     """The fitted pipeline's probabilities without scikit-learn's per-call overhead: the same
     analyzers, vocabularies, idf weights, structural scaling and linear model, evaluated on one
@@ -197,61 +230,18 @@ class FastScorer:
     def __init__(self, pipeline: Pipeline):
         union, model = pipeline.named_steps["features"], pipeline.named_steps["model"]
         weights = np.asarray(model.coef_.T, dtype=np.float64)  # (n_features, n_classes or 1)
-        # per part: (kind, ids function, idf per id, model weights per id (rows), offset)
-        self.parts: list[tuple] = []
+        self.parts: list[_Part] = []
         self.char_tables: list[_CharGramTable] = []
         offset = 0
         for name, transformer in union.transformer_list:
             if isinstance(transformer, TfidfVectorizer):
-                if not (transformer.sublinear_tf and transformer.use_idf and transformer.norm == "l2"):
-                    raise ScorerError(
-                        f"FastScorer supports sublinear, idf-weighted, l2-normed TF-IDF only ({name})"
-                    )
-                size = len(transformer.vocabulary_)
-                block = weights[offset : offset + size]
-                low, high = transformer.ngram_range
-                if transformer.analyzer == "char_wb" and low >= 2:
-                    preprocess, table = (
-                        transformer.build_preprocessor(),
-                        _CharGramTable(transformer.vocabulary_, low, high),
-                    )
-                    self.char_tables.append(table)
-                    self.parts.append(
-                        (
-                            "tfidf",
-                            lambda text, p=preprocess, t=table: t.positions(p(text)),
-                            transformer.idf_[table.indices],
-                            np.ascontiguousarray(block[table.indices]),
-                        )
-                    )
-                else:
-                    self.parts.append(("tfidf", _WordGrams(transformer).ids, transformer.idf_, block))
-                offset += size
+                part, size = self._tfidf_part(name, transformer, weights[offset:])
             elif name == "embedding":  # router.encoder.EmbeddingFeatures: a dense block, no scaling
-                from router.encoder import DIMENSIONS, embed
-
-                self.parts.append(
-                    (
-                        "dense",
-                        lambda text: embed([text])[0],
-                        None,
-                        np.ascontiguousarray(weights[offset : offset + DIMENSIONS]),
-                    )
-                )
-                offset += DIMENSIONS
+                part, size = _embedding_part(weights[offset:])
             else:
-                scaler = transformer.steps[-1][1]
-                size = len(scaler.scale_)
-                inverse = 1.0 / np.where(scaler.scale_ == 0, 1.0, scaler.scale_)
-                self.parts.append(
-                    (
-                        "structure",
-                        structural_row,
-                        None,
-                        np.ascontiguousarray(weights[offset : offset + size] * inverse[:, None]),
-                    )
-                )
-                offset += size
+                part, size = _structure_part(transformer, weights[offset:])
+            self.parts.append(part)
+            offset += size
         single_words = [
             term
             for transformer in union.transformer_list
@@ -265,6 +255,28 @@ class FastScorer:
         self.classes_ = model.classes_
         if weights.shape[0] != offset:
             raise ScorerError("FastScorer: feature count does not match the model")
+
+    def _tfidf_part(self, name: str, transformer: TfidfVectorizer, weights: np.ndarray) -> tuple[_Part, int]:
+        """A TF-IDF block's part (character n-grams through a _CharGramTable, kept in ``char_tables``;
+        word n-grams through _WordGrams) and its width; ``weights`` are the model's from its first row."""
+        if not (transformer.sublinear_tf and transformer.use_idf and transformer.norm == "l2"):
+            raise ScorerError(f"FastScorer supports sublinear, idf-weighted, l2-normed TF-IDF only ({name})")
+        size = len(transformer.vocabulary_)
+        block = weights[:size]
+        low, high = transformer.ngram_range
+        if transformer.analyzer == "char_wb" and low >= 2:
+            preprocess, table = (
+                transformer.build_preprocessor(),
+                _CharGramTable(transformer.vocabulary_, low, high),
+            )
+            self.char_tables.append(table)
+            return (
+                "tfidf",
+                lambda text, p=preprocess, t=table: t.positions(p(text)),
+                transformer.idf_[table.indices],
+                np.ascontiguousarray(block[table.indices]),
+            ), size
+        return ("tfidf", _WordGrams(transformer).ids, transformer.idf_, block), size
 
     def cached_words(self) -> int:
         """How many distinct words' character n-grams are cached."""

@@ -139,17 +139,17 @@ def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
         rounds = sum(histogram) if rounds is None else rounds
         accepted = sum(j * n for j, n in enumerate(histogram)) if accepted is None else accepted
         drafted = (len(histogram) - 1) * sum(histogram) if drafted is None else drafted
-    missing = [
-        name
-        for name, value in (
-            ("num_drafts", rounds),
-            ("num_draft_tokens", drafted),
-            ("num_accepted_tokens", accepted),
+    if rounds is None or drafted is None or accepted is None:
+        missing = next(
+            name
+            for name, value in (
+                ("num_drafts", rounds),
+                ("num_draft_tokens", drafted),
+                ("num_accepted_tokens", accepted),
+            )
+            if value is None
         )
-        if value is None
-    ]
-    if missing:
-        raise FeedbackError(f"field '{where}{missing[0]}' is missing (see the vLLM mapping in the API docs)")
+        raise FeedbackError(f"field '{where}{missing}' is missing (see the vLLM mapping in the API docs)")
     return FeedbackCounts("vllm", rounds, drafted, accepted, _first(stats, ("num_output_tokens",), where))
 
 

@@ -310,6 +310,7 @@ SCHEMAS: dict[str, Any] = {
             "draft_kind",
             "draft_options",
             "cost",
+            "pools",
             "notes",
             "created_at",
             "activated_at",
@@ -337,6 +338,13 @@ SCHEMAS: dict[str, Any] = {
                 "type": ["object", "null"],
                 "description": "The batch-1 cost the decisions were priced with, in seconds "
                 "(target_forward_s = T_t(1..K), draft_step_s, ...); null: none was linked.",
+            },
+            "pools": {
+                "type": ["object", "null"],
+                "additionalProperties": {"type": "string"},
+                "description": "The deployment each decision goes to, published with the set: keys off and "
+                "k1..k<gamma_max> (SPECROUTE_ROUTER_POOLS when it was published, else spec-off / spec-k<gamma>); "
+                "null: published before pools were, so the serving process's SPECROUTE_ROUTER_POOLS names them.",
             },
             "margin": _NUM,
             "gamma_max": {
@@ -448,15 +456,6 @@ SCHEMAS: dict[str, Any] = {
 
 def openapi_document(version: str) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the API (``version`` is specroute's)."""
-    post = lambda summary, request, response, *errors: {  # noqa: E731 - a table of endpoints reads better
-        "summary": summary,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
-        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
-    }
-    get = lambda summary, response, *errors: {  # noqa: E731
-        "summary": summary,
-        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
-    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -465,52 +464,80 @@ def openapi_document(version: str) -> dict[str, Any]:
             "description": "Ask before each generation whether to speculate and with which gamma; "
             "send back what the engine saw. Every error has the Error shape.",
         },
-        "paths": {
-            "/v1/route": {"post": post("Decide for one request", "RouteRequest", "Decision", 400, 413, 503)},
-            "/v1/route/batch": {
-                "post": post(
-                    f"Decide for up to {MAX_BATCH} requests", "BatchRequest", "BatchResponse", 400, 413, 503
-                )
-            },
-            "/v1/feedback": {
-                "post": post(
-                    "Report what the engine saw for one generation",
-                    "FeedbackRequest",
-                    "FeedbackResponse",
-                    400,
-                    404,
-                    409,
-                    413,
-                    503,
-                )
-            },
-            "/v1/policies": {
-                "get": get("The active policy set, its online estimates and every version", "Policies", 503)
-            },
-            "/v1/classifier": {"get": get("The active task classifier's version record", "Classifier", 503)},
-            "/healthz": {"get": get("Liveness and what is loaded", "Health", 503)},
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "responses": {
-                        "200": {
-                            "description": "OpenAPI 3.1",
-                            "content": {"application/json": {"schema": {"type": "object"}}},
-                        }
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": {
-                            "description": "Prometheus text format 0.0.4",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
-        },
+        "paths": _api_paths() | _document_paths(),
         "components": {"schemas": SCHEMAS},
+    }
+
+
+def _post(summary: str, request: str, response: str, *errors: int) -> dict[str, Any]:
+    """A POST operation with a required JSON ``request`` body, a JSON ``response`` and its ``errors``."""
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
+    }
+
+
+def _get(summary: str, response: str, *errors: int) -> dict[str, Any]:
+    """A GET operation with a JSON ``response`` and its ``errors``."""
+    return {
+        "summary": summary,
+        "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
+    }
+
+
+def _api_paths() -> dict[str, Any]:
+    """The JSON endpoints: routing, feedback, policies, classifier and health."""
+    return {
+        "/v1/route": {"post": _post("Decide for one request", "RouteRequest", "Decision", 400, 413, 503)},
+        "/v1/route/batch": {
+            "post": _post(
+                f"Decide for up to {MAX_BATCH} requests", "BatchRequest", "BatchResponse", 400, 413, 503
+            )
+        },
+        "/v1/feedback": {
+            "post": _post(
+                "Report what the engine saw for one generation",
+                "FeedbackRequest",
+                "FeedbackResponse",
+                400,
+                404,
+                409,
+                413,
+                503,
+            )
+        },
+        "/v1/policies": {
+            "get": _get("The active policy set, its online estimates and every version", "Policies", 503)
+        },
+        "/v1/classifier": {"get": _get("The active task classifier's version record", "Classifier", 503)},
+        "/healthz": {"get": _get("Liveness and what is loaded", "Health", 503)},
+    }
+
+
+def _document_paths() -> dict[str, Any]:
+    """The endpoints that answer a document of their own: this one and the Prometheus metrics."""
+    return {
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
     }

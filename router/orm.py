@@ -5,7 +5,7 @@ decisions and the feedback engines send back."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -197,10 +197,13 @@ class FeedbackEvent(Base):
     )
 
 
-def activate_only(session: Session, model: type[ClassifierVersion] | type[PolicySet], version: int):
+Versioned = TypeVar("Versioned", ClassifierVersion, PolicySet)
+
+
+def activate_only(session: Session, model: type[Versioned], version: int) -> Versioned | None:
     """Mark the row of ``model`` with this ``version`` active and every other row inactive (the
     caller's transaction makes the switch atomic); None when there is no such version."""
-    chosen = session.scalar(select(model).where(model.version == version))
+    chosen: Versioned | None = session.scalar(select(model).where(model.version == version))
     if chosen is not None:
         session.execute(update(model).values(is_active=False))
         chosen.is_active = True

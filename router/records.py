@@ -20,8 +20,8 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
         gamma = point.gamma if point is not None and point.gamma is not None else NO_GAMMA
         by_batch[str(batch)] = {
             "gamma": gamma,
-            "expected_speedup": point.speedup if gamma else 1.0,
-            "speculate": bool(gamma) and point.speculate,
+            "expected_speedup": point.speedup if point is not None and gamma else 1.0,
+            "speculate": bool(gamma) and point is not None and point.speculate,
             "decision_code": point.code if point is not None else "nothing_measured",
         }
     return {
@@ -46,7 +46,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
     margin, gamma_max, draft and batch-1 cost (the contract the router decides under), notes, times and
     (``with_policies``) its policies, the fallback ("*") last. ``engine`` repeats ``priced_by`` for
     clients of earlier versions."""
-    data = {
+    data: dict[str, Any] = {
         "version": policy_set.version,
         "active": policy_set.is_active,
         "run_id": policy_set.run_id,
@@ -58,6 +58,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
         "draft_kind": policy_set.draft_kind,
         "draft_options": dict(policy_set.draft_options or {}),
         "cost": policy_set.cost,
+        "pools": policy_set.pools,
         "notes": policy_set.notes,
         "created_at": policy_set.created_at.isoformat(timespec="seconds"),
         "activated_at": policy_set.activated_at.isoformat(timespec="seconds")

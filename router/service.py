@@ -141,7 +141,12 @@ class RouterService:
     @staticmethod
     def _policy_context(router: Router) -> PolicyContext | None:
         """The loaded policy set for feedback (None: let feedback read the database)."""
-        if router.policy_set_id is None or router.cost is None or router.fallback is None:
+        if (
+            router.policy_set_id is None
+            or router.policy_version is None  # set with policy_set_id (router_from_database)
+            or router.cost is None
+            or router.fallback is None
+        ):
             return None
         labels = frozenset(router.classifier.labels) if router.classifier is not None else frozenset()
         return PolicyContext(

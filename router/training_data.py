@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from analyzer.errors import SpecrouteError
 from analyzer.ingest import parse_prompt_file
 from analyzer.orm import Prompt, PromptSet
-from analyzer.prompt_checks import request_text
+from analyzer.prompt_checks import ParsedPrompt, request_text
 from router.evaluation import USER_GROUP, source_group
 
 CORPUS_FILE = "corpus.jsonl"
@@ -65,9 +65,11 @@ class TrainingData:
     adapt: list[str] = field(default_factory=list)
 
     def weight_array(self) -> np.ndarray:
+        """The rows' sample weights (1 each when none were given), float64."""
         return np.asarray(self.weights or [1.0] * len(self.texts), dtype=np.float64)
 
     def kind_list(self) -> list[str]:
+        """The rows' kinds ("corpus", "label", "pseudo"; all "label" when none were given)."""
         return self.kinds or ["label"] * len(self.texts)
 
     def composition(self) -> dict[str, dict[str, int]]:
@@ -272,8 +274,15 @@ def cold_start_data() -> TrainingData:
     source_of = {row["id"]: row["source"] for row in map(json.loads, data.decode("utf-8").splitlines())}
     return make_training_data(
         [request_text(p.text, p.messages) for p in parsed.prompts],
-        [p.task for p in parsed.prompts],
+        [_corpus_task(p) for p in parsed.prompts],
         "bundled corpus",
         [source_group(source_of[p.external_id]) for p in parsed.prompts],
         kinds=["corpus"] * len(parsed.prompts),
     )
+
+
+def _corpus_task(prompt: ParsedPrompt) -> str:
+    """The task of a bundled corpus prompt (every one has a task; a ClassifierError if one does not)."""
+    if prompt.task is None:
+        raise ClassifierError(f"{CORPUS_FILE}: prompt {prompt.external_id} has no task")
+    return prompt.task

@@ -45,7 +45,11 @@ def measure(root: Path) -> dict:
         graph.setdefault(site.source, set()).add(site.target)
     # the [tool.mypy] files list (a regex: tomllib is Python 3.11+, specroute runs on 3.10 too)
     block = re.search(r"\[tool\.mypy\].*?files = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.S)
-    mypy_files = re.findall(r'"([^"]+)"', block.group(1)) if block else []
+    mypy_files = [
+        path
+        for entry in (re.findall(r'"([^"]+)"', block.group(1)) if block else [])
+        for path in ((root / entry).rglob("*.py") if (root / entry).is_dir() else [root / entry])
+    ]  # a folder counts its modules
     return {
         "engine-name comparisons": sum(comparisons.values()),
         "files with them": len(comparisons),
@@ -53,6 +57,7 @@ def measure(root: Path) -> dict:
         f"functions over {LONG} lines": len(long_functions),
         "longest": sorted(long_functions, reverse=True)[:5],
         "modules per package": modules,
+        "subpackages of analyzer": sorted(p.parent.name for p in (root / "analyzer").glob("*/__init__.py")),
         "mypy files": len(mypy_files),
     }
 

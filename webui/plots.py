@@ -8,6 +8,7 @@ axis labels; values that are None or not finite are left out.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 from xml.sax.saxutils import escape
 
@@ -157,6 +158,14 @@ def _series(
         )
 
 
+def _y_range(finite: list[float]) -> tuple[float, float]:
+    """The (y_min, y_max) of a chart of the finite values: from 0 unless the values sit well above it,
+    up to a round number."""
+    low, high = min(finite, default=0.0), max(finite, default=1.0)
+    y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
+    return y_min, _nice_max(high)
+
+
 def line_chart(
     title: str,
     x_values: Sequence[int],
@@ -174,9 +183,7 @@ def line_chart(
     finite = [v for values in series.values() for v in values if _ok(v)] + (
         [reference] if _ok(reference) else []
     )
-    low, high = min(finite, default=0.0), max(finite, default=1.0)
-    y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
-    y_max = _nice_max(high)
+    y_min, y_max = _y_range(finite)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     rows = (len(series) + 4) // 5
     lines = _open(title, css_class, height=TOP + plot_h + 48 + rows * 14)
@@ -217,6 +224,46 @@ def line_chart(
 MULTIPLES_FROM = 5  # more series than this in one chart overlap: draw one small panel per series instead
 
 
+@dataclass(frozen=True)
+class Background:
+    """A series drawn in grey behind every panel of :func:`small_multiples` for comparison (e.g. the
+    whole workload), with the label its title and the legend give it; ``values`` None draws nothing."""
+
+    values: Sequence[float | None] | None
+    label: str = ""
+
+
+# a small-multiples panel: its height, and the room its plot area leaves for labels on three sides
+PANEL_HEIGHT, PANEL_PAD_LEFT, PANEL_PAD_TOP, PANEL_PAD_BOTTOM = 118, 34, 18, 22
+
+
+@dataclass(frozen=True)
+class _Panel:
+    """One panel of :func:`small_multiples`: its top-left corner, its plot area and the shared ranges."""
+
+    left: float
+    top: float
+    inner_w: float
+    inner_h: float
+    x0: int
+    x1: int
+    y_min: float
+    y_max: float
+
+    def sx(self, x):
+        """The panel's x coordinate of the value x."""
+        return (
+            self.left
+            + PANEL_PAD_LEFT
+            + self.inner_w * ((x - self.x0) / (self.x1 - self.x0) if self.x1 > self.x0 else 0.5)
+        )
+
+    def sy(self, y):
+        """The panel's y coordinate of the value y."""
+        y_span = self.y_max - self.y_min if self.y_max > self.y_min else 1.0
+        return self.top + PANEL_PAD_TOP + self.inner_h * (1 - (y - self.y_min) / y_span)
+
+
 def small_multiples(
     title: str,
     x_values: Sequence[int],
@@ -224,8 +271,7 @@ def small_multiples(
     *,
     marks: dict[str, int] | None = None,
     reference: float | None = None,
-    background: Sequence[float | None] | None = None,
-    background_label: str = "",
+    background: Background | None = None,
     y_label: str = "",
     x_label: str = "",
     css_class: str = "lines",
@@ -235,65 +281,66 @@ def small_multiples(
     colour with ``marks[name]`` circled, ``background`` (e.g. the whole workload) in grey behind it for
     comparison, and ``reference`` dashed. Readable with 13 task types where one chart is a tangle."""
     x_values = list(x_values)
-    finite = [v for values in list(series.values()) + [background or []] for v in values if _ok(v)]
+    grey, grey_label = (background.values, background.label) if background else (None, "")
+    finite = [v for values in list(series.values()) + [grey or []] for v in values if _ok(v)]
     finite += [reference] if _ok(reference) else []
-    low, high = min(finite, default=0.0), max(finite, default=1.0)
-    y_min = 0.0 if low >= 0 and low < 0.5 * high else math.floor(low * 10) / 10
-    y_max = _nice_max(high)
-    panel_w, panel_h, pad_left, pad_top, pad_bottom = WIDTH / columns, 118, 34, 18, 22
+    y_min, y_max = _y_range(finite)
+    panel_w = WIDTH / columns
     rows = (len(series) + columns - 1) // columns
-    height = TOP + rows * panel_h + 34
+    height = TOP + rows * PANEL_HEIGHT + 34
     lines = _open(title, css_class, height=height)
     x0, x1 = min(x_values, default=0), max(x_values, default=1)
+    inner_w, inner_h = panel_w - PANEL_PAD_LEFT - 8, PANEL_HEIGHT - PANEL_PAD_TOP - PANEL_PAD_BOTTOM
     for i, (name, values) in enumerate(series.items()):
-        left, top = (i % columns) * panel_w, TOP + (i // columns) * panel_h
-        inner_w, inner_h = panel_w - pad_left - 8, panel_h - pad_top - pad_bottom
-
-        def sx(x, left=left, inner_w=inner_w):
-            return left + pad_left + inner_w * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
-
-        def sy(y, top=top, inner_h=inner_h):
-            return top + pad_top + inner_h * (1 - (y - y_min) / (y_max - y_min if y_max > y_min else 1.0))
-
-        color = PALETTE[i % len(PALETTE)]
+        left, top = (i % columns) * panel_w, TOP + (i // columns) * PANEL_HEIGHT
+        panel = _Panel(left, top, inner_w, inner_h, x0, x1, y_min, y_max)
         lines.append(
-            f'<g class="panel"><text x="{left + pad_left}" y="{top + 12}" font-size="11" font-weight="bold">'
+            f'<g class="panel"><text x="{left + PANEL_PAD_LEFT}" y="{top + 12}" font-size="11" font-weight="bold">'
             f"{escape(name)}</text>"
         )
-        lines.append(
-            f'<rect x="{left + pad_left:.1f}" y="{top + pad_top:.1f}" width="{inner_w:.1f}" height="{inner_h:.1f}" '
-            f'fill="none" stroke="#ccc"/>'
-        )
-        for value in (y_min, y_max):
-            lines.append(
-                f'<text x="{left + pad_left - 3:.1f}" y="{sy(value) + 4:.1f}" font-size="9" text-anchor="end">'
-                f"{value:.3g}</text>"
+        _panel_frame(lines, panel, reference)
+        if grey:
+            points = " ".join(
+                f"{panel.sx(x):.1f},{panel.sy(y):.1f}" for x, y in zip(x_values, grey) if _ok(y)
             )
-        for x in (x0, x1):
-            lines.append(
-                f'<text x="{sx(x):.1f}" y="{top + pad_top + inner_h + 11:.1f}" font-size="9" '
-                f'text-anchor="middle">{x}</text>'
-            )
-        if _ok(reference) and y_min <= reference <= y_max:
-            lines.append(
-                f'<line class="reference" x1="{sx(x0):.1f}" y1="{sy(reference):.1f}" x2="{sx(x1):.1f}" '
-                f'y2="{sy(reference):.1f}" stroke="#555" stroke-dasharray="3 3"/>'
-            )
-        if background:
-            points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_values, background) if _ok(y))
             if points:
                 lines.append(
                     f'<polyline class="background" points="{points}" fill="none" stroke="#bbb" stroke-width="1.5">'
-                    f"<title>{escape(background_label)}</title></polyline>"
+                    f"<title>{escape(grey_label)}</title></polyline>"
                 )
-        _series(lines, name, values, x_values, color, sx, sy, (marks or {}).get(name), 4)
+        color = PALETTE[i % len(PALETTE)]
+        _series(lines, name, values, x_values, color, panel.sx, panel.sy, (marks or {}).get(name), 4)
         lines.append("</g>")
-    legend = f"{y_label} against {x_label}" + (f"; grey: {background_label}" if background else "")
+    legend = f"{y_label} against {x_label}" + (f"; grey: {grey_label}" if grey else "")
     lines.append(
         f'<text x="{WIDTH / 2}" y="{height - 10}" font-size="11" text-anchor="middle">{escape(legend)}</text>'
     )
     lines.append("</svg>")
     return "\n".join(lines)
+
+
+def _panel_frame(lines: list[str], panel: _Panel, reference: float | None) -> None:
+    """A panel's box, its y range and x range written at the ends, and ``reference`` dashed."""
+    left, top = panel.left + PANEL_PAD_LEFT, panel.top + PANEL_PAD_TOP
+    lines.append(
+        f'<rect x="{left:.1f}" y="{top:.1f}" width="{panel.inner_w:.1f}" height="{panel.inner_h:.1f}" '
+        f'fill="none" stroke="#ccc"/>'
+    )
+    for value in (panel.y_min, panel.y_max):
+        lines.append(
+            f'<text x="{left - 3:.1f}" y="{panel.sy(value) + 4:.1f}" font-size="9" text-anchor="end">'
+            f"{value:.3g}</text>"
+        )
+    for x in (panel.x0, panel.x1):
+        lines.append(
+            f'<text x="{panel.sx(x):.1f}" y="{top + panel.inner_h + 11:.1f}" font-size="9" '
+            f'text-anchor="middle">{x}</text>'
+        )
+    if _ok(reference) and panel.y_min <= reference <= panel.y_max:
+        lines.append(
+            f'<line class="reference" x1="{panel.sx(panel.x0):.1f}" y1="{panel.sy(reference):.1f}" '
+            f'x2="{panel.sx(panel.x1):.1f}" y2="{panel.sy(reference):.1f}" stroke="#555" stroke-dasharray="3 3"/>'
+        )
 
 
 def per_series_chart(
@@ -302,7 +349,7 @@ def per_series_chart(
     """A line chart, or small multiples once there are more than MULTIPLES_FROM series."""
     if len(series) > MULTIPLES_FROM:
         return small_multiples(title, x_values, series, **options)
-    options.pop("background", None), options.pop("background_label", None)
+    options.pop("background", None)
     return line_chart(title, x_values, series, **options)
 
 
@@ -436,22 +483,45 @@ def report_plots(report: dict) -> dict[str, str]:
             css_class="acceptance",
         ),
     }
+    histograms = _histograms_plot(tasks)
+    if histograms:
+        plots["histograms"] = histograms
+    plots.update(_speedup_plots(report, tasks))
+    entropy = _entropy_plot(report)
+    if entropy:
+        plots["entropy"] = entropy
+    validation = _validation_plot(report)
+    if validation:
+        plots["validation"] = validation
+    return plots
+
+
+def _histograms_plot(tasks: dict[str, dict]) -> str | None:
+    """Each task's share of rounds by the number of drafts accepted (None when no task has rounds)."""
     histogram_series = {}
-    for name in names:
-        counts = tasks[name].get("histogram") or []
+    for name, task in tasks.items():
+        counts = task.get("histogram") or []
         total = sum(counts)
         if total:
             histogram_series[name] = [c / total for c in counts]
-    if histogram_series:
-        longest = max(len(v) for v in histogram_series.values())
-        plots["histograms"] = per_series_chart(
-            "Accepted drafts per round at each task's best gamma (share of rounds)",
-            list(range(longest)),
-            {k: v + [None] * (longest - len(v)) for k, v in histogram_series.items()},
-            y_label="share of rounds",
-            x_label="accepted drafts in a round",
-            css_class="histograms",
-        )
+    if not histogram_series:
+        return None
+    longest = max(len(v) for v in histogram_series.values())
+    return per_series_chart(
+        "Accepted drafts per round at each task's best gamma (share of rounds)",
+        list(range(longest)),
+        {k: v + [None] * (longest - len(v)) for k, v in histogram_series.items()},
+        y_label="share of rounds",
+        x_label="accepted drafts in a round",
+        css_class="histograms",
+    )
+
+
+def _speedup_plots(report: dict, tasks: dict[str, dict]) -> dict[str, str]:
+    """The predicted speedup curves by task: ``speedup`` at the smallest batch size, then
+    ``speedup_b{N}`` at each larger profiled batch size N, each against the whole workload in grey."""
+    names = list(tasks)
+    plots = {}
     curves = {n: tasks[n].get("speedup_curve") or [] for n in names}
     longest = max((len(c) for c in curves.values()), default=0)
     if longest:
@@ -468,8 +538,7 @@ def report_plots(report: dict) -> dict[str, str]:
             {n: list(c) + [None] * (longest - len(c)) for n, c in curves.items()},
             marks={n: tasks[n]["best_gamma"] for n in names if tasks[n].get("best_gamma")},
             reference=1.0,
-            background=workload.get("speedup_curve"),
-            background_label="whole workload",
+            background=Background(workload.get("speedup_curve"), "whole workload"),
             y_label="speedup",
             x_label="gamma (lookahead)",
             css_class="speedup",
@@ -480,57 +549,65 @@ def report_plots(report: dict) -> dict[str, str]:
         batch_curves = {n: at_batch[n].get("speedup_curve") or [] for n in names}
         width = max((len(c) for c in batch_curves.values()), default=0)
         if width:
+            workload_at_batch = ((report.get("workload") or {}).get("by_batch") or {}).get(str(batch), {})
             plots[f"speedup_b{batch}"] = per_series_chart(
                 f"Predicted speedup S(g) by task at batch size {batch} (circle: best gamma there)",
                 list(range(1, width + 1)),
                 {n: list(c) + [None] * (width - len(c)) for n, c in batch_curves.items()},
                 marks={n: at_batch[n]["best_gamma"] for n in names if at_batch[n].get("best_gamma")},
                 reference=1.0,
-                background=((report.get("workload") or {}).get("by_batch") or {})
-                .get(str(batch), {})
-                .get("speedup_curve"),
-                background_label="whole workload",
+                background=Background(workload_at_batch.get("speedup_curve"), "whole workload"),
                 y_label="speedup",
                 x_label="gamma (lookahead)",
                 css_class="speedup",
             )
+    return plots
+
+
+def _entropy_plot(report: dict) -> str | None:
+    """The probability of a long accepted run by the entropy of the previous token (None without data)."""
     table = report.get("entropy_table")
-    if table and any(table["positions"]):
-        edges = table["edges"]
-        labels = [
-            f"{edges[i]:g}–{edges[i + 1]:g}" if edges[i + 1] is not None else f"≥{edges[i]:g}"
-            for i in range(len(edges) - 1)
-        ]
-        plots["entropy"] = bar_chart(
-            f"P(accepted run ≥ {table['run_length']} | entropy of the previous token)",
-            labels,
-            table["probability"],
-            y_label="probability",
-            x_label="target entropy (nats)",
-            y_max=1.0,
-            css_class="entropy",
-        )
+    if not (table and any(table["positions"])):
+        return None
+    edges = table["edges"]
+    labels = [
+        f"{edges[i]:g}–{edges[i + 1]:g}" if edges[i + 1] is not None else f"≥{edges[i]:g}"
+        for i in range(len(edges) - 1)
+    ]
+    return bar_chart(
+        f"P(accepted run ≥ {table['run_length']} | entropy of the previous token)",
+        labels,
+        table["probability"],
+        y_label="probability",
+        x_label="target entropy (nats)",
+        y_max=1.0,
+        css_class="entropy",
+    )
+
+
+def _validation_plot(report: dict) -> str | None:
+    """Predicted against measured speedup of the validated prompts (None when none is counted)."""
     validation = report.get("validation") or []
     # only what the validation table counts: the disturbed ones (timed while other processes used the
     # machine) are left out there, and numbered as the Prompts table numbers prompts
     counted = [v for v in validation if not v.get("disturbed")]
     number = {p["prompt_id"]: p["position"] + 1 for p in report.get("prompts") or []}
     left_out = len(validation) - len(counted)
-    if counted:
-        plots["validation"] = scatter(
-            "Predicted vs measured speedup (validated prompts)",
-            [
-                (
-                    v["predicted_speedup"],
-                    v["measured_speedup"],
-                    f"prompt {number.get(v['prompt_id'], v['prompt_id'])} g={v['gamma']}",
-                )
-                for v in counted
-            ],
-            x_label="predicted speedup",
-            y_label="measured speedup",
-            note="dashed: measured = predicted"
-            + (f"; {left_out} timed on a busy machine left out, as in the table" if left_out else ""),
-            css_class="validation",
-        )
-    return plots
+    if not counted:
+        return None
+    return scatter(
+        "Predicted vs measured speedup (validated prompts)",
+        [
+            (
+                v["predicted_speedup"],
+                v["measured_speedup"],
+                f"prompt {number.get(v['prompt_id'], v['prompt_id'])} g={v['gamma']}",
+            )
+            for v in counted
+        ],
+        x_label="predicted speedup",
+        y_label="measured speedup",
+        note="dashed: measured = predicted"
+        + (f"; {left_out} timed on a busy machine left out, as in the table" if left_out else ""),
+        css_class="validation",
+    )

@@ -39,25 +39,11 @@ def _router_service():
 
 @bp.get("/classifier")
 def classifier():
+    """The classifier page: every trained version with its scores, the active one's confusion matrix,
+    the training form, the unlabelled prompts per set and those the teacher is least sure of."""
     with sessions()() as session:
         versions = list(session.scalars(select(ClassifierVersion).order_by(ClassifierVersion.version.desc())))
-        rows = [
-            {
-                "version": v.version,
-                "active": v.is_active,
-                "labels": len(v.labels),
-                "prompts": v.training_prompt_count,
-                "source": (v.scores or {}).get("source"),
-                "macro_f1": (v.scores or {}).get("macro_f1"),
-                "accuracy": (v.scores or {}).get("accuracy"),
-                "features": (v.scores or {}).get("features", "tfidf"),
-                "unseen_f1": ((v.scores or {}).get("grouped") or {}).get("macro_f1"),
-                "baseline_f1": ((v.scores or {}).get("baseline") or {}).get("macro_f1"),
-                "created_at": v.created_at.isoformat(timespec="seconds"),
-                "withheld": _withheld(v),
-            }
-            for v in versions
-        ]
+        rows = [_version_row(v) for v in versions]
         active = next((v for v in versions if v.is_active), None)
         scores = dict(active.scores or {}) if active else {}
     confusion = scores.get("confusion")
@@ -68,39 +54,8 @@ def classifier():
     )
     with sessions()() as session:
         prompt_sets = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
-        unlabelled = dict(
-            session.execute(
-                select(PromptSet.name, func.count(Prompt.id))
-                .join(Prompt)
-                .where(Prompt.task.is_(None))
-                .group_by(PromptSet.name)
-                .order_by(PromptSet.name)
-            ).all()
-        )
-        least_sure = [
-            {
-                "set": name,
-                "position": position + 1,
-                "page": position // PAGE_SIZE + 1,
-                "task": task,
-                "confidence": confidence,
-                "text": prompt_text(text, messages)[:160],
-            }
-            for name, position, task, confidence, text, messages in session.execute(
-                select(
-                    PromptSet.name,
-                    Prompt.position,
-                    Prompt.suggested_task,
-                    Prompt.suggested_confidence,
-                    Prompt.text,
-                    Prompt.messages,
-                )
-                .join(PromptSet)
-                .where(Prompt.task.is_(None), Prompt.suggested_task.is_not(None))
-                .order_by(Prompt.suggested_confidence, Prompt.id)
-                .limit(LEAST_SURE)
-            )
-        ]
+        unlabelled = _unlabelled_counts(session)
+        least_sure = _least_sure_prompts(session)
     return render_template(
         "classifier.html",
         versions=rows,
@@ -114,6 +69,66 @@ def classifier():
         least_sure=least_sure,
         training=_jobs().state(TRAIN_JOB),
     )
+
+
+def _version_row(version: ClassifierVersion) -> dict:
+    """One row of the classifier page's versions table."""
+    scores = version.scores or {}
+    return {
+        "version": version.version,
+        "active": version.is_active,
+        "labels": len(version.labels),
+        "prompts": version.training_prompt_count,
+        "source": scores.get("source"),
+        "macro_f1": scores.get("macro_f1"),
+        "accuracy": scores.get("accuracy"),
+        "features": scores.get("features", "tfidf"),
+        "unseen_f1": (scores.get("grouped") or {}).get("macro_f1"),
+        "baseline_f1": (scores.get("baseline") or {}).get("macro_f1"),
+        "created_at": version.created_at.isoformat(timespec="seconds"),
+        "withheld": _withheld(version),
+    }
+
+
+def _unlabelled_counts(session) -> dict[str, int]:
+    """The number of unlabelled prompts of each prompt set that has any, by set name."""
+    return dict(
+        session.execute(
+            select(PromptSet.name, func.count(Prompt.id))
+            .join(Prompt)
+            .where(Prompt.task.is_(None))
+            .group_by(PromptSet.name)
+            .order_by(PromptSet.name)
+        ).all()
+    )
+
+
+def _least_sure_prompts(session) -> list[dict]:
+    """The unlabelled prompts whose suggested task the teacher is least sure of, least sure first."""
+    return [
+        {
+            "set": name,
+            "position": position + 1,
+            "page": position // PAGE_SIZE + 1,
+            "task": task,
+            "confidence": confidence,
+            "text": prompt_text(text, messages)[:160],
+        }
+        for name, position, task, confidence, text, messages in session.execute(
+            select(
+                PromptSet.name,
+                Prompt.position,
+                Prompt.suggested_task,
+                Prompt.suggested_confidence,
+                Prompt.text,
+                Prompt.messages,
+            )
+            .join(PromptSet)
+            .where(Prompt.task.is_(None), Prompt.suggested_task.is_not(None))
+            .order_by(Prompt.suggested_confidence, Prompt.id)
+            .limit(LEAST_SURE)
+        )
+    ]
 
 
 @bp.post("/classifier/train")
@@ -200,6 +215,7 @@ def _jobs():
 
 @bp.post("/classifier/<int:version>/activate")
 def activate_classifier(version: int):
+    """Make classifier VERSION the active one and reload the router; an error is flashed on the page."""
     try:
         with sessions()() as session, session.begin():
             activate_version(session, version)
@@ -226,6 +242,8 @@ def _positive(value: str | None, name: str, errors: list[str]) -> int | None:
 
 @bp.route("/playground", methods=["GET", "POST"])
 def playground():
+    """The routing playground: on POST, route the typed prompt with the active classifier and policy
+    set and show the decision, or the form's errors with status 400."""
     decision, errors = None, []
     values = {"prompt": "", "max_new_tokens": "", "batch_size": ""}
     if request.method == "POST":
@@ -252,6 +270,8 @@ def playground():
 
 @bp.get("/policies")
 def policies():
+    """The policies page: every policy set, the finished runs to publish from (a noisy one never
+    preselected), the live estimates, why advice was withheld and the task types rarely reached."""
     with sessions()() as session:
         sets = [policy_set_dict(p) for p in list_policy_sets(session)]
         runs = [
@@ -294,6 +314,8 @@ def policies():
 
 @bp.post("/policies/publish")
 def publish():
+    """Publish a new policy set from the chosen finished run; it becomes active (and the router
+    reloads) unless the run's advice is withheld, which the page then says."""
     try:
         run_id = int(request.form.get("run_id", ""))
         if not 1 <= run_id <= MAX_ID:
@@ -320,6 +342,7 @@ def publish():
 
 @bp.post("/policies/<int:version>/activate")
 def activate_policies(version: int):
+    """Make policy set VERSION the active one and reload the router; an error is flashed on the page."""
     try:
         with sessions()() as session, session.begin():
             lock_for_write(session)

@@ -1,0 +1,2 @@
+"""Package data of the router: the bundled labelled corpus (corpus.jsonl, with its license table) and
+its precomputed sentence embeddings."""

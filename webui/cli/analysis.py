@@ -144,26 +144,14 @@ def analyze(
     prompt_set,
     target,
     draft,
-    max_new_tokens,
-    gamma_max,
-    temperature,
-    top_p,
-    validate_n,
-    limit,
-    batch_size,
-    margin,
-    no_chat_template,
     reprofile,
     engine,
-    cost_mode,
-    device,
-    dtype,
     batch_sizes,
-    chunk_size,
     queue_only,
     resume_run,
     cost_profiles,
     as_json,
+    **run_inputs,
 ) -> None:
     """Measure acceptance for every gamma, profile the cost and predict the speedup per task type.
 
@@ -176,86 +164,113 @@ def analyze(
     of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
     claim some of them too; --queue leaves all of it to them.
     """
-    from analyzer.report import build_report
     from analyzer.report_text import report_text
-    from analyzer.run_records import create_run
-    from analyzer.runs import execute_run
 
     sessions = state.sessions()
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
         raise click.UsageError(
             "--cost-profile prices a new run: not with --resume, --batch-sizes or --reprofile"
         )
+    run_id = resume_run  # None until a new run is stored
     try:
         if resume_run is None:
             if not prompt_set:
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
-            raw = {
-                "target": target,
-                "draft": draft,
-                "max_new_tokens": max_new_tokens,
-                "gamma_max": gamma_max,
-                "temperature": temperature,
-                "top_p": top_p,
-                "validate": validate_n,
-                "limit": limit,
-                "batch_size": batch_size,
-                "margin": margin,
-                "chunk_size": chunk_size,
-                "chat_template": False if no_chat_template else None,
-                "reprofile": reprofile or None,
-                "engine": engine,
-                "cost_mode": cost_mode,
-                "device": device,
-                "dtype": dtype,
-                "batch_sizes": batch_sizes or _batch_sizes_of(sessions, cost_profiles),
-            }
-            try:
-                inputs = read_inputs(raw, state.settings, engines=REGISTRY)
-            except RunInputError as error:
-                raise error.spelled(option_name) from None
-            params = inputs.params
-            if engine is None:
-                click.echo(f"engine {params.engine}: {inputs.engine_why}", err=True)
-            click.echo(
-                _placement_text(check_run(params), queue_only, chosen=engine is None), err=True
-            )  # never stored if it cannot run here
-            with sessions() as session, session.begin():
-                run = create_run(session, prompt_set, target, draft, params)
-                if cost_profiles:
-                    from analyzer.repricing import link_pricing_profiles
-
-                    link_pricing_profiles(session, run, cost_profiles)
-                run_id = run.id
-            click.echo(f"run {run_id}: {prompt_set} with target {target}, draft {draft}", err=True)
+            batch_sizes = batch_sizes or _batch_sizes_of(sessions, cost_profiles)
+            raw = _new_run_inputs(run_inputs, target, draft, reprofile, engine, batch_sizes)
+            run_id = _create_new_run(state, sessions, prompt_set, raw, queue_only, cost_profiles)
             if queue_only:
                 click.echo(
                     strict_json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id)
                 )
                 return
-        else:
-            run_id = resume_run
-        progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
-        try:
-            execute_run(
-                sessions,
-                run_id,
-                cache_dir=_cache_dir(state),
-                progress=progress,
-                allow_network=state.settings.allow_downloads,
-            )
-        finally:
-            progress.close()
-        _label_with_classifier(sessions, run_id)
-        with sessions() as session, session.begin():  # a summary computed here is kept
-            report = build_report(session, run_id)
+        report = _execute_and_build_report(state, sessions, run_id, as_json)
     except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}",
-            err=True,
-        )
+        if (
+            run_id is None
+        ):  # stopped while the new run was being stored: 'specroute runs list' shows whether it was
+            click.echo("\ninterrupted before the run was stored; see 'specroute runs list'", err=True)
+        else:
+            click.echo(
+                f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}",
+                err=True,
+            )
         sys.exit(130)
     click.echo(strict_json.dumps(report) if as_json else report_text(report))
+
+
+def _new_run_inputs(run_inputs: dict, target, draft, reprofile, engine, batch_sizes) -> dict:
+    """The raw inputs of a new run, as ``read_inputs`` reads them, from the options of ``analyze``
+    (``run_inputs``: the run-input options it passes through unread)."""
+    return {
+        "target": target,
+        "draft": draft,
+        "max_new_tokens": run_inputs["max_new_tokens"],
+        "gamma_max": run_inputs["gamma_max"],
+        "temperature": run_inputs["temperature"],
+        "top_p": run_inputs["top_p"],
+        "validate": run_inputs["validate_n"],
+        "limit": run_inputs["limit"],
+        "batch_size": run_inputs["batch_size"],
+        "margin": run_inputs["margin"],
+        "chunk_size": run_inputs["chunk_size"],
+        "chat_template": False if run_inputs["no_chat_template"] else None,
+        "reprofile": reprofile or None,
+        "engine": engine,
+        "cost_mode": run_inputs["cost_mode"],
+        "device": run_inputs["device"],
+        "dtype": run_inputs["dtype"],
+        "batch_sizes": batch_sizes,
+    }
+
+
+def _create_new_run(
+    state: CliState, sessions, prompt_set: str, raw: dict, queue_only: bool, cost_profiles: tuple[int, ...]
+) -> int:
+    """Read and check the inputs, say where the run will measure, store the run and return its id."""
+    from analyzer.run_records import create_run
+
+    try:
+        inputs = read_inputs(raw, state.settings, engines=REGISTRY)
+    except RunInputError as error:
+        raise error.spelled(option_name) from None
+    params = inputs.params
+    chosen = raw["engine"] is None
+    if chosen:
+        click.echo(f"engine {params.engine}: {inputs.engine_why}", err=True)
+    # resolved before the run is stored: a run that cannot measure here is never stored
+    click.echo(_placement_text(check_run(params), queue_only, chosen=chosen), err=True)
+    with sessions() as session, session.begin():
+        run = create_run(session, prompt_set, raw["target"], raw["draft"], params)
+        if cost_profiles:
+            from analyzer.repricing import link_pricing_profiles
+
+            link_pricing_profiles(session, run, cost_profiles)
+        run_id = run.id
+    click.echo(f"run {run_id}: {prompt_set} with target {raw['target']}, draft {raw['draft']}", err=True)
+    return run_id
+
+
+def _execute_and_build_report(state: CliState, sessions, run_id: int, as_json: bool) -> dict:
+    """Execute the run here (with a progress bar, except for --json with stderr not a terminal), label its unlabelled
+    prompts with the classifier and return its report."""
+    from analyzer.report import build_report
+    from analyzer.runs import execute_run
+
+    progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
+    try:
+        execute_run(
+            sessions,
+            run_id,
+            cache_dir=_cache_dir(state),
+            progress=progress,
+            allow_network=state.settings.allow_downloads,
+        )
+    finally:
+        progress.close()
+    _label_with_classifier(sessions, run_id)
+    with sessions() as session, session.begin():  # a summary computed here is kept
+        return build_report(session, run_id)
 
 
 def _placement_text(params, queue_only: bool = False, *, chosen: bool = False) -> str:

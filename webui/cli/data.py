@@ -107,26 +107,7 @@ def prompts_import(
     """
     if sample == (file is not None):
         raise click.UsageError("give either FILE or --sample")
-    sessions = state.sessions()
-    limits = IngestLimits.from_settings(state.settings)
-    try:
-        with sessions() as session, session.begin():
-            if sample:
-                prompt_set, parsed = import_sample(session, name or SAMPLE_NAME)
-            else:
-                try:
-                    data = file.read_bytes()
-                except OSError as exc:
-                    raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
-                prompt_set, parsed = import_prompt_file(
-                    session, name or file.stem, data, file.name, file_format=file_format, limits=limits
-                )
-            summary = summarize(session, [prompt_set])[0]
-    except PromptFileError as exc:  # every listed issue on its own line, not the one-line "Error: ..."
-        if as_json:
-            click.echo(strict_json.dumps(exc.payload()))
-        click.echo(exc.report(), err=True)
-        sys.exit(exc.exit_code)
+    summary, parsed = _store_prompt_set(state, file, name, file_format, as_json)
     suggested = None
     if (state.settings.suggest_tasks if suggest is None else suggest) and summary.task_counts.get(None):
         suggested = _suggest(state, [summary.name], quiet_without_encoder=suggest is None)
@@ -141,6 +122,38 @@ def prompts_import(
             )
         )
         return
+    _print_import_result(summary, parsed, suggested)
+
+
+def _store_prompt_set(
+    state: CliState, file: Path | None, name: str | None, file_format: str | None, as_json: bool
+):
+    """Check and store FILE (or the bundled sample when there is no FILE) as a prompt set in one
+    transaction; return its summary and the parsed file, or print every problem and exit."""
+    sessions = state.sessions()
+    limits = IngestLimits.from_settings(state.settings)
+    try:
+        with sessions() as session, session.begin():
+            if file is None:
+                prompt_set, parsed = import_sample(session, name or SAMPLE_NAME)
+            else:
+                try:
+                    data = file.read_bytes()
+                except OSError as exc:
+                    raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
+                prompt_set, parsed = import_prompt_file(
+                    session, name or file.stem, data, file.name, file_format=file_format, limits=limits
+                )
+            return summarize(session, [prompt_set])[0], parsed
+    except PromptFileError as exc:  # every listed issue on its own line, not the one-line "Error: ..."
+        if as_json:
+            click.echo(strict_json.dumps(exc.payload()))
+        click.echo(exc.report(), err=True)
+        sys.exit(exc.exit_code)
+
+
+def _print_import_result(summary, parsed, suggested) -> None:
+    """Print what an import stored: the count and tasks, the suggestions made, the duplicates merged."""
     click.echo(
         f"imported {summary.prompt_count} prompts as '{summary.name}' ({_tasks_text(summary.task_counts)})"
     )

@@ -81,18 +81,52 @@ def train(
     no worse than the active one on the same held-out folds and had enough confident pseudo-labels;
     otherwise it is stored but not activated, and the numbers say why (--activate forces it).
     """
+    if cold_start:
+        source = "corpus"
+    _check_adapt_options(adapt, min_confidence, force_activate)
+    features = features or state.settings.classifier_features
+    record, verdict = _train_new_version(
+        state, source, prompt_sets, features, adapt, min_confidence, force_activate, seed
+    )
+    if verdict and not record["active"]:
+        verdict += (
+            f". To use v{record['version']} anyway: its Activate button on the classifier page, or "
+            "train again with --activate"
+        )
+    if as_json:
+        click.echo(strict_json.dumps(record))
+        if verdict:
+            click.echo(verdict, err=True)
+        return
+    _print_training_report(record)
+    if verdict:
+        click.echo(verdict)
+
+
+def _check_adapt_options(adapt: tuple[str, ...], min_confidence: float | None, force_activate: bool) -> None:
+    """Refuse the options that only mean something together with --adapt."""
+    if min_confidence is not None and not adapt:
+        raise click.UsageError("--min-confidence needs --adapt")
+    if force_activate and not adapt:
+        raise click.UsageError("--activate needs --adapt (training without it always activates)")
+
+
+def _train_new_version(
+    state: CliState,
+    source: str,
+    prompt_sets: tuple[str, ...],
+    features: str,
+    adapt: tuple[str, ...],
+    min_confidence: float | None,
+    force_activate: bool,
+    seed: int,
+) -> tuple[dict, str | None]:
+    """Gather the training data, train and store a classifier version; return its record and verdict."""
     from router.classifier import activation_message, train_classifier
     from router.pipeline import fold_jobs
     from router.records import classifier_dict
     from router.training_request import training_data
 
-    if cold_start:
-        source = "corpus"
-    if min_confidence is not None and not adapt:
-        raise click.UsageError("--min-confidence needs --adapt")
-    if force_activate and not adapt:
-        raise click.UsageError("--activate needs --adapt (training without it always activates)")
-    features = features or state.settings.classifier_features
     with state.sessions()() as session, session.begin():
         data = training_data(
             session,
@@ -118,16 +152,11 @@ def train(
         )
         record = {**classifier_dict(version), "scores": version.scores}
         verdict = activation_message(version)
-    if verdict and not record["active"]:
-        verdict += (
-            f". To use v{record['version']} anyway: its Activate button on the classifier page, or "
-            "train again with --activate"
-        )
-    if as_json:
-        click.echo(strict_json.dumps(record))
-        if verdict:
-            click.echo(verdict, err=True)
-        return
+    return record, verdict
+
+
+def _print_training_report(record: dict) -> None:
+    """Print a new classifier version's scores, calibration, catch-all tasks and adaptation as text."""
     scores = record["scores"]
     state_word = "active" if record["active"] else "stored, NOT active"
     click.echo(
@@ -135,6 +164,31 @@ def train(
         f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
         f"{scores['baseline']['macro_f1']:.3f}"
     )
+    _print_per_class_scores(scores)
+    calibration = scores["calibration"]
+    click.echo(
+        f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
+        f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
+        f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
+        f"{100 * (calibration['precision'] or 0):.0f}% of those right)"
+    )
+    following = scores.get("following") or {}
+    if following.get("catch_all"):
+        rows = following["tasks"]
+        click.echo(
+            "catch-all (followed predictions right less than half the time; the router uses the workload "
+            f"policy for them, {100 * following['share']:.0f}% of prompts): "
+            + ", ".join(
+                f"{t} ({rows[t]['right']} of {rows[t]['followed']} right)" for t in following["catch_all"]
+            )
+        )
+    if scores.get("dropped_labels"):
+        click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
+    _print_adaptation(scores)
+
+
+def _print_per_class_scores(scores: dict) -> None:
+    """Print the leave-one-source-out summary and the per-task F1 table with reachability."""
     grouped = scores.get("grouped")
     if grouped:
         click.echo(
@@ -157,25 +211,10 @@ def train(
             f"  {label:<18} {row['f1-score']:>9.2f} {unseen:>9} {int(row['support']):>5}  "
             + ("yes" if reach["reachable"] else f"RARELY: {reach['reason']}")
         )
-    calibration = scores["calibration"]
-    click.echo(
-        f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
-        f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f}; routing threshold "
-        f"{calibration['threshold']:.2f} ({100 * calibration['coverage']:.0f}% of prompts clear it, "
-        f"{100 * (calibration['precision'] or 0):.0f}% of those right)"
-    )
-    following = scores.get("following") or {}
-    if following.get("catch_all"):
-        rows = following["tasks"]
-        click.echo(
-            "catch-all (followed predictions right less than half the time; the router uses the workload "
-            f"policy for them, {100 * following['share']:.0f}% of prompts): "
-            + ", ".join(
-                f"{t} ({rows[t]['right']} of {rows[t]['followed']} right)" for t in following["catch_all"]
-            )
-        )
-    if scores.get("dropped_labels"):
-        click.echo(f"left out (fewer than 2 prompts): {scores['dropped_labels']}")
+
+
+def _print_adaptation(scores: dict) -> None:
+    """Print what adapting to unlabelled prompt sets added, when the version was adapted."""
     adaptation = scores.get("adaptation")
     if adaptation:
         click.echo(
@@ -187,8 +226,6 @@ def train(
             click.echo(
                 f"  {label:<18} corpus {row['corpus']:>5}  your labels {row['label']:>5}  pseudo {row['pseudo']:>5}"
             )
-    if verdict:
-        click.echo(verdict)
 
 
 # ---------------------------------------------------------------- policies and routing
