@@ -143,14 +143,14 @@ class CostProfile(Base):
     # profile an analysis measured, the benchmark's engine (vllm, sglang, ...) for an imported one; profiles
     # of one engine never price another's runs unless a run is re-priced with them explicitly
     priced_by: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
-    # the registry entry that produced it (analyzer/engines.py): transformers or llama.cpp, or "imported"
+    # the registry entry that produced it (analyzer/engine/engines.py): transformers or llama.cpp, or "imported"
     measured_by: Mapped[str] = mapped_column(
         String(32), default="transformers", server_default="transformers"
     )
     # "measured" by an analysis, or "imported" from an engine's own benchmark; the engine's version
     source: Mapped[str] = mapped_column(String(16), default="measured", server_default="measured")
     engine_version: Mapped[Optional[str]] = mapped_column(String(64))
-    # how a transformers profile's steps were timed: eager | cuda-graphs (analyzer/engines.py); None for
+    # how a transformers profile's steps were timed: eager | cuda-graphs (analyzer/engine/engines.py); None for
     # llama.cpp's and imported ones (their engine's own way); a run reuses only its own cost mode's
     cost_mode: Mapped[Optional[str]] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(200))
@@ -227,7 +227,7 @@ class AnalysisRun(Base):
     finished_at: Mapped[Optional[datetime]] = mapped_column()
     # a re-priced run: its results are copied from this run and priced with another cost profile
     repriced_from_run_id: Mapped[Optional[int]] = mapped_column(Integer)
-    # the analysis summary, computed once when the run finished (analyzer.summary.run_summary); None:
+    # the analysis summary, computed once when the run finished (analyzer.advice.summary.run_summary); None:
     # not computed yet (a run from before it was stored, or an unfinished one)
     summary: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
     # the run's acceptance priced on other stored profiles of its pair, by profile id (the report's

@@ -21,17 +21,7 @@ import typing
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
-from analyzer.devices import (
-    MAX_PROFILE_BATCH_SIZE,
-    DeviceError,
-    Placement,
-    check_device_name,
-    check_dtype_name,
-    default_batch_sizes,
-    parse_batch_sizes,
-    resolve,
-)
-from analyzer.engine_base import (
+from analyzer.engine.engine_base import (
     DEFAULT_COST_MODE,
     DEFAULT_ENGINE,
     ENGINES,
@@ -43,12 +33,22 @@ from analyzer.engine_base import (
     check_cost_mode_name,
     check_engine_name,
 )
-from analyzer.entropy import ENTROPY_EDGES_NATS
 from analyzer.errors import SpecrouteError
-from analyzer.specs import SpecError, parse_spec
+from analyzer.measuring.entropy import ENTROPY_EDGES_NATS
+from analyzer.models.devices import (
+    MAX_PROFILE_BATCH_SIZE,
+    DeviceError,
+    Placement,
+    check_device_name,
+    check_dtype_name,
+    default_batch_sizes,
+    parse_batch_sizes,
+    resolve,
+)
+from analyzer.models.specs import SpecError, parse_spec
 
 if TYPE_CHECKING:
-    from analyzer.engine_base import Engine
+    from analyzer.engine.engine_base import Engine
     from analyzer.settings import Settings
 
 DEFAULT_MARGIN = 0.05  # speculate only where the predicted speedup clears 1 + margin
@@ -186,15 +186,14 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
-    engine: str = (
-        DEFAULT_ENGINE  # transformers | llama.cpp (analyzer/engines.py): what measures and prices the run
-    )
-    # eager | cuda-graphs (analyzer/engines.py): how the transformers engine times its steps
+    # transformers | llama.cpp (analyzer/engine/engines.py): what measures and prices the run
+    engine: str = DEFAULT_ENGINE
+    # eager | cuda-graphs (analyzer/engine/engines.py): how the transformers engine times its steps
     cost_mode: str = DEFAULT_COST_MODE
     device: str = "auto"  # auto | cpu | cuda | cuda:N, resolved by the worker that executes the run
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1,4,16 on a GPU, 1 on the CPU
-    chunk_size: int = 32  # prompts per chunk that one worker claims (analyzer/chunks.py)
+    chunk_size: int = 32  # prompts per chunk that one worker claims (analyzer/analysis/chunks.py)
     # stored with the run so its entropy table keeps its buckets if the defaults change (None = inf)
     entropy_edges: tuple[float | None, ...] = tuple(
         e if e != float("inf") else None for e in ENTROPY_EDGES_NATS
@@ -208,7 +207,7 @@ class RunParams:
     def problems(self) -> list[InputProblem]:
         """Every parameter out of range, unknown, or at odds with another (validating or batching a
         sampling run), in the words :meth:`from_inputs` uses. What the run's engine cannot measure is
-        its engine's to say: :func:`analyzer.engines.check_run`."""
+        its engine's to say: :func:`analyzer.engine.engines.check_run`."""
         found = [
             InputProblem(name, _number_text(name, getattr(self, name)))
             for name, limit in LIMITS.items()
@@ -239,7 +238,7 @@ class RunParams:
     def check(self) -> RunParams:
         """Raise :class:`RunInputError` naming every parameter out of range, unknown or at odds with
         another (:meth:`problems`). What the run's engine cannot measure is its engine's to refuse:
-        :func:`analyzer.engines.check_run` checks both."""
+        :func:`analyzer.engine.engines.check_run` checks both."""
         found = self.problems()
         if found:
             raise RunInputError(found)
@@ -254,8 +253,8 @@ class RunParams:
         cls, raw: Mapping[str, object], settings: Settings, *, engines: Mapping[str, Engine]
     ) -> RunParams:
         """The parameters of a new run from what a user gave: :func:`read_inputs` (``engines`` is the
-        registry, :data:`analyzer.engines.REGISTRY`: this module sits below it). Callers then call
-        :func:`analyzer.engines.check_run` on the result (``create_run`` does) for what its engine
+        registry, :data:`analyzer.engine.engines.REGISTRY`: this module sits below it). Callers then call
+        :func:`analyzer.engine.engines.check_run` on the result (``create_run`` does) for what its engine
         refuses."""
         return read_inputs(raw, settings, engines=engines).params
 
@@ -546,7 +545,7 @@ def _auto_engine(
 ) -> RunInputs:
     """The run in the first engine of :data:`AUTO_ENGINE_ORDER` that can measure it as asked (its own
     checks of the parameters and of the target and draft, when they parse), else in the last one (whose
-    refusal :func:`analyzer.engines.check_run` then reports)."""
+    refusal :func:`analyzer.engine.engines.check_run` then reports)."""
     try:
         pair = parse_spec(str(raw.get("target") or "")), parse_spec(str(raw.get("draft") or ""))
     except (SpecError, ValueError, OSError):

@@ -324,8 +324,8 @@ def load_settings(
 
 def _checked(settings: Settings) -> Settings:
     """Refuse settings whose value is of the right type but not a known choice."""
-    from analyzer.devices import DeviceError, check_device_name, check_dtype_name
-    from analyzer.engine_base import CostModeError, EngineError, check_cost_mode_name
+    from analyzer.engine.engine_base import CostModeError, EngineError, check_cost_mode_name
+    from analyzer.models.devices import DeviceError, check_device_name, check_dtype_name
     from analyzer.run_params import check_engine_input  # an engine's name, or auto
 
     for name, check in (

@@ -27,7 +27,7 @@ plain time / speculative time, prompt processing included):
 - ours with the true task labels instead of the classifier (isolates the estimate from the classifier);
 - the per-prompt oracle: the best fixed choice (off or g = 1..G) for each prompt in hindsight.
 
-A round is replayed by the analyzer's own walk (analyzer.acceptance.model_draft_round /
+A round is replayed by the analyzer's own walk (analyzer.measuring.acceptance.model_draft_round /
 ngram_round), with the prompt and output token ids stored with each result.
 
     python benchmarks/bench_adaptation.py --out benchmarks/results/adaptation.json
@@ -50,16 +50,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import migrations  # noqa: E402
-from analyzer.acceptance import NgramIndex, match_runs, model_draft_round, ngram_round  # noqa: E402
+from analyzer.advice.summary import (  # noqa: E402
+    AnalysisSummary,
+    cost_for_run,
+    costs_for_run,
+    load_results,
+    summarize_groups,
+)
+from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
+from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
+from analyzer.measuring.acceptance import NgramIndex, match_runs, model_draft_round, ngram_round  # noqa: E402
+from analyzer.models.specs import parse_spec  # noqa: E402
 from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
-from analyzer.prompt_checks import prompt_text  # noqa: E402
-from analyzer.prompt_sets import import_sample  # noqa: E402
-from analyzer.run_records import RunParams, create_run  # noqa: E402
-from analyzer.runs import execute_run  # noqa: E402
-from analyzer.specs import parse_spec  # noqa: E402
-from analyzer.speedup import Cost  # noqa: E402
-from analyzer.summary import AnalysisSummary, cost_for_run, costs_for_run, load_results, summarize_groups  # noqa: E402
+from analyzer.pricing.speedup import Cost  # noqa: E402
+from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
+from analyzer.prompts.prompt_sets import import_sample  # noqa: E402
 from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
 from router.classifier import load_active, train_classifier  # noqa: E402
 from router.decision import Router, RouterConfig  # noqa: E402

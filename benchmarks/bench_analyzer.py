@@ -36,15 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analyzer.acceptance import NgramIndex, alpha_from_matches, walk_model_draft, walk_ngram  # noqa: E402
-from analyzer.cost import profile_costs  # noqa: E402
-from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.loading import load_model
-from analyzer.measure import draft_match_sequence, generate_target, teacher_forced_logits  # noqa: E402
-from analyzer.prompt_encoding import encode_prompt, eos_token_ids  # noqa: E402
-from analyzer.specs import parse_spec  # noqa: E402
-from analyzer.speedup import Cost, leviathan_speedup, predicted_speedup  # noqa: E402
-from analyzer.validate import assisted_generate, greedy_generate  # noqa: E402
+from analyzer.measuring.acceptance import NgramIndex, alpha_from_matches, walk_model_draft, walk_ngram  # noqa: E402
+from analyzer.measuring.cost import profile_costs  # noqa: E402
+from analyzer.measuring.measure import draft_match_sequence, generate_target, teacher_forced_logits  # noqa: E402
+from analyzer.measuring.prompt_encoding import encode_prompt, eos_token_ids  # noqa: E402
+from analyzer.measuring.validate import assisted_generate, greedy_generate  # noqa: E402
+from analyzer.models.loading import load_model
+from analyzer.models.specs import parse_spec  # noqa: E402
+from analyzer.pricing.speedup import Cost, leviathan_speedup, predicted_speedup  # noqa: E402
+from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 
 
 def noisy_copy(model, std: float, seed: int):
@@ -83,7 +83,7 @@ def ours(target, draft, prompt_ids, max_new, gamma_max, eos_ids, pad_id, ngram_m
         counts = [walk_model_draft(matches, g, max_new) for g in range(1, gamma_max + 1)]
     else:
         index = NgramIndex(list(prompt_ids) + output, ngram_max, eos_ids)
-        from analyzer.acceptance import ngram_first_token_matches
+        from analyzer.measuring.acceptance import ngram_first_token_matches
 
         matches = ngram_first_token_matches(prompt_ids, output, index=index)
         counts = [walk_ngram(prompt_ids, output, g, max_new, index=index) for g in range(1, gamma_max + 1)]

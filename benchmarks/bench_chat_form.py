@@ -2,7 +2,7 @@
 
 Issue 25, point 1: the classifier used to read a chat request as "role: content" lines, so a single user
 message ("user: Translate into German: ...") was classified differently from the same text as
-``prompt``. It now reads :func:`analyzer.prompt_checks.request_text` (the contents without role
+``prompt``. It now reads :func:`analyzer.prompts.prompt_checks.request_text` (the contents without role
 prefixes, system messages apart). This measures, on sources the classifier never saw (the bundled
 corpus's leave-one-source-out folds stand in for hidden sources: each source is predicted by a serving
 classifier trained on the others), the share of prompts that reach their own task's policy (predicted
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analyzer.prompt_checks import prompt_text, request_text  # noqa: E402
+from analyzer.prompts.prompt_checks import prompt_text, request_text  # noqa: E402
 from router.evaluation import calibration, decision_matrix, grouped_folds, softmax  # noqa: E402
 from router.pipeline import build_pipeline  # noqa: E402
 from router.training_data import cold_start_data  # noqa: E402

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_routing import sample_subset  # noqa: E402
 
 import migrations  # noqa: E402
+from analyzer.advice.report import build_report  # noqa: E402
+from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
+from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.prompt_sets import import_prompt_file, import_sample  # noqa: E402
-from analyzer.report import build_report  # noqa: E402
-from analyzer.run_records import RunParams, create_run  # noqa: E402
-from analyzer.runs import execute_run  # noqa: E402
+from analyzer.prompts.prompt_sets import import_prompt_file, import_sample  # noqa: E402
 
 TARGET, DRAFT = "builtin:smollm2-135m-instruct", "ngram"
 

@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pg_server import create_database, throwaway_postgres  # noqa: E402
 
 from analyzer.db import make_engine  # noqa: E402
-from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.prompt_checks import prompt_text  # noqa: E402
-from analyzer.speedup import Cost  # noqa: E402
+from analyzer.pricing.speedup import Cost  # noqa: E402
+from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
+from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from router.classifier import TaskClassifier  # noqa: E402
 from router.decision import Router  # noqa: E402
 from router.pipeline import build_pipeline  # noqa: E402
@@ -287,7 +287,7 @@ PREPARE = """
 import json, sys
 import migrations
 from analyzer.db import make_engine, make_session_factory
-from analyzer.simulated_run import create_simulated_run
+from analyzer.analysis.simulated_run import create_simulated_run
 from router.classifier import train_classifier
 from router.training_data import cold_start_data
 from router.policy import publish_policies

@@ -51,17 +51,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import migrations  # noqa: E402
+from analyzer.advice.report import build_report  # noqa: E402
+from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
+from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.ingest import parse_prompt_file  # noqa: E402
-from analyzer.loading import load_model
-from analyzer.prompt_checks import prompt_text  # noqa: E402
-from analyzer.prompt_encoding import context_limit, encode_prompt  # noqa: E402
-from analyzer.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
-from analyzer.report import build_report  # noqa: E402
-from analyzer.run_records import RunParams, create_run  # noqa: E402
-from analyzer.runs import execute_run  # noqa: E402
-from analyzer.specs import parse_spec  # noqa: E402
-from analyzer.validate import _clean_generation_config, _generate, assisted_generate, greedy_generate  # noqa: E402
+from analyzer.measuring.prompt_encoding import context_limit, encode_prompt  # noqa: E402
+from analyzer.measuring.validate import (  # noqa: E402
+    _clean_generation_config,
+    _generate,
+    assisted_generate,
+    greedy_generate,
+)
+from analyzer.models.loading import load_model
+from analyzer.models.specs import parse_spec  # noqa: E402
+from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
+from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
+from analyzer.prompts.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
 from router.classifier import train_classifier  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402

@@ -25,8 +25,8 @@ if "PYTHONPATH" not in os.environ:  # else: the checkout PYTHONPATH names (the o
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import migrations  # noqa: E402
+from analyzer.analysis.simulated_run import create_simulated_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.simulated_run import create_simulated_run  # noqa: E402
 from router.decision import RouteRequest, router_from_database  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
 from router.records import policy_set_dict  # noqa: E402

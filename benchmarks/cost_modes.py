@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from analyzer.devices import resolve
-from analyzer.graph_cost import GraphDecoder
-from analyzer.loading import load_model
-from analyzer.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
-from analyzer.run_records import RunParams
-from analyzer.specs import parse_spec
-from analyzer.validate import compare_generations, validate_prompt
+from analyzer.analysis.run_records import RunParams
+from analyzer.engine.graph_cost import GraphDecoder
+from analyzer.measuring.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
+from analyzer.measuring.validate import compare_generations, validate_prompt
+from analyzer.models.devices import resolve
+from analyzer.models.loading import load_model
+from analyzer.models.specs import parse_spec
 
 COLD_WARM_GAMMA = 4
 

@@ -76,14 +76,15 @@ from cost_modes import (  # noqa: E402
 )
 
 import migrations  # noqa: E402
-from analyzer import run_models, run_params  # noqa: E402
+from analyzer import run_params
+from analyzer.advice.report import build_report  # noqa: E402
+from analyzer.advice.report_text import report_text  # noqa: E402
+from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
+from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from analyzer.engines import COST_MODES  # noqa: E402
-from analyzer.prompt_sets import import_sample  # noqa: E402
-from analyzer.report import build_report  # noqa: E402
-from analyzer.report_text import report_text  # noqa: E402
-from analyzer.run_records import RunParams, create_run  # noqa: E402
-from analyzer.runs import execute_run  # noqa: E402
+from analyzer.engine import run_models  # noqa: E402
+from analyzer.engine.engines import COST_MODES  # noqa: E402
+from analyzer.prompts.prompt_sets import import_sample  # noqa: E402
 
 SAMPLE_FILE = ROOT / "analyzer" / "sample_data" / "sample_prompts.jsonl"
 SAMPLE_SET = "sample"

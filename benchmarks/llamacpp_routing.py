@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 from analyzer.db import make_engine, make_session_factory
-from analyzer.llamacpp_engine import default_threads, gguf_file, load_tokenizer
-from analyzer.prompt_encoding import encode_prompt
+from analyzer.engine.llamacpp_engine import default_threads, gguf_file, load_tokenizer
+from analyzer.measuring.prompt_encoding import encode_prompt
+from analyzer.models.specs import parse_spec
 from analyzer.settings import load_settings
-from analyzer.specs import parse_spec
 from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cache, pool_name, running_pools
 from router.decision import RouterConfig, router_from_database
 

@@ -9,13 +9,13 @@ alpha (1 - alpha^g) / (1 - alpha).
 
 The speedup curve in force is the one the analysis measured and published, S_pub(g) (real match
 sequences, the device's cost per round), moved by the posterior as the policy's
-:class:`analyzer.policy_curve.PolicyCurve` rescales it:
+:class:`analyzer.pricing.policy_curve.PolicyCurve` rescales it:
 
     S(g) = S_pub(g) * E_iid(alpha_post, g) / E_iid(alpha_prior, g),   E_iid(a, g) = (1 - a^(g+1)) / (1 - a),
 
 which is the published curve itself until feedback moves alpha (the i.i.d. formula is used only
 where nothing was published). gamma = argmax S(g) over the gammas the run analysed. Speculation follows
-the policy curve's one rule with hysteresis (:meth:`analyzer.policy_curve.PolicyCurve.decide`): it turns
+the policy curve's one rule with hysteresis (:meth:`analyzer.pricing.policy_curve.PolicyCurve.decide`): it turns
 off when S(g*) falls below 1 + off_margin, and on again only where the analysis would turn it on (S(g*)
 above 1 + the set's margin and the interval's lower end, scaled to the posterior, above 1.0); while off
 every ``probe_every``-th request speculates at the current gamma so that evidence keeps arriving.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from analyzer.acceptance import expected_tokens_iid
-from analyzer.policy_curve import BASE, PolicyCurve
+from analyzer.measuring.acceptance import expected_tokens_iid
+from analyzer.pricing.policy_curve import BASE, PolicyCurve
 from router.policy import PRIOR_ALPHA_RANGE
 
 SMALLEST_GAMMA = 1  # what a probe drafts for a policy published without a g* (NO_GAMMA)

@@ -24,7 +24,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.json_input import JsonInputError, loads_untrusted
-from analyzer.prompt_checks import message_problem
+from analyzer.prompts.prompt_checks import message_problem
 from router import strict_json
 from router.decision import RouteRequest
 from router.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document

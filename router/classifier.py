@@ -27,9 +27,9 @@ from sklearn.pipeline import Pipeline
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.advice.summary_store import FINISHED_STATUSES, store_summary
 from analyzer.orm import AnalysisRun, PromptResult
-from analyzer.prompt_checks import request_text
-from analyzer.summary_store import FINISHED_STATUSES, store_summary
+from analyzer.prompts.prompt_checks import request_text
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
 from router.evaluation import (
     MIN_SOURCES,

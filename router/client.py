@@ -15,9 +15,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from analyzer.acceptance import walk_ngram
-from analyzer.prompt_encoding import context_limit, encode_prompt, eos_token_ids
-from analyzer.validate import assisted_generate, count_forward_passes, greedy_generate
+from analyzer.measuring.acceptance import walk_ngram
+from analyzer.measuring.prompt_encoding import context_limit, encode_prompt, eos_token_ids
+from analyzer.measuring.validate import assisted_generate, count_forward_passes, greedy_generate
 
 
 class RouterClientError(RuntimeError):

@@ -17,10 +17,10 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from analyzer.policy_curve import BASE, CurvePoint, PolicyCurve
-from analyzer.prompt_checks import request_text
+from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
+from analyzer.pricing.speedup import Cost
+from analyzer.prompts.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence, router_pools
-from analyzer.speedup import Cost
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier, load_active
 from router.feedback import estimate_state

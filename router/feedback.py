@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
-from analyzer.policy_curve import PolicyCurve
-from analyzer.speedup import Cost
+from analyzer.pricing.policy_curve import PolicyCurve
+from analyzer.pricing.speedup import Cost
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.engines import ENGINES
+from analyzer.engine.engines import ENGINES
 from router.reasons import REASON_CODES
 
 MAX_BATCH = 1000

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
 from analyzer.orm import one_of
+from analyzer.pricing.speedup import TIERS
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
-from analyzer.speedup import TIERS
 
 
 class ClassifierVersion(Base):
@@ -65,7 +65,7 @@ class PolicySet(Base):
     priced_by: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     # what the router needs beyond the curves, published with them (it reads no analysis run): the
     # draft's kind (a spec kind: ngram is prompt lookup) and options ({"max_ngram": 2}), and the batch-1
-    # cost the decisions were priced with (analyzer.speedup.Cost.as_json; None: none was linked)
+    # cost the decisions were priced with (analyzer.pricing.speedup.Cost.as_json; None: none was linked)
     draft_kind: Mapped[str] = mapped_column(String(16), default="ngram", server_default="ngram")
     draft_options: Mapped[Optional[dict[str, Any]]] = mapped_column()
     cost: Mapped[Optional[dict[str, Any]]] = mapped_column()

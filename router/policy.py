@@ -10,21 +10,23 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from analyzer.advice.report import run_advice_withheld
+from analyzer.advice.summary import AnalysisSummary, GroupSummary, cost_for_run
+from analyzer.advice.summary_store import run_summary
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
+from analyzer.models.specs import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.orm import AnalysisRun
-from analyzer.policy_curve import PolicyCurve, as_curve
-from analyzer.report import run_advice_withheld
+from analyzer.pricing.policy_curve import PolicyCurve, as_curve
+from analyzer.pricing.speedup import Cost
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.settings import load_settings, router_pools
-from analyzer.specs import NGRAM_DEFAULT_MAX, parse_spec
-from analyzer.speedup import Cost
-from analyzer.summary import AnalysisSummary, GroupSummary, cost_for_run
-from analyzer.summary_store import run_summary
 from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
-NO_GAMMA = 0  # how the database and the API write "no gamma" (None in the code: analyzer.speedup.best_gamma)
+NO_GAMMA = (
+    0  # how the database and the API write "no gamma" (None in the code: analyzer.pricing.speedup.best_gamma)
+)
 PRIOR_ALPHA_RANGE = (1e-3, 1 - 1e-3)  # the analysis' alpha as a prior: never exactly 0 or 1
 
 
@@ -145,7 +147,7 @@ def publish_policies(
     the S(g) curve at every profiled batch size} and a fallback ("*") from the whole workload. The set
     records the run's engine: the one whose cost priced these decisions. ``activate`` None (the
     default) activates it unless the run's advice is withheld (a cost profile measured on a busy
-    machine, :func:`analyzer.report.run_advice_withheld`): such a set is stored, not activated, until
+    machine, :func:`analyzer.advice.report.run_advice_withheld`): such a set is stored, not activated, until
     someone activates it explicitly; True or False decide regardless. ``pools`` (the publisher's
     SPECROUTE_ROUTER_POOLS; None: the settings in force) names the deployment of every decision the set
     can make, published with it (:func:`published_pools`)."""

@@ -63,7 +63,7 @@ def _batch(p: Mapping[str, Any]) -> str:
     )
     adjusted = f", adjusted to the online alpha {p['alpha']:.2f}" if p.get("alpha") is not None else ""
     interval = f" (interval from {p['low']:.2f}x)" if p.get("low") is not None else ""
-    why = {  # rendered from the rule's code (analyzer.policy_curve.decision_rule), never re-derived
+    why = {  # rendered from the rule's code (analyzer.pricing.policy_curve.decision_rule), never re-derived
         "clears": "on",
         "kept_on": f"on (kept: it stays on above {1 + p.get('off_margin', 0.0):.2f}x)",
         "below_margin": f"off (needs > {1 + p['margin']:.2f}x)",

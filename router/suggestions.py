@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.db import utcnow
 from analyzer.orm import Prompt, PromptSet
-from analyzer.prompt_checks import request_text
+from analyzer.prompts.prompt_checks import request_text
 from router.teacher import Progress, TeacherUnavailable, cached_teacher
 from router.training_data import ClassifierError, PseudoLabel, with_corpus
 

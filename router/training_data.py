@@ -19,9 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
-from analyzer.ingest import parse_prompt_file
 from analyzer.orm import Prompt, PromptSet
-from analyzer.prompt_checks import ParsedPrompt, request_text
+from analyzer.prompts.ingest import parse_prompt_file
+from analyzer.prompts.prompt_checks import ParsedPrompt, request_text
 from router.evaluation import USER_GROUP, source_group
 
 CORPUS_FILE = "corpus.jsonl"

@@ -55,7 +55,7 @@ def _quiet_machine(monkeypatch):
     not depend on what else the machine runs, so they see no other process and treat timing jitter
     below 10 ms (tiny models' forwards take well under that) as noise. Tests of the interference checks
     drive them with a fake clock and fake /proc/stat readings."""
-    from analyzer import interference
+    from analyzer.measuring import interference
 
     monkeypatch.setattr(interference, "_busy_jiffies", lambda: None)
     monkeypatch.setattr(interference, "MIN_SPREAD_S", 0.01)

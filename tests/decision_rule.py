@@ -1,12 +1,12 @@
 """The one decision rule at a single point, as the tests of its sentences ask it: a one-gamma
-:class:`~analyzer.policy_curve.PolicyCurve` with S(g*), the interval's lower end, n and a fallback."""
+:class:`~analyzer.pricing.policy_curve.PolicyCurve` with S(g*), the interval's lower end, n and a fallback."""
 
 from __future__ import annotations
 
 import math
 
-from analyzer.policy_curve import PolicyCurve
-from analyzer.summary import DecisionReason, finite
+from analyzer.advice.summary import DecisionReason, finite
+from analyzer.pricing.policy_curve import PolicyCurve
 
 
 def decide_point(

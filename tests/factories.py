@@ -1,11 +1,11 @@
 """Small factory helpers for tests: a finished analysis run built from synthetic match sequences
-with the real walk (:mod:`analyzer.simulated_run`), so reports and policies can be tested without
+with the real walk (:mod:`analyzer.analysis.simulated_run`), so reports and policies can be tested without
 loading models, and a routing database built on one."""
 
 from __future__ import annotations
 
-from analyzer.simulated_run import SIMULATED_COST_CURVE as COST_CURVE
-from analyzer.simulated_run import create_simulated_run as make_done_run
+from analyzer.analysis.simulated_run import SIMULATED_COST_CURVE as COST_CURVE
+from analyzer.analysis.simulated_run import create_simulated_run as make_done_run
 
 __all__ = ["COST_CURVE", "make_done_run", "make_routing_database", "routing_test_app"]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.acceptance import (
+from analyzer.measuring.acceptance import (
     NgramIndex,
     acceptance_probability_overlap,
     alpha_from_matches,
@@ -169,7 +169,7 @@ def test_overlap_equals_one_minus_total_variation(logits_p, shift):
 
 
 def test_long_run_by_entropy_hand_computed():
-    from analyzer.entropy import long_run_by_entropy
+    from analyzer.measuring.entropy import long_run_by_entropy
 
     # matches: positions 1..5 match (run of 5 starting at index 1), index 0 and 6 do not
     matches = [0, 1, 1, 1, 1, 1, 0]
@@ -185,7 +185,7 @@ def test_long_run_by_entropy_hand_computed():
 def test_sampling_overlaps_after_temperature_and_top_p_equal_one_minus_total_variation():
     import torch
 
-    from analyzer.measure import processed_probabilities, sampling_overlaps
+    from analyzer.measuring.measure import processed_probabilities, sampling_overlaps
 
     rng = np.random.default_rng(3)
     target = torch.tensor(rng.normal(size=(5, 11)))
@@ -214,7 +214,7 @@ def test_sampling_overlaps_after_temperature_and_top_p_equal_one_minus_total_var
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 1), max_size=60), st.integers(1, 8), st.integers(0, 4))
 def test_token_marks_agree_with_the_model_draft_walk(matches, gamma, slack):
-    from analyzer.acceptance import token_marks_model_draft
+    from analyzer.measuring.acceptance import token_marks_model_draft
 
     budget = len(matches) + slack
     marks = token_marks_model_draft(matches, gamma, budget)
@@ -228,7 +228,7 @@ def test_token_marks_agree_with_the_model_draft_walk(matches, gamma, slack):
 
 
 def test_token_marks_of_the_ngram_walk_by_hand():
-    from analyzer.acceptance import token_marks_ngram
+    from analyzer.measuring.acceptance import token_marks_ngram
 
     # prompt "a b c a b" then output "c a b d": lookup after "a b" proposes "c a b" (g=3)
     prompt, output = [1, 2, 3, 1, 2], [3, 1, 2, 4]

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from analyzer.db import make_session_factory
 from analyzer.orm import Prompt
-from analyzer.prompt_sets import get_prompt_set, import_prompt_file
+from analyzer.prompts.prompt_sets import get_prompt_set, import_prompt_file
 from router.classifier import activation_message, evaluate, load_active, train_classifier
 from router.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
 from router.orm import ClassifierVersion

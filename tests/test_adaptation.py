@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.acceptance import expected_tokens_iid, walk_model_draft
-from analyzer.policy_curve import BASE, PolicyCurve
-from analyzer.speedup import Cost
+from analyzer.measuring.acceptance import expected_tokens_iid, walk_model_draft
+from analyzer.pricing.policy_curve import BASE, PolicyCurve
+from analyzer.pricing.speedup import Cost
 from router.adaptation import (
     AdaptationConfig,
     alpha_from_round_counts,
@@ -108,8 +108,8 @@ def test_probes_while_off_every_nth_request():
 
 
 def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
-    from analyzer.acceptance import expected_tokens_iid
-    from analyzer.speedup import iid_speedup
+    from analyzer.measuring.acceptance import expected_tokens_iid
+    from analyzer.pricing.speedup import iid_speedup
     from router.adaptation import decide
 
     # a bursty task: the measured curve peaks at g = 2 where the i.i.d. formula would pick a longer g

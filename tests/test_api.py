@@ -451,8 +451,8 @@ def test_health_says_the_active_versions_before_the_first_route(client, publishe
 
 
 def test_a_chat_request_routes_like_the_same_text_as_a_prompt(client, published):
-    from analyzer.ingest import parse_prompt_file
-    from analyzer.prompt_sets import sample_bytes
+    from analyzer.prompts.ingest import parse_prompt_file
+    from analyzer.prompts.prompt_sets import sample_bytes
 
     texts = [p.text for p in parse_prompt_file(sample_bytes(), "sample.jsonl").prompts]
     assert len(texts) == 64

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.acceptance import expected_tokens_iid
-from analyzer.policy_curve import PolicyCurve
-from analyzer.speedup import best_gamma
+from analyzer.measuring.acceptance import expected_tokens_iid
+from analyzer.pricing.policy_curve import PolicyCurve
+from analyzer.pricing.speedup import best_gamma
 from router.adaptation import TaskState
 from router.decision import Router, RouterConfig, router_from_database
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies

@@ -389,7 +389,7 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from analyzer import interference
+    from analyzer.measuring import interference
 
     base, folder = site
     busy = itertools.count(0, 10**6)  # /proc/stat as on a machine whose other processes take every core
@@ -505,7 +505,8 @@ def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_
     CPU); on a GPU they are replayed CUDA graphs."""
     from selenium.webdriver.common.by import By
 
-    from analyzer import run_models, run_params
+    from analyzer import run_params
+    from analyzer.engine import run_models
 
     monkeypatch.setattr(run_params, "check_cost_mode_device", lambda mode, device: None)
     monkeypatch.setattr(run_models, "CAPTURE_GRAPHS", False)

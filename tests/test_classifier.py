@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
-from analyzer.prompt_sets import import_prompt_file
+from analyzer.prompts.prompt_sets import import_prompt_file
 from router.classifier import (
     ClassifierError,
     evaluate,
@@ -270,8 +270,8 @@ def test_a_run_started_from_the_web_ui_labels_its_unlabelled_prompts_like_the_cl
     two results stand for what it had measured before.)"""
     import time
 
+    from analyzer.analysis.run_records import RunParams, create_run
     from analyzer.db import make_session_factory
-    from analyzer.run_records import RunParams, create_run
     from webui.app import create_app
 
     sessions = make_session_factory(engine)

@@ -91,7 +91,7 @@ def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
     with --reprofile on a busy machine."""
     import itertools
 
-    from analyzer import interference
+    from analyzer.measuring import interference
 
     quick = (
         "demo",

@@ -12,8 +12,8 @@ import torch
 import waitress
 from sqlalchemy import func, select
 
-from analyzer.prompt_encoding import encode_prompt
-from analyzer.validate import greedy_generate
+from analyzer.measuring.prompt_encoding import encode_prompt
+from analyzer.measuring.validate import greedy_generate
 from router.client import RouterClient, RouterClientError, generate_routed
 from router.orm import FeedbackEvent, TaskEstimate
 from router.policy import publish_policies

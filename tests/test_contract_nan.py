@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from werkzeug.serving import make_server
 
-import analyzer.simulated_run
+import analyzer.analysis.simulated_run
 from router.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
@@ -75,7 +75,7 @@ def serving(folder: Path):
 
 
 def _publish(sessions, gamma_max: int, acceptance: float, seed: int, monkeypatch) -> None:
-    monkeypatch.setattr(analyzer.simulated_run, "SIMULATED_COST_CURVE", FLAT_COST_CURVE)
+    monkeypatch.setattr(analyzer.analysis.simulated_run, "SIMULATED_COST_CURVE", FLAT_COST_CURVE)
     with sessions() as session, session.begin():
         run = make_done_run(
             session,

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from analyzer import cost, interference
-from analyzer.cost import (
+from analyzer.measuring import cost, interference
+from analyzer.measuring.cost import (
     CostMeasurement,
     _cache_argument,
     device_description,
@@ -21,8 +21,8 @@ from analyzer.cost import (
     time_target_forwards,
     time_target_forwards_checked,
 )
-from analyzer.interference import TimingQuality
-from analyzer.validate import greedy_generate
+from analyzer.measuring.interference import TimingQuality
+from analyzer.measuring.validate import greedy_generate
 from tests.tiny_models import make_noisy_copy, make_tiny_model
 
 CONTEXT = [33, 78, 72, 19, 50, 80, 63, 83, 77, 11, 80, 4, 45, 48, 17, 95, 19, 50]
@@ -270,8 +270,8 @@ CLEAN_CURVE = [forward_s(k) for k in range(1, 7)]
 
 def _advice(curve):
     """Best gamma and S(g*) a task with these (walked) match sequences gets from the curve."""
-    from analyzer.acceptance import walk_model_draft
-    from analyzer.speedup import Cost, best_gamma, pooled_speedup
+    from analyzer.measuring.acceptance import walk_model_draft
+    from analyzer.pricing.speedup import Cost, best_gamma, pooled_speedup
 
     matches = [1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1] * 4
     cost = Cost(curve, 0.05)
@@ -381,7 +381,7 @@ def test_an_implausible_ratio_in_the_first_round_only_is_measured_again(target, 
 
 
 def test_implausible_ratios_bounds():
-    from analyzer.interference import implausible_ratios
+    from analyzer.measuring.interference import implausible_ratios
 
     # within timer jitter (MIN_SPREAD_S, 10 ms under the tests) a tiny model's ratios prove nothing
     assert implausible_ratios([0.006, 0.002, 0.0099]) == {}
@@ -419,7 +419,7 @@ class FakeMachine:
 
 
 def _wait(machine, max_wait_s, lines):
-    from analyzer.interference import wait_for_quiet
+    from analyzer.measuring.interference import wait_for_quiet
 
     return wait_for_quiet(
         max_wait_s,
@@ -460,7 +460,7 @@ def test_a_machine_that_stays_busy_is_waited_for_up_to_the_bound_then_profiled_w
 
 
 def test_a_quiet_machine_an_unreadable_one_or_no_bound_are_not_waited_for():
-    from analyzer.interference import wait_for_quiet
+    from analyzer.measuring.interference import wait_for_quiet
 
     quiet, lines = FakeMachine([0.02]), []
     assert _wait(quiet, 300, lines).waited_s == pytest.approx(2.0) and lines == []  # one window judged
@@ -475,7 +475,7 @@ def test_a_quiet_machine_an_unreadable_one_or_no_bound_are_not_waited_for():
 
 
 class ScriptedModels:
-    """Stands in for a run's loaded models in :func:`analyzer.run_costs.profile_run_costs`: each cost
+    """Stands in for a run's loaded models in :func:`analyzer.pricing.run_costs.profile_run_costs`: each cost
     measurement returns the next scripted T_t(1) for its batch size (a flat curve over k), as a cold
     GPU gave; nothing else is timed."""
 
@@ -484,7 +484,7 @@ class ScriptedModels:
     pad_id = 0
 
     def __init__(self, device: str, script: dict[int, list[float]]):
-        from analyzer.devices import Placement
+        from analyzer.models.devices import Placement
 
         self.device, self.script, self.calls = device, {b: list(v) for b, v in script.items()}, []
         self.target = type("Target", (), {"placement": Placement("cpu", "float32", device)})()
@@ -499,8 +499,8 @@ class ScriptedModels:
         return {}
 
     def profiling_plan(self, params):
-        """As the transformers pair plans it (analyzer.run_models.RunModels.profiling_plan)."""
-        from analyzer.engine_base import ProfilingPlan
+        """As the transformers pair plans it (analyzer.engine.run_models.RunModels.profiling_plan)."""
+        from analyzer.engine.engine_base import ProfilingPlan
 
         placement = self.target.placement
         return ProfilingPlan(
@@ -516,7 +516,7 @@ class ScriptedModels:
         return 1
 
     def measure_overhead(self, context, params, on_generate=None):
-        from analyzer.overhead import MachineryOverhead
+        from analyzer.engine.overhead import MachineryOverhead
 
         return MachineryOverhead(decode_s=0.0, round_s=0.0, new_tokens=8, repeats=1)
 
@@ -539,11 +539,11 @@ class ScriptedModels:
 def _profiled(engine, db_url, models):
     from sqlalchemy import select
 
+    from analyzer.analysis.run_records import RunParams, create_run
     from analyzer.db import make_session_factory
     from analyzer.orm import AnalysisRun, CostProfile
-    from analyzer.prompt_sets import import_prompt_file
-    from analyzer.run_costs import profile_run_costs
-    from analyzer.run_records import RunParams, create_run
+    from analyzer.pricing.run_costs import profile_run_costs
+    from analyzer.prompts.prompt_sets import import_prompt_file
 
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
@@ -587,7 +587,7 @@ def test_an_implausible_batch_step_that_persists_makes_both_profiles_noisy(engin
 
 
 def test_on_a_cpu_a_larger_batch_may_cost_more_but_never_less():
-    from analyzer.run_costs import implausible_batch_steps
+    from analyzer.pricing.run_costs import implausible_batch_steps
 
     def measured(t1: float):
         return CostMeasurement(
@@ -603,10 +603,10 @@ def test_on_a_cpu_a_larger_batch_may_cost_more_but_never_less():
 def test_profiling_progress_plans_each_models_passes_and_shows_re_measurements_apart():
     """On a GPU each timed model makes GPU_WARMUP_ROUNDS + TIMED_REPEATS passes: the target's 5 passes
     re-measured go to a bar of their own, and the draft's passes after them count as planned ones."""
-    from analyzer.cost import GPU_WARMUP_ROUNDS
-    from analyzer.devices import Placement
-    from analyzer.interference import EXTRA_ROUNDS
-    from analyzer.run_costs import TIMED_REPEATS, _measure_cost_profile
+    from analyzer.measuring.cost import GPU_WARMUP_ROUNDS
+    from analyzer.measuring.interference import EXTRA_ROUNDS
+    from analyzer.models.devices import Placement
+    from analyzer.pricing.run_costs import TIMED_REPEATS, _measure_cost_profile
 
     per_model = GPU_WARMUP_ROUNDS + TIMED_REPEATS
 

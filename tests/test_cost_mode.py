@@ -12,10 +12,11 @@ import re
 import pytest
 from sqlalchemy import select
 
-from analyzer import run_models, run_params
-from analyzer.engines import CostModeError, check_cost_mode_device, check_cost_mode_name, check_run
+from analyzer import run_params
+from analyzer.analysis.run_records import RunParams
+from analyzer.engine import run_models
+from analyzer.engine.engines import CostModeError, check_cost_mode_device, check_cost_mode_name, check_run
 from analyzer.orm import AnalysisRun
-from analyzer.run_records import RunParams
 from analyzer.settings import SettingsError, load_settings
 from tests.test_engines import _form, web_app  # noqa: F401 (fixtures)
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from analyzer.cost_import import CostFileError, parse_cost_file
+from analyzer.analysis.cost_import import CostFileError, parse_cost_file
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from webui.cli import cli
 
@@ -416,12 +416,12 @@ def test_the_report_page_prices_the_run_on_every_profile_and_reprices_in_a_click
 def test_a_runs_price_comparison_is_computed_once_per_profile_and_dropped_with_its_summary(
     cli_db, model_folders, tmp_path, monkeypatch
 ):
-    from analyzer import summary
+    from analyzer.advice import summary
+    from analyzer.advice.summary_store import store_summary
+    from analyzer.analysis.repricing import price_comparison
     from analyzer.db import make_engine, make_session_factory
     from analyzer.orm import AnalysisRun
-    from analyzer.repricing import price_comparison
     from analyzer.settings import load_settings
-    from analyzer.summary_store import store_summary
 
     result = _analyze(
         cli_db, "--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"

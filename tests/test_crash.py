@@ -16,12 +16,12 @@ from pathlib import Path
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
+from analyzer.analysis.run_records import RunParams, create_run, shown_status
+from analyzer.analysis.worker import work
 from analyzer.db import make_session_factory, utcnow
 from analyzer.orm import AnalysisRun, GammaCount, PromptResult, RunChunk
-from analyzer.prompt_sets import import_prompt_file
-from analyzer.run_records import RunParams, create_run, shown_status
+from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.settings import STALE_AFTER_S
-from analyzer.worker import work
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
 

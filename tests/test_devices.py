@@ -12,10 +12,13 @@ import pytest
 import torch
 from sqlalchemy import func, select
 
-from analyzer import devices, interference
-from analyzer import overhead as overhead_module
 from analyzer.db import make_engine, make_session_factory
-from analyzer.devices import (
+from analyzer.engine import overhead as overhead_module
+from analyzer.engine.engines import measuring_engine
+from analyzer.engine.overhead import measure_machinery_overhead
+from analyzer.measuring import interference
+from analyzer.models import devices
+from analyzer.models.devices import (
     DeviceError,
     ModelTooLarge,
     Placement,
@@ -23,12 +26,10 @@ from analyzer.devices import (
     parse_batch_sizes,
     resolve,
 )
-from analyzer.engines import measuring_engine
-from analyzer.loading import load_model
+from analyzer.models.loading import load_model
+from analyzer.models.specs import parse_spec
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, RunCostProfile
-from analyzer.overhead import measure_machinery_overhead
 from analyzer.settings import SettingsError, load_settings
-from analyzer.specs import parse_spec
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from tests.tiny_models import make_noisy_copy, make_tiny_model
 from webui.cli import cli
@@ -145,7 +146,7 @@ def test_models_load_once_on_the_placement_in_its_dtype(model_folders, tmp_path)
 def test_a_model_larger_than_the_free_gpu_memory_is_refused_before_moving(
     model_folders, tmp_path, monkeypatch
 ):
-    import analyzer.loading as loading
+    import analyzer.models.loading as loading
 
     monkeypatch.setattr(loading, "available_memory_bytes", lambda device: 1000)
     moved = []
@@ -167,7 +168,7 @@ def test_out_of_memory_while_moving_names_the_model_and_the_memory(model_folders
     def out_of_memory(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    import analyzer.loading as loading
+    import analyzer.models.loading as loading
 
     monkeypatch.setattr(loading, "available_memory_bytes", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.nn.Module, "to", out_of_memory)
@@ -338,7 +339,7 @@ def test_profiles_per_batch_size_are_stored_reused_and_reported(cli_db, model_fo
 
 
 def test_the_web_form_refuses_bad_devices_and_queues_good_ones(app, client):
-    from analyzer.prompt_sets import import_prompt_file
+    from analyzer.prompts.prompt_sets import import_prompt_file
     from webui.run_pages import model_choices
 
     with app.app_context():
@@ -429,7 +430,7 @@ def test_machinery_overhead_is_the_time_outside_the_forwards_per_step(monkeypatc
 
     monkeypatch.setattr(logits_process.LogitsProcessorList, "__call__", slow_process)
     monkeypatch.setattr(candidate_generator.PromptLookupCandidateGenerator, "get_candidates", slow_lookup)
-    from analyzer.validate import assisted_generate
+    from analyzer.measuring.validate import assisted_generate
 
     _, passes = assisted_generate(target, CONTEXT, 12, gamma=3, ngram_max=2, eos_token_id=[])
     per_round_calls = calls["process"] / passes
@@ -494,7 +495,7 @@ def test_the_report_page_shows_device_dtype_guarantee_batches_fidelity_and_valid
 
 
 def test_the_guarantee_sentence_per_dtype_and_mode():
-    from analyzer.devices import guarantee_sentence
+    from analyzer.models.devices import guarantee_sentence
 
     assert guarantee_sentence("float32").startswith("float32: the replay is exact")
     assert guarantee_sentence(None).startswith("float32: the replay is exact")  # runs from before dtypes
@@ -613,8 +614,8 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(
 
 
 def test_the_worker_records_each_phase_on_the_run_and_profiling_reports_its_passes(cli_db, model_folders):
-    from analyzer.run_records import RunParams, create_run
-    from analyzer.runs import execute_run
+    from analyzer.analysis.run_records import RunParams, create_run
+    from analyzer.analysis.runs import execute_run
 
     engine = make_engine(load_settings().resolved_database_url())
     sessions = make_session_factory(engine)

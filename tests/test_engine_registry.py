@@ -1,5 +1,5 @@
 """One engine interface (issue 32, point 1): every engine is an object of the registry
-(analyzer/engines.py) implementing analyzer.engine_base.Engine, and code outside the registry and the
+(analyzer/engine/engines.py) implementing analyzer.engine.engine_base.Engine, and code outside the registry and the
 engines' own modules asks it rather than comparing engine names. The scan below fails on a comparison
 with an engine's name or a cost mode's, in Python (any ``==``, ``!=``, ``in`` or ``not in`` with such a
 constant or its name) and in the templates."""
@@ -12,24 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import engine_base
-from analyzer.engines import REGISTRY, engine_named, measuring_engine, pricing_entry
+from analyzer.engine import engine_base
+from analyzer.engine.engines import REGISTRY, engine_named, measuring_engine, pricing_entry
 from analyzer.run_params import RunError, RunParams
 
 ROOT = Path(__file__).resolve().parent.parent
 # the registry, the protocol, and the engines' own modules: the only places a name may be compared
 ENGINE_MODULES = {
-    "analyzer/engine_base.py",
-    "analyzer/engines.py",
-    "analyzer/engine_transformers.py",
-    "analyzer/engine_llamacpp.py",
-    "analyzer/engine_imported.py",
-    "analyzer/run_models.py",
-    "analyzer/graph_cost.py",
-    "analyzer/llamacpp_run.py",
-    "analyzer/llamacpp_engine.py",
-    "analyzer/llamacpp_cost.py",
-    "analyzer/llamacpp_speculative.py",
+    "analyzer/engine/engine_base.py",
+    "analyzer/engine/engines.py",
+    "analyzer/engine/engine_transformers.py",
+    "analyzer/engine/engine_llamacpp.py",
+    "analyzer/engine/engine_imported.py",
+    "analyzer/engine/run_models.py",
+    "analyzer/engine/graph_cost.py",
+    "analyzer/engine/llamacpp_run.py",
+    "analyzer/engine/llamacpp_engine.py",
+    "analyzer/engine/llamacpp_cost.py",
+    "analyzer/engine/llamacpp_speculative.py",
 }
 NAMES = {*REGISTRY, *engine_base.COST_MODES}
 CONSTANTS = {"TRANSFORMERS", "LLAMA_CPP", "IMPORTED", "EAGER", "CUDA_GRAPHS"}

@@ -1,8 +1,8 @@
-"""The engine as a dimension of every analysis: named once (analyzer/engines.py), checked with what the
+"""The engine as a dimension of every analysis: named once (analyzer/engine/engines.py), checked with what the
 llama.cpp engine cannot measure refused before a run is stored, chosen on the command line, in the
 setting and in the web form, recorded on the run, its profiles, its report and the policy sets
 published from it, and named in every routing decision (the llama.cpp pool and who priced it). No
-model is loaded here: runs are queued or simulated (analyzer/simulated_run.py)."""
+model is loaded here: runs are queued or simulated (analyzer/analysis/simulated_run.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import re
 import pytest
 from sqlalchemy import select
 
+from analyzer.advice.report import build_report
+from analyzer.advice.report_text import report_text
+from analyzer.analysis.run_records import RunError, RunParams, create_run
 from analyzer.db import make_engine, make_session_factory
-from analyzer.engines import ENGINES, EngineError, check_engine_name, check_run
+from analyzer.engine.engines import ENGINES, EngineError, check_engine_name, check_run
 from analyzer.orm import AnalysisRun
-from analyzer.prompt_sets import import_prompt_file
-from analyzer.report import build_report
-from analyzer.report_text import report_text
-from analyzer.run_records import RunError, RunParams, create_run
+from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.settings import SettingsError, load_settings
 from router.classifier import train_classifier
 from router.decision import Router

@@ -15,7 +15,7 @@ from werkzeug.test import Client
 import migrations
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import PromptSet
-from analyzer.prompt_sets import PromptSetNotFound, import_prompt_file
+from analyzer.prompts.prompt_sets import PromptSetNotFound, import_prompt_file
 from analyzer.settings import SettingsError
 from router.api import RouteFastPath, Unauthorized
 from router.classifier import ClassifierError
@@ -26,12 +26,12 @@ from webui.app import create_app
 
 # every module that defines an error class, so that the walk below sees them all
 ERROR_MODULES = (
-    "analyzer.devices",
-    "analyzer.ingest",
-    "analyzer.loading",
-    "analyzer.prompt_sets",
-    "analyzer.report",
-    "analyzer.run_records",
+    "analyzer.models.devices",
+    "analyzer.prompts.ingest",
+    "analyzer.models.loading",
+    "analyzer.prompts.prompt_sets",
+    "analyzer.advice.report",
+    "analyzer.analysis.run_records",
     "analyzer.settings",
     "migrations",
     "router.api",

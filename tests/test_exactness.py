@@ -9,9 +9,9 @@ import copy
 import numpy as np
 import pytest
 
-from analyzer.acceptance import alpha_from_matches, walk_model_draft, walk_ngram
-from analyzer.measure import draft_match_sequence, generate_target, teacher_forced_logits
-from analyzer.validate import assisted_generate
+from analyzer.measuring.acceptance import alpha_from_matches, walk_model_draft, walk_ngram
+from analyzer.measuring.measure import draft_match_sequence, generate_target, teacher_forced_logits
+from analyzer.measuring.validate import assisted_generate
 from tests.tiny_models import EOS_ID, PAD_ID, make_noisy_copy, make_tiny_model
 
 MAX_NEW = 48

@@ -1,4 +1,4 @@
-"""The cuda-graphs mode's harness (analyzer/graph_cost.py) on the CPU, where it runs the very same
+"""The cuda-graphs mode's harness (analyzer/engine/graph_cost.py) on the CPU, where it runs the very same
 static-cache steps without capturing graphs: its forwards must give the logits of transformers' own
 cached forward, its greedy decoding transformers' greedy output, and its speculative decoding the same
 output in exactly as many target forwards as transformers' assisted generation and prompt lookup."""
@@ -11,8 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
-from analyzer.cost import _cache_argument
-from analyzer.graph_cost import (
+from analyzer.engine.graph_cost import (
     CACHE_LENGTH_STEP,
     GraphCostError,
     GraphDecoder,
@@ -20,7 +19,8 @@ from analyzer.graph_cost import (
     cache_length,
     time_graph_forwards_checked,
 )
-from analyzer.validate import assisted_generate, greedy_generate
+from analyzer.measuring.cost import _cache_argument
+from analyzer.measuring.validate import assisted_generate, greedy_generate
 from tests.test_validate import EOS_PROMPT, PROMPTS
 from tests.tiny_models import EOS_ID, make_noisy_copy, make_tiny_model
 
@@ -96,7 +96,7 @@ def graphs_played_on_the_cpu(monkeypatch):
     import contextlib
     import types
 
-    from analyzer import graph_cost
+    from analyzer.engine import graph_cost
 
     graphs, capturing = [], []
 
@@ -277,7 +277,7 @@ def test_the_overhead_is_the_wall_time_outside_the_forwards_per_pass_less_the_lo
     of which 4 s are forwards (2.5 s per round, less a 0.5 s lookup = 2 s)."""
     import contextlib
 
-    from analyzer import overhead
+    from analyzer.engine import overhead
 
     clock = {"now": 0.0}
     monkeypatch.setattr(overhead, "perf_counter", lambda: clock["now"])

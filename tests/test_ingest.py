@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from analyzer.ingest import IngestLimits, PromptFileError, parse_prompt_file
+from analyzer.prompts.ingest import IngestLimits, PromptFileError, parse_prompt_file
 
 
 def issues_of(data: bytes, filename: str, **limits) -> list[str]:

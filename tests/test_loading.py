@@ -1,4 +1,4 @@
-"""Model specs, offline loading, tokenizer checks and prompt encoding (analyzer/loading.py).
+"""Model specs, offline loading, tokenizer checks and prompt encoding (analyzer/models/loading.py).
 
 Models are tiny Llamas built by tests/tiny_tokenizer.py and loaded back through ``hf:<folder>``; one
 test loads the real builtin SmolLM2 GGUF (about 20-40 s on two cores) and its safetensors cache.
@@ -14,11 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from analyzer import loading
-from analyzer.loading import load_model
-from analyzer.prompt_encoding import EncodedPrompt, context_limit, encode_prompt
-from analyzer.specs import SpecError, TokenizerMismatch, display_name, parse_spec
-from analyzer.tokenizer_match import check_same_tokenizer, tokenizer_fingerprint
+from analyzer.measuring.prompt_encoding import EncodedPrompt, context_limit, encode_prompt
+from analyzer.models import loading
+from analyzer.models.loading import load_model
+from analyzer.models.specs import SpecError, TokenizerMismatch, display_name, parse_spec
+from analyzer.models.tokenizer_match import check_same_tokenizer, tokenizer_fingerprint
 from tests.tiny_tokenizer import TINY_WORDS, build_tiny_tokenizer, save_tiny_model_folder
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ def test_builtin_model_is_cached_as_safetensors_and_reloads_identically(tmp_path
 
 
 def test_builtin_model_loads_in_half_precision_from_its_float32_cache(tmp_path, monkeypatch):
-    from analyzer.devices import resolve
+    from analyzer.models.devices import resolve
 
     ref = parse_spec("builtin:smollm2-135m-instruct")
     placement = resolve("cpu", "bfloat16")

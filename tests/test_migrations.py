@@ -108,7 +108,7 @@ def _realistic_rows(url: str) -> None:
     """A database at head with rows in every table, written by the code that writes them."""
     from sqlalchemy import select
 
-    from analyzer.chunks import plan_chunks
+    from analyzer.analysis.chunks import plan_chunks
     from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
     from router.classifier import train_classifier
@@ -239,8 +239,8 @@ def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revisi
 
 
 def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working(tmp_path):
+    from analyzer.advice.report import build_report
     from analyzer.db import make_session_factory
-    from analyzer.report import build_report
     from router.decision import RouterConfig, router_from_database
     from router.policy import publish_policies
 
@@ -330,9 +330,9 @@ def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_dow
 
 
 def test_0018_fills_measured_by_and_the_policy_sets_contract_as_the_router_read_it_from_the_run(tmp_path):
+    from analyzer.advice.summary import cost_for_run
     from analyzer.db import make_session_factory
     from analyzer.orm import AnalysisRun, CostProfile
-    from analyzer.summary import cost_for_run
     from router.decision import router_from_database
     from router.orm import PolicySet
 

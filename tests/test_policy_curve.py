@@ -1,4 +1,4 @@
-"""The one policy curve (analyzer/policy_curve.py) and the decision contract around it: the rule,
+"""The one policy curve (analyzer/pricing/policy_curve.py) and the decision contract around it: the rule,
 interpolation, the online rescaling, the gammas in reach, the policy set's contract reaching the
 router and the adaptation, and reasons as codes rendered to text at the edge."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.acceptance import expected_tokens_iid
-from analyzer.policy_curve import BASE, PolicyCurve, acceptance_scale
-from analyzer.speedup import Cost, iid_speedup
+from analyzer.measuring.acceptance import expected_tokens_iid
+from analyzer.pricing.policy_curve import BASE, PolicyCurve, acceptance_scale
+from analyzer.pricing.speedup import Cost, iid_speedup
 from router.adaptation import AdaptationConfig
 from router.decision import Router, RouterConfig, RouteRequest
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot

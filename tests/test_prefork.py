@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from analyzer.analysis.run_records import RunParams, create_run
 from analyzer.db import lock_for_write, make_session_factory
 from analyzer.orm import AnalysisRun
-from analyzer.prompt_sets import import_prompt_file
-from analyzer.run_records import RunParams, create_run
+from analyzer.prompts.prompt_sets import import_prompt_file
 from tests.factories import make_routing_database
 
 pytestmark = pytest.mark.skipif(

@@ -7,9 +7,9 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.ingest import PromptFileError
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt, PromptSet
-from analyzer.prompt_sets import (
+from analyzer.prompts.ingest import PromptFileError
+from analyzer.prompts.prompt_sets import (
     PromptSetError,
     PromptSetExists,
     PromptSetInUse,

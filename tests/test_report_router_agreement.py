@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import migrations
+from analyzer.advice.report import build_report
 from analyzer.db import make_engine, make_session_factory
-from analyzer.report import build_report
 from router.decision import router_from_database
 from router.policy import FALLBACK_TASK, NO_GAMMA, publish_policies
 from tests.factories import make_done_run

@@ -10,11 +10,11 @@ import re
 import pytest
 
 import migrations
+from analyzer.advice.report import build_report
+from analyzer.advice.report_text import report_text
+from analyzer.analysis.repricing import reprice_run
 from analyzer.db import make_engine, make_session_factory
 from analyzer.orm import CostProfile
-from analyzer.report import build_report
-from analyzer.report_text import report_text
-from analyzer.repricing import reprice_run
 from tests.factories import make_done_run
 from webui.app import create_app
 

@@ -21,9 +21,9 @@ from markupsafe import escape
 from sqlalchemy import select
 
 from analyzer.db import engine_from_settings, make_session_factory
-from analyzer.engines import REGISTRY
+from analyzer.engine.engines import REGISTRY
 from analyzer.orm import AnalysisRun
-from analyzer.prompt_sets import import_prompt_file
+from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.run_params import (
     DEFAULT_VALIDATE,
     RunInputError,

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from analyzer.db import engine_from_settings, make_session_factory
 from analyzer.orm import AnalysisRun
-from analyzer.prompt_sets import import_prompt_file
+from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN, LIMITS, RunParams, range_words
 from analyzer.settings import load_settings
 from webui.app import create_app

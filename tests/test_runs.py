@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.acceptance import expected_tokens_iid
+from analyzer.analysis.run_records import RunParams, create_run
+from analyzer.analysis.runs import execute_run
 from analyzer.db import make_session_factory
+from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult
-from analyzer.prompt_sets import import_prompt_file
-from analyzer.run_records import RunParams, create_run
-from analyzer.runs import execute_run
-from analyzer.speedup import recommendation_tier
+from analyzer.pricing.speedup import recommendation_tier
+from analyzer.prompts.prompt_sets import import_prompt_file
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
 
@@ -200,7 +200,7 @@ def test_sampling_mode_stores_expectations(cli_db, model_folders):
 
 def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
     """A run summary: task -> (prompts, speculate, predicted speedup); prompts in task order."""
-    from analyzer.summary import AnalysisSummary, GroupSummary, PromptSummary
+    from analyzer.advice.summary import AnalysisSummary, GroupSummary, PromptSummary
 
     prompts, position = [], 0
     for task, (n, _, _) in tasks.items():
@@ -244,7 +244,7 @@ def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
 
 
 def test_validation_sample_covers_tasks_speculating_ones_first():
-    from analyzer.run_records import validation_sample
+    from analyzer.analysis.run_records import validation_sample
 
     summary = _summary_for_sampling(
         {
@@ -360,7 +360,7 @@ def _count_tokenizations(monkeypatch) -> list[str]:
     """Make every tokenizer the run loads count its tokenizations (outermost calls of __call__,
     encode, tokenize and apply_chat_template; nested ones are the same tokenization) into the
     returned list, one entry naming the prompt per call."""
-    from analyzer import run_models
+    from analyzer.engine import run_models
 
     calls: list[str] = []
     depth = [0]
@@ -403,10 +403,10 @@ def test_a_run_tokenizes_each_prompt_once_and_stores_the_ids_it_measured(
     from collections import Counter
 
     from analyzer.db import make_engine
-    from analyzer.loading import load_model
-    from analyzer.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
+    from analyzer.measuring.prompt_encoding import encode_prompt, eos_token_ids, prompt_token_limit
+    from analyzer.models.loading import load_model
+    from analyzer.models.specs import parse_spec
     from analyzer.settings import load_settings
-    from analyzer.specs import parse_spec
 
     calls = _count_tokenizations(monkeypatch)
     report = json.loads(

@@ -15,15 +15,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-import analyzer.summary as summary_module
+import analyzer.advice.summary as summary_module
+from analyzer.advice.report import build_report
+from analyzer.advice.summary import (
+    DECISION_CODES,
+    cost_for_run,
+    load_results,
+    summarize_groups,
+    summarize_run,
+)
+from analyzer.advice.summary_store import run_summary, store_summary, summary_from_json, summary_to_json
+from analyzer.analysis.run_records import finish
 from analyzer.db import make_session_factory
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
-from analyzer.report import build_report
+from analyzer.pricing.speedup import MIN_TASK_PROMPTS, clears_break_even
 from analyzer.run_params import DEFAULT_MARGIN
-from analyzer.run_records import finish
-from analyzer.speedup import MIN_TASK_PROMPTS, clears_break_even
-from analyzer.summary import DECISION_CODES, cost_for_run, load_results, summarize_groups, summarize_run
-from analyzer.summary_store import run_summary, store_summary, summary_from_json, summary_to_json
 from router.policy import publish_policies
 from tests.decision_rule import decide_point
 from tests.factories import make_done_run
@@ -138,7 +144,7 @@ def test_the_bootstrap_runs_once_per_finished_run(sessions, bootstraps):
 
 
 def test_a_run_finished_by_its_last_chunk_is_summarised_once_by_its_first_reader(sessions, bootstraps):
-    from analyzer.chunks import claim_chunk, complete
+    from analyzer.analysis.chunks import claim_chunk, complete
 
     run_id = _running_run(sessions, {"code": 0.9, "qa": 0.3}, per_task=3)
     while (chunk := claim_chunk(sessions, "w1", run_id=run_id)) is not None:
@@ -233,7 +239,7 @@ def _sentence_before_codes(
     margin: float = DEFAULT_MARGIN,
     min_prompts: int = MIN_TASK_PROMPTS,
 ) -> tuple[bool | None, str]:
-    """The decision and its sentence as analyzer.speedup.decide wrote them before decisions carried
+    """The decision and its sentence as analyzer.pricing.speedup.decide wrote them before decisions carried
     codes (kept here as the reference the rendered reasons must equal)."""
     low, high = interval
     shown = (

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     from sqlalchemy import select
     import migrations
     from analyzer.db import make_engine, make_session_factory
-    from analyzer.prompt_sets import import_sample
+    from analyzer.prompts.prompt_sets import import_sample
     from router.classifier import train_classifier
     from router.training_data import make_training_data
     from router.policy import publish_policies

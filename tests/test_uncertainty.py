@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.report import build_report
-from analyzer.report_text import report_text
-from analyzer.speedup import Cost, bootstrap_speedup_interval
-from analyzer.summary import GroupSummary, tier_note
+from analyzer.advice.report import build_report
+from analyzer.advice.report_text import report_text
+from analyzer.advice.summary import GroupSummary, tier_note
+from analyzer.pricing.speedup import Cost, bootstrap_speedup_interval
 from router.decision import Router
 from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
 from tests.decision_rule import decide_point

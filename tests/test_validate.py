@@ -22,8 +22,8 @@ import math
 import pytest
 import torch
 
-from analyzer import validate
-from analyzer.validate import (
+from analyzer.measuring import validate
+from analyzer.measuring.validate import (
     ValidationMeasurement,
     assisted_generate,
     count_forward_passes,

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from analyzer.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew
+from analyzer.analysis.chunks import ClaimedChunk, chunk_progress, claim_chunk, complete, renew
+from analyzer.analysis.run_records import RunParams, create_run
+from analyzer.analysis.worker import Worker
 from analyzer.db import make_session_factory, utcnow
 from analyzer.orm import AnalysisRun, RunChunk
-from analyzer.prompt_sets import import_prompt_file
-from analyzer.run_records import RunParams, create_run
-from analyzer.worker import Worker
+from analyzer.prompts.prompt_sets import import_prompt_file
 
 
 def _queue(session, n: int, target: str = "hf:/nowhere/target", **params) -> list[int]:
@@ -98,7 +98,7 @@ def test_worker_thread_executes_a_queued_run_and_records_its_failure(engine, tmp
 
 
 def test_a_long_profile_or_validation_renews_its_chunks_heartbeat_as_it_reports_progress(engine):
-    from analyzer.chunks import HEARTBEAT_EVERY_S, renewing_heartbeat
+    from analyzer.analysis.chunks import HEARTBEAT_EVERY_S, renewing_heartbeat
 
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():

@@ -20,10 +20,10 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
 import migrations
+from analyzer.analysis.worker import Worker
 from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
 from analyzer.errors import SpecrouteError
 from analyzer.settings import api_token_scope, load_settings
-from analyzer.worker import Worker
 from router import api
 from router.service import RouterService
 from router.strict_json import NonFiniteNumber

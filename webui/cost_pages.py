@@ -6,11 +6,16 @@ from __future__ import annotations
 from flask import redirect, render_template, request, url_for
 from sqlalchemy import select
 
-from analyzer.cost_import import MAX_FILE_BYTES, CostFileError, parse_cost_file, store_imported_profiles
+from analyzer.advice.report import profile_dict
+from analyzer.analysis.cost_import import (
+    MAX_FILE_BYTES,
+    CostFileError,
+    parse_cost_file,
+    store_imported_profiles,
+)
+from analyzer.analysis.repricing import RepriceError, reprice_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, CostProfile
-from analyzer.report import profile_dict
-from analyzer.repricing import RepriceError, reprice_run
 from webui.ui import bp, flash, sessions
 
 

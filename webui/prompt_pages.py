@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from flask import current_app, redirect, render_template, request, url_for
 
-from analyzer.ingest import IngestLimits, PromptFileError
-from analyzer.prompt_checks import prompt_text
-from analyzer.prompt_sets import (
+from analyzer.prompts.ingest import IngestLimits, PromptFileError
+from analyzer.prompts.prompt_checks import prompt_text
+from analyzer.prompts.prompt_sets import (
     PromptSetError,
     delete_prompt_set,
     get_prompt_set,

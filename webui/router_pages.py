@@ -7,10 +7,10 @@ from flask import current_app, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import func, select
 
+from analyzer.advice.report import run_advice_withheld
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
-from analyzer.prompt_checks import prompt_text
-from analyzer.report import run_advice_withheld
+from analyzer.prompts.prompt_checks import prompt_text
 from router.classifier import (
     ClassifierError,
     activate_version,

@@ -11,17 +11,21 @@ from markupsafe import Markup
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from analyzer.chunks import chunk_progress
+from analyzer.advice.output_marks import output_marks
+from analyzer.advice.report import build_report
+from analyzer.advice.report_text import recommendation, report_csv
+from analyzer.advice.summary import UNLABELLED
+from analyzer.advice.summary_store import run_summary
+from analyzer.analysis.chunks import chunk_progress
+from analyzer.analysis.repricing import price_comparison
+from analyzer.analysis.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.db import utcnow
-from analyzer.devices import DTYPE_CHOICES, check_dtype_name
-from analyzer.engines import COST_MODES, ENGINES, REGISTRY
+from analyzer.engine.engines import COST_MODES, ENGINES, REGISTRY
 from analyzer.errors import SpecrouteError, error_payload
+from analyzer.models.devices import DTYPE_CHOICES, check_dtype_name
+from analyzer.models.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
-from analyzer.output_marks import output_marks
-from analyzer.prompt_checks import prompt_text
-from analyzer.report import build_report
-from analyzer.report_text import recommendation, report_csv
-from analyzer.repricing import price_comparison
+from analyzer.prompts.prompt_checks import prompt_text
 from analyzer.run_params import (
     AUTO_ENGINE,
     DEFAULT_VALIDATE,
@@ -29,10 +33,6 @@ from analyzer.run_params import (
     RunInputError,
     read_inputs,
 )
-from analyzer.run_records import RunParams, create_run, request_cancel, shown_status
-from analyzer.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
-from analyzer.summary import UNLABELLED
-from analyzer.summary_store import run_summary
 from router import strict_json
 from router.classifier import rarely_reached
 from webui.plots import report_plots

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
-from analyzer.engines import COST_MODE_WORDS
+from analyzer.engine.engines import COST_MODE_WORDS
 from analyzer.errors import SpecrouteError
 from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import Settings

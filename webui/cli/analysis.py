@@ -7,7 +7,14 @@ from typing import Callable
 import click
 
 from analyzer.db import MAX_ID
-from analyzer.engines import COST_MODES, ENGINES, REGISTRY, EngineUnavailable, check_run, measuring_engine
+from analyzer.engine.engines import (
+    COST_MODES,
+    ENGINES,
+    REGISTRY,
+    EngineUnavailable,
+    check_run,
+    measuring_engine,
+)
 from analyzer.run_params import (
     AUTO_ENGINE,
     BLANK_MEANS,
@@ -164,7 +171,7 @@ def analyze(
     of --chunk-size prompts: workers (specroute worker, here or on other machines) that are running
     claim some of them too; --queue leaves all of it to them.
     """
-    from analyzer.report_text import report_text
+    from analyzer.advice.report_text import report_text
 
     sessions = state.sessions()
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
@@ -228,7 +235,7 @@ def _create_new_run(
     state: CliState, sessions, prompt_set: str, raw: dict, queue_only: bool, cost_profiles: tuple[int, ...]
 ) -> int:
     """Read and check the inputs, say where the run will measure, store the run and return its id."""
-    from analyzer.run_records import create_run
+    from analyzer.analysis.run_records import create_run
 
     try:
         inputs = read_inputs(raw, state.settings, engines=REGISTRY)
@@ -243,7 +250,7 @@ def _create_new_run(
     with sessions() as session, session.begin():
         run = create_run(session, prompt_set, raw["target"], raw["draft"], params)
         if cost_profiles:
-            from analyzer.repricing import link_pricing_profiles
+            from analyzer.analysis.repricing import link_pricing_profiles
 
             link_pricing_profiles(session, run, cost_profiles)
         run_id = run.id
@@ -254,8 +261,8 @@ def _create_new_run(
 def _execute_and_build_report(state: CliState, sessions, run_id: int, as_json: bool) -> dict:
     """Execute the run here (with a progress bar, except for --json with stderr not a terminal), label its unlabelled
     prompts with the classifier and return its report."""
-    from analyzer.report import build_report
-    from analyzer.runs import execute_run
+    from analyzer.advice.report import build_report
+    from analyzer.analysis.runs import execute_run
 
     progress = _TqdmProgress(enabled=not as_json or sys.stderr.isatty())
     try:
@@ -326,8 +333,8 @@ def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] |
 @click.pass_obj
 def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
-    from analyzer.report import build_report
-    from analyzer.report_text import report_csv, report_text
+    from analyzer.advice.report import build_report
+    from analyzer.advice.report_text import report_csv, report_text
 
     with state.sessions()() as session, session.begin():  # a summary computed here is kept
         data = build_report(session, run_id)
@@ -355,8 +362,8 @@ def runs_list(state: CliState, as_json: bool) -> None:
     """Analysis runs, newest first, with status, engine and progress."""
     from sqlalchemy import select
 
+    from analyzer.analysis.run_records import shown_status
     from analyzer.orm import AnalysisRun
-    from analyzer.run_records import shown_status
 
     with state.sessions()() as session:
         rows = [
@@ -393,7 +400,7 @@ def runs_list(state: CliState, as_json: bool) -> None:
 @click.pass_obj
 def runs_cancel(state: CliState, run_id: int) -> None:
     """Cancel a queued run, or ask a running one to stop after its current prompt."""
-    from analyzer.run_records import request_cancel
+    from analyzer.analysis.run_records import request_cancel
 
     with state.sessions()() as session, session.begin():
         status = request_cancel(session, run_id).status

@@ -38,7 +38,7 @@ def costs_import(state: CliState, file: Path, for_run: int | None, new_pair: boo
     nothing and every problem is listed with its line and field. Refused: a step under 0.1 ms (seconds,
     not milliseconds) or any time over a minute, a batch size over 1024, an implausible T(k)/T(1), a
     profile already stored (or given twice), and a target or draft no stored run knows unless --new-pair."""
-    from analyzer.cost_import import CostFileError, parse_cost_file, store_imported_profiles
+    from analyzer.analysis.cost_import import CostFileError, parse_cost_file, store_imported_profiles
 
     try:
         profiles = parse_cost_file(file.read_bytes(), file.name)
@@ -81,8 +81,8 @@ def costs_list(state: CliState, as_json: bool) -> None:
 
 
 def _profile_row(profile) -> dict:
-    """:func:`analyzer.report.profile_dict` with the step times in milliseconds, as this command prints them."""
-    from analyzer.report import profile_dict
+    """:func:`analyzer.advice.report.profile_dict` with the step times in milliseconds, as this command prints them."""
+    from analyzer.advice.report import profile_dict
 
     row = profile_dict(profile)
     return {
@@ -122,9 +122,9 @@ def reprice(state: CliState, run_id: int, profile_ids: tuple[int, ...], publish:
     """Price finished run RUN_ID's stored acceptance with other cost profiles, without measuring again:
     a new run with a copy of its results, whose S(g), g*, intervals and decisions come from those
     profiles (an engine's own step times, another device). Prints what changed per task."""
-    from analyzer.report import build_report
-    from analyzer.report_text import report_text
-    from analyzer.repricing import reprice_run
+    from analyzer.advice.report import build_report
+    from analyzer.advice.report_text import report_text
+    from analyzer.analysis.repricing import reprice_run
     from router.policy import publish_policies
 
     with state.sessions()() as session, session.begin():

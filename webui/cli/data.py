@@ -6,9 +6,9 @@ from pathlib import Path
 import click
 
 import migrations
-from analyzer.ingest import FORMATS, IngestLimits, PromptFileError
-from analyzer.prompt_checks import prompt_text
-from analyzer.prompt_sets import (
+from analyzer.prompts.ingest import FORMATS, IngestLimits, PromptFileError
+from analyzer.prompts.prompt_checks import prompt_text
+from analyzer.prompts.prompt_sets import (
     SAMPLE_NAME,
     delete_prompt_set,
     get_prompt_set,

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from analyzer.engines import ENGINES
+from analyzer.engine.engines import ENGINES
 from analyzer.run_params import AUTO_ENGINE
 from analyzer.settings import SECRET_SETTINGS, describe_settings
 from webui.cli import demo_steps

@@ -15,17 +15,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.engines import REGISTRY, EngineUnavailable, check_run, measuring_engine
+from analyzer.engine.engines import REGISTRY, EngineUnavailable, check_run, measuring_engine
+from analyzer.models.specs import DEFAULT_DRAFT as DEMO_DRAFT
+from analyzer.models.specs import DEFAULT_TARGET as DEMO_TARGET
 from analyzer.orm import AnalysisRun
-from analyzer.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
-from analyzer.specs import DEFAULT_DRAFT as DEMO_DRAFT
-from analyzer.specs import DEFAULT_TARGET as DEMO_TARGET
+from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample, summarize
 from webui.cli.base import CliState, _cache_dir, _tasks_text, _TqdmProgress
 from webui.cli.serving import _serve
 
 if TYPE_CHECKING:
+    from analyzer.analysis.run_records import RunParams
     from analyzer.run_params import RunInputs
-    from analyzer.run_records import RunParams
 
 # a stored run is reused by the demo when these of its parameters are the demo's
 DEMO_PARAM_KEYS = (
@@ -142,8 +142,8 @@ def _reused_or_new_run(
     """The newest done run of the demo's pair over the set with the demo's parameters, else the
     newest such run not cancelled, else a new one; its id and status ("new" for a new one). With
     ``params.reprofile`` only an unfinished re-profiling run is taken up."""
-    from analyzer.run_records import RunParams, create_run
-    from analyzer.specs import parse_spec
+    from analyzer.analysis.run_records import RunParams, create_run
+    from analyzer.models.specs import parse_spec
 
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
@@ -168,7 +168,7 @@ def _reused_or_new_run(
 
 def _has_demo_params(run: AnalysisRun, params: RunParams) -> bool:
     """Whether the run's parameters named in :data:`DEMO_PARAM_KEYS` are those of ``params``."""
-    from analyzer.run_records import RunParams
+    from analyzer.analysis.run_records import RunParams
 
     stored = RunParams.from_json(run.params)
     return all(getattr(stored, k) == getattr(params, k) for k in DEMO_PARAM_KEYS)
@@ -176,7 +176,7 @@ def _has_demo_params(run: AnalysisRun, params: RunParams) -> bool:
 
 def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session], run_id: int) -> None:
     """Execute (or resume) the run here with progress bars; Ctrl-C says how to resume and exits 130."""
-    from analyzer.runs import execute_run
+    from analyzer.analysis.runs import execute_run
 
     progress = _TqdmProgress(enabled=True)
     try:
@@ -229,8 +229,8 @@ def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: i
     """[5/6] Publish the run's policies unless a set from it exists, then print the run's report
     (which leads with "Advice withheld" when its cost profile was measured on a busy machine; such a
     set is published but not activated)."""
-    from analyzer.report import build_report
-    from analyzer.report_text import report_text
+    from analyzer.advice.report import build_report
+    from analyzer.advice.report_text import report_text
     from router.orm import PolicySet
     from router.policy import publish_policies
 

@@ -265,8 +265,8 @@ def policies_publish(
     """Turn an analysis run into a new, versioned policy set (active unless --no-activate, or unless
     the run's advice is withheld because its cost profile was measured on a busy machine: then
     'specroute policies activate VERSION' activates it if you trust it anyway)."""
+    from analyzer.advice.report import run_advice_withheld
     from analyzer.orm import AnalysisRun
-    from analyzer.report import run_advice_withheld
     from router.policy import publish_policies
     from router.records import policy_set_dict
 

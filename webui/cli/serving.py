@@ -32,7 +32,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
     runs to these processes."""
     import socket
 
-    from analyzer.worker import work
+    from analyzer.analysis.worker import work
 
     sessions = state.sessions()
     stale_after_s = state.settings.stale_after_s if stale_after is None else stale_after

@@ -1,0 +1,141 @@
+"""Background execution of queued analysis runs, spread over any number of workers.
+
+A run's work is planned as chunks (:mod:`analyzer.analysis.chunks`: the cost profile, slices of its prompts,
+the validation); a worker (the server's thread, or a ``specroute worker`` process on any machine)
+claims one chunk at a time from any queued or running run (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, the write lock on SQLite), executes it, and claims the next. A chunk left by a worker
+that died (no heartbeat for ``stale_after_s``, the setting) is claimed again, so a server restart or
+a killed worker never loses a run, and the run finishes exactly once, after its last chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from analyzer.analysis.chunks import claim_chunk
+from analyzer.settings import STALE_AFTER_S
+
+log = logging.getLogger(__name__)
+
+
+def run_next_chunk(
+    sessions: sessionmaker[Session],
+    *,
+    worker_id: str,
+    cache_dir: Path,
+    allow_network: bool = False,
+    stale_after_s: float = STALE_AFTER_S,
+    kept: dict | None = None,
+) -> int | None:
+    """Claim and execute one chunk of any run; returns its run's id (None when nothing could be
+    claimed). ``kept`` keeps the loaded pair between calls. A failing chunk fails its run (recorded
+    by ``execute_chunk``) and does not stop the worker."""
+    chunk = claim_chunk(sessions, worker_id, stale_after_s=stale_after_s)
+    if chunk is None:
+        return None
+    # torch loads with the first run, not with the server
+    from analyzer.analysis.runs import LoadedModelCache, execute_chunk
+
+    kept = {} if kept is None else kept
+    if "model_cache" not in kept:
+        kept["model_cache"] = LoadedModelCache(cache_dir, allow_network)
+    try:
+        execute_chunk(sessions, chunk, worker_id=worker_id, model_cache=kept["model_cache"])
+    except Exception:
+        log.exception("analysis run %s failed (chunk %s)", chunk.run_id, chunk.position)
+    return chunk.run_id
+
+
+class Worker:
+    """A daemon thread that executes queued runs until ``stop()``; polls every ``poll_s`` seconds;
+    ``on_run`` is told each run's id when the run has stopped (the web server labels its prompts)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        cache_dir: Path,
+        allow_network: bool = False,
+        poll_s: float = 1.0,
+        stale_after_s: float = STALE_AFTER_S,
+        name: str = "thread",
+        on_run: Callable[[int], None] | None = None,
+    ):
+        self.sessions, self.cache_dir, self.allow_network = sessions, cache_dir, allow_network
+        self.on_run = on_run
+        self.poll_s, self.stale_after_s = poll_s, stale_after_s
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"specroute-worker-{name}", daemon=True)
+
+    def start(self) -> "Worker":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout=timeout_s)
+
+    def _loop(self) -> None:
+        work(
+            self.sessions,
+            cache_dir=self.cache_dir,
+            worker_id=self.worker_id,
+            allow_network=self.allow_network,
+            poll_s=self.poll_s,
+            stale_after_s=self.stale_after_s,
+            stop=self._stop,
+            on_run=self.on_run,
+        )
+
+
+def work(
+    sessions: sessionmaker[Session],
+    *,
+    cache_dir: Path,
+    worker_id: str,
+    allow_network: bool = False,
+    poll_s: float = 1.0,
+    stale_after_s: float = STALE_AFTER_S,
+    stop: threading.Event | None = None,
+    once: bool = False,
+    on_run: Callable[[int], None] | None = None,
+) -> None:
+    """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
+    the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
+    or cancelled), wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``,
+    until the first run it worked on has stopped or nothing is left to claim. The loaded pair is kept
+    between chunks. A database hiccup is logged and does not end the loop."""
+    from analyzer.analysis.run_records import run_status
+
+    stop = stop or threading.Event()
+    kept: dict = {}
+    first: int | None = None
+    while not stop.is_set():
+        try:
+            ran = run_next_chunk(
+                sessions,
+                worker_id=worker_id,
+                cache_dir=cache_dir,
+                allow_network=allow_network,
+                stale_after_s=stale_after_s,
+                kept=kept,
+            )
+            status = run_status(sessions, ran) if ran is not None else None
+        except Exception:
+            log.exception("worker loop")
+            ran = status = None
+        first = first if first is not None else ran
+        if ran is not None and status not in ("queued", "running") and on_run is not None:
+            on_run(ran)
+        if once and (ran is None or (ran == first and status not in ("queued", "running"))):
+            return
+        if ran is None:
+            stop.wait(poll_s)

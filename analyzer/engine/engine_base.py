@@ -1,0 +1,246 @@
+"""What every engine is, named once: the engines' names, the :class:`Engine` protocol each engine module
+implements, the :class:`LoadedPair` protocol of a pair loaded in one, and the checks of names.
+
+Acceptance travels between engines; cost does not (DESIGN.md, "Engines"). So every run, cost profile and
+policy set records two engines: the one that **measured** the acceptance (``measured_by``: an engine of
+:data:`ENGINES`, which measure) and the one that **priced** it (``priced_by``: the same engine, or the
+engine an imported cost profile came from, vLLM or SGLang for example). The registry of engine objects
+is :mod:`analyzer.engine.engines`; this module imports no engine, so any module may import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from analyzer.errors import SpecrouteError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from analyzer.engine.overhead import MachineryOverhead
+    from analyzer.measuring.acceptance import DraftingRule
+    from analyzer.measuring.cost import CostMeasurement
+    from analyzer.measuring.prompt_encoding import EncodedPrompt
+    from analyzer.measuring.prompt_passes import PromptPasses
+    from analyzer.models.specs import ModelSpecRef
+    from analyzer.orm import ModelPair, Prompt
+    from analyzer.run_params import RunParams
+
+TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
+ENGINES = (TRANSFORMERS, LLAMA_CPP)  # the engines that measure (the CLI's --engine, the web form's select)
+DEFAULT_ENGINE = TRANSFORMERS
+# the engine entry of cost profiles imported from another engine's own benchmark (analyzer/analysis/cost_import.py):
+# they price, and never measure
+IMPORTED = "imported"
+
+
+class ProfilingPlan(NamedTuple):
+    """Where a loaded pair times its cost profiles: the device and dtype as stored, the text progress
+    shows, the machinery timed around the model calls, the batch sizes and the cost mode (None where
+    the engine times its own way)."""
+
+    device: str
+    dtype: str
+    where: str
+    machinery: str
+    batch_sizes: tuple[int, ...]
+    cost_mode: str | None
+
+
+class Engine(Protocol):
+    """One engine: how it measures (its drafting rule, what it loads and where), what it refuses, how
+    it prices (its cost modes) and what its numbers guarantee. transformers and llama.cpp measure and
+    price; the imported entry only prices. Callers look an engine up by name in
+    :mod:`analyzer.engine.engines` and ask it; they never compare names."""
+
+    name: str
+    measures: bool  # False: the engine only prices (imported cost profiles)
+    cost_modes: tuple[str, ...]  # how it can time its steps; () where it times its own way only
+
+    @property
+    def rule(self) -> DraftingRule:
+        """The drafting rule its replay follows (analyzer/measuring/acceptance.py)."""
+        ...
+
+    def check_params(self, params: RunParams) -> None:
+        """Raise :class:`RunError` for the first setting of ``params`` this engine cannot measure."""
+        ...
+
+    def check_specs(self, target: ModelSpecRef, draft: ModelSpecRef) -> None:
+        """Raise :class:`RunError` unless this engine can load the pair."""
+        ...
+
+    def cost_mode_for(self, asked: str | None, setting: str) -> str:
+        """The cost mode a run stores: ``asked`` when given, else the engine's default under the
+        ``SPECROUTE_COST_MODE`` ``setting`` (an unusable asked mode is refused by check_params)."""
+        ...
+
+    def require_installed(self) -> None:
+        """Raise :class:`EngineUnavailable` (saying how to install it) unless it can run here."""
+        ...
+
+    def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
+        """Where a run of ``params`` measures, resolved on this machine unless it is only queued."""
+        ...
+
+    def load_key(self, params: RunParams) -> tuple[Any, ...]:
+        """What, beyond the pair, decides whether an already-loaded pair serves a run of ``params``
+        (its first item is the text that says where it loads)."""
+        ...
+
+    def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
+        """The pair loaded in this engine, as ``params`` asks."""
+        ...
+
+    def report_cost_mode(self, params: RunParams) -> str | None:
+        """The cost mode a report names before any profile is linked (None: the engine's own timing)."""
+        ...
+
+    def replay_mode(self, dtype: str) -> str | None:
+        """How a greedy replay in this engine relates to real decoding, for the report's ``mode`` (None:
+        the generic words for ``dtype``)."""
+        ...
+
+    def estimate_opening(self, dtype: str) -> str | None:
+        """The guarantee's opening where this engine's replay is always an estimate (None: the generic
+        sentences for ``dtype``)."""
+        ...
+
+    def profile_note(self, profile: dict[str, Any]) -> str | None:
+        """What a report says of the quality of a cost profile this entry priced with (``profile`` as
+        :func:`analyzer.advice.report.profile_dict` gives it); None: its measured timing quality."""
+        ...
+
+
+class LoadedPair(Protocol):
+    """A target and draft loaded in one engine: what an analysis asks of it (runs.py, run_costs.py,
+    run_validation.py). ``analyzer.engine.run_models.RunModels`` and ``analyzer.engine.llamacpp_run.LlamaCppRunModels``
+    implement it."""
+
+    engine: str
+    rule: DraftingRule
+    draft: Any
+    eos_ids: list[int]
+    pad_id: int
+
+    def device_text(self) -> str: ...
+
+    def dtype_text(self) -> str: ...
+
+    def library_versions(self) -> dict[str, Any]: ...
+
+    def profiling_plan(self, params: RunParams) -> ProfilingPlan:
+        """Where and at which batch sizes this pair's cost profiles are timed."""
+        ...
+
+    def warmup_passes(self) -> int:
+        """The untimed passes before each timed model's first timed pass."""
+        ...
+
+    @property
+    def ngram_max(self) -> int | None:
+        """The prompt-lookup n-gram size (None for a model draft)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (``decode`` turns output ids into text)."""
+        ...
+
+    def tokenizers(self) -> tuple[Any, Any | None]:
+        """The target's and a model draft's tokenizers (None for prompt lookup), for fingerprints."""
+        ...
+
+    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
+        """The prompt's token ids under the run's chat template and prompt limit."""
+        ...
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's text, for the report's drill-down."""
+        ...
+
+    def measure_batch(
+        self, encoded: list[EncodedPrompt], params: RunParams, *, seed: int
+    ) -> list[PromptPasses]:
+        """The passes of a batch of prompts, one :class:`PromptPasses` per prompt."""
+        ...
+
+    def measure_costs(
+        self,
+        context: list[int],
+        k_max: int,
+        batch_size: int,
+        on_repeat: Any,
+        *,
+        on_draft_repeat: Any = None,
+        cost_mode: str | None = ...,
+    ) -> CostMeasurement:
+        """The cost measurement at ``batch_size`` over a cache of ``context``, timed in ``cost_mode``."""
+        ...
+
+    def measure_overhead(
+        self, context: list[int], params: RunParams, on_generate: Any = None
+    ) -> MachineryOverhead:
+        """The machinery's own time around the model calls, per plain step and per round."""
+        ...
+
+    def validate(self, prompt_ids: list[int], params: RunParams, gamma: int) -> Any:
+        """Plain against speculative greedy generation of one prompt at ``gamma``."""
+        ...
+
+
+class EngineUnavailable(SpecrouteError, RuntimeError):
+    """The engine a run asks for is not installed on this machine; the message says how to install it."""
+
+    status, code = 503, "engine_unavailable"
+
+
+class EngineError(SpecrouteError, ValueError):
+    """An engine name that is not one of :data:`ENGINES`; the message names the allowed ones."""
+
+    status, code = 400, "invalid_engine"
+
+
+def check_engine_name(text: str | None) -> str:
+    """``text`` when it is one of :data:`ENGINES`, written exactly so (the name is stored and compared
+    as it is); EngineError naming the allowed values otherwise."""
+    if text not in ENGINES:
+        raise EngineError(f"unknown engine {text!r}; use one of: {', '.join(ENGINES)}")
+    return text
+
+
+# How transformers' costs are timed (DESIGN.md, "Cost model and speedup"): eager forwards, as
+# generate() runs them, or forwards replayed from captured CUDA graphs over a static KV cache, as
+# vLLM, SGLang and TensorRT-LLM serve (analyzer/engine/graph_cost.py; a CUDA GPU only).
+EAGER, CUDA_GRAPHS = "eager", "cuda-graphs"
+COST_MODES = (EAGER, CUDA_GRAPHS)
+DEFAULT_COST_MODE = EAGER
+# what each cost mode times, in the words a report uses
+COST_MODE_WORDS = {
+    EAGER: "forwards as transformers' generate() runs them",
+    CUDA_GRAPHS: "steps replayed from captured CUDA graphs over a static KV cache, as serving engines run them",
+}
+
+
+class CostModeError(SpecrouteError, ValueError):
+    """A cost mode that is not one of :data:`COST_MODES`, or one this engine or device cannot time."""
+
+    status, code = 400, "invalid_cost_mode"
+
+
+def check_cost_mode_name(text: str | None) -> str:
+    """``text`` when it is one of :data:`COST_MODES`; CostModeError naming the allowed ones otherwise."""
+    if text not in COST_MODES:
+        raise CostModeError(f"unknown cost mode {text!r}; use one of: {', '.join(COST_MODES)}")
+    return text
+
+
+def check_cost_mode_device(cost_mode: str, device_type: str) -> None:
+    """CostModeError when ``cost_mode`` cannot time on a device of ``device_type`` (cuda-graphs needs a
+    CUDA GPU: a CPU has no CUDA graphs, and its eager cost is already what llama.cpp or torch pays)."""
+    if cost_mode == CUDA_GRAPHS and device_type != "cuda":
+        raise CostModeError(
+            f"cost mode {CUDA_GRAPHS} times CUDA graphs, which need a CUDA GPU; this run's device is "
+            f"{device_type}. Use --cost-mode {EAGER} here, or run on a machine with a GPU "
+            f"(device auto or cuda)."
+        )

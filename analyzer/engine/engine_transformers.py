@@ -1,0 +1,83 @@
+"""The transformers engine: measures with ``generate()`` (greedy output, per-step data, a teacher-forced
+draft pass) on a CPU or GPU in any dtype, and prices in one of two cost modes, eager forwards as
+``generate()`` runs them or CUDA graphs replayed over a static cache (analyzer/engine/graph_cost.py). Its
+loaded pair is :class:`analyzer.engine.run_models.RunModels`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from analyzer.engine.engine_base import (
+    COST_MODES,
+    CUDA_GRAPHS,
+    DEFAULT_COST_MODE,
+    TRANSFORMERS,
+    CostModeError,
+    LoadedPair,
+    check_cost_mode_device,
+)
+from analyzer.measuring.acceptance import TRANSFORMERS_RULE, DraftingRule
+from analyzer.models.devices import resolve
+from analyzer.run_params import RunError, RunParams
+
+if TYPE_CHECKING:
+    from analyzer.models.specs import ModelSpecRef
+    from analyzer.orm import ModelPair
+
+
+class TransformersEngine:
+    """transformers, as :class:`analyzer.engine.engine_base.Engine` describes an engine."""
+
+    name = TRANSFORMERS
+    measures = True
+    cost_modes: tuple[str, ...] = COST_MODES
+
+    @property
+    def rule(self) -> DraftingRule:
+        return TRANSFORMERS_RULE
+
+    def check_params(self, params: RunParams) -> None:
+        """Refuses cuda-graphs on an explicit CPU device (``auto`` is checked where it is resolved)."""
+        if params.device == "cpu":
+            try:
+                check_cost_mode_device(params.cost_mode, "cpu")
+            except CostModeError as error:
+                raise RunError(str(error)) from None
+
+    def check_specs(self, target: ModelSpecRef, draft: ModelSpecRef) -> None:
+        """Loads every model spec kind (Hugging Face folders and ids, GGUF files dequantized)."""
+
+    def cost_mode_for(self, asked: str | None, setting: str) -> str:
+        return asked or setting or DEFAULT_COST_MODE
+
+    def require_installed(self) -> None:
+        """A dependency of specroute itself: always installed."""
+
+    def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
+        placement = resolve(params.device, params.dtype) if queue_only else params.placement()
+        mode = " (steps timed as replayed CUDA graphs)" if params.cost_mode == CUDA_GRAPHS else ""
+        return (
+            f"engine {self.name}{mode}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
+        )
+
+    def load_key(self, params: RunParams) -> tuple[Any, ...]:
+        placement = params.placement()
+        return (f"on {placement.device} ({placement.name}) in {placement.dtype}",)
+
+    def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
+        from analyzer.engine.run_models import load_run_models  # torch and transformers load with the models
+
+        return load_run_models(pair, cache_dir, allow_network, params.placement())
+
+    def report_cost_mode(self, params: RunParams) -> str | None:
+        return params.cost_mode
+
+    def replay_mode(self, dtype: str) -> str | None:
+        return None
+
+    def estimate_opening(self, dtype: str) -> str | None:
+        return None
+
+    def profile_note(self, profile: dict[str, Any]) -> str | None:
+        return None

@@ -1,0 +1,1 @@
+"""Prompts in: parse and check prompt files, store them as named sets."""
