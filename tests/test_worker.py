@@ -61,6 +61,23 @@ def test_chunks_are_claimed_once_each_in_order_and_the_run_finishes_once(engine)
         assert chunk_progress(session, first) == {"chunks": 4, "done": 4, "claimed": 0, "workers": 4}
 
 
+def test_a_run_whose_stored_parameters_cannot_be_read_fails_alone(engine):
+    """A run row edited by hand to a parameter of the wrong type fails with the words of the one parser
+    of run inputs; the other queued run is claimed as usual (the bad row once stopped every claim)."""
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        broken, fine = _queue(session, 2)
+        session.get(AnalysisRun, broken).params = {"max_new_tokens": "lots", "gamma_max": 2}
+    assert _claims(sessions, ["w0"]) == [(fine, "profile")]
+    with sessions() as session:
+        run = session.get(AnalysisRun, broken)
+        assert run.status == "failed" and run.finished_at is not None
+        assert (
+            run.error.startswith("its stored parameters cannot be read: ") and "max_new_tokens" in run.error
+        )
+        assert session.scalars(select(RunChunk).where(RunChunk.run_id == broken)).all() == []
+
+
 def test_a_chunk_whose_worker_stopped_is_claimed_again_and_the_old_worker_lets_go(engine):
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():

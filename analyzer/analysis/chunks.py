@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.analysis.run_records import selected_prompts
 from analyzer.db import lock_for_write, utcnow
 from analyzer.orm import AnalysisRun, PromptResult, RunChunk
+from analyzer.run_params import RunInputError
 from analyzer.settings import STALE_AFTER_S
 
 
@@ -129,7 +130,12 @@ def _plan_unplanned_runs(session: Session, run_id: int | None) -> None:
         runs = runs.where(AnalysisRun.id == run_id)
     unplanned = runs.where(~select(RunChunk.id).where(RunChunk.run_id == AnalysisRun.id).exists())
     for run in session.scalars(unplanned.with_for_update(skip_locked=True)):
-        plan_chunks(session, run)
+        try:
+            plan_chunks(session, run)
+        except RunInputError as exc:  # a stored parameter of the wrong type (a row edited by hand)
+            # the run fails alone: raised here, it would stop every worker's claims on every other run
+            run.status, run.finished_at = "failed", utcnow()
+            run.error = f"its stored parameters cannot be read: {exc}"
 
 
 def _claim(session: Session, chunk: RunChunk, worker_id: str, now: datetime) -> ClaimedChunk:
