@@ -25,7 +25,11 @@ if "PYTHONPATH" not in os.environ:  # else: the checkout PYTHONPATH names (the o
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import migrations  # noqa: E402
-from analyzer.analysis.simulated_run import create_simulated_run  # noqa: E402
+
+try:
+    from analyzer.analysis.simulated_run import create_simulated_run  # noqa: E402
+except ImportError:  # the code before analyzer/ was split into subpackages (issue 32)
+    from analyzer.simulated_run import create_simulated_run  # type: ignore[no-redef]  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from router.decision import RouteRequest, router_from_database  # noqa: E402
 from router.policy import publish_policies  # noqa: E402
