@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analyzer.engine.engines import REGISTRY
 from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
@@ -420,37 +421,19 @@ class Router:
         return curve.decide(batch_size)
 
     def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
-        """The decision's settings per engine, the pool to send it to, and the engine that priced it."""
+        """The decision in each engine's own terms (asked of the registry: see
+        :meth:`analyzer.engine.engine_base.Engine.decision_settings`), the pool to send it to, and the
+        engines that priced and measured the policies."""
         pool = self.contract.pool(speculate, gamma, self.config.pools)
-        return {
-            "transformers": self._transformers_settings(speculate, gamma),
-            "llama.cpp": {"pool": pool, "speculative": self._llama_cpp_speculative(speculate, gamma)},
+        settings = {
+            name: engine.decision_settings(speculate, gamma, self.draft_kind, self.ngram_max, pool)
+            for name, engine in REGISTRY.items()
+        }
+        return {name: value for name, value in settings.items() if value is not None} | {
             "pool": pool,
             "priced_by": self.priced_by,
             "measured_by": self.contract.measured_by,
         }
-
-    def _transformers_settings(self, speculate: bool, gamma: int) -> dict[str, Any]:
-        """generate() settings: no assistant, prompt lookup, or a draft model at a constant gamma."""
-        if not speculate:
-            return {"assistant_model": False}
-        if self.draft_kind == "ngram":
-            return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": self.ngram_max}
-        return {
-            "assistant_model": True,
-            "assistant_generation_config": {
-                "num_assistant_tokens": gamma,
-                "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0,
-            },
-        }
-
-    def _llama_cpp_speculative(self, speculate: bool, gamma: int) -> dict[str, Any] | None:
-        """What the llama.cpp pool speculates with (llama.cpp fixes it per server, so the pool names it):
-        prompt lookup or a draft model, at most ``gamma`` drafted tokens; None when not speculating."""
-        if not speculate:
-            return None
-        return {"draft": "prompt-lookup" if self.draft_kind == "ngram" else "model", "n_max": gamma}
 
 
 def router_from_database(

@@ -129,3 +129,32 @@ def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measu
         "imported from vllm 0.11's own benchmark, not judged here"
     )
     assert transformers.profile_note({}) is None and llama_cpp.replay_mode("Q4_1").startswith("greedy (")
+
+
+def test_each_engine_says_a_routing_decision_in_its_own_terms():
+    """The router asks every entry for the decision's settings (router/decision.py names no engine):
+    transformers gets generate() kwargs, llama.cpp the pool and what its server speculates with, the
+    imported entry nothing (its engine is configured by its own server's flags)."""
+    transformers, llama_cpp, imported = (REGISTRY[n] for n in ("transformers", "llama.cpp", "imported"))
+    assert transformers.decision_settings(True, 4, "ngram", 3, "p") == {
+        "prompt_lookup_num_tokens": 4,
+        "max_matching_ngram_size": 3,
+    }
+    assert transformers.decision_settings(True, 2, "hf", 3, "p")["assistant_generation_config"] == {
+        "num_assistant_tokens": 2,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+    assert transformers.decision_settings(False, 0, "ngram", 3, "p") == {"assistant_model": False}
+    assert llama_cpp.decision_settings(True, 5, "hf", 3, "spec-k5") == {
+        "pool": "spec-k5",
+        "speculative": {"draft": "model", "n_max": 5},
+    }
+    assert llama_cpp.decision_settings(False, 0, "ngram", 3, "plain") == {
+        "pool": "plain",
+        "speculative": None,
+    }
+    assert imported.decision_settings(True, 5, "ngram", 3, "p") is None
+    decision = (Path(__file__).resolve().parents[1] / "router" / "decision.py").read_text("utf-8")
+    code = re.sub(r'""".*?"""', "", decision, flags=re.S)  # docstrings may name engines; the code does not
+    assert "llama.cpp" not in code and "transformers" not in code

@@ -111,6 +111,15 @@ class Engine(Protocol):
         :func:`analyzer.advice.report.profile_dict` gives it); None: its measured timing quality."""
         ...
 
+    def decision_settings(
+        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+    ) -> dict[str, Any] | None:
+        """A routing decision in this engine's own terms (the ``engine`` object of ``/v1/route``): what
+        to speculate with at ``gamma`` for a draft of ``draft_kind`` ("ngram": prompt lookup of n-grams up
+        to ``ngram_max``; else a draft model), or plain decoding; ``pool`` is the deployment the decision
+        names. None: the engine takes no per-request settings (an imported profile's engine)."""
+        ...
+
 
 class LoadedPair(Protocol):
     """A target and draft loaded in one engine: what an analysis asks of it (runs.py, run_costs.py,

@@ -70,3 +70,10 @@ class ImportedEngine:
         judge it."""
         version = f" {profile['engine_version']}" if profile.get("engine_version") else ""
         return f"imported from {profile.get('engine')}{version}'s own benchmark, not judged here"
+
+    def decision_settings(
+        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+    ) -> dict[str, Any] | None:
+        """An imported profile's engine is configured by its own server's flags (``pool`` names the
+        deployment), not per request."""
+        return None

@@ -105,3 +105,12 @@ class LlamaCppEngine:
 
     def profile_note(self, profile: dict[str, Any]) -> str | None:
         return None
+
+    def decision_settings(
+        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+    ) -> dict[str, Any] | None:
+        """The pool to send the request to and what its server speculates with (llama.cpp fixes it per
+        server, so the pool names it): prompt lookup or a draft model, at most ``gamma`` drafted tokens;
+        None for a plain pool."""
+        speculative = {"draft": "prompt-lookup" if draft_kind == "ngram" else "model", "n_max": gamma}
+        return {"pool": pool, "speculative": speculative if speculate else None}

@@ -81,3 +81,21 @@ class TransformersEngine:
 
     def profile_note(self, profile: dict[str, Any]) -> str | None:
         return None
+
+    def decision_settings(
+        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+    ) -> dict[str, Any] | None:
+        """``generate()`` settings: no assistant, prompt lookup, or a draft model at a constant gamma
+        with no confidence stop (what the analysis replayed)."""
+        if not speculate:
+            return {"assistant_model": False}
+        if draft_kind == "ngram":
+            return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ngram_max}
+        return {
+            "assistant_model": True,
+            "assistant_generation_config": {
+                "num_assistant_tokens": gamma,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            },
+        }
