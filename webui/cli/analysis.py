@@ -193,9 +193,8 @@ def analyze(
                 return
         report = _execute_and_build_report(state, sessions, run_id, as_json)
     except KeyboardInterrupt:
-        if (
-            run_id is None
-        ):  # stopped while the new run was being stored: 'specroute runs list' shows whether it was
+        # run_id None: stopped while the new run was being stored ('specroute runs list' shows whether it was)
+        if run_id is None:
             click.echo("\ninterrupted before the run was stored; see 'specroute runs list'", err=True)
         else:
             click.echo(
