@@ -86,6 +86,11 @@ class Settings:
         "models and scores as one by one): 0 = one per CPU core, 1 = none (folds fitted one after another "
         "in the command's or server's own process). Feature sets with the sentence encoder always use 1.",
     )
+    llama_server: str = _setting(
+        "",
+        "Path of llama.cpp's own server binary, llama-server. Empty: llama-server on PATH, else the one "
+        "'specroute llama-server build' keeps in <data_dir>/cache/llama-server/<version>/.",
+    )
     router_pools: str = _setting(
         "",
         "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "

@@ -1,0 +1,161 @@
+"""Finding or building llama.cpp's own C++ server, ``llama-server``, from the llama.cpp source that the
+pinned llama-cpp-python sdist vendors (so the binding and the server share one llama.cpp).
+
+Where it is looked for, in order: ``SPECROUTE_LLAMA_SERVER`` (a path), then ``llama-server`` on PATH, then
+the build cache (``<data_dir>/cache/llama-server/<llama-cpp-python version>/llama-server``). Where none
+holds it, :class:`LlamaServerMissing` names the command that builds it, ``specroute llama-server build``,
+which downloads the pinned sdist with pip, configures llama.cpp with CMake for the same instruction sets as
+the README's llama-cpp-python build, builds only the ``llama-server`` target, and keeps the binary in the
+cache; a second build of the same version reuses it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from analyzer.engine.engine_base import EngineUnavailable
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the pinned version of pyproject.toml's llamacpp extra
+BINARY = "llama-server"
+BUILD_COMMAND = "specroute llama-server build"
+# the README's build: for any x86-64 CPU of the last ten years, not the build machine's own (a native
+# build on a CPU with AMX crashed in llama.cpp's AMX kernels; benchmarks/RESULTS.md)
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+)
+
+
+class LlamaServerMissing(EngineUnavailable):
+    """No llama-server binary where specroute looks; the message names where it looked and the build."""
+
+
+class Found(NamedTuple):
+    """A llama-server binary and where it was found: "SPECROUTE_LLAMA_SERVER", "PATH" or "cache"."""
+
+    path: Path
+    source: str
+
+
+def cached_binary(cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    """Where the build of ``version`` keeps its binary under ``cache_root`` (``<data_dir>/cache``)."""
+    return cache_root / BINARY / version / BINARY
+
+
+def find_llama_server(setting: str, cache_root: Path, *, path: str | None = None) -> Found:
+    """The llama-server binary: ``setting`` (SPECROUTE_LLAMA_SERVER) when given, which must then be an
+    executable file; else ``llama-server`` on ``path`` (default: PATH); else the build cache. Raises
+    :class:`LlamaServerMissing` naming each place and the build command."""
+    if setting:
+        given = Path(setting).expanduser()
+        if not (given.is_file() and os.access(given, os.X_OK)):
+            raise LlamaServerMissing(
+                f"SPECROUTE_LLAMA_SERVER is {setting!r}, which is not an executable file; point it at a "
+                f"llama-server binary, or unset it and run '{BUILD_COMMAND}'"
+            )
+        return Found(given, "SPECROUTE_LLAMA_SERVER")
+    on_path = shutil.which(BINARY, path=path)
+    if on_path:
+        return Found(Path(on_path), "PATH")
+    cached = cached_binary(cache_root)
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return Found(cached, "cache")
+    raise LlamaServerMissing(
+        f"llama-server was not found (SPECROUTE_LLAMA_SERVER is unset, none is on PATH, none is in "
+        f"{cached.parent}); build it with '{BUILD_COMMAND}' (llama.cpp from the pinned llama-cpp-python "
+        f"{LLAMA_CPP_PYTHON_VERSION} sdist; about 10 minutes on 2 cores, once per version)"
+    )
+
+
+def build_llama_server(
+    cache_root: Path,
+    *,
+    version: str = LLAMA_CPP_PYTHON_VERSION,
+    jobs: int | None = None,
+    say: Callable[[str], None] = print,
+    force: bool = False,
+) -> Path:
+    """Build llama-server from the vendored llama.cpp of llama-cpp-python ``version``'s sdist into the
+    cache and return the binary; reuse the cached one unless ``force``. ``say`` gets a line per step
+    and CMake's own progress lines (``[42/120] Building ...``). Nothing is left in the cache when a step
+    fails (the build happens in a temporary folder; the binary is moved in last)."""
+    target = cached_binary(cache_root, version)
+    if target.is_file() and not force:
+        say(f"llama-server {version} already built: {target} (reused; --force builds it again)")
+        return target
+    with tempfile.TemporaryDirectory(prefix="specroute-llama-server-") as work:
+        source = _vendored_source(Path(work), version, say)
+        build = Path(work) / "build"
+        say(f"configuring llama.cpp from llama-cpp-python {version} ({' '.join(CMAKE_FLAGS)})")
+        _run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], say)
+        say(f"building the {BINARY} target ({jobs or os.cpu_count()} jobs)")
+        _run(
+            ["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs or os.cpu_count() or 1)], say
+        )
+        built = build / "bin" / BINARY
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        shutil.copy2(built, partial)
+        partial.replace(target)  # atomic: a reader finds the whole binary or none
+    say(f"built {target}")
+    return target
+
+
+def _vendored_source(work: Path, version: str, say: Callable[[str], None]) -> Path:
+    """The sdist of llama-cpp-python ``version`` (pip download, from the configured index) unpacked in
+    ``work``; its vendored llama.cpp folder."""
+    say(f"downloading the llama-cpp-python {version} sdist with pip")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"llama-cpp-python=={version}",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--dest",
+            str(work),
+        ],
+        say,
+    )
+    (archive,) = work.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(archive) as sdist:
+        sdist.extractall(work, filter="data")
+    (source,) = work.glob(f"llama_cpp_python-{version}/vendor/llama.cpp")
+    return source
+
+
+def _run(command: list[str], say: Callable[[str], None]) -> None:
+    """Run ``command``, passing its progress lines (``[n/m] ...``) and errors to ``say``; a failure
+    raises :class:`LlamaServerMissing` with the command's last lines."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None  # piped above
+    tail: list[str] = []
+    for line in process.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-20:]
+        if line.startswith("[") and "/" in line.split("]")[0]:
+            say(line[:160])
+    if process.wait() != 0:
+        raise LlamaServerMissing(
+            f"building llama-server failed at: {' '.join(command[:4])} ...\n" + "\n".join(tail)
+        )

@@ -1,0 +1,40 @@
+"""``specroute llama-server``: find llama.cpp's own C++ server, or build it from the pinned
+llama-cpp-python sdist's vendored llama.cpp into the cache (analyzer/engine/llama_server.py)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.engine.llama_server import build_llama_server, find_llama_server
+from webui.cli.base import CliState, _cache_dir, cli
+
+
+@cli.group("llama-server")
+def llama_server() -> None:
+    """llama.cpp's own server: where specroute finds it, and building it once per version."""
+
+
+@llama_server.command("where")
+@click.pass_obj
+def where(state: CliState) -> None:
+    """Print the llama-server binary specroute uses and where it was found (SPECROUTE_LLAMA_SERVER,
+    PATH or the build cache); exit 1 with the build command when there is none."""
+    found = find_llama_server(state.settings.llama_server, _cache_dir(state))
+    click.echo(f"{found.path} (from {found.source})")
+
+
+@llama_server.command("build")
+@click.option("--force", is_flag=True, help="Build again even when this version is already in the cache.")
+@click.option(
+    "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: one per CPU core)."
+)
+@click.pass_obj
+def build(state: CliState, force: bool, jobs: int | None) -> None:
+    """Build llama-server from the llama.cpp that the pinned llama-cpp-python version's sdist vendors
+    (pip downloads the sdist; needs CMake, Ninja and a C++ compiler) into the cache, printing each
+    compile step; reuse the cached binary of the same version unless --force. About 10 minutes on
+    2 cores the first time."""
+    path = build_llama_server(
+        _cache_dir(state), jobs=jobs, force=force, say=lambda line: click.echo(line, err=True)
+    )
+    click.echo(str(path))
