@@ -83,7 +83,7 @@ class Settings:
     classifier_jobs: int = _setting(
         0,
         "How many worker processes fit the task classifier's cross-validation folds at once (the same "
-        "models and scores as one by one): 0 = one per CPU core, 1 = none (folds fitted one after another "
+        "models and scores as one by one): 0 = one per CPU core, at most 8; 1 = none (folds fitted one after another "
         "in the command's or server's own process). Feature sets with the sentence encoder always use 1.",
     )
     llama_server: str = _setting(

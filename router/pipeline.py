@@ -28,13 +28,18 @@ def regularisation(features: str, c: float | None = None) -> float:
     return DEFAULT_C[features] if c is None else c
 
 
+MAX_DEFAULT_FOLD_JOBS = (
+    8  # each worker holds scikit-learn and a fold's features: a big machine's cores need not
+)
+
+
 def fold_jobs(setting: int, features: str) -> int:
     """How many cross-validation folds to fit at once, each in a worker process: SPECROUTE_CLASSIFIER_JOBS
-    (``setting``; 0: one per CPU core), but 1 (in this process) for feature sets with the sentence
-    encoder, whose loaded model and embedding cache live in this process."""
+    (``setting``; 0: one per CPU core, at most MAX_DEFAULT_FOLD_JOBS), but 1 (in this process) for
+    feature sets with the sentence encoder, whose loaded model and embedding cache live in this process."""
     if "minilm" in features:
         return 1
-    return setting if setting > 0 else os.cpu_count() or 1
+    return setting if setting > 0 else min(os.cpu_count() or 1, MAX_DEFAULT_FOLD_JOBS)
 
 
 def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:

@@ -46,6 +46,8 @@ CMAKE_FLAGS = (
 class LlamaServerMissing(EngineUnavailable):
     """No llama-server binary where specroute looks; the message names where it looked and the build."""
 
+    status, code = 503, "llama_server_missing"
+
 
 class Found(NamedTuple):
     """A llama-server binary and where it was found: "SPECROUTE_LLAMA_SERVER", "PATH" or "cache"."""
