@@ -50,6 +50,7 @@ from analyzer.db import make_engine  # noqa: E402
 from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
+from analyzer.prompts.prompt_sets import DEFAULT_TASK_TYPES  # noqa: E402
 from router.classifier import TaskClassifier  # noqa: E402
 from router.decision import Router  # noqa: E402
 from router.pipeline import build_pipeline  # noqa: E402
@@ -60,21 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql")
 ENDPOINTS = {"route": "/v1/route", "feedback": "/v1/feedback"}
 
-TASKS = (
-    "code",
-    "structured_output",
-    "summarization",
-    "translation",
-    "rag",
-    "qa",
-    "math",
-    "reasoning",
-    "creative_writing",
-    "roleplay",
-    "extraction",
-    "customer_support",
-    "general",
-)
+TASKS = DEFAULT_TASK_TYPES  # the task types of DESIGN.md
 
 
 def corpus_prompts(max_chars: int) -> list[str]:
