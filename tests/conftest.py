@@ -123,3 +123,23 @@ def app(engine, db_url):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+# the user's own data folder as it was before the autouse fixture above gives each test a private one:
+# llama-server is built there once per machine (and once per CI run, on a fresh machine)
+_USER_DATA_DIR = os.environ.get("SPECROUTE_DATA_DIR", "")
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """llama.cpp's own server as specroute finds it (SPECROUTE_LLAMA_SERVER, PATH, the user's build
+    cache); where there is none, built once into the user's cache with ``specroute llama-server build``'s
+    code (about 5 minutes on 2 cores, which CI pays once per run)."""
+    from analyzer.engine.llama_server import LlamaServerMissing, build_llama_server, find_llama_server
+    from analyzer.settings import Settings
+
+    cache = Settings(data_dir=_USER_DATA_DIR).resolved_data_dir() / "cache"
+    try:
+        return find_llama_server(os.environ.get("SPECROUTE_LLAMA_SERVER", ""), cache).path
+    except LlamaServerMissing:
+        return build_llama_server(cache, say=lambda line: print(line, flush=True))

@@ -1,0 +1,362 @@
+"""An analysis in llama-server: one greedy generation per prompt from a plain server, llama-server's
+drafting rules replayed on it for every drafter setting, step costs fitted from the servers' own
+``timings`` on a few calibration prompts, the predicted speedup of every setting per prompt and per task,
+the best setting per task (or off), and, when asked, validation through the servers themselves.
+
+Validation runs each held-out prompt on the plain server and on one server per setting, interleaved per
+prompt. It reports predicted against measured speedup (from ``timings``), and whether the server's own
+``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the speculative output
+equals plain greedy output (the exactness test). Every server request also records how much CPU other
+processes took meanwhile; a request over :data:`analyzer.measuring.interference.MAX_OTHERS_CPU` is
+marked disturbed and left out of the error figures.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analyzer.engine.llama_server_process import Completion, LlamaServerProcess
+from analyzer.measuring.interference import MAX_OTHERS_CPU, machine_reading, others_busy_s
+from analyzer.measuring.server_drafting import (
+    NGRAM_MOD,
+    NgramModTable,
+    ServerDrafter,
+    ServerReplay,
+    replay_request,
+)
+from analyzer.pricing.server_cost import ServerCost, fit_server_cost, plain_step_ms
+
+MIN_SPEEDUP = 1.0  # a setting is advised for a task only where its predicted speedup exceeds this
+
+
+@dataclass(frozen=True)
+class ServerPrompt:
+    """One prompt of the workload: an id, its task and its chat messages."""
+
+    key: str
+    task: str
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TimedCompletion:
+    """A server's completion with the share of the machine's CPU other processes took meanwhile."""
+
+    completion: Completion
+    others_cpu: float | None
+
+    @property
+    def disturbed(self) -> bool:
+        return self.others_cpu is not None and self.others_cpu > MAX_OTHERS_CPU
+
+
+@dataclass
+class SettingOutcome:
+    """One prompt under one drafter setting: the replay and its prediction, and the server's own run
+    where it was validated (or calibrated)."""
+
+    drafter: ServerDrafter
+    replay: ServerReplay
+    predicted_speedup: float = 0.0
+    measured: TimedCompletion | None = None
+    plain: TimedCompletion | None = None  # the plain run interleaved with ``measured``
+    calibration: bool = False
+
+    @property
+    def measured_speedup(self) -> float | None:
+        if self.measured is None or self.plain is None:
+            return None
+        return self.plain.completion.predicted_ms / self.measured.completion.predicted_ms
+
+    @property
+    def counts_equal(self) -> bool | None:
+        """Whether the server's draft counts equal the replay's (None: not run on a server)."""
+        if self.measured is None:
+            return None
+        timings = self.measured.completion.timings
+        # a server that drafted nothing leaves both fields out of its timings
+        return (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)) == (
+            self.replay.draft_n,
+            self.replay.draft_n_accepted,
+        )
+
+
+@dataclass
+class PromptOutcome:
+    """One prompt: its ids as the server tokenized its chat template, the plain greedy completion and
+    every setting's outcome."""
+
+    prompt: ServerPrompt
+    prompt_ids: list[int]
+    plain: TimedCompletion
+    settings: list[SettingOutcome] = field(default_factory=list)
+
+
+@dataclass
+class ServerAnalysis:
+    """The whole analysis: per prompt outcomes, the fitted cost, and the wall time it took against the
+    plain generation alone."""
+
+    drafters: list[ServerDrafter]
+    prompts: list[PromptOutcome]
+    cost: ServerCost
+    n_predict: int
+    threads: int
+    seconds: float
+    plain_generation_seconds: float
+    calibration_prompts: int
+
+
+def timed_complete(server: LlamaServerProcess, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
+    """One greedy completion, with the CPU share other processes (not this one, not the server) took."""
+    before, server_before, wall = machine_reading(), server.cpu_seconds(), time.perf_counter()
+    completion = server.client.complete(prompt_ids, n_predict)
+    after, server_after, wall = machine_reading(), server.cpu_seconds(), time.perf_counter() - wall
+    busy = others_busy_s(before, after)
+    if busy is None or server_before is None or server_after is None or wall <= 0:
+        return TimedCompletion(completion, None)
+    others = max(0.0, busy - (server_after - server_before))
+    return TimedCompletion(completion, others / (wall * (os.cpu_count() or 1)))
+
+
+def replay_all(
+    drafter: ServerDrafter, outcomes: Sequence[PromptOutcome], *, n_predict: int, n_ctx: int
+) -> list[ServerReplay]:
+    """The drafter replayed on every prompt's plain output in order, as one server that serves them in
+    that order sees them (ngram-mod's table carried from request to request)."""
+    table = NgramModTable(drafter.n_match) if drafter.kind == NGRAM_MOD else None
+    replays = []
+    for outcome in outcomes:
+        completion = outcome.plain.completion
+        eog = frozenset(completion.tokens[-1:]) if completion.stopped_at_eos else frozenset()
+        replays.append(
+            replay_request(
+                drafter,
+                outcome.prompt_ids,
+                completion.tokens,
+                n_predict=n_predict,
+                n_ctx=n_ctx,
+                eog_ids=eog,
+                table=table,
+            )
+        )
+    return replays
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """What every server of one analysis shares: the binary, the GGUF model, threads and context."""
+
+    binary: Path
+    model: Path
+    threads: int
+    n_ctx: int
+
+    def server(self, drafter: ServerDrafter | None) -> LlamaServerProcess:
+        flags = drafter.server_flags() if drafter is not None else []
+        return LlamaServerProcess(
+            self.binary, self.model, threads=self.threads, n_ctx=self.n_ctx, flags=flags
+        )
+
+
+Progress = Callable[[str], None]
+
+
+def analyze_in_llama_server(
+    setup: ServerSetup,
+    prompts: Sequence[ServerPrompt],
+    drafters: Sequence[ServerDrafter],
+    *,
+    n_predict: int,
+    calibration_prompts: int,
+    validate: bool,
+    say: Progress = lambda line: None,
+) -> ServerAnalysis:
+    """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
+    The first ``calibration_prompts`` prompts fit the cost and are not validated."""
+    if not prompts or not drafters:
+        raise ValueError("an analysis needs at least one prompt and one drafter")
+    started = time.perf_counter()
+    calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
+    servers = [setup.server(None)] + [setup.server(d) for d in drafters]
+    try:
+        for server in servers:
+            server.start()
+        outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
+        for drafter in drafters:
+            replays = replay_all(drafter, outcomes, n_predict=n_predict, n_ctx=setup.n_ctx)
+            for outcome, replay in zip(outcomes, replays, strict=True):
+                outcome.settings.append(SettingOutcome(drafter, replay))
+        cost = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
+        for outcome in outcomes:
+            for setting in outcome.settings:
+                setting.predicted_speedup = cost.speedup(setting.replay)
+        if validate:
+            _validate(servers, outcomes[calibration_prompts:], n_predict, say)
+    finally:
+        for server in servers:
+            server.stop()
+    return ServerAnalysis(
+        list(drafters), outcomes, cost, n_predict, setup.threads, time.perf_counter() - started, plain_seconds,
+        calibration_prompts,
+    )  # fmt: skip
+
+
+def _generate(
+    plain: LlamaServerProcess, prompts: Sequence[ServerPrompt], n_predict: int, say: Progress
+) -> tuple[list[PromptOutcome], float]:
+    """Each prompt's ids under the server's chat template and its plain greedy completion."""
+    outcomes, seconds = [], 0.0
+    for number, prompt in enumerate(prompts, 1):
+        ids = plain.client.tokenize(plain.client.chat_prompt(prompt.messages))
+        wall = time.perf_counter()
+        outcomes.append(PromptOutcome(prompt, ids, timed_complete(plain, ids, n_predict)))
+        seconds += time.perf_counter() - wall
+        say(f"generated {number}/{len(prompts)} ({prompt.key})")
+    return outcomes, seconds
+
+
+def _run_settings(
+    servers: Sequence[LlamaServerProcess], outcome: PromptOutcome, n_predict: int, *, calibration: bool
+) -> None:
+    """One prompt on the plain server, then on each setting's server, each setting paired with that
+    plain run."""
+    plain = timed_complete(servers[0], outcome.prompt_ids, n_predict)
+    for server, setting in zip(servers[1:], outcome.settings, strict=True):
+        setting.measured = timed_complete(server, outcome.prompt_ids, n_predict)
+        setting.plain = plain
+        setting.calibration = calibration
+
+
+def _calibrate(
+    servers: Sequence[LlamaServerProcess], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
+) -> ServerCost:
+    """The step costs: the plain step from the plain runs, the rounds fitted on every setting's runs of
+    the calibration prompts (their disturbed runs left out unless all are)."""
+    for number, outcome in enumerate(outcomes, 1):
+        _run_settings(servers, outcome, n_predict, calibration=True)
+        say(f"calibrated {number}/{len(outcomes)} ({outcome.prompt.key})")
+    runs = [s for o in outcomes for s in o.settings if s.measured is not None]
+    quiet = [s for s in runs if not (s.measured and s.measured.disturbed)] or runs
+    plain_timings = [o.plain.completion.timings for o in outcomes] + [
+        s.plain.completion.timings for s in quiet if s.plain is not None
+    ]
+    samples = [(s.replay, s.measured.completion.predicted_ms) for s in quiet if s.measured is not None]
+    return fit_server_cost(plain_step_ms(plain_timings), samples)
+
+
+def _validate(
+    servers: Sequence[LlamaServerProcess], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
+) -> None:
+    for number, outcome in enumerate(outcomes, 1):
+        _run_settings(servers, outcome, n_predict, calibration=False)
+        say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key})")
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    """One task: each setting's predicted (and, where validated, measured) speedup over its prompts,
+    time-weighted, and the setting the task should use (None: off)."""
+
+    task: str
+    prompts: int
+    predicted: dict[str, float]
+    measured: dict[str, float | None]
+    best: ServerDrafter | None
+
+
+def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
+    """Per task, the best setting by predicted speedup (off unless it exceeds :data:`MIN_SPEEDUP`)."""
+    tasks = sorted({o.prompt.task for o in analysis.prompts})
+    choices = []
+    for task in tasks:
+        group = [o for o in analysis.prompts if o.prompt.task == task]
+        predicted, measured = {}, {}
+        for index, drafter in enumerate(analysis.drafters):
+            settings = [o.settings[index] for o in group]
+            plain = sum(analysis.cost.plain_ms(s.replay.output_tokens) for s in settings)
+            spec = sum(analysis.cost.speculative_ms(s.replay) for s in settings)
+            predicted[drafter.label] = plain / spec if spec > 0 else 1.0
+            measured[drafter.label] = _measured_ratio(
+                [s for s in settings if s.measured and not s.calibration]
+            )
+        best_label = max(predicted, key=lambda label: predicted[label])
+        best = (
+            next(d for d in analysis.drafters if d.label == best_label)
+            if predicted[best_label] > MIN_SPEEDUP
+            else None
+        )
+        choices.append(TaskChoice(task, len(group), predicted, measured, best))
+    return choices
+
+
+def _measured_ratio(settings: Sequence[SettingOutcome]) -> float | None:
+    """Plain over speculative time summed over validated runs (None when there is none)."""
+    pairs = [(s.plain, s.measured) for s in settings if s.plain is not None and s.measured is not None]
+    if not pairs:
+        return None
+    plain = sum(p.completion.predicted_ms for p, _ in pairs)
+    spec = sum(m.completion.predicted_ms for _, m in pairs)
+    return plain / spec
+
+
+@dataclass(frozen=True)
+class ValidationFigures:
+    """Predicted against measured over validated runs of one setting: ``runs`` and how many were
+    ``disturbed``; the share whose output equals plain greedy (``output_equal``) and among those the share
+    whose draft counts equal the replay's (``counts_equal``); the mean absolute relative error of the
+    per-prompt speedup over undisturbed runs whose output equals plain (``mare``: the replay priced what the
+    server did) and over all undisturbed runs (``mare_all``)."""
+
+    setting: str
+    runs: int
+    disturbed: int
+    output_equal: float | None
+    counts_equal: float | None
+    mare: float | None
+    mare_all: float | None
+
+
+def _same_output(setting: SettingOutcome) -> bool:
+    return bool(
+        setting.measured
+        and setting.plain
+        and setting.measured.completion.tokens == setting.plain.completion.tokens
+    )
+
+
+def _mare(settings: Sequence[SettingOutcome]) -> float | None:
+    errors = [abs(s.predicted_speedup - m) / m for s in settings if (m := s.measured_speedup)]
+    return float(np.mean(errors)) if errors else None
+
+
+def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
+    """:class:`ValidationFigures` per setting over the validated prompts."""
+    figures = []
+    for index, drafter in enumerate(analysis.drafters):
+        runs = [o.settings[index] for o in analysis.prompts if not o.settings[index].calibration]
+        runs = [s for s in runs if s.measured is not None and s.plain is not None]
+        quiet = [
+            s
+            for s in runs
+            if not (s.measured and s.measured.disturbed) and not (s.plain and s.plain.disturbed)
+        ]
+        equal = [s for s in runs if _same_output(s)]
+        figures.append(
+            ValidationFigures(
+                drafter.label,
+                len(runs),
+                len(runs) - len(quiet),
+                len(equal) / len(runs) if runs else None,
+                sum(1 for s in equal if s.counts_equal) / len(equal) if equal else None,
+                _mare([s for s in quiet if _same_output(s)]),
+                _mare(quiet),
+            )
+        )
+    return figures
