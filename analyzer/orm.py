@@ -376,3 +376,37 @@ class ValidationResult(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)
+
+
+class ServerAnalysisRecord(Base):
+    """An analysis in llama-server (analyzer/analysis/server_analysis.py) of one prompt set: the server's
+    build and setup, the drafter settings compared, the step costs fitted from its timings, and per prompt
+    and setting the replay's counts, the predicted speedup and, where validated, the server's own run.
+    ``prompts`` and ``tasks`` hold those rows as JSON (analyzer/analysis/server_store.py writes them)."""
+
+    __tablename__ = "server_analyses"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    prompt_set_id: Mapped[int] = mapped_column(ForeignKey("prompt_sets.id"), index=True)
+    model: Mapped[str] = mapped_column(String(500))
+    server_build: Mapped[str] = mapped_column(String(100))
+    machine: Mapped[str] = mapped_column(String(300))
+    threads: Mapped[int] = mapped_column(Integer)
+    n_ctx: Mapped[int] = mapped_column(Integer)
+    n_predict: Mapped[int] = mapped_column(Integer)
+    drafters: Mapped[list[str]] = mapped_column(JSON)
+    cost: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prompts: Mapped[list[Any]] = mapped_column(JSON)
+    tasks: Mapped[list[Any]] = mapped_column(JSON)
+    validation: Mapped[list[Any]] = mapped_column(JSON)
+    calibration_prompts: Mapped[int] = mapped_column(Integer)
+    seconds: Mapped[float] = mapped_column(Float)
+    validation_seconds: Mapped[float] = mapped_column(Float)
+    plain_generation_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    prompt_set: Mapped[PromptSet] = relationship()
+
+    __table_args__ = (
+        CheckConstraint("threads >= 1 AND n_ctx >= 1 AND n_predict >= 1", name="setup_positive"),
+    )

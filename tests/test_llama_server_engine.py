@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.analysis.server_analysis import (
+    MIN_SPEEDUP,
     ServerPrompt,
     ServerSetup,
     analyze_in_llama_server,
@@ -92,7 +93,7 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
     assert [c.task for c in choices] == sorted(TASKS)
     for choice in choices:
         best = max(choice.predicted.values())
-        assert (choice.best is None) == (best <= 1.0)
+        assert (choice.best is None) == (best <= MIN_SPEEDUP) and MIN_SPEEDUP == 1.05
         if choice.best is not None:
             assert choice.predicted[choice.best.label] == best
     figures = validation_figures(result)
@@ -106,3 +107,86 @@ def test_a_server_that_cannot_start_says_why(llama_server_binary, tmp_path):
     broken.write_bytes(b"not a model")
     with pytest.raises(LlamaServerError, match="exited with .* at start"):
         LlamaServerProcess(llama_server_binary, broken, threads=1, n_ctx=256).start(timeout_s=60)
+
+
+def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_shows_it(
+    runner, llama_server_binary, monkeypatch, tmp_path
+):
+    from sqlalchemy import func, select
+
+    from analyzer.db import make_engine
+    from analyzer.orm import ServerAnalysisRecord
+    from webui.app import create_app
+    from webui.cli import cli
+
+    monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(llama_server_binary))
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    bad = runner.invoke(cli, ["llama-server", "analyze", "--drafter", "ngram-cache"])
+    assert (
+        bad.exit_code == 2
+        and "drafter 'ngram-cache': start with one of ngram-simple, ngram-mod" in bad.stderr
+    )
+    args = [
+        "--per-task",
+        "1",
+        "--drafter",
+        "ngram-simple 3/8",
+        "--drafter",
+        "ngram-simple 2/4",
+        "--n-predict",
+        "24",
+    ]
+    done = runner.invoke(cli, ["llama-server", "analyze", *args, "--calibration", "3"])
+    assert done.exit_code == 0, done.output
+    assert "analyzing 13 prompts in llama-server" in done.stderr and "validated 10/10" in done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(
+        "llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens, 2 threads"
+    )
+    assert "ngram-simple 3/8 | 10 (" in done.stdout and "ngram-simple 2/4 | 10 (" in done.stdout
+    task_rows = [
+        line for line in lines if line.split(" | ")[0] in {"code", "extraction", "rag", "translation"}
+    ]
+    assert len(task_rows) == 4
+    shown = runner.invoke(cli, ["llama-server", "show", "1"])
+    assert shown.exit_code == 0 and shown.stdout == done.stdout
+    assert runner.invoke(cli, ["llama-server", "show", "2"]).stderr == "Error: no llama-server analysis #2\n"
+    plan = runner.invoke(cli, ["llama-server", "pools", "1", "--port", "9000"])
+    assert plan.exit_code == 0
+    data_dir = tmp_path / "data"
+    with make_engine(f"sqlite:///{data_dir / 'specroute.db'}").connect() as connection:
+        record = connection.execute(select(ServerAnalysisRecord)).one()
+        assert connection.scalar(select(func.count()).select_from(ServerAnalysisRecord)) == 1
+    chosen = {t["task"]: t["chosen"] for t in record.tasks}
+    assert len(chosen) == 13
+    routes = dict(line.split(": ") for line in plan.stdout.split("# task -> pool\n")[1].splitlines())
+    for task, label in chosen.items():  # every task goes to the pool running its chosen setting
+        expected = (
+            "llama-server-off"
+            if label is None
+            else "llama-server-" + label.replace(" ", "-").replace("/", "-")
+        )
+        assert routes[task] == expected
+        assert f"# {expected}: {label or 'off'} for " in plan.stdout
+    assert "--port 9000" in plan.stdout and "-np 1" in plan.stdout
+    for label in {c for c in chosen.values() if c}:
+        size_n, size_m = label.split()[1].split("/")
+        assert (
+            f"--spec-type ngram-simple --spec-ngram-simple-size-n {size_n} --spec-ngram-simple-size-m {size_m}"
+            in plan.stdout
+        )
+
+    app = create_app(
+        {"database_url": f"sqlite:///{data_dir / 'specroute.db'}", "ui_worker": False, "TESTING": True}
+    )
+    try:
+        client = app.test_client()
+        listing = client.get("/llama-server").get_data(as_text=True)
+        assert 'href="/llama-server/1"' in listing
+        page = client.get("/llama-server/1").get_data(as_text=True)
+        assert page.count('<tr data-task="') == 13 and "Predicted vs measured speedup per prompt" in page
+        for task, label in chosen.items():
+            assert f'<tr data-task="{task}">' in page
+        assert client.get("/llama-server/7").status_code == 404
+    finally:
+        app.extensions["specroute.close"]()

@@ -33,6 +33,7 @@ EXPECTED_TABLES = {
     "route_decisions",
     "feedback_events",
     "run_chunks",
+    "server_analyses",
 }
 
 

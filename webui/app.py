@@ -27,7 +27,7 @@ from analyzer.settings import api_token_scope, load_settings
 from router import api
 from router.service import RouterService
 from router.strict_json import NonFiniteNumber
-from webui import access, cost_pages, prompt_pages, router_pages, run_pages, ui
+from webui import access, cost_pages, prompt_pages, router_pages, run_pages, server_pages, ui
 from webui.background import BackgroundJobs
 from webui.json_provider import StrictJSONProvider
 from webui.security import resolve_secret_key
@@ -37,6 +37,7 @@ PAGE_MODULES = (
     run_pages,
     router_pages,
     cost_pages,
+    server_pages,
 )  # importing them registers their views on ui.bp
 log = logging.getLogger(__name__)
 

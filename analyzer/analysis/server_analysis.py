@@ -31,8 +31,9 @@ from analyzer.measuring.server_drafting import (
     replay_request,
 )
 from analyzer.pricing.server_cost import ServerCost, fit_server_cost, plain_step_ms
+from analyzer.run_params import DEFAULT_MARGIN
 
-MIN_SPEEDUP = 1.0  # a setting is advised for a task only where its predicted speedup exceeds this
+MIN_SPEEDUP = 1 + DEFAULT_MARGIN  # a setting is advised for a task only where it predicts more than this
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,9 @@ class PromptOutcome:
 
 @dataclass
 class ServerAnalysis:
-    """The whole analysis: per prompt outcomes, the fitted cost, and the wall time it took against the
-    plain generation alone."""
+    """The whole analysis: per prompt outcomes, the fitted cost, and its wall time: ``seconds`` up to the
+    predictions (servers started, generation, calibration), ``validation_seconds`` after, against
+    ``plain_generation_seconds``, the plain generation of the same prompts alone."""
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
@@ -111,6 +113,8 @@ class ServerAnalysis:
     seconds: float
     plain_generation_seconds: float
     calibration_prompts: int
+    validation_seconds: float = 0.0
+    n_ctx: int = 0
 
 
 def timed_complete(server: LlamaServerProcess, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
@@ -197,14 +201,15 @@ def analyze_in_llama_server(
         for outcome in outcomes:
             for setting in outcome.settings:
                 setting.predicted_speedup = cost.speedup(setting.replay)
+        analysed = time.perf_counter()
         if validate:
             _validate(servers, outcomes[calibration_prompts:], n_predict, say)
     finally:
         for server in servers:
             server.stop()
     return ServerAnalysis(
-        list(drafters), outcomes, cost, n_predict, setup.threads, time.perf_counter() - started, plain_seconds,
-        calibration_prompts,
+        list(drafters), outcomes, cost, n_predict, setup.threads, analysed - started, plain_seconds,
+        calibration_prompts, time.perf_counter() - analysed, setup.n_ctx,
     )  # fmt: skip
 
 
@@ -272,7 +277,8 @@ class TaskChoice:
 
 
 def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
-    """Per task, the best setting by predicted speedup (off unless it exceeds :data:`MIN_SPEEDUP`)."""
+    """Per task, the best setting by predicted speedup; off unless it exceeds :data:`MIN_SPEEDUP` (the
+    margin every analysis' advice clears, so a setting that predicts 1.01 is not worth a pool)."""
     tasks = sorted({o.prompt.task for o in analysis.prompts})
     choices = []
     for task in tasks:

@@ -124,7 +124,7 @@ def free_port() -> int:
 
 
 def server_command(
-    binary: Path, model: Path, *, port: int, threads: int, n_ctx: int, flags: list[str]
+    binary: Path | str, model: Path | str, *, port: int, threads: int, n_ctx: int, flags: list[str]
 ) -> list[str]:
     """The command line of one llama-server: one slot, ``threads`` for decoding and prompts, context
     ``n_ctx``, and ``flags`` (a drafter's, or none for plain decoding)."""
@@ -200,3 +200,13 @@ class LlamaServerProcess:
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def server_version(binary: Path) -> str:
+    """The binary's own version line (``version: 0.5.0-dev (build 1, commit 0c1e570)``), or "unknown"."""
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("version:")]
+    return lines[0].removeprefix("version:").strip()[:100] if lines else "unknown"

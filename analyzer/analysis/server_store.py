@@ -1,0 +1,173 @@
+"""Analyses in llama-server, stored and read back: a prompt set's prompts as the analysis takes them,
+one :class:`analyzer.orm.ServerAnalysisRecord` per finished analysis (written in the caller's
+transaction, all or nothing), and the plain dict the CLI, the report page and the pool plan read.
+
+A stored analysis is what its pools are planned from: per task the chosen setting (or off), and per
+setting the llama-server command-line flags that start a pool running it."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from analyzer.analysis.server_analysis import (
+    ServerAnalysis,
+    ServerPrompt,
+    SettingOutcome,
+    TimedCompletion,
+    task_choices,
+    validation_figures,
+)
+from analyzer.errors import SpecrouteError
+from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.orm import Prompt, PromptSet, ServerAnalysisRecord
+
+UNLABELLED = "unlabelled"
+
+
+class ServerAnalysisNotFound(SpecrouteError, LookupError):
+    """No stored llama-server analysis has the id asked for."""
+
+    status, code = 404, "server_analysis_not_found"
+
+
+def server_prompts(prompt_set: PromptSet) -> list[ServerPrompt]:
+    """The set's prompts in order, as chat messages (a text prompt is one user message); an unlabelled
+    prompt's task is "unlabelled"."""
+    prompts = []
+    for prompt in prompt_set.prompts:
+        messages = prompt.messages or [{"role": "user", "content": prompt.text or ""}]
+        prompts.append(ServerPrompt(str(prompt.id), prompt.task or UNLABELLED, list(messages)))
+    return prompts
+
+
+def _run_dict(run: TimedCompletion | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    timings = run.completion.timings
+    return {
+        "ms": run.completion.predicted_ms,
+        "tokens": len(run.completion.tokens),
+        "draft_n": timings.get("draft_n", 0),
+        "draft_n_accepted": timings.get("draft_n_accepted", 0),
+        "others_cpu": run.others_cpu,
+        "disturbed": run.disturbed,
+    }
+
+
+def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
+    replay = setting.replay
+    same = bool(
+        setting.measured
+        and setting.plain
+        and setting.measured.completion.tokens == setting.plain.completion.tokens
+    )
+    return {
+        "setting": setting.drafter.label,
+        "predicted_speedup": setting.predicted_speedup,
+        "rounds": len(replay.rounds),
+        "plain_steps": replay.plain_steps,
+        "draft_n": replay.draft_n,
+        "draft_n_accepted": replay.draft_n_accepted,
+        "calibration": setting.calibration,
+        "measured": _run_dict(setting.measured),
+        "paired_plain": _run_dict(setting.plain),
+        "measured_speedup": setting.measured_speedup,
+        "output_equal": same if setting.measured else None,
+        "counts_equal": setting.counts_equal,
+    }
+
+
+def store_server_analysis(
+    session: Session, prompt_set: PromptSet, analysis: ServerAnalysis, *, model: str, server_build: str
+) -> ServerAnalysisRecord:
+    """Add the finished analysis to ``session`` (the caller commits) and return its row."""
+    prompts = [
+        {
+            "prompt_id": int(o.prompt.key),
+            "task": o.prompt.task,
+            "prompt_tokens": len(o.prompt_ids),
+            "output_tokens": len(o.plain.completion.tokens),
+            "stopped_at_eos": o.plain.completion.stopped_at_eos,
+            "plain": _run_dict(o.plain),
+            "settings": [_setting_dict(s) for s in o.settings],
+        }
+        for o in analysis.prompts
+    ]
+    tasks = [
+        {
+            "task": c.task,
+            "prompts": c.prompts,
+            "predicted": c.predicted,
+            "measured": c.measured,
+            "chosen": c.best.label if c.best else None,
+        }
+        for c in task_choices(analysis)
+    ]
+    record = ServerAnalysisRecord(
+        prompt_set_id=prompt_set.id,
+        model=model,
+        server_build=server_build,
+        machine=f"{platform.machine()} {platform.processor() or platform.system()}".strip()[:300],
+        threads=analysis.threads,
+        n_ctx=analysis.n_ctx,
+        n_predict=analysis.n_predict,
+        drafters=[d.label for d in analysis.drafters],
+        cost=dict(analysis.cost.__dict__),
+        prompts=prompts,
+        tasks=tasks,
+        validation=[dict(f.__dict__) for f in validation_figures(analysis)],
+        calibration_prompts=analysis.calibration_prompts,
+        seconds=analysis.seconds,
+        validation_seconds=analysis.validation_seconds,
+        plain_generation_seconds=analysis.plain_generation_seconds,
+    )
+    session.add(record)
+    session.flush()
+    return record
+
+
+def get_server_analysis(session: Session, analysis_id: int) -> ServerAnalysisRecord:
+    """The stored analysis ``analysis_id``, or :class:`ServerAnalysisNotFound`."""
+    record = session.get(ServerAnalysisRecord, analysis_id)
+    if record is None:
+        raise ServerAnalysisNotFound(f"no llama-server analysis #{analysis_id}")
+    return record
+
+
+def list_server_analyses(session: Session) -> list[ServerAnalysisRecord]:
+    """Every stored analysis, newest first."""
+    return list(session.scalars(select(ServerAnalysisRecord).order_by(ServerAnalysisRecord.id.desc())))
+
+
+def pool_plan(record: ServerAnalysisRecord) -> dict[str, Any]:
+    """The pools the analysis' choices need: per distinct chosen setting (and "off" where a task chose
+    none) a pool name and its llama-server flags, and per task the pool it goes to."""
+    pools: dict[str, dict[str, Any]] = {}
+    routes: dict[str, str] = {}
+    for task in record.tasks:
+        label = task["chosen"]
+        name = (
+            "llama-server-off"
+            if label is None
+            else "llama-server-" + label.replace(" ", "-").replace("/", "-")
+        )
+        flags = [] if label is None else parse_drafter(label).server_flags()
+        pools.setdefault(name, {"setting": label or "off", "flags": flags, "tasks": []})["tasks"].append(
+            task["task"]
+        )
+        routes[task["task"]] = name
+    return {"pools": pools, "routes": routes}
+
+
+def prompt_texts(session: Session, record: ServerAnalysisRecord) -> dict[int, str]:
+    """The first 80 characters of each analysed prompt, by prompt id, for the report's rows."""
+    ids = [row["prompt_id"] for row in record.prompts]
+    rows = session.execute(select(Prompt.id, Prompt.text, Prompt.messages).where(Prompt.id.in_(ids)))
+    return {
+        pid: ((text or str((messages or [{}])[-1].get("content", ""))) or "")[:80]
+        for pid, text, messages in rows
+    }

@@ -1,0 +1,172 @@
+"""Predicted against measured through llama-server (issue 33, point 6): an analysis in llama-server of the
+bundled sample prompts with the embedded SmolLM2-135M-Instruct Q4_1, for several n-gram drafter settings,
+validated through the servers themselves.
+
+Prints: the fitted step costs; per setting the share of runs whose output equals plain greedy, the share of
+those whose draft counts equal the replay's, and the MARE of the per-prompt speedup; per task the
+predicted and measured speedup of every setting and the chosen one; routed (each task on its chosen
+setting, off where none pays) against every static choice, measured on the validated prompts; and the
+analysis' wall time against plain generation of the same prompts. Writes the table as JSON beside.
+
+    python benchmarks/llama_server_predict.py [--per-task 3] [--n-predict 64] [--threads 2]
+
+Run it with nothing else on the machine; every figure is for the thread count it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from analyzer.analysis.server_analysis import (
+    ServerAnalysis,
+    ServerPrompt,
+    ServerSetup,
+    analyze_in_llama_server,
+    task_choices,
+    validation_figures,
+)
+from analyzer.engine.llama_server import find_llama_server
+from analyzer.engine.llamacpp_engine import gguf_file
+from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.models.specs import parse_spec
+from analyzer.settings import load_settings
+
+SAMPLE = Path(__file__).resolve().parents[1] / "analyzer" / "sample_data" / "sample_prompts.jsonl"
+DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
+OUT = Path(__file__).resolve().parent / "results" / "llama_server_predict.json"
+
+
+def _prompts(per_task: int) -> list[ServerPrompt]:
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    counts: dict[str, int] = {}
+    chosen = []
+    for row in rows:
+        if counts.get(row["task"], 0) < per_task:
+            counts[row["task"]] = counts.get(row["task"], 0) + 1
+            chosen.append(ServerPrompt(row["id"], row["task"], [{"role": "user", "content": row["prompt"]}]))
+    # interleave the tasks, so the calibration prompts (the first ones) cover several
+    return sorted(chosen, key=lambda p: [q.key for q in chosen if q.task == p.task].index(p.key))
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def routed_vs_static(analysis: ServerAnalysis) -> dict[str, float]:
+    """Measured time (ms) over the validated prompts: "off", every static setting, and "routed"."""
+    best = {c.task: c.best for c in task_choices(analysis)}
+    totals: dict[str, float] = {"off": 0.0, "routed": 0.0} | {d.label: 0.0 for d in analysis.drafters}
+    for outcome in analysis.prompts:
+        settings = outcome.settings
+        if settings[0].calibration or settings[0].plain is None:
+            continue
+        plain_ms = settings[0].plain.completion.predicted_ms
+        totals["off"] += plain_ms
+        for setting in settings:
+            assert setting.measured is not None
+            totals[setting.drafter.label] += setting.measured.completion.predicted_ms
+        chosen = best[outcome.prompt.task]
+        routed = next((s for s in settings if s.drafter == chosen), None)
+        totals["routed"] += (
+            routed.measured.completion.predicted_ms if routed and routed.measured else plain_ms
+        )
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--per-task", type=int, default=3, help="prompts per task from the sample (default 3)"
+    )
+    parser.add_argument("--n-predict", type=int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of each server (default 2)")
+    parser.add_argument("--calibration", type=int, default=6, help="prompts that fit the cost (default 6)")
+    args = parser.parse_args()
+    settings = load_settings()
+    binary = find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache").path
+    setup = ServerSetup(binary, gguf_file(parse_spec("builtin:smollm2-135m-instruct")), args.threads, 4096)
+    prompts = _prompts(args.per_task)
+    started = time.perf_counter()
+    analysis = analyze_in_llama_server(
+        setup,
+        prompts,
+        [parse_drafter(d) for d in DRAFTERS],
+        n_predict=args.n_predict,
+        calibration_prompts=args.calibration,
+        validate=True,
+        say=lambda line: print(f"  {line}", flush=True),
+    )
+    wall = time.perf_counter() - started
+    cost = analysis.cost
+    print(
+        f"\n{len(prompts)} prompts, {args.n_predict} new tokens, {args.threads} threads, llama-server {binary}"
+    )
+    print(
+        f"cost: plain step {cost.plain_step_ms:.2f} ms; round {cost.round_ms:.2f} ms + {cost.per_draft_ms:.2f} ms "
+        f"per drafted token + {cost.per_accepted_ms:.2f} ms per accepted token ({cost.samples} calibration "
+        f"runs, fit MARE {cost.fit_mare:.1%})"
+    )
+    print(
+        "\n| setting | runs | disturbed | output = plain | counts = replay | MARE (output = plain) | MARE (all) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    figures = validation_figures(analysis)
+    for f in figures:
+        print(
+            f"| {f.setting} | {f.runs} | {f.disturbed} | {_fmt(f.output_equal, 2)} | {_fmt(f.counts_equal, 2)} | "
+            f"{_fmt(f.mare)} | {_fmt(f.mare_all)} |"
+        )
+    labels = [d.label for d in analysis.drafters]
+    print("\n| task | prompts | " + " | ".join(f"{label} pred / meas" for label in labels) + " | chosen |")
+    print("|---|---|" + "---|" * len(labels) + "---|")
+    choices = task_choices(analysis)
+    for c in choices:
+        cells = [f"{c.predicted[label]:.2f} / {_fmt(c.measured[label], 2)}" for label in labels]
+        print(
+            f"| {c.task} | {c.prompts} | " + " | ".join(cells) + f" | {c.best.label if c.best else 'off'} |"
+        )
+    totals = routed_vs_static(analysis)
+    print("\n| choice | measured ms | speedup vs off |")
+    print("|---|---|---|")
+    for name, ms in sorted(totals.items(), key=lambda item: item[1]):
+        print(f"| {name} | {ms:.0f} | {totals['off'] / ms:.3f} |")
+    print(
+        f"\nanalysis {analysis.seconds:.0f} s (servers started, generation, calibration, replays), plain "
+        f"generation of the same prompts {analysis.plain_generation_seconds:.0f} s: "
+        f"{analysis.seconds / analysis.plain_generation_seconds:.1f}x; validation {analysis.validation_seconds:.0f} s "
+        f"more ({wall:.0f} s in all)"
+    )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(
+        json.dumps(
+            {
+                "prompts": len(prompts),
+                "n_predict": args.n_predict,
+                "threads": args.threads,
+                "cost": cost.__dict__,
+                "validation": [f.__dict__ for f in figures],
+                "tasks": [
+                    {
+                        "task": c.task,
+                        "predicted": c.predicted,
+                        "measured": c.measured,
+                        "chosen": c.best.label if c.best else "off",
+                    }
+                    for c in choices
+                ],
+                "routed_vs_static_ms": totals,
+                "analysis_s": analysis.seconds,
+                "validation_s": analysis.validation_seconds,
+                "plain_generation_s": analysis.plain_generation_seconds,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""A full-page screenshot of one page of the web UI in headless Chromium (Debian's chromium and
+chromium-driver, through Selenium), served by waitress on the given database. For the issues' "Show"
+items, e.g. a llama-server analysis' report after ``specroute llama-server analyze``:
+
+    python benchmarks/screenshot_page.py --database sqlite:////tmp/x/specroute.db /llama-server/1 out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import waitress
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+from webui.app import create_app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database", required=True, help="the database URL the page reads")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("path", help="the page, e.g. /llama-server/1")
+    parser.add_argument("out", help="the PNG file to write")
+    args = parser.parse_args()
+    app = create_app({"database_url": args.database, "ui_worker": False})
+    server = waitress.create_server(app, host="127.0.0.1", port=args.port)
+    threading.Thread(target=server.run, daemon=True).start()
+    time.sleep(0.5)
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={args.width},1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(f"http://127.0.0.1:{args.port}{args.path}")
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(args.width, height + 40)
+        driver.save_screenshot(args.out)
+        print(f"wrote {args.out} ({args.width}x{height})")
+    finally:
+        driver.quit()
+        server.close()
+        app.extensions["specroute.close"]()
+
+
+if __name__ == "__main__":
+    main()

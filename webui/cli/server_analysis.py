@@ -1,0 +1,225 @@
+"""``specroute llama-server analyze | show | pools``: an analysis in llama.cpp's own server of a stored prompt
+set (analyzer/analysis/server_analysis.py), stored in the database, printed, and the pools its per-task
+choices need (analyzer/analysis/server_store.py)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import click
+
+from analyzer.analysis.server_analysis import ServerSetup, analyze_in_llama_server
+from analyzer.analysis.server_store import (
+    get_server_analysis,
+    pool_plan,
+    server_prompts,
+    store_server_analysis,
+)
+from analyzer.engine.llama_server import find_llama_server
+from analyzer.engine.llama_server_process import server_command, server_version
+from analyzer.engine.llamacpp_engine import gguf_file
+from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
+from analyzer.models.specs import parse_spec
+from analyzer.orm import ServerAnalysisRecord
+from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample
+from webui.cli.base import CliState, _cache_dir
+from webui.cli.llama_server import llama_server
+
+DEFAULT_DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
+
+
+def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
+    drafters = []
+    for value in values or DEFAULT_DRAFTERS:
+        try:
+            drafters.append(parse_drafter(value))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--drafter") from None
+    if len({d.label for d in drafters}) < len(drafters):
+        raise click.BadParameter("a setting is named twice", param_hint="--drafter")
+    return drafters
+
+
+@llama_server.command("analyze")
+@click.option(
+    "--prompt-set",
+    "set_name",
+    default=SAMPLE_NAME,
+    show_default=True,
+    help="The stored prompt set to analyze (the bundled sample is imported when it is not yet).",
+)
+@click.option(
+    "--model",
+    default="builtin:smollm2-135m-instruct",
+    show_default=True,
+    help="The target model: a GGUF spec (gguf:<folder>#<file.gguf> or builtin:<name>).",
+)
+@click.option(
+    "--drafter",
+    "drafter_texts",
+    multiple=True,
+    help="A drafter setting, repeatable: 'ngram-simple', 'ngram-simple N/M', 'ngram-mod' or "
+    f"'ngram-mod MATCH MIN-MAX' (default: {', '.join(DEFAULT_DRAFTERS)}).",
+)
+@click.option(
+    "--n-predict", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per prompt."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 256),
+    default=2,
+    show_default=True,
+    help="Threads of every llama-server the analysis starts.",
+)
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(256, 131072),
+    default=4096,
+    show_default=True,
+    help="Context size of each server; a prompt longer than it fails the analysis.",
+)
+@click.option(
+    "--calibration",
+    type=click.IntRange(1, 1000),
+    default=6,
+    show_default=True,
+    help="The first prompts, run on every setting's server, that fit the step costs.",
+)
+@click.option(
+    "--per-task",
+    type=click.IntRange(1, 100000),
+    default=None,
+    help="At most this many prompts per task, in set order (default: all).",
+)
+@click.option(
+    "--validate/--no-validate",
+    default=True,
+    show_default=True,
+    help="Run every other prompt on the plain and every setting's server, and store predicted vs measured.",
+)
+@click.pass_obj
+def analyze(
+    state: CliState,
+    set_name: str,
+    model: str,
+    drafter_texts: tuple[str, ...],
+    n_predict: int,
+    threads: int,
+    n_ctx: int,
+    calibration: int,
+    per_task: int | None,
+    validate: bool,
+) -> None:
+    """Analyze a prompt set in llama-server: one plain greedy generation per prompt, llama-server's own
+    drafting rules replayed on it for every drafter setting, step costs fitted from the servers' timings,
+    the predicted speedup per prompt and task, the best setting per task, and (unless --no-validate)
+    predicted vs measured through the servers. Stores the analysis and prints it."""  # fmt: skip
+    drafters = _drafters(drafter_texts)
+    binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
+    model_path = gguf_file(parse_spec(model))
+    sessions = state.sessions()
+    with sessions() as session, session.begin():
+        try:
+            prompt_set = get_prompt_set(session, set_name)
+        except PromptSetError:
+            if set_name != SAMPLE_NAME:
+                raise
+            prompt_set, _ = import_sample(session)
+        prompts = server_prompts(prompt_set)
+        set_id = prompt_set.id
+    if per_task is not None:
+        prompts = [p for i, p in enumerate(prompts) if sum(q.task == p.task for q in prompts[:i]) < per_task]
+    click.echo(f"analyzing {len(prompts)} prompts in llama-server ({binary}), {threads} threads", err=True)
+    analysis = analyze_in_llama_server(
+        ServerSetup(binary, model_path, threads, n_ctx), prompts, drafters, n_predict=n_predict,
+        calibration_prompts=calibration, validate=validate, say=lambda line: click.echo(f"  {line}", err=True),
+    )  # fmt: skip
+    with sessions() as session, session.begin():
+        prompt_set = session.get(type(prompt_set), set_id)
+        record = store_server_analysis(
+            session, prompt_set, analysis, model=str(model_path), server_build=server_version(binary)
+        )
+        click.echo(server_analysis_text(record))
+
+
+@llama_server.command("show")
+@click.argument("analysis_id", type=int)
+@click.pass_obj
+def show(state: CliState, analysis_id: int) -> None:
+    """Print a stored llama-server analysis: its step costs, predicted vs measured per setting, and per
+    task every setting's speedup and the chosen one."""
+    with state.sessions()() as session:
+        click.echo(server_analysis_text(get_server_analysis(session, analysis_id)))
+
+
+@llama_server.command("pools")
+@click.argument("analysis_id", type=int)
+@click.option(
+    "--port",
+    "first_port",
+    type=click.IntRange(1, 65000),
+    default=8081,
+    show_default=True,
+    help="The first pool's port; the others follow.",
+)
+@click.pass_obj
+def pools(state: CliState, analysis_id: int, first_port: int) -> None:
+    """Print the llama-server command line of every pool a stored analysis' per-task choices need (one
+    pool per distinct setting, and a plain one where a task chose none), and which task goes where."""  # fmt: skip
+    with state.sessions()() as session:
+        record = get_server_analysis(session, analysis_id)
+        click.echo(pool_plan_text(record, first_port))
+
+
+def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
+    """The pools' command lines and the task -> pool table."""
+    plan = pool_plan(record)
+    lines = [
+        f"# pools for llama-server analysis #{record.id} ({record.threads} threads, context {record.n_ctx})"
+    ]
+    for offset, (name, pool) in enumerate(plan["pools"].items()):
+        command = server_command(
+            "llama-server", record.model, port=first_port + offset, threads=record.threads, n_ctx=record.n_ctx,
+            flags=pool["flags"],
+        )  # fmt: skip
+        lines += [f"# {name}: {pool['setting']} for {', '.join(pool['tasks'])}", shlex.join(command)]
+    lines.append("# task -> pool")
+    lines += [f"{task}: {name}" for task, name in plan["routes"].items()]
+    return "\n".join(lines)
+
+
+def _num(value: Any, form: str = "{:.2f}") -> str:
+    return "-" if value is None else form.format(value)
+
+
+def server_analysis_text(record: ServerAnalysisRecord) -> str:
+    """The stored analysis as the CLI prints it."""
+    cost = record.cost
+    lines = [
+        f"llama-server analysis #{record.id} of prompt set #{record.prompt_set_id}: {len(record.prompts)} prompts, "
+        f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}",
+        f"cost from the servers' timings: plain step {cost['plain_step_ms']:.2f} ms; a round {cost['round_ms']:.2f} ms"
+        f" + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} ms per accepted token "
+        f"({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})",
+        f"took {record.seconds:.0f} s ({record.seconds / max(record.plain_generation_seconds, 1e-9):.1f}x plain "
+        f"generation of the same prompts) + {record.validation_seconds:.0f} s validation",
+        "",
+        "setting | validated | output = plain | draft counts = replay | error (output = plain) | error (all)",
+    ]
+    for f in record.validation:
+        lines.append(
+            f"{f['setting']} | {f['runs']} ({f['disturbed']} disturbed) | {_num(f['output_equal'], '{:.0%}')} | "
+            f"{_num(f['counts_equal'], '{:.0%}')} | {_num(f['mare'], '{:.1%}')} | {_num(f['mare_all'], '{:.1%}')}"
+        )
+    lines += [
+        "",
+        "task | prompts | " + " | ".join(record.drafters) + " | chosen (predicted / measured speedup)",
+    ]
+    for task in record.tasks:
+        cells = [f"{task['predicted'][d]:.2f} / {_num(task['measured'][d])}" for d in record.drafters]
+        lines.append(
+            f"{task['task']} | {task['prompts']} | " + " | ".join(cells) + f" | {task['chosen'] or 'off'}"
+        )
+    return "\n".join(lines)

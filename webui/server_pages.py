@@ -1,0 +1,61 @@
+"""llama-server analysis pages: the stored analyses, and one analysis' report: its step costs, predicted vs
+measured per drafter setting (with the share whose draft counts equal the replay's), the drafter comparison
+per task with the chosen setting, and the pools those choices need with their command lines."""
+
+from __future__ import annotations
+
+from flask import render_template
+
+from analyzer.analysis.server_store import get_server_analysis, list_server_analyses, pool_plan
+from webui.cli.server_analysis import pool_plan_text
+from webui.plots import scatter
+from webui.ui import bp, sessions
+
+
+@bp.get("/llama-server")
+def server_analyses():
+    with sessions()() as session:
+        rows = [
+            {
+                "id": r.id,
+                "set": r.prompt_set.name,
+                "prompts": len(r.prompts),
+                "drafters": ", ".join(r.drafters),
+                "created_at": r.created_at.strftime("%Y-%m-%d %H:%M UTC"),
+            }
+            for r in list_server_analyses(session)
+        ]
+    return render_template("server_analyses.html", rows=rows)
+
+
+@bp.get("/llama-server/<int:analysis_id>")
+def server_analysis(analysis_id: int):
+    with sessions()() as session:
+        record = get_server_analysis(session, analysis_id)
+        points = [
+            (s["predicted_speedup"], s["measured_speedup"], f"{s['setting']} · prompt {p['prompt_id']}")
+            for p in record.prompts
+            for s in p["settings"]
+            if s["measured_speedup"] is not None and not s["calibration"] and s["output_equal"]
+        ]
+        plot = scatter(
+            "Predicted vs measured speedup per prompt and setting",
+            points,
+            x_label="predicted (replay + fitted step costs)",
+            y_label="measured (llama-server timings)",
+            note="validated prompts whose speculative output equals plain greedy",
+        ) if points else None  # fmt: skip
+        tasks = [
+            {**t, "best_value": max(t["predicted"].values()) if t["predicted"] else None}
+            for t in record.tasks
+        ]
+        page = render_template(
+            "server_analysis.html",
+            record=record,
+            set_name=record.prompt_set.name,
+            tasks=tasks,
+            plan=pool_plan(record),
+            plan_text=pool_plan_text(record, 8081),
+            plot=plot,
+        )
+    return page
