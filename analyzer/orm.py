@@ -389,6 +389,7 @@ class ServerAnalysisRecord(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     prompt_set_id: Mapped[int] = mapped_column(ForeignKey("prompt_sets.id"), index=True)
     model: Mapped[str] = mapped_column(String(500))
+    draft_model: Mapped[Optional[str]] = mapped_column(String(500))  # the GGUF of draft-simple settings
     server_build: Mapped[str] = mapped_column(String(100))
     machine: Mapped[str] = mapped_column(String(300))
     threads: Mapped[int] = mapped_column(Integer)

@@ -8,7 +8,8 @@ predicted and measured speedup of every setting and the chosen one; routed (each
 setting, off where none pays) against every static choice, measured on the validated prompts; and the
 analysis' wall time against plain generation of the same prompts. Writes the table as JSON beside.
 
-    python benchmarks/llama_server_predict.py [--per-task 3] [--n-predict 64] [--threads 2]
+    python benchmarks/llama_server_predict.py [--workload sample|mixed] [--per-task 3] [--n-predict 64] [--threads 2]
+    python benchmarks/real_pair.py && python benchmarks/llama_server_predict.py --pair --per-task 2 --max-chars 1200
 
 Run it with nothing else on the machine; every figure is for the thread count it prints.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -33,14 +35,41 @@ from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.specs import parse_spec
 from analyzer.settings import load_settings
+from benchmarks.real_pair import pair_specs
 
 SAMPLE = Path(__file__).resolve().parents[1] / "analyzer" / "sample_data" / "sample_prompts.jsonl"
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "dev.jsonl"
+# prompts that hand over code to change: their answers copy much of their input
+CODE_EDIT = re.compile(r"\b(fix|refactor|modify|rewrite|improve|optimi[sz]e|change)\b", re.I)
 DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
-OUT = Path(__file__).resolve().parent / "results" / "llama_server_predict.json"
+# the real pair (benchmarks/real_pair.py): draft-simple at the server's defaults (n_max 3), with and without
+# the confidence stop, and the best n-gram setting of the embedded model's runs beside them
+PAIR_DRAFTERS = ("draft-simple 0-3 p0", "draft-simple 0-3 p0.75", "ngram-simple 2/4")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _prompts(per_task: int) -> list[ServerPrompt]:
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+def _mixed_rows(per_task: int) -> list[dict]:
+    """From the shared corpus: ``per_task`` prompts of every task under 3,000 characters, and a
+    "code_edit" group of as many arena-hard prompts that hand over code to fix, modify or refactor."""
+    rows = [json.loads(line) for line in CORPUS.read_text().splitlines()]
+    short = [r for r in rows if len(r["prompt"]) <= 3000]
+    edits = [
+        {**r, "task": "code_edit"}
+        for r in short
+        if r["task"] == "code"
+        and r["id"].startswith("arena-hard")
+        and CODE_EDIT.search(r["prompt"])
+        and len(r["prompt"]) > 300
+    ]
+    return short + edits[:per_task]
+
+
+def _prompts(per_task: int, workload: str) -> list[ServerPrompt]:
+    rows = (
+        [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+        if workload == "sample"
+        else _mixed_rows(per_task)
+    )
     counts: dict[str, int] = {}
     chosen = []
     for row in rows:
@@ -84,16 +113,38 @@ def main() -> None:
     parser.add_argument("--n-predict", type=int, default=64, help="new tokens per prompt (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="threads of each server (default 2)")
     parser.add_argument("--calibration", type=int, default=6, help="prompts that fit the cost (default 6)")
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help="the Qwen2.5-Coder 0.5B -> 1.5B pair of benchmarks/real_pair.py (run it first) with draft-simple",
+    )
+    parser.add_argument(
+        "--max-chars", type=int, default=0, help="leave out prompts longer than this (0: none)"
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("sample", "mixed"),
+        default="sample",
+        help="the bundled sample, or a mix from ../shared/data/prompts/dev.jsonl with a code_edit group",
+    )
     args = parser.parse_args()
     settings = load_settings()
     binary = find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache").path
-    setup = ServerSetup(binary, gguf_file(parse_spec("builtin:smollm2-135m-instruct")), args.threads, 4096)
-    prompts = _prompts(args.per_task)
+    if args.pair:
+        target_spec, draft_spec = pair_specs()
+        setup = ServerSetup(
+            binary, gguf_file(parse_spec(target_spec)), args.threads, 4096, gguf_file(parse_spec(draft_spec))
+        )
+    else:
+        setup = ServerSetup(
+            binary, gguf_file(parse_spec("builtin:smollm2-135m-instruct")), args.threads, 4096
+        )
+    prompts = _prompts(args.per_task, args.workload, args.max_chars)
     started = time.perf_counter()
     analysis = analyze_in_llama_server(
         setup,
         prompts,
-        [parse_drafter(d) for d in DRAFTERS],
+        [parse_drafter(d) for d in (PAIR_DRAFTERS if args.pair else DRAFTERS)],
         n_predict=args.n_predict,
         calibration_prompts=args.calibration,
         validate=True,
@@ -139,8 +190,9 @@ def main() -> None:
         f"{analysis.seconds / analysis.plain_generation_seconds:.1f}x; validation {analysis.validation_seconds:.0f} s "
         f"more ({wall:.0f} s in all)"
     )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(
+    out = RESULTS / f"llama_server_predict_{args.workload}{'_pair' if args.pair else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps(
             {
                 "prompts": len(prompts),
@@ -165,7 +217,7 @@ def main() -> None:
             indent=1,
         )
     )
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from analyzer.measuring.server_drafting import (
+    DRAFT_SIMPLE,
     MOD_TABLE_SIZE,
     NGRAM_MOD,
     NGRAM_SIMPLE,
@@ -92,19 +93,87 @@ def test_ngram_mod_table_is_carried_and_cleared_after_five_poor_rounds():
 
 
 def test_drafter_labels_parse_back_and_name_the_server_flags():
-    for text in ("ngram-simple", "ngram-simple 3/8", "ngram-mod", "ngram-mod 16 4-32"):
+    for text in (
+        "ngram-simple",
+        "ngram-simple 3/8",
+        "ngram-mod",
+        "ngram-mod 16 4-32",
+        "draft-simple",
+        "draft-simple 1-8 p0.75",
+    ):
         drafter = parse_drafter(text)
         assert parse_drafter(drafter.label) == drafter
     assert parse_drafter("ngram-simple 3/8").server_flags() == [
         "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8",
     ]  # fmt: skip
     assert parse_drafter("ngram-mod").label == "ngram-mod 24 48-64"
+    assert parse_drafter("draft-simple").label == "draft-simple 0-3 p0"
+    assert parse_drafter("draft-simple 1-8 p0.75").server_flags() == [
+        "--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-n-min", "1",
+        "--spec-draft-p-min", "0.75",
+    ]  # fmt: skip
     for wrong, message in (
         ("ngram-cache", "start with one of"),
         ("ngram-simple 3", "write 'ngram-simple N/M'"),
-        ("ngram-simple a/b", "whole numbers; write 'ngram-simple N/M'"),
+        ("ngram-simple a/b", "whole numbers .*; write 'ngram-simple N/M'"),
+        ("draft-simple 0-3 0.75", "write 'draft-simple MIN-MAX pP'"),
+        ("draft-simple 0-3 p1.5", "0 <= p_min <= 1"),
         ("ngram-simple 3/8/2", "whole numbers"),
         ("ngram-mod 16 40-8", "n_min <= n_max"),
     ):
         with pytest.raises(ValueError, match=message):
             parse_drafter(wrong)
+
+
+class TableOracle:
+    """A draft model given as tables: its (token, probability) after each prefix length of the
+    sequence, and after a prefix followed by its own branch tokens; records what was asked."""
+
+    def __init__(self, tops, branches):
+        self.tops, self.branches, self.asked = tops, branches, []
+
+    def top(self, position):
+        self.asked.append(position)
+        return self.tops[position]
+
+    def branch_top(self, position, tokens):
+        self.asked.append((position, tuple(tokens)))
+        return self.branches[(position, tuple(tokens))]
+
+
+def test_draft_simple_stops_under_p_min_keeps_drafting_on_its_own_branch_and_drops_short_drafts():
+    prompt, output = [1, 2], [10, 11, 12, 13, 14]
+    # after the prefix of length 3 (prompt + 10) the draft proposes 11 (right), then 99 (wrong) ...
+    tops = {2: (10, 0.9), 3: (11, 0.95), 4: (99, 0.8), 5: (13, 0.9), 6: (14, 0.3), 7: (0, 0.5)}
+    branches = {(4, (99,)): (98, 0.85), (4, (99, 98)): (97, 0.2)}
+    sure = ServerDrafter(DRAFT_SIMPLE, draft_n_max=4, p_min=0.75)
+    oracle = TableOracle(tops, branches)
+    replay = replay_request(
+        sure, prompt, output, n_predict=64, n_ctx=4096, eog_ids=frozenset(), oracle=oracle
+    )
+    # round 1 at prefix 3: 11 (0.95), 99 (0.8, wrong: the branch begins), 98 (0.85 on the branch), then 0.2 < 0.75
+    # stops: 3 drafted, 1 accepted (11); the target adds 12. Round 2 at prefix 5: 13 (0.9), 14 (0.3) stops: 1
+    # drafted, accepted; the target adds 14 and the output is done.
+    assert replay.rounds == ((3, 1), (1, 1)) and replay.plain_steps == 0 and replay.output_tokens == 5
+    assert (4, (99,)) in oracle.asked and (4, (99, 98)) in oracle.asked
+    # p_min 0: always n_max (or the room), and no branch is ever needed
+    greedy = TableOracle(tops, {})
+    every = ServerDrafter(DRAFT_SIMPLE, draft_n_max=2)
+    plain = replay_request(
+        every, prompt, output, n_predict=64, n_ctx=4096, eog_ids=frozenset(), oracle=greedy
+    )
+    assert plain.rounds == ((2, 1), (2, 2)) and not any(isinstance(a, tuple) for a in greedy.asked)
+    # n_min: a draft shorter than it is dropped and the step is plain
+    strict = ServerDrafter(DRAFT_SIMPLE, draft_n_min=2, draft_n_max=4, p_min=0.75)
+    dropped = replay_request(
+        strict,
+        prompt,
+        output,
+        n_predict=64,
+        n_ctx=4096,
+        eog_ids=frozenset(),
+        oracle=TableOracle(tops, branches),
+    )
+    assert dropped.rounds == ((3, 1),) and dropped.plain_steps == 2
+    with pytest.raises(ValueError, match="draft model's oracle"):
+        replay_request(sure, prompt, output, n_predict=64, n_ctx=4096, eog_ids=frozenset())

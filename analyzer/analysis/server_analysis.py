@@ -21,10 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from analyzer.engine.llama_server_draft import DraftModel
 from analyzer.engine.llama_server_process import Completion, LlamaServerProcess
 from analyzer.measuring.interference import MAX_OTHERS_CPU, machine_reading, others_busy_s
 from analyzer.measuring.server_drafting import (
     NGRAM_MOD,
+    DraftOracle,
     NgramModTable,
     ServerDrafter,
     ServerReplay,
@@ -130,13 +132,19 @@ def timed_complete(server: LlamaServerProcess, prompt_ids: list[int], n_predict:
 
 
 def replay_all(
-    drafter: ServerDrafter, outcomes: Sequence[PromptOutcome], *, n_predict: int, n_ctx: int
+    drafter: ServerDrafter,
+    outcomes: Sequence[PromptOutcome],
+    *,
+    n_predict: int,
+    n_ctx: int,
+    oracles: Sequence[DraftOracle] | None = None,
 ) -> list[ServerReplay]:
     """The drafter replayed on every prompt's plain output in order, as one server that serves them in
-    that order sees them (ngram-mod's table carried from request to request)."""
+    that order sees them (ngram-mod's table carried from request to request); ``oracles``, one per prompt,
+    are the draft model's view for draft-simple."""
     table = NgramModTable(drafter.n_match) if drafter.kind == NGRAM_MOD else None
     replays = []
-    for outcome in outcomes:
+    for index, outcome in enumerate(outcomes):
         completion = outcome.plain.completion
         eog = frozenset(completion.tokens[-1:]) if completion.stopped_at_eos else frozenset()
         replays.append(
@@ -148,6 +156,7 @@ def replay_all(
                 n_ctx=n_ctx,
                 eog_ids=eog,
                 table=table,
+                oracle=oracles[index] if oracles is not None and drafter.needs_draft_model else None,
             )
         )
     return replays
@@ -155,15 +164,20 @@ def replay_all(
 
 @dataclass(frozen=True)
 class ServerSetup:
-    """What every server of one analysis shares: the binary, the GGUF model, threads and context."""
+    """What every server of one analysis shares: the binary, the GGUF model, threads and context, and the
+    draft model's GGUF where a draft-simple setting is compared."""
 
     binary: Path
     model: Path
     threads: int
     n_ctx: int
+    draft_model: Path | None = None
 
     def server(self, drafter: ServerDrafter | None) -> LlamaServerProcess:
         flags = drafter.server_flags() if drafter is not None else []
+        if drafter is not None and drafter.needs_draft_model:
+            assert self.draft_model is not None  # analyze_in_llama_server checks it first
+            flags = ["-md", str(self.draft_model), *flags]
         return LlamaServerProcess(
             self.binary, self.model, threads=self.threads, n_ctx=self.n_ctx, flags=flags
         )
@@ -186,6 +200,8 @@ def analyze_in_llama_server(
     The first ``calibration_prompts`` prompts fit the cost and are not validated."""
     if not prompts or not drafters:
         raise ValueError("an analysis needs at least one prompt and one drafter")
+    if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
+        raise ValueError("a draft-simple setting needs the draft model (its GGUF file)")
     started = time.perf_counter()
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
@@ -193,10 +209,7 @@ def analyze_in_llama_server(
         for server in servers:
             server.start()
         outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
-        for drafter in drafters:
-            replays = replay_all(drafter, outcomes, n_predict=n_predict, n_ctx=setup.n_ctx)
-            for outcome, replay in zip(outcomes, replays, strict=True):
-                outcome.settings.append(SettingOutcome(drafter, replay))
+        _replay_settings(setup, outcomes, drafters, n_predict, say)
         cost = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
         for outcome in outcomes:
             for setting in outcome.settings:
@@ -225,6 +238,35 @@ def _generate(
         seconds += time.perf_counter() - wall
         say(f"generated {number}/{len(prompts)} ({prompt.key})")
     return outcomes, seconds
+
+
+def _replay_settings(
+    setup: ServerSetup,
+    outcomes: Sequence[PromptOutcome],
+    drafters: Sequence[ServerDrafter],
+    n_predict: int,
+    say: Progress,
+) -> None:
+    """Every setting replayed on every prompt, into each prompt's ``settings``; where a draft-simple
+    setting is compared, the draft model passes over each prompt first and stays loaded for the branches
+    the replays ask for."""
+    draft = None
+    if setup.draft_model is not None and any(d.needs_draft_model for d in drafters):
+        draft = DraftModel(setup.draft_model, n_ctx=setup.n_ctx, threads=setup.threads)
+    try:
+        oracles: list[DraftOracle] | None = None
+        if draft is not None:
+            oracles = []
+            for number, outcome in enumerate(outcomes, 1):
+                oracles.append(draft.oracle(outcome.prompt_ids, outcome.plain.completion.tokens))
+                say(f"draft model passed over {number}/{len(outcomes)}")
+        for drafter in drafters:
+            replays = replay_all(drafter, outcomes, n_predict=n_predict, n_ctx=setup.n_ctx, oracles=oracles)
+            for outcome, replay in zip(outcomes, replays, strict=True):
+                outcome.settings.append(SettingOutcome(drafter, replay))
+    finally:
+        if draft is not None:
+            draft.close()
 
 
 def _run_settings(
@@ -266,8 +308,9 @@ def _validate(
 
 @dataclass(frozen=True)
 class TaskChoice:
-    """One task: each setting's predicted (and, where validated, measured) speedup over its prompts,
-    time-weighted, and the setting the task should use (None: off)."""
+    """One task: each setting's predicted and (where its prompts ran on the servers, calibration prompts
+    included) measured speedup over its prompts, time-weighted, and the setting the task should use (None:
+    off)."""
 
     task: str
     prompts: int
@@ -289,9 +332,8 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
             plain = sum(analysis.cost.plain_ms(s.replay.output_tokens) for s in settings)
             spec = sum(analysis.cost.speculative_ms(s.replay) for s in settings)
             predicted[drafter.label] = plain / spec if spec > 0 else 1.0
-            measured[drafter.label] = _measured_ratio(
-                [s for s in settings if s.measured and not s.calibration]
-            )
+            # every run on the servers, the calibration prompts' included, so both cover the same prompts
+            measured[drafter.label] = _measured_ratio([s for s in settings if s.measured])
         best_label = max(predicted, key=lambda label: predicted[label])
         best = (
             next(d for d in analysis.drafters if d.label == best_label)
@@ -303,8 +345,12 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
 
 
 def _measured_ratio(settings: Sequence[SettingOutcome]) -> float | None:
-    """Plain over speculative time summed over validated runs (None when there is none)."""
-    pairs = [(s.plain, s.measured) for s in settings if s.plain is not None and s.measured is not None]
+    """Plain over speculative time summed over the undisturbed runs (None when there is none)."""
+    pairs = [
+        (s.plain, s.measured)
+        for s in settings
+        if s.plain is not None and s.measured is not None and not (s.plain.disturbed or s.measured.disturbed)
+    ]
     if not pairs:
         return None
     plain = sum(p.completion.predicted_ms for p, _ in pairs)

@@ -82,7 +82,13 @@ def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
 
 
 def store_server_analysis(
-    session: Session, prompt_set: PromptSet, analysis: ServerAnalysis, *, model: str, server_build: str
+    session: Session,
+    prompt_set: PromptSet,
+    analysis: ServerAnalysis,
+    *,
+    model: str,
+    server_build: str,
+    draft_model: str | None = None,
 ) -> ServerAnalysisRecord:
     """Add the finished analysis to ``session`` (the caller commits) and return its row."""
     prompts = [
@@ -110,6 +116,7 @@ def store_server_analysis(
     record = ServerAnalysisRecord(
         prompt_set_id=prompt_set.id,
         model=model,
+        draft_model=draft_model,
         server_build=server_build,
         machine=f"{platform.machine()} {platform.processor() or platform.system()}".strip()[:300],
         threads=analysis.threads,
@@ -155,7 +162,10 @@ def pool_plan(record: ServerAnalysisRecord) -> dict[str, Any]:
             if label is None
             else "llama-server-" + label.replace(" ", "-").replace("/", "-")
         )
-        flags = [] if label is None else parse_drafter(label).server_flags()
+        drafter = parse_drafter(label) if label is not None else None
+        flags = [] if drafter is None else drafter.server_flags()
+        if drafter is not None and drafter.needs_draft_model:
+            flags = ["-md", str(record.draft_model), *flags]
         pools.setdefault(name, {"setting": label or "off", "flags": flags, "tasks": []})["tasks"].append(
             task["task"]
         )

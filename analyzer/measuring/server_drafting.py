@@ -1,5 +1,6 @@
 """llama-server's own drafting rules, replayed exactly on one greedy generation: how many tokens the server
-drafts and accepts in each round for a drafter (``ngram-simple``, ``ngram-mod``) and its knobs.
+drafts and accepts in each round for a drafter (``ngram-simple``, ``ngram-mod``, ``draft-simple``) and its
+knobs.
 
 The rules are those of llama.cpp's ``common/speculative.cpp``, ``common/ngram-map.cpp`` and
 ``common/ngram-mod.cpp`` (the llama.cpp that the pinned llama-cpp-python sdist vendors) and of the server's
@@ -22,17 +23,29 @@ Its table **persists across requests** in one server: the prompt's n-grams are a
 start, the history's in chunks of more than 32 tokens, and the table is cleared when over a quarter full or
 after five rounds in a row accept under a quarter of the (uncut) draft. The replay keeps that state in a
 :class:`NgramModTable` the caller carries from request to request in the server's order: a fresh table is a
-freshly started server. ``ngram-map-k``, ``ngram-map-k4v`` and ``ngram-cache`` are not replayed (their
-statistics of key hits and their cache files are out of scope); the draft-model types are not either.
+freshly started server.
+
+``draft-simple`` drafts with a draft model, greedily, up to ``n_max`` tokens (and the slot's room), and stops
+before a token whose probability is under ``p_min``; a draft shorter than ``n_min`` is dropped. The
+probability is the draft sampler's: a softmax over the draft's 10 most likely tokens (top-k 10). The replay
+asks a :class:`DraftOracle` for the draft's most likely token and that probability after each prefix of the
+request's sequence (one teacher-forced pass of the draft), and, **after a drafted token that differs from
+the target's output**, after that prefix followed by the draft's own tokens (a pass on the draft's branch):
+the server goes on drafting there while the draft stays confident, and those tokens count in ``draft_n``
+though none can be accepted. With ``p_min`` 0 no branch is needed (the draft always runs to ``n_max``).
+``ngram-map-k``, ``ngram-map-k4v`` and ``ngram-cache`` are not replayed (their statistics of key hits and
+their cache files are out of scope), nor the other draft-model types (EAGLE-3, MTP and the like).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-NGRAM_SIMPLE, NGRAM_MOD = "ngram-simple", "ngram-mod"
-DRAFTER_TYPES = (NGRAM_SIMPLE, NGRAM_MOD)
+NGRAM_SIMPLE, NGRAM_MOD, DRAFT_SIMPLE = "ngram-simple", "ngram-mod", "draft-simple"
+DRAFTER_TYPES = (NGRAM_SIMPLE, NGRAM_MOD, DRAFT_SIMPLE)
+DRAFT_TOP_K = 10  # draft-simple's sampler keeps the draft's 10 most likely tokens
 MOD_TABLE_SIZE = 4 * 1024 * 1024  # entries of ngram-mod's table (common_speculative_impl_ngram_mod)
 _HASH_MULTIPLIER = 6364136223846793005
 _MASK64 = (1 << 64) - 1
@@ -44,8 +57,8 @@ _MOD_LOW_ACCEPT, _MOD_LOW_STREAK = 0.25, 5
 @dataclass(frozen=True)
 class ServerDrafter:
     """One drafter of llama-server with its knobs: ``ngram-simple`` uses ``size_n`` (lookup) and
-    ``size_m`` (draft); ``ngram-mod`` uses ``n_match``, ``n_min`` and ``n_max``. Defaults are the
-    server's."""
+    ``size_m`` (draft); ``ngram-mod`` uses ``n_match``, ``n_min`` and ``n_max``; ``draft-simple`` uses
+    ``draft_n_max``, ``draft_n_min`` and ``p_min``. Defaults are the server's."""
 
     kind: str
     size_n: int = 12
@@ -53,6 +66,9 @@ class ServerDrafter:
     n_match: int = 24
     n_min: int = 48
     n_max: int = 64
+    draft_n_max: int = 3
+    draft_n_min: int = 0
+    p_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTER_TYPES:
@@ -63,16 +79,35 @@ class ServerDrafter:
             1 <= self.n_match and 0 <= self.n_min <= self.n_max and 1 <= self.n_max
         ):
             raise ValueError("ngram-mod needs n_match >= 1 and 0 <= n_min <= n_max, n_max >= 1")
+        if self.kind == DRAFT_SIMPLE and not (
+            0 <= self.draft_n_min <= self.draft_n_max and 1 <= self.draft_n_max and 0.0 <= self.p_min <= 1.0
+        ):
+            raise ValueError("draft-simple needs 0 <= n_min <= n_max, n_max >= 1 and 0 <= p_min <= 1")
 
     @property
     def label(self) -> str:
-        """The setting in a line: ``ngram-simple 12/48`` or ``ngram-mod 24 48-64``."""
+        """The setting in a line: ``ngram-simple 12/48``, ``ngram-mod 24 48-64`` or ``draft-simple 0-3 p0.75``
+        (n_min-n_max, then p_min)."""
         if self.kind == NGRAM_SIMPLE:
             return f"{NGRAM_SIMPLE} {self.size_n}/{self.size_m}"
+        if self.kind == DRAFT_SIMPLE:
+            return f"{DRAFT_SIMPLE} {self.draft_n_min}-{self.draft_n_max} p{self.p_min:g}"
         return f"{NGRAM_MOD} {self.n_match} {self.n_min}-{self.n_max}"
 
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.kind == DRAFT_SIMPLE
+
     def server_flags(self) -> list[str]:
-        """The llama-server command-line flags that select this drafter and its knobs."""
+        """The llama-server command-line flags that select this drafter and its knobs (draft-simple also
+        needs the draft model, ``-md FILE``)."""
+        if self.kind == DRAFT_SIMPLE:
+            return [
+                "--spec-type", DRAFT_SIMPLE,
+                "--spec-draft-n-max", str(self.draft_n_max),
+                "--spec-draft-n-min", str(self.draft_n_min),
+                "--spec-draft-p-min", f"{self.p_min:g}",
+            ]  # fmt: skip
         if self.kind == NGRAM_SIMPLE:
             return [
                 "--spec-type", NGRAM_SIMPLE,
@@ -87,12 +122,17 @@ class ServerDrafter:
         ]  # fmt: skip
 
 
-_FORMS = {NGRAM_SIMPLE: "'ngram-simple N/M'", NGRAM_MOD: "'ngram-mod MATCH MIN-MAX'"}
+_FORMS = {
+    NGRAM_SIMPLE: "'ngram-simple N/M'",
+    NGRAM_MOD: "'ngram-mod MATCH MIN-MAX'",
+    DRAFT_SIMPLE: "'draft-simple MIN-MAX pP' (e.g. 'draft-simple 0-3 p0.75')",
+}
 
 
 def parse_drafter(text: str) -> ServerDrafter:
-    """A drafter from its label: ``ngram-simple`` (defaults), ``ngram-simple N/M``, ``ngram-mod`` or
-    ``ngram-mod MATCH MIN-MAX``. Raises ValueError naming what is wrong."""
+    """A drafter from its label: ``ngram-simple`` (defaults), ``ngram-simple N/M``, ``ngram-mod``,
+    ``ngram-mod MATCH MIN-MAX``, ``draft-simple`` or ``draft-simple MIN-MAX pP``. Raises ValueError naming
+    what is wrong."""
     parts = text.split()
     if not parts or parts[0] not in DRAFTER_TYPES:
         raise ValueError(f"drafter {text!r}: start with one of {', '.join(DRAFTER_TYPES)}")
@@ -106,8 +146,11 @@ def parse_drafter(text: str) -> ServerDrafter:
         if kind == NGRAM_MOD and len(knobs) == 2:
             n_min, n_max = (int(v) for v in knobs[1].split("-"))
             return ServerDrafter(kind, n_match=int(knobs[0]), n_min=n_min, n_max=n_max)
+        if kind == DRAFT_SIMPLE and len(knobs) == 2 and knobs[1].startswith("p"):
+            n_min, n_max = (int(v) for v in knobs[0].split("-"))
+            return ServerDrafter(kind, draft_n_min=n_min, draft_n_max=n_max, p_min=float(knobs[1][1:]))
     except ValueError as exc:
-        reason = str(exc) if "needs" in str(exc) else "the sizes must be whole numbers"
+        reason = str(exc) if "needs" in str(exc) else "the sizes must be whole numbers (p_min a number)"
         raise ValueError(f"drafter {text!r}: {reason}; write {_FORMS[kind]}") from None
     raise ValueError(f"drafter {text!r}: write {_FORMS[kind]}")
 
@@ -210,6 +253,44 @@ def ngram_mod_accept(table: NgramModTable, n_accepted: int) -> None:
         table.n_low = 0
 
 
+class DraftOracle(Protocol):
+    """What draft-simple's replay asks of the draft model for one request, whose sequence is its prompt
+    followed by its greedy output."""
+
+    def top(self, position: int) -> tuple[int, float]:
+        """The draft's most likely token after the sequence's first ``position`` tokens, and its
+        probability among the draft's 10 most likely (``len(prompt) <= position <= len(sequence)``)."""
+        ...
+
+    def branch_top(self, position: int, tokens: Sequence[int]) -> tuple[int, float]:
+        """The same after the sequence's first ``position`` tokens followed by ``tokens``, the draft's own
+        tokens after it left the sequence."""
+        ...
+
+
+def draft_simple_draft(
+    drafter: ServerDrafter, oracle: DraftOracle, sequence: Sequence[int], start: int, room: int
+) -> list[int]:
+    """draft-simple's draft after the sequence's first ``start`` tokens (the slot's tokens and the last
+    sampled one): greedy, up to ``min(n_max, room)`` tokens, stopping before one under ``p_min``; dropped
+    when shorter than ``n_min``. Once a drafted token differs from the sequence (or runs past its end) the
+    draft continues on its own tokens (:meth:`DraftOracle.branch_top`)."""
+    draft: list[int] = []
+    branch_at = -1  # where the draft left the sequence
+    for i in range(min(drafter.draft_n_max, room)):
+        position = start + i
+        if branch_at < 0:
+            token, p = oracle.top(position)
+        else:
+            token, p = oracle.branch_top(branch_at, draft[branch_at - start :])
+        if p < drafter.p_min:
+            break
+        if branch_at < 0 and (position >= len(sequence) or token != sequence[position]):
+            branch_at = position
+        draft.append(token)
+    return draft if len(draft) >= drafter.draft_n_min else []
+
+
 @dataclass(frozen=True)
 class ServerReplay:
     """What llama-server does with one request under one drafter: ``rounds`` holds (drafted, accepted)
@@ -249,11 +330,15 @@ def replay_request(
     n_ctx: int,
     eog_ids: frozenset[int],
     table: NgramModTable | None = None,
+    oracle: DraftOracle | None = None,
 ) -> ServerReplay:
     """Replay llama-server's speculative loop for one request whose greedy output is ``output`` (as the
     plain server returned it, ``n_predict`` at most, an end-of-generation token last where it stopped on
     one). ``table`` is ngram-mod's state carried from the server's earlier requests (None: a fresh
-    server); it is updated in place."""
+    server); it is updated in place. ``oracle`` is the draft model's view of this request (draft-simple
+    only)."""
+    if drafter.kind == DRAFT_SIMPLE and oracle is None:
+        raise ValueError("draft-simple is replayed with the draft model's oracle")
     if drafter.kind == NGRAM_MOD:
         table = table if table is not None else NgramModTable(drafter.n_match)
         ngram_mod_begin(table, prompt)
@@ -268,6 +353,10 @@ def replay_request(
         if room > 0:
             if drafter.kind == NGRAM_SIMPLE:
                 draft = ngram_simple_draft(drafter, history, output[g - 1])
+            elif oracle is not None:
+                draft = draft_simple_draft(
+                    drafter, oracle, list(prompt) + list(output), len(prompt) + g, room
+                )
             else:
                 assert table is not None
                 draft = ngram_mod_draft(drafter, table, history, output[g - 1])

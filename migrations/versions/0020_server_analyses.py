@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("prompt_set_id", sa.Integer(), nullable=False),
         sa.Column("model", sa.String(length=500), nullable=False),
+        sa.Column("draft_model", sa.String(length=500), nullable=True),
         sa.Column("server_build", sa.String(length=100), nullable=False),
         sa.Column("machine", sa.String(length=300), nullable=False),
         sa.Column("threads", sa.Integer(), nullable=False),

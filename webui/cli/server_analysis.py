@@ -59,8 +59,14 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     "--drafter",
     "drafter_texts",
     multiple=True,
-    help="A drafter setting, repeatable: 'ngram-simple', 'ngram-simple N/M', 'ngram-mod' or "
-    f"'ngram-mod MATCH MIN-MAX' (default: {', '.join(DEFAULT_DRAFTERS)}).",
+    help="A drafter setting, repeatable: 'ngram-simple', 'ngram-simple N/M', 'ngram-mod', 'ngram-mod MATCH "
+    "MIN-MAX', 'draft-simple' or 'draft-simple MIN-MAX pP' (needs --draft-model) "
+    f"(default: {', '.join(DEFAULT_DRAFTERS)}).",
+)
+@click.option(
+    "--draft-model",
+    default=None,
+    help="The draft model of the draft-simple settings: a GGUF spec sharing the target's vocabulary.",
 )
 @click.option(
     "--n-predict", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per prompt."
@@ -105,6 +111,7 @@ def analyze(
     set_name: str,
     model: str,
     drafter_texts: tuple[str, ...],
+    draft_model: str | None,
     n_predict: int,
     threads: int,
     n_ctx: int,
@@ -117,8 +124,11 @@ def analyze(
     the predicted speedup per prompt and task, the best setting per task, and (unless --no-validate)
     predicted vs measured through the servers. Stores the analysis and prints it."""  # fmt: skip
     drafters = _drafters(drafter_texts)
+    if any(d.needs_draft_model for d in drafters) and draft_model is None:
+        raise click.BadParameter("a draft-simple setting needs --draft-model", param_hint="--drafter")
     binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
     model_path = gguf_file(parse_spec(model))
+    draft_path = gguf_file(parse_spec(draft_model)) if draft_model else None
     sessions = state.sessions()
     with sessions() as session, session.begin():
         try:
@@ -133,13 +143,18 @@ def analyze(
         prompts = [p for i, p in enumerate(prompts) if sum(q.task == p.task for q in prompts[:i]) < per_task]
     click.echo(f"analyzing {len(prompts)} prompts in llama-server ({binary}), {threads} threads", err=True)
     analysis = analyze_in_llama_server(
-        ServerSetup(binary, model_path, threads, n_ctx), prompts, drafters, n_predict=n_predict,
+        ServerSetup(binary, model_path, threads, n_ctx, draft_path), prompts, drafters, n_predict=n_predict,
         calibration_prompts=calibration, validate=validate, say=lambda line: click.echo(f"  {line}", err=True),
     )  # fmt: skip
     with sessions() as session, session.begin():
         prompt_set = session.get(type(prompt_set), set_id)
         record = store_server_analysis(
-            session, prompt_set, analysis, model=str(model_path), server_build=server_version(binary)
+            session,
+            prompt_set,
+            analysis,
+            model=str(model_path),
+            server_build=server_version(binary),
+            draft_model=str(draft_path) if draft_path else None,
         )
         click.echo(server_analysis_text(record))
 
@@ -199,7 +214,8 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
     cost = record.cost
     lines = [
         f"llama-server analysis #{record.id} of prompt set #{record.prompt_set_id}: {len(record.prompts)} prompts, "
-        f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}",
+        f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}"
+        + (f" (draft {record.draft_model})" if record.draft_model else ""),
         f"cost from the servers' timings: plain step {cost['plain_step_ms']:.2f} ms; a round {cost['round_ms']:.2f} ms"
         f" + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} ms per accepted token "
         f"({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})",
