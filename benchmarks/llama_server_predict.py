@@ -35,7 +35,6 @@ from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.specs import parse_spec
 from analyzer.settings import load_settings
-from benchmarks.real_pair import pair_specs
 
 SAMPLE = Path(__file__).resolve().parents[1] / "analyzer" / "sample_data" / "sample_prompts.jsonl"
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "dev.jsonl"
@@ -64,12 +63,13 @@ def _mixed_rows(per_task: int) -> list[dict]:
     return short + edits[:per_task]
 
 
-def _prompts(per_task: int, workload: str) -> list[ServerPrompt]:
+def _prompts(per_task: int, workload: str, max_chars: int = 0) -> list[ServerPrompt]:
     rows = (
         [json.loads(line) for line in SAMPLE.read_text().splitlines()]
         if workload == "sample"
         else _mixed_rows(per_task)
     )
+    rows = [r for r in rows if not max_chars or len(r["prompt"]) <= max_chars]
     counts: dict[str, int] = {}
     chosen = []
     for row in rows:
@@ -85,23 +85,25 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def routed_vs_static(analysis: ServerAnalysis) -> dict[str, float]:
-    """Measured time (ms) over the validated prompts: "off", every static setting, and "routed"."""
+    """Measured time (ms) over the validated prompts for "off", every static setting and "routed"; a run
+    whose output's length differs from plain's counts at its time per step times plain's steps."""
     best = {c.task: c.best for c in task_choices(analysis)}
     totals: dict[str, float] = {"off": 0.0, "routed": 0.0} | {d.label: 0.0 for d in analysis.drafters}
     for outcome in analysis.prompts:
         settings = outcome.settings
         if settings[0].calibration or settings[0].plain is None:
             continue
-        plain_ms = settings[0].plain.completion.predicted_ms
-        totals["off"] += plain_ms
+        plain = settings[0].plain
+        totals["off"] += plain.completion.predicted_ms
+        chosen = best[outcome.prompt.task]
+        routed_ms = plain.completion.predicted_ms
         for setting in settings:
             assert setting.measured is not None
-            totals[setting.drafter.label] += setting.measured.completion.predicted_ms
-        chosen = best[outcome.prompt.task]
-        routed = next((s for s in settings if s.drafter == chosen), None)
-        totals["routed"] += (
-            routed.measured.completion.predicted_ms if routed and routed.measured else plain_ms
-        )
+            ms = setting.measured.completion.predicted_ms / setting.measured.steps * plain.steps
+            totals[setting.drafter.label] += ms
+            if setting.drafter == chosen:
+                routed_ms = ms
+        totals["routed"] += routed_ms
     return totals
 
 
@@ -131,6 +133,8 @@ def main() -> None:
     settings = load_settings()
     binary = find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache").path
     if args.pair:
+        from real_pair import pair_specs  # this folder's own setup step (on sys.path as the script's folder)
+
         target_spec, draft_spec = pair_specs()
         setup = ServerSetup(
             binary, gguf_file(parse_spec(target_spec)), args.threads, 4096, gguf_file(parse_spec(draft_spec))
@@ -151,15 +155,17 @@ def main() -> None:
         say=lambda line: print(f"  {line}", flush=True),
     )
     wall = time.perf_counter() - started
-    cost = analysis.cost
     print(
         f"\n{len(prompts)} prompts, {args.n_predict} new tokens, {args.threads} threads, llama-server {binary}"
     )
-    print(
-        f"cost: plain step {cost.plain_step_ms:.2f} ms; round {cost.round_ms:.2f} ms + {cost.per_draft_ms:.2f} ms "
-        f"per drafted token + {cost.per_accepted_ms:.2f} ms per accepted token ({cost.samples} calibration "
-        f"runs, fit MARE {cost.fit_mare:.1%})"
-    )
+    print(f"target {setup.model}" + (f", draft {setup.draft_model}" if setup.draft_model else ""))
+    for family, cost in analysis.costs.items():
+        print(
+            f"cost, {family}: plain step {cost.plain_step_ms:.2f} ms, a step with nothing drafted {cost.step_ms:.2f} "
+            f"ms; round {cost.round_ms:.2f} ms + {cost.per_draft_ms:.2f} ms per drafted token + "
+            f"{cost.per_accepted_ms:.2f} ms per accepted token ({cost.samples} calibration runs, fit MARE "
+            f"{cost.fit_mare:.1%})"
+        )
     print(
         "\n| setting | runs | disturbed | output = plain | counts = replay | MARE (output = plain) | MARE (all) |"
     )
@@ -198,7 +204,7 @@ def main() -> None:
                 "prompts": len(prompts),
                 "n_predict": args.n_predict,
                 "threads": args.threads,
-                "cost": cost.__dict__,
+                "costs": {family: cost.__dict__ for family, cost in analysis.costs.items()},
                 "validation": [f.__dict__ for f in figures],
                 "tasks": [
                     {

@@ -78,8 +78,10 @@ def test_server_draft_counts_equal_the_replay_wherever_output_equals_plain(analy
 
 def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
     result, _ = analysis
-    cost = result.cost
+    assert set(result.costs) == {"n-gram"}
+    cost = result.costs["n-gram"]
     assert cost.plain_step_ms > 0 and cost.samples >= 6 and 0 <= cost.fit_mare < 1
+    assert cost.step_ms == cost.plain_step_ms  # an n-gram server's plain step is the plain server's
     assert cost.round_cost_ms(4) > cost.round_cost_ms(1) >= cost.round_ms >= 0
     for outcome in result.prompts:
         for setting in outcome.settings:
@@ -220,3 +222,5 @@ def test_draft_simple_counts_mostly_equal_the_replay_with_and_without_the_confid
     assert any(k < 5 for r in confident for k, _ in r.rounds[:-1])
     figures = {f.setting: f for f in validation_figures(result)}
     assert set(figures) == {"draft-simple 0-3 p0", "draft-simple 0-5 p0.6"}
+    # the draft decodes beside the target, so its servers' steps are fitted, not the plain server's
+    assert set(result.costs) == {"draft model"} and result.costs["draft model"].samples >= 3

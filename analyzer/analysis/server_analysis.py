@@ -58,6 +58,11 @@ class TimedCompletion:
     def disturbed(self) -> bool:
         return self.others_cpu is not None and self.others_cpu > MAX_OTHERS_CPU
 
+    @property
+    def steps(self) -> int:
+        """Decoding steps ``predicted_ms`` covers: every output token but the first."""
+        return max(int(self.completion.timings["predicted_n"]) - 1, 1)
+
 
 @dataclass
 class SettingOutcome:
@@ -73,9 +78,12 @@ class SettingOutcome:
 
     @property
     def measured_speedup(self) -> float | None:
+        """Plain over speculative time per step (per output token after the first), so that a run whose
+        output left plain greedy and ended sooner or later is compared token for token."""
         if self.measured is None or self.plain is None:
             return None
-        return self.plain.completion.predicted_ms / self.measured.completion.predicted_ms
+        plain = self.plain.completion.predicted_ms / self.plain.steps
+        return plain / (self.measured.completion.predicted_ms / self.measured.steps)
 
     @property
     def counts_equal(self) -> bool | None:
@@ -109,7 +117,7 @@ class ServerAnalysis:
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
-    cost: ServerCost
+    costs: dict[str, ServerCost]  # per drafter family (ServerDrafter.family)
     n_predict: int
     threads: int
     seconds: float
@@ -117,6 +125,10 @@ class ServerAnalysis:
     calibration_prompts: int
     validation_seconds: float = 0.0
     n_ctx: int = 0
+
+    def cost_of(self, drafter: ServerDrafter) -> ServerCost:
+        """The step costs that price ``drafter``: its family's."""
+        return self.costs[drafter.family]
 
 
 def timed_complete(server: LlamaServerProcess, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
@@ -210,10 +222,10 @@ def analyze_in_llama_server(
             server.start()
         outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
         _replay_settings(setup, outcomes, drafters, n_predict, say)
-        cost = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
+        costs = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
         for outcome in outcomes:
             for setting in outcome.settings:
-                setting.predicted_speedup = cost.speedup(setting.replay)
+                setting.predicted_speedup = costs[setting.drafter.family].speedup(setting.replay)
         analysed = time.perf_counter()
         if validate:
             _validate(servers, outcomes[calibration_prompts:], n_predict, say)
@@ -221,7 +233,7 @@ def analyze_in_llama_server(
         for server in servers:
             server.stop()
     return ServerAnalysis(
-        list(drafters), outcomes, cost, n_predict, setup.threads, analysed - started, plain_seconds,
+        list(drafters), outcomes, costs, n_predict, setup.threads, analysed - started, plain_seconds,
         calibration_prompts, time.perf_counter() - analysed, setup.n_ctx,
     )  # fmt: skip
 
@@ -283,9 +295,9 @@ def _run_settings(
 
 def _calibrate(
     servers: Sequence[LlamaServerProcess], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
-) -> ServerCost:
-    """The step costs: the plain step from the plain runs, the rounds fitted on every setting's runs of
-    the calibration prompts (their disturbed runs left out unless all are)."""
+) -> dict[str, ServerCost]:
+    """The step costs per drafter family: the plain step from the plain runs, the rounds fitted on that
+    family's settings' runs of the calibration prompts (their disturbed runs left out unless all are)."""
     for number, outcome in enumerate(outcomes, 1):
         _run_settings(servers, outcome, n_predict, calibration=True)
         say(f"calibrated {number}/{len(outcomes)} ({outcome.prompt.key})")
@@ -294,8 +306,16 @@ def _calibrate(
     plain_timings = [o.plain.completion.timings for o in outcomes] + [
         s.plain.completion.timings for s in quiet if s.plain is not None
     ]
-    samples = [(s.replay, s.measured.completion.predicted_ms) for s in quiet if s.measured is not None]
-    return fit_server_cost(plain_step_ms(plain_timings), samples)
+    plain_step = plain_step_ms(plain_timings)
+    costs = {}
+    for family in sorted({s.drafter.family for s in runs}):
+        samples = [
+            (s.replay, s.measured.completion.predicted_ms)
+            for s in quiet
+            if s.measured is not None and s.drafter.family == family
+        ]
+        costs[family] = fit_server_cost(plain_step, samples, fit_step=family == "draft model")
+    return costs
 
 
 def _validate(
@@ -329,8 +349,9 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
         predicted, measured = {}, {}
         for index, drafter in enumerate(analysis.drafters):
             settings = [o.settings[index] for o in group]
-            plain = sum(analysis.cost.plain_ms(s.replay.output_tokens) for s in settings)
-            spec = sum(analysis.cost.speculative_ms(s.replay) for s in settings)
+            cost = analysis.cost_of(drafter)
+            plain = sum(cost.plain_ms(s.replay.output_tokens) for s in settings)
+            spec = sum(cost.speculative_ms(s.replay) for s in settings)
             predicted[drafter.label] = plain / spec if spec > 0 else 1.0
             # every run on the servers, the calibration prompts' included, so both cover the same prompts
             measured[drafter.label] = _measured_ratio([s for s in settings if s.measured])
@@ -345,7 +366,7 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
 
 
 def _measured_ratio(settings: Sequence[SettingOutcome]) -> float | None:
-    """Plain over speculative time summed over the undisturbed runs (None when there is none)."""
+    """Plain over speculative time per step, summed over the undisturbed runs (None when there is none)."""
     pairs = [
         (s.plain, s.measured)
         for s in settings
@@ -353,8 +374,8 @@ def _measured_ratio(settings: Sequence[SettingOutcome]) -> float | None:
     ]
     if not pairs:
         return None
-    plain = sum(p.completion.predicted_ms for p, _ in pairs)
-    spec = sum(m.completion.predicted_ms for _, m in pairs)
+    plain = sum(p.completion.predicted_ms for p, _ in pairs) / sum(p.steps for p, _ in pairs)
+    spec = sum(m.completion.predicted_ms for _, m in pairs) / sum(m.steps for _, m in pairs)
     return plain / spec
 
 

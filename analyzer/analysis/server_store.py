@@ -123,7 +123,7 @@ def store_server_analysis(
         n_ctx=analysis.n_ctx,
         n_predict=analysis.n_predict,
         drafters=[d.label for d in analysis.drafters],
-        cost=dict(analysis.cost.__dict__),
+        cost={family: dict(cost.__dict__) for family, cost in analysis.costs.items()},
         prompts=prompts,
         tasks=tasks,
         validation=[dict(f.__dict__) for f in validation_figures(analysis)],

@@ -98,6 +98,11 @@ class ServerDrafter:
     def needs_draft_model(self) -> bool:
         return self.kind == DRAFT_SIMPLE
 
+    @property
+    def family(self) -> str:
+        """Which step costs price it: "draft model" (the draft decodes beside the target) or "n-gram"."""
+        return "draft model" if self.needs_draft_model else "n-gram"
+
     def server_flags(self) -> list[str]:
         """The llama-server command-line flags that select this drafter and its knobs (draft-simple also
         needs the draft model, ``-md FILE``)."""

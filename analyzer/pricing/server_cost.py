@@ -5,14 +5,17 @@ prompt's pass). On a plain server it is ``n_steps * plain_step_ms`` with ``n_ste
 On a speculating server the replay (analyzer/measuring/server_drafting.py) splits the same steps into
 plain steps and verification rounds, and the cost model is
 
-    predicted_ms = plain_step_ms * plain_steps + sum over rounds of (round_ms + per_draft_ms * k_r)
+    predicted_ms = step_ms * plain_steps + sum over rounds of (round_ms + per_draft_ms * k_r)
                    + per_accepted_ms * accepted
 
 where ``k_r`` is the round's drafted tokens: the round's fixed part (one batch decode, the sampling and
-the server's own per-round work), each drafted token's share of the batch, and the per-token work of the
-tokens a round adds beyond one. ``round_ms``, ``per_draft_ms`` and ``per_accepted_ms`` are the
-non-negative least-squares fit over calibration requests; ``plain_step_ms`` is the median of the plain
-server's own per-step time. A round at draft length k therefore costs ``round_ms + per_draft_ms * k``.
+the server's own per-round work), each drafted token's share of the batch (and, with a draft model, its
+draft decode), and the per-token work of the tokens a round adds beyond one. ``plain_step_ms`` is the
+median of the plain server's own per-step time. ``round_ms``, ``per_draft_ms`` and ``per_accepted_ms`` are
+the non-negative least-squares fit over calibration requests of one drafter family; so is ``step_ms``, a
+step with nothing drafted, for a draft model's servers (the draft decodes every token beside the target),
+while an n-gram server's plain step is the plain server's. A round at draft length k costs
+``round_ms + per_draft_ms * k``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class ServerCost:
     ``samples`` requests fitted the rounds, with a mean absolute relative error ``fit_mare``."""
 
     plain_step_ms: float
+    step_ms: float
     round_ms: float
     per_draft_ms: float
     per_accepted_ms: float
@@ -67,24 +71,28 @@ def plain_step_ms(timings: Sequence[dict]) -> float:
     return float(np.median(np.asarray(per_step, dtype=float)))
 
 
-def _features(replay: ServerReplay) -> list[float]:
-    drafted = np.asarray([k for k, _ in replay.rounds], dtype=float)
-    return [float(len(replay.rounds)), float(drafted.sum()), float(replay.draft_n_accepted)]
+def _features(replay: ServerReplay, fit_step: bool) -> list[float]:
+    drafted = float(sum(k for k, _ in replay.rounds))
+    rounds = [float(len(replay.rounds)), drafted, float(replay.draft_n_accepted)]
+    return ([float(replay.plain_steps)] if fit_step else []) + rounds
 
 
-def fit_server_cost(plain_step: float, samples: Sequence[tuple[ServerReplay, float]]) -> ServerCost:
-    """Fit the round costs on ``samples`` of (replay, measured ``predicted_ms``) from speculating
-    servers, given the plain step time; raises ValueError when no sample has a round."""
+def fit_server_cost(
+    plain_step: float, samples: Sequence[tuple[ServerReplay, float]], *, fit_step: bool = False
+) -> ServerCost:
+    """Fit the round costs on ``samples`` of (replay, measured ``predicted_ms``) from one drafter family's
+    speculating servers, given the plain server's step time; ``fit_step`` fits their step with nothing
+    drafted too (else it is the plain server's). Raises ValueError when no sample has a round."""
     with_rounds = [(replay, ms) for replay, ms in samples if replay.rounds]
     if not with_rounds:
         raise ValueError("no calibration request drafted anything, so no round was timed")
-    design = np.asarray([_features(replay) for replay, _ in with_rounds])  # (n, 3)
-    target = np.asarray([ms - plain_step * replay.plain_steps for replay, ms in with_rounds])  # (n,)
-    coef, _ = nnls(design, target)
-    cost = ServerCost(plain_step, float(coef[0]), float(coef[1]), float(coef[2]), len(with_rounds), 0.0)
+    design = np.asarray([_features(replay, fit_step) for replay, _ in with_rounds])  # (n, 3 or 4)
+    known = 0.0 if fit_step else plain_step
+    target = np.asarray([ms - known * replay.plain_steps for replay, ms in with_rounds])  # (n,)
+    coef = [float(c) for c in nnls(design, target)[0]]
+    step = coef.pop(0) if fit_step else plain_step
+    cost = ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), 0.0)
     predicted = np.asarray([cost.speculative_ms(replay) for replay, _ in with_rounds])
     measured = np.asarray([ms for _, ms in with_rounds])
     mare = float(np.mean(np.abs(predicted - measured) / measured))
-    return ServerCost(
-        plain_step, cost.round_ms, cost.per_draft_ms, cost.per_accepted_ms, len(with_rounds), mare
-    )
+    return ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), mare)

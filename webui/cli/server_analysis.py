@@ -205,20 +205,31 @@ def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
     return "\n".join(lines)
 
 
+def cost_text(cost: dict[str, Any]) -> str:
+    """One drafter family's fitted step costs in a line."""
+    return (
+        f"plain step {cost['plain_step_ms']:.2f} ms (a step with nothing drafted {cost['step_ms']:.2f} ms); a round "
+        f"{cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} "
+        f"ms per accepted token ({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})"
+    )
+
+
 def _num(value: Any, form: str = "{:.2f}") -> str:
     return "-" if value is None else form.format(value)
 
 
 def server_analysis_text(record: ServerAnalysisRecord) -> str:
     """The stored analysis as the CLI prints it."""
-    cost = record.cost
     lines = [
         f"llama-server analysis #{record.id} of prompt set #{record.prompt_set_id}: {len(record.prompts)} prompts, "
         f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}"
         + (f" (draft {record.draft_model})" if record.draft_model else ""),
-        f"cost from the servers' timings: plain step {cost['plain_step_ms']:.2f} ms; a round {cost['round_ms']:.2f} ms"
-        f" + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} ms per accepted token "
-        f"({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})",
+    ]
+    lines += [
+        f"cost from the servers' timings, {family} settings: {cost_text(cost)}"
+        for family, cost in record.cost.items()
+    ]
+    lines += [
         f"took {record.seconds:.0f} s ({record.seconds / max(record.plain_generation_seconds, 1e-9):.1f}x plain "
         f"generation of the same prompts) + {record.validation_seconds:.0f} s validation",
         "",
