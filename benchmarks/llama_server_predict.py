@@ -163,7 +163,8 @@ def main() -> None:
         print(
             f"cost, {family}: plain step {cost.plain_step_ms:.2f} ms, a step with nothing drafted {cost.step_ms:.2f} "
             f"ms; round {cost.round_ms:.2f} ms + {cost.per_draft_ms:.2f} ms per drafted token + "
-            f"{cost.per_accepted_ms:.2f} ms per accepted token ({cost.samples} calibration runs, fit MARE "
+            f"{cost.per_accepted_ms:.2f} ms per accepted token + {cost.per_draft_decode_ms:.2f} ms per draft decode "
+            f"({cost.samples} calibration runs, fit MARE "
             f"{cost.fit_mare:.1%})"
         )
     print(

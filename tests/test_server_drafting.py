@@ -156,6 +156,9 @@ def test_draft_simple_stops_under_p_min_keeps_drafting_on_its_own_branch_and_dro
     # drafted, accepted; the target adds 14 and the output is done.
     assert replay.rounds == ((3, 1), (1, 1)) and replay.plain_steps == 0 and replay.output_tokens == 5
     assert (4, (99,)) in oracle.asked and (4, (99, 98)) in oracle.asked
+    # the draft's decodes: one for the last sampled token, one per drafted token unless the loop stopped at
+    # n_max: round 1 stopped under p_min after 3 (4 decodes), round 2 after 1 (2 decodes)
+    assert replay.draft_decodes == 6
     # p_min 0: always n_max (or the room), and no branch is ever needed
     greedy = TableOracle(tops, {})
     every = ServerDrafter(DRAFT_SIMPLE, draft_n_max=2)
@@ -163,6 +166,7 @@ def test_draft_simple_stops_under_p_min_keeps_drafting_on_its_own_branch_and_dro
         every, prompt, output, n_predict=64, n_ctx=4096, eog_ids=frozenset(), oracle=greedy
     )
     assert plain.rounds == ((2, 1), (2, 2)) and not any(isinstance(a, tuple) for a in greedy.asked)
+    assert plain.draft_decodes == 4  # each round reached n_max = 2: its last token was never decoded
     # n_min: a draft shorter than it is dropped and the step is plain
     strict = ServerDrafter(DRAFT_SIMPLE, draft_n_min=2, draft_n_max=4, p_min=0.75)
     dropped = replay_request(
@@ -175,5 +179,6 @@ def test_draft_simple_stops_under_p_min_keeps_drafting_on_its_own_branch_and_dro
         oracle=TableOracle(tops, branches),
     )
     assert dropped.rounds == ((3, 1),) and dropped.plain_steps == 2
+    assert dropped.draft_decodes == 4 + 2 + 1  # a dropped draft's decodes happened all the same
     with pytest.raises(ValueError, match="draft model's oracle"):
         replay_request(sure, prompt, output, n_predict=64, n_ctx=4096, eog_ids=frozenset())

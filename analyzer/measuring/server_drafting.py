@@ -277,9 +277,9 @@ def draft_simple_draft(
     drafter: ServerDrafter, oracle: DraftOracle, sequence: Sequence[int], start: int, room: int
 ) -> list[int]:
     """draft-simple's draft after the sequence's first ``start`` tokens (the slot's tokens and the last
-    sampled one): greedy, up to ``min(n_max, room)`` tokens, stopping before one under ``p_min``; dropped
-    when shorter than ``n_min``. Once a drafted token differs from the sequence (or runs past its end) the
-    draft continues on its own tokens (:meth:`DraftOracle.branch_top`)."""
+    sampled one): greedy, up to ``min(n_max, room)`` tokens, stopping before one under ``p_min`` (the
+    caller drops a draft shorter than ``n_min``). Once a drafted token differs from the sequence (or runs
+    past its end) the draft continues on its own tokens (:meth:`DraftOracle.branch_top`)."""
     draft: list[int] = []
     branch_at = -1  # where the draft left the sequence
     for i in range(min(drafter.draft_n_max, room)):
@@ -293,18 +293,27 @@ def draft_simple_draft(
         if branch_at < 0 and (position >= len(sequence) or token != sequence[position]):
             branch_at = position
         draft.append(token)
-    return draft if len(draft) >= drafter.draft_n_min else []
+    return draft
+
+
+def draft_decodes(drafter: ServerDrafter, drafted: int, room: int) -> int:
+    """The draft model's decodes behind one call of draft-simple that drafted ``drafted`` tokens (before
+    the n_min drop): one for the last sampled token, then one per drafted token except a last one that
+    reached ``min(n_max, room)`` (the loop stops before decoding it)."""
+    return 1 + drafted - (1 if drafted == min(drafter.draft_n_max, room) else 0)
 
 
 @dataclass(frozen=True)
 class ServerReplay:
     """What llama-server does with one request under one drafter: ``rounds`` holds (drafted, accepted)
     per verification round; ``plain_steps`` the steps after the first token with nothing drafted;
-    ``draft_n`` and ``draft_n_accepted`` are the server's own ``timings`` fields."""
+    ``draft_n`` and ``draft_n_accepted`` are the server's own ``timings`` fields; ``draft_decodes``
+    counts the draft model's decodes in its draft loops (draft-simple)."""
 
     output_tokens: int
     plain_steps: int
     rounds: tuple[tuple[int, int], ...]
+    draft_decodes: int = 0  # the draft model's decodes (draft-simple), for its cost
 
     @property
     def draft_n(self) -> int:
@@ -349,7 +358,7 @@ def replay_request(
         ngram_mod_begin(table, prompt)
     history = list(prompt)
     rounds: list[tuple[int, int]] = []
-    plain_steps, g = 0, 1
+    plain_steps, g, decodes = 0, 1, 0
     done = not output or output[0] in eog_ids or 1 >= n_predict
     while not done and g < len(output):
         room = min(n_ctx - (len(prompt) + g - 1) - 2, n_predict - g - 1)
@@ -359,9 +368,10 @@ def replay_request(
             if drafter.kind == NGRAM_SIMPLE:
                 draft = ngram_simple_draft(drafter, history, output[g - 1])
             elif oracle is not None:
-                draft = draft_simple_draft(
-                    drafter, oracle, list(prompt) + list(output), len(prompt) + g, room
-                )
+                sequence = list(prompt) + list(output)
+                draft = draft_simple_draft(drafter, oracle, sequence, len(prompt) + g, room)
+                decodes += draft_decodes(drafter, len(draft), room)
+                draft = draft if len(draft) >= drafter.draft_n_min else []
             else:
                 assert table is not None
                 draft = ngram_mod_draft(drafter, table, history, output[g - 1])
@@ -380,4 +390,4 @@ def replay_request(
             if token in eog_ids or g >= n_predict:
                 done = True
                 break
-    return ServerReplay(output_tokens=min(g, len(output)), plain_steps=plain_steps, rounds=tuple(rounds))
+    return ServerReplay(min(g, len(output)), plain_steps, tuple(rounds), decodes)

@@ -8,7 +8,8 @@ plain steps and verification rounds, and the cost model is
     predicted_ms = step_ms * plain_steps + sum over rounds of (round_ms + per_draft_ms * k_r)
                    + per_accepted_ms * accepted
 
-where ``k_r`` is the round's drafted tokens: the round's fixed part (one batch decode, the sampling and
+(+ ``per_draft_decode_ms`` per decode of a draft model in its draft loops, which the replay counts) where
+``k_r`` is the round's drafted tokens: the round's fixed part (one batch decode, the sampling and
 the server's own per-round work), each drafted token's share of the batch (and, with a draft model, its
 draft decode), and the per-token work of the tokens a round adds beyond one. ``plain_step_ms`` is the
 median of the plain server's own per-step time. ``round_ms``, ``per_draft_ms`` and ``per_accepted_ms`` are
@@ -41,6 +42,7 @@ class ServerCost:
     per_accepted_ms: float
     samples: int
     fit_mare: float
+    per_draft_decode_ms: float = 0.0  # a draft model's decode in its draft loop (draft-simple)
 
     def round_cost_ms(self, drafted: int) -> float:
         """One verification round that drafted ``drafted`` tokens."""
@@ -54,7 +56,10 @@ class ServerCost:
         """The replayed request on a speculating server."""
         rounds = sum(self.round_cost_ms(k) for k, _ in replay.rounds)
         return (
-            self.plain_step_ms * replay.plain_steps + rounds + self.per_accepted_ms * replay.draft_n_accepted
+            self.step_ms * replay.plain_steps
+            + rounds
+            + self.per_accepted_ms * replay.draft_n_accepted
+            + self.per_draft_decode_ms * replay.draft_decodes
         )
 
     def speedup(self, replay: ServerReplay) -> float:
@@ -72,9 +77,13 @@ def plain_step_ms(timings: Sequence[dict]) -> float:
 
 
 def _features(replay: ServerReplay, fit_step: bool) -> list[float]:
+    """(plain steps), rounds, drafted, accepted, (draft decodes): the parenthesized ones where the step
+    is fitted, i.e. for a draft model's servers."""
     drafted = float(sum(k for k, _ in replay.rounds))
     rounds = [float(len(replay.rounds)), drafted, float(replay.draft_n_accepted)]
-    return ([float(replay.plain_steps)] if fit_step else []) + rounds
+    if not fit_step:
+        return rounds
+    return [float(replay.plain_steps), *rounds, float(replay.draft_decodes)]
 
 
 def fit_server_cost(
@@ -91,8 +100,9 @@ def fit_server_cost(
     target = np.asarray([ms - known * replay.plain_steps for replay, ms in with_rounds])  # (n,)
     coef = [float(c) for c in nnls(design, target)[0]]
     step = coef.pop(0) if fit_step else plain_step
-    cost = ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), 0.0)
+    decode = coef.pop() if fit_step else 0.0
+    cost = ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), 0.0, decode)
     predicted = np.asarray([cost.speculative_ms(replay) for replay, _ in with_rounds])
     measured = np.asarray([ms for _, ms in with_rounds])
     mare = float(np.mean(np.abs(predicted - measured) / measured))
-    return ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), mare)
+    return ServerCost(plain_step, step, coef[0], coef[1], coef[2], len(with_rounds), mare, decode)

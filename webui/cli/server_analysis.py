@@ -210,7 +210,13 @@ def cost_text(cost: dict[str, Any]) -> str:
     return (
         f"plain step {cost['plain_step_ms']:.2f} ms (a step with nothing drafted {cost['step_ms']:.2f} ms); a round "
         f"{cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} "
-        f"ms per accepted token ({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})"
+        f"ms per accepted token"
+        + (
+            f" + {cost['per_draft_decode_ms']:.2f} ms per draft decode"
+            if cost.get("per_draft_decode_ms")
+            else ""
+        )
+        + f" ({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})"
     )
 
 
