@@ -104,6 +104,34 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
     assert all(f.counts_equal == 1.0 for f in figures if f.counts_equal is not None)
 
 
+def test_calibration_prompts_that_draft_nothing_fail_with_advice_and_store_nothing(
+    runner, llama_server_binary, monkeypatch
+):
+    from webui.cli import cli
+
+    monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(llama_server_binary))
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    # ngram-mod at its defaults needs 48 tokens found in a row: one short chat prompt never gets there
+    args = [
+        "--drafter",
+        "ngram-mod",
+        "--per-task",
+        "1",
+        "--calibration",
+        "1",
+        "--n-predict",
+        "8",
+        "--no-validate",
+    ]
+    failed = runner.invoke(cli, ["llama-server", "analyze", *args])
+    assert failed.exit_code == 1, failed.output
+    assert failed.stderr.splitlines()[-1] == (
+        "Error: none of the first 1 prompts drafted anything with ngram-mod 24 48-64, so no round could be "
+        "timed: raise --calibration, or put prompts that repeat their input (extraction, code edits) first"
+    )
+    assert runner.invoke(cli, ["llama-server", "show", "1"]).stderr == "Error: no llama-server analysis #1\n"
+
+
 def test_a_server_that_cannot_start_says_why(llama_server_binary, tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a model")

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from flask import render_template
 
-from analyzer.analysis.server_store import get_server_analysis, list_server_analyses, pool_plan
-from webui.cli.server_analysis import pool_plan_text
+from analyzer.analysis.server_store import (
+    get_server_analysis,
+    list_server_analyses,
+    pool_plan,
+    pool_plan_text,
+)
 from webui.plots import scatter
 from webui.ui import bp, sessions
 

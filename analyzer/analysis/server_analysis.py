@@ -23,6 +23,7 @@ import numpy as np
 
 from analyzer.engine.llama_server_draft import DraftModel
 from analyzer.engine.llama_server_process import Completion, LlamaServerProcess
+from analyzer.errors import SpecrouteError
 from analyzer.measuring.interference import MAX_OTHERS_CPU, machine_reading, others_busy_s
 from analyzer.measuring.server_drafting import (
     NGRAM_MOD,
@@ -34,6 +35,13 @@ from analyzer.measuring.server_drafting import (
 )
 from analyzer.pricing.server_cost import ServerCost, fit_server_cost, plain_step_ms
 from analyzer.run_params import DEFAULT_MARGIN
+
+
+class ServerAnalysisError(SpecrouteError, ValueError):
+    """An analysis in llama-server that cannot go on as asked; the message says what to change."""
+
+    status, code = 400, "server_analysis_failed"
+
 
 MIN_SPEEDUP = 1 + DEFAULT_MARGIN  # a setting is advised for a task only where it predicts more than this
 
@@ -211,9 +219,9 @@ def analyze_in_llama_server(
     """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
     The first ``calibration_prompts`` prompts fit the cost and are not validated."""
     if not prompts or not drafters:
-        raise ValueError("an analysis needs at least one prompt and one drafter")
+        raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
-        raise ValueError("a draft-simple setting needs the draft model (its GGUF file)")
+        raise ServerAnalysisError("a draft-simple setting needs the draft model (its GGUF file)")
     started = time.perf_counter()
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
@@ -314,7 +322,14 @@ def _calibrate(
             for s in quiet
             if s.measured is not None and s.drafter.family == family
         ]
-        costs[family] = fit_server_cost(plain_step, samples, fit_step=family == "draft model")
+        try:
+            costs[family] = fit_server_cost(plain_step, samples, fit_step=family == "draft model")
+        except ValueError:
+            labels = ", ".join(sorted({s.drafter.label for s in runs if s.drafter.family == family}))
+            raise ServerAnalysisError(
+                f"none of the first {len(outcomes)} prompts drafted anything with {labels}, so no round could be "
+                "timed: raise --calibration, or put prompts that repeat their input (extraction, code edits) first"
+            ) from None
     return costs
 
 

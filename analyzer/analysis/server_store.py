@@ -8,6 +8,7 @@ setting the llama-server command-line flags that start a pool running it."""
 from __future__ import annotations
 
 import platform
+import shlex
 from typing import Any
 
 from sqlalchemy import select
@@ -21,9 +22,10 @@ from analyzer.analysis.server_analysis import (
     task_choices,
     validation_figures,
 )
+from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
-from analyzer.orm import Prompt, PromptSet, ServerAnalysisRecord
+from analyzer.orm import PromptSet, ServerAnalysisRecord
 
 UNLABELLED = "unlabelled"
 
@@ -173,11 +175,18 @@ def pool_plan(record: ServerAnalysisRecord) -> dict[str, Any]:
     return {"pools": pools, "routes": routes}
 
 
-def prompt_texts(session: Session, record: ServerAnalysisRecord) -> dict[int, str]:
-    """The first 80 characters of each analysed prompt, by prompt id, for the report's rows."""
-    ids = [row["prompt_id"] for row in record.prompts]
-    rows = session.execute(select(Prompt.id, Prompt.text, Prompt.messages).where(Prompt.id.in_(ids)))
-    return {
-        pid: ((text or str((messages or [{}])[-1].get("content", ""))) or "")[:80]
-        for pid, text, messages in rows
-    }
+def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
+    """The pools' command lines and the task -> pool table."""
+    plan = pool_plan(record)
+    lines = [
+        f"# pools for llama-server analysis #{record.id} ({record.threads} threads, context {record.n_ctx})"
+    ]
+    for offset, (name, pool) in enumerate(plan["pools"].items()):
+        command = server_command(
+            "llama-server", record.model, port=first_port + offset, threads=record.threads, n_ctx=record.n_ctx,
+            flags=pool["flags"],
+        )  # fmt: skip
+        lines += [f"# {name}: {pool['setting']} for {', '.join(pool['tasks'])}", shlex.join(command)]
+    lines.append("# task -> pool")
+    lines += [f"{task}: {name}" for task, name in plan["routes"].items()]
+    return "\n".join(lines)

@@ -4,7 +4,6 @@ choices need (analyzer/analysis/server_store.py)."""
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import click
@@ -12,12 +11,12 @@ import click
 from analyzer.analysis.server_analysis import ServerSetup, analyze_in_llama_server
 from analyzer.analysis.server_store import (
     get_server_analysis,
-    pool_plan,
+    pool_plan_text,
     server_prompts,
     store_server_analysis,
 )
 from analyzer.engine.llama_server import find_llama_server
-from analyzer.engine.llama_server_process import server_command, server_version
+from analyzer.engine.llama_server_process import server_version
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
 from analyzer.models.specs import parse_spec
@@ -186,23 +185,6 @@ def pools(state: CliState, analysis_id: int, first_port: int) -> None:
     with state.sessions()() as session:
         record = get_server_analysis(session, analysis_id)
         click.echo(pool_plan_text(record, first_port))
-
-
-def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
-    """The pools' command lines and the task -> pool table."""
-    plan = pool_plan(record)
-    lines = [
-        f"# pools for llama-server analysis #{record.id} ({record.threads} threads, context {record.n_ctx})"
-    ]
-    for offset, (name, pool) in enumerate(plan["pools"].items()):
-        command = server_command(
-            "llama-server", record.model, port=first_port + offset, threads=record.threads, n_ctx=record.n_ctx,
-            flags=pool["flags"],
-        )  # fmt: skip
-        lines += [f"# {name}: {pool['setting']} for {', '.join(pool['tasks'])}", shlex.join(command)]
-    lines.append("# task -> pool")
-    lines += [f"{task}: {name}" for task, name in plan["routes"].items()]
-    return "\n".join(lines)
 
 
 def cost_text(cost: dict[str, Any]) -> str:
