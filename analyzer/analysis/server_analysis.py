@@ -94,6 +94,13 @@ class SettingOutcome:
         return plain / (self.measured.completion.predicted_ms / self.measured.steps)
 
     @property
+    def output_equal(self) -> bool:
+        """Whether the server's speculative output equals its paired plain run's."""
+        return bool(
+            self.measured and self.plain and self.measured.completion.tokens == self.plain.completion.tokens
+        )
+
+    @property
     def counts_equal(self) -> bool | None:
         """Whether the server's draft counts equal the replay's (None: not run on a server)."""
         if self.measured is None:
@@ -411,14 +418,6 @@ class ValidationFigures:
     mare_all: float | None
 
 
-def _same_output(setting: SettingOutcome) -> bool:
-    return bool(
-        setting.measured
-        and setting.plain
-        and setting.measured.completion.tokens == setting.plain.completion.tokens
-    )
-
-
 def _mare(settings: Sequence[SettingOutcome]) -> float | None:
     errors = [abs(s.predicted_speedup - m) / m for s in settings if (m := s.measured_speedup)]
     return float(np.mean(errors)) if errors else None
@@ -435,7 +434,7 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
             for s in runs
             if not (s.measured and s.measured.disturbed) and not (s.plain and s.plain.disturbed)
         ]
-        equal = [s for s in runs if _same_output(s)]
+        equal = [s for s in runs if s.output_equal]
         figures.append(
             ValidationFigures(
                 drafter.label,
@@ -443,7 +442,7 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
                 len(runs) - len(quiet),
                 len(equal) / len(runs) if runs else None,
                 sum(1 for s in equal if s.counts_equal) / len(equal) if equal else None,
-                _mare([s for s in quiet if _same_output(s)]),
+                _mare([s for s in quiet if s.output_equal]),
                 _mare(quiet),
             )
         )

@@ -7,7 +7,7 @@ setting the llama-server command-line flags that start a pool running it."""
 
 from __future__ import annotations
 
-import platform
+import os
 import shlex
 from typing import Any
 
@@ -25,6 +25,7 @@ from analyzer.analysis.server_analysis import (
 from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.models.devices import cpu_model_name
 from analyzer.orm import PromptSet, ServerAnalysisRecord
 
 UNLABELLED = "unlabelled"
@@ -62,11 +63,6 @@ def _run_dict(run: TimedCompletion | None) -> dict[str, Any] | None:
 
 def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
     replay = setting.replay
-    same = bool(
-        setting.measured
-        and setting.plain
-        and setting.measured.completion.tokens == setting.plain.completion.tokens
-    )
     return {
         "setting": setting.drafter.label,
         "predicted_speedup": setting.predicted_speedup,
@@ -78,7 +74,7 @@ def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
         "measured": _run_dict(setting.measured),
         "paired_plain": _run_dict(setting.plain),
         "measured_speedup": setting.measured_speedup,
-        "output_equal": same if setting.measured else None,
+        "output_equal": setting.output_equal if setting.measured else None,
         "counts_equal": setting.counts_equal,
     }
 
@@ -120,7 +116,7 @@ def store_server_analysis(
         model=model,
         draft_model=draft_model,
         server_build=server_build,
-        machine=f"{platform.machine()} {platform.processor() or platform.system()}".strip()[:300],
+        machine=f"{cpu_model_name()}, {os.cpu_count()} cores"[:300],
         threads=analysis.threads,
         n_ctx=analysis.n_ctx,
         n_predict=analysis.n_predict,
