@@ -94,9 +94,13 @@ class Settings:
     router_pools: str = _setting(
         "",
         "JSON object naming the deployment per decision, keys 'off' and 'k<gamma>' "
-        '(e.g. {"off": "vllm-plain", "k4": "vllm-spec4"}); unnamed ones are spec-off / spec-k<gamma>. Read when '
-        "a policy set is published, and published with it: the router names the pools the active set "
-        "published, and uses the serving process's own value only for a set published before revision 0019.",
+        '(e.g. {"off": "vllm-plain", "k4": "vllm-spec4"}); unnamed ones are spec-off / spec-k<gamma>. A set '
+        "published from a llama-server analysis keys its pools by 'off' and the drafter setting's label "
+        '(e.g. {"off": "http://10.0.0.5:8081", "ngram-mod 16 2-16": "http://10.0.0.5:8082"}); unnamed ones are '
+        "llama-server on this machine at http://127.0.0.1:<port>, from port 8081 ('specroute policies publish "
+        "--first-port'). Read when a policy set is published, and published with it: the router names the pools "
+        "the active set published, and uses the serving process's own value only for a set published before "
+        "revision 0019.",
     )
     router_refresh_s: float = _setting(
         2.0,
@@ -248,10 +252,23 @@ def router_pools(settings: Settings) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in pools.items()
     ):
         raise SettingsError("SPECROUTE_ROUTER_POOLS: expected a JSON object of strings")
-    bad = [k for k in pools if k != "off" and not (k.startswith("k") and k[1:].isdigit())]
+    bad = [k for k in pools if k != "off" and not (k.startswith("k") and k[1:].isdigit()) and not _drafter(k)]
     if bad:
-        raise SettingsError(f"SPECROUTE_ROUTER_POOLS: keys must be 'off' or 'k<gamma>', got {', '.join(bad)}")
+        raise SettingsError(
+            "SPECROUTE_ROUTER_POOLS: keys must be 'off', 'k<gamma>' or a llama-server drafter setting "
+            f"('ngram-mod 16 2-16'), got {', '.join(bad)}"
+        )
     return pools
+
+
+def _drafter(text: str) -> bool:
+    """Whether ``text`` is a llama-server drafter setting's label."""
+    from analyzer.measuring.server_drafting import parse_drafter
+
+    try:
+        return parse_drafter(text).label == text
+    except ValueError:
+        return False
 
 
 def env_name(name: str) -> str:

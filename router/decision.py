@@ -259,7 +259,7 @@ class Router:
             expected_speedup=float(choice.expected) if choice.speculate else 1.0,
             reasons=tuple(choice.reasons),
             policy_version=self.policy_version,
-            engine=self._engine(choice.speculate, gamma),
+            engine=self._engine(choice.speculate, gamma, policy.setting if policy is not None else None),
         )
 
     def _policy_reasons(
@@ -420,13 +420,15 @@ class Router:
             return curve.decide(batch_size, state.alpha, state.prior_alpha)
         return curve.decide(batch_size)
 
-    def _engine(self, speculate: bool, gamma: int) -> dict[str, Any]:
+    def _engine(self, speculate: bool, gamma: int, setting: str | None) -> dict[str, Any]:
         """The decision in each engine's own terms (asked of the registry: see
         :meth:`analyzer.engine.engine_base.Engine.decision_settings`), the pool to send it to, and the
-        engines that priced and measured the policies."""
-        pool = self.contract.pool(speculate, gamma, self.config.pools)
+        engines that priced and measured the policies; ``setting``: the llama-server drafter setting the
+        deciding policy names (used only where the decision speculates)."""
+        setting = setting if speculate else None
+        pool = self.contract.pool(speculate, gamma, self.config.pools, setting)
         settings = {
-            name: engine.decision_settings(speculate, gamma, self.draft_kind, self.ngram_max, pool)
+            name: engine.decision_settings(speculate, gamma, self.draft_kind, self.ngram_max, pool, setting)
             for name, engine in REGISTRY.items()
         }
         return {name: value for name, value in settings.items() if value is not None} | {

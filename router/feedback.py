@@ -62,6 +62,13 @@ class NoActivePolicy(FeedbackError):
     status, code = 409, "no_active_policy"
 
 
+class PolicyNotAdaptive(FeedbackError):
+    """Feedback about a policy set without a cost to adapt with: one published from a llama-server analysis
+    (each pool's server fixes its setting), or from a run without a cost profile."""
+
+    status, code = 409, "policy_not_adaptive"
+
+
 @dataclass(frozen=True)
 class FeedbackCounts:
     """A generation's speculation, normalised: target passes (rounds), drafted and accepted tokens."""
@@ -371,6 +378,26 @@ class Recorded:
     snapshot: dict[str, Any]
 
 
+def _check_adaptive(session: Session, version: int | None) -> None:
+    """PolicyNotAdaptive where policy set ``version`` (None: the active one) exists but has no cost."""
+    query = select(PolicySet.version, PolicySet.server_analysis_id)
+    found = session.execute(
+        query.where(PolicySet.is_active.is_(True))
+        if version is None
+        else query.where(PolicySet.version == version)
+    ).first()
+    if found is not None:
+        source = (
+            "a llama-server analysis, whose pools fix each task's setting"
+            if found[1]
+            else "a run without a cost profile"
+        )
+        raise PolicyNotAdaptive(
+            f"policy set v{found[0]} was published from {source}: it has no cost to adapt with, so it takes no "
+            "feedback"
+        )
+
+
 def _checked_context(
     session: Session,
     request: FeedbackRequest,
@@ -383,6 +410,8 @@ def _checked_context(
         if request.policy_version not in loaded:
             loaded[request.policy_version] = policy_context(session, request.policy_version)
         context = loaded[request.policy_version]
+    if context is None:
+        _check_adaptive(session, request.policy_version)
     if context is None and request.policy_version is not None:
         raise UnknownRouteId(
             f"unknown route_id {request.route_id!r}: policy set v{request.policy_version} does not exist"

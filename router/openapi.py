@@ -116,9 +116,24 @@ SCHEMAS: dict[str, Any] = {
             "policy_version": {"type": ["integer", "null"]},
             "engine": {
                 "type": "object",
-                "required": ["transformers", "llama.cpp", "pool", "priced_by", "measured_by"],
+                "required": ["pool", "priced_by", "measured_by"],
                 "additionalProperties": False,
+                "description": "The decision in each engine that can run it: transformers and llama.cpp for a "
+                "set published from a run (and for a plain decision of any set); llama-server for a set published "
+                "from a llama-server analysis.",
                 "properties": {
+                    "llama-server": {
+                        "type": "object",
+                        "required": ["pool", "setting", "flags"],
+                        "additionalProperties": False,
+                        "description": "llama-server fixes its drafter per server: the pool to send the request to, "
+                        "the drafter setting it runs (off: plain) and that server's command-line flags.",
+                        "properties": {
+                            "pool": {"type": "string"},
+                            "setting": {"type": "string"},
+                            "flags": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
                     "transformers": {
                         "type": "object",
                         "description": "generate() settings: "
@@ -277,6 +292,11 @@ SCHEMAS: dict[str, Any] = {
                 "to decide (its decision is then the workload's).",
             },
             "decision_reason": {"type": ["string", "null"]},
+            "setting": {
+                "type": ["string", "null"],
+                "description": "The llama-server drafter setting the task speculates with (a set published from "
+                "a llama-server analysis: its pool is keyed by it); null: off, or a set published from a run.",
+            },
             "by_batch": {
                 "type": "object",
                 "description": "Per profiled batch size: the best gamma, its predicted speedup and "
@@ -319,6 +339,10 @@ SCHEMAS: dict[str, Any] = {
             "version": {"type": "integer"},
             "active": {"type": "boolean"},
             "run_id": {"type": ["integer", "null"]},
+            "server_analysis_id": {
+                "type": ["integer", "null"],
+                "description": "The llama-server analysis the set was published from (run_id is then null).",
+            },
             "engine": {"type": "string", "description": "The same as priced_by (for earlier clients)."},
             "priced_by": {
                 "type": "string",
@@ -343,7 +367,9 @@ SCHEMAS: dict[str, Any] = {
                 "type": ["object", "null"],
                 "additionalProperties": {"type": "string"},
                 "description": "The deployment each decision goes to, published with the set: keys off and "
-                "k1..k<gamma_max> (SPECROUTE_ROUTER_POOLS when it was published, else spec-off / spec-k<gamma>); "
+                "k1..k<gamma_max> (SPECROUTE_ROUTER_POOLS when it was published, else spec-off / spec-k<gamma>), "
+                "or for a set from a llama-server analysis off and each drafter setting it uses (else "
+                "http://127.0.0.1:<port>); "
                 "null: published before pools were, so the serving process's SPECROUTE_ROUTER_POOLS names them.",
             },
             "margin": _NUM,

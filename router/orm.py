@@ -58,6 +58,9 @@ class PolicySet(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     version: Mapped[int] = mapped_column(Integer, unique=True)
     run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("analysis_runs.id"), index=True)
+    # a set published from an analysis in llama-server (analyzer.orm.ServerAnalysisRecord) names it here
+    # instead of a run; not a foreign key (migration 0021 says why), checked when publishing
+    server_analysis_id: Mapped[Optional[int]] = mapped_column(Integer, index=True)
     # the engine that measured the run's acceptance, and the engine whose cost priced the policies
     measured_by: Mapped[str] = mapped_column(
         String(32), default="transformers", server_default="transformers"
@@ -114,6 +117,9 @@ class TaskPolicy(Base):
     speedup_lows_by_batch: Mapped[Optional[dict[str, Any]]] = mapped_column()
     decision_basis: Mapped[Optional[str]] = mapped_column(String(16))
     decision_reason: Mapped[Optional[str]] = mapped_column(Text)
+    # the llama-server drafter setting it speculates with ("ngram-mod 16 2-16"; None: off, or a set
+    # published from an analysis run, whose decision is a gamma): the router names the pool by it
+    setting: Mapped[Optional[str]] = mapped_column(String(64))
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
 

@@ -66,15 +66,20 @@ class PolicyContract:
             dict(policy_set.pools) if policy_set.pools is not None else None,
         )
 
-    def pool(self, speculate: bool, gamma: int, configured: Mapping[str, str]) -> str:
+    def pool(
+        self, speculate: bool, gamma: int, configured: Mapping[str, str], setting: str | None = None
+    ) -> str:
         """The deployment this decision goes to: the set's published pools, or (a set published
         before they were) ``configured``, the serving process's SPECROUTE_ROUTER_POOLS."""
-        return pool_name(self.pools if self.pools is not None else configured, speculate, gamma)
+        return pool_name(self.pools if self.pools is not None else configured, speculate, gamma, setting)
 
 
-def pool_name(pools: Mapping[str, str], speculate: bool, gamma: int) -> str:
-    """The deployment named in ``pools`` for a decision ("off", or "k<gamma>" when it speculates), else
-    the default name "spec-off" / "spec-k<gamma>"."""
+def pool_name(pools: Mapping[str, str], speculate: bool, gamma: int, setting: str | None = None) -> str:
+    """The deployment named in ``pools`` for a decision: keyed "off", "k<gamma>" when it speculates, or
+    the llama-server drafter ``setting`` it speculates with ("ngram-mod 16 2-16"); else the default name
+    "spec-off" / "spec-k<gamma>" / "llama-server-<setting, dashed>"."""
+    if speculate and setting is not None:
+        return pools.get(setting, "llama-server-" + setting.replace(" ", "-").replace("/", "-"))
     key = f"k{gamma}" if speculate else "off"
     return pools.get(key, f"spec-k{gamma}" if speculate else "spec-off")
 
@@ -229,6 +234,7 @@ class PolicySnapshot:
     speedup_interval: tuple[float | None, float | None] = (None, None)
     decision_basis: str | None = None
     lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
+    setting: str | None = None  # the llama-server drafter setting (router/server_policy.py)
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
@@ -247,6 +253,7 @@ class PolicySnapshot:
             (policy.speedup_low, policy.speedup_high),
             policy.decision_basis,
             {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()},
+            policy.setting,
         )
 
     @property

@@ -37,19 +37,21 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
         "speedup_interval": [policy.speedup_low, policy.speedup_high],
         "decision_basis": policy.decision_basis,
         "decision_reason": policy.decision_reason,
+        "setting": policy.setting,
         "by_batch": by_batch,
     }
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
-    """A policy set: version, whether active, its run, the engines that measured and priced it, its
-    margin, gamma_max, draft and batch-1 cost (the contract the router decides under), notes, times and
-    (``with_policies``) its policies, the fallback ("*") last. ``engine`` repeats ``priced_by`` for
-    clients of earlier versions."""
+    """A policy set: version, whether active, its run (or llama-server analysis), the engines that
+    measured and priced it, its margin, gamma_max, draft and batch-1 cost (the contract the router
+    decides under), notes, times and (``with_policies``) its policies, the fallback ("*") last.
+    ``engine`` repeats ``priced_by`` for clients of earlier versions."""
     data: dict[str, Any] = {
         "version": policy_set.version,
         "active": policy_set.is_active,
         "run_id": policy_set.run_id,
+        "server_analysis_id": policy_set.server_analysis_id,
         "engine": policy_set.priced_by,
         "priced_by": policy_set.priced_by,
         "measured_by": policy_set.measured_by,

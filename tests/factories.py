@@ -59,3 +59,57 @@ def routing_test_app(folder, **config):
         r'name="csrf_token" value="([^"]+)"', client.get("/prompts").get_data(as_text=True)
     ).group(1)
     return app, client, make_session_factory(engine), token, engine, url
+
+
+def _answer(kind, ids, n, number):
+    """A synthetic greedy answer of ``n`` tokens to a prompt of ``ids``: "copy" repeats the prompt, "chunks"
+    copies four prompt tokens at a time from spread offsets with a new token between, anything else is new
+    tokens only."""
+    if kind == "copy":
+        return (ids * (n // len(ids) + 1))[:n]
+    if kind == "chunks":
+        tokens = []
+        while len(tokens) < n:
+            start = (len(tokens) * 7) % max(len(ids) - 4, 1)
+            tokens += [*ids[start : start + 4], 3000 + len(tokens)]
+        return tokens[:n]
+    return [5000 + number * 50 + i for i in range(n)]
+
+
+def make_server_analysis(session, prompt_set, answers, drafters=("ngram-simple 3/8", "ngram-mod 16 2-16")):
+    """A stored llama-server analysis of ``prompt_set`` made by the real replay, pricing and store on
+    synthetic greedy outputs (no server runs): ``answers`` maps a task to how its prompts answer ("copy":
+    the prompt repeated, where long n-gram drafts pay; "chunks": short copied runs, where short drafts pay);
+    any other task answers new tokens only (nothing to draft). The step costs are a CPU-like fixed fit: a
+    plain step 10 ms, a round 11 ms + 0.5 ms per drafted token."""
+    from analyzer.analysis.server_analysis import (
+        PromptOutcome,
+        ServerAnalysis,
+        SettingOutcome,
+        TimedCompletion,
+        replay_all,
+    )
+    from analyzer.analysis.server_store import server_prompts, store_server_analysis
+    from analyzer.engine.llama_server_process import Completion
+    from analyzer.measuring.server_drafting import parse_drafter
+    from analyzer.pricing.server_cost import ServerCost
+
+    n_predict, n_ctx = 48, 4096
+    outcomes = []
+    for number, prompt in enumerate(server_prompts(prompt_set)):
+        text = prompt.messages[-1]["content"]
+        ids = [100 + (ord(c) * 7 + i) % 900 for i, c in enumerate(text[:40])] + [1, 2, 3, 4, 5]
+        tokens = _answer(answers.get(prompt.task), ids, n_predict, number)
+        timings = {"predicted_ms": 10.0 * (len(tokens) - 1), "predicted_n": len(tokens)}
+        plain = TimedCompletion(Completion(tokens, "limit", timings, ""), 0.0)
+        outcomes.append(PromptOutcome(prompt, ids, plain))
+    chosen = [parse_drafter(d) for d in drafters]
+    cost = ServerCost(10.0, 10.2, 11.0, 0.5, 0.0, 6, 0.02)
+    for drafter in chosen:
+        for outcome, replay in zip(outcomes, replay_all(drafter, outcomes, n_predict=n_predict, n_ctx=n_ctx)):
+            outcome.settings.append(SettingOutcome(drafter, replay, cost.speedup(replay)))
+    families = {d.family: cost for d in chosen}
+    analysis = ServerAnalysis(chosen, outcomes, families, n_predict, 2, 1.0, 0.5, 3, 0.0, n_ctx)
+    return store_server_analysis(
+        session, prompt_set, analysis, model="/models/target.gguf", server_build="test"
+    )

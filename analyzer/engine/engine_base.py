@@ -32,6 +32,9 @@ DEFAULT_ENGINE = TRANSFORMERS
 # the engine entry of cost profiles imported from another engine's own benchmark (analyzer/analysis/cost_import.py):
 # they price, and never measure
 IMPORTED = "imported"
+# llama.cpp's own C++ server: analysed by its own analysis (analyzer/analysis/server_analysis.py, not a run),
+# it measures and prices there; its registry entry routes the policy sets published from those analyses
+LLAMA_SERVER = "llama-server"
 
 
 class ProfilingPlan(NamedTuple):
@@ -112,12 +115,20 @@ class Engine(Protocol):
         ...
 
     def decision_settings(
-        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+        self,
+        speculate: bool,
+        gamma: int,
+        draft_kind: str,
+        ngram_max: int,
+        pool: str,
+        setting: str | None = None,
     ) -> dict[str, Any] | None:
         """A routing decision in this engine's own terms (the ``engine`` object of ``/v1/route``): what
         to speculate with at ``gamma`` for a draft of ``draft_kind`` ("ngram": prompt lookup of n-grams up
         to ``ngram_max``; else a draft model), or plain decoding; ``pool`` is the deployment the decision
-        names. None: the engine takes no per-request settings (an imported profile's engine)."""
+        names; ``setting`` the llama-server drafter setting a policy from a llama-server analysis names
+        (None otherwise). None: the engine cannot run this decision (an imported profile's engine; a
+        llama-server setting in another engine)."""
         ...
 
 

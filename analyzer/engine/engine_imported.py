@@ -72,7 +72,13 @@ class ImportedEngine:
         return f"imported from {profile.get('engine')}{version}'s own benchmark, not judged here"
 
     def decision_settings(
-        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+        self,
+        speculate: bool,
+        gamma: int,
+        draft_kind: str,
+        ngram_max: int,
+        pool: str,
+        setting: str | None = None,
     ) -> dict[str, Any] | None:
         """An imported profile's engine is configured by its own server's flags (``pool`` names the
         deployment), not per request."""

@@ -107,10 +107,19 @@ class LlamaCppEngine:
         return None
 
     def decision_settings(
-        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+        self,
+        speculate: bool,
+        gamma: int,
+        draft_kind: str,
+        ngram_max: int,
+        pool: str,
+        setting: str | None = None,
     ) -> dict[str, Any] | None:
         """The pool to send the request to and what its server speculates with (llama.cpp fixes it per
         server, so the pool names it): prompt lookup or a draft model, at most ``gamma`` drafted tokens;
-        None for a plain pool."""
+        None for a plain pool. None in all for a llama-server drafter ``setting``: its drafting rules are
+        not llama-cpp-python's."""
+        if speculate and setting is not None:
+            return None
         speculative = {"draft": "prompt-lookup" if draft_kind == "ngram" else "model", "n_max": gamma}
         return {"pool": pool, "speculative": speculative if speculate else None}

@@ -83,12 +83,21 @@ class TransformersEngine:
         return None
 
     def decision_settings(
-        self, speculate: bool, gamma: int, draft_kind: str, ngram_max: int, pool: str
+        self,
+        speculate: bool,
+        gamma: int,
+        draft_kind: str,
+        ngram_max: int,
+        pool: str,
+        setting: str | None = None,
     ) -> dict[str, Any] | None:
         """``generate()`` settings: no assistant, prompt lookup, or a draft model at a constant gamma
-        with no confidence stop (what the analysis replayed)."""
+        with no confidence stop (what the analysis replayed). None for a llama-server drafter ``setting``,
+        which only llama-server runs."""
         if not speculate:
             return {"assistant_model": False}
+        if setting is not None:
+            return None
         if draft_kind == "ngram":
             return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ngram_max}
         return {

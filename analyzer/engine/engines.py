@@ -18,6 +18,7 @@ from analyzer.engine.engine_base import (  # noqa: F401  (re-exported: importers
     ENGINES,
     IMPORTED,
     LLAMA_CPP,
+    LLAMA_SERVER,
     TRANSFORMERS,
     CostModeError,
     Engine,
@@ -30,12 +31,14 @@ from analyzer.engine.engine_base import (  # noqa: F401  (re-exported: importers
     check_engine_name,
 )
 from analyzer.engine.engine_imported import ImportedEngine
+from analyzer.engine.engine_llama_server import LlamaServerEngine
 from analyzer.engine.engine_llamacpp import LlamaCppEngine
 from analyzer.engine.engine_transformers import TransformersEngine
 from analyzer.run_params import RunParams
 
 REGISTRY: dict[str, Engine] = {
-    engine.name: engine for engine in (TransformersEngine(), LlamaCppEngine(), ImportedEngine())
+    engine.name: engine
+    for engine in (TransformersEngine(), LlamaCppEngine(), ImportedEngine(), LlamaServerEngine())
 }
 
 

@@ -124,12 +124,13 @@ def free_port() -> int:
 
 
 def server_command(
-    binary: Path | str, model: Path | str, *, port: int, threads: int, n_ctx: int, flags: list[str]
-) -> list[str]:
-    """The command line of one llama-server: one slot, ``threads`` for decoding and prompts, context
-    ``n_ctx``, and ``flags`` (a drafter's, or none for plain decoding)."""
+    binary: Path | str, model: Path | str, *, port: int, threads: int, n_ctx: int, flags: list[str],
+    host: str = "127.0.0.1",
+) -> list[str]:  # fmt: skip
+    """The command line of one llama-server on ``host``:``port``: one slot, ``threads`` for decoding and
+    prompts, context ``n_ctx``, and ``flags`` (a drafter's, or none for plain decoding)."""
     return [
-        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        str(binary), "-m", str(model), "--host", host, "--port", str(port),
         "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-webui", *flags,
     ]  # fmt: skip
 
@@ -138,14 +139,18 @@ class LlamaServerProcess:
     """One llama-server this process starts and stops (a context manager): ``client`` talks to it."""
 
     def __init__(
-        self, binary: Path, model: Path, *, threads: int, n_ctx: int, flags: list[str] | None = None
-    ) -> None:
+        self, binary: Path, model: Path, *, threads: int, n_ctx: int, flags: list[str] | None = None,
+        host: str = "127.0.0.1", port: int | None = None,
+    ) -> None:  # fmt: skip
+        """``port`` None: a free one on 127.0.0.1."""
         self.flags = list(flags or [])
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.command = server_command(
-            binary, model, port=self.port, threads=threads, n_ctx=n_ctx, flags=self.flags
+            binary, model, port=self.port, threads=threads, n_ctx=n_ctx, flags=self.flags, host=host
         )
-        self.client = LlamaServerClient(f"http://127.0.0.1:{self.port}")
+        self.client = LlamaServerClient(
+            f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        )
         self._log = tempfile.NamedTemporaryFile(prefix="specroute-llama-server-", suffix=".log", delete=False)
         self._process: subprocess.Popen[bytes] | None = None
 

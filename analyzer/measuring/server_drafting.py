@@ -95,6 +95,13 @@ class ServerDrafter:
         return f"{NGRAM_MOD} {self.n_match} {self.n_min}-{self.n_max}"
 
     @property
+    def max_draft(self) -> int:
+        """The most tokens one round drafts: ngram-simple's size_m, ngram-mod's n_max, draft-simple's n_max."""
+        if self.kind == NGRAM_SIMPLE:
+            return self.size_m
+        return self.draft_n_max if self.kind == DRAFT_SIMPLE else self.n_max
+
+    @property
     def needs_draft_model(self) -> bool:
         return self.kind == DRAFT_SIMPLE
 

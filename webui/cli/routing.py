@@ -238,13 +238,24 @@ def policies() -> None:
 
 def _print_policy_set(data: dict) -> None:
     state = "active" if data["active"] else "inactive"
+    source = (
+        f"llama-server analysis #{data['server_analysis_id']}"
+        if data.get("server_analysis_id")
+        else f"run {data['run_id']}"
+    )
     click.echo(
-        f"policy set v{data['version']} ({state}) from run {data['run_id']}, priced in {data['engine']}, "
+        f"policy set v{data['version']} ({state}) from {source}, priced in {data['engine']}, "
         f"margin {data['margin']}"
     )
     for p in data["policies"]:
         label = "* (fallback)" if p["fallback"] else p["task_type"]
-        decision = f"speculate, gamma {p['gamma']}" if p["speculate"] else "off"
+        decision = (
+            "off"
+            if not p["speculate"]
+            else f"{p['setting']}"
+            if p.get("setting")
+            else f"speculate, gamma {p['gamma']}"
+        )
         click.echo(
             f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
             f"  n={p['n_prompts']}  {p['tier']}"
@@ -252,29 +263,61 @@ def _print_policy_set(data: dict) -> None:
 
 
 @policies.command("publish")
+@click.option("--run", "run_id", type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
 @click.option(
-    "--run", "run_id", required=True, type=click.IntRange(1, MAX_ID), help="A finished analysis run."
+    "--llama-server-analysis",
+    "server_analysis_id",
+    type=click.IntRange(1, MAX_ID),
+    help="A stored llama-server analysis ('specroute llama-server analyze'): each task's policy names its "
+    "drafter setting and the pool that runs it.",
+)
+@click.option(
+    "--first-port",
+    type=click.IntRange(1, 65000),
+    default=8081,
+    show_default=True,
+    help="With --llama-server-analysis: the pools SPECROUTE_ROUTER_POOLS does not name serve on this "
+    "machine at http://127.0.0.1:<port>, the plain one at this port and each setting at the next.",
 )
 @click.option("--notes", help="A note stored with the policy set.")
 @click.option("--no-activate", is_flag=True, help="Store the set without making it active.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def policies_publish(
-    state: CliState, run_id: int, notes: str | None, no_activate: bool, as_json: bool
+    state: CliState,
+    run_id: int | None,
+    server_analysis_id: int | None,
+    first_port: int,
+    notes: str | None,
+    no_activate: bool,
+    as_json: bool,
 ) -> None:
-    """Turn an analysis run into a new, versioned policy set (active unless --no-activate, or unless
-    the run's advice is withheld because its cost profile was measured on a busy machine: then
-    'specroute policies activate VERSION' activates it if you trust it anyway)."""
+    """Turn an analysis run (--run), or a llama-server analysis (--llama-server-analysis), into a new,
+    versioned policy set (active unless --no-activate, or unless the run's advice is withheld because its
+    cost profile was measured on a busy machine: then 'specroute policies activate VERSION' activates it if
+    you trust it anyway). 'specroute pools plan' prints the llama-server pools a set from a llama-server
+    analysis needs."""
     from analyzer.advice.report import run_advice_withheld
     from analyzer.orm import AnalysisRun
     from router.policy import publish_policies
     from router.records import policy_set_dict
+    from router.server_policy import publish_server_policies
 
+    if (run_id is None) == (server_analysis_id is None):
+        raise click.UsageError("give one of --run or --llama-server-analysis")
     with state.sessions()() as session, session.begin():
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
-        policy_set = publish_policies(session, run_id, notes=notes, activate=False if no_activate else None)
+        if server_analysis_id is not None:
+            policy_set = publish_server_policies(
+                session, server_analysis_id, notes=notes, activate=not no_activate, first_port=first_port
+            )
+            withheld = None
+        else:
+            policy_set = publish_policies(
+                session, run_id, notes=notes, activate=False if no_activate else None
+            )
+            withheld = None if no_activate else run_advice_withheld(session.get(AnalysisRun, run_id))
         data = policy_set_dict(policy_set)
-        withheld = None if no_activate else run_advice_withheld(session.get(AnalysisRun, run_id))
     if as_json:
         click.echo(strict_json.dumps(data))
     else:

@@ -1,0 +1,193 @@
+"""Policy sets from an analysis in llama-server (analyzer/analysis/server_analysis.py): per task the
+drafter setting it chose (or off), a workload-wide fallback, and the pool that runs each setting.
+
+llama-server fixes its speculative settings per process (per-request ones are compiled out of it), so
+a deployment that speculates for some tasks runs one server per distinct setting, a pool, plus a plain
+one. The set publishes the pool of every decision it can make, keyed by the setting's label ("off",
+"ngram-mod 16 2-16"): SPECROUTE_ROUTER_POOLS where the publisher named it, else a llama-server on this
+machine at ``http://127.0.0.1:<port>``, ports counted from ``first_port`` in the order of
+:func:`pool_keys`. ``specroute pools plan`` prints the command line of each pool from the set, and
+``specroute pools start`` runs them (:mod:`analyzer.engine.llama_server_pools`).
+
+Such a set carries no cost curve: the router follows its decisions as published and adapts nothing
+online (a server's setting cannot change per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from analyzer.analysis.server_analysis import MIN_SPEEDUP
+from analyzer.analysis.server_store import get_server_analysis
+from analyzer.engine.engine_base import LLAMA_SERVER
+from analyzer.engine.llama_server_pools import Pool, PoolPlan, pool_flags
+from analyzer.orm import ServerAnalysisRecord
+from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
+from analyzer.run_params import DEFAULT_MARGIN
+from analyzer.settings import load_settings, router_pools
+from router.orm import PolicySet, TaskPolicy
+from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyError, activate_policy_set
+
+OFF = "off"
+DEFAULT_FIRST_PORT = 8081
+
+
+def workload_choice(record: ServerAnalysisRecord) -> tuple[dict[str, float], str | None]:
+    """Every setting's predicted speedup over the whole workload, and the best one (None: off unless it
+    exceeds :data:`MIN_SPEEDUP`). A prompt weighs by its plain server time: the workload's plain time
+    over the sum of each prompt's plain time divided by its predicted speedup."""
+    predicted = {}
+    for index, label in enumerate(record.drafters):
+        plain = [p["plain"]["ms"] for p in record.prompts]
+        speedups = [p["settings"][index]["predicted_speedup"] for p in record.prompts]
+        spec = sum(ms / s for ms, s in zip(plain, speedups) if s > 0)
+        predicted[label] = sum(plain) / spec if spec > 0 else 1.0
+    best = max(predicted, key=lambda label: predicted[label]) if predicted else None
+    return predicted, best if best is not None and predicted[best] > MIN_SPEEDUP else None
+
+
+def pool_keys(chosen: Sequence[str | None]) -> list[str]:
+    """The pools a set of choices needs: "off" (a request the rules keep plain goes there too), then
+    each distinct setting by its label, sorted."""
+    return [OFF, *sorted({label for label in chosen if label is not None})]
+
+
+def server_pools(keys: Sequence[str], configured: Mapping[str, str], first_port: int) -> dict[str, str]:
+    """Each pool key's deployment: ``configured`` (SPECROUTE_ROUTER_POOLS) where it names the key, else
+    a llama-server on this machine, ``http://127.0.0.1:<first_port + position>``."""
+    return {key: configured.get(key, f"http://127.0.0.1:{first_port + i}") for i, key in enumerate(keys)}
+
+
+def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]], chosen: str | None,
+            predicted: float, fallback: bool) -> TaskPolicy:  # fmt: skip
+    """One task's policy: its chosen setting, the replay's acceptance of the setting it would use (the
+    chosen one, else the best predicted), and the tier those acceptances earn."""
+    index = record.drafters.index(chosen) if chosen is not None else None
+    rates = []
+    for row in rows:
+        setting = row["settings"][index] if index is not None else None
+        if setting is not None and setting["draft_n"] > 0:
+            rates.append(setting["draft_n_accepted"] / setting["draft_n"])
+    alpha, variance = mean_and_variance(rates)
+    alpha = alpha if np.isfinite(alpha) else 0.0
+    basis = "workload" if fallback else "task"
+    reason = (
+        f"{chosen} predicts {predicted:.2f}x in llama-server (over {MIN_SPEEDUP:.2f}x)"
+        if chosen is not None
+        else f"no setting predicts over {MIN_SPEEDUP:.2f}x in llama-server (best {predicted:.2f}x)"
+    )
+    return TaskPolicy(
+        task_type=task,
+        is_fallback=fallback,
+        speculate=chosen is not None,
+        gamma=_gamma(chosen),
+        alpha_mean=float(alpha),
+        alpha_var=variance,
+        n_prompts=len(rows),
+        expected_speedup=float(predicted) if chosen is not None else 1.0,
+        tier=recommendation_tier(alpha, variance) if chosen is not None else "NOT_RECOMMENDED",
+        speedup_curve=[],
+        speedup_low=None,
+        speedup_high=None,
+        decision_basis=basis,
+        decision_reason=reason,
+        setting=chosen,
+    )
+
+
+def _gamma(label: str | None) -> int:
+    """The most tokens a setting drafts per round (the decision's gamma); NO_GAMMA for off."""
+    if label is None:
+        return NO_GAMMA
+    from analyzer.measuring.server_drafting import parse_drafter
+
+    return parse_drafter(label).max_draft
+
+
+def publish_server_policies(
+    session: Session,
+    analysis_id: int,
+    *,
+    notes: str | None = None,
+    activate: bool = True,
+    pools: Mapping[str, str] | None = None,
+    first_port: int = DEFAULT_FIRST_PORT,
+) -> PolicySet:
+    """A new policy set from llama-server analysis ``analysis_id``: a policy per task as the analysis
+    chose, a fallback ("*") from the whole workload (:func:`workload_choice`), and the pools
+    (:func:`server_pools`; ``pools`` None: SPECROUTE_ROUTER_POOLS in force). Active unless ``activate``
+    is False."""
+    record = get_server_analysis(session, analysis_id)
+    if not record.tasks:
+        raise PolicyError(f"llama-server analysis #{analysis_id} has no tasks to publish")
+    rows_of: dict[str, list[dict[str, Any]]] = {}
+    for row in record.prompts:
+        rows_of.setdefault(row["task"], []).append(row)
+    policies = []
+    for task in record.tasks:
+        chosen = task["chosen"]
+        predicted = task["predicted"][chosen] if chosen is not None else max(task["predicted"].values())
+        policies.append(_policy(record, task["task"], rows_of[task["task"]], chosen, predicted, False))
+    workload, best = workload_choice(record)
+    best_predicted = workload[best] if best is not None else max(workload.values())
+    policies.append(_policy(record, FALLBACK_TASK, record.prompts, best, best_predicted, True))
+    keys = pool_keys([p.setting for p in policies])
+    latest = session.scalar(select(func.max(PolicySet.version))) or 0
+    policy_set = PolicySet(
+        version=latest + 1,
+        run_id=None,
+        server_analysis_id=record.id,
+        measured_by=LLAMA_SERVER,
+        priced_by=LLAMA_SERVER,
+        margin=DEFAULT_MARGIN,
+        gamma_max=max([p.gamma for p in policies] + [1]),
+        draft_kind=LLAMA_SERVER,  # each task's drafter is its policy's setting
+        draft_options={},
+        cost=None,
+        pools=server_pools(keys, router_pools(load_settings()) if pools is None else pools, first_port),
+        notes=notes,
+    )
+    policy_set.policies = policies
+    session.add(policy_set)
+    session.flush()
+    if activate:
+        activate_policy_set(session, policy_set.version)
+    return policy_set
+
+
+def policy_set_plan(session: Session, version: int | None = None) -> PoolPlan:
+    """The pools of policy set ``version`` (None: the active one): per key of its published pools, the URL,
+    the flags and the tasks whose policies go there. PolicyError where there is no such set, or where it
+    was not published from a llama-server analysis (its decisions are then a gamma, not a setting)."""
+    query = select(PolicySet).options(selectinload(PolicySet.policies))
+    policy_set = session.scalar(
+        query.where(PolicySet.is_active.is_(True))
+        if version is None
+        else query.where(PolicySet.version == version)
+    )
+    if policy_set is None:
+        raise PolicyError("no active policy set" if version is None else f"no policy set version {version}")
+    if policy_set.server_analysis_id is None:
+        raise PolicyError(
+            f"policy set v{policy_set.version} was published from analysis run {policy_set.run_id}, not from a "
+            "llama-server analysis, so it names no llama-server pools: publish one with 'specroute policies "
+            "publish --llama-server-analysis ID'"
+        )
+    record = get_server_analysis(session, policy_set.server_analysis_id)
+    published = dict(policy_set.pools or {})
+    keys = pool_keys([p.setting for p in policy_set.policies])
+    pools = []
+    for key in keys:
+        tasks = [
+            p.task_type
+            for p in policy_set.policies
+            if (p.setting if p.speculate else None) == (None if key == OFF else key)
+        ]
+        pools.append(Pool(key, published.get(key, key), pool_flags(key, record.draft_model), tasks))
+    return PoolPlan(
+        policy_set.version, record.id, record.model, record.draft_model, record.threads, record.n_ctx, pools
+    )

@@ -1,0 +1,256 @@
+"""Routing to llama-server pools (issue 33, point 4): a policy set published from a llama-server analysis
+names per task the drafter setting and its pool, the router's decision names that pool and its flags,
+``specroute pools plan`` prints each pool's command line and the SPECROUTE_ROUTER_POOLS mapping, and
+``specroute pools start`` runs them; requests routed to live pools reach the server running their setting.
+
+The analysis here is made by the real replay, pricing and store on synthetic greedy outputs
+(tests/factories.py, make_server_analysis): what it chooses is computed, not written down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from analyzer.db import make_session_factory
+from analyzer.engine.llama_server_process import LlamaServerClient, free_port
+from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.orm import PromptSet
+from analyzer.prompts.prompt_sets import import_sample
+from analyzer.settings import Settings, SettingsError, router_pools
+from router.classifier import train_classifier
+from router.decision import router_from_database
+from router.feedback import PolicyNotAdaptive, parse_feedback, record_feedback
+from router.policy import PolicyError, publish_policies
+from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
+from router.training_data import make_training_data
+from tests.factories import make_done_run, make_server_analysis
+
+ANSWERS = {"extraction": "copy", "code": "chunks"}  # how the synthetic analysis' answers copy their prompt
+COPY_TASKS = set(ANSWERS)
+ROUTED = ("extraction", "code", "general")  # the classifier's tasks: two settings and off
+DRAFTERS = ("ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod 16 2-16")
+
+
+def _texts(prompt_set: PromptSet, task: str) -> list[str]:
+    return [p.text or p.messages[-1]["content"] for p in prompt_set.prompts if p.task == task]
+
+
+def _setup(session, first_port: int = 8081, pools=None):
+    """The sample set, its simulated llama-server analysis published as the active set, and a classifier
+    telling extraction from general chat."""
+    prompt_set, _ = import_sample(session)
+    record = make_server_analysis(session, prompt_set, ANSWERS, DRAFTERS)
+    policy_set = publish_server_policies(session, record.id, first_port=first_port, pools=pools or {})
+    texts = {task: _texts(prompt_set, task) for task in ROUTED}
+    train_classifier(
+        session,
+        make_training_data(
+            [text for t in ROUTED for text in texts[t]], [t for t in ROUTED for _ in texts[t]], "test"
+        ),
+        cross_validate=False,
+    )
+    return prompt_set, record, policy_set, texts
+
+
+def test_a_set_from_a_llama_server_analysis_names_each_tasks_setting_and_its_pool(session):
+    prompt_set, record, policy_set, _ = _setup(session)
+    chosen = {t["task"]: t["chosen"] for t in record.tasks}
+    # the copying tasks speculate (the replay drafted and accepted their copies), the others do not
+    assert {task for task, label in chosen.items() if label} == COPY_TASKS
+    policies = {p.task_type: p for p in policy_set.policies}
+    assert policy_set.server_analysis_id == record.id and policy_set.run_id is None
+    assert (policy_set.measured_by, policy_set.priced_by, policy_set.cost) == (
+        "llama-server",
+        "llama-server",
+        None,
+    )
+    for task, label in chosen.items():
+        policy = policies[task]
+        assert (policy.speculate, policy.setting) == (label is not None, label)
+        if label is not None:
+            assert policy.expected_speedup == pytest.approx(
+                next(t for t in record.tasks if t["task"] == task)["predicted"][label]
+            )
+            assert policy.gamma == parse_drafter(label).max_draft
+            index = record.drafters.index(label)
+            rates = [
+                row["settings"][index]["draft_n_accepted"] / row["settings"][index]["draft_n"]
+                for row in record.prompts
+                if row["task"] == task and row["settings"][index]["draft_n"]
+            ]
+            assert policy.alpha_mean == pytest.approx(float(np.mean(rates)))
+            # a whole copy is accepted in full; short copied runs only in part
+            assert policy.alpha_mean == 1.0 if ANSWERS[task] == "copy" else 0.2 < policy.alpha_mean < 0.9
+    predicted, best = workload_choice(record)
+    fallback = policies["*"]
+    assert fallback.setting == best and set(predicted) == set(record.drafters)
+    # one plain pool and one per distinct setting, on consecutive local ports in that order
+    settings = sorted({label for label in [*chosen.values(), best] if label})
+    assert list(policy_set.pools) == ["off", *settings]
+    assert list(policy_set.pools.values()) == [
+        f"http://127.0.0.1:{8081 + i}" for i in range(len(settings) + 1)
+    ]
+
+
+def test_the_decision_names_the_pool_running_the_tasks_setting(session):
+    prompt_set, record, policy_set, texts = _setup(session, pools={"off": "http://plain.internal:9000"})
+    router = router_from_database(session)
+    setting = next(p.setting for p in policy_set.policies if p.task_type == "extraction")
+    copy = router.route(texts["extraction"][0], max_new_tokens=64)
+    assert (copy.task_type, copy.speculate) == ("extraction", True)
+    assert copy.engine["pool"] == policy_set.pools[setting] == copy.engine["llama-server"]["pool"]
+    assert copy.engine["llama-server"]["setting"] == setting
+    assert copy.engine["llama-server"]["flags"][:2] == ["--spec-type", setting.split()[0]]
+    assert (
+        "transformers" not in copy.engine and "llama.cpp" not in copy.engine
+    )  # they cannot run this setting
+    chat = router.route(texts["general"][0], max_new_tokens=64)
+    assert (chat.task_type, chat.speculate, chat.gamma) == ("general", False, 0)
+    assert chat.engine["pool"] == "http://plain.internal:9000"  # the publisher's SPECROUTE_ROUTER_POOLS
+    assert chat.engine["llama-server"] == {
+        "pool": "http://plain.internal:9000",
+        "setting": "off",
+        "flags": [],
+    }
+    short = router.route(texts["extraction"][0], max_new_tokens=4)  # a short output runs plain
+    assert not short.speculate and short.engine["pool"] == "http://plain.internal:9000"
+    # feedback cannot move a server's fixed setting: refused with why, nothing stored
+    with pytest.raises(PolicyNotAdaptive, match="published from a llama-server analysis"):
+        record_feedback(
+            session, parse_feedback({"route_id": copy.route_id, "rounds": 3, "drafted": 9, "accepted": 6})
+        )
+
+
+def test_a_set_from_a_run_keeps_its_gamma_pools_and_has_no_llama_server_plan(session):
+    run = make_done_run(session, {"code": 0.9, "qa": 0.2})
+    policy_set = publish_policies(session, run.id, pools={})
+    assert policy_set.pools["off"] == "spec-off" and "llama-server" not in json.dumps(policy_set.pools)
+    decision = router_from_database(session).route("def f(x): return x", max_new_tokens=64)
+    assert "llama-server" not in decision.engine and "transformers" in decision.engine
+    with pytest.raises(PolicyError, match=f"published from analysis run {run.id}, not from a llama-server"):
+        policy_set_plan(session)
+
+
+def test_router_pools_take_drafter_labels_and_refuse_other_keys():
+    mapping = {"off": "http://a:1", "ngram-mod 16 2-16": "http://a:2", "k3": "spec3"}
+    assert router_pools(Settings(router_pools=json.dumps(mapping))) == mapping
+    for bad in ("ngram-mod", "ngram-cache 1", "fast"):  # "ngram-mod" alone is not a stored label
+        with pytest.raises(SettingsError, match="keys must be 'off', 'k<gamma>' or a llama-server drafter"):
+            router_pools(Settings(router_pools=json.dumps({bad: "x"})))
+
+
+def test_pools_plan_prints_each_pools_command_and_the_mapping(runner, tmp_path):
+    from webui.cli import cli
+
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    url = f"sqlite:///{tmp_path / 'data' / 'specroute.db'}"
+    from analyzer.db import make_engine
+
+    engine = make_engine(url)
+    with make_session_factory(engine)() as session, session.begin():
+        prompt_set, _ = import_sample(session)
+        record = make_server_analysis(session, prompt_set, ANSWERS, DRAFTERS)
+    engine.dispose()
+    assert runner.invoke(cli, ["pools", "plan"]).stderr == "Error: no active policy set\n"
+    both = runner.invoke(cli, ["policies", "publish", "--run", "1", "--llama-server-analysis", "1"])
+    assert both.exit_code == 2 and "give one of --run or --llama-server-analysis" in both.stderr
+    published = runner.invoke(
+        cli, ["policies", "publish", "--llama-server-analysis", str(record.id), "--first-port", "9100"]
+    )
+    assert published.exit_code == 0, published.output
+    assert published.stdout.startswith(f"policy set v1 (active) from llama-server analysis #{record.id}")
+    plan = runner.invoke(cli, ["pools", "plan"])
+    assert plan.exit_code == 0, plan.output
+    lines = plan.stdout.splitlines()
+    mapping = json.loads(lines[-1].removeprefix("SPECROUTE_ROUTER_POOLS=").strip("'"))
+    assert mapping["off"] == "http://127.0.0.1:9100" and len(mapping) >= 2
+    commands = [line for line in lines if line.startswith("llama-server ")]
+    assert len(commands) == len(mapping)
+    for (key, pool_url), command in zip(mapping.items(), commands):
+        assert f"--port {pool_url.rsplit(':', 1)[1]}" in command and "-np 1" in command
+        assert ("--spec-type" in command) == (key != "off")
+        if key != "off":
+            assert f"--spec-type {key.split()[0]}" in command
+    off_tasks = lines[1].removeprefix("# off -> http://127.0.0.1:9100 for ").split(", ")
+    assert "general" in off_tasks and not COPY_TASKS & set(off_tasks)
+    assert (
+        runner.invoke(cli, ["pools", "plan", "--policies", "5"]).stderr == "Error: no policy set version 5\n"
+    )
+
+
+def _wait_for(stream, text: str, timeout_s: float) -> list[str]:
+    """Lines of ``stream`` up to the first containing ``text``."""
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} not printed: {''.join(seen)}")
+
+
+def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(llama_server_binary, tmp_path):
+    """``specroute pools start`` runs the set's pools as llama-server processes; each decision's pool answers,
+    and only the pool running the extraction task's setting drafts (its server's own ``timings``)."""
+    from analyzer.db import make_engine
+    from analyzer.engine.llamacpp_engine import gguf_file
+    from analyzer.models.specs import parse_spec
+
+    data_dir, port = tmp_path / "data", free_port()
+    env = {
+        **os.environ,
+        "SPECROUTE_DATA_DIR": str(data_dir),
+        "SPECROUTE_LLAMA_SERVER": str(llama_server_binary),
+    }
+    url = f"sqlite:///{data_dir / 'specroute.db'}"
+    data_dir.mkdir()
+    engine = make_engine(url)
+    import migrations
+
+    migrations.upgrade(engine)
+    with make_session_factory(engine)() as session, session.begin():
+        _, record, policy_set, texts = _setup(session, first_port=port)
+        record.model = str(gguf_file(parse_spec("builtin:smollm2-135m-instruct")))
+        mapping = dict(policy_set.pools)
+    assert len(mapping) == 3  # off and the two copying tasks' settings (ports port, port+1, port+2)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "webui.cli", "pools", "start"],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        lines = _wait_for(process.stderr, "ready:", 180)
+        assert f"ready: {len(mapping)} pools of policy set v1" in lines[-1]
+        with make_session_factory(engine)() as session:
+            router = router_from_database(session)
+        for task in ROUTED:
+            decision = router.route(texts[task][0], max_new_tokens=32)
+            assert decision.task_type == task
+            client = LlamaServerClient(decision.engine["pool"])
+            # the copying prompt's answer repeats its input, so an n-gram drafter drafts
+            text = texts[task][0]
+            ids = client.tokenize(client.chat_prompt([{"role": "user", "content": text}]))
+            answer = client.complete(ids, 48)
+            drafted = answer.timings.get("draft_n", 0)
+            if decision.speculate:
+                setting = decision.engine["llama-server"]["setting"]
+                assert decision.engine["pool"] == mapping[setting]
+                assert drafted > 0, answer.timings
+            else:
+                assert decision.engine["pool"] == mapping["off"] and drafted == 0
+        # three tasks, three pools
+        assert len({router.route(texts[t][0], max_new_tokens=32).engine["pool"] for t in ROUTED}) == 3
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        engine.dispose()
+    for pool_url in mapping.values():  # every pool stopped with the command
+        assert not LlamaServerClient(pool_url).ready()
