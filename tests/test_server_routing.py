@@ -254,3 +254,31 @@ def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(ll
         engine.dispose()
     for pool_url in mapping.values():  # every pool stopped with the command
         assert not LlamaServerClient(pool_url).ready()
+
+
+def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session, client):
+    _, record, policy_set, texts = _setup(session)
+    session.commit()
+    page = client.get("/policies").get_data(as_text=True)
+    assert f'href="/llama-server/{record.id}">llama-server analysis #{record.id}</a>' in page
+    for policy in policy_set.policies:
+        if policy.speculate:
+            pool = policy_set.pools[policy.setting]
+            shown = f'<code class="setting">{policy.setting}</code> → <code class="pool">{pool}</code>'
+        else:
+            shown = f'off → <code class="pool">{policy_set.pools["off"]}</code>'
+        assert shown in page, policy.task_type
+    listed = client.get("/v1/policies").get_json()["active"]
+    assert listed["server_analysis_id"] == record.id and listed["run_id"] is None
+    assert {p["task_type"]: p["setting"] for p in listed["policies"]} == {
+        p.task_type: p.setting for p in policy_set.policies
+    }
+    routed = client.post(
+        "/v1/route", json={"prompt": texts["extraction"][0], "max_new_tokens": 64}
+    ).get_json()
+    setting = routed["engine"]["llama-server"]["setting"]
+    assert routed["speculate"] and routed["engine"]["pool"] == policy_set.pools[setting]
+    refused = client.post(
+        "/v1/feedback", json={"route_id": routed["route_id"], "rounds": 2, "drafted": 6, "accepted": 4}
+    )
+    assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "policy_not_adaptive"
