@@ -100,7 +100,8 @@ class Settings:
         "llama-server on this machine at http://127.0.0.1:<port>, from port 8081 ('specroute policies publish "
         "--first-port'). Read when a policy set is published, and published with it: the router names the pools "
         "the active set published, and uses the serving process's own value only for a set published before "
-        "revision 0019.",
+        "revision 0019. The front door (POST /v1/chat/completions, /v1/completions) forwards to a pool only "
+        "where its value is an http(s):// URL.",
     )
     router_refresh_s: float = _setting(
         2.0,

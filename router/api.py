@@ -27,6 +27,7 @@ from analyzer.json_input import JsonInputError, loads_untrusted
 from analyzer.prompts.prompt_checks import message_problem
 from router import strict_json
 from router.decision import RouteRequest
+from router.front_door import forward, pool_url, route_request, stream_timings, timings_of
 from router.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
 from router.service import RouterService
 
@@ -39,6 +40,7 @@ ROUTE_FIELDS = ("prompt", "messages", "max_new_tokens", "batch_size", "concurren
 UNAUTHORIZED = "this endpoint needs 'Authorization: Bearer <token>' (the server's SPECROUTE_API_TOKEN)"
 INTERNAL_ERROR = "unexpected server error; the log has the details"
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+STREAM_TAIL_BYTES = 65536  # the end of a streamed answer kept to find its last event's timings
 
 bp = Blueprint("router_api", __name__)
 log = logging.getLogger(__name__)
@@ -301,6 +303,66 @@ def feedback():
     """POST /v1/feedback: store one feedback event; the task's estimate right after it."""
     estimate = service().feedback(_object(_json_body(), ""))  # FeedbackError's classes carry 400/404/409
     return jsonify({"estimate": estimate})
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    """POST /v1/chat/completions: decide, forward to the decision's pool, answer as the pool does."""
+    return _front_door("/v1/chat/completions")
+
+
+@bp.post("/v1/completions")
+def completions():
+    """POST /v1/completions: decide, forward to the decision's pool, answer as the pool does."""
+    return _front_door("/v1/completions")
+
+
+def _front_door(path: str) -> Response:
+    """Decide for an OpenAI-style completion body (its messages or prompt checked as /v1/route checks
+    them), forward the body unchanged to the decision's pool, and answer with the pool's status and body,
+    streamed as it comes when the body asks for a stream; the decision rides in X-Specroute-* headers, and
+    the pool's timings are stored as the decision's feedback (router/front_door.py)."""
+    router_service = service()
+    body = _object(_json_body(), "")
+    wanted = route_request(path, body)
+    limit = wanted.max_new_tokens
+    checked = parse_route_request(
+        {
+            "prompt": wanted.prompt,
+            "messages": wanted.messages,
+            "max_new_tokens": min(limit, MAX_NEW_TOKENS) if limit is not None else None,
+            "temperature": wanted.temperature,
+        },
+        router_service.settings.max_prompt_chars,
+    )
+    decision = router_service.route([checked])[0]
+    url = pool_url(decision)
+    upstream = forward(url, path, body)
+    headers = {
+        "X-Specroute-Route-Id": decision.route_id,
+        "X-Specroute-Pool": url,
+        "X-Specroute-Task": decision.task_type,
+        "X-Specroute-Speculate": "true" if decision.speculate else "false",
+    }
+    if upstream.chunks is None:
+        timings = timings_of(upstream.body or b"") if upstream.status == 200 else None
+        if timings is not None:
+            router_service.observe_completion(decision, timings)
+        return Response(
+            upstream.body, status=upstream.status, content_type=upstream.content_type, headers=headers
+        )
+    chunks = upstream.chunks
+
+    def relay() -> Iterable[bytes]:
+        tail = b""
+        for chunk in chunks:
+            yield chunk
+            tail = (tail + chunk)[-STREAM_TAIL_BYTES:]
+        timings = stream_timings(tail)
+        if timings is not None:
+            router_service.observe_completion(decision, timings)
+
+    return Response(relay(), status=upstream.status, content_type=upstream.content_type, headers=headers)
 
 
 @bp.get("/v1/policies")

@@ -544,6 +544,32 @@ def record_feedback_batch(
     return outcomes
 
 
+def record_observation(session: Session, request: FeedbackRequest) -> FeedbackEvent:
+    """Store a feedback event that moves no estimate: what a pool reported under a policy set that takes no
+    feedback (:class:`PolicyNotAdaptive`), kept with the set its route id names."""
+    policy_set_id = (
+        session.scalar(select(PolicySet.id).where(PolicySet.version == request.policy_version))
+        if request.policy_version is not None
+        else None
+    )
+    counts = request.counts
+    event = FeedbackEvent(
+        route_id=request.route_id,
+        policy_set_id=policy_set_id,
+        task_type=request.task,
+        engine=counts.engine,
+        gamma=request.gamma,
+        rounds=counts.rounds,
+        drafted=counts.drafted,
+        accepted=counts.accepted,
+        output_tokens=counts.output_tokens,
+        raw=dict(request.raw),
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
 def record_feedback(
     session: Session,
     request: FeedbackRequest,

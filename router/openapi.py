@@ -29,9 +29,12 @@ def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Bad input: malformed JSON, a wrong type, a missing or unknown field.",
         404: "Unknown route_id.",
-        409: "Nothing to apply feedback to (no active policy set).",
+        409: "Nothing to apply feedback to: no active policy set, or one without a cost to adapt with "
+        "(policy_not_adaptive).",
         413: "The body exceeds SPECROUTE_API_MAX_BODY_BYTES.",
-        503: "The database or the stored classifier cannot be used.",
+        502: "The decision's pool did not answer (pool_unavailable).",
+        503: "The database or the stored classifier cannot be used; for the front door also a decision whose "
+        "pool is a name, not a URL (pool_not_addressable).",
     }
     return {str(s): _json(_ref("Error"), meaning[s]) for s in statuses}
 
@@ -541,9 +544,38 @@ def _api_paths() -> dict[str, Any]:
     }
 
 
-def _document_paths() -> dict[str, Any]:
-    """The endpoints that answer a document of their own: this one and the Prometheus metrics."""
+def _front_door(summary: str, field: str) -> dict[str, Any]:
+    """A front-door operation (router/front_door.py): an OpenAI-style body with ``field``, answered by the
+    pool the decision names, whole or as server-sent events."""
     return {
+        "summary": summary,
+        "description": f"Decides for the body's {field} as /v1/route does (max_tokens, temperature), forwards the "
+        "body unchanged to the decision's pool and answers with the pool's status and body (text/event-stream "
+        "when the body asks for a stream). Headers X-Specroute-Route-Id, X-Specroute-Pool, X-Specroute-Task and "
+        "X-Specroute-Speculate carry the decision; the pool's timings are stored as its feedback.",
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object", "required": [field]}}},
+        },
+        "responses": {
+            "200": {
+                "description": "The pool's answer",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **_errors(400, 413, 502, 503),
+        },
+    }
+
+
+def _document_paths() -> dict[str, Any]:
+    """The endpoints that answer a document of their own: this one, the Prometheus metrics, and the front
+    door's pools' answers."""
+    return {
+        "/v1/chat/completions": {"post": _front_door("Chat completion through the decided pool", "messages")},
+        "/v1/completions": {"post": _front_door("Completion through the decided pool", "prompt")},
         "/openapi.json": {
             "get": {
                 "summary": "This document",

@@ -24,8 +24,18 @@ from analyzer.settings import Settings
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
 from router.decision_log import DecisionLog
-from router.feedback import FeedbackRequest, PolicyContext, Recorded, estimate_state, parse_feedback
+from router.feedback import (
+    FeedbackError,
+    FeedbackRequest,
+    PolicyContext,
+    PolicyNotAdaptive,
+    Recorded,
+    estimate_state,
+    parse_feedback,
+    record_observation,
+)
 from router.feedback_writer import FeedbackWriter
+from router.front_door import feedback_of
 from router.metrics import Metrics
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
@@ -130,6 +140,21 @@ class RouterService:
             request.task, counts.engine, counts.drafted, counts.accepted, recorded.snapshot["alpha"]
         )
         return recorded.snapshot
+
+    def observe_completion(self, decision: Decision, timings: Mapping[str, Any]) -> None:
+        """Store a pool's ``timings`` for a forwarded request (router/front_door.py) as the decision's
+        feedback: through :meth:`feedback` where its policy set adapts, as the event alone where the set
+        takes no feedback; a payload feedback refuses is logged, never the client's failure."""
+        payload = feedback_of(decision, timings)
+        if payload is None:
+            return
+        try:
+            self.feedback(payload)
+        except PolicyNotAdaptive:
+            with self.sessions() as session, session.begin():
+                record_observation(session, parse_feedback(payload, self.config.route_key))
+        except FeedbackError as exc:
+            log.warning("the pool's timings for route %s were not stored: %s", decision.route_id, exc)
 
     def _observe_feedback(self, request: FeedbackRequest, recorded: Recorded) -> None:
         """The serving Router takes an estimate as soon as its event is committed (called by the

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from analyzer.db import make_session_factory
 from analyzer.engine.llama_server_process import LlamaServerClient, free_port
@@ -248,6 +249,7 @@ def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(ll
                 assert decision.engine["pool"] == mapping["off"] and drafted == 0
         # three tasks, three pools
         assert len({router.route(texts[t][0], max_new_tokens=32).engine["pool"] for t in ROUTED}) == 3
+        _through_the_front_door(url, texts, mapping, engine)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -282,3 +284,74 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
         "/v1/feedback", json={"route_id": routed["route_id"], "rounds": 2, "drafted": 6, "accepted": 4}
     )
     assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "policy_not_adaptive"
+
+
+def _through_the_front_door(url: str, texts: dict[str, list[str]], mapping: dict[str, str], engine) -> None:
+    """specroute's own /v1/chat/completions and /v1/completions forward each request to its pool, whole and
+    streamed, and store the pool's timings as the decision's feedback event."""
+    from router.orm import FeedbackEvent
+    from webui.app import create_app
+
+    app = create_app({"database_url": url, "router_refresh_s": 0, "ui_worker": False, "TESTING": True})
+    try:
+        client = app.test_client()
+        chat = client.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": texts["extraction"][0]}],
+                "max_tokens": 48,
+                "temperature": 0,
+            },
+        )
+        assert chat.status_code == 200, chat.get_data(as_text=True)
+        setting = next(key for key, value in mapping.items() if value == chat.headers["X-Specroute-Pool"])
+        assert setting != "off" and chat.headers["X-Specroute-Speculate"] == "true"
+        answer = chat.get_json()
+        assert answer["choices"][0]["message"]["content"] and answer["timings"]["draft_n"] > 0
+        streamed = client.post(
+            "/v1/completions",
+            json={"prompt": texts["general"][0], "max_tokens": 24, "temperature": 0, "stream": True},
+        )
+        events = streamed.get_data(as_text=True)
+        assert streamed.status_code == 200 and streamed.content_type.startswith("text/event-stream")
+        assert streamed.headers["X-Specroute-Pool"] == mapping["off"] and '"timings"' in events
+        with make_session_factory(engine)() as session:
+            stored = {e.route_id: e for e in session.scalars(select(FeedbackEvent))}
+        first = stored[chat.headers["X-Specroute-Route-Id"]]
+        assert (first.drafted, first.accepted) == (
+            answer["timings"]["draft_n"],
+            answer["timings"]["draft_n_accepted"],
+        )
+        assert first.task_type == "extraction" and first.output_tokens == answer["timings"]["predicted_n"]
+        second = stored[streamed.headers["X-Specroute-Route-Id"]]
+        assert (second.task_type, second.drafted, second.accepted) == (
+            "general",
+            0,
+            0,
+        ) and second.output_tokens > 0
+    finally:
+        app.extensions["specroute.close"]()
+
+
+def test_the_front_door_says_when_a_pool_is_a_name_or_does_not_answer(session, client):
+    _, _, policy_set, texts = _setup(
+        session, pools={"off": "plain-pool", "ngram-simple 3/8": f"http://127.0.0.1:{free_port()}"}
+    )
+    session.commit()
+    body = {"messages": [{"role": "user", "content": texts["general"][0]}], "max_tokens": 16}
+    named = client.post("/v1/chat/completions", json=body)
+    assert named.status_code == 503 and named.get_json()["error"]["code"] == "pool_not_addressable"
+    assert "'plain-pool' is a name, not a URL" in named.get_json()["error"]["message"]
+    assert next(p.setting for p in policy_set.policies if p.task_type == "extraction") == "ngram-simple 3/8"
+    body = {"messages": [{"role": "user", "content": texts["extraction"][0]}], "max_tokens": 64}
+    down = client.post("/v1/chat/completions", json=body)  # nothing listens on that port
+    assert down.status_code == 502 and down.get_json()["error"]["code"] == "pool_unavailable"
+    bad = client.post("/v1/chat/completions", json={"prompt": "hi"})
+    assert (
+        bad.status_code == 400
+        and bad.get_json()["error"]["message"] == "field 'messages' is missing: /v1/chat/completions needs it"
+    )
+    empty = client.post("/v1/completions", json={"prompt": "  "})
+    assert empty.status_code == 400 and empty.get_json()["error"]["code"] == "empty_prompt"
+    wrong = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 0})
+    assert wrong.status_code == 400 and "max_tokens" in wrong.get_json()["error"]["message"]

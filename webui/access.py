@@ -29,7 +29,14 @@ from router.api import Unauthorized, is_api_path
 
 SESSION_KEY = "specroute_token"
 OPEN_ENDPOINTS = {"static", "ui.static", "ui.login", "router_api.healthz"}
-ROUTE_ENDPOINTS = {"router_api.route_one", "router_api.route_batch", "ui.playground"}
+# the front door (router/front_door.py) decides like /v1/route before it forwards
+ROUTE_ENDPOINTS = {
+    "router_api.route_one",
+    "router_api.route_batch",
+    "router_api.chat_completions",
+    "router_api.completions",
+    "ui.playground",
+}
 
 
 def bearer_ok(header: str | None, token: str) -> bool:
