@@ -94,7 +94,7 @@ def forward(url: str, path: str, body: Mapping[str, Any], timeout_s: float = FOR
     closes the connection when exhausted or closed). PoolUnavailable when the pool does not answer."""
     parsed = urllib.parse.urlsplit(url)
     connection_class = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
-    connection = connection_class(parsed.hostname, parsed.port, timeout=timeout_s)
+    connection = connection_class(parsed.hostname or "", parsed.port, timeout=timeout_s)
     try:
         connection.request(
             "POST",

@@ -252,3 +252,52 @@ def test_draft_simple_counts_mostly_equal_the_replay_with_and_without_the_confid
     assert set(figures) == {"draft-simple 0-3 p0", "draft-simple 0-5 p0.6"}
     # the draft decodes beside the target, so its servers' steps are fitted, not the plain server's
     assert set(result.costs) == {"draft model"} and result.costs["draft model"].samples >= 3
+
+
+def test_an_analysis_through_servers_the_user_runs(
+    runner, llama_server_binary, model_path, monkeypatch, tmp_path
+):
+    """--server: the analysis asks servers it did not start (the model and context from their /props), checks
+    from their own draft counts that each runs its setting, and leaves them running."""
+    from webui.cli import cli
+
+    monkeypatch.delenv("SPECROUTE_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv(
+        "SPECROUTE_LLAMA_SERVER", str(tmp_path / "no-such-binary")
+    )  # never needed with --server
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    plain = LlamaServerProcess(llama_server_binary, model_path, threads=2, n_ctx=2048)
+    spec = LlamaServerProcess(
+        llama_server_binary,
+        model_path,
+        threads=2,
+        n_ctx=2048,
+        flags=parse_drafter("ngram-simple 2/4").server_flags(),
+    )
+    with plain, spec:
+        plain_url, spec_url = plain.client.url, spec.client.url
+        args = ["llama-server", "analyze", "--per-task", "1", "--n-predict", "24", "--calibration", "3"]
+        both = runner.invoke(cli, [*args, "--server", plain_url, "--drafter", "ngram-mod"])
+        assert both.exit_code == 2 and "leave out --drafter" in both.stderr
+        alone = runner.invoke(cli, [*args, "--server", plain_url])
+        assert alone.exit_code == 2 and "at least one setting's ('SETTING=URL')" in alone.stderr
+        wrong = runner.invoke(
+            cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={plain_url}"]
+        )
+        assert wrong.exit_code == 1
+        assert (
+            f"the server at {plain_url} for ngram-simple 2/4 drafted nothing on the calibration prompts"
+            in wrong.stderr
+        )
+        assert "start it with --spec-type ngram-simple --spec-ngram-simple-size-n 2" in wrong.stderr
+        done = runner.invoke(cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={spec_url}"])
+        assert done.exit_code == 0, done.output
+        assert f"analyzing 13 prompts in llama-server (the servers at {plain_url}, {spec_url})" in done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith("llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens")
+        assert "llama-server b1-" in first and first.endswith(model_path.name)
+        rows = [line for line in done.stdout.splitlines() if line.startswith("ngram-simple 2/4 | 10 (")]
+        assert len(rows) == 1  # validated through the user's servers
+        assert plain.client.ready() and spec.client.ready()  # still running: not ours to stop
+    gone = runner.invoke(cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={spec_url}"])
+    assert gone.exit_code == 1 and f"no llama-server answers /health with ok at {plain_url}" in gone.stderr

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from analyzer.engine.llama_server_draft import DraftModel
-from analyzer.engine.llama_server_process import Completion, LlamaServerProcess
+from analyzer.engine.llama_server_process import Completion, LlamaServerProcess, RemoteServer, Server
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.interference import MAX_OTHERS_CPU, machine_reading, others_busy_s
 from analyzer.measuring.server_drafting import (
@@ -146,7 +146,7 @@ class ServerAnalysis:
         return self.costs[drafter.family]
 
 
-def timed_complete(server: LlamaServerProcess, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
+def timed_complete(server: Server, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
     """One greedy completion, with the CPU share other processes (not this one, not the server) took."""
     before, server_before, wall = machine_reading(), server.cpu_seconds(), time.perf_counter()
     completion = server.client.complete(prompt_ids, n_predict)
@@ -194,13 +194,18 @@ class ServerSetup:
     """What every server of one analysis shares: the binary, the GGUF model, threads and context, and the
     draft model's GGUF where a draft-simple setting is compared."""
 
-    binary: Path
+    binary: Path | None
     model: Path
     threads: int
     n_ctx: int
     draft_model: Path | None = None
+    # servers the user runs, by "off" (the plain one) and drafter label; None: start our own
+    urls: Mapping[str, str] | None = None
 
-    def server(self, drafter: ServerDrafter | None) -> LlamaServerProcess:
+    def server(self, drafter: ServerDrafter | None) -> Server:
+        if self.urls is not None:
+            return RemoteServer(self.urls["off" if drafter is None else drafter.label])
+        assert self.binary is not None  # a setup without urls names the binary (the CLI finds it)
         flags = drafter.server_flags() if drafter is not None else []
         if drafter is not None and drafter.needs_draft_model:
             assert self.draft_model is not None  # analyze_in_llama_server checks it first
@@ -238,6 +243,7 @@ def analyze_in_llama_server(
         outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
         _replay_settings(setup, outcomes, drafters, n_predict, say)
         costs = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
+        _check_settings(servers, outcomes[:calibration_prompts])
         for outcome in outcomes:
             for setting in outcome.settings:
                 setting.predicted_speedup = costs[setting.drafter.family].speedup(setting.replay)
@@ -254,7 +260,7 @@ def analyze_in_llama_server(
 
 
 def _generate(
-    plain: LlamaServerProcess, prompts: Sequence[ServerPrompt], n_predict: int, say: Progress
+    plain: Server, prompts: Sequence[ServerPrompt], n_predict: int, say: Progress
 ) -> tuple[list[PromptOutcome], float]:
     """Each prompt's ids under the server's chat template and its plain greedy completion."""
     outcomes, seconds = [], 0.0
@@ -297,7 +303,7 @@ def _replay_settings(
 
 
 def _run_settings(
-    servers: Sequence[LlamaServerProcess], outcome: PromptOutcome, n_predict: int, *, calibration: bool
+    servers: Sequence[Server], outcome: PromptOutcome, n_predict: int, *, calibration: bool
 ) -> None:
     """One prompt on the plain server, then on each setting's server, each setting paired with that
     plain run."""
@@ -309,7 +315,7 @@ def _run_settings(
 
 
 def _calibrate(
-    servers: Sequence[LlamaServerProcess], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
+    servers: Sequence[Server], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
 ) -> dict[str, ServerCost]:
     """The step costs per drafter family: the plain step from the plain runs, the rounds fitted on that
     family's settings' runs of the calibration prompts (their disturbed runs left out unless all are)."""
@@ -340,8 +346,29 @@ def _calibrate(
     return costs
 
 
+def _check_settings(servers: Sequence[Server], outcomes: Sequence[PromptOutcome]) -> None:
+    """ServerAnalysisError where a server's own draft counts over the calibration prompts show it does not
+    run the setting it stands for: a plain server that drafted, or a setting's server that drafted nothing
+    where the replay drafted (a user's server started without the setting's flags, say)."""
+    if any(o.plain.completion.timings.get("draft_n", 0) for o in outcomes):
+        raise ServerAnalysisError(
+            f"the plain server at {servers[0].client.url} drafted: start it without --spec-type"
+        )
+    for index, server in enumerate(servers[1:]):
+        settings = [o.settings[index] for o in outcomes if o.settings[index].measured is not None]
+        replayed = sum(s.replay.draft_n for s in settings)
+        served = sum(s.measured.completion.timings.get("draft_n", 0) for s in settings if s.measured)
+        if replayed > 0 and served == 0:
+            drafter = settings[0].drafter
+            raise ServerAnalysisError(
+                f"the server at {server.client.url} for {drafter.label} drafted nothing on the calibration "
+                f"prompts, where the replay drafted {replayed} tokens: start it with "
+                f"{' '.join(drafter.server_flags())}"
+            )
+
+
 def _validate(
-    servers: Sequence[LlamaServerProcess], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
+    servers: Sequence[Server], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
 ) -> None:
     for number, outcome in enumerate(outcomes, 1):
         _run_settings(servers, outcome, n_predict, calibration=False)

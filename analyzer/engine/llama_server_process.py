@@ -207,6 +207,35 @@ class LlamaServerProcess:
         self.stop()
 
 
+class RemoteServer:
+    """A llama-server the user already runs, at ``url``: used as :class:`LlamaServerProcess` is, but never
+    started or stopped here. Its CPU time is not readable from this machine (``cpu_seconds`` None), so its
+    requests carry no interference reading. Its speculative setting is not in its ``/props``, so the analysis
+    checks it from the server's own draft counts (analyzer/analysis/server_analysis.py)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.client = LlamaServerClient(self.url)
+        self.flags: list[str] = []
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> RemoteServer:
+        """Check that it serves; :class:`LlamaServerError` when it does not answer ``/health`` with ok."""
+        if not self.client.ready():
+            raise LlamaServerError(f"no llama-server answers /health with ok at {self.url}")
+        return self
+
+    def stop(self) -> None:
+        """Nothing: the user's server keeps running."""
+
+    def cpu_seconds(self) -> float | None:
+        return None
+
+    def setup(self) -> tuple[str, int]:
+        """The server's model path and per-slot context size, from its ``/props``."""
+        props = self.client.props()
+        return str(props.get("model_path", "")), int(props["default_generation_settings"]["n_ctx"])
+
+
 def server_version(binary: Path) -> str:
     """The binary's own version line (``version: 0.5.0-dev (build 1, commit 0c1e570)``), or "unknown"."""
     try:
@@ -215,3 +244,7 @@ def server_version(binary: Path) -> str:
         return "unknown"
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("version:")]
     return lines[0].removeprefix("version:").strip()[:100] if lines else "unknown"
+
+
+# a server an analysis asks: one it started, or one the user runs
+Server = LlamaServerProcess | RemoteServer

@@ -4,6 +4,7 @@ choices need (analyzer/analysis/server_store.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,7 +17,7 @@ from analyzer.analysis.server_store import (
     store_server_analysis,
 )
 from analyzer.engine.llama_server import find_llama_server
-from analyzer.engine.llama_server_process import server_version
+from analyzer.engine.llama_server_process import RemoteServer, server_version
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
 from analyzer.models.specs import parse_spec
@@ -99,6 +100,15 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     help="At most this many prompts per task, in set order (default: all).",
 )
 @click.option(
+    "--server",
+    "server_texts",
+    multiple=True,
+    help="A llama-server you already run, repeatable: 'URL' for the plain one and 'SETTING=URL' for each "
+    "drafter setting's (e.g. 'ngram-mod 16 8-32=http://10.0.0.5:8082'). Then no server is started: the settings "
+    "are the ones named here (not --drafter), the model and context are the plain server's (its /props; --model "
+    "and --ctx are not used), and --threads is recorded as given.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -116,18 +126,25 @@ def analyze(
     n_ctx: int,
     calibration: int,
     per_task: int | None,
+    server_texts: tuple[str, ...],
     validate: bool,
 ) -> None:
     """Analyze a prompt set in llama-server: one plain greedy generation per prompt, llama-server's own
     drafting rules replayed on it for every drafter setting, step costs fitted from the servers' timings,
     the predicted speedup per prompt and task, the best setting per task, and (unless --no-validate)
     predicted vs measured through the servers. Stores the analysis and prints it."""  # fmt: skip
-    drafters = _drafters(drafter_texts)
+    if server_texts and drafter_texts:
+        raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
+    urls, drafters = _servers(server_texts) if server_texts else (None, _drafters(drafter_texts))
     if any(d.needs_draft_model for d in drafters) and draft_model is None:
         raise click.BadParameter("a draft-simple setting needs --draft-model", param_hint="--drafter")
-    binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
-    model_path = gguf_file(parse_spec(model))
     draft_path = gguf_file(parse_spec(draft_model)) if draft_model else None
+    if urls is not None:
+        model_path, n_ctx, build = _remote_setup(urls)
+        binary = None
+    else:
+        binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
+        model_path, build = gguf_file(parse_spec(model)), server_version(binary)
     sessions = state.sessions()
     with sessions() as session, session.begin():
         try:
@@ -140,9 +157,10 @@ def analyze(
         set_id = prompt_set.id
     if per_task is not None:
         prompts = [p for i, p in enumerate(prompts) if sum(q.task == p.task for q in prompts[:i]) < per_task]
-    click.echo(f"analyzing {len(prompts)} prompts in llama-server ({binary}), {threads} threads", err=True)
+    where = f"the servers at {', '.join(urls.values())}" if urls else f"{binary}, {threads} threads"
+    click.echo(f"analyzing {len(prompts)} prompts in llama-server ({where})", err=True)
     analysis = analyze_in_llama_server(
-        ServerSetup(binary, model_path, threads, n_ctx, draft_path), prompts, drafters, n_predict=n_predict,
+        ServerSetup(binary, model_path, threads, n_ctx, draft_path, urls), prompts, drafters, n_predict=n_predict,
         calibration_prompts=calibration, validate=validate, say=lambda line: click.echo(f"  {line}", err=True),
     )  # fmt: skip
     with sessions() as session, session.begin():
@@ -152,10 +170,65 @@ def analyze(
             prompt_set,
             analysis,
             model=str(model_path),
-            server_build=server_version(binary),
+            server_build=build,
             draft_model=str(draft_path) if draft_path else None,
         )
         click.echo(server_analysis_text(record))
+
+
+def _servers(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:
+    """The --server values as {"off" or a setting's label: URL} and the settings they name."""
+    urls: dict[str, str] = {}
+    drafters = []
+    for value in values:
+        setting, _, url = (
+            value.rpartition("=") if not value.startswith(("http://", "https://")) else ("", "", value)
+        )
+        if not url.startswith(("http://", "https://")):
+            raise click.BadParameter(
+                f"{value!r}: give 'URL' or 'SETTING=URL' with an http(s) URL", param_hint="--server"
+            )
+        key = "off"
+        if setting:
+            try:
+                drafter = parse_drafter(setting.strip())
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--server") from None
+            key = drafter.label
+            drafters.append(drafter)
+        if key in urls:
+            raise click.BadParameter(
+                f"{'the plain server' if key == 'off' else key} is named twice", param_hint="--server"
+            )
+        urls[key] = url
+    if "off" not in urls or not drafters:
+        raise click.BadParameter(
+            "give the plain server ('URL') and at least one setting's ('SETTING=URL')", param_hint="--server"
+        )
+    return urls, drafters
+
+
+def _remote_setup(urls: dict[str, str]) -> tuple[Path, int, str]:
+    """The users' servers' model, per-slot context and build, from their /props: one model and one context
+    for all of them (a ClickException naming the server that differs)."""
+    seen = {}
+    for key, url in urls.items():
+        server = RemoteServer(url).start()
+        model_path, n_ctx = server.setup()
+        seen[key] = (Path(model_path).name, n_ctx, url)
+    plain_model, plain_ctx, _ = seen["off"]
+    for key, (name, n_ctx, url) in seen.items():
+        if (name, n_ctx) != (plain_model, plain_ctx):
+            raise click.ClickException(
+                f"the server at {url} ({key}) runs {name} with context {n_ctx}, the plain one {plain_model} with "
+                f"context {plain_ctx}: every server of one analysis runs the same model and context"
+            )
+    props = RemoteServer(urls["off"]).client.props()
+    return (
+        Path(str(props.get("model_path", plain_model))),
+        plain_ctx,
+        str(props.get("build_info", "unknown"))[:100],
+    )
 
 
 @llama_server.command("show")
