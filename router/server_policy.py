@@ -25,6 +25,7 @@ from analyzer.analysis.server_analysis import MIN_SPEEDUP
 from analyzer.analysis.server_store import get_server_analysis
 from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.engine.llama_server_pools import Pool, PoolPlan, pool_flags
+from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.run_params import DEFAULT_MARGIN
@@ -64,8 +65,8 @@ def server_pools(keys: Sequence[str], configured: Mapping[str, str], first_port:
 
 def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]], chosen: str | None,
             predicted: float, fallback: bool) -> TaskPolicy:  # fmt: skip
-    """One task's policy: its chosen setting, the replay's acceptance of the setting it would use (the
-    chosen one, else the best predicted), and the tier those acceptances earn."""
+    """One task's policy: its chosen setting (None: off), the replay's acceptance of that setting over the
+    task's prompts (its mean and variance over prompts that drafted; 0 for off), and the tier they earn."""
     index = record.drafters.index(chosen) if chosen is not None else None
     rates = []
     for row in rows:
@@ -74,7 +75,6 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
             rates.append(setting["draft_n_accepted"] / setting["draft_n"])
     alpha, variance = mean_and_variance(rates)
     alpha = alpha if np.isfinite(alpha) else 0.0
-    basis = "workload" if fallback else "task"
     reason = (
         f"{chosen} predicts {predicted:.2f}x in llama-server (over {MIN_SPEEDUP:.2f}x)"
         if chosen is not None
@@ -93,7 +93,7 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
         speedup_curve=[],
         speedup_low=None,
         speedup_high=None,
-        decision_basis=basis,
+        decision_basis="task",  # every policy decides from its own prompts (the fallback: all of them)
         decision_reason=reason,
         setting=chosen,
     )
@@ -101,11 +101,7 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
 
 def _gamma(label: str | None) -> int:
     """The most tokens a setting drafts per round (the decision's gamma); NO_GAMMA for off."""
-    if label is None:
-        return NO_GAMMA
-    from analyzer.measuring.server_drafting import parse_drafter
-
-    return parse_drafter(label).max_draft
+    return NO_GAMMA if label is None else parse_drafter(label).max_draft
 
 
 def publish_server_policies(

@@ -355,3 +355,23 @@ def test_the_front_door_says_when_a_pool_is_a_name_or_does_not_answer(session, c
     assert empty.status_code == 400 and empty.get_json()["error"]["code"] == "empty_prompt"
     wrong = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 0})
     assert wrong.status_code == 400 and "max_tokens" in wrong.get_json()["error"]["message"]
+
+
+def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, client):
+    import re
+
+    prompt_set, _ = import_sample(session)
+    record = make_server_analysis(session, prompt_set, ANSWERS, DRAFTERS)
+    session.commit()
+    page = client.get(f"/llama-server/{record.id}").get_data(as_text=True)
+    assert f'action="/llama-server/{record.id}/publish"' in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    assert client.post(f"/llama-server/{record.id}/publish").status_code == 400  # no CSRF token: refused
+    done = client.post(f"/llama-server/{record.id}/publish", data={"csrf_token": token})
+    assert done.status_code == 302 and done.headers["Location"].endswith("/policies")
+    shown = client.get("/policies").get_data(as_text=True)
+    assert f"policy set v1 published from llama-server analysis #{record.id} and active" in shown
+    assert "each pool's server fixes its setting: nothing adapts" in shown
+    active = client.get("/v1/policies").get_json()["active"]
+    assert active["version"] == 1 and active["server_analysis_id"] == record.id
+    assert client.post("/llama-server/99/publish", data={"csrf_token": token}).status_code == 404

@@ -4,7 +4,7 @@ per task with the chosen setting, and the pools those choices need with their co
 
 from __future__ import annotations
 
-from flask import render_template
+from flask import current_app, redirect, render_template, url_for
 
 from analyzer.analysis.server_store import (
     get_server_analysis,
@@ -12,8 +12,11 @@ from analyzer.analysis.server_store import (
     pool_plan,
     pool_plan_text,
 )
+from analyzer.db import lock_for_write
+from router.policy import PolicyError
+from router.server_policy import publish_server_policies
 from webui.plots import scatter
-from webui.ui import bp, sessions
+from webui.ui import bp, flash, sessions
 
 
 @bp.get("/llama-server")
@@ -63,3 +66,22 @@ def server_analysis(analysis_id: int):
             plot=plot,
         )
     return page
+
+
+@bp.post("/llama-server/<int:analysis_id>/publish")
+def publish_server_analysis(analysis_id: int):
+    """Publish the analysis' choices as the active policy set (its pools on this machine from port 8081, or
+    where SPECROUTE_ROUTER_POOLS names them) and reload the router; then the policies page."""
+    try:
+        with sessions()() as session, session.begin():
+            lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
+            version = publish_server_policies(session, analysis_id).version
+    except PolicyError as exc:
+        flash(str(exc), "error")
+        return redirect(url_for("ui.server_analysis", analysis_id=analysis_id))
+    current_app.extensions["specroute.router"].reload()
+    flash(
+        f"policy set v{version} published from llama-server analysis #{analysis_id} and active: start its pools "
+        "with 'specroute pools start'"
+    )
+    return redirect(url_for("ui.policies"))
