@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -353,11 +353,14 @@ def _front_door(path: str) -> Response:
         )
     chunks = upstream.chunks
 
-    def relay() -> Iterable[bytes]:
+    def relay() -> Iterator[bytes]:
         tail = b""
-        for chunk in chunks:
-            yield chunk
-            tail = (tail + chunk)[-STREAM_TAIL_BYTES:]
+        try:
+            for chunk in chunks:
+                yield chunk
+                tail = (tail + chunk)[-STREAM_TAIL_BYTES:]
+        finally:  # the client went away, or the stream ended: the pool's connection closes either way
+            chunks.close()
         timings = stream_timings(tail)
         if timings is not None:
             router_service.observe_completion(decision, timings)

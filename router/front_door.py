@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from analyzer.errors import SpecrouteError
 from router.decision import Decision, RouteRequest
 
-FRONT_DOOR_PATHS = ("/v1/chat/completions", "/v1/completions")
 FORWARD_TIMEOUT_S = 600.0
-log = logging.getLogger(__name__)
 
 
 class PoolNotAddressable(SpecrouteError):
@@ -54,11 +51,10 @@ def route_request(path: str, body: Any) -> RouteRequest:
     key = "messages" if path.endswith("/chat/completions") else "prompt"
     if key not in body:
         raise FrontDoorRequestError(f"field '{key}' is missing: {path} needs it", field=key)
-    limit = body.get("max_tokens", body.get("n_predict"))
+    name = "max_tokens" if "max_tokens" in body else "n_predict"
+    limit = body.get(name)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise FrontDoorRequestError(
-            f"field 'max_tokens' must be a positive integer, got {limit!r}", field="max_tokens"
-        )
+        raise FrontDoorRequestError(f"field '{name}' must be a positive integer, got {limit!r}", field=name)
     if key == "messages":
         return RouteRequest(
             messages=body["messages"], max_new_tokens=limit, temperature=body.get("temperature")
@@ -86,7 +82,7 @@ class Upstream:
     status: int
     content_type: str
     body: bytes | None
-    chunks: Iterator[bytes] | None
+    chunks: Generator[bytes, None, None] | None
 
 
 def forward(url: str, path: str, body: Mapping[str, Any], timeout_s: float = FORWARD_TIMEOUT_S) -> Upstream:
@@ -116,7 +112,9 @@ def forward(url: str, path: str, body: Mapping[str, Any], timeout_s: float = FOR
     return Upstream(response.status, content_type, data, None)
 
 
-def _chunks(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> Iterator[bytes]:
+def _chunks(
+    connection: http.client.HTTPConnection, response: http.client.HTTPResponse
+) -> Generator[bytes, None, None]:
     try:
         while chunk := response.read1(65536):
             yield chunk
