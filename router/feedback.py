@@ -240,6 +240,22 @@ class FeedbackRequest:
     gamma: int | None
     raw: Mapping[str, Any]
 
+    def event(self, policy_set_id: int | None) -> FeedbackEvent:
+        """The stored event of this feedback, under policy set ``policy_set_id``."""
+        counts = self.counts
+        return FeedbackEvent(
+            route_id=self.route_id,
+            policy_set_id=policy_set_id,
+            task_type=self.task,
+            engine=counts.engine,
+            gamma=self.gamma,
+            rounds=counts.rounds,
+            drafted=counts.drafted,
+            accepted=counts.accepted,
+            output_tokens=counts.output_tokens,
+            raw=dict(self.raw),
+        )
+
 
 # the top-level fields a feedback payload may carry (anything else is refused, as in a route body)
 FEEDBACK_FIELDS = (
@@ -488,20 +504,7 @@ def _apply(
         estimate.decision_since = now  # the decision in force changed (or starts being tracked) now
     store_state(estimate, state)
     estimate.updated_at = now
-    session.add(
-        FeedbackEvent(
-            route_id=request.route_id,
-            policy_set_id=context.policy_set_id,
-            task_type=request.task,
-            engine=counts.engine,
-            gamma=request.gamma,
-            rounds=counts.rounds,
-            drafted=counts.drafted,
-            accepted=counts.accepted,
-            output_tokens=counts.output_tokens,
-            raw=dict(request.raw),
-        )
-    )
+    session.add(request.event(context.policy_set_id))
     return Recorded(estimate, state, context.policy_set_id, estimate_dict(estimate))
 
 
@@ -546,25 +549,15 @@ def record_feedback_batch(
 
 def record_observation(session: Session, request: FeedbackRequest) -> FeedbackEvent:
     """Store a feedback event that moves no estimate: what a pool reported under a policy set that takes no
-    feedback (:class:`PolicyNotAdaptive`), kept with the set its route id names."""
-    policy_set_id = (
-        session.scalar(select(PolicySet.id).where(PolicySet.version == request.policy_version))
-        if request.policy_version is not None
-        else None
+    feedback (:class:`PolicyNotAdaptive`), kept with the set its route id names (the active one for feedback
+    by task)."""
+    query = select(PolicySet.id)
+    policy_set_id = session.scalar(
+        query.where(PolicySet.is_active.is_(True))
+        if request.policy_version is None
+        else query.where(PolicySet.version == request.policy_version)
     )
-    counts = request.counts
-    event = FeedbackEvent(
-        route_id=request.route_id,
-        policy_set_id=policy_set_id,
-        task_type=request.task,
-        engine=counts.engine,
-        gamma=request.gamma,
-        rounds=counts.rounds,
-        drafted=counts.drafted,
-        accepted=counts.accepted,
-        output_tokens=counts.output_tokens,
-        raw=dict(request.raw),
-    )
+    event = request.event(policy_set_id)
     session.add(event)
     session.flush()
     return event

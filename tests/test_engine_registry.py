@@ -24,6 +24,8 @@ ENGINE_MODULES = {
     "analyzer/engine/engine_transformers.py",
     "analyzer/engine/engine_llamacpp.py",
     "analyzer/engine/engine_imported.py",
+    "analyzer/engine/engine_llama_server.py",
+    "analyzer/engine/engine_runless.py",
     "analyzer/engine/run_models.py",
     "analyzer/engine/graph_cost.py",
     "analyzer/engine/llamacpp_run.py",
@@ -32,7 +34,7 @@ ENGINE_MODULES = {
     "analyzer/engine/llamacpp_speculative.py",
 }
 NAMES = {*REGISTRY, *engine_base.COST_MODES}
-CONSTANTS = {"TRANSFORMERS", "LLAMA_CPP", "IMPORTED", "EAGER", "CUDA_GRAPHS"}
+CONSTANTS = {"TRANSFORMERS", "LLAMA_CPP", "IMPORTED", "LLAMA_SERVER", "EAGER", "CUDA_GRAPHS"}
 
 
 def _names_in(node: ast.AST) -> bool:

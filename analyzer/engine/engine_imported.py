@@ -5,65 +5,21 @@ llama-server: analyzer/analysis/cost_import.py). Such a profile prices stored ac
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
-from analyzer.engine.engine_base import IMPORTED, LoadedPair
-from analyzer.run_params import RunError, RunParams
-
-if TYPE_CHECKING:
-    from analyzer.measuring.acceptance import DraftingRule
-    from analyzer.models.specs import ModelSpecRef
-    from analyzer.orm import ModelPair
+from analyzer.engine.engine_base import IMPORTED
+from analyzer.engine.engine_runless import RunlessEngine
 
 
-class ImportedEngine:
+class ImportedEngine(RunlessEngine):
     """Imported cost profiles, as :class:`analyzer.engine.engine_base.Engine` describes an engine that prices
     only."""
 
     name = IMPORTED
-    measures = False
-    cost_modes: tuple[str, ...] = ()
-
-    def _refuse(self) -> NoReturn:
-        raise RunError(
-            "imported cost profiles price stored acceptance; they measure nothing: analyze in transformers "
-            "or llama.cpp and price with --cost-profile"
-        )
-
-    @property
-    def rule(self) -> DraftingRule:
-        self._refuse()
-
-    def check_params(self, params: RunParams) -> None:
-        self._refuse()
-
-    def check_specs(self, target: ModelSpecRef, draft: ModelSpecRef) -> None:
-        self._refuse()
-
-    def cost_mode_for(self, asked: str | None, setting: str) -> str:
-        self._refuse()
-
-    def require_installed(self) -> None:
-        self._refuse()
-
-    def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
-        self._refuse()
-
-    def load_key(self, params: RunParams) -> tuple[Any, ...]:
-        self._refuse()
-
-    def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
-        self._refuse()
-
-    def report_cost_mode(self, params: RunParams) -> str | None:
-        return None
-
-    def replay_mode(self, dtype: str) -> str | None:
-        return None
-
-    def estimate_opening(self, dtype: str) -> str | None:
-        return None
+    refusal = (
+        "imported cost profiles price stored acceptance; they measure nothing: analyze in transformers "
+        "or llama.cpp and price with --cost-profile"
+    )
 
     def profile_note(self, profile: dict[str, Any]) -> str | None:
         """An imported profile is the engine's own benchmark: specroute did not time it, so does not

@@ -7,44 +7,23 @@ into the pool that runs it and that pool's command-line flags."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+import functools
+from typing import Any
 
-from analyzer.engine.engine_base import LLAMA_SERVER, LoadedPair
-from analyzer.run_params import RunError, RunParams
-
-if TYPE_CHECKING:
-    from analyzer.measuring.acceptance import DraftingRule
-    from analyzer.models.specs import ModelSpecRef
-    from analyzer.orm import ModelPair
+from analyzer.engine.engine_base import LLAMA_SERVER
+from analyzer.engine.engine_runless import RunlessEngine
+from analyzer.measuring.server_drafting import parse_drafter
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(RunlessEngine):
     """llama-server, as :class:`analyzer.engine.engine_base.Engine` describes an engine; it measures and
     prices in its own analyses, not in runs (so ``measures`` is False: no run names it)."""
 
     name = LLAMA_SERVER
-    measures = False
-    cost_modes: tuple[str, ...] = ()
-
-    def _refuse(self) -> NoReturn:
-        raise RunError(
-            "llama-server is analyzed with 'specroute llama-server analyze', not as an analysis run: runs "
-            "measure in transformers or llama.cpp"
-        )
-
-    @property
-    def rule(self) -> DraftingRule:
-        self._refuse()
-
-    def check_params(self, params: RunParams) -> None:
-        self._refuse()
-
-    def check_specs(self, target: ModelSpecRef, draft: ModelSpecRef) -> None:
-        self._refuse()
-
-    def cost_mode_for(self, asked: str | None, setting: str) -> str:
-        self._refuse()
+    refusal = (
+        "llama-server is analyzed with 'specroute llama-server analyze', not as an analysis run: runs "
+        "measure in transformers or llama.cpp"
+    )
 
     def require_installed(self) -> None:
         """Raise :class:`analyzer.engine.llama_server.LlamaServerMissing` (naming the build command) unless
@@ -54,27 +33,6 @@ class LlamaServerEngine:
 
         settings = load_settings()
         find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache")
-
-    def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
-        self._refuse()
-
-    def load_key(self, params: RunParams) -> tuple[Any, ...]:
-        self._refuse()
-
-    def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
-        self._refuse()
-
-    def report_cost_mode(self, params: RunParams) -> str | None:
-        return None
-
-    def replay_mode(self, dtype: str) -> str | None:
-        return None
-
-    def estimate_opening(self, dtype: str) -> str | None:
-        return None
-
-    def profile_note(self, profile: dict[str, Any]) -> str | None:
-        return None
 
     def decision_settings(
         self,
@@ -89,12 +47,16 @@ class LlamaServerEngine:
         ``llama-server`` takes them; draft-simple also needs ``-md`` with the draft model), or a plain
         pool. None for a policy set published from an analysis run (``draft_kind`` is then the run's
         draft, not "llama-server"): a run's gamma is no llama-server drafter setting."""
-        from analyzer.measuring.server_drafting import parse_drafter
-
         if draft_kind != LLAMA_SERVER:
             return None
         if not speculate:
             return {"pool": pool, "setting": "off", "flags": []}
         if setting is None:
             return None
-        return {"pool": pool, "setting": setting, "flags": parse_drafter(setting).server_flags()}
+        return {"pool": pool, "setting": setting, "flags": list(_flags(setting))}
+
+
+@functools.lru_cache(maxsize=256)
+def _flags(setting: str) -> tuple[str, ...]:
+    """A setting's server flags, parsed once per label (the decision path asks for them per request)."""
+    return tuple(parse_drafter(setting).server_flags())
