@@ -201,6 +201,11 @@ class Router:
         classified = self._classify([request_text(r.prompt, r.messages) for r in requests])
         return [self._decide(r, task, confidence) for r, (task, confidence) in zip(requests, classified)]
 
+    def decide_task(self, task: str, request: RouteRequest) -> Decision:
+        """The decision for a request already known to be of ``task`` (no classification; what
+        ``specroute export`` writes an engine's per-batch settings from)."""
+        return self._decide(request, task, 1.0)
+
     def observe(self, task: str, state: TaskState) -> None:
         """Take a task's estimate after feedback (the count of requests while off stays ours)."""
         with self._lock:

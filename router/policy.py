@@ -159,17 +159,30 @@ def publish_policies(
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise PolicyError(f"no analysis run {run_id}")
+    policy_set = run_policy_set(session, run, pools)
+    policy_set.version = (session.scalar(select(func.max(PolicySet.version))) or 0) + 1
+    policy_set.notes = notes
+    session.add(policy_set)
+    session.flush()
+    if activate is None:
+        activate = run_advice_withheld(run) is None
+    if activate:
+        activate_policy_set(session, policy_set.version)
+    return policy_set
+
+
+def run_policy_set(session: Session, run: AnalysisRun, pools: Mapping[str, str] | None = None) -> PolicySet:
+    """The policy set run ``run`` publishes, built and not stored (no version yet): what publishing
+    stores and what ``specroute export --run`` writes. PolicyError unless the run is done with results."""
     if run.status != "done":
-        raise PolicyError(f"run {run_id} is {run.status}; only a finished run can be published")
+        raise PolicyError(f"run {run.id} is {run.status}; only a finished run can be published")
     policies = task_policies(run_summary(session, run))
     if not policies:
-        raise PolicyError(f"run {run_id} has no measured prompts to publish")
-    latest = session.scalar(select(func.max(PolicySet.version))) or 0
+        raise PolicyError(f"run {run.id} has no measured prompts to publish")
     params = run.run_params
     draft, cost = parse_spec(run.pair.draft.spec), cost_for_run(run)
     policy_set = PolicySet(
-        version=latest + 1,
-        run_id=run_id,
+        run_id=run.id,
         measured_by=run.measured_by,
         priced_by=run.priced_by,
         margin=params.margin,
@@ -178,15 +191,8 @@ def publish_policies(
         draft_options=dict(draft.options) if draft.kind == "ngram" else {},
         cost=cost.as_json() if cost is not None else None,
         pools=published_pools(router_pools(load_settings()) if pools is None else pools, params.gamma_max),
-        notes=notes,
     )
     policy_set.policies = policies
-    session.add(policy_set)
-    session.flush()
-    if activate is None:
-        activate = run_advice_withheld(run) is None
-    if activate:
-        activate_policy_set(session, policy_set.version)
     return policy_set
 
 

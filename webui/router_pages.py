@@ -25,6 +25,7 @@ from router.pipeline import FEATURE_SETS, fold_jobs, regularisation
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
 from router.training_request import check_training_request, training_data
+from webui.export_pages import export_card
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
 from webui.ui import bp, flash, sessions, settings
@@ -296,6 +297,9 @@ def policies():
             for s in sets
             if s["run_id"] and (run := session.get(AnalysisRun, s["run_id"])) and run.cost_profile
         }
+        active = next((s["version"] for s in sets if s["active"]), None)
+        chosen = request.args.get("version", type=int) or active
+        export = export_card(session, version=chosen) if chosen is not None else None
     estimates = {
         e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
     }
@@ -309,6 +313,8 @@ def policies():
         cost_modes=cost_modes,
         rarely=rarely,
         classifier_version=classifier_version,
+        export=export,
+        export_version=chosen,
     )
 
 

@@ -35,6 +35,7 @@ from analyzer.run_params import (
 )
 from router import strict_json
 from router.classifier import rarely_reached
+from webui.export_pages import export_card
 from webui.plots import report_plots
 from webui.ui import bp, flash, sessions, settings
 
@@ -254,6 +255,9 @@ def run(run_id: int):
         row = _run_row(stored)
         classifier_version, rarely = rarely_reached(session)
         comparison = price_comparison(session, stored) if report["prompts"] else []
+        export = (
+            export_card(session, run_id=run_id) if stored.status == "done" and report["prompts"] else None
+        )
     plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     return render_template(
         "report.html",
@@ -265,6 +269,7 @@ def run(run_id: int):
         rarely=rarely,
         classifier_version=classifier_version,
         comparison=comparison,
+        export=export,
     )
 
 

@@ -105,4 +105,24 @@
       });
     });
   });
+
+  // Copy buttons: copy the text of the element data-copy names, and say so.
+  document.querySelectorAll("button[data-copy]").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var text = document.getElementById(button.dataset.copy).textContent;
+      var done = function () {
+        var note = document.getElementById("export-copied");
+        if (note) { note.hidden = false; setTimeout(function () { note.hidden = true; }, 2000); }
+      };
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(text).then(done);
+      } else {  // plain http off localhost: select it and copy the old way
+        var range = document.createRange();
+        range.selectNodeContents(document.getElementById(button.dataset.copy));
+        var selection = window.getSelection();
+        selection.removeAllRanges(); selection.addRange(range);
+        if (document.execCommand("copy")) { done(); }
+      }
+    });
+  });
 })();
