@@ -305,6 +305,9 @@ class PromptResult(Base):
     prompt_token_ids: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
     output_token_texts: Mapped[Optional[list[str]]] = mapped_column(JSON(none_as_null=True))
     draft_matches: Mapped[Optional[list[int]]] = mapped_column(JSON(none_as_null=True))
+    # transformers with a draft model: [drafted, accepted] of each round of assisted generation under its
+    # defaults, replayed exactly (analyzer/measuring/assistant_defaults.py); None: not replayed
+    assistant_rounds: Mapped[Optional[list[list[int]]]] = mapped_column(JSON(none_as_null=True))
     entropies: Mapped[list[float]] = mapped_column(JSON, default=list)
     alpha_sampling: Mapped[Optional[float]] = mapped_column(Float)
     # positions where a teacher-forced target pass disagrees with the generated token (replay

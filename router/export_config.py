@@ -63,6 +63,8 @@ class Export:
     pools: list[Server]
     notes: list[str]
     per_batch: list[dict[str, Any]]
+    # an engine that takes its settings per call (transformers): per task, what to pass, instead of pools
+    per_call: list[dict[str, Any]] | None = None
 
     @property
     def router_pools(self) -> dict[str, str]:
@@ -85,7 +87,9 @@ class Export:
             "single_server": _server_json(self.workload),
             "per_batch": self.per_batch,
             "cliffs": [c.text for c in self.plan.workload.cliffs],
-            "per_task": {
+            "per_task": {"per_call": self.per_call}
+            if self.per_call is not None
+            else {
                 "pools": [_server_json(pool) for pool in self.pools],
                 "router_pools": self.router_pools,
                 "publish": self.publish_line(),

@@ -20,6 +20,7 @@ from typing import Any
 
 from analyzer.engine.llama_server_pools import pool_flags
 from analyzer.models.specs import parse_spec
+from analyzer.pricing.policy_curve import decision_rule
 from router.export_config import (
     Export,
     Exporter,
@@ -379,14 +380,58 @@ class TransformersExporter(_ModelRunExporter):
             Value(
                 "num_assistant_tokens_schedule",
                 "constant",
-                "not the heuristic: the replay drafts gamma every round",
+                "not the default's lookahead of 20: the replay priced gamma drafts every round",
             ),
             Value(
                 "assistant_confidence_threshold",
                 0.0,
-                "not the default 0.4: the replay has no confidence stop",
+                "not the default 0.4: the fixed gamma was priced with no confidence stop",
             ),
         ]
+
+    def choice(self, plan: ExportPlan, group: GroupPlan) -> tuple[str, list[Value]]:
+        """What ``group``'s generate() calls should pass: "defaults" (transformers' own, nothing to set:
+        priced from the replayed rounds, clearing the decision rule and beating the fixed gamma's S(g*)),
+        "gamma" (the fixed gamma's non-default settings) or "off" (plain greedy)."""
+        defaults, fixed = group.defaults, group.speedup if group.gamma else None
+        if defaults is not None and _model_draft(plan) is not None:
+            speedup, low = defaults["speedup"], defaults["speedup_interval"][0]
+            clears, _ = decision_rule(speedup, low, plan.margin)
+            if clears and (fixed is None or speedup > fixed):
+                than = (
+                    f"beats gamma {group.gamma}'s {fixed:.2f}x"
+                    if fixed is not None
+                    else "pays where no fixed gamma does"
+                )
+                shown = _interval(speedup, defaults["speedup_interval"])
+                return "defaults", [
+                    Value(
+                        "assistant_model",
+                        _model_draft(plan),
+                        f"transformers' defaults ({defaults['settings']}): {shown} {than}",
+                    )
+                ]
+        if group.gamma:
+            return "gamma", self.server_values(plan, None, group.gamma)
+        return "off", []
+
+    def export(self, plan: ExportPlan, *, strict: bool = False, first_port: int | None = None) -> Export:
+        export = super().export(plan, strict=strict, first_port=first_port)
+        export.pools = []
+        export.per_call = []
+        for group in plan.groups:
+            kind, values = self.choice(plan, group)
+            export.per_call.append(
+                {
+                    "task": group.task,
+                    "uses": kind,
+                    "settings": {v.field: v.value for v in values if v.field != "assistant_model"},
+                    "values": [{"field": v.field, "value": v.value, "from": v.source} for v in values],
+                    "fixed_gamma": group.provenance(),
+                    "transformers_defaults": group.defaults,
+                }
+            )
+        return export
 
     def command(self, plan: ExportPlan, values: list[Value], port: int) -> list[str]:
         return []
@@ -407,11 +452,18 @@ class TransformersExporter(_ModelRunExporter):
             "only the batch-1 decisions apply"
         ]
         if _model_draft(plan) is not None:
+            priced = any(g.defaults is not None for g in plan.groups)
             notes.append(
-                "not transformers' defaults (num_assistant_tokens 20, schedule 'constant', "
-                "assistant_confidence_threshold 0.4, which it moves online by a ROC rule when scikit-learn is "
-                "installed): the prediction is for a fixed gamma with no confidence stop, so set these on the "
-                "assistant's generation_config; under the defaults the draft stops early and the speedup differs"
+                "transformers' defaults (num_assistant_tokens 20, schedule 'constant', assistant_confidence_threshold "
+                "0.4, moved by its ROC rule after every round) were "
+                + (
+                    "replayed and priced: a task uses them (nothing to set) where they beat the fixed gamma, else the "
+                    "fixed gamma's non-default settings go on the assistant's generation_config"
+                    if priced
+                    else "not replayed for this run (measured before they were, or not in transformers): the fixed "
+                    "gamma's non-default settings go on the assistant's generation_config; under the defaults the "
+                    "speedup differs"
+                )
             )
         return notes
 
@@ -426,13 +478,17 @@ class TransformersExporter(_ModelRunExporter):
         )
         out.append(
             "SETTINGS = {  # task -> "
-            + ("the assistant's generation_config" if draft else "generate() kwargs")
+            + (
+                "the assistant's generation_config ({}: transformers' defaults)"
+                if draft
+                else "generate() kwargs"
+            )
             + " (None: plain greedy)"
         )
-        for group in plan.groups:
-            values = self.server_values(plan, None, group.gamma)
-            shown = json.dumps({v.field: v.value for v in values}) if values else "None"
-            out.append(f"    {json.dumps(group.task)}: {shown},  # {_numbers(group)}")
+        for entry, group in zip(export.per_call or [], plan.groups):
+            shown = "None" if entry["uses"] == "off" else json.dumps(entry["settings"])
+            why = entry["values"][0]["from"] if entry["uses"] == "defaults" else _numbers(group)
+            out.append(f"    {json.dumps(group.task)}: {shown},  # {why}")
         out.append("}")
         out.append(
             comment(
@@ -442,10 +498,16 @@ class TransformersExporter(_ModelRunExporter):
                     "  assistant.generation_config.update(**settings); model.generate(..., assistant_model=assistant)"
                     if draft
                     else "  model.generate(..., **settings) when settings else model.generate(...)",
+                    "  (settings None: model.generate(...) without the assistant)",
                 ]
             )
         )
         return "\n".join(out) + "\n"
+
+
+def _interval(speedup: float, interval: list[float | None]) -> str:
+    low, high = interval
+    return f"{speedup:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
 
 
 EXPORTERS: dict[str, Exporter] = {

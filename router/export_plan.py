@@ -98,6 +98,9 @@ class GroupPlan:
     setting: str | None
     spans: tuple[Span, ...]
     cliffs: tuple[Cliff, ...]
+    # transformers' assisted generation under its defaults, priced at batch 1 (the report's
+    # ``assistant_defaults``; None: not replayed)
+    defaults: dict[str, Any] | None = None
 
     def gamma_at(self, batch: int) -> int:
         """The decision at ``batch`` (0: off)."""
@@ -309,6 +312,7 @@ def _group(
         setting=snapshot.setting if snapshot.speculate else None,
         spans=tuple(spans),
         cliffs=cliffs,
+        defaults=found.assistant_defaults if found is not None else None,
     )
 
 

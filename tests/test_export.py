@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import select
 
 from analyzer.advice.summary_store import run_summary
-from analyzer.orm import AnalysisRun
+from analyzer.measuring.assistant_defaults import assistant_rounds
+from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_sets import import_sample
 from router.decision import Router, RouterConfig, RouteRequest, router_from_database
 from router.export_engines import EXPORTERS, render_export
@@ -82,8 +84,9 @@ def parse_export(engine: str, fmt: str, text: str) -> list[dict]:
     names = fields(engine)
     if fmt == "json":
         data = json.loads(text)
-        servers = [data["single_server"], *data["per_task"]["pools"]]
-        configs = [s["config"] for s in servers]
+        per_task = data["per_task"]
+        servers = [data["single_server"], *per_task.get("pools", [])]
+        configs = [s["config"] for s in servers] + [e["settings"] for e in per_task.get("per_call") or []]
         if engine == "trtllm":
             configs = [c.get("speculative_config", {}) for c in configs]
     elif fmt == "yaml":
@@ -261,7 +264,42 @@ def test_transformers_exports_per_task_kwargs_and_says_they_are_not_its_defaults
             }
         )
         assert table[group.task] == expected
-    assert settings and "not transformers' defaults (num_assistant_tokens 20" in text
+    assert settings and "were not replayed for this run" in text  # a simulated run has no replayed defaults
+
+
+def test_transformers_exports_its_defaults_where_they_beat_the_fixed_gamma(session):
+    with session.begin():
+        run = make_done_run(session, {"code": 0.95, "qa": 0.7, "chat": 0.2}, per_task=5, gamma_max=8)
+        run.cost_profile.target_forward_s = [0.040 + 0.004 * k for k in range(21)]  # verifying 21 is priced
+        for result in session.scalars(select(PromptResult).where(PromptResult.run_id == run.id)):
+            matches = result.draft_matches
+            confident = [0.9 if m else 0.3 for m in matches]  # the confidence stop ends a round at a miss
+            result.assistant_rounds = [
+                list(r) for r in assistant_rounds(matches, confident, 64, lambda *_: 0)
+            ]
+        run.summary = None
+    plan = plan_for_run(session, run.id)
+    exported = json.loads(render_export(plan, "transformers", "json"))
+    uses = {}
+    for entry, group in zip(exported["per_task"]["per_call"], plan.groups):
+        assert entry["task"] == group.task and entry["transformers_defaults"] == group.defaults
+        defaults = group.defaults
+        clears = defaults["speedup"] > 1 + plan.margin and defaults["speedup_interval"][0] > 1.0
+        beats = not group.gamma or defaults["speedup"] > group.speedup
+        expected = "defaults" if clears and beats else "gamma" if group.gamma else "off"
+        assert entry["uses"] == expected, (group.task, defaults, group.speedup)
+        assert entry["settings"] == ({} if expected != "gamma" else entry["settings"]) and set(
+            entry["settings"]
+        ) <= fields("transformers")
+        uses[group.task] = expected
+    assert uses["code"] == "defaults" and uses["chat"] == "off"
+    text = render_export(plan, "transformers", "python")
+    table = ast.literal_eval(next(n.value for n in ast.parse(text).body if isinstance(n, ast.Assign)))
+    assert (
+        table["code"] == {}
+        and table["chat"] is None
+        and "transformers' defaults (num_assistant_tokens 20" in text
+    )
 
 
 # ---------------------------------------------------------------- where values come from, and --strict

@@ -69,7 +69,8 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     report = json.loads(result.stdout)
     assert {"run_id", "target", "draft", "params", "cost_profile", "prompts", "tasks"} <= set(report)
     assert report["status"] == "done" and report["progress"] == {"done": 4, "total": 4}
-    assert len(report["cost_profile"]["target_k_s"]) == 5 and report["cost_profile"]["draft_s"] > 0
+    # gamma_max 4 needs k <= 5; transformers' defaults (up to 20 drafts) are priced too, so k <= 21
+    assert len(report["cost_profile"]["target_k_s"]) == 21 and report["cost_profile"]["draft_s"] > 0
     assert [p["external_id"] for p in report["prompts"]] == ["c1", "c2", "t1", "s1"]
     assert [p["task"] for p in report["prompts"]] == ["code", "code", "translation", "unlabelled"]
     for prompt in report["prompts"]:
@@ -94,6 +95,13 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     )  # one prompt: no variance, no top tier
     assert code["speculate"] == (code["predicted_speedup"] > 1.05)
     assert report["tasks"]["translation"]["alpha_var"] is None  # one prompt: no sample variance
+    defaults = code["assistant_defaults"]  # transformers' defaults, replayed and priced
+    assert defaults["settings"] == "num_assistant_tokens 20, constant, threshold 0.4 (adapted)"
+    assert (
+        defaults["prompts"] == 2 and defaults["speedup"] > 0 and defaults["accepted"] <= defaults["drafted"]
+    )
+    assert defaults["rounds"] >= -(-code["output_tokens"] // 21)
+    assert report["workload"]["assistant_defaults"]["prompts"] == 4
     assert len(report["validation"]) == 2
     for validation in report["validation"]:
         assert validation["outputs_identical"] is True

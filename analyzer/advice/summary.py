@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, selectinload
 from analyzer.measuring.acceptance import alpha_from_matches, mean_acceptance_length
 from analyzer.measuring.interference import disturbed
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
+from analyzer.pricing.assistant_price import assistant_defaults_price
 from analyzer.pricing.policy_curve import BASE, DECISION_CODES, PolicyCurve, as_curve  # noqa: F401 (DECISION_CODES: importers name it here)
 from analyzer.pricing.speedup import (
     DEFAULT_MARGIN,
@@ -171,6 +172,9 @@ class GroupSummary(GroupDecision):
     by_batch: dict[int, GroupDecision] = field(default_factory=dict)
     fidelity: dict | None = None
     tier_note: str | None = None
+    # transformers' assisted generation under its defaults, priced at batch 1 from the replayed rounds
+    # (analyzer/pricing/assistant_price.py); None: not replayed (another engine, prompt lookup, sampling)
+    assistant_defaults: dict | None = None
 
     def as_dict(self) -> dict:
         """The report's JSON for this group (docs/report-json.md)."""
@@ -415,6 +419,7 @@ def summarize_group(
         measured_n=len(validated),
         measured_tasks=sorted({r.task_type or UNLABELLED for r in results if r.prompt_id in measured}),
         by_batch=by_batch,
+        assistant_defaults=None if sampling else assistant_defaults_price(results, cost),
     )
 
 

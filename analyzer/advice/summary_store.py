@@ -26,7 +26,8 @@ from analyzer.measuring.interference import disturbed
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import Cost
 
-SUMMARY_FORMAT = 2  # the stored JSON's shape and rule (2: PolicyCurve.decide); another is computed again
+# the stored JSON's shape and rule (2: PolicyCurve.decide; 3: transformers' defaults priced); another is computed again
+SUMMARY_FORMAT = 3
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 
 

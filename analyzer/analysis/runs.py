@@ -94,7 +94,8 @@ class MeasuredPrompt:
     """One prompt's result as :func:`_store` stores it: the prompt, its ids (``prompt_truncated`` when
     cut to the run's limit), the output (ids, text, each token's text), the draft's ``matches`` (N,) of
     0/1, the ``entropies`` (N,) in nats, greedy ``alpha`` and, sampling, ``alpha_sampling``, the
-    replay's mismatches, the target's and the draft's seconds, and the counts at every g."""
+    replay's mismatches, the target's and the draft's seconds, the counts at every g, and the rounds of
+    transformers' assisted generation under its defaults (None where not replayed)."""
 
     prompt: Prompt
     prompt_ids: list[int]
@@ -110,6 +111,7 @@ class MeasuredPrompt:
     target_time_s: float
     draft_time_s: float
     counts_per_gamma: list[CountsAtGamma]
+    assistant_rounds: list[list[int]] | None = None
 
 
 def _measure_batch(
@@ -160,6 +162,7 @@ def _result(
         target_time_s=measured.target_time_s,
         draft_time_s=measured.draft_time_s + time.perf_counter() - started,
         counts_per_gamma=counts_per_gamma,
+        assistant_rounds=[list(r) for r in measured.assistant_rounds] if measured.assistant_rounds else None,
     )
 
 
@@ -262,6 +265,7 @@ def _store(session: Session, run: AnalysisRun, measured: MeasuredPrompt) -> None
         output_token_ids=measured.output_ids,
         output_token_texts=measured.output_token_texts,
         draft_matches=measured.matches,
+        assistant_rounds=measured.assistant_rounds,
         entropies=measured.entropies,
         alpha_sampling=measured.alpha_sampling,
         replay_mismatches=measured.replay_mismatches,

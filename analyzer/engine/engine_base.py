@@ -40,7 +40,8 @@ LLAMA_SERVER = "llama-server"
 class ProfilingPlan(NamedTuple):
     """Where a loaded pair times its cost profiles: the device and dtype as stored, the text progress
     shows, the machinery timed around the model calls, the batch sizes and the cost mode (None where
-    the engine times its own way)."""
+    the engine times its own way), and the widest verification it prices beyond gamma_max + 1 (0: none;
+    transformers with a draft model: its assisted generation's defaults draft up to 20, verifying 21)."""
 
     device: str
     dtype: str
@@ -48,6 +49,7 @@ class ProfilingPlan(NamedTuple):
     machinery: str
     batch_sizes: tuple[int, ...]
     cost_mode: str | None
+    verify_up_to: int = 0
 
 
 class Engine(Protocol):

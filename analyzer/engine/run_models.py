@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from analyzer.engine.engine_base import CUDA_GRAPHS, TRANSFORMERS, ProfilingPlan
 from analyzer.measuring.acceptance import TRANSFORMERS_RULE, DraftingRule
+from analyzer.measuring.assistant_defaults import DEFAULT_TOKENS
 from analyzer.measuring.prompt_encoding import (
     EncodedPrompt,
     encode_prompt,
@@ -124,6 +125,8 @@ class RunModels:
             "the CUDA-graph decoding loops" if graphs else "generate()",
             params.batch_sizes(placement),
             params.cost_mode,
+            # transformers' defaults draft up to DEFAULT_TOKENS: price them (greedy, a model draft)
+            DEFAULT_TOKENS + 1 if self.draft is not None and params.temperature == 0 else 0,
         )
 
     def warmup_passes(self) -> int:
@@ -140,8 +143,11 @@ class RunModels:
         fidelity; one :class:`PromptPasses` per prompt (with the raw logits when sampling)."""
         import time
 
+        from analyzer.measuring.assistant_defaults import assistant_rounds
         from analyzer.measuring.measure import (
+            draft_confidences,
             draft_match_sequence,
+            draft_off_path,
             generate_target,
             teacher_forced_logits,
             teacher_forced_mismatches,
@@ -164,7 +170,14 @@ class RunModels:
             output = generation.output_ids
             started = time.perf_counter()
             draft_logits = teacher_forced_logits(self.draft.model, enc.ids, output) if self.draft else None
+            matches = draft_match_sequence(draft_logits, output) if draft_logits is not None else None
             draft_s = time.perf_counter() - started
+            rounds = None
+            if self.draft is not None and matches is not None and not sampling:  # transformers' defaults
+                off_path = draft_off_path(self.draft.model, enc.ids, output, draft_logits, self.eos_ids)
+                rounds = assistant_rounds(
+                    matches, draft_confidences(draft_logits), params.max_new_tokens, off_path
+                )
             mismatches = None
             if not sampling and self.target.placement.dtype != "float32":
                 mismatches = int(teacher_forced_mismatches(self.target.model, enc.ids, output).sum())
@@ -173,11 +186,12 @@ class RunModels:
                     output_ids=output,
                     entropies=generation.entropies,
                     target_time_s=generation.time_s,
-                    matches=draft_match_sequence(draft_logits, output) if draft_logits is not None else None,
+                    matches=matches,
                     replay_mismatches=mismatches,
                     draft_time_s=draft_s,
                     target_logits=generation.logits,
                     draft_logits=draft_logits,
+                    assistant_rounds=rounds,
                 )
             )
         return passes

@@ -175,3 +175,45 @@ def sampling_overlaps(
     p = processed_probabilities(target_logits, temperature, top_p).numpy()
     q = processed_probabilities(draft_logits, temperature, top_p).numpy()
     return acceptance_probability_overlap(p, q).astype(np.float64)
+
+
+def draft_confidences(draft_logits: torch.Tensor) -> np.ndarray:
+    """The probability of the draft's argmax at each output position, shape (N,) float64: what
+    transformers' confidence stop compares with its threshold (``ConfidenceCriteria``)."""
+    if len(draft_logits) == 0:
+        return np.zeros(0)
+    return torch.softmax(draft_logits.float(), dim=-1).max(dim=-1).values.double().numpy()
+
+
+def draft_off_path(
+    model,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    draft_logits: torch.Tensor,
+    eos_ids: Sequence[int],
+):
+    """The draft's continuation after a rejected draft, for
+    :func:`analyzer.measuring.assistant_defaults.assistant_rounds`: from prompt + output[:position] + the
+    draft's own (wrong) token at ``position``, greedy drafts until ``room`` are drafted, one was an EOS,
+    or one's probability was under ``threshold``; returns how many."""
+    proposed = draft_logits.argmax(dim=-1).tolist()
+    eos = set(eos_ids)
+
+    @torch.inference_mode()
+    def continue_off_path(position: int, room: int, threshold: float | None) -> int:
+        if room <= 0 or proposed[position] in eos:
+            return 0
+        ids = list(prompt_ids) + list(output_ids[:position]) + [proposed[position]]
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=model.device), use_cache=True)
+        drafted = 0
+        while drafted < room:
+            probs = torch.softmax(out.logits[0, -1].float(), dim=-1)
+            token = int(probs.argmax())
+            drafted += 1
+            if token in eos or (threshold and float(probs[token]) < threshold):
+                break
+            step = torch.tensor([[token]], dtype=torch.long, device=model.device)
+            out = model(input_ids=step, cache=out.cache, use_cache=True)
+        return drafted
+
+    return continue_off_path

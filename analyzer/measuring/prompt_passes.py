@@ -19,7 +19,9 @@ class PromptPasses:
     (N,) in nats of its next-token distributions; a model draft's ``matches`` (N,) int8 (None for
     prompt lookup, whose matches the run finds from the output), found in ``draft_time_s``;
     ``replay_mismatches``, the positions where teacher-forced verification departs from decoding
-    (None where not checked); and, sampling, the raw ``target_logits`` and ``draft_logits`` (N, V)."""
+    (None where not checked); and, sampling, the raw ``target_logits`` and ``draft_logits`` (N, V);
+    ``assistant_rounds``: (drafted, accepted) per round of transformers' assisted generation under its
+    defaults, replayed (a greedy transformers run with a draft model; None otherwise)."""
 
     output_ids: list[int]
     entropies: np.ndarray
@@ -29,3 +31,4 @@ class PromptPasses:
     draft_time_s: float
     target_logits: torch.Tensor | None = None
     draft_logits: torch.Tensor | None = None
+    assistant_rounds: list[tuple[int, int]] | None = None

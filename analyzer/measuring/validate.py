@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
+from analyzer.measuring.assistant_defaults import TRANSFORMERS_DEFAULTS, AssistantSettings
 from analyzer.measuring.prompt_encoding import eos_token_ids
 
 
@@ -171,6 +172,32 @@ def assisted_generate(
     )
     with _generation_config_replaced(draft_model, draft_config):
         return _generate(target_model, prompt_ids, config, assistant_model=draft_model)
+
+
+def assisted_generate_as_set(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    settings: AssistantSettings = TRANSFORMERS_DEFAULTS,
+    *,
+    eos_token_id: int | list[int] | None = None,
+) -> tuple[list[int], int, int]:
+    """Greedy assisted generation with the draft's generation_config as ``settings`` say (the defaults:
+    nothing set, so transformers applies its own); returns (new token ids, target forward passes = rounds,
+    draft forward passes = drafted tokens: each of the assistant's forwards drafts one token)."""
+    if draft_model is target_model:
+        raise ValueError("the draft must be a separate module from the target (e.g. a deep copy)")
+    config = _clean_generation_config(target_model, eos_token_id, max_new_tokens=max_new_tokens)
+    chosen = {} if settings == TRANSFORMERS_DEFAULTS else {
+        "num_assistant_tokens": settings.tokens,
+        "num_assistant_tokens_schedule": settings.schedule,
+        "assistant_confidence_threshold": settings.threshold,
+    }  # fmt: skip
+    draft_config = _clean_generation_config(draft_model, config.eos_token_id, **chosen)
+    with _generation_config_replaced(draft_model, draft_config), count_forward_passes(draft_model) as drafts:
+        ids, passes = _generate(target_model, prompt_ids, config, assistant_model=draft_model)
+    return ids, passes, drafts.count
 
 
 def validate_prompt(

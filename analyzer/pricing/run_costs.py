@@ -43,7 +43,8 @@ def profile_run_costs(
     quiet_wait_s: float = 0.0,
 ) -> int:
     """For each batch size of the run, reuse the newest cost profile of this pair on this device in
-    this dtype at that batch size covering k <= gamma_max + 1 (unless ``reprofile``; never one judged
+    this dtype at that batch size covering k <= gamma_max + 1 and the plan's ``verify_up_to`` (unless
+    ``reprofile``; never one judged
     noisy: it is passed over, and progress says so), or measure one on the prompt of median length
     among ``prompt_ids`` (the run's prompts, already tokenized); link them to the run and return the
     smallest batch size's id. The machinery overhead is measured once (at batch 1) for the profiles
@@ -52,7 +53,7 @@ def profile_run_costs(
     (:func:`analyzer.measuring.interference.wait_for_quiet`, shown in progress); a wait that gave up is noted
     on the profiles measured."""
     plan = loaded_models.profiling_plan(params)
-    k_max = params.gamma_max + 1
+    k_max = max(params.gamma_max + 1, plan.verify_up_to)
     chosen, passed_over = _linked_or_reusable_profiles(
         session_factory, run_id, loaded_models, plan, k_max, reuse=not params.reprofile
     )
