@@ -43,6 +43,17 @@ class Server:
     command: list[str]
     tasks: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    gamma: int | None = None  # a pool's gamma (0: plain); None: the single server
+
+    def tasks_text(self, plan: ExportPlan) -> str:
+        """The tasks sent here, each with the batch sizes where only some are ("qa (batch 9+)")."""
+        shown = []
+        for task in self.tasks:
+            group = next(g for g in plan.groups if g.task == task)
+            sizes = [s.sizes for s in group.spans if s.gamma == self.gamma]
+            whole = self.gamma is None or len(sizes) == len(group.spans)
+            shown.append(task if whole else f"{task} (batch {', '.join(sizes)})")
+        return ", ".join(shown) or "nothing"
 
     @property
     def url(self) -> str:
@@ -74,8 +85,11 @@ class Export:
         """The command that publishes the decisions with these pools (SPECROUTE_ROUTER_POOLS is read when
         a set is published)."""
         mapping = "SPECROUTE_ROUTER_POOLS=" + shlex.quote(json.dumps(self.router_pools))
-        run = self.plan.run_id
-        return f"{mapping} specroute policies publish --run {run}" if run is not None else mapping
+        if self.plan.run_id is not None:
+            return f"{mapping} specroute policies publish --run {self.plan.run_id}"
+        if self.plan.server_analysis_id is not None:
+            return f"{mapping} specroute policies publish --llama-server-analysis {self.plan.server_analysis_id}"
+        return mapping
 
     def document(self) -> dict[str, Any]:
         """The export as JSON-ready data (``--format json``)."""
@@ -218,7 +232,7 @@ class Exporter:
             pool_values = self.server_values(plan, None, gamma, setting)
             pool_port = port + position
             command = self.command(plan, pool_values, pool_port)
-            pools.append(Server(key, pool_port, pool_values, command, tasks, self.config(pool_values)))
+            pools.append(Server(key, pool_port, pool_values, command, tasks, self.config(pool_values), gamma))
         return Export(
             self.name,
             self.title,
@@ -257,7 +271,7 @@ def provenance_lines(export: Export) -> list[str]:
     lines = []
     for group in export.plan.groups:
         name = "workload (*)" if group.task == "*" else group.task
-        decision = f"gamma {group.gamma}" if group.gamma else "off"
+        decision = (group.setting or f"gamma {group.gamma}") if group.gamma else "off"
         lines.append(f"  {name}: {decision} at batch 1; {group.reason or _numbers(group)}")
     return lines
 
@@ -296,7 +310,7 @@ def render_flags(export: Export) -> str:
         comment(["", "Per task: one pool per distinct setting, the router sends each task to its pool:"])
     )
     for pool in export.pools:
-        out.append(comment([f"  pool {pool.key} at {pool.url} for {', '.join(pool.tasks) or 'nothing'}"]))
+        out.append(comment([f"  pool {pool.key} at {pool.url} for {pool.tasks_text(export.plan)}"]))
         out.append(shlex.join(pool.command))
     out.append(comment(["then publish the decisions with these pools:"]))
     out.append(export.publish_line())

