@@ -3,6 +3,7 @@ chromium-driver, through Selenium), served by waitress on the given database. Fo
 items, e.g. a llama-server analysis' report after ``specroute llama-server analyze``:
 
     python benchmarks/screenshot_page.py --database sqlite:////tmp/x/specroute.db /llama-server/1 out.png
+    python benchmarks/screenshot_page.py --database ... --element '#export' '/runs/2?export=vllm' out.png
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main() -> None:
     parser.add_argument("--database", required=True, help="the database URL the page reads")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument(
+        "--element", help="a CSS selector: screenshot that element only (e.g. '#export'), else the whole page"
+    )
     parser.add_argument("path", help="the page, e.g. /llama-server/1")
     parser.add_argument("out", help="the PNG file to write")
     args = parser.parse_args()
@@ -45,8 +49,12 @@ def main() -> None:
         driver.get(f"http://127.0.0.1:{args.port}{args.path}")
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.set_window_size(args.width, height + 40)
-        driver.save_screenshot(args.out)
-        print(f"wrote {args.out} ({args.width}x{height})")
+        if args.element:
+            driver.find_element("css selector", args.element).screenshot(args.out)
+            print(f"wrote {args.out} ({args.element} of {args.path})")
+        else:
+            driver.save_screenshot(args.out)
+            print(f"wrote {args.out} ({args.width}x{height})")
     finally:
         driver.quit()
         server.close()
