@@ -527,3 +527,42 @@ def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.execute_script("document.getElementById('device').scrollIntoView()")
     browser.save_screenshot(str(ARTIFACTS / "cost_modes_report.png"))
+
+
+@pytest.fixture
+def export_run(engine) -> int:
+    """A finished (simulated) run in the database, stored before the server starts."""
+    from analyzer.db import make_session_factory
+    from tests.factories import make_done_run
+
+    with make_session_factory(engine)() as session, session.begin():
+        return make_done_run(session, {"code": 0.95, "chat": 0.2}, per_task=4).id
+
+
+def test_the_export_card_switches_engine_and_copies_in_chromium(browser, export_run, site):
+    from selenium.webdriver.common.by import By
+
+    run_id = export_run
+    base, _ = site
+    browser.execute_cdp_cmd(
+        "Browser.grantPermissions",
+        {"permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"], "origin": base},
+    )
+    browser.get(f"{base}/runs/{run_id}")
+    text = browser.find_element(By.ID, "export-text").text
+    assert "vllm serve" in text and "--speculative-config" in text  # vLLM by default
+    browser.find_element(By.LINK_TEXT, "SGLang").click()
+    _wait(
+        lambda: "sglang.launch_server" in browser.find_element(By.ID, "export-text").text,
+        30,
+        "the SGLang export",
+    )
+    assert "current" in browser.find_element(By.LINK_TEXT, "SGLang").get_attribute("class")
+    browser.find_element(By.CSS_SELECTOR, "button[data-copy=export-text]").click()
+    _wait(lambda: browser.find_element(By.ID, "export-copied").is_displayed(), 10, "the 'copied' note")
+    copied = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "navigator.clipboard.readText().then(done, e => done('ERR ' + e));"
+    )
+    shown = browser.find_element(By.ID, "export-text").get_attribute("textContent")
+    assert copied == shown and copied.startswith("# WARNING: run") and "--speculative-algorithm" in copied

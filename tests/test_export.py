@@ -508,3 +508,14 @@ def test_the_pages_show_the_export_with_a_copy_button(client, session, run):
     assert unknown.status_code == 400 and "no policy set version 7" in unknown.get_data(as_text=True)
     nope = client.get(f"/runs/{run.id}/export.txt?for=nope")
     assert nope.status_code == 400 and "unknown engine 'nope' for export" in nope.get_data(as_text=True)
+
+
+def test_the_policies_page_takes_any_version_argument(client, session, run):
+    with session.begin():
+        publish_policies(session, run.id)
+    for asked in ("1", "0", "-3", "99999999999999999999999", "x", "2"):
+        page = client.get(f"/policies?version={asked}&export=vllm")
+        assert page.status_code == 200, asked
+        text = page.get_data(as_text=True)
+        assert ("no policy set version 2" in text) == (asked == "2")
+        assert ('id="export-text"' in text) == (asked != "2")  # out of range or not a number: the active set

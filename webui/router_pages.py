@@ -298,7 +298,8 @@ def policies():
             if s["run_id"] and (run := session.get(AnalysisRun, s["run_id"])) and run.cost_profile
         }
         active = next((s["version"] for s in sets if s["active"]), None)
-        chosen = request.args.get("version", type=int) or active
+        asked = request.args.get("version", type=int)
+        chosen = asked if asked is not None and 1 <= asked <= MAX_ID else active  # another number: the active
         export = export_card(session, version=chosen) if chosen is not None else None
     estimates = {
         e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])

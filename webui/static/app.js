@@ -114,14 +114,17 @@
         var note = document.getElementById("export-copied");
         if (note) { note.hidden = false; setTimeout(function () { note.hidden = true; }, 2000); }
       };
-      if (navigator.clipboard && window.isSecureContext) {
-        navigator.clipboard.writeText(text).then(done);
-      } else {  // plain http off localhost: select it and copy the old way
+      var selectAndCopy = function () {  // plain http off localhost, or a refused permission: the old way
         var range = document.createRange();
         range.selectNodeContents(document.getElementById(button.dataset.copy));
         var selection = window.getSelection();
         selection.removeAllRanges(); selection.addRange(range);
         if (document.execCommand("copy")) { done(); }
+      };
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(text).then(done, selectAndCopy);
+      } else {
+        selectAndCopy();
       }
     });
   });
