@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from sqlalchemy import select
+from sqlalchemy.orm import selectinload
 
 from analyzer.advice.summary import cost_for_run
 from analyzer.advice.summary_store import run_summary
@@ -34,6 +35,7 @@ from analyzer.engine.engines import measuring_engine
 from analyzer.measuring.validate import assisted_generate, assisted_generate_as_set, greedy_generate
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.pricing.assistant_price import assistant_defaults_price
+from analyzer.pricing.speedup import pooled_speedup
 from analyzer.settings import load_settings
 
 
@@ -42,8 +44,14 @@ def main() -> None:
     parser.add_argument("--database", required=True)
     parser.add_argument("--run", type=int, required=True)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=None, help="the first N prompts only")
+    parser.add_argument("--per-task", type=int, default=None, help="the first N prompts of each task only")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        help="print the table from this --out file's measurements again",
+    )
     args = parser.parse_args()
     sessions = make_session_factory(make_engine(args.database))
     with sessions() as session:
@@ -51,16 +59,21 @@ def main() -> None:
         assert run is not None and run.status == "done", f"run {args.run} is not a finished run"
         params, pair, cost = run.run_params, run.pair, cost_for_run(run)
         summary = run_summary(session, run)
-        results = list(
-            session.scalars(
-                select(PromptResult).where(PromptResult.run_id == run.id).order_by(PromptResult.id)
-            )
-        )[: args.limit]
+        results, taken = [], defaultdict(int)
+        query = select(PromptResult).where(PromptResult.run_id == run.id).order_by(PromptResult.id)
+        for result in session.scalars(query.options(selectinload(PromptResult.gamma_counts))):
+            taken[result.task_type] += 1
+            if args.per_task is None or taken[result.task_type] <= args.per_task:
+                results.append(result)
         assert cost is not None and all(r.assistant_rounds is not None for r in results), "nothing replayed"
-        session.expunge_all()
+        if args.measured:  # the measurements of an earlier run of this script, the predictions again
+            saved = json.loads(args.measured.read_text())
+            report(saved["prompts"], results, cost, summary, saved["threads"], saved["repeats"], args.out)
+            return
         loaded = measuring_engine(run.measured_by).load(
             pair, load_settings().resolved_data_dir() / "cache", params, allow_network=False
         )
+        session.expunge_all()
     target, draft = loaded.target.model, loaded.draft.model
     eos = list(loaded.eos_ids)
     rows = []
@@ -117,14 +130,30 @@ def main() -> None:
             f"predicted {last['predicted_fixed']:.2f}x measured {last['plain_s'] / last['fixed_s']:.2f}x",
             flush=True,
         )
-    report(rows, summary, torch.get_num_threads(), args)
+    report(rows, results, cost, summary, torch.get_num_threads(), args.repeats, args.out)
 
 
-def report(rows: list[dict], summary, threads: int, args) -> None:
-    """The table per task and pooled; the JSON with --out."""
+def predicted(results: list[PromptResult], cost, gammas: dict[int, int]) -> tuple[float, float]:
+    """The pooled predicted speedup of these prompts under transformers' defaults and at each prompt's
+    fixed gamma (``gammas``: prompt id -> gamma), priced as the summary prices a group."""
+    defaults = assistant_defaults_price(results, cost)
+    fixed = pooled_speedup(
+        [r.output_tokens for r in results],
+        [np.asarray(r.gamma_counts[gammas[r.prompt_id] - 1].drafted_hist) for r in results],
+        cost,
+        [r.prompt_tokens for r in results],
+    )
+    return (defaults["speedup"] if defaults else float("nan")), fixed
+
+
+def report(
+    rows: list[dict], results: list[PromptResult], cost, summary, threads: int, repeats: int, out
+) -> None:
+    """The table per task and pooled over the measured prompts (predicted over the same prompts); JSON
+    with ``out``."""
+    del summary  # the predictions are over the measured prompts, not the summary's groups
     print(
-        f"\n{len(rows)} prompts, median of {args.repeats} interleaved runs, torch threads {threads}, "
-        f"{os.cpu_count()} cores"
+        f"\n{len(rows)} prompts, median of {repeats} interleaved runs, torch threads {threads}, {os.cpu_count()} cores"
     )
     header = (
         "task | prompts | rounds replayed = real | drafted replayed = real | defaults predicted / measured | "
@@ -139,10 +168,11 @@ def report(rows: list[dict], summary, threads: int, args) -> None:
         plain = sum(r["plain_s"] for r in group)
         defaults = plain / sum(r["defaults_s"] for r in group)
         fixed = plain / sum(r["fixed_s"] for r in group)
-        stored = summary.workload if task == "(all)" else summary.tasks[task]
-        predicted_defaults = (stored.assistant_defaults or {}).get("speedup")
+        ids = {r["prompt_id"] for r in group}
+        predicted_defaults, predicted_fixed = predicted(
+            [r for r in results if r.prompt_id in ids], cost, {r["prompt_id"]: r["gamma"] for r in group}
+        )
         fixed_gamma = sorted({r["gamma"] for r in group})
-        predicted_fixed = stored.predicted_speedup
         same_rounds = sum(r["replayed_rounds"] == r["real_rounds"] for r in group)
         same_drafted = sum(r["replayed_drafted"] == r["real_drafted"] for r in group)
         lines[task] = {
@@ -160,13 +190,11 @@ def report(rows: list[dict], summary, threads: int, args) -> None:
             f"{predicted_defaults:.2f}x / {defaults:.2f}x | {','.join(map(str, fixed_gamma))} | "
             f"{(predicted_fixed or float('nan')):.2f}x / {fixed:.2f}x"
         )
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {"threads": threads, "repeats": args.repeats, "tasks": lines, "prompts": rows}, indent=1
-            )
+    if out:
+        out.write_text(
+            json.dumps({"threads": threads, "repeats": repeats, "tasks": lines, "prompts": rows}, indent=1)
         )
-        print(f"wrote {args.out}")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ from typing import Any
 
 from router.export_plan import ExportError, ExportPlan, GroupPlan
 
-# the ports of the pools a per-task deployment starts, one per pool from --first-port (each engine's own
-# default port first)
-OFF = "off"
+OFF = "off"  # the plain pool's key, as SPECROUTE_ROUTER_POOLS names it
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,9 @@ class Export:
         if self.plan.run_id is not None:
             return f"{mapping} specroute policies publish --run {self.plan.run_id}"
         if self.plan.server_analysis_id is not None:
-            return f"{mapping} specroute policies publish --llama-server-analysis {self.plan.server_analysis_id}"
+            return (
+                f"{mapping} specroute policies publish --llama-server-analysis {self.plan.server_analysis_id}"
+            )
         return mapping
 
     def document(self) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class Export:
 def _server_json(server: Server) -> dict[str, Any]:
     return {
         "key": server.key,
-        "url": server.url,
+        "url": server.url if server.command else None,  # None: nothing to start (transformers)
         "tasks": server.tasks,
         "config": server.config,
         "command": server.command,
@@ -125,13 +125,13 @@ def _server_json(server: Server) -> dict[str, Any]:
     }
 
 
+def spans_json(group: GroupPlan) -> list[dict[str, Any]]:
+    """A group's decision per span of batch sizes, as JSON."""
+    return [{"batch_sizes": span.sizes, "gamma": span.gamma, "from": span.source} for span in group.spans]
+
+
 def _group_json(group: GroupPlan) -> dict[str, Any]:
-    return group.provenance() | {
-        "by_batch": [
-            {"batch_sizes": span.sizes, "gamma": span.gamma, "from": span.source} for span in group.spans
-        ],
-        "cliffs": [c.text for c in group.cliffs],
-    }
+    return group.provenance() | {"by_batch": spans_json(group), "cliffs": [c.text for c in group.cliffs]}
 
 
 class Exporter:
@@ -188,10 +188,7 @@ class Exporter:
 
     def per_batch(self, plan: ExportPlan) -> list[dict[str, Any]]:
         """The workload's decision per batch-size span (what the per-batch knobs encode)."""
-        return [
-            {"batch_sizes": span.sizes, "gamma": span.gamma, "from": span.source}
-            for span in plan.workload.spans
-        ]
+        return spans_json(plan.workload)
 
     def render(self, export: Export, fmt: str) -> str:
         """``export`` in format ``fmt`` (one of :attr:`formats`; json is shared)."""

@@ -56,7 +56,7 @@ def _numbers(group: GroupPlan) -> str:
     low, high = group.interval
     speedup = "n/a" if group.speedup is None else f"S(g*) {group.speedup:.2f}x"
     shown = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return f"g* {group.gamma or 'off'}, {speedup}{shown}, n = {group.n}"
+    return f"{f'gamma {group.gamma}' if group.gamma else 'off'}, {speedup}{shown}, n = {group.n}"
 
 
 def served_model(spec_text: str, *, gguf: bool = False) -> str:
@@ -463,8 +463,9 @@ class TransformersExporter(_ModelRunExporter):
     def notes(self, plan: ExportPlan) -> list[str]:
         notes = [
             "transformers takes the settings per generate() call, so no pools: the router's decision carries "
-            "them per request (its engine.transformers); assisted generation takes one sequence per call, so "
-            "only the batch-1 decisions apply"
+            "the fixed gamma's per request (its engine.transformers), and this table says where transformers' "
+            "own defaults were priced faster; assisted generation takes one sequence per call, so only the "
+            "batch-1 decisions apply"
         ]
         if _model_draft(plan) is not None:
             priced = any(g.defaults is not None for g in plan.groups)

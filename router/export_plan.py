@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, selectinload
 from analyzer.advice.summary import GroupSummary
 from analyzer.advice.summary_store import run_summary
 from analyzer.analysis.server_store import get_server_analysis
+from analyzer.engine.engines import pricing_entry
 from analyzer.errors import SpecrouteError
 from analyzer.models.specs import parse_spec
 from analyzer.orm import AnalysisRun
@@ -221,12 +222,12 @@ def _plan(session: Session, policy_set: PolicySet, run: AnalysisRun | None, sour
     end = max(profiled[-1], max_batch) + 1  # every larger batch size decides as this one
     groups = {}
     for task, snapshot in snapshots.items():
-        found = None
+        own = decided = None
         if summary is not None:
-            found = summary.workload if task == FALLBACK_TASK else summary.tasks.get(task)
-            if found is not None and found.decision_basis == "workload":
-                found = summary.workload
-        groups[task] = _group(router, snapshot, found, profiled, end)
+            own = decided = summary.workload if task == FALLBACK_TASK else summary.tasks.get(task)
+            if own is not None and own.decision_basis == "workload":  # too few prompts: the workload decides
+                decided = summary.workload
+        groups[task] = _group(router, snapshot, own, decided, profiled, end)
     draft = parse_spec(run.pair.draft.spec) if run is not None else None
     server = None
     if policy_set.server_analysis_id is not None:
@@ -243,7 +244,7 @@ def _plan(session: Session, policy_set: PolicySet, run: AnalysisRun | None, sour
         run_id=policy_set.run_id,
         policy_version=policy_set.version,
         server_analysis_id=policy_set.server_analysis_id,
-        target=run.pair.target.spec if run is not None else server["model"] if server else "",
+        target=run.pair.target.spec if run is not None else str(server["model"]) if server else "",
         draft=run.pair.draft.spec if run is not None else ", ".join(record.drafters) if server else "",
         draft_kind=contract.draft_kind,
         ngram_max=contract.ngram_max if draft is None or draft.kind == "ngram" else 0,
@@ -273,17 +274,23 @@ def _priced_on(run: AnalysisRun | None, server: dict[str, Any] | None) -> str:
         return "no cost profile"
     first = profiles[0]
     version = f" {first.engine_version}" if first.engine_version else ""
-    source = (
-        "imported from the engine's own benchmark" if first.source == "imported" else "measured by specroute"
-    )
+    measured = pricing_entry(first.priced_by, first.source).measures  # the imported entry only prices
+    source = "measured by specroute" if measured else "imported from the engine's own benchmark"
     ids = ", ".join(f"#{p.id} (batch {p.batch_size or 1})" for p in profiles)
     return f"{first.priced_by}{version} on {first.device}, {first.dtype}, {source}: profiles {ids}"
 
 
 def _group(
-    router: Router, snapshot: PolicySnapshot, found: GroupSummary | None, profiled: list[int], end: int
+    router: Router,
+    snapshot: PolicySnapshot,
+    own: GroupSummary | None,
+    found: GroupSummary | None,
+    profiled: list[int],
+    end: int,
 ) -> GroupPlan:
-    """One task's decisions at every batch size 1..``end`` (``end``: and above), merged into spans."""
+    """One task's decisions at every batch size 1..``end`` (``end``: and above), merged into spans; ``own``
+    is the task's group in the run's summary (its sentence), ``found`` the group that decided it (the
+    workload's for a task with too few prompts: its intervals and priced defaults)."""
     decided = [_gamma(router, snapshot.task_type, batch) for batch in range(1, end + 1)]
     points = {b: _point(snapshot, found, b) for b in profiled}
     spans: list[Span] = []
@@ -300,15 +307,15 @@ def _group(
         for cliff in [_cliff(left, right, points, profiled)]
         if cliff is not None
     )
-    low, high = snapshot.speedup_interval
+    interval_low, interval_high = snapshot.speedup_interval
     return GroupPlan(
         task=snapshot.task_type,
         n=snapshot.n_prompts,
         basis=snapshot.decision_basis,
         gamma=decided[0],
         speedup=_finite(snapshot.expected_speedup),
-        interval=(_finite(low), _finite(high)),
-        reason=found.decision_reason if found is not None else None,
+        interval=(_finite(interval_low), _finite(interval_high)),
+        reason=own.decision_reason if own is not None else None,
         setting=snapshot.setting if snapshot.speculate else None,
         spans=tuple(spans),
         cliffs=cliffs,

@@ -117,7 +117,35 @@ def parse_export(engine: str, fmt: str, text: str) -> list[dict]:
                 configs.append({k: v for k, v in found.items() if k not in LAUNCH[engine]})
     for config in configs:
         assert set(config) <= names, f"{engine}: {set(config) - names} not documented"
+        in_documented_ranges(engine, config)
     return configs
+
+
+def in_documented_ranges(engine: str, config: dict) -> None:
+    """The value ranges the engines' documentation gives (tests/data/engine_docs/)."""
+    if engine == "vllm" and config:
+        top = config["num_speculative_tokens"]
+        assert top > 0
+        if "prompt_lookup_max" in config:
+            assert 1 <= config["prompt_lookup_min"] <= config["prompt_lookup_max"]
+        table = config.get("num_speculative_tokens_per_batch_size")
+        if table:  # inclusive ranges from 1, contiguous, each K within num_speculative_tokens
+            assert table[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(table, table[1:]))
+            assert all(low <= high and 0 <= k <= top for low, high, k in table)
+    if engine == "trtllm" and config:
+        assert config["max_draft_len"] > 0
+        schedule = {int(b): k for b, k in (config.get("draft_len_schedule") or {}).items()}
+        assert not (schedule and "max_concurrency" in config)  # mutually exclusive
+        if schedule:
+            assert min(schedule) >= 1 and schedule[min(schedule)] == config["max_draft_len"]
+            assert all(0 <= k <= config["max_draft_len"] for k in schedule.values())
+        assert config.get("max_concurrency", 1) > 0
+    if engine == "llama-server":
+        for flag, value in config.items():
+            if flag.startswith(("--spec-ngram", "--spec-draft-n-max")):
+                assert 0 <= int(value) <= 1024, (flag, value)
+    if engine == "sglang" and config:
+        assert int(config["--speculative-num-draft-tokens"]) >= 2
 
 
 @pytest.mark.parametrize("name,fmt", [(e.name, f) for e in EXPORTERS.values() for f in e.formats])

@@ -173,7 +173,8 @@ class RunModels:
             matches = draft_match_sequence(draft_logits, output) if draft_logits is not None else None
             draft_s = time.perf_counter() - started
             rounds = None
-            if self.draft is not None and matches is not None and not sampling:  # transformers' defaults
+            if self.draft is not None and draft_logits is not None and matches is not None and not sampling:
+                # transformers' assisted generation under its defaults, replayed
                 off_path = draft_off_path(self.draft.model, enc.ids, output, draft_logits, self.eos_ids)
                 rounds = assistant_rounds(
                     matches, draft_confidences(draft_logits), params.max_new_tokens, off_path
