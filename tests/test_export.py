@@ -295,7 +295,7 @@ def test_transformers_exports_per_task_kwargs_and_says_they_are_not_its_defaults
     assert settings and "were not replayed for this run" in text  # a simulated run has no replayed defaults
 
 
-def test_transformers_exports_its_defaults_where_they_beat_the_fixed_gamma(session):
+def test_transformers_exports_its_defaults_where_they_beat_the_fixed_gamma(session, client):
     with session.begin():
         run = make_done_run(session, {"code": 0.95, "qa": 0.7, "chat": 0.2}, per_task=5, gamma_max=8)
         run.cost_profile.target_forward_s = [0.040 + 0.004 * k for k in range(21)]  # verifying 21 is priced
@@ -316,9 +316,12 @@ def test_transformers_exports_its_defaults_where_they_beat_the_fixed_gamma(sessi
         beats = not group.gamma or defaults["speedup"] > group.speedup
         expected = "defaults" if clears and beats else "gamma" if group.gamma else "off"
         assert entry["uses"] == expected, (group.task, defaults, group.speedup)
-        assert entry["settings"] == ({} if expected != "gamma" else entry["settings"]) and set(
-            entry["settings"]
-        ) <= fields("transformers")
+        fixed = {
+            "num_assistant_tokens": group.gamma,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+        assert entry["settings"] == (fixed if expected == "gamma" else {})
         uses[group.task] = expected
     assert uses["code"] == "defaults" and uses["chat"] == "off"
     text = render_export(plan, "transformers", "python")
@@ -327,6 +330,13 @@ def test_transformers_exports_its_defaults_where_they_beat_the_fixed_gamma(sessi
         table["code"] == {}
         and table["chat"] is None
         and "transformers' defaults (num_assistant_tokens 20" in text
+    )
+    session.commit()
+    page = client.get(f"/runs/{run.id}").get_data(as_text=True)  # the report shows the defaults beside g*
+    code = next(g for g in plan.tasks if g.task == "code")
+    assert (
+        'id="defaults-table"' in page
+        and f'<td>code</td><td class="num">{code.defaults["speedup"]:.2f}x' in page
     )
 
 
