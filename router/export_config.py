@@ -9,7 +9,6 @@ for, and ``--strict`` refuses such an export."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -17,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.models.specs import BUILTIN_HUB_IDS, SMOLLM2_GGUF_FILE, SMOLLM2_PACKAGE, parse_spec
+from analyzer.models.specs import (
+    BUILTIN_HUB_IDS,
+    SMOLLM2_GGUF_FILE,
+    SMOLLM2_PACKAGE,
+    builtin_gguf_file,
+    parse_spec,
+)
 from router.export_plan import ExportError, ExportPlan, GroupPlan
 
 OFF = "off"  # the plain pool's key, as SPECROUTE_ROUTER_POOLS names it
@@ -377,9 +382,8 @@ def served_model(spec_text: str, *, gguf: bool = False) -> str:
     spec = parse_spec(spec_text)
     if spec.kind == "builtin":
         if gguf:
-            found = importlib.util.find_spec(SMOLLM2_PACKAGE)
-            folder = list(found.submodule_search_locations or [])[0] if found else f"<{SMOLLM2_PACKAGE}>"
-            return str(Path(folder) / SMOLLM2_GGUF_FILE)
+            found = builtin_gguf_file()
+            return str(found) if found is not None else f"<{SMOLLM2_PACKAGE}>/{SMOLLM2_GGUF_FILE}"
         return BUILTIN_HUB_IDS[spec.location]
     if spec.kind == "gguf":
         return str(Path(spec.location) / (spec.gguf_file or ""))
@@ -407,3 +411,12 @@ class ModelRunExporter(Exporter):
                 f"decisions are llama-server drafter settings, which {self.title} does not run; export it "
                 f"--for llama-server"
             )
+
+
+def rule_differs(plan: ExportPlan, engine: str, how: str) -> str:
+    """The note of an n-gram export for an engine whose drafting rule the run did not replay: ``how`` the
+    engine drafts, and that the prediction is for the measuring engine's rule."""
+    return (
+        f"{engine} {how}; the acceptance was replayed with {plan.measured_by}'s prompt-lookup rule, so "
+        f"{engine}'s may differ"
+    )

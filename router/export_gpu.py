@@ -25,6 +25,7 @@ from router.export_config import (
     model_draft,
     provenance_lines,
     render_json,
+    rule_differs,
     served_target,
     yaml_lines,
 )
@@ -84,9 +85,11 @@ class VllmExporter(ModelRunExporter):
         notes = []
         if plan.draft_kind == "ngram":
             notes.append(
-                "vLLM's n-gram proposer looks up the longest matching n-gram (prompt_lookup_max down to "
-                f"prompt_lookup_min) its own way; the acceptance was replayed with {plan.measured_by}'s "
-                "prompt-lookup rule, so vLLM's may differ"
+                rule_differs(
+                    plan,
+                    "vLLM",
+                    "looks up the longest matching n-gram (prompt_lookup_max down to prompt_lookup_min) its own way",
+                )
             )
         notes.append(
             "disable_by_batch_size was removed from vLLM (PR #35060); the per-batch table's K = 0 turns "
@@ -147,10 +150,7 @@ class SglangExporter(ModelRunExporter):
             "decisions need the pools and the router"
         ]
         if plan.draft_kind == "ngram":
-            notes.append(
-                "SGLang's NGRAM drafts from a trie of earlier tokens (BFS); the acceptance was replayed with "
-                f"{plan.measured_by}'s prompt-lookup rule, so SGLang's may differ"
-            )
+            notes.append(rule_differs(plan, "SGLang", "drafts NGRAM from a trie of earlier tokens (BFS)"))
         return notes
 
 
@@ -223,8 +223,9 @@ class TrtllmExporter(ModelRunExporter):
             )
         if plan.draft_kind == "ngram":
             notes.append(
-                "TensorRT-LLM's NGram keeps a pool of n-grams (is_keep_all, is_use_oldest); the acceptance was "
-                f"replayed with {plan.measured_by}'s prompt-lookup rule, so TensorRT-LLM's may differ"
+                rule_differs(
+                    plan, "TensorRT-LLM", "keeps a pool of n-grams for NGram (is_keep_all, is_use_oldest)"
+                )
             )
         return notes
 

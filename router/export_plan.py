@@ -21,8 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from analyzer.advice.summary import GroupSummary
 from analyzer.advice.summary_store import run_summary
@@ -34,7 +33,7 @@ from analyzer.orm import AnalysisRun
 from analyzer.settings import load_settings
 from router.decision import Router, RouterConfig, RouteRequest
 from router.orm import PolicySet
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, run_policy_set
+from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, find_policy_set, run_policy_set
 
 Interval = tuple[float | None, float | None]
 
@@ -188,15 +187,9 @@ def plan_for_run(session: Session, run_id: int) -> ExportPlan:
 
 
 def plan_for_policy_set(session: Session, version: int | None) -> ExportPlan:
-    """The plan of policy set ``version`` (None: the active one), as the router routes it."""
-    query = select(PolicySet).options(selectinload(PolicySet.policies))
-    policy_set = session.scalar(
-        query.where(PolicySet.is_active.is_(True))
-        if version is None
-        else query.where(PolicySet.version == version)
-    )
-    if policy_set is None:
-        raise ExportError("no active policy set" if version is None else f"no policy set version {version}")
+    """The plan of policy set ``version`` (None: the active one), as the router routes it (PolicyError
+    where there is no such set)."""
+    policy_set = find_policy_set(session, version)
     run = session.get(AnalysisRun, policy_set.run_id) if policy_set.run_id is not None else None
     return _plan(session, policy_set, run, f"policy set v{policy_set.version}")
 

@@ -205,6 +205,20 @@ def activate_policy_set(session: Session, version: int) -> PolicySet:
     return chosen
 
 
+def find_policy_set(session: Session, version: int | None) -> PolicySet:
+    """Policy set ``version`` (None: the active one) with its policies loaded; PolicyError naming what
+    is missing otherwise."""
+    query = select(PolicySet).options(selectinload(PolicySet.policies))
+    policy_set = session.scalar(
+        query.where(PolicySet.is_active.is_(True))
+        if version is None
+        else query.where(PolicySet.version == version)
+    )
+    if policy_set is None:
+        raise PolicyError("no active policy set" if version is None else f"no policy set version {version}")
+    return policy_set
+
+
 def active_policy_set(session: Session) -> PolicySet | None:
     """The active policy set with its policies loaded, or None before the first publish."""
     return session.scalar(

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from analyzer.analysis.server_analysis import MIN_SPEEDUP
 from analyzer.analysis.server_store import get_server_analysis
@@ -31,7 +31,7 @@ from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.settings import load_settings, router_pools
 from router.orm import PolicySet, TaskPolicy
-from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyError, activate_policy_set
+from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyError, activate_policy_set, find_policy_set
 
 OFF = "off"
 DEFAULT_FIRST_PORT = 8081
@@ -159,14 +159,7 @@ def policy_set_plan(session: Session, version: int | None = None) -> PoolPlan:
     """The pools of policy set ``version`` (None: the active one): per key of its published pools, the URL,
     the flags and the tasks whose policies go there. PolicyError where there is no such set, or where it
     was not published from a llama-server analysis (its decisions are then a gamma, not a setting)."""
-    query = select(PolicySet).options(selectinload(PolicySet.policies))
-    policy_set = session.scalar(
-        query.where(PolicySet.is_active.is_(True))
-        if version is None
-        else query.where(PolicySet.version == version)
-    )
-    if policy_set is None:
-        raise PolicyError("no active policy set" if version is None else f"no policy set version {version}")
+    policy_set = find_policy_set(session, version)
     if policy_set.server_analysis_id is None:
         raise PolicyError(
             f"policy set v{policy_set.version} was published from analysis run {policy_set.run_id}, not from a "

