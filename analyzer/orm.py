@@ -408,6 +408,12 @@ class ServerAnalysisRecord(Base):
     validation_seconds: Mapped[float] = mapped_column(Float)
     plain_generation_seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # the machine's run-to-run noise (analyzer/measuring/noise.py NoiseFloor), why the advice is withheld
+    # (None: it is not), validation's passes, and the routing numbers (analyzer/advice/routing_ceiling.py)
+    noise: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    advice_withheld: Mapped[Optional[str]] = mapped_column(Text)
+    validation_repeats: Mapped[Optional[int]] = mapped_column(Integer)
+    routing: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
 

@@ -27,9 +27,9 @@ from analyzer.analysis.server_analysis import (
     ServerPrompt,
     ServerSetup,
     analyze_in_llama_server,
-    task_choices,
-    validation_figures,
 )
+from analyzer.analysis.server_figures import task_choices, validation_figures
+from analyzer.analysis.server_text import cost_text
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter
@@ -114,7 +114,7 @@ def main() -> None:
     )
     parser.add_argument("--n-predict", type=int, default=64, help="new tokens per prompt (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="threads of each server (default 2)")
-    parser.add_argument("--calibration", type=int, default=6, help="prompts that fit the cost (default 6)")
+    parser.add_argument("--calibration", type=int, default=8, help="prompts that fit the cost (default 8)")
     parser.add_argument(
         "--pair",
         action="store_true",
@@ -160,13 +160,7 @@ def main() -> None:
     )
     print(f"target {setup.model}" + (f", draft {setup.draft_model}" if setup.draft_model else ""))
     for family, cost in analysis.costs.items():
-        print(
-            f"cost, {family}: plain step {cost.plain_step_ms:.2f} ms, a step with nothing drafted {cost.step_ms:.2f} "
-            f"ms; round {cost.round_ms:.2f} ms + {cost.per_draft_ms:.2f} ms per drafted token + "
-            f"{cost.per_accepted_ms:.2f} ms per accepted token + {cost.per_draft_decode_ms:.2f} ms per draft decode "
-            f"({cost.samples} calibration runs, fit MARE "
-            f"{cost.fit_mare:.1%})"
-        )
+        print(f"cost, {family}: {cost_text(cost.as_dict())}")
     print(
         "\n| setting | runs | disturbed | output = plain | counts = replay | MARE (output = plain) | MARE (all) |"
     )
@@ -205,8 +199,8 @@ def main() -> None:
                 "prompts": len(prompts),
                 "n_predict": args.n_predict,
                 "threads": args.threads,
-                "costs": {family: cost.__dict__ for family, cost in analysis.costs.items()},
-                "validation": [f.__dict__ for f in figures],
+                "costs": {family: cost.as_dict() for family, cost in analysis.costs.items()},
+                "validation": [f.as_dict() for f in figures],
                 "tasks": [
                     {
                         "task": c.task,

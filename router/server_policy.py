@@ -39,8 +39,9 @@ DEFAULT_FIRST_PORT = 8081
 
 def workload_choice(record: ServerAnalysisRecord) -> tuple[dict[str, float], str | None]:
     """Every setting's predicted speedup over the whole workload, and the best one (None: off unless it
-    exceeds :data:`MIN_SPEEDUP`). A prompt weighs by its plain server time: the workload's plain time
-    over the sum of each prompt's plain time divided by its predicted speedup."""
+    exceeds :data:`MIN_SPEEDUP`, and off where the analysis' advice is withheld). A prompt weighs by its
+    plain server time: the workload's plain time over the sum of each prompt's plain time divided by its
+    predicted speedup."""
     predicted = {}
     for index, label in enumerate(record.drafters):
         plain = [p["plain"]["ms"] for p in record.prompts]
@@ -48,6 +49,8 @@ def workload_choice(record: ServerAnalysisRecord) -> tuple[dict[str, float], str
         spec = sum(ms / s for ms, s in zip(plain, speedups) if s > 0)
         predicted[label] = sum(plain) / spec if spec > 0 else 1.0
     best = max(predicted, key=lambda label: predicted[label]) if predicted else None
+    if record.advice_withheld is not None:  # a withheld analysis advises nothing: every task is off
+        return predicted, None
     return predicted, best if best is not None and predicted[best] > MIN_SPEEDUP else None
 
 
@@ -109,14 +112,16 @@ def publish_server_policies(
     analysis_id: int,
     *,
     notes: str | None = None,
-    activate: bool = True,
+    activate: bool | None = None,
     pools: Mapping[str, str] | None = None,
     first_port: int = DEFAULT_FIRST_PORT,
 ) -> PolicySet:
     """A new policy set from llama-server analysis ``analysis_id``: a policy per task as the analysis
     chose, a fallback ("*") from the whole workload (:func:`workload_choice`), and the pools
-    (:func:`server_pools`; ``pools`` None: SPECROUTE_ROUTER_POOLS in force). Active unless ``activate``
-    is False."""
+    (:func:`server_pools`; ``pools`` None: SPECROUTE_ROUTER_POOLS in force). ``activate`` None (the
+    default) activates it unless the analysis' advice is withheld (a step-cost fit that missed its bound, or
+    a machine too noisy to time on: every task is off there, and the set is stored, not activated); True or
+    False decide regardless."""
     record = get_server_analysis(session, analysis_id)
     if not record.tasks:
         raise PolicyError(f"llama-server analysis #{analysis_id} has no tasks to publish")
@@ -150,6 +155,8 @@ def publish_server_policies(
     policy_set.policies = policies
     session.add(policy_set)
     session.flush()
+    if activate is None:
+        activate = record.advice_withheld is None
     if activate:
         activate_policy_set(session, policy_set.version)
     return policy_set

@@ -100,6 +100,30 @@ def test_a_set_from_a_llama_server_analysis_names_each_tasks_setting_and_its_poo
     ]
 
 
+def test_an_analysis_whose_advice_is_withheld_advises_nothing_and_publishes_inactive(
+    session, runner, tmp_path
+):
+    # the same copying prompts as above, but the step-cost fit missed its bound twice: nothing is advised
+    prompt_set, _ = import_sample(session)
+    reason = (
+        "the n-gram step costs miss the measured time by 21.0% on prompts it was not fitted on (bound 9.0%)"
+    )
+    record = make_server_analysis(session, prompt_set, ANSWERS, DRAFTERS, withheld=reason)
+    assert record.advice_withheld == reason
+    assert all(t["chosen"] is None for t in record.tasks)  # every task off, though the copies would pay
+    assert max(max(t["predicted"].values()) for t in record.tasks if t["task"] in COPY_TASKS) > 1.05
+    predicted, best = workload_choice(record)
+    assert best is None and max(predicted.values()) > 1.05
+    policy_set = publish_server_policies(session, record.id, pools={})
+    assert not policy_set.is_active and not any(p.speculate for p in policy_set.policies)
+    assert publish_server_policies(
+        session, record.id, pools={}, activate=True
+    ).is_active  # an explicit choice
+    # the routing numbers are stored from the same replays: the oracle is the ceiling of any router
+    overall = record.routing[-1]
+    assert overall["group"] == "all" and overall["oracle"] >= overall["by_task"] >= 1.0
+
+
 def test_the_decision_names_the_pool_running_the_tasks_setting(session):
     prompt_set, record, policy_set, texts = _setup(session, pools={"off": "http://plain.internal:9000"})
     router = router_from_database(session)

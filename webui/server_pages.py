@@ -12,6 +12,7 @@ from analyzer.analysis.server_store import (
     pool_plan,
     pool_plan_text,
 )
+from analyzer.analysis.server_text import cost_text, noise_text
 from analyzer.db import lock_for_write
 from router.policy import PolicyError
 from router.server_policy import publish_server_policies
@@ -40,7 +41,11 @@ def server_analysis(analysis_id: int):
     with sessions()() as session:
         record = get_server_analysis(session, analysis_id)
         points = [
-            (s["predicted_speedup"], s["measured_speedup"], f"{s['setting']} · prompt {p['prompt_id']}")
+            (
+                s.get("validated_prediction") or s["predicted_speedup"],
+                s["measured_speedup"],
+                f"{s['setting']} · prompt {p['prompt_id']}",
+            )
             for p in record.prompts
             for s in p["settings"]
             if s["measured_speedup"] is not None and not s["calibration"] and s["output_equal"]
@@ -64,6 +69,8 @@ def server_analysis(analysis_id: int):
             plan=pool_plan(record),
             plan_text=pool_plan_text(record, 8081),
             plot=plot,
+            cost_lines={family: cost_text(cost) for family, cost in record.cost.items()},
+            noise_line=noise_text(record.noise),
         )
     return page
 
@@ -75,11 +82,20 @@ def publish_server_analysis(analysis_id: int):
     try:
         with sessions()() as session, session.begin():
             lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
-            version = publish_server_policies(session, analysis_id).version
+            policy_set = publish_server_policies(session, analysis_id)
+            version, active = policy_set.version, policy_set.is_active
     except PolicyError as exc:
         flash(str(exc), "error")
         return redirect(url_for("ui.server_analysis", analysis_id=analysis_id))
     current_app.extensions["specroute.router"].reload()
+    if not active:
+        flash(
+            f"policy set v{version} published from llama-server analysis #{analysis_id} but NOT activated: its "
+            f"advice is withheld (see the analysis page); 'specroute policies activate {version}' routes with it "
+            "anyway",
+            "error",
+        )
+        return redirect(url_for("ui.policies"))
     flash(
         f"policy set v{version} published from llama-server analysis #{analysis_id} and active: start its pools "
         "with 'specroute pools start'"

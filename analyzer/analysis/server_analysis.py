@@ -1,14 +1,26 @@
 """An analysis in llama-server: one greedy generation per prompt from a plain server, llama-server's
-drafting rules replayed on it for every drafter setting, step costs fitted from the servers' own
-``timings`` on a few calibration prompts, the predicted speedup of every setting per prompt and per task,
-the best setting per task (or off), and, when asked, validation through the servers themselves.
+drafting rules replayed on it for every drafter setting, step costs with the context in them fitted from the
+servers' own ``timings`` on calibration prompts chosen to span the workload, the machine's own noise measured,
+the predicted speedup of every setting per prompt and per task, the best setting per task (or off), and,
+when asked, validation through the servers themselves.
 
-Validation runs each held-out prompt on the plain server and on one server per setting, interleaved per
-prompt. It reports predicted against measured speedup (from ``timings``), and whether the server's own
-``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the speculative output
-equals plain greedy output (the exactness test). Every server request also records how much CPU other
-processes took meanwhile; a request over :data:`analyzer.measuring.interference.MAX_OTHERS_CPU` is
-marked disturbed and left out of the error figures.
+Calibration: the prompts that fit the cost are chosen after the replay, to span the workload's context
+lengths and draft rates (:func:`analyzer.measuring.calibration_choice.spanning_choice`), not the first N.
+Each calibration and validation pass runs a prompt on the plain server, on every setting's server, and on the
+plain server again: the two plain runs bracket the settings' (each setting's measured speedup is over their
+mean) and are a pair of identical runs, from which :func:`analyzer.measuring.noise.noise_floor` measures the
+machine's run-to-run noise. The fit (:mod:`analyzer.pricing.context_cost`) is checked on prompts it was not
+fitted on; a fit whose held-out error exceeds its bound is measured again once, and if it still fails, or the
+machine is too noisy, the analysis is kept but its advice is withheld (every task off) and ``withheld`` says
+why, with the numbers.
+
+Validation repeats the passes over the held-out prompts, interleaved, until each setting's time-weighted
+speedup has a 95% interval from run noise of at most :data:`VALIDATION_HALF_WIDTH` (at most the repeats
+asked). It reports predicted against measured speedup (from ``timings``), and whether the server's own
+``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the speculative output equals
+plain greedy output (the exactness test). Every server request also records how much CPU other processes took
+meanwhile, and the hypervisor's steal; a request over
+:data:`analyzer.measuring.interference.MAX_OTHERS_CPU` is marked disturbed and left out of the error figures.
 """
 
 from __future__ import annotations
@@ -24,7 +36,16 @@ import numpy as np
 from analyzer.engine.llama_server_draft import DraftModel
 from analyzer.engine.llama_server_process import Completion, LlamaServerProcess, RemoteServer, Server
 from analyzer.errors import SpecrouteError
+from analyzer.measuring.calibration_choice import spanning_choice
 from analyzer.measuring.interference import MAX_OTHERS_CPU, machine_reading, others_busy_s
+from analyzer.measuring.noise import (
+    NoiseFloor,
+    machine_sample,
+    noise_floor,
+    repeats_for_aggregate,
+    steal_share,
+)
+from analyzer.measuring.request_work import plain_work
 from analyzer.measuring.server_drafting import (
     NGRAM_MOD,
     DraftOracle,
@@ -33,7 +54,8 @@ from analyzer.measuring.server_drafting import (
     ServerReplay,
     replay_request,
 )
-from analyzer.pricing.server_cost import ServerCost, fit_server_cost, plain_step_ms
+from analyzer.pricing.context_cost import fit_error_bound, fit_problem
+from analyzer.pricing.server_cost import Sample, ServerCost, fit_server_cost
 from analyzer.run_params import DEFAULT_MARGIN
 
 
@@ -44,6 +66,9 @@ class ServerAnalysisError(SpecrouteError, ValueError):
 
 
 MIN_SPEEDUP = 1 + DEFAULT_MARGIN  # a setting is advised for a task only where it predicts more than this
+VALIDATION_HALF_WIDTH = 0.015  # validation repeats until run noise leaves each setting's speedup this close
+DEFAULT_VALIDATE_REPEATS = 3  # ... or this many passes over the validated prompts
+FALLBACK_RUN_ERROR = 0.05  # one run's relative noise assumed where the calibration pairs could not tell
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,13 @@ class ServerPrompt:
 
 @dataclass(frozen=True)
 class TimedCompletion:
-    """A server's completion with the share of the machine's CPU other processes took meanwhile."""
+    """A server's completion with the share of the machine's CPU other processes took meanwhile, the share
+    the hypervisor stole (None: not known) and the CPUs' mean clock at its end (MHz, None: not readable)."""
 
     completion: Completion
     others_cpu: float | None
+    steal: float | None = None
+    mhz: float | None = None
 
     @property
     def disturbed(self) -> bool:
@@ -71,27 +99,89 @@ class TimedCompletion:
         """Decoding steps ``predicted_ms`` covers: every output token but the first."""
         return max(int(self.completion.timings["predicted_n"]) - 1, 1)
 
+    @property
+    def step_ms(self) -> float:
+        """Time per decoding step."""
+        return self.completion.predicted_ms / self.steps
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setting's run of a prompt in one pass, with the pass's plain runs before and after it."""
+
+    plain: TimedCompletion
+    measured: TimedCompletion
+    plain_after: TimedCompletion | None = None
+    # the replay of what this server did with this request, where it differs from the setting's own replay:
+    # ngram-mod's table carries every request the server saw before it (its history, repeats included)
+    replay: ServerReplay | None = None
+
+    @property
+    def plain_step_ms(self) -> float:
+        """The plain server's time per step: the mean of the runs bracketing this one."""
+        runs = [self.plain] + ([self.plain_after] if self.plain_after is not None else [])
+        return float(np.mean([run.step_ms for run in runs]))
+
+    @property
+    def disturbed(self) -> bool:
+        return (
+            self.measured.disturbed
+            or self.plain.disturbed
+            or bool(self.plain_after and self.plain_after.disturbed)
+        )
+
+    @property
+    def speedup(self) -> float:
+        """Plain over speculative time per step (per output token after the first), so that a run whose
+        output left plain greedy and ended sooner or later is compared token for token."""
+        return self.plain_step_ms / self.measured.step_ms
+
 
 @dataclass
 class SettingOutcome:
-    """One prompt under one drafter setting: the replay and its prediction, and the server's own run
-    where it was validated (or calibrated)."""
+    """One prompt under one drafter setting: the replay and its prediction, and the server's own runs
+    where it was validated (or calibrated), one :class:`Trial` per pass."""
 
     drafter: ServerDrafter
     replay: ServerReplay
     predicted_speedup: float = 0.0
-    measured: TimedCompletion | None = None
-    plain: TimedCompletion | None = None  # the plain run interleaved with ``measured``
+    trials: list[Trial] = field(default_factory=list)
     calibration: bool = False
 
     @property
-    def measured_speedup(self) -> float | None:
-        """Plain over speculative time per step (per output token after the first), so that a run whose
-        output left plain greedy and ended sooner or later is compared token for token."""
-        if self.measured is None or self.plain is None:
+    def measured(self) -> TimedCompletion | None:
+        """The first pass's speculative run (None: not run on a server)."""
+        return self.trials[0].measured if self.trials else None
+
+    @property
+    def plain(self) -> TimedCompletion | None:
+        """The plain run before the first pass's speculative run."""
+        return self.trials[0].plain if self.trials else None
+
+    @property
+    def quiet_trials(self) -> list[Trial]:
+        return [t for t in self.trials if not t.disturbed]
+
+    def trial_replay(self, trial: Trial) -> ServerReplay:
+        """What the server did with ``trial``'s request, replayed (the setting's replay unless the server's
+        history changed it)."""
+        return trial.replay if trial.replay is not None else self.replay
+
+    def validated_prediction(self, cost: ServerCost) -> float | None:
+        """The prediction the undisturbed passes are compared with: the geometric mean of each pass's
+        predicted speedup, from the replay of what the server did in it (None: no such pass)."""
+        quiet = self.quiet_trials
+        if not quiet:
             return None
-        plain = self.plain.completion.predicted_ms / self.plain.steps
-        return plain / (self.measured.completion.predicted_ms / self.measured.steps)
+        return float(np.exp(np.mean([np.log(cost.speedup(self.trial_replay(t))) for t in quiet])))
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """The geometric mean of the undisturbed passes' speedups (None: none)."""
+        quiet = self.quiet_trials
+        if not quiet:
+            return None
+        return float(np.exp(np.mean([np.log(t.speedup) for t in quiet])))
 
     @property
     def output_equal(self) -> bool:
@@ -102,15 +192,22 @@ class SettingOutcome:
 
     @property
     def counts_equal(self) -> bool | None:
-        """Whether the server's draft counts equal the replay's (None: not run on a server)."""
-        if self.measured is None:
+        """Whether the server's draft counts equal the replay's in every pass whose output equals plain
+        greedy (None: not run on a server)."""
+        if not self.trials:
             return None
-        timings = self.measured.completion.timings
-        # a server that drafted nothing leaves both fields out of its timings
-        return (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)) == (
-            self.replay.draft_n,
-            self.replay.draft_n_accepted,
-        )
+        exact = [t for t in self.trials if t.measured.completion.tokens == t.plain.completion.tokens]
+        return all(_counts(t.measured) == _counts_of(self.trial_replay(t)) for t in exact or self.trials[:1])
+
+
+def _counts(run: TimedCompletion) -> tuple[int, int]:
+    """A server run's (draft_n, draft_n_accepted): a server that drafted nothing leaves both out of timings."""
+    timings = run.completion.timings
+    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+
+
+def _counts_of(replay: ServerReplay) -> tuple[int, int]:
+    return replay.draft_n, replay.draft_n_accepted
 
 
 @dataclass
@@ -122,13 +219,18 @@ class PromptOutcome:
     prompt_ids: list[int]
     plain: TimedCompletion
     settings: list[SettingOutcome] = field(default_factory=list)
+    # each pass's two plain runs (before and after the settings'): a pair of identical runs
+    plain_pairs: list[tuple[TimedCompletion, TimedCompletion]] = field(default_factory=list)
+    calibration: bool = False
 
 
 @dataclass
 class ServerAnalysis:
-    """The whole analysis: per prompt outcomes, the fitted cost, and its wall time: ``seconds`` up to the
-    predictions (servers started, generation, calibration), ``validation_seconds`` after, against
-    ``plain_generation_seconds``, the plain generation of the same prompts alone."""
+    """The whole analysis: per prompt outcomes, the fitted cost, the machine's noise, and its wall time:
+    ``seconds`` up to the predictions (servers started, generation, calibration), ``validation_seconds``
+    after, against ``plain_generation_seconds``, the plain generation of the same prompts alone.
+    ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the passes
+    validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured)."""
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
@@ -140,6 +242,11 @@ class ServerAnalysis:
     calibration_prompts: int
     validation_seconds: float = 0.0
     n_ctx: int = 0
+    noise: NoiseFloor | None = None
+    withheld: str | None = None
+    validation_repeats: int = 0
+    calibration_passes: int = 1
+    fit_bound: float | None = None
 
     def cost_of(self, drafter: ServerDrafter) -> ServerCost:
         """The step costs that price ``drafter``: its family's."""
@@ -148,14 +255,18 @@ class ServerAnalysis:
 
 def timed_complete(server: Server, prompt_ids: list[int], n_predict: int) -> TimedCompletion:
     """One greedy completion, with the CPU share other processes (not this one, not the server) took."""
+    sample_before = machine_sample()
     before, server_before, wall = machine_reading(), server.cpu_seconds(), time.perf_counter()
     completion = server.client.complete(prompt_ids, n_predict)
     after, server_after, wall = machine_reading(), server.cpu_seconds(), time.perf_counter() - wall
+    sample_after = machine_sample()
+    steal = steal_share(sample_before, sample_after)
+    mhz = float(np.mean(sample_after.mhz)) if sample_after.mhz else None
     busy = others_busy_s(before, after)
     if busy is None or server_before is None or server_after is None or wall <= 0:
-        return TimedCompletion(completion, None)
+        return TimedCompletion(completion, None, steal, mhz)
     others = max(0.0, busy - (server_after - server_before))
-    return TimedCompletion(completion, others / (wall * (os.cpu_count() or 1)))
+    return TimedCompletion(completion, others / (wall * (os.cpu_count() or 1)), steal, mhz)
 
 
 def replay_all(
@@ -226,10 +337,14 @@ def analyze_in_llama_server(
     n_predict: int,
     calibration_prompts: int,
     validate: bool,
+    validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
+    validation_half_width: float = VALIDATION_HALF_WIDTH,
     say: Progress = lambda line: None,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
-    The first ``calibration_prompts`` prompts fit the cost and are not validated."""
+    ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not validated;
+    validation makes at most ``validate_repeats`` passes, fewer where run noise already leaves each
+    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``)."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
@@ -242,21 +357,68 @@ def analyze_in_llama_server(
             server.start()
         outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
         _replay_settings(setup, outcomes, drafters, n_predict, say)
-        costs = _calibrate(servers, outcomes[:calibration_prompts], n_predict, say)
-        _check_settings(servers, outcomes[:calibration_prompts])
+        chosen = calibration_choice(outcomes, calibration_prompts)
+        for outcome in chosen:
+            outcome.calibration = True
+        history = ServerHistory(n_predict, setup.n_ctx)
+        calibration = _calibrate(servers, outcomes, chosen, history, say)
         for outcome in outcomes:
             for setting in outcome.settings:
-                setting.predicted_speedup = costs[setting.drafter.family].speedup(setting.replay)
+                setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
         analysed = time.perf_counter()
-        if validate:
-            _validate(servers, outcomes[calibration_prompts:], n_predict, say)
+        held_out = [o for o in outcomes if not o.calibration]
+        repeats = 0
+        if validate and held_out:
+            run_error = calibration.noise.run_error or FALLBACK_RUN_ERROR
+            weights = [o.plain.completion.predicted_ms for o in held_out]
+            repeats = repeats_for_aggregate(
+                run_error, weights, VALIDATION_HALF_WIDTH, at_most=validate_repeats
+            )
+            _validate(servers, held_out, history, repeats, say)
     finally:
         for server in servers:
             server.stop()
+    noise = measured_noise(outcomes)
+    withheld = calibration.withheld or ("; ".join(noise.notes) if noise.verdict == "noisy" else None)
     return ServerAnalysis(
-        list(drafters), outcomes, costs, n_predict, setup.threads, analysed - started, plain_seconds,
-        calibration_prompts, time.perf_counter() - analysed, setup.n_ctx,
+        list(drafters), outcomes, calibration.costs, n_predict, setup.threads, analysed - started, plain_seconds,
+        len(chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld, repeats, calibration.passes,
+        calibration.bound,
     )  # fmt: skip
+
+
+def calibration_choice(outcomes: Sequence[PromptOutcome], count: int) -> list[PromptOutcome]:
+    """``count`` prompts that span the workload: by the log of their mean context (prompt plus half the
+    output), the share of their output the settings draft and the share they accept (means over the
+    settings' replays); in the workload's order."""
+    features = []
+    for outcome in outcomes:
+        output = max(len(outcome.plain.completion.tokens), 1)
+        context = len(outcome.prompt_ids) + output / 2
+        drafted = np.mean([s.replay.draft_n / output for s in outcome.settings]) if outcome.settings else 0.0
+        accepted = (
+            np.mean([s.replay.draft_n_accepted / output for s in outcome.settings])
+            if outcome.settings
+            else 0.0
+        )
+        features.append([np.log(context), drafted, accepted])
+    return [outcomes[i] for i in spanning_choice(np.asarray(features), count)]
+
+
+def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
+    """The machine's noise from every pass's pair of plain runs (undisturbed ones), with the hypervisor's
+    steal and the clock's spread over every run of the analysis."""
+    pairs = [(a, b) for o in outcomes for a, b in o.plain_pairs if not (a.disturbed or b.disturbed)]
+    runs = [o.plain for o in outcomes] + [t.measured for o in outcomes for s in o.settings for t in s.trials]
+    runs += [run for o in outcomes for pair in o.plain_pairs for run in pair]
+    steals = [r.steal for r in runs if r.steal is not None]
+    walls = [r.completion.predicted_ms for r in runs if r.steal is not None]
+    steal = float(np.average(steals, weights=walls)) if steals and sum(walls) > 0 else None
+    clocks = [r.mhz for r in runs if r.mhz is not None]
+    spread = (max(clocks) - min(clocks)) / max(clocks) if clocks and max(clocks) > 0 else None
+    return noise_floor(
+        [a.step_ms for a, _ in pairs], [b.step_ms for _, b in pairs], steal=steal, mhz_spread=spread
+    )
 
 
 def _generate(
@@ -302,46 +464,133 @@ def _replay_settings(
             draft.close()
 
 
-def _run_settings(
-    servers: Sequence[Server], outcome: PromptOutcome, n_predict: int, *, calibration: bool
-) -> None:
-    """One prompt on the plain server, then on each setting's server, each setting paired with that
-    plain run."""
+@dataclass
+class ServerHistory:
+    """What each setting's server has seen, for the drafters whose state carries from request to request
+    (ngram-mod's table): a table per setting, fed every request in the order the server gets it, so each
+    run is compared with the replay of what that server did (a repeated prompt finds its own earlier
+    output in the table)."""
+
+    n_predict: int
+    n_ctx: int
+    tables: dict[int, NgramModTable] = field(default_factory=dict)
+
+    def replay(self, index: int, setting: SettingOutcome, outcome: PromptOutcome) -> ServerReplay | None:
+        """The replay of this request on setting ``index``'s server given its history (None: stateless)."""
+        drafter = setting.drafter
+        if drafter.kind != NGRAM_MOD:
+            return None
+        table = self.tables.setdefault(index, NgramModTable(drafter.n_match))
+        completion = outcome.plain.completion
+        return replay_request(
+            drafter,
+            outcome.prompt_ids,
+            completion.tokens,
+            n_predict=self.n_predict,
+            n_ctx=self.n_ctx,
+            eog_ids=frozenset(completion.tokens[-1:]) if completion.stopped_at_eos else frozenset(),
+            table=table,
+        )
+
+
+def _run_pass(servers: Sequence[Server], outcome: PromptOutcome, history: ServerHistory) -> None:
+    """One pass of a prompt: the plain server, each setting's server, the plain server again; each setting
+    gets a :class:`Trial` bracketed by the two plain runs (with the replay of its server's history where
+    that matters), and the prompt the plain pair."""
+    n_predict = history.n_predict
     plain = timed_complete(servers[0], outcome.prompt_ids, n_predict)
-    for server, setting in zip(servers[1:], outcome.settings, strict=True):
-        setting.measured = timed_complete(server, outcome.prompt_ids, n_predict)
-        setting.plain = plain
-        setting.calibration = calibration
+    measured = [timed_complete(server, outcome.prompt_ids, n_predict) for server in servers[1:]]
+    plain_after = timed_complete(servers[0], outcome.prompt_ids, n_predict)
+    for index, (setting, run) in enumerate(zip(outcome.settings, measured, strict=True)):
+        setting.trials.append(Trial(plain, run, plain_after, history.replay(index, setting, outcome)))
+        setting.calibration = outcome.calibration
+    outcome.plain_pairs.append((plain, plain_after))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration found: the step costs per drafter family, the machine's noise over its passes, the
+    bound the fits were checked against, how many passes it made, and why advice is withheld (None: it is
+    not)."""
+
+    costs: dict[str, ServerCost]
+    noise: NoiseFloor
+    bound: float
+    passes: int
+    withheld: str | None
 
 
 def _calibrate(
-    servers: Sequence[Server], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
-) -> dict[str, ServerCost]:
-    """The step costs per drafter family: the plain step from the plain runs, the rounds fitted on that
-    family's settings' runs of the calibration prompts (their disturbed runs left out unless all are)."""
-    for number, outcome in enumerate(outcomes, 1):
-        _run_settings(servers, outcome, n_predict, calibration=True)
-        say(f"calibrated {number}/{len(outcomes)} ({outcome.prompt.key})")
-    runs = [s for o in outcomes for s in o.settings if s.measured is not None]
-    quiet = [s for s in runs if not (s.measured and s.measured.disturbed)] or runs
-    plain_timings = [o.plain.completion.timings for o in outcomes] + [
-        s.plain.completion.timings for s in quiet if s.plain is not None
+    servers: Sequence[Server],
+    outcomes: Sequence[PromptOutcome],
+    chosen: Sequence[PromptOutcome],
+    history: ServerHistory,
+    say: Progress,
+) -> Calibration:
+    """Run the chosen prompts on every server (checking first that each server runs its setting,
+    :func:`_check_settings`), fit each drafter family's costs and check them on prompts they were not fitted
+    on (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the pass measured); a family
+    that misses its bound is measured once more (every chosen prompt again) and refitted on both passes; one
+    that still misses it withholds the advice."""
+    for number, outcome in enumerate(chosen, 1):
+        _run_pass(servers, outcome, history)
+        say(f"calibrated {number}/{len(chosen)} ({outcome.prompt.key})")
+    _check_settings(servers, chosen)
+    noise = measured_noise(chosen)
+    bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
+    costs = _fit_costs(outcomes, chosen)
+    failing = [family for family, cost in costs.items() if cost.checked_error > bound]
+    passes = 1
+    if failing:
+        passes = 2
+        for number, outcome in enumerate(chosen, 1):
+            _run_pass(servers, outcome, history)
+            say(
+                f"re-measured {number}/{len(chosen)} ({outcome.prompt.key}): the {', '.join(failing)} fit missed"
+            )
+        noise = measured_noise(chosen)
+        bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
+        costs = _fit_costs(outcomes, chosen)
+    problems = [
+        f"{problem}, measured {passes} times"
+        for family, cost in costs.items()
+        if (problem := fit_problem(cost.checked_error, bound, family, heldout=cost.heldout_mare is not None))
     ]
-    plain_step = plain_step_ms(plain_timings)
+    return Calibration(costs, noise, bound, passes, "; ".join(problems) or None)
+
+
+def _fit_costs(outcomes: Sequence[PromptOutcome], chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
+    """The step costs per drafter family: the plain step and its context term from every prompt's
+    generation and the chosen prompts' plain runs, the rounds from that family's settings' runs of the
+    chosen prompts (undisturbed ones, those whose output equals plain greedy where there are any)."""
+    plain: list[Sample] = []
+    for outcome in outcomes:
+        runs = [outcome.plain] + [run for pair in outcome.plain_pairs for run in pair]
+        plain += [
+            (outcome.prompt.key, plain_work(len(outcome.prompt_ids), int(r.completion.timings["predicted_n"])),
+             r.completion.predicted_ms)
+            for r in runs
+            if not r.disturbed
+        ]  # fmt: skip
     costs = {}
-    for family in sorted({s.drafter.family for s in runs}):
-        samples = [
-            (s.replay, s.measured.completion.predicted_ms)
-            for s in quiet
-            if s.measured is not None and s.drafter.family == family
+    families = sorted({s.drafter.family for o in chosen for s in o.settings})
+    for family in families:
+        settings = [(o.prompt.key, s) for o in chosen for s in o.settings if s.drafter.family == family]
+        trials = [(k, s, t) for k, s in settings for t in s.quiet_trials] or [
+            (k, s, t) for k, s in settings for t in s.trials
+        ]
+        exact = [(k, s, t) for k, s, t in trials if t.measured.completion.tokens == t.plain.completion.tokens]
+        samples: list[Sample] = [
+            (key, s.trial_replay(t).work(), t.measured.completion.predicted_ms)
+            for key, s, t in (exact or trials)
         ]
         try:
-            costs[family] = fit_server_cost(plain_step, samples, fit_step=family == "draft model")
+            costs[family] = fit_server_cost(plain, samples, fit_step=family == "draft model")
         except ValueError:
-            labels = ", ".join(sorted({s.drafter.label for s in runs if s.drafter.family == family}))
+            labels = ", ".join(sorted({s.drafter.label for _, s in settings}))
             raise ServerAnalysisError(
-                f"none of the first {len(outcomes)} prompts drafted anything with {labels}, so no round could be "
-                "timed: raise --calibration, or put prompts that repeat their input (extraction, code edits) first"
+                f"none of the {len(chosen)} calibration prompts drafted anything with {labels}, so no round could "
+                "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits)"
             ) from None
     return costs
 
@@ -368,109 +617,15 @@ def _check_settings(servers: Sequence[Server], outcomes: Sequence[PromptOutcome]
 
 
 def _validate(
-    servers: Sequence[Server], outcomes: Sequence[PromptOutcome], n_predict: int, say: Progress
+    servers: Sequence[Server],
+    outcomes: Sequence[PromptOutcome],
+    history: ServerHistory,
+    repeats: int,
+    say: Progress,
 ) -> None:
-    for number, outcome in enumerate(outcomes, 1):
-        _run_settings(servers, outcome, n_predict, calibration=False)
-        say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key})")
-
-
-@dataclass(frozen=True)
-class TaskChoice:
-    """One task: each setting's predicted and (where its prompts ran on the servers, calibration prompts
-    included) measured speedup over its prompts, time-weighted, and the setting the task should use (None:
-    off)."""
-
-    task: str
-    prompts: int
-    predicted: dict[str, float]
-    measured: dict[str, float | None]
-    best: ServerDrafter | None
-
-
-def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
-    """Per task, the best setting by predicted speedup; off unless it exceeds :data:`MIN_SPEEDUP` (the
-    margin every analysis' advice clears, so a setting that predicts 1.01 is not worth a pool)."""
-    tasks = sorted({o.prompt.task for o in analysis.prompts})
-    choices = []
-    for task in tasks:
-        group = [o for o in analysis.prompts if o.prompt.task == task]
-        predicted, measured = {}, {}
-        for index, drafter in enumerate(analysis.drafters):
-            settings = [o.settings[index] for o in group]
-            cost = analysis.cost_of(drafter)
-            plain = sum(cost.plain_ms(s.replay.output_tokens) for s in settings)
-            spec = sum(cost.speculative_ms(s.replay) for s in settings)
-            predicted[drafter.label] = plain / spec if spec > 0 else 1.0
-            # every run on the servers, the calibration prompts' included, so both cover the same prompts
-            measured[drafter.label] = _measured_ratio([s for s in settings if s.measured])
-        best_label = max(predicted, key=lambda label: predicted[label])
-        best = (
-            next(d for d in analysis.drafters if d.label == best_label)
-            if predicted[best_label] > MIN_SPEEDUP
-            else None
-        )
-        choices.append(TaskChoice(task, len(group), predicted, measured, best))
-    return choices
-
-
-def _measured_ratio(settings: Sequence[SettingOutcome]) -> float | None:
-    """Plain over speculative time per step, summed over the undisturbed runs (None when there is none)."""
-    pairs = [
-        (s.plain, s.measured)
-        for s in settings
-        if s.plain is not None and s.measured is not None and not (s.plain.disturbed or s.measured.disturbed)
-    ]
-    if not pairs:
-        return None
-    plain = sum(p.completion.predicted_ms for p, _ in pairs) / sum(p.steps for p, _ in pairs)
-    spec = sum(m.completion.predicted_ms for _, m in pairs) / sum(m.steps for _, m in pairs)
-    return plain / spec
-
-
-@dataclass(frozen=True)
-class ValidationFigures:
-    """Predicted against measured over validated runs of one setting: ``runs`` and how many were
-    ``disturbed``; the share whose output equals plain greedy (``output_equal``) and among those the share
-    whose draft counts equal the replay's (``counts_equal``); the mean absolute relative error of the
-    per-prompt speedup over undisturbed runs whose output equals plain (``mare``: the replay priced what the
-    server did) and over all undisturbed runs (``mare_all``)."""
-
-    setting: str
-    runs: int
-    disturbed: int
-    output_equal: float | None
-    counts_equal: float | None
-    mare: float | None
-    mare_all: float | None
-
-
-def _mare(settings: Sequence[SettingOutcome]) -> float | None:
-    errors = [abs(s.predicted_speedup - m) / m for s in settings if (m := s.measured_speedup)]
-    return float(np.mean(errors)) if errors else None
-
-
-def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
-    """:class:`ValidationFigures` per setting over the validated prompts."""
-    figures = []
-    for index, drafter in enumerate(analysis.drafters):
-        runs = [o.settings[index] for o in analysis.prompts if not o.settings[index].calibration]
-        runs = [s for s in runs if s.measured is not None and s.plain is not None]
-        quiet = [
-            s
-            for s in runs
-            if not (s.measured and s.measured.disturbed) and not (s.plain and s.plain.disturbed)
-        ]
-        equal = [s for s in runs if s.output_equal]
-        figures.append(
-            ValidationFigures(
-                drafter.label,
-                len(runs),
-                len(runs) - len(quiet),
-                len(equal) / len(runs) if runs else None,
-                sum(1 for s in equal if s.counts_equal) / len(equal) if equal else None,
-                _mare([s for s in quiet if s.output_equal]),
-                _mare(quiet),
-            )
-        )
-    return figures
+    """``repeats`` passes over the held-out prompts, interleaved (every prompt once per pass)."""
+    for repeat in range(1, repeats + 1):
+        for number, outcome in enumerate(outcomes, 1):
+            _run_pass(servers, outcome, history)
+            of = f", pass {repeat}/{repeats}" if repeats > 1 else ""
+            say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key}){of}")

@@ -19,14 +19,14 @@ from analyzer.analysis.server_analysis import (
     ServerPrompt,
     SettingOutcome,
     TimedCompletion,
-    task_choices,
-    validation_figures,
 )
+from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
 from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.devices import cpu_model_name
 from analyzer.orm import PromptSet, ServerAnalysisRecord
+from analyzer.pricing.server_cost import ServerCost
 
 UNLABELLED = "unlabelled"
 
@@ -57,15 +57,18 @@ def _run_dict(run: TimedCompletion | None) -> dict[str, Any] | None:
         "draft_n": timings.get("draft_n", 0),
         "draft_n_accepted": timings.get("draft_n_accepted", 0),
         "others_cpu": run.others_cpu,
+        "steal": run.steal,
         "disturbed": run.disturbed,
     }
 
 
-def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
+def _setting_dict(setting: SettingOutcome, cost: ServerCost) -> dict[str, Any]:
     replay = setting.replay
     return {
         "setting": setting.drafter.label,
         "predicted_speedup": setting.predicted_speedup,
+        "predicted_ms": cost.speculative_ms(replay),
+        "validated_prediction": setting.validated_prediction(cost),
         "rounds": len(replay.rounds),
         "plain_steps": replay.plain_steps,
         "draft_n": replay.draft_n,
@@ -74,6 +77,15 @@ def _setting_dict(setting: SettingOutcome) -> dict[str, Any]:
         "measured": _run_dict(setting.measured),
         "paired_plain": _run_dict(setting.plain),
         "measured_speedup": setting.measured_speedup,
+        "passes": [
+            {
+                "plain_step_ms": t.plain_step_ms,
+                "ms": t.measured.completion.predicted_ms,
+                "speedup": t.speedup,
+                "disturbed": t.disturbed,
+            }
+            for t in setting.trials
+        ],  # fmt: skip
         "output_equal": setting.output_equal if setting.measured else None,
         "counts_equal": setting.counts_equal,
     }
@@ -96,8 +108,13 @@ def store_server_analysis(
             "prompt_tokens": len(o.prompt_ids),
             "output_tokens": len(o.plain.completion.tokens),
             "stopped_at_eos": o.plain.completion.stopped_at_eos,
+            "calibration": o.calibration,
             "plain": _run_dict(o.plain),
-            "settings": [_setting_dict(s) for s in o.settings],
+            "predicted_plain_ms": analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay)
+            if o.settings
+            else None,
+            "plain_pairs": [[a.step_ms, b.step_ms] for a, b in o.plain_pairs],
+            "settings": [_setting_dict(s, analysis.cost_of(s.drafter)) for s in o.settings],
         }
         for o in analysis.prompts
     ]
@@ -107,6 +124,7 @@ def store_server_analysis(
             "prompts": c.prompts,
             "predicted": c.predicted,
             "measured": c.measured,
+            "checked": c.checked,
             "chosen": c.best.label if c.best else None,
         }
         for c in task_choices(analysis)
@@ -121,14 +139,20 @@ def store_server_analysis(
         n_ctx=analysis.n_ctx,
         n_predict=analysis.n_predict,
         drafters=[d.label for d in analysis.drafters],
-        cost={family: dict(cost.__dict__) for family, cost in analysis.costs.items()},
+        cost={
+            family: {**cost.as_dict(), "bound": analysis.fit_bound} for family, cost in analysis.costs.items()
+        },
         prompts=prompts,
         tasks=tasks,
-        validation=[dict(f.__dict__) for f in validation_figures(analysis)],
+        validation=[f.as_dict() for f in validation_figures(analysis)],
         calibration_prompts=analysis.calibration_prompts,
         seconds=analysis.seconds,
         validation_seconds=analysis.validation_seconds,
         plain_generation_seconds=analysis.plain_generation_seconds,
+        noise=analysis.noise.as_dict() if analysis.noise is not None else None,
+        advice_withheld=analysis.withheld,
+        validation_repeats=analysis.validation_repeats,
+        routing=[c.as_dict() for c in ceilings(analysis)],
     )
     session.add(record)
     session.flush()

@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from analyzer.measuring.request_work import RequestWork, round_rows_context
+
 NGRAM_SIMPLE, NGRAM_MOD, DRAFT_SIMPLE = "ngram-simple", "ngram-mod", "draft-simple"
 DRAFTER_TYPES = (NGRAM_SIMPLE, NGRAM_MOD, DRAFT_SIMPLE)
 DRAFT_TOP_K = 10  # draft-simple's sampler keeps the draft's 10 most likely tokens
@@ -315,16 +317,33 @@ class ServerReplay:
     """What llama-server does with one request under one drafter: ``rounds`` holds (drafted, accepted)
     per verification round; ``plain_steps`` the steps after the first token with nothing drafted;
     ``draft_n`` and ``draft_n_accepted`` are the server's own ``timings`` fields; ``draft_decodes``
-    counts the draft model's decodes in its draft loops (draft-simple)."""
+    counts the draft model's decodes in its draft loops (draft-simple). ``prompt_tokens`` is the prompt's
+    length; ``plain_context`` and ``round_context`` sum the tokens each decoded row attends over, in the
+    plain steps and in the rounds' rows (:mod:`analyzer.pricing.context_cost`)."""
 
     output_tokens: int
     plain_steps: int
     rounds: tuple[tuple[int, int], ...]
     draft_decodes: int = 0  # the draft model's decodes (draft-simple), for its cost
+    prompt_tokens: int = 0
+    plain_context: int = 0
+    round_context: int = 0
 
     @property
     def draft_n(self) -> int:
         return sum(k for k, _ in self.rounds)
+
+    def work(self) -> RequestWork:
+        """The request's counts for the cost model."""
+        return RequestWork(
+            self.plain_steps,
+            self.plain_context,
+            len(self.rounds),
+            self.draft_n,
+            self.draft_n_accepted,
+            self.round_context,
+            self.draft_decodes,
+        )
 
     @property
     def draft_n_accepted(self) -> int:
@@ -366,6 +385,7 @@ def replay_request(
     history = list(prompt)
     rounds: list[tuple[int, int]] = []
     plain_steps, g, decodes = 0, 1, 0
+    plain_context = round_context = 0  # tokens attended over: the row decoding output g - 1 sees P + g
     done = not output or output[0] in eog_ids or 1 >= n_predict
     while not done and g < len(output):
         room = min(n_ctx - (len(prompt) + g - 1) - 2, n_predict - g - 1)
@@ -385,10 +405,12 @@ def replay_request(
             draft = draft[:room]
         if not draft:
             plain_steps += 1
+            plain_context += len(prompt) + g
             new = list(output[g : g + 1])
         else:
             accepted = _accepted(draft, output, g, eog_ids)
             rounds.append((len(draft), accepted))
+            round_context += round_rows_context(len(prompt) + g, len(draft))
             if table is not None:
                 ngram_mod_accept(table, accepted)
             new = list(output[g : g + accepted + 1])
@@ -397,4 +419,6 @@ def replay_request(
             if token in eog_ids or g >= n_predict:
                 done = True
                 break
-    return ServerReplay(min(g, len(output)), plain_steps, tuple(rounds), decodes)
+    return ServerReplay(
+        min(g, len(output)), plain_steps, tuple(rounds), decodes, len(prompt), plain_context, round_context
+    )

@@ -298,6 +298,7 @@ def policies_publish(
     you trust it anyway). 'specroute pools plan' prints the llama-server pools a set from a llama-server
     analysis needs."""
     from analyzer.advice.report import run_advice_withheld
+    from analyzer.analysis.server_store import get_server_analysis
     from analyzer.orm import AnalysisRun
     from router.policy import publish_policies
     from router.records import policy_set_dict
@@ -309,9 +310,16 @@ def policies_publish(
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
         if server_analysis_id is not None:
             policy_set = publish_server_policies(
-                session, server_analysis_id, notes=notes, activate=not no_activate, first_port=first_port
+                session,
+                server_analysis_id,
+                notes=notes,
+                activate=False if no_activate else None,
+                first_port=first_port,
             )
-            withheld = None
+            withheld = (
+                None if no_activate else get_server_analysis(session, server_analysis_id).advice_withheld
+            )
+            withheld = f"Advice withheld: {withheld}." if withheld else None
         else:
             policy_set = publish_policies(
                 session, run_id, notes=notes, activate=False if no_activate else None

@@ -5,17 +5,22 @@ choices need (analyzer/analysis/server_store.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from analyzer.analysis.server_analysis import ServerSetup, analyze_in_llama_server
+from analyzer.analysis.server_analysis import (
+    DEFAULT_VALIDATE_REPEATS,
+    VALIDATION_HALF_WIDTH,
+    ServerSetup,
+    analyze_in_llama_server,
+)
 from analyzer.analysis.server_store import (
     get_server_analysis,
     pool_plan_text,
     server_prompts,
     store_server_analysis,
 )
+from analyzer.analysis.server_text import cost_text, noise_text, num, routing_text
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llama_server_process import RemoteServer, server_version
 from analyzer.engine.llamacpp_engine import gguf_file
@@ -89,9 +94,10 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
 @click.option(
     "--calibration",
     type=click.IntRange(1, 1000),
-    default=6,
+    default=8,
     show_default=True,
-    help="The first prompts, run on every setting's server, that fit the step costs.",
+    help="How many prompts fit the step costs: chosen after the replay to span the workload's context lengths and "
+    "draft rates, run on the plain and every setting's server, and not validated.",
 )
 @click.option(
     "--per-task",
@@ -114,6 +120,15 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     show_default=True,
     help="Run every other prompt on the plain and every setting's server, and store predicted vs measured.",
 )
+@click.option(
+    "--validate-repeats",
+    type=click.IntRange(1, 20),
+    default=DEFAULT_VALIDATE_REPEATS,
+    show_default=True,
+    help="At most this many interleaved passes over the validated prompts: passes are added until run noise "
+    f"leaves each setting's measured speedup within ±{VALIDATION_HALF_WIDTH:.1%} (95%), the machine's noise "
+    "measured by calibration.",
+)
 @click.pass_obj
 def analyze(
     state: CliState,
@@ -128,6 +143,7 @@ def analyze(
     per_task: int | None,
     server_texts: tuple[str, ...],
     validate: bool,
+    validate_repeats: int,
 ) -> None:
     """Analyze a prompt set in llama-server: one plain greedy generation per prompt, llama-server's own
     drafting rules replayed on it for every drafter setting, step costs fitted from the servers' timings,
@@ -161,7 +177,8 @@ def analyze(
     click.echo(f"analyzing {len(prompts)} prompts in llama-server ({where})", err=True)
     analysis = analyze_in_llama_server(
         ServerSetup(binary, model_path, threads, n_ctx, draft_path, urls), prompts, drafters, n_predict=n_predict,
-        calibration_prompts=calibration, validate=validate, say=lambda line: click.echo(f"  {line}", err=True),
+        calibration_prompts=calibration, validate=validate, validate_repeats=validate_repeats,
+        say=lambda line: click.echo(f"  {line}", err=True),
     )  # fmt: skip
     with sessions() as session, session.begin():
         prompt_set = session.get(type(prompt_set), set_id)
@@ -260,54 +277,51 @@ def pools(state: CliState, analysis_id: int, first_port: int) -> None:
         click.echo(pool_plan_text(record, first_port))
 
 
-def cost_text(cost: dict[str, Any]) -> str:
-    """One drafter family's fitted step costs in a line."""
-    return (
-        f"plain step {cost['plain_step_ms']:.2f} ms (a step with nothing drafted {cost['step_ms']:.2f} ms); a round "
-        f"{cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token + {cost['per_accepted_ms']:.2f} "
-        f"ms per accepted token"
-        + (
-            f" + {cost['per_draft_decode_ms']:.2f} ms per draft decode"
-            if cost.get("per_draft_decode_ms")
-            else ""
-        )
-        + f" ({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%})"
-    )
-
-
-def _num(value: Any, form: str = "{:.2f}") -> str:
-    return "-" if value is None else form.format(value)
-
-
 def server_analysis_text(record: ServerAnalysisRecord) -> str:
     """The stored analysis as the CLI prints it."""
     lines = [
         f"llama-server analysis #{record.id} of prompt set #{record.prompt_set_id}: {len(record.prompts)} prompts, "
         f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}"
         + (f" (draft {record.draft_model})" if record.draft_model else ""),
+        f"machine: {record.machine}",
     ]
+    if record.advice_withheld:
+        lines.append(f"Advice withheld: {record.advice_withheld}. Every task is off.")
     lines += [
         f"cost from the servers' timings, {family} settings: {cost_text(cost)}"
         for family, cost in record.cost.items()
     ]
+    lines.append(noise_text(record.noise))
     lines += [
         f"took {record.seconds:.0f} s ({record.seconds / max(record.plain_generation_seconds, 1e-9):.1f}x plain "
-        f"generation of the same prompts) + {record.validation_seconds:.0f} s validation",
+        f"generation of the same prompts) + {record.validation_seconds:.0f} s validation"
+        + (f" ({record.validation_repeats} passes)" if record.validation_repeats else ""),
         "",
-        "setting | validated | output = plain | draft counts = replay | error (output = plain) | error (all)",
+        "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "
+        "(output = plain / all) | within noise + 3 pts | aggregate predicted / measured (error, noise) | "
+        "correlation (prompts drafting) | controls' |speedup - 1|",
     ]
     for f in record.validation:
+        aggregate = (
+            f"{num(f.get('aggregate_predicted'), '{:.3f}')} / {num(f.get('aggregate_measured'), '{:.3f}')} "
+            f"({num(f.get('aggregate_error'), '{:.1%}')}, ±{num(f.get('aggregate_noise'), '{:.1%}')})"
+        )
         lines.append(
-            f"{f['setting']} | {f['runs']} ({f['disturbed']} disturbed) | {_num(f['output_equal'], '{:.0%}')} | "
-            f"{_num(f['counts_equal'], '{:.0%}')} | {_num(f['mare'], '{:.1%}')} | {_num(f['mare_all'], '{:.1%}')}"
+            f"{f['setting']} | {f['runs']} ({f.get('trials', f['runs'])}, {f['disturbed']}) | "
+            f"{num(f['output_equal'], '{:.0%}')} | {num(f['counts_equal'], '{:.0%}')} | "
+            f"{num(f['mare'], '{:.1%}')} / {num(f['mare_all'], '{:.1%}')} | "
+            f"{num(f.get('within_noise'), '{:.0%}')} | "
+            f"{aggregate} | {num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
+            f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
         )
     lines += [
         "",
         "task | prompts | " + " | ".join(record.drafters) + " | chosen (predicted / measured speedup)",
     ]
     for task in record.tasks:
-        cells = [f"{task['predicted'][d]:.2f} / {_num(task['measured'][d])}" for d in record.drafters]
+        cells = [f"{task['predicted'][d]:.2f} / {num(task['measured'][d])}" for d in record.drafters]
         lines.append(
             f"{task['task']} | {task['prompts']} | " + " | ".join(cells) + f" | {task['chosen'] or 'off'}"
         )
+    lines += routing_text(record.routing)
     return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""What an analysis in llama-server found, in figures: per task each setting's predicted and measured speedup
+and the chosen setting; per setting predicted against measured over the validated prompts (per prompt, in
+aggregate, their correlation among runs that draft, and the machine's noise floor beside them); and the three
+numbers of :mod:`analyzer.advice.routing_ceiling` (best static setting, routing by task, per-prompt oracle).
+
+Aggregates are time-weighted: summed plain time over summed speculative time. Predicted and measured cover
+the same prompts, each prompt weighted by its undisturbed passes, so an error compares like with like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
+from analyzer.analysis.server_analysis import MIN_SPEEDUP, ServerAnalysis, SettingOutcome, Trial
+from analyzer.measuring.noise import aggregate_half_width
+from analyzer.measuring.server_drafting import ServerDrafter
+from analyzer.pricing.server_cost import ServerCost
+
+PER_PROMPT_MARGIN = 0.03  # a prompt's error is "within the noise" up to its noise floor plus this
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    """One task: each setting's predicted speedup over all its prompts, and predicted / measured over those
+    that ran on the servers (calibration prompts included), time-weighted; the setting the task should use
+    (None: off, and always off where the analysis' advice is withheld)."""
+
+    task: str
+    prompts: int
+    predicted: dict[str, float]
+    measured: dict[str, float | None]
+    checked: dict[str, float | None]  # predicted over the prompts that were measured
+    best: ServerDrafter | None
+
+
+def _paired_totals(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[float, float, float, float]:
+    """(predicted plain, predicted speculative, measured plain, measured speculative) summed over the
+    undisturbed trials of ``settings``; a trial's measured plain time is its bracketing plain runs' time per
+    step times the speculative run's steps."""
+    pred_plain = pred_spec = meas_plain = meas_spec = 0.0
+    for setting in settings:
+        for trial in setting.quiet_trials:
+            replay = setting.trial_replay(trial)
+            pred_plain += cost.plain_ms(replay)
+            pred_spec += cost.speculative_ms(replay)
+            meas_plain += trial.plain_step_ms * trial.measured.steps
+            meas_spec += trial.measured.completion.predicted_ms
+    return pred_plain, pred_spec, meas_plain, meas_spec
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
+    """Per task, the best setting by predicted speedup; off unless it exceeds :data:`MIN_SPEEDUP` (the
+    margin every analysis' advice clears, so a setting that predicts 1.01 is not worth a pool), and off
+    everywhere when the analysis' advice is withheld."""
+    tasks = sorted({o.prompt.task for o in analysis.prompts})
+    choices = []
+    for task in tasks:
+        group = [o for o in analysis.prompts if o.prompt.task == task]
+        predicted: dict[str, float] = {}
+        measured: dict[str, float | None] = {}
+        checked: dict[str, float | None] = {}
+        for index, drafter in enumerate(analysis.drafters):
+            settings = [o.settings[index] for o in group]
+            cost = analysis.cost_of(drafter)
+            plain = sum(cost.plain_ms(s.replay) for s in settings)
+            spec = sum(cost.speculative_ms(s.replay) for s in settings)
+            predicted[drafter.label] = plain / spec if spec > 0 else 1.0
+            pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, settings)
+            measured[drafter.label] = _ratio(meas_plain, meas_spec)
+            checked[drafter.label] = _ratio(pred_plain, pred_spec)
+        best_label = max(predicted, key=lambda label: predicted[label])
+        best = (
+            next(d for d in analysis.drafters if d.label == best_label)
+            if predicted[best_label] > MIN_SPEEDUP and analysis.withheld is None
+            else None
+        )
+        choices.append(TaskChoice(task, len(group), predicted, measured, checked, best))
+    return choices
+
+
+@dataclass(frozen=True)
+class ValidationFigures:
+    """Predicted against measured over the validated prompts of one setting: ``runs`` prompts validated in
+    ``trials`` passes in all, ``disturbed`` of them left out; the share whose output equals plain greedy
+    (``output_equal``) and among those the share whose draft counts equal the replay's (``counts_equal``);
+    the mean absolute relative error of the per-prompt speedup over prompts whose output equals plain
+    (``mare``: the replay priced what the server did) and over all (``mare_all``); ``aggregate_predicted``
+    and ``aggregate_measured``, time-weighted over the same passes, and their relative error
+    (``aggregate_error``) with the 95% half-width run noise leaves on the measured one
+    (``aggregate_noise``); ``within_noise``, the share of prompts whose error is within their noise floor
+    (the machine's floor for that many passes) plus PER_PROMPT_MARGIN; ``correlation``, Pearson's r of
+    predicted and measured speedup over the ``drafting`` prompts the replay drafted on; and ``controls``,
+    prompts where neither replay nor server drafted (the same work as plain): their mean |measured - 1|."""
+
+    setting: str
+    runs: int
+    trials: int
+    disturbed: int
+    output_equal: float | None
+    counts_equal: float | None
+    mare: float | None
+    mare_all: float | None
+    aggregate_predicted: float | None
+    aggregate_measured: float | None
+    aggregate_error: float | None
+    aggregate_noise: float | None
+    within_noise: float | None
+    correlation: float | None
+    drafting: int
+    controls: int
+    control_error: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _pairs(cost: ServerCost, settings: Sequence[SettingOutcome]) -> list[tuple[float, float, int]]:
+    """(validated prediction, measured speedup, undisturbed passes) of each setting outcome that has both."""
+    pairs = []
+    for setting in settings:
+        predicted, measured = setting.validated_prediction(cost), setting.measured_speedup
+        if predicted is not None and measured is not None:
+            pairs.append((predicted, measured, len(setting.quiet_trials)))
+    return pairs
+
+
+def _mare(cost: ServerCost, settings: Sequence[SettingOutcome]) -> float | None:
+    errors = [abs(p - m) / m for p, m, _ in _pairs(cost, settings)]
+    return float(np.mean(errors)) if errors else None
+
+
+def _correlation(cost: ServerCost, settings: Sequence[SettingOutcome]) -> float | None:
+    pairs = np.asarray([(p, m) for p, m, _ in _pairs(cost, settings)])
+    if len(pairs) < 3 or np.std(pairs[:, 0]) == 0 or np.std(pairs[:, 1]) == 0:
+        return None
+    return float(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1])
+
+
+def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
+    """:class:`ValidationFigures` per setting over the validated prompts."""
+    noise = analysis.noise
+    figures = []
+    for index, drafter in enumerate(analysis.drafters):
+        cost = analysis.cost_of(drafter)
+        runs = [o.settings[index] for o in analysis.prompts if not o.settings[index].calibration]
+        runs = [s for s in runs if s.trials]
+        quiet = [s for s in runs if s.quiet_trials]
+        equal = [s for s in runs if s.output_equal]
+        pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, quiet)
+        predicted, measured = _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
+        within = None
+        if noise is not None and noise.floor is not None and quiet:
+            hits = [
+                abs(s.predicted_speedup - m) / m
+                <= (noise.floor_for(len(s.quiet_trials)) or 0.0) + PER_PROMPT_MARGIN
+                for s in quiet
+                if (m := s.measured_speedup) is not None
+            ]
+            within = float(np.mean(hits)) if hits else None
+        spread = None
+        if noise is not None and noise.run_error is not None and quiet:
+            repeats = int(round(np.mean([len(s.quiet_trials) for s in quiet])))
+            spread = aggregate_half_width(noise.run_error, [cost.plain_ms(s.replay) for s in quiet], repeats)
+        controls = [
+            s
+            for s in quiet
+            if all(s.trial_replay(t).draft_n == 0 and _served_drafts(t) == 0 for t in s.quiet_trials)
+        ]
+        control_errors = [abs(m - 1.0) for s in controls if (m := s.measured_speedup) is not None]
+        drafting = [s for s in quiet if any(s.trial_replay(t).draft_n > 0 for t in s.quiet_trials)]
+        figures.append(
+            ValidationFigures(
+                drafter.label,
+                len(runs),
+                sum(len(s.trials) for s in runs),
+                sum(len(s.trials) - len(s.quiet_trials) for s in runs),
+                len(equal) / len(runs) if runs else None,
+                sum(1 for s in equal if s.counts_equal) / len(equal) if equal else None,
+                _mare(cost, [s for s in quiet if s.output_equal]),
+                _mare(cost, quiet),
+                predicted,
+                measured,
+                abs(predicted / measured - 1.0) if predicted and measured else None,
+                spread,
+                within,
+                _correlation(cost, drafting),
+                len(drafting),
+                len(controls),
+                float(np.mean(control_errors)) if control_errors else None,
+            )
+        )
+    return figures
+
+
+def _served_drafts(trial: Trial) -> int:
+    return int(trial.measured.completion.timings.get("draft_n", 0))
+
+
+def ceilings(analysis: ServerAnalysis) -> list[Ceiling]:
+    """The best static setting, routing by task and the per-prompt oracle, per task and overall (last), from
+    every prompt's replays priced by the fitted costs."""
+    if not analysis.prompts or not analysis.drafters:
+        return []
+    plain_cost = analysis.cost_of(analysis.drafters[0])
+    plain = [plain_cost.plain_ms(o.settings[0].replay) for o in analysis.prompts]
+    options = np.asarray(
+        [
+            [
+                analysis.cost_of(d).speculative_ms(o.settings[i].replay)
+                for i, d in enumerate(analysis.drafters)
+            ]
+            for o in analysis.prompts
+        ]
+    )
+    return routing_ceiling(
+        [o.prompt.task for o in analysis.prompts],
+        plain,
+        options,
+        [d.label for d in analysis.drafters],
+        min_speedup=MIN_SPEEDUP,
+    )

@@ -1,0 +1,79 @@
+"""A stored llama-server analysis in words: its step costs, the machine's noise and the routing numbers, one
+line or table each, as the CLI prints them and the analysis page shows them (read from the stored record's
+JSON, so an analysis stored before a field existed still reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cost_text(cost: dict[str, Any]) -> str:
+    """One drafter family's fitted step costs in a line (an analysis stored before the context term came
+    has no context term and no held-out error)."""
+    per_context_us = 1000 * cost.get("per_context_ms", 0.0)
+    step = f"plain step {cost['plain_step_ms']:.2f} ms + {per_context_us:.2f} us per token of context"
+    if cost.get("step_extra_ms"):
+        step += f" (+ {cost['step_extra_ms']:.2f} ms on these servers)"
+    heldout = cost.get("heldout_mare")
+    plain_heldout = cost.get("plain_heldout_mare")
+    return (
+        step
+        + f"; a round: a step + {cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token + "
+        f"{cost['per_accepted_ms']:.2f} ms per accepted token"
+        + (
+            f" + {cost['per_draft_decode_ms']:.2f} ms per draft decode"
+            if cost.get("per_draft_decode_ms")
+            else ""
+        )
+        + f" ({cost['samples']} calibration runs, fit error {cost['fit_mare']:.1%}"
+        + (f", {heldout:.1%} on prompts left out" if heldout is not None else "")
+        + (
+            f"; plain runs {cost['plain_samples']}, {plain_heldout:.1%} left out"
+            if plain_heldout is not None
+            else ""
+        )
+        + (f"; bound {cost['bound']:.1%}" if cost.get("bound") is not None else "")
+        + ")"
+    )
+
+
+def num(value: Any, form: str = "{:.2f}") -> str:
+    return "-" if value is None else form.format(value)
+
+
+def noise_text(noise: dict[str, Any] | None) -> str:
+    """The machine's run-to-run noise in a line."""
+    if not noise or noise.get("floor") is None:
+        return "machine noise: not measured (fewer than two pairs of plain runs)"
+    text = (
+        f"machine noise: two runs of the same work differ by {noise['floor']:.1%} on average "
+        f"({noise['pairs']} plain-vs-plain pairs; 10th-90th percentile {noise['p10']:.3f}-{noise['p90']:.3f}; "
+        f"one run's error {noise['run_error']:.1%})"
+    )
+    if noise.get("steal") is not None:
+        text += f"; steal {noise['steal']:.1%}"
+    if noise.get("frequency_spread") is not None:
+        text += f"; clock spread {noise['frequency_spread']:.1%}"
+    return text + f"; {noise['verdict']}"
+
+
+def routing_text(routing: list[dict[str, Any]] | None) -> list[str]:
+    """The three routing numbers per task and overall, as table lines."""
+    if not routing:
+        return []
+
+    def cell(value: float, interval: list[float]) -> str:
+        return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+    lines = [
+        "",
+        "routing from the replays (time-weighted predicted speedup, 95% interval): group | prompts | best static "
+        "setting | by task | per-prompt oracle",
+    ]
+    for row in routing:
+        lines.append(
+            f"{row['group']} | {row['prompts']} | {cell(row['static'], row['static_interval'])} "
+            f"({row['static_option'] or 'off'}) | {cell(row['by_task'], row['by_task_interval'])} | "
+            f"{cell(row['oracle'], row['oracle_interval'])}"
+        )
+    return lines

@@ -1,0 +1,51 @@
+"""Which prompts calibrate a cost model: a few that span the workload's context lengths and draft rates, not
+the first N.
+
+The first N prompts of a set are whatever order the user uploaded: six short chat prompts that draft nothing
+fit nothing about long contexts or long drafts, and a cost fitted on them prices the rest of the workload
+outside its range. :func:`spanning_choice` picks prompts by farthest-point sampling over their features,
+each scaled to its rank in [0, 1]: first the prompt nearest the middle, then each time the prompt farthest
+from every prompt chosen so far, so the extremes of every feature and the space between are covered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ranks(column: np.ndarray) -> np.ndarray:
+    """Each value's rank scaled to [0, 1] (ties share their mean rank; a constant column is all 0.5)."""
+    n = len(column)
+    if n < 2 or np.all(column == column[0]):
+        return np.full(n, 0.5)
+    order = np.argsort(column, kind="stable")
+    ranks = np.empty(n)
+    ranks[order] = np.arange(n, dtype=np.float64)
+    for value in np.unique(column):  # ties: the mean of their ranks
+        tied = column == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks / (n - 1)
+
+
+def spanning_choice(features: np.ndarray, count: int) -> list[int]:
+    """``count`` row indices of ``features`` (shape (n, d): one row per prompt, e.g. log context length and
+    draft rate) that span them: farthest-point sampling over the rank-scaled features, starting from the row
+    nearest the middle; ties go to the earlier row. Returned in the rows' order. All rows when ``count`` >= n."""
+    rows = np.asarray(features, dtype=np.float64)
+    if rows.ndim != 2:
+        raise ValueError("features must be a (prompts, features) matrix")
+    n = rows.shape[0]
+    if count >= n:
+        return list(range(n))
+    if count <= 0:
+        return []
+    scaled = np.column_stack([_ranks(rows[:, j]) for j in range(rows.shape[1])]) if rows.shape[1] else rows
+    chosen = [int(np.argmin(np.linalg.norm(scaled - 0.5, axis=1)))]
+    nearest = np.linalg.norm(scaled - scaled[chosen[0]], axis=1)
+    nearest[chosen[0]] = -1.0
+    while len(chosen) < count:
+        candidate = int(np.argmax(nearest))  # argmax takes the first of equal distances
+        chosen.append(candidate)
+        nearest = np.minimum(nearest, np.linalg.norm(scaled - scaled[candidate], axis=1))
+        nearest[chosen] = -1.0  # a chosen row is never chosen again, even among identical rows
+    return sorted(chosen)

@@ -1,0 +1,254 @@
+"""Step costs with the context in them, for every engine: what one request's decoding costs as a function of
+how many tokens each step attends over and how many it verifies, fitted under physical constraints and
+checked on prompts the fit did not see.
+
+A decoding step's time grows with the context: every new row attends over all earlier tokens (measured on a
+2-core EPYC through llama-server: 14.0 ms per token under 100 tokens of context, 36.2 ms above 1,000). So a
+request is described by :class:`RequestWork`, counts an engine's replay gives exactly, and priced by
+:class:`StepCost`:
+
+    ms = step_ms * (plain_steps + rounds) + per_context_ms * (plain_context + round_context)
+         + round_ms * rounds + per_draft_ms * drafted + per_accepted_ms * accepted
+         + step_extra_ms * plain_steps + per_draft_decode_ms * draft_decodes
+
+where ``plain_context`` sums, over the plain steps, the tokens each step's row attends over, and
+``round_context`` the same over every row a verification round decodes (k drafted tokens make k + 1 rows).
+A plain request (``rounds`` = 0) costs ``step_ms`` per step plus its context. A round costs at least the
+plain step at its context: the constraints of :func:`fit_step_cost` keep every coefficient non-negative and
+an accepted token's cost at most ``step_ms`` (accepting a token saves a step; it cannot cost more than one).
+
+The fit has two stages, each a bounded least squares on relative error (rows divided by the measured time):
+the plain step and its context term from plain requests, whose lengths span the workload; then a drafter
+family's round terms from its speculating requests, the plain part known. ``heldout_mare`` is the error on
+requests of prompts left out of the fit (leave one prompt out), the figure :func:`fit_problem` checks
+against :func:`fit_error_bound`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from analyzer.measuring.request_work import RequestWork, round_rows_context
+
+FIT_ERROR_MARGIN = 0.05  # a fit may miss held-out requests by this much beyond one run's own noise
+MIN_HELDOUT_GROUPS = 3  # prompts needed before a fit can be checked on prompts it did not see
+MIN_CONTEXT_SPREAD = 1.25  # longest over shortest mean context: below it the context term is not fitted
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Fitted step costs in milliseconds (``per_context_ms`` per token of context one row attends over);
+    ``step_extra_ms`` is what a plain step costs more on a drafter family's servers (a draft model decodes
+    beside the target), 0 for model-free drafting."""
+
+    step_ms: float
+    per_context_ms: float
+    round_ms: float = 0.0
+    per_draft_ms: float = 0.0
+    per_accepted_ms: float = 0.0
+    per_draft_decode_ms: float = 0.0
+    step_extra_ms: float = 0.0
+
+    def plain_ms(self, work: RequestWork) -> float:
+        """The work on a plain server (its rounds, if any, priced as plain steps would not be: use it for
+        plain work)."""
+        return self.step_ms * work.plain_steps + self.per_context_ms * work.plain_context
+
+    def request_ms(self, work: RequestWork) -> float:
+        """The work on a speculating server of this family."""
+        return float(np.dot(self._coefficients(), _features(work)))
+
+    def _coefficients(self) -> np.ndarray:
+        return np.asarray(
+            [
+                self.step_ms,
+                self.per_context_ms,
+                self.round_ms,
+                self.per_draft_ms,
+                self.per_accepted_ms,
+                self.step_extra_ms,
+                self.per_draft_decode_ms,
+            ]
+        )
+
+    def round_ms_at(self, drafted: int, position: int) -> float:
+        """One verification round that drafted ``drafted`` tokens, its first row attending over ``position``
+        tokens (accepted tokens not included)."""
+        return (
+            self.step_ms
+            + self.round_ms
+            + self.per_draft_ms * drafted
+            + self.per_context_ms * round_rows_context(position, drafted)
+        )
+
+
+def _features(work: RequestWork) -> np.ndarray:
+    """The work's counts in :class:`StepCost`'s coefficient order, shape (7,)."""
+    return np.asarray(
+        [
+            work.plain_steps + work.rounds,
+            work.plain_context + work.round_context,
+            work.rounds,
+            work.drafted,
+            work.accepted,
+            work.plain_steps,
+            work.draft_decodes,
+        ],
+        dtype=np.float64,
+    )
+
+
+Sample = tuple[Hashable, RequestWork, float]  # (the prompt it ran, its work, measured ms)
+
+
+@dataclass(frozen=True)
+class FittedCost:
+    """A :class:`StepCost` with how well it fits: ``samples`` speculating requests (``plain_samples`` plain
+    ones) fitted with a mean absolute relative error ``fit_mare`` (``plain_fit_mare``); ``heldout_mare``
+    (``plain_heldout_mare``), the same error on each prompt's requests when that prompt was left out of the
+    fit (None: fewer than MIN_HELDOUT_GROUPS prompts); ``context_fitted`` says whether the plain requests'
+    contexts spread enough to fit the context term (else it is 0)."""
+
+    cost: StepCost
+    samples: int
+    fit_mare: float
+    heldout_mare: float | None
+    plain_samples: int
+    plain_fit_mare: float
+    plain_heldout_mare: float | None
+    context_fitted: bool
+
+    @property
+    def checked_error(self) -> float:
+        """The error the bound is checked on: the worse held-out one, else the in-sample one."""
+        heldout = [e for e in (self.heldout_mare, self.plain_heldout_mare) if e is not None]
+        return max(heldout) if heldout else max(self.fit_mare, self.plain_fit_mare)
+
+
+def _bounded_fit(design: np.ndarray, target: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Least squares on relative error: each row divided by its target; coefficients in [0, upper]."""
+    scale = 1.0 / np.where(target > 0, target, 1.0)
+    if design.shape[1] == 0:
+        return np.zeros(0)
+    result = lsq_linear(design * scale[:, None], target * scale, bounds=(np.zeros(len(upper)), upper))
+    return np.clip(result.x, 0.0, upper)
+
+
+def fit_plain(samples: Sequence[Sample]) -> tuple[StepCost, bool]:
+    """``step_ms`` and ``per_context_ms`` from plain requests (the context term only where their mean
+    contexts spread by MIN_CONTEXT_SPREAD; else 0); and whether the context term was fitted. Raises
+    ValueError when no request has a step."""
+    rows = [(work, ms) for _, work, ms in samples if work.plain_steps > 0 and ms > 0]
+    if not rows:
+        raise ValueError("no plain request generated more than one token, so no step was timed")
+    contexts = np.asarray([work.mean_context for work, _ in rows])
+    with_context = bool(contexts.min() > 0 and contexts.max() / contexts.min() >= MIN_CONTEXT_SPREAD)
+    design = np.asarray([[w.plain_steps, w.plain_context] for w, _ in rows], dtype=np.float64)
+    target = np.asarray([ms for _, ms in rows])
+    if not with_context:
+        design = design[:, :1]
+    coef = _bounded_fit(design, target, np.full(design.shape[1], np.inf))
+    return StepCost(float(coef[0]), float(coef[1]) if with_context else 0.0), with_context
+
+
+def fit_rounds(plain: StepCost, samples: Sequence[Sample], *, fit_step_extra: bool = False) -> StepCost:
+    """A drafter family's round terms from its speculating requests, ``plain``'s step and context terms
+    known: ``round_ms``, ``per_draft_ms`` and ``per_draft_decode_ms`` non-negative, ``per_accepted_ms`` in
+    [0, step_ms]; ``step_extra_ms`` too where ``fit_step_extra`` (a draft model's servers). Raises
+    ValueError when no request has a round."""
+    rows = [(work, ms) for _, work, ms in samples if work.rounds > 0 and ms > 0]
+    if not rows:
+        raise ValueError("no calibration request drafted anything, so no round was timed")
+    full = np.asarray([_features(work) for work, _ in rows])  # (n, 7)
+    known = full[:, :2] @ np.asarray([plain.step_ms, plain.per_context_ms])
+    columns = [2, 3, 4] + ([5, 6] if fit_step_extra else [])
+    upper = np.asarray([np.inf, np.inf, plain.step_ms] + ([np.inf, np.inf] if fit_step_extra else []))
+    measured = np.asarray([ms for _, ms in rows])
+    coef = _bounded_fit(full[:, columns], measured - known, upper)
+    values = dict(zip(columns, (float(c) for c in coef), strict=True))
+    return StepCost(
+        plain.step_ms,
+        plain.per_context_ms,
+        round_ms=values[2],
+        per_draft_ms=values[3],
+        per_accepted_ms=values[4],
+        step_extra_ms=values.get(5, 0.0),
+        per_draft_decode_ms=values.get(6, 0.0),
+    )
+
+
+def _mare(cost: StepCost, samples: Sequence[Sample], plain: bool) -> np.ndarray:
+    """Per request: |predicted - measured| / measured, shape (n,)."""
+    price = cost.plain_ms if plain else cost.request_ms
+    return np.asarray([abs(price(work) - ms) / ms for _, work, ms in samples if ms > 0])
+
+
+def fit_step_cost(
+    plain_samples: Sequence[Sample], spec_samples: Sequence[Sample], *, fit_step_extra: bool = False
+) -> FittedCost:
+    """Both stages on all the requests, and the held-out errors: for each prompt (the samples' first
+    element) with speculating requests, both stages fitted again without that prompt's requests and its
+    speculating requests priced; for each prompt with plain requests, the plain stage fitted without it and
+    its plain requests priced. Raises ValueError as the stages do."""
+    plain_cost, context_fitted = fit_plain(plain_samples)
+    cost = fit_rounds(plain_cost, spec_samples, fit_step_extra=fit_step_extra)
+    spec_rows = [s for s in spec_samples if s[1].rounds > 0 and s[2] > 0]
+    return FittedCost(
+        cost,
+        len(spec_rows),
+        float(np.mean(_mare(cost, spec_rows, plain=False))),
+        _heldout(plain_samples, spec_rows, fit_step_extra),
+        len(plain_samples),
+        float(np.mean(_mare(cost, plain_samples, plain=True))),
+        _heldout(plain_samples, [], fit_step_extra),
+        context_fitted,
+    )
+
+
+def _heldout(
+    plain_samples: Sequence[Sample], spec_rows: Sequence[Sample], fit_step_extra: bool
+) -> float | None:
+    """Leave one prompt out: the mean relative error of the speculating requests (the plain ones where
+    ``spec_rows`` is empty) of each prompt, priced by a fit without that prompt; None under
+    MIN_HELDOUT_GROUPS prompts."""
+    checked = spec_rows or plain_samples
+    groups = list(dict.fromkeys(key for key, _, _ in checked))
+    if len(groups) < MIN_HELDOUT_GROUPS:
+        return None
+    errors: list[float] = []
+    for group in groups:
+        mine = [s for s in checked if s[0] == group]
+        try:
+            refit = fit_plain([s for s in plain_samples if s[0] != group])[0]
+            if spec_rows:
+                refit = fit_rounds(
+                    refit, [s for s in spec_rows if s[0] != group], fit_step_extra=fit_step_extra
+                )
+        except ValueError:  # the other prompts alone time no round (or no step): nothing to check it with
+            continue
+        errors.extend(_mare(refit, mine, plain=not spec_rows))
+    return float(np.mean(errors)) if errors else None
+
+
+def fit_error_bound(run_noise: float | None) -> float:
+    """The largest held-out error a fit may show: FIT_ERROR_MARGIN beyond one run's own relative noise on
+    this machine (``run_noise``, :class:`analyzer.measuring.noise.NoiseFloor`'s ``run_error``; 0 when it is
+    not known)."""
+    return FIT_ERROR_MARGIN + (run_noise or 0.0)
+
+
+def fit_problem(error: float, bound: float, family: str, *, heldout: bool = True) -> str | None:
+    """Why a fit whose checked error (:attr:`FittedCost.checked_error`) is ``error`` may not price advice
+    (over ``bound``), in words with the numbers; None when it passes. ``heldout`` False: the error is
+    in-sample (too few prompts to leave one out)."""
+    if error <= bound:
+        return None
+    where = "on prompts it was not fitted on" if heldout else "in-sample"
+    return (
+        f"the {family} step costs miss the measured time by {error:.1%} {where} "
+        f"(bound {bound:.1%}: {FIT_ERROR_MARGIN:.0%} beyond one run's noise on this machine)"
+    )
