@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from analyzer.analysis.server_analysis import (
     ServerSetup,
     SettingOutcome,
     analyze_in_llama_server,
+    fit_costs,
 )
 from analyzer.analysis.server_figures import ceilings
 from analyzer.analysis.server_text import cost_text, noise_text
@@ -108,7 +110,7 @@ def long_prompts() -> list[ServerPrompt]:
         ("translation", "Translate the first two paragraphs of the text above into French."),
     ]
     prompts: list[ServerPrompt] = []
-    for name in ("GPL-3", "Apache-2.0", "GFDL-1.3", "MPL-2.0", "LGPL-2.1"):
+    for name in ("GPL-3", "Apache-2.0", "GFDL-1.3", "MPL-2.0", "LGPL-2.1", "GPL-2", "MPL-1.1"):
         path = LICENSES / name
         if not path.exists():
             continue
@@ -201,6 +203,18 @@ def _first_pass_ms(outcomes) -> list[float]:
         for t in s.trials[:1]
         if s.trial_replay(t).rounds
     ]
+
+
+def reprice(analysis: ServerAnalysis) -> None:
+    """Fit the analysis' costs anew on its own measurements with this code's model, and predict again."""
+    chosen = [o for o in analysis.prompts if o.calibration]
+    analysis.costs = fit_costs(chosen)
+    for outcome in analysis.prompts:
+        for setting in outcome.settings:
+            setting.predicted_speedup = analysis.costs[setting.drafter.family].speedup(setting.replay)
+    bound = analysis.fit_bound or 0.0
+    problems = [f for f, cost in analysis.costs.items() if cost.checked_error > bound]
+    analysis.withheld = f"re-priced: {', '.join(problems)} over the bound {bound:.1%}" if problems else None
 
 
 def after_price(analysis: ServerAnalysis, drafter_family: str) -> Price:
@@ -341,17 +355,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calibration", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="at most this many validation passes")
+    parser.add_argument(
+        "--reprice",
+        action="store_true",
+        help="measure nothing: refit and re-price the measurements this script saved last time for this workload "
+        "(benchmarks/results/cost_transfer_WORKLOAD.pickle, written by this script only, never shared)",
+    )
     args = parser.parse_args()
     settings = load_settings()
     binary = find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache").path
     setup = ServerSetup(binary, gguf_file(parse_spec("builtin:smollm2-135m-instruct")), args.threads, 4096)
     prompts = unseen_prompts(args.per_task) if args.workload == "unseen" else long_prompts()
+    saved = RESULTS / f"cost_transfer_{args.workload}.pickle"
     started = time.perf_counter()
-    analysis = analyze_in_llama_server(
-        setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=args.n_predict,
-        calibration_prompts=args.calibration, validate=True, validate_repeats=args.repeats,
-        say=lambda line: print(f"  {line}", flush=True),
-    )  # fmt: skip
+    if args.reprice:
+        with saved.open("rb") as source:
+            analysis = pickle.load(source)  # this script's own measurements, from this machine
+        reprice(analysis)
+    else:
+        analysis = analyze_in_llama_server(
+            setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=args.n_predict,
+            calibration_prompts=args.calibration, validate=True, validate_repeats=args.repeats,
+            say=lambda line: print(f"  {line}", flush=True),
+        )  # fmt: skip
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        with saved.open("wb") as sink:
+            pickle.dump(analysis, sink)
     wall = time.perf_counter() - started
     lengths = [len(o.prompt_ids) for o in analysis.prompts]
     print(

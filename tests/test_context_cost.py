@@ -32,17 +32,25 @@ from analyzer.pricing.context_cost import (
     fit_step_cost,
 )
 
-TRUE = StepCost(step_ms=10.0, per_context_ms=0.02, round_ms=3.0, per_draft_ms=1.5, per_accepted_ms=0.4)
+TRUE = StepCost(
+    step_ms=10.0,
+    per_context_ms=0.02,
+    round_ms=3.0,
+    per_draft_ms=1.5,
+    per_accepted_ms=0.4,
+    per_row_context_ms=0.004,
+)
 
 
 def _spec_work(
     prompt: int, output: int, rounds: int, drafted_per_round: int, accepted_per_round: int
 ) -> RequestWork:
     """A request of ``output`` tokens after ``prompt``, ``rounds`` rounds at the start, the rest plain."""
-    position, plain_steps, plain_context, round_context = prompt + 1, 0, 0, 0
+    position, plain_steps, plain_context, round_context, row_context = prompt + 1, 0, 0, 0, 0
     produced = 1
     for _ in range(rounds):
-        round_context += round_rows_context(position, drafted_per_round)
+        round_context += position
+        row_context += round_rows_context(position, drafted_per_round)
         position += accepted_per_round + 1
         produced += accepted_per_round + 1
     while produced < output:
@@ -57,6 +65,7 @@ def _spec_work(
         rounds * drafted_per_round,
         rounds * accepted_per_round,
         round_context,
+        row_context=row_context,
     )
 
 
@@ -75,8 +84,8 @@ def test_plain_work_counts_every_step_over_its_context():
     # P = 10, N = 5: steps g = 1..4 attend over 11, 12, 13, 14 tokens
     assert plain_work(10, 5) == RequestWork(4, 50)
     assert plain_work(10, 1) == RequestWork(0, 0) and plain_work(0, 0) == RequestWork(0, 0)
-    # a round of k = 3 drafted tokens whose first row sees 100 tokens: 100 + 101 + 102 + 103
-    assert round_rows_context(100, 3) == 406 and round_rows_context(7, 0) == 7
+    # a round of k = 3 drafted tokens whose first row sees 100 tokens: its other rows see 101 + 102 + 103
+    assert round_rows_context(100, 3) == 306 and round_rows_context(7, 0) == 0
 
 
 def test_the_replay_counts_the_context_a_plain_request_would():
@@ -92,14 +101,23 @@ def test_the_replay_counts_the_context_a_plain_request_would():
     work = replay.work()
     # every output token after the first comes from a plain step or a round (the last round may run past the end)
     assert work.rounds > 0 and work.plain_steps + work.rounds + work.accepted >= len(output) - 1
-    assert work.plain_context + work.round_context > plain_work(3, len(output)).plain_context
+    assert (
+        work.plain_context + work.round_context + work.row_context > plain_work(3, len(output)).plain_context
+    )
 
 
 def test_an_exact_cost_is_recovered_with_its_context_term():
     plain, spec = _samples(TRUE, np.random.default_rng(0))
     fitted = fit_step_cost(plain, spec)
     assert fitted.context_fitted
-    for name in ("step_ms", "per_context_ms", "round_ms", "per_draft_ms", "per_accepted_ms"):
+    for name in (
+        "step_ms",
+        "per_context_ms",
+        "round_ms",
+        "per_draft_ms",
+        "per_accepted_ms",
+        "per_row_context_ms",
+    ):
         assert getattr(fitted.cost, name) == pytest.approx(getattr(TRUE, name), rel=1e-4, abs=1e-6)
     assert fitted.fit_mare < 1e-6 and fitted.heldout_mare is not None and fitted.heldout_mare < 1e-6
     assert fitted.plain_heldout_mare is not None and fitted.plain_heldout_mare < 1e-6
@@ -122,10 +140,13 @@ def test_without_the_context_term_long_prompts_are_mispriced():
 def test_the_fit_stays_physical_when_the_data_say_otherwise():
     # measured times in which accepting a token "costs" 2.5 steps (noise, or a machine that changed speed)
     bent = StepCost(step_ms=10.0, per_context_ms=0.0, round_ms=0.0, per_draft_ms=1.0, per_accepted_ms=25.0)
+    # (an accepted token at 26 ms against a 10 ms step)
     plain, spec = _samples(bent, np.random.default_rng(1))
     cost = fit_rounds(fit_plain(plain)[0], spec)
-    assert cost.per_accepted_ms == pytest.approx(cost.step_ms)  # clamped: an accepted token saves a step
-    assert min(cost.round_ms, cost.per_draft_ms, cost.per_accepted_ms, cost.per_context_ms) >= 0
+    # clamped: an accepted token (drafted and accepted) costs at most the step it saves
+    assert cost.per_draft_ms + cost.per_accepted_ms == pytest.approx(cost.step_ms)
+    assert min(cost.round_ms, cost.per_draft_ms, cost.per_context_ms) >= 0
+    assert 0 <= cost.per_row_context_ms <= cost.per_context_ms
     assert cost.round_ms_at(4, 500) >= cost.round_ms_at(1, 500) >= cost.step_ms + cost.per_context_ms * 500
 
 
@@ -142,11 +163,17 @@ def test_the_fit_stays_physical_when_the_data_say_otherwise():
 def test_every_fitted_cost_is_physically_possible(
     step, per_context, round_extra, per_draft, accepted_share, noise, seed
 ):
-    truth = StepCost(step, per_context, round_extra, per_draft, accepted_share * step)
+    truth = StepCost(
+        step, per_context, round_extra, per_draft, accepted_share * step, per_row_context_ms=per_context / 4
+    )
     plain, spec = _samples(truth, np.random.default_rng(seed), noise)
     cost = fit_step_cost(plain, spec).cost
-    values = [cost.step_ms, cost.per_context_ms, cost.round_ms, cost.per_draft_ms, cost.per_accepted_ms]
-    assert all(v >= 0 for v in values) and cost.per_accepted_ms <= cost.step_ms + 1e-9
+    values = [cost.step_ms, cost.per_context_ms, cost.round_ms, cost.per_draft_ms]
+    assert all(v >= 0 for v in values)
+    assert (
+        -1e-9 <= cost.per_draft_ms + cost.per_accepted_ms <= cost.step_ms + 1e-9
+    )  # an accepted token's cost
+    assert 0 <= cost.per_row_context_ms <= cost.per_context_ms + 1e-12
     for position in (10, 1000):
         assert cost.round_ms_at(8, position) >= cost.round_ms_at(1, position) >= cost.step_ms
 

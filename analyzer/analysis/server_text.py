@@ -18,7 +18,8 @@ def cost_text(cost: dict[str, Any]) -> str:
     plain_heldout = cost.get("plain_heldout_mare")
     return (
         step
-        + f"; a round: a step + {cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token + "
+        + f"; a round: a step + {cost['round_ms']:.2f} ms + {cost['per_draft_ms']:.2f} ms per drafted token "
+        f"(+ {1000 * cost.get('per_row_context_ms', 0.0):.2f} us per token of its context) + "
         f"{cost['per_accepted_ms']:.2f} ms per accepted token"
         + (
             f" + {cost['per_draft_decode_ms']:.2f} ms per draft decode"

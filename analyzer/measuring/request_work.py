@@ -11,8 +11,10 @@ from dataclasses import dataclass
 class RequestWork:
     """What one request's decoding did, as a cost model counts it: ``plain_steps`` single-token steps
     attending over ``plain_context`` tokens in all; ``rounds`` verification rounds that drafted ``drafted``
-    and accepted ``accepted`` tokens, whose rows attended over ``round_context`` tokens in all; and
-    ``draft_decodes`` decodes of a draft model in its draft loops."""
+    and accepted ``accepted`` tokens, whose first rows attended over ``round_context`` tokens in all and
+    whose other rows (one per drafted token) over ``row_context``; and ``draft_decodes`` decodes of a draft
+    model in its draft loops. A round's forward reads the cache once for all its rows, so its first row's
+    context and its other rows' are counted apart (the cost model prices them apart)."""
 
     plain_steps: int
     plain_context: int
@@ -21,12 +23,13 @@ class RequestWork:
     accepted: int = 0
     round_context: int = 0
     draft_decodes: int = 0
+    row_context: int = 0
 
     @property
     def mean_context(self) -> float:
-        """The tokens one row attends over, on average over every row decoded (0 without a step)."""
-        rows = self.plain_steps + self.rounds + self.drafted
-        return (self.plain_context + self.round_context) / rows if rows else 0.0
+        """The tokens one forward pass attends over, on average over the steps and rounds (0 without one)."""
+        passes = self.plain_steps + self.rounds
+        return (self.plain_context + self.round_context) / passes if passes else 0.0
 
 
 def plain_work(prompt_tokens: int, output_tokens: int) -> RequestWork:
@@ -38,6 +41,6 @@ def plain_work(prompt_tokens: int, output_tokens: int) -> RequestWork:
 
 
 def round_rows_context(position: int, drafted: int) -> int:
-    """The tokens the k + 1 rows of one verification round attend over in all, when its first row attends
-    over ``position`` tokens: (k + 1) position + k (k + 1) / 2."""
-    return (drafted + 1) * position + drafted * (drafted + 1) // 2
+    """The tokens the k rows after the first of one verification round attend over in all, when its first
+    row attends over ``position`` tokens: k position + k (k + 1) / 2."""
+    return drafted * position + drafted * (drafted + 1) // 2

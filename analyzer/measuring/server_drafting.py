@@ -318,8 +318,8 @@ class ServerReplay:
     per verification round; ``plain_steps`` the steps after the first token with nothing drafted;
     ``draft_n`` and ``draft_n_accepted`` are the server's own ``timings`` fields; ``draft_decodes``
     counts the draft model's decodes in its draft loops (draft-simple). ``prompt_tokens`` is the prompt's
-    length; ``plain_context`` and ``round_context`` sum the tokens each decoded row attends over, in the
-    plain steps and in the rounds' rows (:mod:`analyzer.pricing.context_cost`)."""
+    length; ``plain_context`` sums the tokens each plain step attends over, ``round_context`` the same for
+    each round's first row and ``row_context`` for its other rows (:mod:`analyzer.pricing.context_cost`)."""
 
     output_tokens: int
     plain_steps: int
@@ -328,6 +328,7 @@ class ServerReplay:
     prompt_tokens: int = 0
     plain_context: int = 0
     round_context: int = 0
+    row_context: int = 0
 
     @property
     def draft_n(self) -> int:
@@ -343,6 +344,7 @@ class ServerReplay:
             self.draft_n_accepted,
             self.round_context,
             self.draft_decodes,
+            self.row_context,
         )
 
     @property
@@ -385,7 +387,7 @@ def replay_request(
     history = list(prompt)
     rounds: list[tuple[int, int]] = []
     plain_steps, g, decodes = 0, 1, 0
-    plain_context = round_context = 0  # tokens attended over: the row decoding output g - 1 sees P + g
+    plain_context = round_context = row_context = 0  # the row decoding output g - 1 sees P + g tokens
     done = not output or output[0] in eog_ids or 1 >= n_predict
     while not done and g < len(output):
         room = min(n_ctx - (len(prompt) + g - 1) - 2, n_predict - g - 1)
@@ -410,7 +412,8 @@ def replay_request(
         else:
             accepted = _accepted(draft, output, g, eog_ids)
             rounds.append((len(draft), accepted))
-            round_context += round_rows_context(len(prompt) + g, len(draft))
+            round_context += len(prompt) + g
+            row_context += round_rows_context(len(prompt) + g, len(draft))
             if table is not None:
                 ngram_mod_accept(table, accepted)
             new = list(output[g : g + accepted + 1])
@@ -420,5 +423,6 @@ def replay_request(
                 done = True
                 break
     return ServerReplay(
-        min(g, len(output)), plain_steps, tuple(rounds), decodes, len(prompt), plain_context, round_context
-    )
+        min(g, len(output)), plain_steps, tuple(rounds), decodes, len(prompt), plain_context, round_context,
+        row_context,
+    )  # fmt: skip

@@ -8,20 +8,26 @@ request is described by :class:`RequestWork`, counts an engine's replay gives ex
 :class:`StepCost`:
 
     ms = step_ms * (plain_steps + rounds) + per_context_ms * (plain_context + round_context)
+         + per_row_context_ms * row_context
          + round_ms * rounds + per_draft_ms * drafted + per_accepted_ms * accepted
          + step_extra_ms * plain_steps + per_draft_decode_ms * draft_decodes
 
-where ``plain_context`` sums, over the plain steps, the tokens each step's row attends over, and
-``round_context`` the same over every row a verification round decodes (k drafted tokens make k + 1 rows).
-A plain request (``rounds`` = 0) costs ``step_ms`` per step plus its context. A round costs at least the
-plain step at its context: the constraints of :func:`fit_step_cost` keep every coefficient non-negative and
-an accepted token's cost at most ``step_ms`` (accepting a token saves a step; it cannot cost more than one).
+where ``plain_context`` sums, over the plain steps, the tokens each step attends over, ``round_context`` the
+same over each verification round's first row, and ``row_context`` over its other rows (k drafted tokens
+make k more rows). A forward pass reads the cache once whatever its rows, so a round's first row costs
+what a plain step at its context costs, and each further row only the work beyond that read,
+``per_row_context_ms``, at most ``per_context_ms`` (pricing every row like a plain step made a 48-token
+draft at 200 tokens of context cost 150 ms, and the fit then set every round term to 0). A plain request
+(``rounds`` = 0) costs ``step_ms`` per step plus its context. A round costs at least the plain step at its
+context: the constraints of :func:`fit_step_cost` keep every cost non-negative (a round's, a rejected drafted
+token's, an accepted one's, a row's context) and an accepted token's cost (``per_draft_ms + per_accepted_ms``)
+at most ``step_ms`` (accepting a token saves a step; it cannot cost more than one).
 
 The fit has two stages, each a bounded least squares on relative error (rows divided by the measured time):
 the plain step and its context term from plain requests, whose lengths span the workload; then a drafter
 family's round terms from its speculating requests, the plain part known. ``heldout_mare`` is the error on
 requests of prompts left out of the fit (leave one prompt out), the figure :func:`fit_problem` checks
-against :func:`fit_error_bound`.
+against :func:`fit_error_bound` (the median over the prompts left out in turn).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class StepCost:
     per_accepted_ms: float = 0.0
     per_draft_decode_ms: float = 0.0
     step_extra_ms: float = 0.0
+    per_row_context_ms: float = 0.0
 
     def plain_ms(self, work: RequestWork) -> float:
         """The work on a plain server (its rounds, if any, priced as plain steps would not be: use it for
@@ -72,6 +79,7 @@ class StepCost:
                 self.per_accepted_ms,
                 self.step_extra_ms,
                 self.per_draft_decode_ms,
+                self.per_row_context_ms,
             ]
         )
 
@@ -82,12 +90,13 @@ class StepCost:
             self.step_ms
             + self.round_ms
             + self.per_draft_ms * drafted
-            + self.per_context_ms * round_rows_context(position, drafted)
+            + self.per_context_ms * position
+            + self.per_row_context_ms * round_rows_context(position, drafted)
         )
 
 
 def _features(work: RequestWork) -> np.ndarray:
-    """The work's counts in :class:`StepCost`'s coefficient order, shape (7,)."""
+    """The work's counts in :class:`StepCost`'s coefficient order, shape (8,)."""
     return np.asarray(
         [
             work.plain_steps + work.rounds,
@@ -97,6 +106,7 @@ def _features(work: RequestWork) -> np.ndarray:
             work.accepted,
             work.plain_steps,
             work.draft_decodes,
+            work.row_context,
         ],
         dtype=np.float64,
     )
@@ -110,8 +120,8 @@ class FittedCost:
     """A :class:`StepCost` with how well it fits: ``samples`` speculating requests (``plain_samples`` plain
     ones) fitted with a mean absolute relative error ``fit_mare`` (``plain_fit_mare``); ``heldout_mare``
     (``plain_heldout_mare``), the same error on each prompt's requests when that prompt was left out of the
-    fit (None: fewer than MIN_HELDOUT_GROUPS prompts); ``context_fitted`` says whether the plain requests'
-    contexts spread enough to fit the context term (else it is 0)."""
+    fit, the median over the prompts (None: fewer than MIN_HELDOUT_GROUPS prompts); ``context_fitted`` says
+    whether the plain requests' contexts spread enough to fit the context term (else it is 0)."""
 
     cost: StepCost
     samples: int
@@ -157,27 +167,41 @@ def fit_plain(samples: Sequence[Sample]) -> tuple[StepCost, bool]:
 
 def fit_rounds(plain: StepCost, samples: Sequence[Sample], *, fit_step_extra: bool = False) -> StepCost:
     """A drafter family's round terms from its speculating requests, ``plain``'s step and context terms
-    known: ``round_ms``, ``per_draft_ms`` and ``per_draft_decode_ms`` non-negative, ``per_accepted_ms`` in
-    [0, step_ms]; ``step_extra_ms`` too where ``fit_step_extra`` (a draft model's servers). Raises
+    known: ``round_ms`` and ``per_draft_decode_ms`` non-negative; a rejected drafted token's cost
+    (``per_draft_ms``) non-negative and an accepted one's (``per_draft_ms + per_accepted_ms``) in [0, step_ms]
+    (so ``per_accepted_ms`` is negative where a rejected token costs more than an accepted one: its cache
+    entries are removed again); ``per_row_context_ms`` in [0, per_context_ms] (fitted where the plain stage
+    fitted a context term); ``step_extra_ms`` too where ``fit_step_extra`` (a draft model's servers). Raises
     ValueError when no request has a round."""
     rows = [(work, ms) for _, work, ms in samples if work.rounds > 0 and ms > 0]
     if not rows:
         raise ValueError("no calibration request drafted anything, so no round was timed")
-    full = np.asarray([_features(work) for work, _ in rows])  # (n, 7)
+    full = np.asarray([_features(work) for work, _ in rows])  # (n, 8)
     known = full[:, :2] @ np.asarray([plain.step_ms, plain.per_context_ms])
-    columns = [2, 3, 4] + ([5, 6] if fit_step_extra else [])
-    upper = np.asarray([np.inf, np.inf, plain.step_ms] + ([np.inf, np.inf] if fit_step_extra else []))
+    # fitted as a rejected token's cost (>= 0) and an accepted token's (0 .. step_ms), then written as
+    # per_draft_ms (every drafted token) + per_accepted_ms (what an accepted one costs beyond that)
+    design = [full[:, 2], full[:, 3] - full[:, 4], full[:, 4]]
+    upper = [np.inf, np.inf, plain.step_ms]
+    if fit_step_extra:
+        design += [full[:, 5], full[:, 6]]
+        upper += [np.inf, np.inf]
+    if plain.per_context_ms > 0:
+        design.append(full[:, 7])
+        upper.append(plain.per_context_ms)
     measured = np.asarray([ms for _, ms in rows])
-    coef = _bounded_fit(full[:, columns], measured - known, upper)
-    values = dict(zip(columns, (float(c) for c in coef), strict=True))
+    coef = [float(c) for c in _bounded_fit(np.column_stack(design), measured - known, np.asarray(upper))]
+    round_ms, rejected_ms, accepted_ms = coef[:3]
+    extra, decode = (coef[3], coef[4]) if fit_step_extra else (0.0, 0.0)
+    row_context = coef[-1] if plain.per_context_ms > 0 else 0.0
     return StepCost(
         plain.step_ms,
         plain.per_context_ms,
-        round_ms=values[2],
-        per_draft_ms=values[3],
-        per_accepted_ms=values[4],
-        step_extra_ms=values.get(5, 0.0),
-        per_draft_decode_ms=values.get(6, 0.0),
+        round_ms=round_ms,
+        per_draft_ms=rejected_ms,
+        per_accepted_ms=accepted_ms - rejected_ms,
+        step_extra_ms=extra,
+        per_draft_decode_ms=decode,
+        per_row_context_ms=row_context,
     )
 
 
@@ -212,9 +236,11 @@ def fit_step_cost(
 def _heldout(
     plain_samples: Sequence[Sample], spec_rows: Sequence[Sample], fit_step_extra: bool
 ) -> float | None:
-    """Leave one prompt out: the mean relative error of the speculating requests (the plain ones where
-    ``spec_rows`` is empty) of each prompt, priced by a fit without that prompt; None under
-    MIN_HELDOUT_GROUPS prompts."""
+    """Leave one prompt out: each prompt's speculating requests (its plain ones where ``spec_rows`` is
+    empty) priced by a fit without that prompt, their mean relative error per prompt, and the median of
+    those over the prompts (None under MIN_HELDOUT_GROUPS prompts). The median, because calibration prompts
+    are chosen to span the workload: leaving out the most extreme one makes the others extrapolate to it,
+    which the analysis never does (that prompt is in its fit), and one such prompt must not decide alone."""
     checked = spec_rows or plain_samples
     groups = list(dict.fromkeys(key for key, _, _ in checked))
     if len(groups) < MIN_HELDOUT_GROUPS:
@@ -230,8 +256,8 @@ def _heldout(
                 )
         except ValueError:  # the other prompts alone time no round (or no step): nothing to check it with
             continue
-        errors.extend(_mare(refit, mine, plain=not spec_rows))
-    return float(np.mean(errors)) if errors else None
+        errors.append(float(np.mean(_mare(refit, mine, plain=not spec_rows))))
+    return float(np.median(errors)) if errors else None
 
 
 def fit_error_bound(run_noise: float | None) -> float:

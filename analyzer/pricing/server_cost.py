@@ -6,7 +6,8 @@ prompt's pass). The replay (analyzer/measuring/server_drafting.py) splits those 
 verification rounds and counts the tokens each decoded row attends over; :mod:`analyzer.pricing.context_cost`
 prices them:
 
-    predicted_ms = step_ms * (plain steps + rounds) + per_context_ms * (tokens attended over)
+    predicted_ms = step_ms * (plain steps + rounds) + per_context_ms * (tokens the steps and the rounds'
+                   first rows attend over) + per_row_context_ms * (the same for the rounds' other rows)
                    + round_ms * rounds + per_draft_ms * drafted + per_accepted_ms * accepted
                    (+ step_extra_ms * plain steps + per_draft_decode_ms * draft decodes, draft-simple)
 
@@ -48,6 +49,7 @@ class ServerCost:
     plain_fit_mare: float
     plain_heldout_mare: float | None
     context_fitted: bool
+    per_row_context_ms: float = 0.0
 
     @classmethod
     def from_fit(cls, fitted: FittedCost) -> "ServerCost":
@@ -55,7 +57,7 @@ class ServerCost:
         return cls(
             c.step_ms, c.per_context_ms, c.round_ms, c.per_draft_ms, c.per_accepted_ms, c.per_draft_decode_ms,
             c.step_extra_ms, fitted.samples, fitted.fit_mare, fitted.heldout_mare, fitted.plain_samples,
-            fitted.plain_fit_mare, fitted.plain_heldout_mare, fitted.context_fitted,
+            fitted.plain_fit_mare, fitted.plain_heldout_mare, fitted.context_fitted, c.per_row_context_ms,
         )  # fmt: skip
 
     @property
@@ -68,6 +70,7 @@ class ServerCost:
             self.per_accepted_ms,
             self.per_draft_decode_ms,
             self.step_extra_ms,
+            self.per_row_context_ms,
         )
 
     @property
