@@ -180,7 +180,9 @@ def repeats_for_aggregate(
     run_error: float, weights: Sequence[float], half_width: float, *, at_most: int
 ) -> int:
     """The fewest interleaved repeats (1 .. ``at_most``) whose :func:`aggregate_half_width` is at most
-    ``half_width``."""
+    ``half_width`` (``half_width`` 0 or less: ``at_most``, whatever the noise)."""
+    if half_width <= 0:
+        return at_most
     for repeats in range(1, at_most + 1):
         if aggregate_half_width(run_error, weights, repeats) <= half_width:
             return repeats
