@@ -359,7 +359,7 @@ def main() -> None:
         "--reprice",
         action="store_true",
         help="measure nothing: refit and re-price the measurements this script saved last time for this workload "
-        "(benchmarks/results/cost_transfer_WORKLOAD.pickle, written by this script from its own runs; never a user upload)",
+        "(benchmarks/results/cost_transfer_WORKLOAD.pickle: this script's own runs, never a user upload)",
     )
     args = parser.parse_args()
     settings = load_settings()
