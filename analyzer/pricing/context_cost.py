@@ -135,8 +135,13 @@ class FittedCost:
     @property
     def checked_error(self) -> float:
         """The error the bound is checked on: the worse held-out one, else the in-sample one."""
-        heldout = [e for e in (self.heldout_mare, self.plain_heldout_mare) if e is not None]
-        return max(heldout) if heldout else max(self.fit_mare, self.plain_fit_mare)
+        return checked_error(self.fit_mare, self.plain_fit_mare, self.heldout_mare, self.plain_heldout_mare)
+
+
+def checked_error(fit: float, plain_fit: float, heldout: float | None, plain_heldout: float | None) -> float:
+    """The error a fit's bound is checked on: the worse held-out error, else the worse in-sample one."""
+    left_out = [e for e in (heldout, plain_heldout) if e is not None]
+    return max(left_out) if left_out else max(fit, plain_fit)
 
 
 def _bounded_fit(design: np.ndarray, target: np.ndarray, upper: np.ndarray) -> np.ndarray:

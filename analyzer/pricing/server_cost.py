@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 from analyzer.measuring.request_work import RequestWork, plain_work
 from analyzer.measuring.server_drafting import ServerReplay
-from analyzer.pricing.context_cost import FittedCost, StepCost, fit_step_cost
+from analyzer.pricing.context_cost import FittedCost, StepCost, checked_error, fit_step_cost
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,7 @@ class ServerCost:
     @property
     def checked_error(self) -> float:
         """The error its bound is checked on (:attr:`FittedCost.checked_error`)."""
-        heldout = [e for e in (self.heldout_mare, self.plain_heldout_mare) if e is not None]
-        return max(heldout) if heldout else max(self.fit_mare, self.plain_fit_mare)
+        return checked_error(self.fit_mare, self.plain_fit_mare, self.heldout_mare, self.plain_heldout_mare)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
