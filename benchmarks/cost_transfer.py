@@ -37,6 +37,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from scipy.optimize import nnls
 
 from analyzer.analysis.server_analysis import (
     ServerAnalysis,
+    ServerHistory,
     ServerPrompt,
     ServerSetup,
     SettingOutcome,
@@ -206,8 +208,22 @@ def _first_pass_ms(outcomes) -> list[float]:
 
 
 def reprice(analysis: ServerAnalysis) -> None:
-    """Fit the analysis' costs anew on its own measurements with this code's model, and predict again."""
+    """Fit the analysis' costs anew on its own measurements with this code's model, and predict again. Each
+    run is first replayed as served, as the analysis now does while it measures: the servers' requests
+    replayed in the order they got them (the calibration passes over the calibration prompts, then the
+    validation passes over the others, each in workload order), ngram-mod's tables fed the output each
+    server served."""
+    history = ServerHistory(analysis.n_predict, analysis.n_ctx)
     chosen = [o for o in analysis.prompts if o.calibration]
+    held_out = [o for o in analysis.prompts if not o.calibration]
+    order = chosen * analysis.calibration_passes + held_out * analysis.validation_repeats
+    done: dict[str, int] = {}
+    for outcome in order:
+        index = done[outcome.prompt.key] = done.get(outcome.prompt.key, -1) + 1
+        for number, setting in enumerate(outcome.settings):
+            trial = setting.trials[index]
+            replay = history.replay(number, setting, outcome, trial.measured.completion)
+            setting.trials[index] = replace(trial, replay=replay)
     analysis.costs = fit_costs(chosen)
     for outcome in analysis.prompts:
         for setting in outcome.settings:
@@ -222,30 +238,46 @@ def after_price(analysis: ServerAnalysis, drafter_family: str) -> Price:
     return lambda replay: (cost.plain_ms(replay), cost.speculative_ms(replay))
 
 
-def _prediction(price: Price, setting: SettingOutcome) -> float | None:
-    quiet = setting.quiet_trials
+def _replay(setting: SettingOutcome, trial, advice: bool) -> ServerReplay:
+    """The replay a run is priced from: of the output the server served, or (``advice``) of plain greedy
+    output, as the advice was predicted before any server ran it."""
+    return setting.replay if advice else setting.trial_replay(trial)
+
+
+def _trials(setting: SettingOutcome, advice: bool) -> list:
+    """The runs judged: every undisturbed one, or (``advice``) those that measured what the advice predicts
+    (ngram-mod's first pass: later passes find the prompt's own output in its server's table)."""
+    return setting.advice_trials if advice else setting.quiet_trials
+
+
+def _prediction(price: Price, setting: SettingOutcome, advice: bool = False) -> float | None:
+    quiet = _trials(setting, advice)
     if not quiet:
         return None
     values = []
     for trial in quiet:
-        plain, spec = price(setting.trial_replay(trial))
+        plain, spec = price(_replay(setting, trial, advice))
         values.append(np.log(plain / spec) if spec > 0 else 0.0)
     return float(np.exp(np.mean(values)))
 
 
-def _aggregate(price: Price, settings: Sequence[SettingOutcome]) -> tuple[float | None, float | None]:
+def _aggregate(
+    price: Price, settings: Sequence[SettingOutcome], advice: bool = False
+) -> tuple[float | None, float | None]:
     pp = ps = mp = ms = 0.0
     for setting in settings:
-        for trial in setting.quiet_trials:
-            plain, spec = price(setting.trial_replay(trial))
+        for trial in _trials(setting, advice):
+            plain, spec = price(_replay(setting, trial, advice))
             pp, ps = pp + plain, ps + spec
             mp += trial.plain_step_ms * trial.measured.steps
             ms += trial.measured.completion.predicted_ms
     return (pp / ps if ps else None), (mp / ms if ms else None)
 
 
-def judge(analysis: ServerAnalysis, price: Price, evaluated: set[str]) -> dict:
-    """The figures of one price over the evaluated prompts."""
+def judge(analysis: ServerAnalysis, price: Price, evaluated: set[str], advice: bool = False) -> dict:
+    """The figures of one price over the evaluated prompts, each run priced from the replay of the output its
+    server served (the cost model's own error), or with ``advice`` from plain greedy output's (the advice's
+    error: the cost model's and any drift of the speculative output from plain greedy)."""
     noise = analysis.noise
     per_setting, per_task = [], {}
     for index, drafter in enumerate(analysis.drafters):
@@ -255,11 +287,12 @@ def judge(analysis: ServerAnalysis, price: Price, evaluated: set[str]) -> dict:
             if o.prompt.key in evaluated and o.settings[index].quiet_trials
         ]
         pairs = [
-            (p, m, len(s.quiet_trials), s)
+            (p, m, len(_trials(s, advice)), s)
             for s in settings
-            if (p := _prediction(price, s)) and (m := s.measured_speedup)
+            if (p := _prediction(price, s, advice))
+            and (m := s.advised_speedup if advice else s.measured_speedup)
         ]
-        predicted, measured = _aggregate(price, settings)
+        predicted, measured = _aggregate(price, settings, advice)
         drafting = [(p, m) for p, m, _, s in pairs if any(s.trial_replay(t).draft_n for t in s.quiet_trials)]
         corr = (
             float(np.corrcoef(np.asarray(drafting).T)[0, 1])
@@ -292,7 +325,7 @@ def judge(analysis: ServerAnalysis, price: Price, evaluated: set[str]) -> dict:
                 for o in analysis.prompts
                 if o.prompt.task == task and o.prompt.key in evaluated
             ]
-            predicted, measured = _aggregate(price, settings)
+            predicted, measured = _aggregate(price, settings, advice)
             if predicted and measured:
                 errors.append(abs(predicted / measured - 1))
         per_task[task] = {
@@ -308,7 +341,7 @@ def judge(analysis: ServerAnalysis, price: Price, evaluated: set[str]) -> dict:
                 and s.quiet_trials
                 and any(s.trial_replay(t).draft_n for t in s.quiet_trials)
             ):
-                p, m = _prediction(price, s), s.measured_speedup
+                p, m = _prediction(price, s, advice), (s.advised_speedup if advice else s.measured_speedup)
                 if p and m:
                     all_drafting.append((p, m))
     overall_corr = float(np.corrcoef(np.asarray(all_drafting).T)[0, 1]) if len(all_drafting) >= 3 else None
@@ -394,6 +427,20 @@ def main() -> None:
     )
     if analysis.withheld:
         print(f"ADVICE WITHHELD: {analysis.withheld}")
+    runs = [(s, t) for o in analysis.prompts for s in o.settings for t in s.trials if s.replayed_as_served(t)]
+    equal = sum(
+        (
+            t.measured.completion.timings.get("draft_n", 0),
+            t.measured.completion.timings.get("draft_n_accepted", 0),
+        )
+        == (s.trial_replay(t).draft_n, s.trial_replay(t).draft_n_accepted)
+        for s, t in runs
+    )
+    left = sum(t.measured.completion.tokens != t.plain.completion.tokens for s, t in runs)
+    print(
+        f"draft counts equal to the replay of the served output: {equal} of {len(runs)} runs "
+        f"({left} of them served output that left plain greedy)"
+    )
     legacy, legacy_fit, legacy_keys = legacy_price(analysis)
     calibrated = {o.prompt.key for o in analysis.prompts if o.calibration}
     evaluated = {o.prompt.key for o in analysis.prompts} - calibrated - legacy_keys
@@ -407,8 +454,10 @@ def main() -> None:
     print(f"after: {cost_text({**after.as_dict(), 'bound': analysis.fit_bound})}")
     before_figures = judge(analysis, legacy, evaluated)
     after_figures = judge(analysis, after_price(analysis, "n-gram"), evaluated)
+    advice_figures = judge(analysis, after_price(analysis, "n-gram"), evaluated, advice=True)
     print_judgement("before", before_figures)
     print_judgement("after", after_figures)
+    print_judgement("after, the advice (priced from plain greedy output's replay)", advice_figures)
     long_before = [
         before_figures["tasks"][t]["mean_error"] for t in LONG_CONTEXT_TASKS if t in before_figures["tasks"]
     ]
@@ -446,6 +495,8 @@ def main() -> None:
                 "validation_repeats": analysis.validation_repeats,
                 "before": {"fit": legacy_fit, **before_figures},
                 "after": {"fit": after.as_dict(), "bound": analysis.fit_bound, **after_figures},
+                "advice": advice_figures,
+                "replayed_as_served": {"runs": len(runs), "counts_equal": equal, "left_plain": left},
                 "routing": [c.as_dict() for c in routing],
                 "seconds": wall,
             },

@@ -162,14 +162,15 @@ def main() -> None:
     for family, cost in analysis.costs.items():
         print(f"cost, {family}: {cost_text(cost.as_dict())}")
     print(
-        "\n| setting | runs | disturbed | output = plain | counts = replay | MARE (output = plain) | MARE (all) |"
+        "\n| setting | runs | disturbed | output = plain | counts = replay | MARE (the work served) | "
+        "MARE (the advice) |"
     )
     print("|---|---|---|---|---|---|---|")
     figures = validation_figures(analysis)
     for f in figures:
         print(
             f"| {f.setting} | {f.runs} | {f.disturbed} | {_fmt(f.output_equal, 2)} | {_fmt(f.counts_equal, 2)} | "
-            f"{_fmt(f.mare)} | {_fmt(f.mare_all)} |"
+            f"{_fmt(f.mare)} | {_fmt(f.advice_mare)} |"
         )
     labels = [d.label for d in analysis.drafters]
     print("\n| task | prompts | " + " | ".join(f"{label} pred / meas" for label in labels) + " | chosen |")

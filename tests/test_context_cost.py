@@ -284,3 +284,17 @@ def test_static_by_task_and_oracle():
     assert flat[-1].static == 1.0 and flat[-1].static_option is None and flat[-1].oracle == 1.0
     with pytest.raises(ValueError):
         routing_ceiling(["a"], [1.0], np.zeros((1, 0)), [], min_speedup=1.05)
+
+
+def test_one_run_that_noise_brought_near_plain_does_not_decide_the_round_terms():
+    # a request whose one small round the noise hid (measured 0.3 ms above its plain part): weighted by that
+    # residual instead of its measured time, it outweighed every other request and set each round term to 0
+    plain, spec = _samples(TRUE, np.random.default_rng(0))
+    work = _spec_work(900, 64, 1, 1, 0)
+    known = TRUE.step_ms * (work.plain_steps + work.rounds) + TRUE.per_context_ms * (
+        work.plain_context + work.round_context
+    )
+    cost = fit_rounds(fit_plain(plain)[0], [*spec, ("hidden", work, known + 0.3)])
+    assert cost.round_ms == pytest.approx(TRUE.round_ms, rel=0.1)
+    assert cost.per_draft_ms == pytest.approx(TRUE.per_draft_ms, rel=0.1)
+    assert cost.per_row_context_ms == pytest.approx(TRUE.per_row_context_ms, rel=0.2)

@@ -48,14 +48,14 @@ def server_analysis(analysis_id: int):
             )
             for p in record.prompts
             for s in p["settings"]
-            if s["measured_speedup"] is not None and not s["calibration"] and s["output_equal"]
+            if s["measured_speedup"] is not None and not s["calibration"] and s.get("counts_equal")
         ]
         plot = scatter(
             "Predicted vs measured speedup per prompt and setting",
             points,
-            x_label="predicted (replay + fitted step costs)",
+            x_label="predicted (replay of the served output + fitted step costs)",
             y_label="measured (llama-server timings)",
-            note="validated prompts whose speculative output equals plain greedy",
+            note="validated prompts, each priced from the replay of the output its server served",
         ) if points else None  # fmt: skip
         tasks = [
             {**t, "best_value": max(t["predicted"].values()) if t["predicted"] else None}

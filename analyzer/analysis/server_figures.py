@@ -26,8 +26,9 @@ PER_PROMPT_MARGIN = 0.03  # a prompt's error is "within the noise" up to its noi
 @dataclass(frozen=True)
 class TaskChoice:
     """One task: each setting's predicted speedup over all its prompts, and predicted / measured over those
-    that ran on the servers (calibration prompts included), time-weighted; the setting the task should use
-    (None: off, and always off where the analysis' advice is withheld)."""
+    that ran on the servers (calibration prompts included; ngram-mod's first pass of each, where its server
+    met the prompt as the advice assumes), time-weighted; the setting the task should use (None: off, and
+    always off where the analysis' advice is withheld)."""
 
     task: str
     prompts: int
@@ -37,13 +38,16 @@ class TaskChoice:
     best: ServerDrafter | None
 
 
-def _paired_totals(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[float, float, float, float]:
+def _paired_totals(
+    cost: ServerCost, settings: Sequence[SettingOutcome], advice: bool = False
+) -> tuple[float, float, float, float]:
     """(predicted plain, predicted speculative, measured plain, measured speculative) summed over the
-    undisturbed trials of ``settings``; a trial's measured plain time is its bracketing plain runs' time per
-    step times the speculative run's steps."""
+    undisturbed trials of ``settings`` (``advice``: their :attr:`SettingOutcome.advice_trials`), each priced
+    from the replay of the output its server served; a trial's measured plain time is its bracketing plain
+    runs' time per step times the speculative run's steps."""
     pred_plain = pred_spec = meas_plain = meas_spec = 0.0
     for setting in settings:
-        for trial in setting.quiet_trials:
+        for trial in setting.advice_trials if advice else setting.quiet_trials:
             replay = setting.trial_replay(trial)
             pred_plain += cost.plain_ms(replay)
             pred_spec += cost.speculative_ms(replay)
@@ -73,7 +77,7 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
             plain = sum(cost.plain_ms(s.replay) for s in settings)
             spec = sum(cost.speculative_ms(s.replay) for s in settings)
             predicted[drafter.label] = plain / spec if spec > 0 else 1.0
-            pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, settings)
+            pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, settings, advice=True)
             measured[drafter.label] = _ratio(meas_plain, meas_spec)
             checked[drafter.label] = _ratio(pred_plain, pred_spec)
         best_label = max(predicted, key=lambda label: predicted[label])
@@ -90,9 +94,11 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
 class ValidationFigures:
     """Predicted against measured over the validated prompts of one setting: ``runs`` prompts validated in
     ``trials`` passes in all, ``disturbed`` of them left out; the share whose output equals plain greedy
-    (``output_equal``) and among those the share whose draft counts equal the replay's (``counts_equal``);
-    the mean absolute relative error of the per-prompt speedup over prompts whose output equals plain
-    (``mare``: the replay priced what the server did) and over all (``mare_all``); ``aggregate_predicted``
+    (``output_equal``) and the share whose draft counts equal the replay of the output the server served
+    (``counts_equal``, over the prompts replayed as served); the mean absolute relative error of the
+    per-prompt speedup predicted from that replay (``mare``: the cost model, pricing the work each server
+    did) and of the advice's own prediction, from plain greedy output (``advice_mare``: the cost model and
+    any drift of the speculative output from plain greedy); ``aggregate_predicted``
     and ``aggregate_measured``, time-weighted over the same passes, and their relative error
     (``aggregate_error``) with the 95% half-width run noise leaves on the measured one
     (``aggregate_noise``); ``within_noise``, the share of prompts whose error is within their noise floor
@@ -107,7 +113,7 @@ class ValidationFigures:
     output_equal: float | None
     counts_equal: float | None
     mare: float | None
-    mare_all: float | None
+    advice_mare: float | None
     aggregate_predicted: float | None
     aggregate_measured: float | None
     aggregate_error: float | None
@@ -137,6 +143,13 @@ def _mare(cost: ServerCost, settings: Sequence[SettingOutcome]) -> float | None:
     return float(np.mean(errors)) if errors else None
 
 
+def _advice_mare(settings: Sequence[SettingOutcome]) -> float | None:
+    """The advice's per-prompt error: its prediction (from plain greedy output) against the speedup measured
+    where the server met the prompt as the advice assumes (:attr:`SettingOutcome.advice_trials`)."""
+    errors = [abs(s.predicted_speedup - m) / m for s in settings if (m := s.advised_speedup) is not None]
+    return float(np.mean(errors)) if errors else None
+
+
 def _correlation(cost: ServerCost, settings: Sequence[SettingOutcome]) -> float | None:
     pairs = np.asarray([(p, m) for p, m, _ in _pairs(cost, settings)])
     if len(pairs) < 3 or np.std(pairs[:, 0]) == 0 or np.std(pairs[:, 1]) == 0:
@@ -153,16 +166,14 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
         runs = [o.settings[index] for o in analysis.prompts if not o.settings[index].calibration]
         runs = [s for s in runs if s.trials]
         quiet = [s for s in runs if s.quiet_trials]
-        equal = [s for s in runs if s.output_equal]
+        served = [s for s in runs if s.counts_equal is not None]
         pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, quiet)
         predicted, measured = _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
         within = None
         if noise is not None and noise.floor is not None and quiet:
             hits = [
-                abs(s.predicted_speedup - m) / m
-                <= (noise.floor_for(len(s.quiet_trials)) or 0.0) + PER_PROMPT_MARGIN
-                for s in quiet
-                if (m := s.measured_speedup) is not None
+                abs(p - m) / m <= (noise.floor_for(n) or 0.0) + PER_PROMPT_MARGIN
+                for p, m, n in _pairs(cost, quiet)
             ]
             within = float(np.mean(hits)) if hits else None
         spread = None
@@ -182,10 +193,10 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
                 len(runs),
                 sum(len(s.trials) for s in runs),
                 sum(len(s.trials) - len(s.quiet_trials) for s in runs),
-                len(equal) / len(runs) if runs else None,
-                sum(1 for s in equal if s.counts_equal) / len(equal) if equal else None,
-                _mare(cost, [s for s in quiet if s.output_equal]),
+                sum(1 for s in runs if s.output_equal) / len(runs) if runs else None,
+                sum(1 for s in served if s.counts_equal) / len(served) if served else None,
                 _mare(cost, quiet),
+                _advice_mare(quiet),
                 predicted,
                 measured,
                 abs(predicted / measured - 1.0) if predicted and measured else None,

@@ -144,9 +144,14 @@ def checked_error(fit: float, plain_fit: float, heldout: float | None, plain_hel
     return max(left_out) if left_out else max(fit, plain_fit)
 
 
-def _bounded_fit(design: np.ndarray, target: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """Least squares on relative error: each row divided by its target; coefficients in [0, upper]."""
-    scale = 1.0 / np.where(target > 0, target, 1.0)
+def _bounded_fit(
+    design: np.ndarray, target: np.ndarray, upper: np.ndarray, measured: np.ndarray | None = None
+) -> np.ndarray:
+    """Least squares on relative error: each row divided by its request's measured time (``measured``,
+    default ``target``; a residual target, the time beyond a known part, can be near 0 or negative, and
+    dividing by it let one such request outweigh all the others); coefficients in [0, upper]."""
+    total = target if measured is None else measured
+    scale = 1.0 / np.where(total > 0, total, 1.0)
     if design.shape[1] == 0:
         return np.zeros(0)
     result = lsq_linear(design * scale[:, None], target * scale, bounds=(np.zeros(len(upper)), upper))
@@ -194,7 +199,9 @@ def fit_rounds(plain: StepCost, samples: Sequence[Sample], *, fit_step_extra: bo
         design.append(full[:, 7])
         upper.append(plain.per_context_ms)
     measured = np.asarray([ms for _, ms in rows])
-    coef = [float(c) for c in _bounded_fit(np.column_stack(design), measured - known, np.asarray(upper))]
+    coef = [
+        float(c) for c in _bounded_fit(np.column_stack(design), measured - known, np.asarray(upper), measured)
+    ]
     round_ms, rejected_ms, accepted_ms = coef[:3]
     extra, decode = (coef[3], coef[4]) if fit_step_extra else (0.0, 0.0)
     row_context = coef[-1] if plain.per_context_ms > 0 else 0.0

@@ -298,7 +298,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
         + (f" ({record.validation_repeats} passes)" if record.validation_repeats else ""),
         "",
         "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "
-        "(output = plain / all) | within noise + 3 pts | aggregate predicted / measured (error, noise) | "
+        "(the work served / the advice) | within noise + 3 pts | aggregate predicted / measured (error, noise) | "
         "correlation (prompts drafting) | controls' |speedup - 1|",
     ]
     for f in record.validation:
@@ -309,7 +309,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
         lines.append(
             f"{f['setting']} | {f['runs']} ({f.get('trials', f['runs'])}, {f['disturbed']}) | "
             f"{num(f['output_equal'], '{:.0%}')} | {num(f['counts_equal'], '{:.0%}')} | "
-            f"{num(f['mare'], '{:.1%}')} / {num(f['mare_all'], '{:.1%}')} | "
+            f"{num(f['mare'], '{:.1%}')} / {num(f.get('advice_mare'), '{:.1%}')} | "
             f"{num(f.get('within_noise'), '{:.0%}')} | "
             f"{aggregate} | {num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
             f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
