@@ -170,6 +170,11 @@ class CostProfile(Base):
     draft_step_s: Mapped[float] = mapped_column(Float)
     target_prefill_s: Mapped[Optional[float]] = mapped_column(Float)
     draft_prefill_s: Mapped[Optional[float]] = mapped_column(Float)
+    # measured again at a longer context (the workload's longest prompt plus its new tokens): the seconds each
+    # T_t(k) and the draft step add per token of context (None: one context measured, every prompt priced alike)
+    long_context_tokens: Mapped[Optional[int]] = mapped_column(Integer)
+    context_slope_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
+    draft_context_slope_s: Mapped[Optional[float]] = mapped_column(Float)
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -376,6 +381,10 @@ class ValidationResult(Base):
     # the share of the machine's CPU other processes used meanwhile (None: not known); above the
     # interference bar the validation is marked and kept out of the predicted-vs-measured error
     others_cpu: Mapped[Optional[float]] = mapped_column(Float)
+    # every timed run in the order it ran (greedy and speculative alternated; None before they were kept):
+    # consecutive greedy runs are pairs of identical work, from which the machine's noise is measured
+    greedy_times_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
+    speculative_times_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)

@@ -298,3 +298,51 @@ def test_one_run_that_noise_brought_near_plain_does_not_decide_the_round_terms()
     assert cost.round_ms == pytest.approx(TRUE.round_ms, rel=0.1)
     assert cost.per_draft_ms == pytest.approx(TRUE.per_draft_ms, rel=0.1)
     assert cost.per_row_context_ms == pytest.approx(TRUE.per_row_context_ms, rel=0.2)
+
+
+def test_a_runs_validation_reports_the_machines_noise_and_the_aggregate_beside_it():
+    from analyzer.advice.report import validation_summary
+
+    def row(greedy, speculative, predicted):
+        return {
+            "outputs_identical": True,
+            "replay_identical": True,
+            "passes_error_pct": 0.0,
+            "disturbed": False,
+            "greedy_times_s": greedy,
+            "speculative_times_s": speculative,
+            "greedy_time_s": float(np.median(greedy)),
+            "speculative_time_s": float(np.median(speculative)),
+            "measured_speedup": float(np.median(greedy) / np.median(speculative)),
+            "predicted_speedup": predicted,
+        }
+
+    rows = [
+        row([1.00, 1.02], [0.50, 0.51], 2.00),  # measured 1.98: within noise
+        row([2.00, 1.96], [2.00, 2.00], 1.00),  # measured 0.99
+        row([4.00, 4.04], [2.70, 2.66], 1.80),  # measured 1.5: 20% off
+    ]
+    summary = validation_summary(rows)
+    logs = [abs(math.log(1.00 / 1.02)), abs(math.log(2.00 / 1.96)), abs(math.log(4.00 / 4.04))]
+    assert summary["noise_pairs"] == 3
+    assert summary["noise_floor_pct"] == pytest.approx(100 * np.mean(logs))
+    # time-weighted: summed greedy over summed speculative; predicted over each prompt's greedy / prediction
+    greedy = [1.01, 1.98, 4.02]
+    speculative = [0.505, 2.00, 2.68]
+    assert summary["aggregate_measured"] == pytest.approx(sum(greedy) / sum(speculative))
+    predicted = sum(greedy) / (1.01 / 2.0 + 1.98 / 1.0 + 4.02 / 1.8)
+    assert summary["aggregate_predicted"] == pytest.approx(predicted)
+    assert summary["aggregate_error_pct"] == pytest.approx(
+        100 * abs(predicted / summary["aggregate_measured"] - 1)
+    )
+    assert summary["within_noise"] == pytest.approx(2 / 3)  # the third prompt is 20% off
+    assert summary["correlation"] == pytest.approx(
+        np.corrcoef([2.0, 1.0, 1.8], [1.01 / 0.505, 0.99, 4.02 / 2.68])[0, 1]
+    )
+    # a run validated before each run was kept: no pairs, no floor, the rest still given
+    old = validation_summary([{**r, "greedy_times_s": None} for r in rows])
+    assert (
+        old["noise_floor_pct"] is None
+        and old["within_noise"] is None
+        and old["aggregate_measured"] is not None
+    )

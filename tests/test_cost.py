@@ -520,23 +520,34 @@ class ScriptedModels:
 
         return MachineryOverhead(decode_s=0.0, round_s=0.0, new_tokens=8, repeats=1)
 
+    # each token of context beyond the median prompt's adds this to every forward (a longer context measured
+    # after the median prompt's does not take a scripted value)
+    PER_CONTEXT_S = 0.0001
+
     def measure_costs(self, context, k_max, batch_size, on_repeat, *, on_draft_repeat, cost_mode):
         assert cost_mode == "eager"  # the run's mode reaches the engine (the default params' here)
-        t1 = self.script[batch_size].pop(0)
-        self.calls.append(batch_size)
+        self.bases = getattr(self, "bases", {})
+        base = self.bases.get(batch_size)
+        if base is None or len(context) <= base[0]:
+            t1 = self.script[batch_size].pop(0)
+            self.calls.append(batch_size)
+            self.bases[batch_size] = (len(context), t1)
+        else:
+            self.contexts = [*getattr(self, "contexts", []), len(context)]
+            t1 = base[1] + self.PER_CONTEXT_S * (len(context) - base[0])
         return CostMeasurement(
             target_forward_s=[t1 * (1 + 0.01 * k) for k in range(k_max)],
-            draft_step_s=0.0,
+            draft_step_s=0.001 + 0.00001 * len(context),
             device=self.device,
             threads=1,
-            context_tokens=8,
+            context_tokens=len(context),
             repeats=5,
             batch_size=batch_size,
             quality=TimingQuality(verdict="clean"),
         )
 
 
-def _profiled(engine, db_url, models):
+def _profiled(engine, db_url, models, prompts: bytes = b"one prompt\n", prompt_ids=None, max_new_tokens=8):
     from sqlalchemy import select
 
     from analyzer.analysis.run_records import RunParams, create_run
@@ -547,11 +558,18 @@ def _profiled(engine, db_url, models):
 
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
-        import_prompt_file(session, "p", b"one prompt\n", "p.txt")
-        params = RunParams(gamma_max=3, profile_batch_sizes=(1, 4), device="cpu", dtype="float32")
+        import_prompt_file(session, "p", prompts, "p.txt")
+        params = RunParams(
+            gamma_max=3,
+            profile_batch_sizes=(1, 4),
+            device="cpu",
+            dtype="float32",
+            max_new_tokens=max_new_tokens,
+        )
         run_id = create_run(session, "p", "hf:/models/t", "ngram", params).id
     lines = []
-    profile_run_costs(sessions, run_id, models, params, [[1, 2, 3]], lambda d, t, line: lines.append(line))
+    ids = prompt_ids or [[1, 2, 3]]
+    profile_run_costs(sessions, run_id, models, params, ids, lambda d, t, line: lines.append(line))
     with sessions() as session:
         profiles = {p.batch_size: p for p in session.scalars(select(CostProfile))}
         run = session.get(AnalysisRun, run_id)
@@ -638,3 +656,52 @@ def test_profiling_progress_plans_each_models_passes_and_shows_re_measurements_a
         + [(n, 2 * per_model, "phase") for n in range(per_model + 1, 2 * per_model + 1)]
         + [(extra, extra, again)]
     )
+
+
+def test_a_workload_whose_contexts_spread_is_profiled_again_over_its_longest_request(engine, db_url):
+    """Median prompt 10 tokens, longest 200, 64 new tokens: each batch size is measured again over the
+    longest request's mean context (200 + 32 - 4 = 228 tokens), and the profile keeps each T_t(k)'s slope per
+    token of context, with which every prompt is priced at its own lengths."""
+    from sqlalchemy import select
+
+    from analyzer.advice.summary import cost_from_profile
+    from analyzer.db import make_session_factory
+    from analyzer.orm import CostProfile
+
+    models = ScriptedModels("cpu: Intel Xeon, torch 2.13.0, 2 threads", {1: [0.010], 4: [0.020]})
+    ids = [list(range(10)), list(range(10)), list(range(200))]
+    _, _, lines = _profiled(engine, db_url, models, b"a\nb\nc\n", prompt_ids=ids, max_new_tokens=64)
+    assert models.calls == [1, 4] and models.contexts == [228, 228]
+    assert any("over 228 tokens of context" in line for line in lines)
+    with make_session_factory(engine)() as session:
+        profiles = {p.batch_size: p for p in session.scalars(select(CostProfile))}
+        assert {b: (p.context_tokens, p.long_context_tokens) for b, p in profiles.items()} == {
+            1: (10, 228),
+            4: (10, 228),
+        }
+        one = profiles[1]
+        # every forward's slope (T_t(k) = t1 (1 + 0.01 (k - 1)), t1 growing 0.1 ms per token of context)
+        assert one.context_slope_s == pytest.approx([0.0001 * (1 + 0.01 * k) for k in range(4)])
+        assert one.draft_context_slope_s == pytest.approx(0.00001)
+        cost = cost_from_profile(one, "ngram")
+    # a request priced at its own mean context: a 1,000-token prompt's step costs 0.1 s more than at 10 tokens
+    at_long = cost.for_request(1000, 64)
+    assert at_long.decode_s == pytest.approx(0.010 + 0.0001 * (1032 - 10))
+    assert cost.for_request(10, 0).decode_s == pytest.approx(0.010)
+    # never below half the measured step, however short the prompt
+    assert cost.at_context(-10_000).decode_s == pytest.approx(0.005)
+
+
+def test_a_workload_of_one_length_is_profiled_at_one_context(engine, db_url):
+    # 3-token prompts, 8 new tokens: the longest request's mean context is under 1.25 x the median prompt
+    from sqlalchemy import select
+
+    from analyzer.db import make_session_factory
+    from analyzer.orm import CostProfile
+
+    models = ScriptedModels("cpu: Intel Xeon, torch 2.13.0, 2 threads", {1: [0.010], 4: [0.020]})
+    _profiled(engine, db_url, models)
+    assert models.calls == [1, 4] and not hasattr(models, "contexts")
+    with make_session_factory(engine)() as session:
+        profiles = list(session.scalars(select(CostProfile)))
+        assert [(p.long_context_tokens, p.context_slope_s) for p in profiles] == [(None, None)] * 2

@@ -29,13 +29,16 @@ class ReportError(SpecrouteError, LookupError):
     status, code = 404, "report_not_found"
 
 
+PER_PROMPT_MARGIN = 0.03  # a prompt's error is "within noise" under its noise floor plus this
+
+
 def validation_summary(rows: list[dict]) -> dict | None:
     """Real speculative decoding against the replay for a group of validation rows: how many, outputs
     identical to plain greedy and to the analysed output, the mean absolute error of target passes
     against replayed rounds (%), and over the rows timed on a quiet machine (``timed``; the
     ``disturbed`` ones, measured while other processes used the machine, are left out) the mean
     predicted and measured speedup and their mean absolute relative error (%, None without such
-    rows); None for no rows."""
+    rows), with :func:`_above_noise`'s figures; None for no rows."""
     if not rows:
         return None
     errors = [r["passes_error_pct"] for r in rows if r.get("passes_error_pct") is not None]
@@ -56,6 +59,50 @@ def validation_summary(rows: list[dict]) -> dict | None:
         "speedup_error_pct": finite(float(np.mean(np.abs(predicted - measured) / measured) * 100))
         if quiet
         else None,
+        **_above_noise(quiet),
+    }
+
+
+def _above_noise(quiet: list[dict]) -> dict:
+    """The machine's run-to-run noise and predicted against measured beside it, over the quiet rows: the
+    noise floor (``noise_floor_pct``: the mean |log ratio| of consecutive greedy runs of the same prompt,
+    ``noise_pairs`` of them); the time-weighted aggregate, measured (summed greedy over summed speculative
+    time) and predicted (summed greedy over summed greedy / predicted speedup), and its error
+    (``aggregate_error_pct``); the share of prompts whose error is within the floor for their number of
+    runs plus PER_PROMPT_MARGIN (``within_noise``); and the correlation of predicted and measured speedup
+    (None under 3 prompts or without spread)."""
+    from analyzer.measuring.noise import noise_floor
+
+    pairs = [
+        (a, b)
+        for r in quiet
+        for a, b in zip(r.get("greedy_times_s") or [], (r.get("greedy_times_s") or [])[1:])
+    ]
+    noise = noise_floor([a for a, _ in pairs], [b for _, b in pairs])
+    greedy = np.array([r["greedy_time_s"] for r in quiet], dtype=np.float64)
+    speculative = np.array([r["speculative_time_s"] for r in quiet], dtype=np.float64)
+    predicted = np.array([r["predicted_speedup"] for r in quiet], dtype=np.float64)
+    measured = np.array([r["measured_speedup"] for r in quiet], dtype=np.float64)
+    aggregate_measured = greedy.sum() / speculative.sum() if quiet and speculative.sum() > 0 else None
+    aggregate_predicted = (
+        greedy.sum() / (greedy / predicted).sum() if quiet and (predicted > 0).all() else None
+    )
+    within = None
+    if noise.floor is not None and quiet:
+        runs = [max(len(r.get("greedy_times_s") or []), 1) for r in quiet]
+        bars = np.array([(noise.floor_for(n) or 0.0) + PER_PROMPT_MARGIN for n in runs])
+        within = float(np.mean(np.abs(predicted - measured) / measured <= bars))
+    spread = len(quiet) >= 3 and predicted.std() > 0 and measured.std() > 0
+    return {
+        "noise_floor_pct": finite(noise.floor * 100) if noise.floor is not None else None,
+        "noise_pairs": noise.pairs,
+        "aggregate_predicted": finite(float(aggregate_predicted)) if aggregate_predicted else None,
+        "aggregate_measured": finite(float(aggregate_measured)) if aggregate_measured else None,
+        "aggregate_error_pct": finite(abs(aggregate_predicted / aggregate_measured - 1) * 100)
+        if aggregate_predicted and aggregate_measured
+        else None,
+        "within_noise": within,
+        "correlation": finite(float(np.corrcoef(predicted, measured)[0, 1])) if spread else None,
     }
 
 
@@ -305,6 +352,8 @@ def _validation_rows(
                 else None,
                 "others_cpu": v.others_cpu,
                 "disturbed": disturbed(v.others_cpu),
+                "greedy_times_s": v.greedy_times_s,
+                "speculative_times_s": v.speculative_times_s,
             }
         )
     return rows

@@ -193,12 +193,32 @@ def _validation_lines(report: dict) -> list[str]:
         f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
         f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"
     ]
+    if summary.get("aggregate_measured") is not None:
+        lines.append(_noise_text(summary))
     for task, t in report["validation_summary"]["tasks"].items():
         lines.append(
             f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
             f"{_pct(t['passes_error_pct'])}, {_timed_text(t, mare=False)}"
         )
     return lines
+
+
+def _noise_text(summary: dict) -> str:
+    """The validation's figures above the machine's noise, in one line."""
+    floor = summary.get("noise_floor_pct")
+    noise = (
+        f"two greedy runs of the same prompt differ by {floor:.1f}% on average ({summary['noise_pairs']} pairs)"
+        if floor is not None
+        else "noise not measured (fewer than 2 pairs of greedy runs)"
+    )
+    within = summary.get("within_noise")
+    correlation = summary.get("correlation")
+    return (
+        f"  time-weighted: predicted {summary['aggregate_predicted']:.3f}x vs measured "
+        f"{summary['aggregate_measured']:.3f}x ({_pct(summary['aggregate_error_pct'])} off); {noise}; "
+        f"{'-' if within is None else f'{within:.0%}'} of prompts within that noise + 3 points; correlation "
+        f"{'-' if correlation is None else f'{correlation:.2f}'}"
+    )
 
 
 def _timed_text(summary: dict, *, mare: bool = True) -> str:

@@ -223,7 +223,7 @@ class AnalysisSummary:
 
 def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
     """The cost model of one stored profile; the machinery overhead counts as 0 where a profile from
-    before it was measured has none."""
+    before it was measured has none, and its context slopes as 0 where it measured one context only."""
     tokens = max(profile.context_tokens, 1)
     return Cost(
         profile.target_forward_s,
@@ -233,6 +233,9 @@ def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
         draft_prefill_s_per_token=(profile.draft_prefill_s or 0.0) / tokens,
         round_overhead_s=profile.round_overhead_s or 0.0,
         decode_overhead_s=profile.decode_overhead_s or 0.0,
+        context_tokens=profile.context_tokens,
+        target_context_slope_s=list(profile.context_slope_s or []),
+        draft_context_slope_s=profile.draft_context_slope_s or 0.0,
     )
 
 
@@ -268,8 +271,9 @@ def _alpha(result: PromptResult, sampling: bool) -> float:
 def _prompt_curve(result: PromptResult, cost: Cost, sampling: bool) -> list[float]:
     if sampling:
         alpha = _alpha(result, sampling)
+        at = cost.for_request(result.prompt_tokens, result.output_tokens)
         return [
-            iid_speedup(alpha, g.gamma, cost) if math.isfinite(alpha) else float("nan")
+            iid_speedup(alpha, g.gamma, at) if math.isfinite(alpha) else float("nan")
             for g in result.gamma_counts
         ]
     return [
@@ -282,13 +286,15 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
     curve = []
     for g in range(1, gamma_max + 1):
         if sampling:
-            tokens = sum(r.output_tokens for r in results)
             spec = 0.0
+            greedy = 0.0
             for r in results:
                 tokens_per_round = r.gamma_counts[g - 1].expected_tokens_per_round
+                at = cost.for_request(r.prompt_tokens, r.output_tokens)
+                greedy += r.output_tokens * at.decode_s
                 if tokens_per_round:
-                    spec += r.output_tokens / tokens_per_round * cost.round_s(g)
-            curve.append(tokens * cost.decode_s / spec if spec else float("nan"))
+                    spec += r.output_tokens / tokens_per_round * at.round_s(g)
+            curve.append(greedy / spec if spec else float("nan"))
         else:
             curve.append(
                 pooled_speedup(
@@ -310,19 +316,20 @@ def _prompt_times(
     for r in results:
         if r.output_tokens <= 0:
             continue
+        at = cost.for_request(r.prompt_tokens, r.output_tokens)
         if sampling:
             tokens_per_round = r.gamma_counts[gamma - 1].expected_tokens_per_round
             if not tokens_per_round:
                 continue
-            greedy.append(r.output_tokens * cost.decode_s)
-            speculative.append(r.output_tokens / tokens_per_round * cost.round_s(gamma))
+            greedy.append(r.output_tokens * at.decode_s)
+            speculative.append(r.output_tokens / tokens_per_round * at.round_s(gamma))
         else:
             target_prefill, draft_prefill = cost.prefill_s(r.prompt_tokens)
-            greedy.append(target_prefill + r.output_tokens * cost.decode_s)
+            greedy.append(target_prefill + r.output_tokens * at.decode_s)
             speculative.append(
                 target_prefill
                 + draft_prefill
-                + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, cost)
+                + speculative_time_s(r.gamma_counts[gamma - 1].drafted_hist, at)
             )
     return np.array(greedy), np.array(speculative)
 

@@ -68,6 +68,8 @@ def validate_run(
                     replayed_rounds=prompt.rounds.get(gamma),
                     replay_identical=measured.speculative_ids == list(output_ids or []),
                     others_cpu=others,
+                    greedy_times_s=list(measured.greedy_times_s) or None,
+                    speculative_times_s=list(measured.speculative_times_s) or None,
                 )
             )
     if progress and chosen:

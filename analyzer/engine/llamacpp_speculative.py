@@ -191,4 +191,6 @@ def validate_prompt_llamacpp(
         outputs_identical=all(run.ids == greedy_ids for run in speculative_runs),
         target_forward_passes=speculative_runs[0].passes,
         measured_speedup=plain_s / speculative_s,
+        greedy_times_s=tuple(run.time_s for run in plain_runs),
+        speculative_times_s=tuple(run.time_s for run in speculative_runs),
     )

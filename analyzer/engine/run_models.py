@@ -28,6 +28,9 @@ from analyzer.run_params import RunParams
 
 # validations on a GPU: plain and speculative alternated over this many timed repeats, after a warm-up
 GPU_VALIDATION_REPEATS = 2
+# on a CPU too: two greedy runs of each validated prompt are a pair of identical work, from which the report
+# measures the machine's noise (one run each was below it: a single run can be off by 10%)
+CPU_VALIDATION_REPEATS = 2
 # the cuda-graphs mode captures its steps' graphs; tests on the CPU run the same steps uncaptured
 CAPTURE_GRAPHS = True
 
@@ -298,7 +301,7 @@ class RunModels:
             draft_model=self.draft.model if self.draft else None,
             ngram_max=self.ngram_max,
             eos_token_id=self.eos_ids,
-            repeats=GPU_VALIDATION_REPEATS if on_gpu else 1,
+            repeats=GPU_VALIDATION_REPEATS if on_gpu else CPU_VALIDATION_REPEATS,
             warmup=on_gpu,
         )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from time import perf_counter, process_time
 
@@ -47,6 +47,33 @@ class CostMeasurement:
     batch_size: int = 1
     dtype: str = "float32"
     quality: TimingQuality | None = None
+    # measured again over a longer cache (:func:`with_context_slopes`): its length, and the seconds each
+    # T_t(k) and the draft step add per token of context (None: one context measured)
+    long_context_tokens: int | None = None
+    context_slope_s: list[float] | None = None
+    draft_context_slope_s: float | None = None
+
+
+def with_context_slopes(base: CostMeasurement, long: CostMeasurement) -> CostMeasurement:
+    """``base`` with the slopes from it to ``long``, the same measurement over a longer cache: per token of
+    context, what each T_t(k) and the draft step add (never negative: a longer context is not faster, and a
+    negative difference is the two measurements' noise). ``long``'s timing quality is folded into base's."""
+    span = long.context_tokens - base.context_tokens
+    if span <= 0:
+        raise ValueError(f"the long context ({long.context_tokens}) is not longer than {base.context_tokens}")
+    slopes = [
+        max(0.0, (far - near) / span) for near, far in zip(base.target_forward_s, long.target_forward_s)
+    ]
+    quality = base.quality
+    if quality is not None and long.quality is not None:
+        quality = quality.combined(long.quality, f"at {long.context_tokens} tokens of context")
+    return replace(
+        base,
+        long_context_tokens=long.context_tokens,
+        context_slope_s=slopes,
+        draft_context_slope_s=max(0.0, (long.draft_step_s - base.draft_step_s) / span),
+        quality=quality,
+    )
 
 
 # Interference thresholds, from this project's 2-core machine: quiet, a forward's process CPU time is

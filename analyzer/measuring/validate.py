@@ -35,6 +35,10 @@ class ValidationMeasurement:
     outputs_identical: bool
     target_forward_passes: int
     measured_speedup: float
+    # every timed run, in the order each kind ran: consecutive greedy runs are pairs of identical work (the
+    # machine's noise, :func:`analyzer.measuring.noise.noise_floor`)
+    greedy_times_s: tuple[float, ...] = ()
+    speculative_times_s: tuple[float, ...] = ()
 
 
 @dataclass
@@ -278,4 +282,6 @@ def compare_generations(
         outputs_identical=all(ids == greedy_ids for ids, _ in speculative_runs),
         target_forward_passes=passes,
         measured_speedup=greedy_time_s / speculative_time_s,
+        greedy_times_s=tuple(greedy_times),
+        speculative_times_s=tuple(speculative_times),
     )

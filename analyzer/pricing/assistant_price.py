@@ -39,8 +39,9 @@ def assistant_defaults_price(results: Sequence[PromptResult], cost: Cost) -> dic
     greedy, speculative = [], []
     for r, hist in zip(with_output, hists):
         target_prefill, draft_prefill = cost.prefill_s(r.prompt_tokens)
-        greedy.append(target_prefill + r.output_tokens * cost.decode_s)
-        speculative.append(target_prefill + draft_prefill + speculative_time_s(hist, cost))
+        at = cost.for_request(r.prompt_tokens, r.output_tokens)
+        greedy.append(target_prefill + r.output_tokens * at.decode_s)
+        speculative.append(target_prefill + draft_prefill + speculative_time_s(hist, at))
     low, high = (
         bootstrap_speedup_interval(greedy, speculative) if len(greedy) > 1 else (float("nan"), float("nan"))
     )

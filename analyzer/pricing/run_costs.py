@@ -1,7 +1,8 @@
 """The cost profiles a run predicts speedups with: for each batch size of the run, the newest stored
 profile of its pair on its device in its dtype that covers k <= gamma_max + 1 and was not judged
-noisy, or one measured now on a prompt of median length (with the generation machinery's overhead),
-linked to the run."""
+noisy, or one measured now on a prompt of median length (with the generation machinery's overhead) and,
+where the workload's contexts spread, again over its longest request's, for how each step's time grows with
+the context (each prompt is then priced at its own lengths); linked to the run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.engine.engine_base import LoadedPair, ProfilingPlan
 from analyzer.measuring.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
+from analyzer.pricing.context_cost import MIN_CONTEXT_SPREAD
 from analyzer.progress import ProgressCallback
 from analyzer.run_params import RunParams
 
@@ -54,17 +56,37 @@ def profile_run_costs(
     on the profiles measured."""
     plan = loaded_models.profiling_plan(params)
     k_max = max(params.gamma_max + 1, plan.verify_up_to)
+    context = _profiling_context(prompt_ids, loaded_models.pad_id)
+    long_context = _long_context(prompt_ids, len(context), params.max_new_tokens, k_max)
     chosen, passed_over = _linked_or_reusable_profiles(
-        session_factory, run_id, loaded_models, plan, k_max, reuse=not params.reprofile
+        session_factory,
+        run_id,
+        loaded_models,
+        plan,
+        k_max,
+        reuse=not params.reprofile,
+        with_slopes=long_context is not None,
     )
     missing = [b for b in plan.batch_sizes if b not in chosen]
     for note in passed_over:
         if progress:
             progress(0, 0, note)
     if missing:
-        context = _profiling_context(prompt_ids, loaded_models.pad_id)
         overhead = _overhead_after_quiet_wait(loaded_models, context, params, plan, progress, quiet_wait_s)
         measured = _measured_batch_profiles(loaded_models, context, k_max, missing, plan, progress)
+        if long_context is not None:
+            from analyzer.measuring.cost import with_context_slopes
+
+            far = _measured_batch_profiles(
+                loaded_models,
+                long_context,
+                k_max,
+                missing,
+                plan,
+                progress,
+                at=f"{len(long_context)} tokens of context",
+            )
+            measured = {b: with_context_slopes(m, far[b]) for b, m in measured.items()}
         for batch_size, measurement in measured.items():
             chosen[batch_size] = _store_cost_profile(
                 session_factory, run_id, loaded_models, plan, batch_size, measurement, overhead
@@ -107,14 +129,18 @@ def _measured_batch_profiles(
     missing: list[int],
     plan: ProfilingPlan,
     progress: ProgressCallback | None,
+    *,
+    at: str = "",
 ) -> dict[int, CostMeasurement]:
-    """The cost measurement at each batch size of ``missing``; a batch size whose T_t(1) is implausible
-    next to its neighbour's is measured again once, and a pair still implausible is judged noisy."""
+    """The cost measurement at each batch size of ``missing`` over a cache of ``context`` (``at`` names it
+    in progress where it is not the median prompt); a batch size whose T_t(1) is implausible next to its
+    neighbour's is measured again once, and a pair still implausible is judged noisy."""
     measured: dict[int, CostMeasurement] = {}
+    over = f", over {at}" if at else ""
     for number, batch_size in enumerate(missing, start=1):
         phase = (
             f"profiling the cost of drafting and verifying at batch size {batch_size} "
-            f"({number} of {len(missing)}) on {plan.where}"
+            f"({number} of {len(missing)}){over} on {plan.where}"
         )
         measured[batch_size] = _measure_cost_profile(
             loaded_models, context, k_max, batch_size, phase, progress, plan.cost_mode
@@ -208,10 +234,12 @@ def _linked_or_reusable_profiles(
     k_max: int,
     *,
     reuse: bool,
+    with_slopes: bool = False,
 ) -> tuple[dict[int, int], list[str]]:
     """The profile ids already linked to the run (a resumed run keeps its profiles) and, with
-    ``reuse``, the newest stored one for each other batch size (:func:`_newest_reusable_profile`), by
-    batch size; and the notes on stored profiles passed over as noisy."""
+    ``reuse``, the newest stored one for each other batch size (:func:`_newest_reusable_profile`; one
+    with context slopes where ``with_slopes``: the workload's contexts spread), by batch size; and the
+    notes on stored profiles passed over as noisy."""
     chosen: dict[int, int] = {}
     passed_over: list[str] = []
     with session_factory() as session, session.begin():
@@ -223,7 +251,7 @@ def _linked_or_reusable_profiles(
                 if batch_size in chosen:
                     continue
                 profile_id = _newest_reusable_profile(
-                    session, run, loaded_models.engine, plan, batch_size, k_max, passed_over
+                    session, run, loaded_models.engine, plan, batch_size, k_max, passed_over, with_slopes
                 )
                 if profile_id is not None:
                     chosen[batch_size] = profile_id
@@ -238,10 +266,12 @@ def _newest_reusable_profile(
     batch_size: int,
     k_max: int,
     passed_over: list[str],
+    with_slopes: bool = False,
 ) -> int | None:
     """The id of the newest stored profile of the run's pair in ``engine`` on the plan's device and
-    dtype, in its cost mode, at ``batch_size`` that covers ``k_max`` and was not judged noisy (each
-    noisy one passed over adds a note to ``passed_over``); None when there is none."""
+    dtype, in its cost mode, at ``batch_size`` that covers ``k_max``, has context slopes where
+    ``with_slopes``, and was not judged noisy (each noisy one passed over adds a note to ``passed_over``);
+    None when there is none."""
     for profile in session.scalars(
         select(CostProfile)
         .where(
@@ -258,7 +288,7 @@ def _newest_reusable_profile(
         )
         .order_by(CostProfile.id.desc())
     ):
-        if len(profile.target_forward_s) < k_max:
+        if len(profile.target_forward_s) < k_max or (with_slopes and profile.context_slope_s is None):
             continue
         if profile.quality == "noisy":
             passed_over.append(
@@ -268,6 +298,22 @@ def _newest_reusable_profile(
             continue
         return profile.id
     return None
+
+
+def _long_context(
+    prompt_ids: list[list[int]], median_tokens: int, max_new_tokens: int, k_max: int
+) -> list[int] | None:
+    """The second context profiles are measured over: the longest request's mean context (its prompt plus
+    half its new tokens, less the widest forward, so that the cache fits where the prompt was cut to the
+    model's limit), the longest prompt's ids repeated; None where that is under MIN_CONTEXT_SPREAD times
+    the median prompt (one context then prices the workload)."""
+    longest = max(prompt_ids, key=len, default=[])
+    if not longest:
+        return None
+    length = len(longest) + max(0, max_new_tokens // 2 - k_max)
+    if length < MIN_CONTEXT_SPREAD * max(median_tokens, 1):
+        return None
+    return [longest[i % len(longest)] for i in range(length)]
 
 
 def _profiling_context(prompt_ids: list[list[int]], pad_id: int) -> list[int]:
@@ -348,6 +394,9 @@ def _store_cost_profile(
             draft_step_s=measured.draft_step_s,
             target_prefill_s=measured.target_prefill_s,
             draft_prefill_s=measured.draft_prefill_s,
+            long_context_tokens=measured.long_context_tokens,
+            context_slope_s=measured.context_slope_s,
+            draft_context_slope_s=measured.draft_context_slope_s,
             round_overhead_s=overhead.round_s,
             decode_overhead_s=overhead.decode_s,
             target_forward_spread=quality.spread if quality else None,

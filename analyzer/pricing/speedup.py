@@ -13,17 +13,26 @@ token. So for N output tokens
 which is DESIGN.md's S(g) = E[tokens per round](g) * T_t(1) / (g T_d + T_t(g + 1)) when every round
 drafts g tokens, and accounts exactly for rounds that draft fewer (prompt lookup finding nothing,
 the end of the budget).
+
+A step's time grows with the context it attends over. A profile measured at a second, longer context
+carries the slope of each T_t(k) (and of a draft model's step) per token of context; each request is then
+priced at its own mean context, its prompt plus half its output (:meth:`Cost.for_request`): every cost
+above is linear in the context, so the mean prices the request's steps exactly up to how its rounds spread
+over it. A profile without a slope (one context, or one from before) prices every request alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.run_params import DEFAULT_MARGIN
+
+# the least share of its measured value a step keeps when a context slope prices a shorter context
+MIN_CONTEXT_SHARE = 0.5
 
 TIERS = ("HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED")
 
@@ -33,7 +42,10 @@ class Cost:
     """A measured cost curve: ``target_forward_s`` shape (K,), k = 1..K; ``draft_step_s``; whether
     the draft cost is paid per drafted token (a model) or per round (prompt lookup); the prompt
     processing cost per prompt token of the target and of a model draft (0 when unknown); and the
-    machinery's time per speculative round and per plain decoding step (0 when unknown)."""
+    machinery's time per speculative round and per plain decoding step (0 when unknown); and where the
+    profile measured a second context, the ``context_tokens`` the curve was measured at and the seconds
+    each T_t(k) (``target_context_slope_s``, shape (K,)) and the draft step (``draft_context_slope_s``)
+    add per token of context (empty / 0: priced alike at every length)."""
 
     target_forward_s: Sequence[float]
     draft_step_s: float
@@ -42,6 +54,29 @@ class Cost:
     draft_prefill_s_per_token: float = 0.0
     round_overhead_s: float = 0.0
     decode_overhead_s: float = 0.0
+    context_tokens: int = 0
+    target_context_slope_s: Sequence[float] = ()
+    draft_context_slope_s: float = 0.0
+
+    def at_context(self, tokens: float) -> Cost:
+        """This cost at a context of ``tokens`` tokens: each T_t(k) and the draft step moved along their
+        slopes, never below MIN_CONTEXT_SHARE of the measured value (a slope from two noisy points must not
+        price a short prompt's step at nothing). Itself where no slope was measured."""
+        if not self.target_context_slope_s:
+            return self
+        shift = tokens - self.context_tokens
+        forwards = [
+            max(t + slope * shift, MIN_CONTEXT_SHARE * t)
+            for t, slope in zip(self.target_forward_s, self.target_context_slope_s, strict=True)
+        ]
+        draft = max(
+            self.draft_step_s + self.draft_context_slope_s * shift, MIN_CONTEXT_SHARE * self.draft_step_s
+        )
+        return replace(self, target_forward_s=tuple(forwards), draft_step_s=draft)
+
+    def for_request(self, prompt_tokens: int, output_tokens: int) -> Cost:
+        """This cost at a request's mean context: its prompt plus half its output."""
+        return self.at_context(prompt_tokens + output_tokens / 2)
 
     def prefill_s(self, prompt_tokens: int) -> tuple[float, float]:
         """(target, draft) seconds to process a prompt of ``prompt_tokens`` tokens (linear model)."""
@@ -62,7 +97,13 @@ class Cost:
         return float(self.target_forward_s[0]) + self.decode_overhead_s
 
     def as_json(self) -> dict:
-        """This cost as JSON-ready data (a published policy set stores it; :meth:`from_json` reads it)."""
+        """This cost as JSON-ready data (a published policy set stores it; :meth:`from_json` reads it); the
+        context keys only where a slope was measured, so a cost without one reads as it was stored before."""
+        context = {
+            "context_tokens": int(self.context_tokens),
+            "target_context_slope_s": [float(t) for t in self.target_context_slope_s],
+            "draft_context_slope_s": float(self.draft_context_slope_s),
+        }
         return {
             "target_forward_s": [float(t) for t in self.target_forward_s],
             "draft_step_s": float(self.draft_step_s),
@@ -71,6 +112,7 @@ class Cost:
             "draft_prefill_s_per_token": float(self.draft_prefill_s_per_token),
             "round_overhead_s": float(self.round_overhead_s),
             "decode_overhead_s": float(self.decode_overhead_s),
+            **(context if self.target_context_slope_s else {}),
         }
 
     @classmethod
@@ -86,6 +128,9 @@ class Cost:
             float(data.get("draft_prefill_s_per_token", 0.0)),
             float(data.get("round_overhead_s", 0.0)),
             float(data.get("decode_overhead_s", 0.0)),
+            int(data.get("context_tokens", 0)),
+            tuple(float(t) for t in data.get("target_context_slope_s", ())),
+            float(data.get("draft_context_slope_s", 0.0)),
         )
 
 
@@ -109,15 +154,17 @@ def pooled_speedup(
     cost: Cost,
     prompt_tokens: Sequence[int] | None = None,
 ) -> float:
-    """Throughput speedup of a group of requests: total greedy time over total speculative time."""
+    """Throughput speedup of a group of requests: total greedy time over total speculative time, each
+    request's steps priced at its own mean context."""
     prompt_tokens = prompt_tokens if prompt_tokens is not None else [0] * len(output_tokens)
     greedy = spec = 0.0
     for n, hist, p in zip(output_tokens, drafted_hists, prompt_tokens):
         if n <= 0:
             continue
         target_prefill, draft_prefill = cost.prefill_s(p)
-        greedy += target_prefill + n * cost.decode_s
-        spec += target_prefill + draft_prefill + speculative_time_s(hist, cost)
+        at = cost.for_request(p, n)
+        greedy += target_prefill + n * at.decode_s
+        spec += target_prefill + draft_prefill + speculative_time_s(hist, at)
     return greedy / spec if spec > 0 else float("nan")
 
 
