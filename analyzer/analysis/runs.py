@@ -399,13 +399,15 @@ def execute_chunk(
         if chunk.kind != "measure":  # long work between batches: the heartbeat is renewed as it goes
             progress = renewing_heartbeat(session_factory, chunk, worker_id, progress)
         if chunk.kind == "profile":
-            median = sorted(prompts, key=_prompt_chars)[len(prompts) // 2]
+            # the median prompt is profiled over, the longest one's request again (the context slopes)
+            by_length = sorted(prompts, key=_prompt_chars)
+            ends = [by_length[0], by_length[len(by_length) // 2], by_length[-1]] if by_length else []
             profile_run_costs(
                 session_factory,
                 run_id,
                 loaded_models,
                 params,
-                [model_cache.encode(median, params).ids],
+                [model_cache.encode(p, params).ids for p in ends],
                 progress,
                 quiet_wait_s=quiet_wait_s,
             )

@@ -18,6 +18,7 @@ from time import perf_counter, process_time
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 from transformers import DynamicCache, PreTrainedModel
 
 from analyzer.measuring.interference import TimingQuality, checked_timings, interleaved_repeats
@@ -56,14 +57,18 @@ class CostMeasurement:
 
 def with_context_slopes(base: CostMeasurement, long: CostMeasurement) -> CostMeasurement:
     """``base`` with the slopes from it to ``long``, the same measurement over a longer cache: per token of
-    context, what each T_t(k) and the draft step add (never negative: a longer context is not faster, and a
-    negative difference is the two measurements' noise). ``long``'s timing quality is folded into base's."""
+    context, what each T_t(k) and the draft step add. Each T_t(k)'s difference is the difference of two
+    noisy medians, so the slopes are fitted over k as a row's context plus k - 1 more rows'
+    (``s_1 + (k - 1) s_row``, both non-negative: a longer context is not faster), not taken one k at a time
+    (which bent T_t(k) / T_t(1) at other lengths by the noise of each point). ``long``'s timing quality is
+    folded into base's."""
     span = long.context_tokens - base.context_tokens
     if span <= 0:
         raise ValueError(f"the long context ({long.context_tokens}) is not longer than {base.context_tokens}")
-    slopes = [
-        max(0.0, (far - near) / span) for near, far in zip(base.target_forward_s, long.target_forward_s)
-    ]
+    differences = np.asarray(long.target_forward_s, dtype=np.float64) - np.asarray(base.target_forward_s)
+    rows = np.arange(len(differences), dtype=np.float64)
+    first, per_row = nnls(np.column_stack([np.ones_like(rows), rows]), differences / span)[0]
+    slopes = [float(first + per_row * k) for k in rows]
     quality = base.quality
     if quality is not None and long.quality is not None:
         quality = quality.combined(long.quality, f"at {long.context_tokens} tokens of context")
