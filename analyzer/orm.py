@@ -385,6 +385,8 @@ class ValidationResult(Base):
     # consecutive greedy runs are pairs of identical work, from which the machine's noise is measured
     greedy_times_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
     speculative_times_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
+    # the share of the machine's CPU time the hypervisor took meanwhile (/proc/stat's steal; None: not known)
+    steal_share: Mapped[Optional[float]] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "prompt_id", "gamma"),)

@@ -17,6 +17,7 @@ gives. Writes JSON to benchmarks/results/.
 
     python benchmarks/transformers_transfer.py --workload unseen
     python benchmarks/transformers_transfer.py --workload long
+    python benchmarks/transformers_transfer.py --workload mixed --per-task 2
 
 The workloads are ``benchmarks/cost_transfer.py``'s. Run it with nothing else on the machine; every figure is
 for the CPU model and thread count it prints.
@@ -59,8 +60,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def workload_file(workload: str, per_task: int) -> bytes:
-    """The workload as a JSONL prompt file (id, prompt, task)."""
-    prompts = unseen_prompts(per_task) if workload == "unseen" else long_prompts()
+    """The workload as a JSONL prompt file (id, prompt, task); ``mixed``: the unseen prompts (``per_task``
+    per task) and every other long one, short and long prompts in one workload, so that one context cannot
+    price both."""
+    if workload == "unseen":
+        prompts = unseen_prompts(per_task)
+    elif workload == "long":
+        prompts = long_prompts()
+    else:
+        prompts = unseen_prompts(per_task) + long_prompts()[::2]
     rows = [{"id": p.key, "prompt": p.messages[-1]["content"], "task": p.task} for p in prompts]
     return "\n".join(json.dumps(row) for row in rows).encode() + b"\n"
 
@@ -142,7 +150,7 @@ def print_judgement(name: str, figures: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=("unseen", "long"), default="unseen")
+    parser.add_argument("--workload", choices=("unseen", "long", "mixed"), default="unseen")
     parser.add_argument(
         "--per-task", type=int, default=8, help="prompts per task of dev-extra.jsonl (unseen)"
     )

@@ -111,6 +111,25 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     assert sum(report["entropy_table"]["positions"]) == sum(
         max(p["output_tokens"] - 1, 0) for p in report["prompts"]
     )
+    # each validated prompt ran greedy and speculative twice on this CPU: its two greedy runs are one pair of
+    # identical work, the machine's noise beside the validation's figures
+    for validation in report["validation"]:
+        assert len(validation["greedy_times_s"]) == len(validation["speculative_times_s"]) == 2
+        assert validation["greedy_time_s"] == pytest.approx(np.median(validation["greedy_times_s"]))
+    summary = report["validation_summary"]["run"]
+    assert summary["noise_pairs"] == 2 and summary["noise_floor_pct"] is not None
+    assert summary["noise_verdict"] in ("quiet", "noisy") and summary["aggregate_missed"] in (True, False)
+    greedy = sum(v["greedy_time_s"] for v in report["validation"])
+    assert summary["aggregate_measured"] == pytest.approx(
+        greedy / sum(v["speculative_time_s"] for v in report["validation"])
+    )
+    # the three routing numbers: per task and "all", the oracle the ceiling of the other two, none below off
+    routing = report["routing"]
+    assert [r["group"] for r in routing] == ["code", "translation", "unlabelled", "all"]
+    for row in routing:
+        assert 1.0 <= row["by_task"] <= row["oracle"] + 1e-9 and row["static"] <= row["oracle"] + 1e-9
+        assert row["oracle_interval"][0] <= row["oracle_interval"][1]
+    assert routing[-1]["prompts"] == 4
 
 
 def test_ngram_run_reuses_the_cost_profile_unless_reprofile(cli_db, model_folders, tmp_path):

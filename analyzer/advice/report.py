@@ -12,7 +12,8 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from analyzer.advice.summary import UNLABELLED, AnalysisSummary, finite, load_results
+from analyzer.advice.routing_ceiling import routing_ceiling
+from analyzer.advice.summary import UNLABELLED, AnalysisSummary, finite, load_results, prompt_times
 from analyzer.advice.summary_store import run_summary
 from analyzer.engine.engines import engine_named, measuring_engine, pricing_entry
 from analyzer.errors import SpecrouteError
@@ -66,11 +67,13 @@ def validation_summary(rows: list[dict]) -> dict | None:
 def _above_noise(quiet: list[dict]) -> dict:
     """The machine's run-to-run noise and predicted against measured beside it, over the quiet rows: the
     noise floor (``noise_floor_pct``: the mean |log ratio| of consecutive greedy runs of the same prompt,
-    ``noise_pairs`` of them); the time-weighted aggregate, measured (summed greedy over summed speculative
-    time) and predicted (summed greedy over summed greedy / predicted speedup), and its error
+    ``noise_pairs`` of them), the hypervisor's mean steal over the validations (``steal_pct``) and the
+    verdict (``noise_verdict``: quiet, noisy over a 15% floor or 10% steal, unknown; ``noise_notes`` why);
+    the time-weighted aggregate, measured (summed greedy over summed speculative time) and predicted (summed
+    greedy over summed greedy / predicted speedup), and its error
     (``aggregate_error_pct``); the share of prompts whose error is within the floor for their number of
-    runs plus PER_PROMPT_MARGIN (``within_noise``); and the correlation of predicted and measured speedup
-    (None under 3 prompts or without spread)."""
+    runs plus PER_PROMPT_MARGIN (``within_noise``); the correlation of predicted and measured speedup
+    (None under 3 prompts or without spread); and :func:`_aggregate_check`'s bound."""
     from analyzer.measuring.noise import noise_floor
 
     pairs = [
@@ -78,7 +81,9 @@ def _above_noise(quiet: list[dict]) -> dict:
         for r in quiet
         for a, b in zip(r.get("greedy_times_s") or [], (r.get("greedy_times_s") or [])[1:])
     ]
-    noise = noise_floor([a for a, _ in pairs], [b for _, b in pairs])
+    steals = [r["steal_share"] for r in quiet if r.get("steal_share") is not None]
+    steal = float(np.mean(steals)) if steals else None
+    noise = noise_floor([a for a, _ in pairs], [b for _, b in pairs], steal=steal)
     greedy = np.array([r["greedy_time_s"] for r in quiet], dtype=np.float64)
     speculative = np.array([r["speculative_time_s"] for r in quiet], dtype=np.float64)
     predicted = np.array([r["predicted_speedup"] for r in quiet], dtype=np.float64)
@@ -96,6 +101,9 @@ def _above_noise(quiet: list[dict]) -> dict:
     return {
         "noise_floor_pct": finite(noise.floor * 100) if noise.floor is not None else None,
         "noise_pairs": noise.pairs,
+        "steal_pct": finite(steal * 100) if steal is not None else None,
+        "noise_verdict": noise.verdict,
+        "noise_notes": noise.notes,
         "aggregate_predicted": finite(float(aggregate_predicted)) if aggregate_predicted else None,
         "aggregate_measured": finite(float(aggregate_measured)) if aggregate_measured else None,
         "aggregate_error_pct": finite(abs(aggregate_predicted / aggregate_measured - 1) * 100)
@@ -103,7 +111,20 @@ def _above_noise(quiet: list[dict]) -> dict:
         else None,
         "within_noise": within,
         "correlation": finite(float(np.corrcoef(predicted, measured)[0, 1])) if spread else None,
+        **_aggregate_check(aggregate_predicted, aggregate_measured, noise.run_error),
     }
+
+
+def _aggregate_check(predicted: float | None, measured: float | None, run_error: float | None) -> dict:
+    """Whether the time-weighted aggregate missed by more than the bound every fit is held to
+    (:func:`analyzer.pricing.context_cost.fit_error_bound`: 5 points beyond one run's noise on this machine):
+    ``aggregate_bound_pct`` and ``aggregate_missed`` (None: nothing to check)."""
+    from analyzer.pricing.context_cost import fit_error_bound
+
+    bound = fit_error_bound(run_error)
+    if not predicted or not measured:
+        return {"aggregate_bound_pct": finite(bound * 100), "aggregate_missed": None}
+    return {"aggregate_bound_pct": finite(bound * 100), "aggregate_missed": abs(predicted / measured - 1) > bound}
 
 
 ADVICE_WITHHELD = "Advice withheld: measured on a busy machine"
@@ -173,6 +194,28 @@ def _k_ranges(ks: str) -> str:
     )
 
 
+def routing_numbers(results: list[PromptResult], summary: AnalysisSummary) -> list[dict] | None:
+    """How much a finer router could still win (:mod:`analyzer.advice.routing_ceiling`), per task and for
+    "all" (last): the best single gamma for every prompt, each task on its own best gamma, and each prompt on
+    its own (the per-prompt oracle), each predicted from the exact replays at the run's first batch size,
+    time-weighted, with 95% intervals; a gamma is chosen for a task or the workload only where it beats plain
+    by the run's margin. None for a sampling run (its curves are expectations, not replays) or without a cost."""
+    with_output = [r for r in results if r.output_tokens > 0]
+    if summary.sampling or summary.cost is None or not with_output:
+        return None
+    gammas = range(1, summary.gamma_max + 1)
+    plain = prompt_times(with_output, summary.cost, False, 1)[0]
+    options = np.column_stack([prompt_times(with_output, summary.cost, False, g)[1] for g in gammas])
+    ceilings = routing_ceiling(
+        [r.task_type or UNLABELLED for r in with_output],
+        plain,
+        options,
+        [f"gamma {g}" for g in gammas],
+        min_speedup=1.0 + summary.margin,
+    )
+    return [c.as_dict() for c in ceilings]
+
+
 def run_advice_withheld(run: AnalysisRun) -> str | None:
     """:func:`advice_withheld` for a stored run (publishing and the policies page ask it)."""
     return advice_withheld(_cost_profile_fields(run)["cost_profiles"])
@@ -202,6 +245,7 @@ def build_report(session: Session, run_id: int) -> dict:
         else engine_named(run.measured_by).report_cost_mode(run.run_params),
         "priced_by": _priced_by(run, own),
         "advice_withheld": advice_withheld(profiles["cost_profiles"]),
+        "routing": routing_numbers(results, summary),
         "prompts": _prompt_rows(results, summary, validations),
         "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
         "workload": summary.workload.as_dict() if summary.workload else None,
@@ -354,6 +398,7 @@ def _validation_rows(
                 "disturbed": disturbed(v.others_cpu),
                 "greedy_times_s": v.greedy_times_s,
                 "speculative_times_s": v.speculative_times_s,
+                "steal_share": v.steal_share,
             }
         )
     return rows
@@ -401,6 +446,9 @@ def profile_dict(profile: CostProfile) -> dict:
         "spread": list(profile.target_forward_spread) if profile.target_forward_spread is not None else None,
         "threads": profile.threads,
         "context_tokens": profile.context_tokens,
+        "long_context_tokens": profile.long_context_tokens,
+        "context_slope_s": list(profile.context_slope_s) if profile.context_slope_s is not None else None,
+        "draft_context_slope_s": profile.draft_context_slope_s,
         "target": profile.pair.target.spec,
         "draft": profile.pair.draft.spec,
         "created_at": profile.created_at.isoformat(timespec="seconds"),

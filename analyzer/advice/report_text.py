@@ -71,8 +71,31 @@ def report_text(report: dict) -> str:
     lines.append("speculate for: " + (", ".join(on) if on else "no task type") + "\n")
     lines.extend(_task_table(report))
     lines.extend(_batch_table(report))
+    lines.extend(_routing_lines(report))
     lines.extend(_validation_lines(report))
     return "\n".join(lines)
+
+
+def _routing_lines(report: dict) -> list[str]:
+    """The three routing numbers per task and overall (nothing for a sampling run)."""
+    rows = report.get("routing")
+    if not rows:
+        return []
+
+    def number(value: float, interval) -> str:
+        return f"{value:.3f}x [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+    lines = [
+        "\nhow much a finer router could win (predicted from the replays, time-weighted, 95% intervals):",
+        f"  {'group':<18} {'prompts':>7}  {'best single gamma':<34} {'routing by task':<26} per-prompt oracle",
+    ]
+    for row in rows:
+        static = f"{number(row['static'], row['static_interval'])} ({row['static_option'] or 'off'})"
+        lines.append(
+            f"  {row['group']:<18} {row['prompts']:>7}  {static:<34} "
+            f"{number(row['by_task'], row['by_task_interval']):<26} {number(row['oracle'], row['oracle_interval'])}"
+        )
+    return lines
 
 
 def _run_line(report: dict) -> str:
@@ -195,6 +218,12 @@ def _validation_lines(report: dict) -> list[str]:
     ]
     if summary.get("aggregate_measured") is not None:
         lines.append(_noise_text(summary))
+    if summary.get("aggregate_missed"):
+        lines.append(
+            f"  THE PREDICTION MISSED: the time-weighted speedup is {_pct(summary['aggregate_error_pct'])} off, over "
+            f"the bound of {_pct(summary['aggregate_bound_pct'])} (5 points beyond one run's noise): measure again "
+            "(--reprofile) before following this advice"
+        )
     for task, t in report["validation_summary"]["tasks"].items():
         lines.append(
             f"  {task:<16} n={t['validated']} identical {t['identical']}, passes err "
@@ -211,6 +240,10 @@ def _noise_text(summary: dict) -> str:
         if floor is not None
         else "noise not measured (fewer than 2 pairs of greedy runs)"
     )
+    if summary.get("steal_pct") is not None:
+        noise += f", steal {summary['steal_pct']:.1f}%"
+    if summary.get("noise_verdict") == "noisy":
+        noise += " — TOO NOISY to judge advice: " + "; ".join(summary.get("noise_notes") or [])
     within = summary.get("within_noise")
     correlation = summary.get("correlation")
     return (

@@ -307,7 +307,7 @@ def _group_curve(results: list[PromptResult], cost: Cost, sampling: bool, gamma_
     return curve
 
 
-def _prompt_times(
+def prompt_times(
     results: list[PromptResult], cost: Cost, sampling: bool, gamma: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt (with output), predicted seconds without and with speculation at ``gamma``; the
@@ -342,7 +342,7 @@ def _decision(
     curve = _group_curve(results, cost, sampling, gamma_max)
     g_star, s_star = best_gamma(curve)
     greedy, speculative = (
-        _prompt_times(results, cost, sampling, g_star) if g_star else (np.empty(0), np.empty(0))
+        prompt_times(results, cost, sampling, g_star) if g_star else (np.empty(0), np.empty(0))
     )
     # one prompt has no spread: no interval rather than a zero-width one
     interval = (

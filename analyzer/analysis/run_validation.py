@@ -38,6 +38,7 @@ def validate_run(
     again after another wait (while the budget lasts), and the less disturbed measurement is kept
     with its share (``others_cpu``), so that the report can mark it."""
     from analyzer.measuring.interference import wait_for_quiet
+    from analyzer.measuring.noise import machine_sample, steal_share
 
     summary, validated, stored = _stored_for_validation(session_factory, run_id)
     already = [p for p in summary.prompts if p.prompt_id in validated]
@@ -50,9 +51,11 @@ def validate_run(
             progress(number - 1, len(chosen), "validating with real speculative decoding")
         gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
         prompt_ids, output_ids = stored[prompt.prompt_id]
+        before = machine_sample()
         measured, others = _least_disturbed_validation(
             loaded_models, prompt_ids, params, gamma, deadline, progress
         )
+        steal = steal_share(before, machine_sample())
         with session_factory() as session, session.begin():
             session.add(
                 ValidationResult(
@@ -70,6 +73,7 @@ def validate_run(
                     others_cpu=others,
                     greedy_times_s=list(measured.greedy_times_s) or None,
                     speculative_times_s=list(measured.speculative_times_s) or None,
+                    steal_share=steal,
                 )
             )
     if progress and chosen:

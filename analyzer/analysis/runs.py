@@ -72,6 +72,9 @@ from analyzer.pricing.run_costs import profile_run_costs
 from analyzer.progress import ProgressCallback
 from analyzer.settings import load_settings
 
+# the prompts longest in characters whose tokens are counted to find the longest request (the context slopes)
+LONGEST_CANDIDATES = 8
+
 
 @dataclass
 class CountsAtGamma:
@@ -399,15 +402,21 @@ def execute_chunk(
         if chunk.kind != "measure":  # long work between batches: the heartbeat is renewed as it goes
             progress = renewing_heartbeat(session_factory, chunk, worker_id, progress)
         if chunk.kind == "profile":
-            # the median prompt is profiled over, the longest one's request again (the context slopes)
+            # the median prompt is profiled over, the longest one's request again (the context slopes); the
+            # longest in tokens among the longest in characters (code and prose differ by 1.5x per character)
             by_length = sorted(prompts, key=_prompt_chars)
-            ends = [by_length[0], by_length[len(by_length) // 2], by_length[-1]] if by_length else []
+            median = [model_cache.encode(by_length[len(by_length) // 2], params).ids] if by_length else []
+            longest = max(
+                (model_cache.encode(p, params).ids for p in by_length[-LONGEST_CANDIDATES:]),
+                key=len,
+                default=[],
+            )
             profile_run_costs(
                 session_factory,
                 run_id,
                 loaded_models,
                 params,
-                [model_cache.encode(p, params).ids for p in ends],
+                [median[0], median[0], longest] if median else [],
                 progress,
                 quiet_wait_s=quiet_wait_s,
             )

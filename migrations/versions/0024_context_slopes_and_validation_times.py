@@ -1,7 +1,8 @@
 """A cost profile keeps how its step times grow with the context: measured at a second, longer context
 (``long_context_tokens``), the seconds each T_t(k) adds per token of context (``context_slope_s``, one per k)
 and a draft model's step (``draft_context_slope_s``). A validation keeps each timed run (``greedy_times_s``,
-``speculative_times_s``, in the order they ran), from which the machine's run-to-run noise is measured.
+``speculative_times_s``, in the order they ran), from which the machine's run-to-run noise is measured, and
+the share of the machine's CPU time the hypervisor took meanwhile (``steal_share``).
 
 Existing rows keep NULL: a profile measured at one context prices every prompt alike, as before; a
 validation from before has its medians only.
@@ -22,7 +23,7 @@ branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 PROFILE_COLUMNS = ("long_context_tokens", "context_slope_s", "draft_context_slope_s")
-VALIDATION_COLUMNS = ("greedy_times_s", "speculative_times_s")
+VALIDATION_COLUMNS = ("greedy_times_s", "speculative_times_s", "steal_share")
 
 
 def upgrade() -> None:
@@ -36,6 +37,7 @@ def upgrade() -> None:
     op.add_column(
         "validation_results", sa.Column("speculative_times_s", sa.JSON(none_as_null=True), nullable=True)
     )
+    op.add_column("validation_results", sa.Column("steal_share", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
