@@ -4,10 +4,10 @@ the embedded SmolLM2-135M-Instruct with prompt lookup, in transformers, on this 
 validated at several gammas with the product's own validation (plain greedy and assisted generation, two
 runs each, alternated), priced twice from the same analysis:
 
-- **before**: its cost profile at one context (the median prompt's), every prompt priced alike, as every run
-  was priced until issue 42;
+- **before**: its cost profile at one context (the median prompt's), every prompt priced alike, as runs are
+  priced (:func:`analyzer.advice.summary.cost_from_profile`);
 - **after**: the same profile with its context slopes (measured again over the longest request's context),
-  each prompt priced at its own mean context.
+  each prompt priced at its own mean context (``with_context=True``).
 
 Printed per gamma, for each model: the time-weighted aggregate predicted and measured speedup and its error,
 the per-prompt error, the share of prompts within the machine's noise floor + 3 points, the correlation among
@@ -31,7 +31,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,14 +44,14 @@ from cost_transfer import LONG_CONTEXT_TASKS, long_prompts, unseen_prompts  # no
 
 import migrations  # noqa: E402
 from analyzer.advice.report import validation_summary  # noqa: E402
-from analyzer.advice.summary import cost_for_run  # noqa: E402
+from analyzer.advice.summary import cost_for_run, cost_from_profile  # noqa: E402
 from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
 from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.engine.engines import measuring_engine  # noqa: E402
 from analyzer.models.devices import cpu_model_name  # noqa: E402
 from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
-from analyzer.pricing.speedup import Cost, predicted_speedup  # noqa: E402
+from analyzer.pricing.speedup import predicted_speedup  # noqa: E402
 from analyzer.prompts.prompt_sets import import_prompt_file  # noqa: E402
 
 TARGET, DRAFT = "builtin:smollm2-135m-instruct", "ngram"
@@ -91,11 +90,6 @@ def analyse(sessions, args, cache_dir: Path) -> int:
     )
     print(file=sys.stderr)
     return run_id
-
-
-def flat(cost: Cost) -> Cost:
-    """The cost as runs had it before issue 42: one context, every prompt priced alike."""
-    return replace(cost, target_context_slope_s=(), draft_context_slope_s=0.0)
 
 
 def judge(rows: list[dict], key: str) -> dict:
@@ -172,6 +166,7 @@ def main() -> None:
             run = session.get(AnalysisRun, run_id)
             params, pair, cost = run.run_params, run.pair, cost_for_run(run)
             profile = run.cost_profile
+            with_context = cost_from_profile(profile, run.pair.draft.kind, with_context=True)
             query = select(PromptResult).where(PromptResult.run_id == run_id).order_by(PromptResult.id)
             results = list(session.scalars(query.options(selectinload(PromptResult.gamma_counts))))
             loaded = measuring_engine(run.measured_by).load(
@@ -214,8 +209,10 @@ def main() -> None:
                     "greedy_time_s": measured.greedy_time_s,
                     "speculative_time_s": measured.speculative_time_s,
                     "measured_speedup": measured.measured_speedup,
-                    "after": predicted_speedup(result.output_tokens, hist, cost, result.prompt_tokens),
-                    "before": predicted_speedup(result.output_tokens, hist, flat(cost), result.prompt_tokens),
+                    "after": predicted_speedup(
+                        result.output_tokens, hist, with_context, result.prompt_tokens
+                    ),
+                    "before": predicted_speedup(result.output_tokens, hist, cost, result.prompt_tokens),
                 }
             )
         print(f"\r  validated {number}/{len(results)}      ", end="", file=sys.stderr)

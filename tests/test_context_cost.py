@@ -354,6 +354,8 @@ def test_a_runs_validation_reports_the_machines_noise_and_the_aggregate_beside_i
     # the bound every fit is held to: 5 points beyond one run's noise (floor / sqrt 2); the third prompt's 20%
     # puts the aggregate 9.9% off, over it; predictions 2% high are not
     assert summary["aggregate_bound_pct"] == pytest.approx(100 * (0.05 + np.mean(logs) / math.sqrt(2)))
-    assert summary["aggregate_error_pct"] == pytest.approx(9.9, abs=0.1) and summary["aggregate_missed"] is True
+    assert (
+        summary["aggregate_error_pct"] == pytest.approx(9.9, abs=0.1) and summary["aggregate_missed"] is True
+    )
     close = validation_summary([{**r, "predicted_speedup": 1.02 * r["measured_speedup"]} for r in rows])
     assert close["aggregate_missed"] is False and close["aggregate_error_pct"] == pytest.approx(2.0)

@@ -124,7 +124,10 @@ def _aggregate_check(predicted: float | None, measured: float | None, run_error:
     bound = fit_error_bound(run_error)
     if not predicted or not measured:
         return {"aggregate_bound_pct": finite(bound * 100), "aggregate_missed": None}
-    return {"aggregate_bound_pct": finite(bound * 100), "aggregate_missed": abs(predicted / measured - 1) > bound}
+    return {
+        "aggregate_bound_pct": finite(bound * 100),
+        "aggregate_missed": bool(abs(predicted / measured - 1) > bound),
+    }
 
 
 ADVICE_WITHHELD = "Advice withheld: measured on a busy machine"

@@ -221,9 +221,15 @@ class AnalysisSummary:
 # ---------------------------------------------------------------- cost of a run
 
 
-def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
+def cost_from_profile(profile: CostProfile, draft_kind: str, *, with_context: bool = False) -> Cost:
     """The cost model of one stored profile; the machinery overhead counts as 0 where a profile from
-    before it was measured has none, and its context slopes as 0 where it measured one context only."""
+    before it was measured has none. ``with_context``: with the profile's context slopes (0 where it measured
+    one context), each prompt priced at its own mean context. Runs are priced without them: on a workload of
+    short and long prompts together (33 prompts, 39-2,156 tokens, the embedded SmolLM2 with prompt lookup on a
+    2-core Xeon, ``benchmarks/transformers_transfer.py --workload mixed``) pricing with the slopes missed the
+    measured time-weighted speedup by 4.2-6.0% at gamma 1, 3, 6, against 3.2-5.6% without: the slopes come
+    from synthetic forwards over a second cache, and generate() at long contexts made speculation costlier
+    than they say (benchmarks/RESULTS.md)."""
     tokens = max(profile.context_tokens, 1)
     return Cost(
         profile.target_forward_s,
@@ -234,8 +240,8 @@ def cost_from_profile(profile: CostProfile, draft_kind: str) -> Cost:
         round_overhead_s=profile.round_overhead_s or 0.0,
         decode_overhead_s=profile.decode_overhead_s or 0.0,
         context_tokens=profile.context_tokens,
-        target_context_slope_s=list(profile.context_slope_s or []),
-        draft_context_slope_s=profile.draft_context_slope_s or 0.0,
+        target_context_slope_s=list(profile.context_slope_s or []) if with_context else [],
+        draft_context_slope_s=(profile.draft_context_slope_s or 0.0) if with_context else 0.0,
     )
 
 
