@@ -207,7 +207,7 @@ def routing_numbers(results: list[PromptResult], summary: AnalysisSummary) -> li
     if summary.sampling or summary.cost is None or not with_output:
         return None
     gammas = range(1, summary.gamma_max + 1)
-    plain = prompt_times(with_output, summary.cost, False, 1)[0]
+    plain = [float(t) for t in prompt_times(with_output, summary.cost, False, 1)[0]]
     options = np.column_stack([prompt_times(with_output, summary.cost, False, g)[1] for g in gammas])
     ceilings = routing_ceiling(
         [r.task_type or UNLABELLED for r in with_output],
