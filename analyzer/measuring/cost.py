@@ -18,7 +18,6 @@ from time import perf_counter, process_time
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 from transformers import DynamicCache, PreTrainedModel
 
 from analyzer.measuring.interference import TimingQuality, checked_timings, interleaved_repeats
@@ -57,18 +56,15 @@ class CostMeasurement:
 
 def with_context_slopes(base: CostMeasurement, long: CostMeasurement) -> CostMeasurement:
     """``base`` with the slopes from it to ``long``, the same measurement over a longer cache: per token of
-    context, what each T_t(k) and the draft step add. Each T_t(k)'s difference is the difference of two
-    noisy medians, so the slopes are fitted over k as a row's context plus k - 1 more rows'
-    (``s_1 + (k - 1) s_row``, both non-negative: a longer context is not faster), not taken one k at a time
-    (which bent T_t(k) / T_t(1) at other lengths by the noise of each point). ``long``'s timing quality is
-    folded into base's."""
+    context, what each T_t(k) and the draft step add. Each k's own slope (its difference over the span), never
+    negative and never below a smaller k's (more rows attend over the same context): measured, the slope grows
+    from k = 1 to k = 4 and then saturates (7.7, 21 and 22 µs per token at k = 1, 4, 7 for SmolLM2-135M on a
+    2-core Xeon), which a slope linear in k does not follow. ``long``'s timing quality is folded into base's."""
     span = long.context_tokens - base.context_tokens
     if span <= 0:
         raise ValueError(f"the long context ({long.context_tokens}) is not longer than {base.context_tokens}")
     differences = np.asarray(long.target_forward_s, dtype=np.float64) - np.asarray(base.target_forward_s)
-    rows = np.arange(len(differences), dtype=np.float64)
-    first, per_row = nnls(np.column_stack([np.ones_like(rows), rows]), differences / span)[0]
-    slopes = [float(first + per_row * k) for k in rows]
+    slopes = [float(v) for v in np.maximum.accumulate(np.maximum(differences / span, 0.0))]
     quality = base.quality
     if quality is not None and long.quality is not None:
         quality = quality.combined(long.quality, f"at {long.context_tokens} tokens of context")
