@@ -56,6 +56,7 @@ from analyzer.analysis.server_figures import ceilings
 from analyzer.analysis.server_text import cost_text, noise_text
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llamacpp_engine import gguf_file
+from analyzer.measuring.noise import PER_PROMPT_MARGIN
 from analyzer.measuring.server_drafting import ServerReplay, parse_drafter
 from analyzer.models.devices import cpu_model_name
 from analyzer.models.specs import parse_spec
@@ -68,7 +69,6 @@ LICENSES = Path("/usr/share/common-licenses")
 DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
 LONG_CONTEXT_TASKS = ("rag", "summarization", "extraction", "translation")
 LEGACY_CALIBRATION = 6
-PER_PROMPT_MARGIN = 0.03
 RESULTS = HERE / "results"
 
 Price = Callable[[ServerReplay], tuple[float, float]]  # a replay -> (plain ms, speculative ms)

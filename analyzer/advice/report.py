@@ -30,9 +30,6 @@ class ReportError(SpecrouteError, LookupError):
     status, code = 404, "report_not_found"
 
 
-PER_PROMPT_MARGIN = 0.03  # a prompt's error is "within noise" under its noise floor plus this
-
-
 def validation_summary(rows: list[dict]) -> dict | None:
     """Real speculative decoding against the replay for a group of validation rows: how many, outputs
     identical to plain greedy and to the analysed output, the mean absolute error of target passes
@@ -74,7 +71,7 @@ def _above_noise(quiet: list[dict]) -> dict:
     (``aggregate_error_pct``); the share of prompts whose error is within the floor for their number of
     runs plus PER_PROMPT_MARGIN (``within_noise``); the correlation of predicted and measured speedup
     (None under 3 prompts or without spread); and :func:`_aggregate_check`'s bound."""
-    from analyzer.measuring.noise import noise_floor
+    from analyzer.measuring.noise import PER_PROMPT_MARGIN, noise_floor
 
     pairs = [
         (a, b)

@@ -634,10 +634,10 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
         trials = [(k, s, t) for k, s in settings for t in s.quiet_trials] or [
             (k, s, t) for k, s in settings for t in s.trials
         ]
-        exact = [(k, s, t) for k, s, t in trials if s.replayed_as_served(t)]
+        served = [(k, s, t) for k, s, t in trials if s.replayed_as_served(t)]
         samples: list[Sample] = [
             (key, s.trial_replay(t).work(), t.measured.completion.predicted_ms)
-            for key, s, t in (exact or trials)
+            for key, s, t in (served or trials)
         ]
         try:
             costs[family] = fit_server_cost(plain, samples, fit_step=family == "draft model")

@@ -16,11 +16,9 @@ import numpy as np
 
 from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
 from analyzer.analysis.server_analysis import MIN_SPEEDUP, ServerAnalysis, SettingOutcome, Trial
-from analyzer.measuring.noise import aggregate_half_width
+from analyzer.measuring.noise import PER_PROMPT_MARGIN, aggregate_half_width
 from analyzer.measuring.server_drafting import ServerDrafter
 from analyzer.pricing.server_cost import ServerCost
-
-PER_PROMPT_MARGIN = 0.03  # a prompt's error is "within the noise" up to its noise floor plus this
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ import numpy as np
 
 MAX_NOISE_FLOOR = 0.15  # over this mean error of a one-run speedup on identical work, advice is withheld
 MAX_STEAL_SHARE = 0.10  # ... and over this share of the CPU taken by the hypervisor meanwhile
+# a prompt's error is "within the noise" up to its noise floor (for its number of runs) plus this
+PER_PROMPT_MARGIN = 0.03
 FREQUENCY_NOTE = 0.05  # a clock that moved more than this (relative) is named in the notes
 Z_95 = 1.959964  # the normal quantile of a two-sided 95% interval
 
