@@ -129,6 +129,7 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
 
 _WRITE_LOCK = "specroute_write_lock"
 _LOCK_FD = "specroute_write_lock_fd"
+_LOCKED_TRANSACTION = "specroute_locked_transaction"
 MAX_ID = 2**63 - 1  # the largest primary key a database column holds; larger ids from users are "not found"
 
 
@@ -136,8 +137,17 @@ def lock_for_write(session: Session) -> None:
     """Start the session's transaction holding the write lock (SQLite: BEGIN IMMEDIATE), for a
     transaction that reads rows and writes values computed from them: concurrent ones (other
     threads or processes) then run one after the other instead of failing on a stale snapshot.
-    Call it first in the transaction; on other backends lock the rows read (SELECT ... FOR UPDATE)."""
+    Call it first in the transaction (again in the same transaction: nothing more happens); on other
+    backends lock the rows read (SELECT ... FOR UPDATE).
+
+    On SQLite every transaction that writes after it has read must begin so: one begun as a plain
+    read fails at its first write, at once and whatever the busy timeout, with "database is locked"
+    when another connection committed since its first read (its snapshot is then stale)."""
+    transaction = session.get_transaction()
+    if transaction is not None and session.info.get(_LOCKED_TRANSACTION) is transaction:
+        return
     session.connection(execution_options={_WRITE_LOCK: True})
+    session.info[_LOCKED_TRANSACTION] = session.get_transaction()
 
 
 def engine_from_settings(settings) -> Engine:

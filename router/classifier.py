@@ -28,6 +28,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.advice.summary_store import FINISHED_STATUSES, store_summary
+from analyzer.db import lock_for_write
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_checks import request_text
 from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
@@ -392,12 +393,78 @@ def train_classifier(
     ``scores["activation"]`` (:func:`activation_check`, :func:`activation_message`). Training
     without pseudo-labels activates as before. ``jobs``: how many folds are cross-validated at once
     (:func:`router.pipeline.fold_jobs` turns the setting into it)."""
-    c = regularisation(features, c)
-    active = (
-        session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
-        if activate and data.adapting()
-        else None
+    active = _active_to_compare(session, data, activate)
+    pipeline, scores, activate = _fit_and_settle(
+        data,
+        active,
+        activate=activate,
+        force_activate=force_activate,
+        seed=seed,
+        cross_validate=cross_validate,
+        features=features,
+        c=c,
+        progress=progress,
+        jobs=jobs,
     )
+    return _store_and_activate(session, data, pipeline, scores, features, activate)
+
+
+def train_classifier_apart(
+    sessions: sessionmaker[Session],
+    data: TrainingData,
+    *,
+    force_activate: bool = False,
+    seed: int = 0,
+    features: str = "tfidf",
+    progress: Progress | None = None,
+    jobs: int = 1,
+) -> ClassifierVersion:
+    """:func:`train_classifier` (activating) in two short transactions of its own: one reads the
+    active version, the model is cross-validated and fitted outside any, and one that holds the write
+    lock stores (and activates) the new version. Other writers (an analysis, feedback) go on while it
+    trains; one long transaction would hold them up or fail at its first write on a snapshot they
+    overtook (SQLite)."""
+    with sessions() as session, session.begin():
+        active = _active_to_compare(session, data, True)
+    pipeline, scores, activate = _fit_and_settle(
+        data,
+        active,
+        activate=True,
+        force_activate=force_activate,
+        seed=seed,
+        cross_validate=True,
+        features=features,
+        c=None,
+        progress=progress,
+        jobs=jobs,
+    )
+    with sessions() as session, session.begin():
+        lock_for_write(session)
+        return _store_and_activate(session, data, pipeline, scores, features, activate)
+
+
+def _active_to_compare(session: Session, data: TrainingData, activate: bool) -> ClassifierVersion | None:
+    """The active version, which an adapted one must not be worse than to replace it (None otherwise)."""
+    if not (activate and data.adapting()):
+        return None
+    return session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
+
+
+def _fit_and_settle(
+    data: TrainingData,
+    active: ClassifierVersion | None,
+    *,
+    activate: bool,
+    force_activate: bool,
+    seed: int,
+    cross_validate: bool,
+    features: str,
+    c: float | None,
+    progress: Progress | None,
+    jobs: int,
+) -> tuple[Pipeline, dict[str, Any], bool]:
+    """The fitted pipeline, its scores and whether it becomes active; touches no database."""
+    c = regularisation(features, c)
     pipeline, scores = _cross_validate_and_fit(
         data,
         seed=seed,
@@ -410,6 +477,17 @@ def train_classifier(
     )
     if activate and data.adapting():
         activate = _settle_activation(data, scores, active, force_activate)
+    return pipeline, scores, activate
+
+
+def _store_and_activate(
+    session: Session,
+    data: TrainingData,
+    pipeline: Pipeline,
+    scores: dict[str, Any],
+    features: str,
+    activate: bool,
+) -> ClassifierVersion:
     version = _store_version(session, data, pipeline, scores, features)
     if activate:
         activate_version(session, version.version)
@@ -749,6 +827,7 @@ def label_finished_run(sessions: sessionmaker[Session], run_id: int) -> RunLabel
     its own transaction, when the run has stopped: ``specroute analyze``, ``specroute demo``,
     ``specroute worker`` and the web server's worker thread (runs started from the web UI) all call it."""
     with sessions() as session, session.begin():
+        lock_for_write(session)
         unlabelled = session.scalar(
             select(func.count(PromptResult.id)).where(
                 PromptResult.run_id == run_id,

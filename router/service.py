@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.db import lock_for_write
 from analyzer.settings import Settings
 from router.adaptation import AdaptationConfig
 from router.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
@@ -152,6 +153,7 @@ class RouterService:
             self.feedback(payload)
         except PolicyNotAdaptive:
             with self.sessions() as session, session.begin():
+                lock_for_write(session)
                 record_observation(session, parse_feedback(payload, self.config.route_key))
         except FeedbackError as exc:
             log.warning("the pool's timings for route %s were not stored: %s", decision.route_id, exc)

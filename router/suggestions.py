@@ -15,13 +15,13 @@ from typing import Sequence
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.db import utcnow
+from analyzer.db import lock_for_write, utcnow
 from analyzer.orm import Prompt, PromptSet
 from analyzer.prompts.prompt_checks import request_text
-from router.teacher import Progress, TeacherUnavailable, cached_teacher
-from router.training_data import ClassifierError, PseudoLabel, with_corpus
+from router.teacher import Progress, Suggestion, TeacherUnavailable, cached_teacher
+from router.training_data import ClassifierError, PseudoLabel, TrainingData, with_corpus
 
 __all__ = [
     "PseudoLabel",
@@ -31,6 +31,7 @@ __all__ = [
     "suggestion_stats",
     "pseudo_labels",
     "suggest_tasks",
+    "suggest_tasks_apart",
 ]
 
 
@@ -54,35 +55,86 @@ def _sets(session: Session, names: Sequence[str]) -> list[PromptSet]:
     return found
 
 
+@dataclass(frozen=True)
+class _Unlabelled:
+    """What a suggestion pass reads: the named sets (id to name), their unlabelled prompts (id, set id,
+    request text) and the teacher's training data."""
+
+    set_names: dict[int, str]
+    prompts: list[tuple[int, int, str]]
+    data: TrainingData | None
+
+
+def _unlabelled(session: Session, names: Sequence[str]) -> _Unlabelled:
+    sets = _sets(session, names)
+    prompts = [
+        (p.id, p.prompt_set_id, request_text(p.text, p.messages))
+        for p in session.scalars(
+            select(Prompt)
+            .where(Prompt.prompt_set_id.in_([s.id for s in sets]), Prompt.task.is_(None))
+            .order_by(Prompt.id)
+        )
+    ]
+    return _Unlabelled({s.id: s.name for s in sets}, prompts, with_corpus(session) if prompts else None)
+
+
+def _suggestions(unlabelled: _Unlabelled, progress: Progress | None) -> tuple[list[Suggestion], str]:
+    """The teacher's suggestion for each unlabelled prompt, and the provenance to record."""
+    data = unlabelled.data
+    assert data is not None
+    teacher = cached_teacher(data.sha256, data.texts, data.labels, progress)
+    suggestions = teacher.suggest([text for _, _, text in unlabelled.prompts], progress=progress)
+    return suggestions, f"{teacher.describe()} ({data.source}), {utcnow().isoformat(timespec='seconds')}"[
+        :300
+    ]
+
+
+def _store_suggestions(
+    session: Session, unlabelled: _Unlabelled, suggestions: list[Suggestion], by: str
+) -> SuggestionSummary:
+    """Store each suggestion on its prompt; a prompt deleted or labelled since it was read keeps none."""
+    counts = dict.fromkeys(unlabelled.set_names.values(), 0)
+    for (prompt_id, set_id, _), suggestion in zip(unlabelled.prompts, suggestions):
+        prompt = session.get(Prompt, prompt_id)
+        if prompt is None or prompt.task is not None:
+            continue
+        prompt.suggested_task = suggestion.task
+        prompt.suggested_confidence = round(suggestion.confidence, 4)
+        prompt.suggested_by = by
+        counts[unlabelled.set_names[set_id]] += 1
+    session.flush()
+    return SuggestionSummary(counts, by)
+
+
 def suggest_tasks(
     session: Session, names: Sequence[str], progress: Progress | None = None
 ) -> SuggestionSummary:
     """Suggest a task for every unlabelled prompt of the named sets (their suggestions replaced), with
     a teacher trained on the bundled corpus plus every label in the database. The sets' unlabelled
-    prompts are labelled together, so alike prompts vote with each other. In the caller's transaction."""
-    sets = _sets(session, names)
-    prompts = list(
-        session.scalars(
-            select(Prompt)
-            .where(Prompt.prompt_set_id.in_([s.id for s in sets]), Prompt.task.is_(None))
-            .order_by(Prompt.id)
-        )
-    )
-    counts = {s.name: 0 for s in sets}
-    if not prompts:
-        return SuggestionSummary(counts, "")
-    data = with_corpus(session)
-    teacher = cached_teacher(data.sha256, data.texts, data.labels, progress)
-    suggestions = teacher.suggest([request_text(p.text, p.messages) for p in prompts], progress=progress)
-    by = f"{teacher.describe()} ({data.source}), {utcnow().isoformat(timespec='seconds')}"[:300]
-    name_of = {s.id: s.name for s in sets}
-    for prompt, suggestion in zip(prompts, suggestions):
-        prompt.suggested_task = suggestion.task
-        prompt.suggested_confidence = round(suggestion.confidence, 4)
-        prompt.suggested_by = by
-        counts[name_of[prompt.prompt_set_id]] += 1
-    session.flush()
-    return SuggestionSummary(counts, by)
+    prompts are labelled together, so alike prompts vote with each other. In the caller's transaction
+    (which holds it while the teacher trains and suggests: where other writers run beside it, use
+    :func:`suggest_tasks_apart`)."""
+    unlabelled = _unlabelled(session, names)
+    if not unlabelled.prompts:
+        return SuggestionSummary(dict.fromkeys(unlabelled.set_names.values(), 0), "")
+    return _store_suggestions(session, unlabelled, *_suggestions(unlabelled, progress))
+
+
+def suggest_tasks_apart(
+    sessions: sessionmaker[Session], names: Sequence[str], progress: Progress | None = None
+) -> SuggestionSummary:
+    """:func:`suggest_tasks` in two short transactions of its own: one reads the prompts and the
+    teacher's data, the teacher trains and suggests outside any, and one that holds the write lock
+    stores the suggestions. Other writers (an analysis, feedback) go on meanwhile; a long transaction
+    would hold them up or fail at its first write on a snapshot they overtook (SQLite)."""
+    with sessions() as session, session.begin():
+        unlabelled = _unlabelled(session, names)
+    if not unlabelled.prompts:
+        return SuggestionSummary(dict.fromkeys(unlabelled.set_names.values(), 0), "")
+    suggestions, by = _suggestions(unlabelled, progress)
+    with sessions() as session, session.begin():
+        lock_for_write(session)
+        return _store_suggestions(session, unlabelled, suggestions, by)
 
 
 def pseudo_labels(session: Session, names: Sequence[str]) -> list[PseudoLabel]:

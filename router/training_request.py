@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from router.suggestions import TeacherUnavailable, pseudo_labels, suggest_tasks
+from router.suggestions import TeacherUnavailable, pseudo_labels, suggest_tasks, suggest_tasks_apart
 from router.teacher import Progress
 from router.training_data import (
     ClassifierError,
@@ -55,6 +55,50 @@ def training_data(
     unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
     as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
     in ``adapt``, so that training guards the activation (:func:`router.classifier.train_classifier`)."""
+    data = _base_data(session, source, prompt_set_names, adapt)
+    if not adapt:
+        return data
+    try:
+        suggest_tasks(session, adapt, progress)
+    except TeacherUnavailable as exc:
+        raise ClassifierError(f"cannot adapt: {exc}") from None
+    return _adapted(session, data, adapt, min_confidence)
+
+
+def training_data_apart(
+    sessions: sessionmaker[Session],
+    source: str = "both",
+    prompt_set_names: Sequence[str] | None = None,
+    *,
+    adapt: Sequence[str] = (),
+    min_confidence: float | None = None,
+    progress: Progress | None = None,
+) -> TrainingData:
+    """:func:`training_data` in short transactions of its own, the teacher's suggestions trained and
+    made outside any (:func:`router.suggestions.suggest_tasks_apart`), for a job that other writers
+    run beside."""
+    with sessions() as session, session.begin():
+        data = _base_data(session, source, prompt_set_names, adapt)
+    if not adapt:
+        return data
+    try:
+        suggest_tasks_apart(sessions, adapt, progress)
+    except TeacherUnavailable as exc:
+        raise ClassifierError(f"cannot adapt: {exc}") from None
+    with sessions() as session, session.begin():
+        return _adapted(session, data, adapt, min_confidence)
+
+
+def _adapted(
+    session: Session, data: TrainingData, adapt: Sequence[str], min_confidence: float | None
+) -> TrainingData:
+    """``data`` with the stored suggestions of the ``adapt`` sets as pseudo-labels."""
+    return replace(with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence), adapt=list(adapt))
+
+
+def _base_data(
+    session: Session, source: str, prompt_set_names: Sequence[str] | None, adapt: Sequence[str]
+) -> TrainingData:
     check_training_request(session, source, prompt_set_names, adapt)
     if source == "corpus":
         data = cold_start_data()
@@ -67,10 +111,4 @@ def training_data(
                 "no labeled prompts in the database; label some on a prompt set's page, "
                 "or train on the bundled corpus"
             )
-    if not adapt:
-        return data
-    try:
-        suggest_tasks(session, adapt, progress)
-    except TeacherUnavailable as exc:
-        raise ClassifierError(f"cannot adapt: {exc}") from None
-    return replace(with_pseudo_labels(data, pseudo_labels(session, adapt), min_confidence), adapt=list(adapt))
+    return data

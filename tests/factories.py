@@ -4,6 +4,13 @@ loading models, and a routing database built on one."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
 from analyzer.analysis.simulated_run import SIMULATED_COST_CURVE as COST_CURVE
 from analyzer.analysis.simulated_run import create_simulated_run as make_done_run
 
@@ -118,3 +125,28 @@ def make_server_analysis(
     return store_server_analysis(
         session, prompt_set, analysis, model="/models/target.gguf", server_build="test"
     )
+
+
+@contextmanager
+def another_writer(database: Path) -> Iterator[list[int]]:
+    """A second SQLite connection on ``database`` that commits a row to a table of its own every
+    millisecond while the block runs, as another process's writer (the web server's worker, feedback)
+    would; yields a list whose only item counts its commits."""
+    stop, commits = threading.Event(), [0]
+
+    def write() -> None:
+        connection = sqlite3.connect(database, timeout=60, isolation_level=None)
+        connection.execute("CREATE TABLE IF NOT EXISTS other_writer (x INTEGER)")
+        while not stop.is_set():
+            connection.execute("INSERT INTO other_writer VALUES (1)")
+            commits[0] += 1
+            time.sleep(0.001)
+        connection.close()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        yield commits
+    finally:
+        stop.set()
+        thread.join(timeout=10)

@@ -29,6 +29,7 @@ from router.training_data import (
     with_pseudo_labels,
 )
 from router.training_request import training_data
+from tests.factories import another_writer
 from tests.test_webui import token, upload
 from webui.app import create_app
 from webui.cli import cli
@@ -190,10 +191,19 @@ def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained
 
 @needs_encoder
 def test_cli_import_suggests_and_accept_and_train_adapt(runner, tmp_path, monkeypatch):
+    """Beside another process's writer: the teacher and the classifier train outside any transaction,
+    their results stored under the write lock (one transaction around the training failed with
+    "database is locked" at its first write once the other writer had committed)."""
     monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "true")
     path = tmp_path / "mine.jsonl"
     path.write_bytes(jsonl([{"prompt": p} for p in PERSONA] + LABELLED))
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    with another_writer(tmp_path / "data" / "specroute.db") as commits:
+        _import_suggest_accept_and_adapt(runner, path)
+    assert commits[0] > 100  # the other writer was busy throughout
+
+
+def _import_suggest_accept_and_adapt(runner, path) -> None:
     result = runner.invoke(cli, ["prompts", "import", str(path), "--name", "mine"])
     assert result.exit_code == 0, result.output
     assert "suggested a task for 6 unlabelled prompts" in result.output

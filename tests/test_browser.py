@@ -13,6 +13,7 @@ import re
 import shutil
 import threading
 import time
+import traceback
 import urllib.request
 from pathlib import Path
 
@@ -368,7 +369,9 @@ def _import_and_analyze(
         ["analyze", "--prompts", name, "--max-new-tokens", "12", "--gamma-max", "4", "--json", *analyze_args],
         env=env,
     )
-    assert analyzed.exit_code == 0, analyzed.output
+    assert analyzed.exit_code == 0, analyzed.output + "".join(
+        traceback.format_exception(*analyzed.exc_info or ())
+    )
     return runner, env, json.loads(analyzed.stdout)["run_id"]
 
 

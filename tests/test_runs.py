@@ -18,6 +18,7 @@ from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult
 from analyzer.pricing.speedup import recommendation_tier
 from analyzer.prompts.prompt_sets import import_prompt_file
+from tests.factories import another_writer
 from tests.tiny_tokenizer import save_tiny_model_folder
 from webui.cli import cli
 
@@ -511,3 +512,17 @@ def test_a_resumed_run_reuses_the_stored_ids_of_the_prompts_it_measured(
     execute_run(factory, run_id, cache_dir=tmp_path)  # measures two, validates all four
     texts = [json.loads(c)[0]["content"] for c in calls]
     assert sorted(texts) == sorted(p["prompt"] for p in PROMPTS if p["prompt"] not in measured)
+
+
+def test_an_analysis_finishes_while_another_process_writes_the_database(cli_db, model_folders, tmp_path):
+    """A write that follows a read in one transaction takes the write lock first: another process's
+    writer then only makes it wait. Begun as a plain read, such a transaction failed at once with
+    "database is locked" (SQLite refuses a write on a snapshot another writer has overtaken)."""
+    with another_writer(tmp_path / "data" / "specroute.db") as commits:
+        for draft in ("ngram", f"hf:{model_folders['draft']}"):
+            done = _analyze(
+                cli_db, "--target", f"hf:{model_folders['target']}", "--draft", draft, "--validate", "1"
+            )
+            assert done.exit_code == 0, done.output
+            assert json.loads(done.stdout)["status"] == "done"
+    assert commits[0] > 100  # the other writer was busy throughout

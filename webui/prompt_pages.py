@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from flask import current_app, redirect, render_template, request, url_for
 
+from analyzer.db import lock_for_write
 from analyzer.prompts.ingest import IngestLimits, PromptFileError
 from analyzer.prompts.prompt_checks import prompt_text
 from analyzer.prompts.prompt_sets import (
@@ -21,7 +22,7 @@ from analyzer.prompts.prompt_sets import (
     summarize,
 )
 from router.encoder import EncoderUnavailable, encoder_folder
-from router.suggestions import accept_suggestions, suggest_tasks, suggestion_stats
+from router.suggestions import accept_suggestions, suggest_tasks_apart, suggestion_stats
 from router.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, flash, sessions, settings
 
@@ -55,6 +56,7 @@ def upload_prompts():
     name = name or upload.filename.rsplit(".", 1)[0]
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             prompt_set, parsed = import_prompt_file(
                 session, name, data, upload.filename, limits=IngestLimits.from_settings(settings())
             )
@@ -85,8 +87,7 @@ def _start_suggesting(name: str) -> bool:
     sessions_ = sessions()
 
     def job(progress) -> str:
-        with sessions_() as session, session.begin():
-            done = suggest_tasks(session, [name], progress)
+        done = suggest_tasks_apart(sessions_, [name], progress)
         return f"suggested a task for {done.total} unlabelled prompts"
 
     return _jobs().start(f"suggest:{name}", job)
@@ -173,6 +174,7 @@ def label_prompts(name: str):
         )
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             found = get_prompt_set(session, name)
             if position is not None:
                 set_prompt_task(session, found, position, new_task)
@@ -216,6 +218,7 @@ def accept_prompt_suggestions(name: str):
             name, 1, None, None, f"the confidence must be a number from 0 to 1, not {raw!r}", 400
         )
     with sessions()() as session, session.begin():
+        lock_for_write(session)
         accepted = accept_suggestions(session, get_prompt_set(session, name), bar)
     flash(
         f"{accepted} suggestion(s) with confidence {bar:.2f} or more are labels now "
@@ -228,6 +231,7 @@ def accept_prompt_suggestions(name: str):
 def delete_prompts(name: str):
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             delete_prompt_set(session, name)
     except PromptSetError as exc:
         flash(str(exc), "error")

@@ -16,7 +16,7 @@ from router.classifier import (
     activate_version,
     activation_message,
     rarely_reached,
-    train_classifier,
+    train_classifier_apart,
 )
 from router.decision import RouteRequest
 from router.encoder import encoder_available
@@ -24,7 +24,7 @@ from router.orm import ClassifierVersion
 from router.pipeline import FEATURE_SETS, fold_jobs, regularisation
 from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.records import policy_set_dict
-from router.training_request import check_training_request, training_data
+from router.training_request import check_training_request, training_data_apart
 from webui.export_pages import export_card
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
@@ -154,17 +154,11 @@ def train():
     workers = fold_jobs(settings().classifier_jobs, features)
 
     def job(progress) -> str:
-        with sessions_() as session, session.begin():
-            data = training_data(session, source, names or None, adapt=adapt, progress=progress)
-            version = train_classifier(
-                session,
-                data,
-                features=features,
-                force_activate=force_activate,
-                progress=progress,
-                jobs=workers,
-            )
-            return _trained_message(version, data.source, adapt)
+        data = training_data_apart(sessions_, source, names or None, adapt=adapt, progress=progress)
+        version = train_classifier_apart(
+            sessions_, data, features=features, force_activate=force_activate, progress=progress, jobs=workers
+        )
+        return _trained_message(version, data.source, adapt)
 
     def job_and_reload(progress) -> str:
         message = job(progress)
@@ -219,6 +213,7 @@ def activate_classifier(version: int):
     """Make classifier VERSION the active one and reload the router; an error is flashed on the page."""
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             activate_version(session, version)
     except ClassifierError as exc:
         flash(str(exc), "error")

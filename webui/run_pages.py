@@ -19,7 +19,7 @@ from analyzer.advice.summary_store import run_summary
 from analyzer.analysis.chunks import chunk_progress
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_records import RunParams, create_run, request_cancel, shown_status
-from analyzer.db import utcnow
+from analyzer.db import lock_for_write, utcnow
 from analyzer.engine.engines import COST_MODES, ENGINES, REGISTRY
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.models.devices import DTYPE_CHOICES, check_dtype_name
@@ -208,6 +208,7 @@ def start_run():
         return _new_run_page(errors, values, 400)
     try:
         with sessions()() as session, session.begin():
+            lock_for_write(session)
             run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
     except SpecrouteError as exc:  # RunError, SpecError, PromptSetNotFound: shown in the form
         return _new_run_page([str(exc)], values, 400)
@@ -227,6 +228,7 @@ def run_status(run_id: int):
 @bp.post("/runs/<int:run_id>/cancel")
 def cancel_run(run_id: int):
     with sessions()() as session, session.begin():
+        lock_for_write(session)
         status = request_cancel(session, run_id).status  # RunNotFound: the app's 404 page
     flash(
         f"run {run_id}: "
@@ -244,6 +246,7 @@ def cancel_run(run_id: int):
 def _report(run_id: int) -> dict:
     # committed: a run from before summaries were stored gets its summary stored by the first view
     with sessions()() as session, session.begin():
+        lock_for_write(session)
         return build_report(session, run_id)  # ReportError: the app's 404 page
 
 
@@ -251,6 +254,7 @@ def _report(run_id: int) -> dict:
 def run(run_id: int):
     report = _report(run_id)
     with sessions()() as session, session.begin():  # committed: comparison rows computed now are kept
+        lock_for_write(session)
         stored = session.get(AnalysisRun, run_id)
         row = _run_row(stored)
         classifier_version, rarely = rarely_reached(session)
@@ -324,6 +328,7 @@ def _task_best_gamma(session, run: AnalysisRun, task: str | None) -> int | None:
 @bp.get("/runs/<int:run_id>/prompts/<int:prompt_id>")
 def prompt_detail(run_id: int, prompt_id: int):
     with sessions()() as session, session.begin():  # committed: the summary, where this view computed it
+        lock_for_write(session)
         result = session.scalar(
             select(PromptResult).where(PromptResult.run_id == run_id, PromptResult.prompt_id == prompt_id)
         )

@@ -162,6 +162,7 @@ def renew(sessions: sessionmaker[Session], chunk: ClaimedChunk, worker_id: str) 
     (another worker took it over after the heartbeat went stale) or its run stopped running."""
     now = utcnow()
     with sessions() as session, session.begin():
+        lock_for_write(session)
         held = _rows_matched(
             session,
             update(RunChunk)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.advice.summary import AnalysisSummary, PromptSummary
 from analyzer.advice.summary_store import store_summary
-from analyzer.db import utcnow
+from analyzer.db import lock_for_write, utcnow
 from analyzer.engine.engines import check_run, measuring_engine
 from analyzer.models.specs import ModelSpecRef, display_name, parse_spec
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
@@ -129,6 +129,7 @@ def recording_phases(
         if phase != last[0]:
             last[0] = phase
             with session_factory() as session, session.begin():
+                lock_for_write(session)
                 run = session.get(AnalysisRun, run_id)
                 run.phase, run.heartbeat_at = phase[:300], utcnow()
         if progress:
@@ -152,6 +153,7 @@ def finish(session_factory: sessionmaker, run_id: int, status: str, error: str |
     """Record the end of a run (done, failed or cancelled, with the error text), then store its
     analysis summary (:func:`store_finished_summary`). Returns the run."""
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         run.status, run.error, run.finished_at = status, error, utcnow()
         run.cancel_requested, run.phase = False, None
@@ -168,6 +170,7 @@ def store_finished_summary(session_factory: sessionmaker, run_id: int) -> None:
     stores the summary instead."""
     try:
         with session_factory() as session, session.begin():
+            lock_for_write(session)
             store_summary(session, session.get(AnalysisRun, run_id))
     except Exception:  # noqa: BLE001 - the summary is derived data; the run's own outcome must not change
         log.exception("run %s: storing its summary failed; its first reader computes it", run_id)

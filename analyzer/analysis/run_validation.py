@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from analyzer.analysis.run_records import validation_sample
+from analyzer.db import lock_for_write
 from analyzer.engine.engine_base import LoadedPair
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.progress import ProgressCallback
@@ -57,6 +58,7 @@ def validate_run(
         )
         steal = steal_share(before, machine_sample())
         with session_factory() as session, session.begin():
+            lock_for_write(session)
             session.add(
                 ValidationResult(
                     run_id=run_id,
@@ -88,6 +90,7 @@ def _stored_for_validation(
     from analyzer.advice.summary_store import store_summary
 
     with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
+        lock_for_write(session)
         summary = store_summary(session, session.get(AnalysisRun, run_id))
         validated = set(
             session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id))

@@ -448,6 +448,7 @@ def _record_machine(
     """Store on the run where it is measured: device, dtype (for llama.cpp the weights' type as
     shipped), library versions, EOS ids, tokenizers."""
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         run.device = loaded_models.device_text()
         run.dtype = loaded_models.dtype_text()
@@ -487,6 +488,7 @@ def _measure_chunk(
         results = _measure_batch(loaded_models, batch, params)
         try:
             with session_factory() as session, session.begin():
+                lock_for_write(session)
                 run = session.get(AnalysisRun, chunk.run_id)
                 for result in results:
                     _store(session, run, result)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.db import lock_for_write
 from analyzer.engine.engine_base import LoadedPair, ProfilingPlan
 from analyzer.measuring.interference import EXTRA_ROUNDS
 from analyzer.orm import AnalysisRun, CostProfile, RunCostProfile
@@ -243,6 +244,7 @@ def _linked_or_reusable_profiles(
     chosen: dict[int, int] = {}
     passed_over: list[str] = []
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         for link in run.batch_profiles:
             chosen[link.batch_size] = link.cost_profile_id
@@ -378,6 +380,7 @@ def _store_cost_profile(
     and cost mode; returns its id."""
     quality = measured.quality
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         profile = CostProfile(
             pair_id=run.pair_id,
@@ -413,6 +416,7 @@ def _link_profiles_to_run(session_factory: sessionmaker, run_id: int, chosen: di
     """Link each chosen profile (by batch size) to the run unless it already is, and make the smallest
     batch size's the run's profile; returns its id."""
     with session_factory() as session, session.begin():
+        lock_for_write(session)
         run = session.get(AnalysisRun, run_id)
         linked = {link.batch_size for link in run.batch_profiles}
         for batch_size, profile_id in sorted(chosen.items()):

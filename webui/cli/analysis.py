@@ -6,7 +6,7 @@ from typing import Callable
 
 import click
 
-from analyzer.db import MAX_ID
+from analyzer.db import MAX_ID, lock_for_write
 from analyzer.engine.engines import (
     COST_MODES,
     ENGINES,
@@ -247,6 +247,7 @@ def _create_new_run(
     # resolved before the run is stored: a run that cannot measure here is never stored
     click.echo(_placement_text(check_run(params), queue_only, chosen=chosen), err=True)
     with sessions() as session, session.begin():
+        lock_for_write(session)
         run = create_run(session, prompt_set, raw["target"], raw["draft"], params)
         if cost_profiles:
             from analyzer.analysis.repricing import link_pricing_profiles
@@ -276,6 +277,7 @@ def _execute_and_build_report(state: CliState, sessions, run_id: int, as_json: b
         progress.close()
     _label_with_classifier(sessions, run_id)
     with sessions() as session, session.begin():  # a summary computed here is kept
+        lock_for_write(session)
         return build_report(session, run_id)
 
 
@@ -336,6 +338,7 @@ def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
     from analyzer.advice.report_text import report_csv, report_text
 
     with state.sessions()() as session, session.begin():  # a summary computed here is kept
+        lock_for_write(session)
         data = build_report(session, run_id)
     text = {
         "json": lambda: strict_json.dumps(data),
@@ -402,6 +405,7 @@ def runs_cancel(state: CliState, run_id: int) -> None:
     from analyzer.analysis.run_records import request_cancel
 
     with state.sessions()() as session, session.begin():
+        lock_for_write(session)
         status = request_cancel(session, run_id).status
     click.echo(
         f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else "")

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 import migrations
+from analyzer.db import lock_for_write
 from analyzer.prompts.ingest import FORMATS, IngestLimits, PromptFileError
 from analyzer.prompts.prompt_checks import prompt_text
 from analyzer.prompts.prompt_sets import (
@@ -134,6 +135,7 @@ def _store_prompt_set(
     limits = IngestLimits.from_settings(state.settings)
     try:
         with sessions() as session, session.begin():
+            lock_for_write(session)
             if file is None:
                 prompt_set, parsed = import_sample(session, name or SAMPLE_NAME)
             else:
@@ -172,13 +174,13 @@ def _print_import_result(summary, parsed, suggested) -> None:
 
 
 def _suggest(state: CliState, names: list[str], quiet_without_encoder: bool = False):
-    """The teacher's suggestions for the sets' unlabelled prompts, in their own transaction; None (and
+    """The teacher's suggestions for the sets' unlabelled prompts, read and stored in short transactions
+    of their own (the teacher trains outside any); None (and
     a note) when the sentence encoder is missing and ``quiet_without_encoder``."""
-    from router.suggestions import TeacherUnavailable, suggest_tasks
+    from router.suggestions import TeacherUnavailable, suggest_tasks_apart
 
     try:
-        with state.sessions()() as session, session.begin():
-            return suggest_tasks(session, names, lambda line: click.echo(f"  {line}", err=True))
+        return suggest_tasks_apart(state.sessions(), names, lambda line: click.echo(f"  {line}", err=True))
     except TeacherUnavailable as exc:
         if not quiet_without_encoder:
             raise click.ClickException(str(exc)) from None
@@ -237,6 +239,7 @@ def prompts_accept(state: CliState, name: str, min_confidence: float) -> None:
     from router.suggestions import accept_suggestions
 
     with state.sessions()() as session, session.begin():
+        lock_for_write(session)
         accepted = accept_suggestions(session, get_prompt_set(session, name), min_confidence)
     click.echo(f"{name}: {accepted} suggestions at or above {min_confidence:.2f} are labels now")
 
@@ -323,5 +326,6 @@ def prompts_delete(state: CliState, name: str, yes: bool) -> None:
     if not yes:
         click.confirm(f"Delete prompt set {name!r}?", abort=True)
     with state.sessions()() as session, session.begin():
+        lock_for_write(session)
         delete_prompt_set(session, name)
     click.echo(f"deleted prompt set '{name}'")

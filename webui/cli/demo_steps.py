@@ -98,6 +98,7 @@ def import_sample_prompts(sessions: sessionmaker[Session]) -> int:
     """[2/6] The bundled sample prompt set, imported unless it already is; prints its task types and
     returns its id."""
     with sessions() as session, session.begin():
+        lock_for_write(session)
         try:
             prompt_set = get_prompt_set(session, SAMPLE_NAME)
             click.echo(f"[2/6] sample prompts already imported as '{SAMPLE_NAME}' (reused)")
@@ -147,6 +148,7 @@ def _reused_or_new_run(
 
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
+        lock_for_write(session)
         runs_of_set = session.scalars(
             select(AnalysisRun)
             .where(AnalysisRun.prompt_set_id == prompt_set_id)
@@ -193,7 +195,7 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classifier import ClassifierError, load_active, train_classifier
+    from router.classifier import ClassifierError, load_active, train_classifier_apart
     from router.pipeline import fold_jobs
     from router.training_data import cold_start_data
 
@@ -202,27 +204,27 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
             classifier = load_active(session)
         except ClassifierError:
             classifier = None
-        if classifier is not None:
-            click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
-            return
-        click.echo(
-            "[4/6] training the task classifier on the bundled corpus (stratified and "
-            "leave-one-source-out cross-validation, a line per fold)"
-        )
-        version = train_classifier(
-            session,
-            cold_start_data(),
-            features=state.settings.classifier_features,
-            progress=lambda line: click.echo(f"      {line}"),
-            jobs=fold_jobs(state.settings.classifier_jobs, state.settings.classifier_features),
-        )
-        scores = version.scores
-        click.echo(
-            f"      classifier v{version.version} ({scores['features']}): "
-            f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
-            f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
-            f"routing threshold {scores['calibration']['threshold']:.2f}"
-        )
+    if classifier is not None:
+        click.echo(f"[4/6] classifier v{classifier.version} already trained (reused)")
+        return
+    click.echo(
+        "[4/6] training the task classifier on the bundled corpus (stratified and "
+        "leave-one-source-out cross-validation, a line per fold)"
+    )
+    version = train_classifier_apart(
+        sessions,
+        cold_start_data(),
+        features=state.settings.classifier_features,
+        progress=lambda line: click.echo(f"      {line}"),
+        jobs=fold_jobs(state.settings.classifier_jobs, state.settings.classifier_features),
+    )
+    scores = version.scores
+    click.echo(
+        f"      classifier v{version.version} ({scores['features']}): "
+        f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
+        f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
+        f"routing threshold {scores['calibration']['threshold']:.2f}"
+    )
 
 
 def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: int) -> None:

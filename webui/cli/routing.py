@@ -122,37 +122,35 @@ def _train_new_version(
     seed: int,
 ) -> tuple[dict, str | None]:
     """Gather the training data, train and store a classifier version; return its record and verdict."""
-    from router.classifier import activation_message, train_classifier
+    from router.classifier import activation_message, train_classifier_apart
     from router.pipeline import fold_jobs
     from router.records import classifier_dict
-    from router.training_request import training_data
+    from router.training_request import training_data_apart
 
-    with state.sessions()() as session, session.begin():
-        data = training_data(
-            session,
-            source,
-            prompt_sets or None,
-            adapt=adapt,
-            min_confidence=min_confidence,
-            progress=lambda line: click.echo(f"  {line}", err=True),
-        )
-        click.echo(
-            f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
-            f"{len(set(data.groups))} sources, features {features}; cross-validating ...",
-            err=True,
-        )
-        version = train_classifier(
-            session,
-            data,
-            seed=seed,
-            features=features,
-            force_activate=force_activate,
-            progress=lambda line: click.echo(f"  {line}", err=True),
-            jobs=fold_jobs(state.settings.classifier_jobs, features),
-        )
-        record = {**classifier_dict(version), "scores": version.scores}
-        verdict = activation_message(version)
-    return record, verdict
+    sessions = state.sessions()
+    data = training_data_apart(
+        sessions,
+        source,
+        prompt_sets or None,
+        adapt=adapt,
+        min_confidence=min_confidence,
+        progress=lambda line: click.echo(f"  {line}", err=True),
+    )
+    click.echo(
+        f"training on {len(data.texts)} prompts ({data.source}), {len(set(data.labels))} task types, "
+        f"{len(set(data.groups))} sources, features {features}; cross-validating ...",
+        err=True,
+    )
+    version = train_classifier_apart(
+        sessions,
+        data,
+        seed=seed,
+        features=features,
+        force_activate=force_activate,
+        progress=lambda line: click.echo(f"  {line}", err=True),
+        jobs=fold_jobs(state.settings.classifier_jobs, features),
+    )
+    return {**classifier_dict(version), "scores": version.scores}, activation_message(version)
 
 
 def _print_training_report(record: dict) -> None:
@@ -400,6 +398,7 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
     if count and not yes:
         click.confirm(f"Delete {count} routing decisions older than {older_than_days:g} days?", abort=True)
     with sessions() as session, session.begin():
+        lock_for_write(session)
         deleted = session.execute(delete(RouteDecision).where(RouteDecision.created_at < cutoff)).rowcount
     click.echo(f"deleted {deleted} routing decisions older than {cutoff.isoformat(timespec='seconds')}")
 

@@ -21,6 +21,7 @@ from analyzer.analysis.server_store import (
     store_server_analysis,
 )
 from analyzer.analysis.server_text import cost_text, noise_text, num, routing_text
+from analyzer.db import lock_for_write
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llama_server_process import RemoteServer, server_version
 from analyzer.engine.llamacpp_engine import gguf_file
@@ -163,6 +164,7 @@ def analyze(
         model_path, build = gguf_file(parse_spec(model)), server_version(binary)
     sessions = state.sessions()
     with sessions() as session, session.begin():
+        lock_for_write(session)
         try:
             prompt_set = get_prompt_set(session, set_name)
         except PromptSetError:
@@ -181,6 +183,7 @@ def analyze(
         say=lambda line: click.echo(f"  {line}", err=True),
     )  # fmt: skip
     with sessions() as session, session.begin():
+        lock_for_write(session)
         prompt_set = session.get(type(prompt_set), set_id)
         record = store_server_analysis(
             session,
