@@ -175,6 +175,9 @@ class CostProfile(Base):
     long_context_tokens: Mapped[Optional[int]] = mapped_column(Integer)
     context_slope_s: Mapped[Optional[list[float]]] = mapped_column(JSON(none_as_null=True))
     draft_context_slope_s: Mapped[Optional[float]] = mapped_column(Float)
+    # each T_t(k) scaled to the target's own forwards in real generation: {"k": their median / timed T_t(k)}
+    # for the ks seen there (None: timed alone; analyzer.measuring.cost.calibrated_to_generate)
+    generate_ratio: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
     library_versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -4,10 +4,11 @@ the embedded SmolLM2-135M-Instruct with prompt lookup, in transformers, on this 
 validated at several gammas with the product's own validation (plain greedy and assisted generation, two
 runs each, alternated), priced twice from the same analysis:
 
-- **before**: its cost profile at one context (the median prompt's), every prompt priced alike, as runs are
-  priced (:func:`analyzer.advice.summary.cost_from_profile`);
+- **before**: its cost profile at one context (the median prompt's), every prompt priced alike
+  (:func:`analyzer.advice.summary.cost_from_profile` with ``with_context=False``), as runs were priced until
+  session 19;
 - **after**: the same profile with its context slopes (measured again over the longest request's context),
-  each prompt priced at its own mean context (``with_context=True``).
+  each prompt priced at its own mean context, as runs are priced.
 
 Printed per gamma, for each model: the time-weighted aggregate predicted and measured speedup and its error,
 the per-prompt error, the share of prompts within the machine's noise floor + 3 points, the correlation among
@@ -164,9 +165,10 @@ def main() -> None:
         analysed = time.perf_counter() - started
         with sessions() as session:
             run = session.get(AnalysisRun, run_id)
-            params, pair, cost = run.run_params, run.pair, cost_for_run(run)
+            params, pair = run.run_params, run.pair
             profile = run.cost_profile
-            with_context = cost_from_profile(profile, run.pair.draft.kind, with_context=True)
+            cost = cost_from_profile(profile, run.pair.draft.kind, with_context=False)
+            with_context = cost_for_run(run)
             query = select(PromptResult).where(PromptResult.run_id == run_id).order_by(PromptResult.id)
             results = list(session.scalars(query.options(selectinload(PromptResult.gamma_counts))))
             loaded = measuring_engine(run.measured_by).load(
@@ -180,11 +182,17 @@ def main() -> None:
                     if profile.context_slope_s
                     else ", one context"
                 )
+                + (
+                    "; scaled to generate()'s forwards: "
+                    + ", ".join(f"k={k} x{r:.3f}" for k, r in profile.generate_ratio.items())
+                    if profile.generate_ratio
+                    else "; timed alone"
+                )
                 + f"; quality {profile.quality}"
             )
             session.expunge_all()
         engine.dispose()
-    assert cost is not None
+    assert cost is not None and with_context is not None
     rows = []
     for number, result in enumerate(results, 1):
         counts = {g.gamma: g for g in result.gamma_counts}

@@ -664,9 +664,9 @@ def test_a_workload_whose_contexts_spread_is_profiled_again_over_its_longest_req
     token of context, with which a prompt can be priced at its own lengths."""
     from sqlalchemy import select
 
-    from analyzer.advice.summary import cost_from_profile
+    from analyzer.advice.summary import cost_for_run, cost_from_profile, costs_for_run
     from analyzer.db import make_session_factory
-    from analyzer.orm import CostProfile
+    from analyzer.orm import AnalysisRun, CostProfile
 
     models = ScriptedModels("cpu: Intel Xeon, torch 2.13.0, 2 threads", {1: [0.010], 4: [0.020]})
     ids = [list(range(10)), list(range(10)), list(range(200))]
@@ -683,9 +683,17 @@ def test_a_workload_whose_contexts_spread_is_profiled_again_over_its_longest_req
         # every forward's slope (T_t(k) = t1 (1 + 0.01 (k - 1)), t1 growing 0.1 ms per token of context)
         assert one.context_slope_s == pytest.approx([0.0001 * (1 + 0.01 * k) for k in range(4)])
         assert one.draft_context_slope_s == pytest.approx(0.00001)
-        cost = cost_from_profile(one, "ngram", with_context=True)
-        # runs are priced without the slopes (benchmarks/RESULTS.md: they made a mixed workload's error worse)
-        assert cost_from_profile(one, "ngram").for_request(1000, 64).decode_s == pytest.approx(0.010)
+        # the run is priced with them, at every batch size (benchmarks/RESULTS.md: a mixed workload's
+        # aggregate error 0.5-3.1% with them, 4.6-5.6% at one context)
+        run = session.scalar(select(AnalysisRun))
+        cost = cost_for_run(run)
+        assert cost is not None and cost == cost_from_profile(one, "ngram")
+        assert {b: c.target_context_slope_s for b, c in costs_for_run(run).items()} == {
+            b: pytest.approx(p.context_slope_s) for b, p in profiles.items()
+        }
+        # at one context (the benchmark's baseline) every request costs the median prompt's step
+        flat = cost_from_profile(one, "ngram", with_context=False)
+        assert flat.for_request(1000, 64).decode_s == pytest.approx(0.010)
     # a request priced at its own mean context: a 1,000-token prompt's step costs 0.1 s more than at 10 tokens
     at_long = cost.for_request(1000, 64)
     assert at_long.decode_s == pytest.approx(0.010 + 0.0001 * (1032 - 10))
@@ -707,3 +715,31 @@ def test_a_workload_of_one_length_is_profiled_at_one_context(engine, db_url):
     with make_session_factory(engine)() as session:
         profiles = list(session.scalars(select(CostProfile)))
         assert [(p.long_context_tokens, p.context_slope_s) for p in profiles] == [(None, None)] * 2
+
+
+def test_the_timed_forwards_are_scaled_to_the_ones_generation_runs():
+    """generate()'s plain step took 0.95 of the timed T_t(1) and its 5-token forward 0.99 of T_t(5) (at the
+    profile's context: no slopes): k = 1 and 5 take those ratios, k = 2..4 the ratios between, k = 6 and 7
+    the largest seen k's."""
+    from dataclasses import replace
+
+    from analyzer.measuring.cost import CostMeasurement, calibrated_to_generate
+
+    timed = [0.040, 0.042, 0.045, 0.050, 0.060, 0.065, 0.070]
+    base = CostMeasurement(timed, 0.0001, "cpu", 2, context_tokens=100, repeats=5)
+    calibrated = calibrated_to_generate(base, {1: 0.038, 5: 0.0594}, 100)
+    ratios = [0.95, 0.96, 0.97, 0.98, 0.99, 0.99, 0.99]
+    assert calibrated.target_forward_s == pytest.approx([t * r for t, r in zip(timed, ratios)])
+    assert calibrated.generate_ratio == {1: 0.95, 5: 0.99}
+    # one k seen: that k alone; a ratio no forward could have (a busy moment) calibrates nothing
+    alone = calibrated_to_generate(base, {1: 0.038, 3: 0.2}, 100)
+    assert alone.target_forward_s == pytest.approx([0.038, *timed[1:]]) and alone.generate_ratio == {1: 0.95}
+    assert calibrated_to_generate(base, {}, 100) is base
+    # seen over a longer cache: compared with the timed T_t(k) moved there along the slopes first
+    sloped = replace(base, context_slope_s=[0.00001] * 7, long_context_tokens=1000)
+    at_200 = calibrated_to_generate(sloped, {1: (0.040 + 0.00001 * 100) * 0.95}, 200)
+    assert at_200.generate_ratio == {1: 0.95} and at_200.target_forward_s[0] == pytest.approx(0.040 * 0.95)
+    # never decreasing in k: a 2-token forward is not priced below a 1-token one
+    flat = CostMeasurement([0.040, 0.040, 0.041], 0.0, "cpu", 2, context_tokens=100, repeats=5)
+    raised = calibrated_to_generate(flat, {1: 0.040, 2: 0.036}, 100)
+    assert raised.target_forward_s == pytest.approx([0.040, 0.040, 0.040])

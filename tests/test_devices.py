@@ -442,6 +442,10 @@ def test_machinery_overhead_is_the_time_outside_the_forwards_per_step(monkeypatc
         0.25
     )  # one logits processing per greedy step, forwards excluded
     assert overhead.round_s == pytest.approx(0.25 * per_round_calls + 0.5 * lookups_per_round - 0.5)
+    # the target's own forwards in those generations, by tokens verified: every one took 1 s here; the
+    # greedy call's 11 single-token steps are enough to keep k = 1 (the prompt's forward is left out)
+    assert 1 in overhead.forward_s and set(overhead.forward_s) <= {1, 2, 3, 4}
+    assert all(s == pytest.approx(1.0) for s in overhead.forward_s.values())
     calls["process"] = 0
     _, passes = assisted_generate(target, CONTEXT, 12, gamma=3, draft_model=draft, eos_token_id=[])
     expected = (

@@ -449,6 +449,7 @@ def profile_dict(profile: CostProfile) -> dict:
         "long_context_tokens": profile.long_context_tokens,
         "context_slope_s": list(profile.context_slope_s) if profile.context_slope_s is not None else None,
         "draft_context_slope_s": profile.draft_context_slope_s,
+        "generate_ratio": dict(profile.generate_ratio) if profile.generate_ratio is not None else None,
         "target": profile.pair.target.spec,
         "draft": profile.pair.draft.spec,
         "created_at": profile.created_at.isoformat(timespec="seconds"),

@@ -129,9 +129,16 @@ def _cost_lines(report: dict) -> list[str]:
             if cp.get("round_overhead_s") is not None
             else ""
         )
+        scaled = (
+            "; scaled to generate()'s own forwards ("
+            + ", ".join(f"k={k} x{r:.3f}" for k, r in cp["generate_ratio"].items())
+            + ")"
+            if cp.get("generate_ratio")
+            else ""
+        )
         lines.append(
             f"cost at batch {batch}: T_t(1) = {cp['target_k_s'][0] * 1000:.1f} ms, "
-            f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}; "
+            f"T_t(k)/T_t(1) for k=1..{len(shown)}: {ratios}{scaled}; "
             f"draft step {cp['draft_s'] * 1000:.3f} ms{overhead}; {quality_text(cp)}"
         )
     return lines

@@ -221,15 +221,15 @@ class AnalysisSummary:
 # ---------------------------------------------------------------- cost of a run
 
 
-def cost_from_profile(profile: CostProfile, draft_kind: str, *, with_context: bool = False) -> Cost:
+def cost_from_profile(profile: CostProfile, draft_kind: str, *, with_context: bool = True) -> Cost:
     """The cost model of one stored profile; the machinery overhead counts as 0 where a profile from
-    before it was measured has none. ``with_context``: with the profile's context slopes (0 where it measured
-    one context), each prompt priced at its own mean context. Runs are still priced without them: slopes
-    linear in k missed a workload of short and long prompts (33 prompts, 39-2,156 tokens, the embedded SmolLM2
-    with prompt lookup on a 2-core Xeon, ``benchmarks/transformers_transfer.py --workload mixed``) by
-    4.2-6.0% at gamma 1, 3, 6, against 3.2-5.6% without; each k's own slope (today's
-    :func:`analyzer.measuring.cost.with_context_slopes`) missed it by 0.5 / 2.2 / 3.1% against 4.6 / 4.8 / 5.6%
-    without. Switching runs to them is the next step, with a CI run of its own (benchmarks/RESULTS.md)."""
+    before it was measured has none. With the profile's context slopes (none where it measured one
+    context), so that each prompt is priced at its own mean context (:meth:`Cost.for_request`): on a
+    workload of short and long prompts (33 prompts, 39-2,156 tokens, the embedded SmolLM2 with prompt
+    lookup on a 2-core Xeon, ``benchmarks/transformers_transfer.py --workload mixed``) each k's own
+    slope (:func:`analyzer.measuring.cost.with_context_slopes`) missed the measured aggregate by
+    0.5 / 2.2 / 3.1% at gamma 1, 3, 6, against 4.6 / 4.8 / 5.6% priced at one context (benchmarks/RESULTS.md).
+    ``with_context=False``: at the profiled context alone (that comparison's baseline)."""
     tokens = max(profile.context_tokens, 1)
     return Cost(
         profile.target_forward_s,

@@ -26,8 +26,9 @@ from analyzer.measuring.interference import disturbed
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import Cost
 
-# the stored JSON's shape and rule (2: PolicyCurve.decide; 3: transformers' defaults priced); another is computed again
-SUMMARY_FORMAT = 3
+# the stored JSON's shape and rule (2: PolicyCurve.decide; 3: transformers' defaults priced; 4: each prompt
+# priced at its own context where the profile has context slopes); another is computed again
+SUMMARY_FORMAT = 4
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 
 

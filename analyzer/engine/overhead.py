@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,9 @@ OVERHEAD_GAMMA = 4
 OVERHEAD_NEW_TOKENS = 32
 # ... and it times this many plain and as many speculative generations (one attempt; a busy machine retries)
 OVERHEAD_REPEATS = 3
+# a target forward of k tokens seen in those generations at least this often has its median kept
+# (MachineryOverhead.forward_s): a lookahead that prompt lookup rarely fills is not judged on a few forwards
+MIN_FORWARDS_SEEN = 8
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,53 @@ class MachineryOverhead:
     batch 1: `decode_s` per plain greedy step, `round_s` per speculative round (for prompt lookup
     without the lookup itself, which the draft step counts), over `new_tokens` tokens, `repeats`
     runs each (medians); `busy` notes interference seen while measuring (other processes' share of
-    the machine above MAX_OTHERS_CPU in every attempt), else None."""
+    the machine above MAX_OTHERS_CPU in every attempt), else None. ``forward_s``: the median seconds of
+    the target's own forwards of k tokens in those generations (the prompt's prefill left out), for each k
+    seen at least MIN_FORWARDS_SEEN times; empty where they were not recorded (the cuda-graphs mode)."""
 
     decode_s: float
     round_s: float
     new_tokens: int
     repeats: int
     busy: str | None = None
+    forward_s: dict[int, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def sized_forwards(model: torch.nn.Module) -> Iterator[list[tuple[int, float]]]:
+    """Inside the block, append (new tokens k, seconds) of every forward call of ``model`` to the
+    yielded list, k read from its ``input_ids``; GPU work is synchronised at both ends. The hooks are
+    removed on exit."""
+    seen: list[tuple[int, float]] = []
+    started: list[tuple[int, float]] = []
+
+    def before(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        _synchronize(next(module.parameters()).device)
+        started.append((int(ids.shape[-1]) if ids is not None else 0, perf_counter()))
+
+    def after(module, args, kwargs, output):
+        _synchronize(next(module.parameters()).device)
+        k, start = started.pop()
+        seen.append((k, perf_counter() - start))
+
+    handles = [  # first in, last out: other hooks on the model count as its forward
+        model.register_forward_pre_hook(before, with_kwargs=True, prepend=True),
+        model.register_forward_hook(after, with_kwargs=True),
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def forward_medians(seen: list[tuple[int, float]], at_least: int = MIN_FORWARDS_SEEN) -> dict[int, float]:
+    """The median seconds per k of ``seen`` (k, seconds) forwards, for each k seen ``at_least`` times."""
+    by_k: dict[int, list[float]] = {}
+    for k, seconds in seen:
+        by_k.setdefault(k, []).append(seconds)
+    return {k: float(np.median(v)) for k, v in sorted(by_k.items()) if k >= 1 and len(v) >= at_least}
 
 
 @contextlib.contextmanager
@@ -106,21 +149,26 @@ def measure_machinery_overhead(
     from analyzer.measuring.validate import assisted_generate, greedy_generate
 
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
+    calls: list[list[tuple[int, float]]] = []  # each generate() call's target forwards
 
     def generate(speculative: bool) -> int:
-        if speculative:
-            return assisted_generate(
-                target_model,
-                context_ids,
-                new_tokens,
-                gamma=gamma,
-                draft_model=draft_model,
-                ngram_max=ngram_max,
-                eos_token_id=[],
-            )[1]
-        return greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])[1]
+        with sized_forwards(target_model) as seen:
+            if speculative:
+                passes = assisted_generate(
+                    target_model,
+                    context_ids,
+                    new_tokens,
+                    gamma=gamma,
+                    draft_model=draft_model,
+                    ngram_max=ngram_max,
+                    eos_token_id=[],
+                )[1]
+            else:
+                passes = greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])[1]
+        calls.append(seen[1:])  # the first forward holds the prompt (and, speculating, the first draft)
+        return passes
 
-    return overhead_of(
+    measured = overhead_of(
         generate,
         lambda: timed_forwards(*models),
         target_model.device,
@@ -129,6 +177,10 @@ def measure_machinery_overhead(
         repeats=repeats,
         on_generate=on_generate,
     )
+    if measured.busy:  # forwards slowed by other processes calibrate nothing
+        return measured
+    # the timed calls of the attempt kept (a busy attempt before it measured again)
+    return replace(measured, forward_s=forward_medians([f for call in calls[-2 * repeats :] for f in call]))
 
 
 def measure_graph_overhead(

@@ -52,6 +52,54 @@ class CostMeasurement:
     long_context_tokens: int | None = None
     context_slope_s: list[float] | None = None
     draft_context_slope_s: float | None = None
+    # scaled to the target's own forwards in real generation (:func:`calibrated_to_generate`): for each k
+    # seen there, its median over the timed T_t(k) at the same context (None: not calibrated)
+    generate_ratio: dict[int, float] | None = None
+
+
+# a ratio of generate()'s forward to the timed T_t(k) outside this range says the two measured different
+# things (a busy moment, another shape): that k calibrates nothing
+GENERATE_RATIO_RANGE = (0.67, 1.5)
+
+
+def calibrated_to_generate(
+    base: CostMeasurement, forward_s: dict[int, float], context_tokens: float
+) -> CostMeasurement:
+    """``base`` with each T_t(k) scaled to what the target's forwards take inside real generation.
+
+    The profile times each k's forward in turn over one cache (k = 1..k_max interleaved, so that drift hits
+    every k alike); generation runs the same shapes back to back. On a 2-core Xeon with SmolLM2-135M the
+    plain step inside ``generate()`` took 0.956 of the timed T_t(1) and a gamma-6 round's 7-token forward
+    1.00 of T_t(7) (8 prompts, 64 tokens; benchmarks/RESULTS.md), so plain decoding was priced 4.5% dear
+    against speculation and gamma 6 was over-predicted by 3.6-4.5%. ``forward_s`` are those forwards'
+    medians by k (:attr:`analyzer.engine.overhead.MachineryOverhead.forward_s`), taken over a cache of
+    about ``context_tokens`` (the timed T_t(k) is moved there along the profile's slopes first). Each k seen
+    gets its ratio; a k between two seen ones the ratio interpolated between them, beyond the largest the
+    largest's; below the smallest seen k (or with only one seen) nothing changes there. The result stays
+    non-decreasing in k."""
+    timed = np.asarray(base.target_forward_s, dtype=np.float64)
+    slopes = np.asarray(base.context_slope_s or [0.0] * len(timed), dtype=np.float64)
+    at_context = timed + slopes * (context_tokens - base.context_tokens)
+    low, high = GENERATE_RATIO_RANGE
+    ratios = {
+        k: float(seconds / at_context[k - 1])
+        for k, seconds in sorted(forward_s.items())
+        if 1 <= k <= len(timed) and at_context[k - 1] > 0 and low <= seconds / at_context[k - 1] <= high
+    }
+    if not ratios:
+        return base
+    seen = sorted(ratios)
+    ks = np.arange(1, len(timed) + 1)
+    scale = np.interp(ks, seen, [ratios[k] for k in seen])
+    if len(seen) == 1:  # one k seen: that k alone
+        scale = np.where(ks == seen[0], scale, 1.0)
+    scale = np.where(ks < seen[0], 1.0, scale)
+    calibrated = np.maximum.accumulate(timed * scale)
+    return replace(
+        base,
+        target_forward_s=[float(t) for t in calibrated],
+        generate_ratio={k: round(r, 4) for k, r in ratios.items()},
+    )
 
 
 def with_context_slopes(base: CostMeasurement, long: CostMeasurement) -> CostMeasurement:

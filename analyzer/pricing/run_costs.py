@@ -88,6 +88,12 @@ def profile_run_costs(
                 at=f"{len(long_context)} tokens of context",
             )
             measured = {b: with_context_slopes(m, far[b]) for b, m in measured.items()}
+        if 1 in measured and overhead.forward_s:  # generate()'s own forwards were timed at batch 1
+            from analyzer.measuring.cost import calibrated_to_generate
+
+            measured[1] = calibrated_to_generate(
+                measured[1], overhead.forward_s, len(context) + overhead.new_tokens / 2
+            )
         for batch_size, measurement in measured.items():
             chosen[batch_size] = _store_cost_profile(
                 session_factory, run_id, loaded_models, plan, batch_size, measurement, overhead
@@ -400,6 +406,9 @@ def _store_cost_profile(
             long_context_tokens=measured.long_context_tokens,
             context_slope_s=measured.context_slope_s,
             draft_context_slope_s=measured.draft_context_slope_s,
+            generate_ratio=(
+                {str(k): r for k, r in measured.generate_ratio.items()} if measured.generate_ratio else None
+            ),
             round_overhead_s=overhead.round_s,
             decode_overhead_s=overhead.decode_s,
             target_forward_spread=quality.spread if quality else None,
