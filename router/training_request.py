@@ -7,7 +7,7 @@ suggestions also read, so asking the teacher is here, above all three."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -58,10 +58,7 @@ def training_data(
     data = _base_data(session, source, prompt_set_names, adapt)
     if not adapt:
         return data
-    try:
-        suggest_tasks(session, adapt, progress)
-    except TeacherUnavailable as exc:
-        raise ClassifierError(f"cannot adapt: {exc}") from None
+    _suggest_for_adapting(lambda: suggest_tasks(session, adapt, progress))
     return _adapted(session, data, adapt, min_confidence)
 
 
@@ -81,12 +78,18 @@ def training_data_apart(
         data = _base_data(session, source, prompt_set_names, adapt)
     if not adapt:
         return data
-    try:
-        suggest_tasks_apart(sessions, adapt, progress)
-    except TeacherUnavailable as exc:
-        raise ClassifierError(f"cannot adapt: {exc}") from None
+    _suggest_for_adapting(lambda: suggest_tasks_apart(sessions, adapt, progress))
     with sessions() as session, session.begin():
         return _adapted(session, data, adapt, min_confidence)
+
+
+def _suggest_for_adapting(suggest: Callable[[], object]) -> None:
+    """Run ``suggest`` (the teacher's suggestions for the sets adapted to); a missing teacher refuses the
+    training request."""
+    try:
+        suggest()
+    except TeacherUnavailable as exc:
+        raise ClassifierError(f"cannot adapt: {exc}") from None
 
 
 def _adapted(
