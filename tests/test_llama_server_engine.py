@@ -195,8 +195,10 @@ def test_a_server_that_cannot_start_says_why(llama_server_binary, tmp_path):
 def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_shows_it(
     runner, llama_server_binary, monkeypatch, tmp_path
 ):
+    from markupsafe import escape
     from sqlalchemy import func, select
 
+    from analyzer.analysis.server_text import divergence_text
     from analyzer.db import make_engine
     from analyzer.orm import ServerAnalysisRecord
     from webui.app import create_app
@@ -253,6 +255,14 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         assert connection.scalar(select(func.count()).select_from(ServerAnalysisRecord)) == 1
     chosen = {t["task"]: t["chosen"] for t in record.tasks}
     assert len(chosen) == 13
+    # what the validation guarantees, given how often speculation changed the output, under its table
+    guarantee = divergence_text(record.validation)
+    changed = [1 - f["output_equal"] for f in record.validation]
+    assert guarantee in done.stdout.splitlines() and guarantee.startswith(
+        "Every validated speculating server served plain greedy's output (20 prompt-settings)"
+        if not any(changed)
+        else f"Speculation changed the served output in {sum(changed) / 2:.0%} of 20 validated"
+    )
     routes = dict(line.split(": ") for line in plan.stdout.split("# task -> pool\n")[1].splitlines())
     for task, label in chosen.items():  # every task goes to the pool running its chosen setting
         expected = (
@@ -281,6 +291,7 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         assert page.count('<tr data-task="') == 13 and "Predicted vs measured speedup per prompt" in page
         for task, label in chosen.items():
             assert f'<tr data-task="{task}">' in page
+        assert f'<p id="server-divergence">{escape(guarantee)}</p>' in page
         assert client.get("/llama-server/7").status_code == 404
     finally:
         app.extensions["specroute.close"]()

@@ -12,7 +12,7 @@ from analyzer.analysis.server_store import (
     pool_plan,
     pool_plan_text,
 )
-from analyzer.analysis.server_text import cost_text, noise_text
+from analyzer.analysis.server_text import cost_text, divergence_text, noise_text
 from analyzer.db import lock_for_write
 from router.policy import PolicyError
 from router.server_policy import publish_server_policies
@@ -71,6 +71,7 @@ def server_analysis(analysis_id: int):
             plot=plot,
             cost_lines={family: cost_text(cost) for family, cost in record.cost.items()},
             noise_line=noise_text(record.noise),
+            divergence_line=divergence_text(record.validation),
         )
     return page
 

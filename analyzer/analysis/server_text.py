@@ -78,3 +78,45 @@ def routing_text(routing: list[dict[str, Any]] | None) -> list[str]:
             f"{cell(row['oracle'], row['oracle_interval'])}"
         )
     return lines
+
+
+def divergence_text(validation: list[dict[str, Any]] | None) -> str:
+    """What the validation guarantees, given how often speculation changed the served output: where every
+    validated speculating server served plain greedy's output, the advice (priced from that output's replay)
+    is the cost model's price of the exact work; where some did not (llama-server's batched verification can
+    flip an argmax at a near-tie, more often over long contexts), the draft counts follow the output served,
+    so the advice is held to its aggregate, and its per-prompt error is reported beside the cost model's."""
+    rows = [f for f in validation or [] if f.get("runs") and f.get("output_equal") is not None]
+    if not rows:
+        return "Not validated: what speculation does to this workload's output is not known."
+    runs = sum(int(f["runs"]) for f in rows)
+    changed = sum(int(f["runs"]) * (1.0 - float(f["output_equal"])) for f in rows) / runs
+    served = [f["mare"] for f in rows if f.get("mare") is not None]
+    advice = [f["advice_mare"] for f in rows if f.get("advice_mare") is not None]
+    aggregate = [f["aggregate_error"] for f in rows if f.get("aggregate_error") is not None]
+
+    def spread(values: list[float]) -> str:
+        low, high = min(values), max(values)
+        return f"{low:.1%}" if round(low, 3) == round(high, 3) else f"{low:.1%}-{high:.1%}"
+
+    if changed == 0:
+        text = (
+            f"Every validated speculating server served plain greedy's output ({runs} prompt-settings): the "
+            "advice is the price of the exact replay of the work those servers did"
+        )
+        return text + (f" (error per prompt {spread(served)})." if served else ".")
+    text = (
+        f"Speculation changed the served output in {changed:.0%} of {runs} validated prompt-settings "
+        "(batched verification flips an argmax at a near-tie, more often over long contexts). There the draft "
+        "counts follow the output served, not plain greedy's: the advice, priced from plain greedy's replay, "
+        "is held to its aggregate per setting"
+    )
+    if aggregate:
+        text += f" (error {spread(aggregate)} here)"
+    text += ", not to each prompt"
+    if advice and served:
+        text += (
+            f" (error per prompt {spread(advice)} for the advice, {spread(served)} for the cost model on the "
+            "work served)"
+        )
+    return text + "."

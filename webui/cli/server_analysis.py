@@ -20,7 +20,7 @@ from analyzer.analysis.server_store import (
     server_prompts,
     store_server_analysis,
 )
-from analyzer.analysis.server_text import cost_text, noise_text, num, routing_text
+from analyzer.analysis.server_text import cost_text, divergence_text, noise_text, num, routing_text
 from analyzer.db import lock_for_write
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llama_server_process import RemoteServer, server_version
@@ -317,6 +317,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
             f"{aggregate} | {num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
             f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
         )
+    lines.append(divergence_text(record.validation))
     lines += [
         "",
         "task | prompts | " + " | ".join(record.drafters) + " | chosen (predicted / measured speedup)",
