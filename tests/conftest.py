@@ -130,11 +130,33 @@ def client(app):
 _USER_DATA_DIR = os.environ.get("SPECROUTE_DATA_DIR", "")
 
 
+def _binding_loads_the_cached_llama_cpp() -> None:
+    """Installed as the README says (``-DLLAMA_BUILD=OFF``), llama-cpp-python has no llama.cpp of its own and
+    loads the one ``specroute llama-server build`` keeps in the user's cache (the test command builds it
+    before pytest). Tests get private data folders, so LLAMA_CPP_LIB_PATH names the user's cache for the
+    whole run, child processes included; a binding with its own library is left alone."""
+    import importlib.util
+
+    from analyzer.engine.llama_server import library_dir
+    from analyzer.engine.llamacpp_engine import LIBRARY_PATH_VARIABLE, _binding_has_own_library
+    from analyzer.settings import Settings
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None or os.environ.get(LIBRARY_PATH_VARIABLE):
+        return
+    libraries = library_dir(Settings(data_dir=_USER_DATA_DIR).resolved_data_dir() / "cache")
+    if libraries is not None and not _binding_has_own_library(Path(spec.origin).parent):
+        os.environ[LIBRARY_PATH_VARIABLE] = str(libraries)
+
+
+_binding_loads_the_cached_llama_cpp()
+
+
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
     """llama.cpp's own server as specroute finds it (SPECROUTE_LLAMA_SERVER, PATH, the user's build
     cache); where there is none, built once into the user's cache with ``specroute llama-server build``'s
-    code (about 5 minutes on 2 cores, which CI pays once per run)."""
+    code (4 to 14 minutes on 2 cores; the README's test command builds it before pytest)."""
     from analyzer.engine.llama_server import LlamaServerMissing, build_llama_server, find_llama_server
     from analyzer.settings import Settings
 

@@ -1,10 +1,13 @@
 """Finding llama.cpp's own server (issue 33, point 1): SPECROUTE_LLAMA_SERVER, then PATH, then the build
 cache; where none holds it, an error that names the build command; a build of a cached version is reused.
-(The build itself, about 10 minutes on 2 cores, is measured in benchmarks/RESULTS.md, not run here.)"""
+(The build itself, 4 to 14 minutes on 2 cores, is measured in benchmarks/RESULTS.md; the binding loading its
+libraries runs against the build the tests find.)"""
 
 from __future__ import annotations
 
+import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,7 @@ from analyzer.engine.llama_server import (
     cached_binary,
     find_llama_server,
 )
+from tests.conftest import require_modules
 from webui.cli import cli
 
 
@@ -48,13 +52,43 @@ def test_the_setting_then_path_then_the_cache_and_an_error_naming_the_build(tmp_
             find_llama_server(str(wrong), cache, path=str(bin_dir))
 
 
-def test_a_build_of_a_cached_version_is_reused_without_building(tmp_path):
+def test_a_build_of_a_cached_version_is_reused_without_building(tmp_path, monkeypatch):
+    from analyzer.engine import llama_server
+
     cached = _executable(cached_binary(tmp_path))
+
+    # a binary cached without llama.cpp's shared libraries (a build from before the binding loaded them) is
+    # built again; a build that fails leaves the cache as it was
+    def offline(work, version, say):
+        raise LlamaServerMissing("pip could not download the sdist")
+
+    monkeypatch.setattr(llama_server, "_vendored_source", offline)
     said = []
+    with pytest.raises(LlamaServerMissing, match="could not download"):
+        build_llama_server(tmp_path, say=said.append)
+    assert said == [
+        f"llama-server {LLAMA_CPP_PYTHON_VERSION} is cached without llama.cpp's shared libraries: building it again"
+    ]
+    assert (
+        llama_server.library_dir(tmp_path) is None and cached.read_text() == "#!/bin/sh\necho llama-server\n"
+    )
+    (cached.parent / "libllama.so").write_bytes(b"")
+    assert llama_server.library_dir(tmp_path) == cached.parent
+    said.clear()
     assert build_llama_server(tmp_path, say=said.append) == cached
     assert said == [
         f"llama-server {LLAMA_CPP_PYTHON_VERSION} already built: {cached} (reused; --force builds it again)"
     ]
+
+
+def test_ninja_progress_reads_as_steps_and_other_lines_are_not_progress():
+    from analyzer.engine.llama_server import _step
+
+    assert (
+        _step("[42/212] Building CXX object src/llama.cpp.o")
+        == "step 42 of 212: Building CXX object src/llama.cpp.o"
+    )
+    assert _step("[ 50%] Built target ggml") is None and _step("-- Configuring done") is None
 
 
 def test_the_command_line_says_where_or_how_to_build(runner, tmp_path, monkeypatch):
@@ -65,3 +99,67 @@ def test_the_command_line_says_where_or_how_to_build(runner, tmp_path, monkeypat
     monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(chosen))
     found = runner.invoke(cli, ["llama-server", "where"])
     assert found.exit_code == 0 and found.stdout == f"{chosen} (from SPECROUTE_LLAMA_SERVER)\n"
+
+
+_LOAD_AND_GENERATE = """
+import sys
+from analyzer.engine.engine_base import EngineUnavailable
+from analyzer.engine.llamacpp_engine import require_llama_cpp
+from analyzer.models.loading import _builtin_gguf_path
+try:
+    llama_cpp = require_llama_cpp()
+except EngineUnavailable as exc:
+    print("unavailable:", exc)
+    sys.exit(3)
+print("loaded from", llama_cpp.llama_cpp._base_path)
+model = llama_cpp.Llama(str(_builtin_gguf_path()), n_ctx=256, n_threads=2, verbose=False)
+print("tokens", len(model("The capital of France is", max_tokens=4, temperature=0.0)["choices"][0]["text"]) > 0)
+"""
+
+
+def _binding_without_its_library(tmp_path):
+    """A copy of the installed llama-cpp-python without llama.cpp compiled into it, as
+    ``CMAKE_ARGS=-DLLAMA_BUILD=OFF pip install`` leaves it."""
+    import importlib.util
+    import shutil
+
+    package = Path(importlib.util.find_spec("llama_cpp").origin).parent
+    site = tmp_path / "site"
+    shutil.copytree(package, site / "llama_cpp", ignore=shutil.ignore_patterns("lib", "__pycache__"))
+    return site
+
+
+def test_a_binding_installed_without_llama_cpp_loads_the_one_the_server_build_compiled(
+    tmp_path, llama_server_binary
+):
+    """One compile for both: the binding without a library of its own loads the libraries the llama-server
+    build keeps beside the binary, and generates with them; with no build in the cache, the error names it."""
+    import subprocess
+    import sys
+
+    require_modules(["llama_cpp"], "pip install -e '.[llamacpp]'")
+    libraries = llama_server_binary.parent
+    assert (libraries / "libllama.so").is_file() and list(libraries.glob("libggml*.so*"))
+    site = _binding_without_its_library(tmp_path)
+    data = tmp_path / "data"
+    (data / "cache" / "llama-server").mkdir(parents=True)
+    (data / "cache" / "llama-server" / LLAMA_CPP_PYTHON_VERSION).symlink_to(libraries)
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    env.update(
+        PYTHONPATH=f"{site}{os.pathsep}{Path(__file__).resolve().parents[1]}", SPECROUTE_DATA_DIR=str(data)
+    )
+    ran = subprocess.run([sys.executable, "-c", _LOAD_AND_GENERATE], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert (
+        ran.stdout.splitlines()[0]
+        == f"loaded from {data / 'cache' / 'llama-server' / LLAMA_CPP_PYTHON_VERSION}"
+    )
+    assert ran.stdout.splitlines()[1] == "tokens True"
+    env["SPECROUTE_DATA_DIR"] = str(tmp_path / "empty")
+    missing = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_GENERATE], env=env, capture_output=True, text=True
+    )
+    assert missing.returncode == 3 and missing.stdout.startswith(
+        "unavailable: llama-cpp-python is installed without llama.cpp's library"
+    )
+    assert f"run '{BUILD_COMMAND}' once" in missing.stdout

@@ -1,12 +1,18 @@
 """Finding or building llama.cpp's own C++ server, ``llama-server``, from the llama.cpp source that the
-pinned llama-cpp-python sdist vendors (so the binding and the server share one llama.cpp).
+pinned llama-cpp-python sdist vendors (so the binding and the server share one llama.cpp), and compiling
+that llama.cpp once for both.
 
 Where it is looked for, in order: ``SPECROUTE_LLAMA_SERVER`` (a path), then ``llama-server`` on PATH, then
 the build cache (``<data_dir>/cache/llama-server/<llama-cpp-python version>/llama-server``). Where none
 holds it, :class:`LlamaServerMissing` names the command that builds it, ``specroute llama-server build``,
-which downloads the pinned sdist with pip, configures llama.cpp with CMake for the same instruction sets as
-the README's llama-cpp-python build, builds only the ``llama-server`` target, and keeps the binary in the
-cache; a second build of the same version reuses it."""
+which downloads the pinned sdist with pip, configures llama.cpp with CMake for the same instruction sets
+for every x86-64 CPU of the last ten years, builds the ``llama-server`` target with llama.cpp's shared
+libraries (``libllama``, ``libggml*``) beside it, and keeps them in the cache; a second build of the same
+version reuses it.
+
+The README installs llama-cpp-python without compiling anything (``CMAKE_ARGS=-DLLAMA_BUILD=OFF``): its
+Python binding then loads those same libraries from the cache (:func:`library_dir`; llama-cpp-python reads
+``LLAMA_CPP_LIB_PATH``), so a machine compiles llama.cpp once, for the server and the binding alike."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -39,8 +46,12 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_CURL=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
+    # shared libraries that llama-cpp-python loads too, found by the binary beside it
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
+LIBRARY = "libllama.so"  # the library llama-cpp-python loads first (with libggml*.so beside it)
 
 
 class LlamaServerMissing(EngineUnavailable):
@@ -59,6 +70,13 @@ class Found(NamedTuple):
 def cached_binary(cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     """Where the build of ``version`` keeps its binary under ``cache_root`` (``<data_dir>/cache``)."""
     return cache_root / BINARY / version / BINARY
+
+
+def library_dir(cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path | None:
+    """The cache folder holding the build's llama.cpp shared libraries, or None when the cached build
+    (if any) has none (a build older than this layout, or no build)."""
+    folder = cached_binary(cache_root, version).parent
+    return folder if (folder / LIBRARY).is_file() else None
 
 
 def find_llama_server(setting: str, cache_root: Path, *, path: str | None = None) -> Found:
@@ -82,7 +100,8 @@ def find_llama_server(setting: str, cache_root: Path, *, path: str | None = None
     raise LlamaServerMissing(
         f"llama-server was not found (SPECROUTE_LLAMA_SERVER is unset, none is on PATH, none is in "
         f"{cached.parent}); build it with '{BUILD_COMMAND}' (llama.cpp from the pinned llama-cpp-python "
-        f"{LLAMA_CPP_PYTHON_VERSION} sdist; about 10 minutes on 2 cores, once per version)"
+        f"{LLAMA_CPP_PYTHON_VERSION} sdist, with the libraries llama-cpp-python loads; 4 to 14 minutes on "
+        "2 cores, once per version)"
     )
 
 
@@ -94,30 +113,50 @@ def build_llama_server(
     say: Callable[[str], None] = print,
     force: bool = False,
 ) -> Path:
-    """Build llama-server from the vendored llama.cpp of llama-cpp-python ``version``'s sdist into the
-    cache and return the binary; reuse the cached one unless ``force``. ``say`` gets a line per step
-    and CMake's own progress lines (``[42/120] Building ...``). Nothing is left in the cache when a step
-    fails (the build happens in a temporary folder; the binary is moved in last)."""
+    """Build llama-server and llama.cpp's shared libraries from the vendored llama.cpp of llama-cpp-python
+    ``version``'s sdist into the cache and return the binary; reuse the cached build unless ``force``, or
+    unless it lacks the libraries (a build from before llama-cpp-python loaded them). ``say`` gets a line
+    per stage, each compile step as ``step N of M: ...``, and the time it took. Nothing is left in the
+    cache when a step fails (the build happens in a temporary folder; the finished folder is moved in
+    last)."""
     target = cached_binary(cache_root, version)
     if target.is_file() and not force:
-        say(f"llama-server {version} already built: {target} (reused; --force builds it again)")
-        return target
+        if library_dir(cache_root, version) is not None:
+            say(f"llama-server {version} already built: {target} (reused; --force builds it again)")
+            return target
+        say(f"llama-server {version} is cached without llama.cpp's shared libraries: building it again")
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="specroute-llama-server-") as work:
         source = _vendored_source(Path(work), version, say)
         build = Path(work) / "build"
         say(f"configuring llama.cpp from llama-cpp-python {version} ({' '.join(CMAKE_FLAGS)})")
         _run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], say)
-        say(f"building the {BINARY} target ({jobs or os.cpu_count()} jobs)")
+        say(f"building the {BINARY} target and llama.cpp's libraries ({jobs or os.cpu_count()} jobs)")
         _run(
             ["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs or os.cpu_count() or 1)], say
         )
-        built = build / "bin" / BINARY
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        shutil.copy2(built, partial)
-        partial.replace(target)  # atomic: a reader finds the whole binary or none
-    say(f"built {target}")
+        target.parent.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent.parent))
+        staged.chmod(0o755)  # mkdtemp's folder is the owner's alone; a cache other users may read
+        for built in [build / "bin" / BINARY, *sorted((build / "bin").glob("lib*.so*"))]:
+            shutil.copy2(built, staged / built.name, follow_symlinks=False)
+        _replace_folder(staged, target.parent)
+    say(f"built {target} and llama.cpp's libraries beside it in {_minutes(time.monotonic() - started)}")
     return target
+
+
+def _replace_folder(staged: Path, folder: Path) -> None:
+    """Put ``staged`` where ``folder`` is: a reader finds the old folder or the new one, never a part."""
+    old = folder.with_name(f".{folder.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    staged.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
 def _vendored_source(work: Path, version: str, say: Callable[[str], None]) -> Path:
@@ -147,17 +186,28 @@ def _vendored_source(work: Path, version: str, say: Callable[[str], None]) -> Pa
 
 
 def _run(command: list[str], say: Callable[[str], None]) -> None:
-    """Run ``command``, passing its progress lines (``[n/m] ...``) and errors to ``say``; a failure
-    raises :class:`LlamaServerMissing` with the command's last lines."""
+    """Run ``command``, passing its progress lines (Ninja's ``[n/m] ...`` as ``step n of m: ...``) to
+    ``say``; a failure raises :class:`LlamaServerMissing` with the command's last lines."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None  # piped above
     tail: list[str] = []
     for line in process.stdout:
         line = line.rstrip()
         tail = (tail + [line])[-20:]
-        if line.startswith("[") and "/" in line.split("]")[0]:
-            say(line[:160])
+        step = _step(line)
+        if step:
+            say(step)
     if process.wait() != 0:
         raise LlamaServerMissing(
             f"building llama-server failed at: {' '.join(command[:4])} ...\n" + "\n".join(tail)
         )
+
+
+def _step(line: str) -> str | None:
+    """Ninja's ``[42/206] Building CXX object ...`` as ``step 42 of 206: Building CXX object ...``; None for
+    any other line."""
+    head, _, rest = line.partition("] ")
+    done, _, total = head.lstrip("[").partition("/")
+    if not (line.startswith("[") and done.isdigit() and total.isdigit()):
+        return None
+    return f"step {done} of {total}: {rest}"[:160]

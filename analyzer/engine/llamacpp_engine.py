@@ -30,19 +30,53 @@ if TYPE_CHECKING:
 
 LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
 INSTALL_HINT = (
-    "pip install -e '.[llamacpp]' (pip builds llama.cpp from source: about 4 minutes on 2 cores; "
-    "see docs/llamacpp.md)"
+    "CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' pip install -e '.[llamacpp]' (compiles nothing), then "
+    "'specroute llama-server build' (compiles llama.cpp once for llama-server and this binding: about 5 "
+    "minutes on 2 cores; see docs/llamacpp.md)"
 )
 CONTEXT_SLACK_TOKENS = 16  # positions beyond prompt + budget + lookahead, for the verify pass's extra tokens
+LIBRARY_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"  # where llama-cpp-python loads llama.cpp's libraries from
 
 
-def require_llama_cpp() -> Any:
-    """The ``llama_cpp`` module, or :class:`EngineUnavailable` saying how to install it."""
+def _binding_has_own_library(package_folder: Path) -> bool:
+    """Whether llama-cpp-python was installed with llama.cpp compiled into it (pip's default build)."""
+    return any((package_folder / "lib").glob("*llama.*"))
+
+
+def require_llama_cpp(cache_root: Path | None = None) -> Any:
+    """The ``llama_cpp`` module, or :class:`EngineUnavailable` saying how to install it. A binding installed
+    without llama.cpp's library (``-DLLAMA_BUILD=OFF``, as the README installs it) loads the libraries
+    ``specroute llama-server build`` keeps in ``cache_root`` (default: the data folder's cache), unless
+    LLAMA_CPP_LIB_PATH already names a folder."""
+    import importlib.util
+    import sys
+
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            raise EngineUnavailable(
+                f"the llama.cpp engine needs llama-cpp-python, which is not installed here: {INSTALL_HINT}"
+            )
+        if not os.environ.get(LIBRARY_PATH_VARIABLE) and not _binding_has_own_library(
+            Path(spec.origin).parent
+        ):
+            from analyzer.engine.llama_server import BUILD_COMMAND, library_dir
+            from analyzer.settings import load_settings
+
+            cache = cache_root if cache_root is not None else load_settings().resolved_data_dir() / "cache"
+            libraries = library_dir(cache)
+            if libraries is None:
+                raise EngineUnavailable(
+                    "llama-cpp-python is installed without llama.cpp's library (CMAKE_ARGS=-DLLAMA_BUILD=OFF, as "
+                    f"the README installs it), and {cache / 'llama-server'} holds no build of it: run "
+                    f"'{BUILD_COMMAND}' once (it compiles llama.cpp for llama-server and this binding)"
+                )
+            os.environ[LIBRARY_PATH_VARIABLE] = str(libraries)
     try:
         import llama_cpp
-    except ImportError:
+    except (ImportError, OSError) as exc:  # OSError: the shared library missing or not loadable
         raise EngineUnavailable(
-            f"the llama.cpp engine needs llama-cpp-python, which is not installed here: {INSTALL_HINT}"
+            f"the llama.cpp engine could not load llama-cpp-python ({exc}): {INSTALL_HINT}"
         ) from None
     return llama_cpp
 

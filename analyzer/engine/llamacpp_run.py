@@ -103,8 +103,9 @@ class LlamaCppRunModels:
         return 1
 
     def library_versions(self) -> dict:
-        import llama_cpp
         import transformers
+
+        llama_cpp = require_llama_cpp()
 
         return {
             "llama_cpp_python": llama_cpp.__version__,

@@ -1,5 +1,6 @@
-"""``specroute llama-server``: find llama.cpp's own C++ server, or build it from the pinned
-llama-cpp-python sdist's vendored llama.cpp into the cache (analyzer/engine/llama_server.py)."""
+"""``specroute llama-server``: find llama.cpp's own C++ server, or compile it (with the libraries
+llama-cpp-python loads) from the pinned llama-cpp-python sdist's vendored llama.cpp into the cache
+(analyzer/engine/llama_server.py)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ def where(state: CliState) -> None:
 )
 @click.pass_obj
 def build(state: CliState, force: bool, jobs: int | None) -> None:
-    """Build llama-server from the llama.cpp that the pinned llama-cpp-python version's sdist vendors
-    (pip downloads the sdist; needs CMake, Ninja and a C++ compiler) into the cache, printing each
-    compile step; reuse the cached binary of the same version unless --force. About 10 minutes on
-    2 cores the first time."""
+    """Compile llama.cpp once: llama-server and the shared libraries llama-cpp-python loads, from the
+    llama.cpp that the pinned llama-cpp-python version's sdist vendors (pip downloads the sdist; needs
+    CMake, Ninja and a C++ compiler), into the cache, printing each compile step (step N of M) and the
+    time taken; reuse the cached build of the same version unless --force. About 4 minutes on 2 cores
+    the first time."""
     path = build_llama_server(
         _cache_dir(state), jobs=jobs, force=force, say=lambda line: click.echo(line, err=True)
     )
