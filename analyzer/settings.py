@@ -140,10 +140,10 @@ class Settings:
         "Engine that new analyses measure and price in: transformers (eager PyTorch forwards, any model "
         "spec), llama.cpp (GGUF models through llama-cpp-python, greedy, on the CPU, batch 1; install the "
         "[llamacpp] extra) or auto: llama.cpp where it can measure the run as asked (a gguf: or builtin: "
-        "target with an ngram or GGUF draft, greedy, on the CPU, batch 1: the demo's run), else "
-        "transformers. The one default of 'specroute analyze' and 'demo' (unless --engine is given) and of "
-        "the web form, which says which engine it picks and why; recorded on the run, its cost profiles "
-        "and the policies published from it.",
+        "target with an ngram or GGUF draft, greedy, on the CPU, batch 1), else transformers; 'specroute demo' "
+        "under auto analyzes in llama-server, llama.cpp's own server. The one default of 'specroute analyze' "
+        "and 'demo' (unless --engine is given) and of the web form, which says which engine it picks and why; "
+        "recorded on the run, its cost profiles and the policies published from it.",
     )
     cost_mode: str = _setting(
         "eager",

@@ -87,7 +87,8 @@ def test_import_usage_errors(runner, tmp_path):
 
 def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
     """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
-    transformers here; its default engine, llama.cpp, is tested in tests/test_llamacpp.py); then again
+    transformers here; llama.cpp is tested in tests/test_llamacpp.py, the default, llama-server, in
+    tests/test_llama_server_engine.py); then again
     with --reprofile on a busy machine."""
     import itertools
 

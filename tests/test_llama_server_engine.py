@@ -384,3 +384,48 @@ def test_an_analysis_through_servers_the_user_runs(
         assert plain.client.ready() and spec.client.ready()  # still running: not ours to stop
     gone = runner.invoke(cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={spec_url}"])
     assert gone.exit_code == 1 and f"no llama-server answers /health with ok at {plain_url}" in gone.stderr
+
+
+def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses_it(
+    runner, llama_server_binary, monkeypatch
+):
+    """The main job under SPECROUTE_ENGINE's default (auto): the sample analyzed in llama-server (2 prompts
+    per task, cut to 14 here, 24 new tokens), validated through speculating servers, its policy set published
+    with a pool per chosen setting, the analysis printed; a rerun reuses both."""
+    from sqlalchemy import select
+
+    from analyzer.analysis.server_text import divergence_text
+    from analyzer.db import make_engine
+    from analyzer.orm import ServerAnalysisRecord
+    from analyzer.settings import load_settings
+    from router.orm import PolicySet
+    from webui.cli import cli
+
+    monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(llama_server_binary))
+    quick = ("demo", "--no-serve", "--limit", "14", "--max-new-tokens", "24")
+    first = runner.invoke(cli, list(quick))
+    assert first.exit_code == 0, first.output
+    assert "[3/6] analyzing 14 sample prompts (2 per task) in llama-server" in first.output
+    assert "validated through speculating servers" in first.output
+    assert "llama-server analysis #1 of prompt set #1: 14 prompts, 24 new tokens, 2 threads" in first.output
+    assert (
+        "[6/6] not serving (--no-serve); 'specroute serve' shows the report at /llama-server/1"
+        in first.output
+    )
+    engine = make_engine(load_settings().resolved_database_url())
+    with engine.connect() as connection:
+        record = connection.execute(select(ServerAnalysisRecord)).one()
+        (policy_set,) = connection.execute(select(PolicySet)).all()
+    engine.dispose()
+    assert len(record.prompts) == 14 and sum(p["calibration"] for p in record.prompts) == 4
+    assert record.validation_repeats >= 1 and all(f["runs"] == 10 for f in record.validation)
+    assert divergence_text(record.validation) in first.output
+    assert policy_set.server_analysis_id == record.id and policy_set.is_active == (not record.advice_withheld)
+    # a pool per chosen setting, and the plain one (which serves the tasks left off)
+    assert {"off", *(t["chosen"] for t in record.tasks if t["chosen"])} <= set(policy_set.pools)
+    assert f"({'active' if policy_set.is_active else 'NOT activated: advice withheld'}; " in first.output
+    assert f"{len(policy_set.pools)} pools)" in first.output
+    again = runner.invoke(cli, list(quick))
+    assert again.exit_code == 0, again.output
+    assert "[3/6] llama-server analysis #1 already done (reused)" in again.output
+    assert "[5/6] policy set v1 from llama-server analysis #1 already published" in again.output

@@ -205,8 +205,19 @@ def test_a_worker_without_llama_cpp_python_fails_the_run_with_the_install_hint(c
     engine.dispose()
 
 
-def test_the_demo_analyses_in_llama_cpp_by_default(runner, smollm2):
-    quick = ("demo", "--no-serve", "--limit", "3", "--max-new-tokens", "8", "--validate", "1")
+def test_the_demo_analyses_in_llama_cpp_when_asked(runner, smollm2):
+    quick = (
+        "demo",
+        "--no-serve",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--validate",
+        "1",
+        "--engine",
+        "llama.cpp",
+    )
     first = runner.invoke(cli, list(quick), catch_exceptions=False)
     assert first.exit_code == 0, first.output
     assert "with ngram drafting in llama.cpp" in first.output and "llama.cpp engine" in first.output
@@ -218,7 +229,7 @@ def test_the_demo_analyses_in_llama_cpp_by_default(runner, smollm2):
 
 def test_the_demo_without_llama_cpp_python_says_both_ways_on(runner, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    result = runner.invoke(cli, ["demo", "--no-serve", "--limit", "1"])
+    result = runner.invoke(cli, ["demo", "--no-serve", "--limit", "1", "--engine", "llama.cpp"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert (
         "pip install -e '.[llamacpp]'" in result.stderr

@@ -8,9 +8,10 @@ import click
 from analyzer.engine.engines import ENGINES
 from analyzer.run_params import AUTO_ENGINE
 from analyzer.settings import SECRET_SETTINGS, describe_settings
-from webui.cli import demo_steps
+from webui.cli import demo_server, demo_steps
 from webui.cli.analysis import run_input_option
 from webui.cli.base import CliState, cli
+from webui.cli.demo_server import DEMO_SERVER_ENGINE
 
 # ---------------------------------------------------------------- settings and the main job
 
@@ -59,9 +60,10 @@ def _shown_value(name: str, value):
 @click.option("--no-serve", is_flag=True, help="Stop after the report instead of serving it.")
 @click.option(
     "--engine",
-    metavar="|".join((AUTO_ENGINE, *ENGINES)),
-    help="Engine of the analysis (default: SPECROUTE_ENGINE, auto, which picks llama.cpp for the demo's run "
-    "and needs the [llamacpp] extra; --engine transformers needs nothing more).",
+    metavar="|".join((AUTO_ENGINE, DEMO_SERVER_ENGINE, *ENGINES)),
+    help="Engine of the analysis (default: SPECROUTE_ENGINE; its default, auto, analyzes the demo in "
+    "llama-server, llama.cpp's own server, which 'specroute llama-server build' compiles; llama.cpp analyzes "
+    "in llama-cpp-python's loop, transformers in PyTorch).",
 )
 @click.option(
     "--reprofile",
@@ -82,27 +84,48 @@ def demo(
     reprofile: bool,
 ) -> None:
     """The main job on the embedded defaults: upgrade the database, import the bundled sample
-    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting with the defaults every surface
-    shares (in llama.cpp under SPECROUTE_ENGINE's default, auto; or --engine), train the classifier on the
-    bundled corpus, publish the policies, print the report, and serve the web UI and the router. A rerun
-    reuses what exists (the set, a finished or interrupted analysis with the same settings, the
-    classifier, the policies); --reprofile analyzes again. Policies from a run measured on a busy machine
-    are published but not activated (the report says "Advice withheld")."""
+    prompts, analyze them with SmolLM2-135M-Instruct and n-gram drafting, train the classifier on the
+    bundled corpus, publish the policies, print the report, and serve the web UI and the router.
+
+    Under SPECROUTE_ENGINE's default, auto (or --engine llama-server), the analysis runs in llama-server:
+    2 sample prompts per task, llama-server's drafting settings replayed exactly on each prompt's greedy
+    output and priced from the servers' timings, validated through speculating servers (--validate 0: not
+    validated), published with a pool per setting. With --engine llama.cpp or transformers it is a run
+    with every gamma (--validate N prompts validated). A rerun reuses what exists (the set, a finished
+    analysis with the same settings, the classifier, the policies); --reprofile analyzes again. Policies
+    from an analysis whose advice was withheld (a busy or noisy machine, a step-cost fit that missed its
+    bound) are published but not activated."""
+    in_server = (engine or "").strip() == DEMO_SERVER_ENGINE or (
+        engine is None and state.settings.engine == AUTO_ENGINE
+    )
     inputs = demo_steps.demo_run_inputs(
         state,
         {
             "max_new_tokens": max_new_tokens,
             "validate": validate_n,
             "limit": limit,
-            "engine": engine,
+            "engine": None if in_server else engine,
             "reprofile": reprofile or None,
         },
     )
-    demo_steps.require_engine(inputs.params.engine)
+    if in_server:
+        binary = demo_server.require_llama_server(state)
+    else:
+        demo_steps.require_engine(inputs.params.engine)
     demo_steps.upgrade_database(state)
     sessions = state.sessions()
     prompt_set_id = demo_steps.import_sample_prompts(sessions)
+    if in_server:
+        params = inputs.params
+        analysis_id = demo_server.analyze_sample_in_llama_server(
+            state, sessions, prompt_set_id, binary, n_predict=params.max_new_tokens,
+            validate=params.validate > 0, limit=params.limit, again=reprofile,
+        )  # fmt: skip
+        demo_steps.train_classifier_once(state, sessions)
+        demo_server.publish_and_print_server_analysis(sessions, analysis_id)
+        demo_steps.serve_report(state, host, port, f"/llama-server/{analysis_id}", serve=not no_serve)
+        return
     run_id = demo_steps.analyze_sample(state, sessions, prompt_set_id, inputs)
     demo_steps.train_classifier_once(state, sessions)
     demo_steps.publish_policies_and_print_report(sessions, run_id)
-    demo_steps.serve_report(state, host, port, run_id, serve=not no_serve)
+    demo_steps.serve_report(state, host, port, f"/runs/{run_id}", serve=not no_serve)

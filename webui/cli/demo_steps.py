@@ -260,15 +260,16 @@ def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: i
         )
 
 
-def serve_report(state: CliState, host: str, port: int, run_id: int, *, serve: bool) -> None:
-    """[6/6] Serve the report, the web UI and the router on ``host:port`` until stopped (with
-    ``serve`` False, only say where ``specroute serve`` shows the report)."""
+def serve_report(state: CliState, host: str, port: int, report_path: str, *, serve: bool) -> None:
+    """[6/6] Serve the report (at ``report_path``: ``/runs/ID`` or ``/llama-server/ID``), the web UI and the
+    router on ``host:port`` until stopped (with ``serve`` False, only say where ``specroute serve`` shows
+    the report)."""
     if not serve:
-        click.echo(f"[6/6] not serving (--no-serve); 'specroute serve' shows the report at /runs/{run_id}")
+        click.echo(f"[6/6] not serving (--no-serve); 'specroute serve' shows the report at {report_path}")
         return
     click.echo("[6/6] serving the report and the router")
     urls = [
-        f"report: {{base}}/runs/{run_id}",
+        f"report: {{base}}{report_path}",
         "web UI: {base}/",
         "router API: POST {base}/v1/route (OpenAPI at {base}/openapi.json)",
     ]
