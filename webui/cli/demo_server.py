@@ -23,6 +23,9 @@ DEMO_PER_TASK = 2  # prompts per task of the sample: 26 over 13 tasks, about 6 m
 DEMO_THREADS = 2
 DEMO_CTX = 4096
 DEMO_CALIBRATION = 8
+DEMO_VALIDATE_REPEATS = (
+    1  # one validation pass: 18 prompts x 6 servers, about 3 minutes on 2 cores (3 took 8)
+)
 
 
 def require_llama_server(state: CliState) -> Path:
@@ -87,12 +90,13 @@ def analyze_sample_in_llama_server(
     click.echo(
         f"[3/6] analyzing {len(prompts)} sample prompts ({DEMO_PER_TASK} per task) in llama-server: "
         f"{DEFAULT_TARGET}, {n_predict} new tokens, the settings {', '.join(DEFAULT_DRAFTERS)}, "
-        f"{'validated through speculating servers' if validate else 'not validated'} ({binary})"
+        f"{'validated through speculating servers, one pass' if validate else 'not validated'} ({binary})"
     )
     try:
         analysis = analyze_in_llama_server(
             ServerSetup(binary, model, DEMO_THREADS, DEMO_CTX), prompts, drafters, n_predict=n_predict,
             calibration_prompts=calibration_count(len(prompts)), validate=validate,
+            validate_repeats=DEMO_VALIDATE_REPEATS,
             say=lambda line: click.echo(f"      {line}"),
         )  # fmt: skip
     except ServerAnalysisError as exc:

@@ -298,7 +298,11 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
     lines += [
         f"took {record.seconds:.0f} s ({record.seconds / max(record.plain_generation_seconds, 1e-9):.1f}x plain "
         f"generation of the same prompts) + {record.validation_seconds:.0f} s validation"
-        + (f" ({record.validation_repeats} passes)" if record.validation_repeats else ""),
+        + (
+            f" ({record.validation_repeats} pass{'es' if record.validation_repeats > 1 else ''})"
+            if record.validation_repeats
+            else ""
+        ),
         "",
         "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "
         "(the work served / the advice) | within noise + 3 pts | aggregate predicted / measured (error, noise) | "
