@@ -95,9 +95,8 @@ def demo(
     analysis with the same settings, the classifier, the policies); --reprofile analyzes again. Policies
     from an analysis whose advice was withheld (a busy or noisy machine, a step-cost fit that missed its
     bound) are published but not activated."""
-    in_server = (engine or "").strip() == DEMO_SERVER_ENGINE or (
-        engine is None and state.settings.engine == AUTO_ENGINE
-    )
+    chosen = (engine or state.settings.engine).strip()
+    in_server = chosen in (DEMO_SERVER_ENGINE, AUTO_ENGINE)  # auto: the demo analyzes in llama-server
     inputs = demo_steps.demo_run_inputs(
         state,
         {
