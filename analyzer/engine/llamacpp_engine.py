@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
 INSTALL_HINT = (
     "CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' pip install -e '.[llamacpp]' (compiles nothing), then "
-    "'specroute llama-server build' (compiles llama.cpp once for llama-server and this binding: about 5 "
+    "'specroute llama-server build' (compiles llama.cpp once for llama-server and this binding: 4 to 14 "
     "minutes on 2 cores; see docs/llamacpp.md)"
 )
 CONTEXT_SLACK_TOKENS = 16  # positions beyond prompt + budget + lookahead, for the verify pass's extra tokens
