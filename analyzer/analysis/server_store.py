@@ -47,6 +47,17 @@ def server_prompts(prompt_set: PromptSet) -> list[ServerPrompt]:
     return prompts
 
 
+def first_per_task(prompts: list[ServerPrompt], per_task: int) -> list[ServerPrompt]:
+    """The first ``per_task`` prompts of each task, in the given order."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for prompt in prompts:
+        seen[prompt.task] = seen.get(prompt.task, 0) + 1
+        if seen[prompt.task] <= per_task:
+            chosen.append(prompt)
+    return chosen
+
+
 def _run_dict(run: TimedCompletion | None) -> dict[str, Any] | None:
     if run is None:
         return None

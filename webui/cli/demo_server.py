@@ -49,10 +49,9 @@ def calibration_count(prompts: int) -> int:
 def demo_prompts(prompt_set: PromptSet, limit: int | None) -> list:
     """The sample's first :data:`DEMO_PER_TASK` prompts of each task, in set order; the first ``limit`` of
     them where given."""
-    from analyzer.analysis.server_store import server_prompts
+    from analyzer.analysis.server_store import first_per_task, server_prompts
 
-    prompts = server_prompts(prompt_set)
-    chosen = [p for i, p in enumerate(prompts) if sum(q.task == p.task for q in prompts[:i]) < DEMO_PER_TASK]
+    chosen = first_per_task(server_prompts(prompt_set), DEMO_PER_TASK)
     return chosen[:limit] if limit is not None else chosen
 
 

@@ -15,6 +15,7 @@ from analyzer.analysis.server_analysis import (
     analyze_in_llama_server,
 )
 from analyzer.analysis.server_store import (
+    first_per_task,
     get_server_analysis,
     pool_plan_text,
     server_prompts,
@@ -174,7 +175,7 @@ def analyze(
         prompts = server_prompts(prompt_set)
         set_id = prompt_set.id
     if per_task is not None:
-        prompts = [p for i, p in enumerate(prompts) if sum(q.task == p.task for q in prompts[:i]) < per_task]
+        prompts = first_per_task(prompts, per_task)
     where = f"the servers at {', '.join(urls.values())}" if urls else f"{binary}, {threads} threads"
     click.echo(f"analyzing {len(prompts)} prompts in llama-server ({where})", err=True)
     analysis = analyze_in_llama_server(
