@@ -18,6 +18,7 @@ from analyzer.analysis.server_analysis import (
     ServerPrompt,
     ServerSetup,
     analyze_in_llama_server,
+    measured_noise,
 )
 from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
 from analyzer.engine.llama_server_process import LlamaServerError, LlamaServerProcess
@@ -107,11 +108,17 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
     pairs = sum(len(o.plain_pairs) for o in result.prompts)
     assert pairs == 3 * result.calibration_passes + 7 * 2
     assert result.noise is not None and 2 <= result.noise.pairs <= pairs and result.noise.floor is not None
-    # the bound: 5 points beyond one run's noise as calibration measured it (a floor over 15% withholds)
-    assert result.fit_bound is not None and 0.05 < result.fit_bound < 0.05 + 0.15
-    assert (result.withheld is None) == all(
-        c.checked_error <= result.fit_bound for c in result.costs.values()
+    # the bound: 5 points beyond one run's noise as the calibration passes measured it (how large that noise
+    # is depends on the machine, so it is checked against the measured noise, not against a range)
+    calibration_noise = measured_noise([o for o in result.prompts if o.calibration])
+    assert calibration_noise.run_error is not None and result.fit_bound == pytest.approx(
+        0.05 + calibration_noise.run_error
     )
+    fits_hold = all(c.checked_error <= result.fit_bound for c in result.costs.values())
+    if result.noise.verdict == "noisy":  # a floor over 15% withholds the advice whatever the fit
+        assert result.withheld is not None
+    else:
+        assert (result.withheld is None) == fits_hold
     for outcome in result.prompts:
         for setting in outcome.settings:
             replay = setting.replay
