@@ -48,7 +48,8 @@ class AdaptationConfig:
 @dataclass(frozen=True)
 class TaskState:
     """The online state of one task: Beta(a, b) of alpha, the decision in force and running totals
-    (the published S(g) it moves is the policy's :class:`PolicyCurve`)."""
+    (the published S(g) it moves is the policy's :class:`PolicyCurve`; under a llama-server set the
+    setting in force and each setting's feedback times, :mod:`router.server_adaptation`)."""
 
     beta_a: float
     beta_b: float
@@ -60,6 +61,10 @@ class TaskState:
     total_rounds: int = 0
     total_drafted: int = 0
     total_accepted: int = 0
+    # under a llama-server set (router/server_adaptation.py): the setting in force (None: off) and per
+    # setting [decayed plain ms, decayed served ms, events]; None under a run's set
+    setting: str | None = None
+    options: dict[str, list[float]] | None = None
 
     @property
     def alpha(self) -> float:

@@ -29,6 +29,15 @@ from router.orm import TaskEstimate
 from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyContract, PolicySnapshot, active_policy_set
 from router.reasons import Reason, reason
 from router.route_ids import PROCESS_KEY, new_route_id, route_key
+from router.server_adaptation import (
+    PlainCost,
+    choose_setting,
+    estimate,
+    initial_server_state,
+    option_priors,
+    prior_weight_ms,
+    setting_gamma,
+)
 
 DEFAULT_MIN_CONFIDENCE = 0.5
 
@@ -129,6 +138,7 @@ class _Choice:
     alpha: float | None
     expected: float
     reasons: list[Reason]
+    setting: str | None = None  # a llama-server set: the setting it speculates with
 
 
 class Router:
@@ -167,6 +177,10 @@ class Router:
         if cost is not None:  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
                 self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, self.adaptation)
+        elif self.contract.by_setting:  # a llama-server set: each task starts on its published setting
+            for task, p in policies.items():
+                setting = p.setting if p.speculate else None
+                self.states[task] = initial_server_state(p.alpha_mean, setting, self.adaptation)
         self.states.update(states or {})
         self._lock = threading.Lock()
 
@@ -250,8 +264,12 @@ class Router:
             policy.alpha_mean if policy else None,
             policy.expected_speedup if policy else 1.0,
             self._policy_reasons(task, confidence, key, policy),
+            policy.setting if policy else None,
         )
-        state = self._follow_estimate(key, policy, choice)
+        if self.contract.by_setting:
+            state = self._follow_setting(key, policy, choice)
+        else:
+            state = self._follow_estimate(key, policy, choice)
         self._request_rules(request, policy, state, choice)
         gamma = choice.gamma if choice.speculate else NO_GAMMA
         return Decision(
@@ -264,7 +282,7 @@ class Router:
             expected_speedup=float(choice.expected) if choice.speculate else 1.0,
             reasons=tuple(choice.reasons),
             policy_version=self.policy_version,
-            engine=self._engine(choice.speculate, gamma, policy.setting if policy is not None else None),
+            engine=self._engine(choice.speculate, gamma, choice.setting),
         )
 
     def _policy_reasons(
@@ -349,6 +367,43 @@ class Router:
         if choice.speculate and not state.speculate:
             choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
         return state
+
+    def _follow_setting(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
+        """A llama-server set: the setting the task's estimate has in force (:mod:`router.server_adaptation`),
+        or while off, every ``probe_every``-th request to the published setting with the highest estimate."""
+        state = self.states.get(key)
+        if state is None or policy is None:
+            return None
+        priors = option_priors(policy.option_curve, self.contract.published_settings)
+        with self._lock:
+            state, speculate, _ = next_request(self.states[key], self.adaptation)
+            self.states[key] = state
+        weight = self._prior_weight_ms()
+        picked = choose_setting(priors, state, self.margin, self.adaptation, weight)
+        setting = state.setting if state.speculate else picked.probe if speculate else None
+        choice.speculate, choice.setting = setting is not None, setting
+        choice.gamma = setting_gamma(setting)
+        choice.alpha = state.alpha
+        prior = next((p for p in priors if p.label == setting), None)
+        if prior is not None:
+            choice.expected = estimate(prior, state, weight)[0]
+        if state.events:
+            choice.reasons.append(
+                reason(
+                    "online_estimate",
+                    events=state.events,
+                    alpha=state.alpha,
+                    gamma=state.gamma,
+                    speculate=state.speculate,
+                )
+            )
+        if setting is not None and not state.speculate:
+            choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
+        return state
+
+    def _prior_weight_ms(self) -> float:
+        cost = PlainCost.from_json(self.contract.plain_cost)
+        return prior_weight_ms(cost, self.adaptation) if cost is not None else 0.0
 
     def _request_rules(
         self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None, choice: _Choice

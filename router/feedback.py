@@ -8,6 +8,10 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
   drafted = draft_n, accepted = draft_n_accepted, output_tokens = predicted_n, and rounds =
   predicted_n − draft_n_accepted (each target pass emits its accepted drafts plus one token of its own).
+  A policy set published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with
+  ``cache_n`` where the server reused cached prompt tokens): they price the request against plain
+  decoding (router/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the
+  decision's ``engine["llama-server"]["setting"]``; default: the task's setting in force).
 - vLLM per-request speculative decoding metrics: ``{"speculative_decoding": {...}}`` with
   ``num_drafts`` (alias ``num_spec_steps``: verification passes that carried drafts),
   ``num_draft_tokens`` and ``num_accepted_tokens`` (alias ``num_accepted_draft_tokens``) → rounds,
@@ -26,7 +30,7 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import select
@@ -41,6 +45,15 @@ from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
 from router.route_ids import PROCESS_KEY, parse_route_id
+from router.server_adaptation import (
+    OptionPrior,
+    PlainCost,
+    apply_server_feedback,
+    choose_setting,
+    initial_server_state,
+    option_priors,
+    prior_weight_ms,
+)
 
 
 class FeedbackError(SpecrouteError, ValueError):
@@ -78,6 +91,8 @@ class FeedbackCounts:
     drafted: int
     accepted: int
     output_tokens: int | None = None
+    prompt_tokens: int | None = None  # llama.cpp: prompt_n + cache_n, the context the first step decodes over
+    decode_ms: float | None = None  # llama.cpp: predicted_ms, the decoding's time after the first token
 
 
 MAX_COUNT = 1_000_000_000  # per generation; larger counts are a client bug, and would not fit the columns
@@ -131,7 +146,24 @@ def _llama_cpp(timings: Mapping[str, Any]) -> FeedbackCounts:
     drafted = _count(timings, "draft_n", "timings.")
     accepted = _count(timings, "draft_n_accepted", "timings.")
     produced = _count(timings, "predicted_n", "timings.")
-    return FeedbackCounts("llama.cpp", max(produced - accepted, 0), drafted, accepted, produced)
+    prompt = _first(timings, ("prompt_n",), "timings.")
+    cached = _first(timings, ("cache_n",), "timings.")
+    decode_ms = timings.get("predicted_ms")
+    if decode_ms is not None and (
+        isinstance(decode_ms, bool) or not isinstance(decode_ms, (int, float)) or not 0 <= decode_ms < 1e12
+    ):
+        raise FeedbackError(
+            f"field 'timings.predicted_ms' must be a number of milliseconds, got {decode_ms!r}"
+        )
+    return FeedbackCounts(
+        "llama.cpp",
+        max(produced - accepted, 0),
+        drafted,
+        accepted,
+        produced,
+        prompt + (cached or 0) if prompt is not None else None,
+        float(decode_ms) if decode_ms is not None else None,
+    )
 
 
 def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
@@ -239,6 +271,7 @@ class FeedbackRequest:
     task: str
     gamma: int | None
     raw: Mapping[str, Any]
+    setting: str | None = None  # the llama-server setting the request ran with (None: not said)
 
     def event(self, policy_set_id: int | None) -> FeedbackEvent:
         """The stored event of this feedback, under policy set ``policy_set_id``."""
@@ -270,6 +303,7 @@ FEEDBACK_FIELDS = (
     "timings",
     "speculative_decoding",
     "meta_info",
+    "setting",
 )
 
 
@@ -287,6 +321,9 @@ def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> Feed
     if unknown:
         raise UnknownFeedbackField(f"unknown field '{unknown[0]}'; known: {', '.join(FEEDBACK_FIELDS)}")
     counts = normalise(payload)
+    setting = payload.get("setting")
+    if setting is not None and (not isinstance(setting, str) or not 0 < len(setting) <= 64):
+        raise FeedbackError("field 'setting' must be a llama-server setting's label of at most 64 characters")
     route_id, task = payload.get("route_id"), payload.get("task_type")
     if route_id is not None and not isinstance(route_id, str):
         raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
@@ -300,10 +337,12 @@ def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> Feed
                 "(route ids are signed with the server's secret key)"
             )
         version, task = found  # version 0: decided before any policy set was active
-        return FeedbackRequest(counts, route_id, version or None, task, _gamma(payload), dict(payload))
+        return FeedbackRequest(
+            counts, route_id, version or None, task, _gamma(payload), dict(payload), setting
+        )
     if not task:
         raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
-    return FeedbackRequest(counts, None, None, task, _gamma(payload), dict(payload))
+    return FeedbackRequest(counts, None, None, task, _gamma(payload), dict(payload), setting)
 
 
 STATE_COLUMNS = (
@@ -316,6 +355,8 @@ STATE_COLUMNS = (
     "total_rounds",
     "total_drafted",
     "total_accepted",
+    "setting",
+    "options",
 )
 
 
@@ -337,7 +378,7 @@ class PolicyContext:
     policy_set_id: int
     version: int
     policies: Mapping[str, PolicySnapshot]  # task type (and FALLBACK_TASK) -> its published policy
-    cost: Cost
+    cost: Cost | None  # None: a llama-server set (contract.by_setting), priced by its plain cost
     classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
     contract: PolicyContract = PolicyContract()  # the set's gamma_max, margin, engines, draft and cost
 
@@ -353,6 +394,19 @@ class PolicyContext:
     def curve(self, task: str) -> PolicyCurve:
         """The policy curve that ``task``'s estimate moves."""
         return self.policy(task).curve(self.contract, self.cost)
+
+    def priors(self, task: str) -> tuple[OptionPrior, ...]:
+        """A llama-server set: ``task``'s published settings as its analysis priced them."""
+        return option_priors(self.policy(task).option_curve, self.contract.published_settings)
+
+    def initial_state(self, task: str, config: AdaptationConfig) -> TaskState:
+        """``task``'s state before any feedback: its published decision, its analysis as the prior."""
+        policy = self.policy(task)
+        if self.contract.by_setting:
+            return initial_server_state(
+                policy.alpha_mean, policy.setting if policy.speculate else None, config
+            )
+        return initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
 
 
 def active_classifier_labels(session: Session) -> frozenset[str]:
@@ -370,7 +424,7 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
         else query.where(PolicySet.version == version)
     )
     contract = PolicyContract.of(policy_set)
-    if policy_set is None or contract.cost is None:
+    if policy_set is None or (contract.cost is None and not contract.by_setting):
         return None
     return PolicyContext(
         policy_set.id,
@@ -396,7 +450,9 @@ class Recorded:
 
 def _check_adaptive(session: Session, version: int | None) -> None:
     """PolicyNotAdaptive where policy set ``version`` (None: the active one) exists but has no cost."""
-    query = select(PolicySet.version, PolicySet.server_analysis_id)
+    query = select(
+        PolicySet.version, PolicySet.server_analysis_id
+    )  # a set policy_context found no context for
     found = session.execute(
         query.where(PolicySet.is_active.is_(True))
         if version is None
@@ -404,7 +460,8 @@ def _check_adaptive(session: Session, version: int | None) -> None:
     ).first()
     if found is not None:
         source = (
-            "a llama-server analysis, whose pools fix each task's setting"
+            "a llama-server analysis before feedback adapted such sets (it has no curve over the settings: "
+            "publish it again)"
             if found[1]
             else "a run without a cost profile"
         )
@@ -451,9 +508,9 @@ def _checked_context(
 
 
 def _estimate_rows(
-    session: Session, wanted: Mapping[tuple[int, str], PolicySnapshot], config: AdaptationConfig
+    session: Session, wanted: Mapping[tuple[int, str], PolicyContext], config: AdaptationConfig
 ) -> dict[tuple[int, str], TaskEstimate]:
-    """The estimate rows of ``wanted`` ((policy set id, task) -> its policy), each read and locked once
+    """The estimate rows of ``wanted`` ((policy set id, task) -> its set), each read and locked once
     (SELECT ... FOR UPDATE, in sorted order), and those missing created from their policy's prior (in
     sorted order): two transactions that want some of the same rows then wait for each other instead
     of deadlocking."""
@@ -471,9 +528,8 @@ def _estimate_rows(
             rows[(policy_set_id, estimate.task_type)] = estimate
     for key in sorted(wanted):
         if key not in rows:
-            policy = wanted[key]
             estimate = TaskEstimate(policy_set_id=key[0], task_type=key[1])
-            store_state(estimate, initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config))
+            store_state(estimate, wanted[key].initial_state(key[1], config))
             session.add(estimate)
             rows[key] = estimate
     return rows
@@ -488,24 +544,87 @@ def _apply(
 ) -> Recorded:
     """Move ``estimate`` by one checked event and add the event's row."""
     counts = request.counts
-    state = apply_feedback(
-        estimate_state(estimate),
-        counts.rounds,
-        counts.drafted,
-        counts.accepted,
-        context.curve(request.task),
-        config,
-    )
+    if context.contract.by_setting:
+        state = _apply_to_setting(request, context, estimate_state(estimate), config)
+    else:
+        state = apply_feedback(
+            estimate_state(estimate),
+            counts.rounds,
+            counts.drafted,
+            counts.accepted,
+            context.curve(request.task),
+            config,
+        )
     now = utcnow()
-    if estimate.decision_since is None or (state.speculate, state.gamma) != (
+    if estimate.decision_since is None or (state.speculate, state.gamma, state.setting) != (
         estimate.speculate,
         estimate.gamma,
+        estimate.setting,
     ):
         estimate.decision_since = now  # the decision in force changed (or starts being tracked) now
     store_state(estimate, state)
     estimate.updated_at = now
     session.add(request.event(context.policy_set_id))
     return Recorded(estimate, state, context.policy_set_id, estimate_dict(estimate))
+
+
+class UnknownSetting(FeedbackError):
+    """Feedback names a llama-server setting the policy set publishes no pool for."""
+
+    code = "unknown_setting"
+
+
+def _apply_to_setting(
+    request: FeedbackRequest, context: PolicyContext, state: TaskState, config: AdaptationConfig
+) -> TaskState:
+    """A llama-server set's estimate after one pool request (:func:`apply_server_feedback`): its setting is
+    the one the payload names, else the one in force (off: the one a probe goes to). A request with nothing
+    drafted (the off pool, or a setting that found nothing to draft) moves the setting that served it too."""
+    counts = request.counts
+    priors = context.priors(request.task)
+    cost = PlainCost.from_json(context.contract.plain_cost)
+    assert cost is not None  # contract.by_setting
+    weight = prior_weight_ms(cost, config)
+    setting = request.setting
+    if setting is None:
+        setting = state.setting if state.speculate else choose_setting(priors, state, context.contract.margin,
+                                                                       config, weight).probe  # fmt: skip
+    elif setting == "off" or setting not in {p.label for p in priors}:
+        if setting != "off":
+            raise UnknownSetting(
+                f"unknown setting {setting!r}: policy set v{context.version} publishes pools for "
+                f"{', '.join(sorted(p.label for p in priors)) or 'no setting'} (and off) for task {request.task!r}"
+            )
+        setting = None
+    if setting is None or counts.drafted == 0 and request.setting is None and not state.speculate:
+        # a plain request: it says nothing about a setting; it is counted
+        return replace(state, events=state.events + 1, total_rounds=state.total_rounds + counts.rounds)
+    missing = next(
+        (name for name, value in (("predicted_ms", counts.decode_ms), ("prompt_n", counts.prompt_tokens),
+                                  ("predicted_n", counts.output_tokens)) if value is None),
+        None,
+    )  # fmt: skip
+    if missing is not None:
+        raise FeedbackError(
+            f"field 'timings.{missing}' is missing: feedback to a llama-server policy set (v{context.version}) is "
+            "the pool's 'timings' as the server reports them"
+        )
+    assert (
+        counts.decode_ms is not None and counts.prompt_tokens is not None and counts.output_tokens is not None
+    )
+    return apply_server_feedback(
+        state,
+        setting=setting,
+        drafted=counts.drafted,
+        accepted=counts.accepted,
+        rounds=counts.rounds,
+        plain_ms=cost.plain_ms(counts.prompt_tokens, counts.output_tokens),
+        served_ms=counts.decode_ms,
+        priors=priors,
+        margin=context.contract.margin,
+        weight_ms=weight,
+        config=config,
+    )
 
 
 def record_feedback_batch(
@@ -530,11 +649,7 @@ def record_feedback_batch(
             checked.append(exc)
     rows = _estimate_rows(
         session,
-        {
-            (c.policy_set_id, r.task): c.policy(r.task)
-            for (r, _), c in zip(items, checked)
-            if isinstance(c, PolicyContext)
-        },
+        {(c.policy_set_id, r.task): c for (r, _), c in zip(items, checked) if isinstance(c, PolicyContext)},
         config,
     )
     outcomes: list[Recorded | FeedbackError] = [

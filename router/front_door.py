@@ -148,11 +148,17 @@ def feedback_of(decision: Decision, timings: Mapping[str, Any]) -> dict[str, Any
     produced = timings.get("predicted_n")
     if isinstance(produced, bool) or not isinstance(produced, int):
         return None
-    return {
-        "route_id": decision.route_id,
-        "timings": {
-            "draft_n": int(timings.get("draft_n", 0)),
-            "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
-            "predicted_n": produced,
-        },
+    counts: dict[str, float] = {
+        "draft_n": int(timings.get("draft_n", 0)),
+        "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
+        "predicted_n": produced,
     }
+    for name in ("predicted_ms", "prompt_n", "cache_n"):  # price the request against plain decoding
+        value = timings.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            counts[name] = value
+    payload: dict[str, Any] = {"route_id": decision.route_id, "timings": counts}
+    server = decision.engine.get("llama-server")
+    if isinstance(server, Mapping) and isinstance(server.get("setting"), str):
+        payload["setting"] = server["setting"]  # the pool's setting ("off": the plain pool)
+    return payload

@@ -75,6 +75,9 @@ class PolicySet(Base):
     # the deployment per decision ("off", "k<gamma>") as SPECROUTE_ROUTER_POOLS named them at publishing;
     # None (sets published before revision 0019): the serving process's own setting names them
     pools: Mapped[Optional[dict[str, Any]]] = mapped_column()
+    # a llama-server analysis' plain step cost ({"step_ms", "per_context_ms"}): prices a pool's request as
+    # plain decoding would have run it, for feedback (router/server_adaptation.py); None: a run's set
+    plain_cost: Mapped[Optional[dict[str, Any]]] = mapped_column()
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
     # the largest gamma the run analysed: the router prices and adapts over g = 1..gamma_max
@@ -120,6 +123,9 @@ class TaskPolicy(Base):
     # the llama-server drafter setting it speculates with ("ngram-mod 16 2-16"; None: off, or a set
     # published from an analysis run, whose decision is a gamma): the router names the pool by it
     setting: Mapped[Optional[str]] = mapped_column(String(64))
+    # its curve over the llama-server analysis' settings (analyzer/pricing/option_curve.py OptionCurve.as_dict):
+    # the prior feedback moves; None: a run's policy (its curve is speedup_curve, over gamma)
+    option_curve: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
 
@@ -152,6 +158,10 @@ class TaskEstimate(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     # when the decision in force (speculate, gamma) last changed; None: before this was recorded
     decision_since: Mapped[Optional[datetime]] = mapped_column()
+    # under a llama-server set: the setting in force (None: off) and, per setting, the decayed plain and
+    # served milliseconds and the events of its feedback ({label: [plain_ms, served_ms, events]})
+    setting: Mapped[Optional[str]] = mapped_column(String(64))
+    options: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     __table_args__ = (UniqueConstraint("policy_set_id", "task_type"),)
 

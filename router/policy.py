@@ -48,6 +48,17 @@ class PolicyContract:
     pools: Mapping[str, str] | None = (
         None  # None: published before pools were (the server's setting names them)
     )
+    plain_cost: Mapping[str, float] | None = None  # a llama-server set's plain step cost (None: a run's set)
+
+    @property
+    def by_setting(self) -> bool:
+        """A llama-server set that feedback adapts: its tasks move between the settings of its pools."""
+        return self.plain_cost is not None and self.pools is not None
+
+    @property
+    def published_settings(self) -> frozenset[str]:
+        """The llama-server settings the set publishes a pool for ("off" is not one)."""
+        return frozenset(self.pools or ()) - {"off"} if self.by_setting else frozenset()
 
     @classmethod
     def of(cls, policy_set: PolicySet | None) -> "PolicyContract":
@@ -64,6 +75,7 @@ class PolicyContract:
             int(options.get("max_ngram", NGRAM_DEFAULT_MAX)),
             Cost.from_json(policy_set.cost),
             dict(policy_set.pools) if policy_set.pools is not None else None,
+            dict(policy_set.plain_cost) if policy_set.plain_cost else None,
         )
 
     def pool(
@@ -255,6 +267,7 @@ class PolicySnapshot:
     decision_basis: str | None = None
     lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
     setting: str | None = None  # the llama-server drafter setting (router/server_policy.py)
+    option_curve: Mapping | None = None  # its curve over a llama-server analysis' settings (None: a run's)
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":
@@ -274,6 +287,7 @@ class PolicySnapshot:
             policy.decision_basis,
             {int(b): low for b, low in (policy.speedup_lows_by_batch or {}).items()},
             policy.setting,
+            policy.option_curve,
         )
 
     @property

@@ -9,8 +9,10 @@ machine at ``http://127.0.0.1:<port>``, ports counted from ``first_port`` in the
 :func:`pool_keys`. ``specroute pools plan`` prints the command line of each pool from the set, and
 ``specroute pools start`` runs them (:mod:`analyzer.engine.llama_server_pools`).
 
-Such a set carries no cost curve: the router follows its decisions as published and adapts nothing
-online (a server's setting cannot change per request)."""
+Each policy carries its curve over the analysis' settings (:mod:`analyzer.pricing.option_curve`), decided by
+the one rule every engine shares, and the set carries the analysis' plain step cost: feedback from the pools
+(llama-server's ``timings``) moves each task's estimate per setting and, where it crosses the rule, sends
+the task to another pool the set publishes (:mod:`router.server_adaptation`)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from analyzer.analysis.server_analysis import MIN_SPEEDUP
 from analyzer.analysis.server_store import get_server_analysis
 from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.engine.llama_server_pools import Pool, PoolPlan, pool_flags
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import ServerAnalysisRecord
+from analyzer.pricing.option_curve import OptionCurve, stored_option_rows, task_option_curves
 from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.settings import load_settings, router_pools
@@ -37,21 +39,19 @@ OFF = "off"
 DEFAULT_FIRST_PORT = 8081
 
 
+def option_curves(record: ServerAnalysisRecord) -> tuple[dict[str, OptionCurve], OptionCurve]:
+    """Each task's curve over the analysis' settings and the workload's, decided by the one rule
+    (:func:`analyzer.pricing.option_curve.task_option_curves`), from the stored prompt rows."""
+    tasks, plain, options = stored_option_rows(record.prompts)
+    return task_option_curves(tasks, plain, options, record.drafters)
+
+
 def workload_choice(record: ServerAnalysisRecord) -> tuple[dict[str, float], str | None]:
-    """Every setting's predicted speedup over the whole workload, and the best one (None: off unless it
-    exceeds :data:`MIN_SPEEDUP`, and off where the analysis' advice is withheld). A prompt weighs by its
-    plain server time: the workload's plain time over the sum of each prompt's plain time divided by its
-    predicted speedup."""
-    predicted = {}
-    for index, label in enumerate(record.drafters):
-        plain = [p["plain"]["ms"] for p in record.prompts]
-        speedups = [p["settings"][index]["predicted_speedup"] for p in record.prompts]
-        spec = sum(ms / s for ms, s in zip(plain, speedups) if s > 0)
-        predicted[label] = sum(plain) / spec if spec > 0 else 1.0
-    best = max(predicted, key=lambda label: predicted[label]) if predicted else None
-    if record.advice_withheld is not None:  # a withheld analysis advises nothing: every task is off
-        return predicted, None
-    return predicted, best if best is not None and predicted[best] > MIN_SPEEDUP else None
+    """Every setting's predicted speedup over the whole workload, and the setting the one rule chooses
+    there (None: off; always off where the analysis' advice is withheld)."""
+    _, workload = option_curves(record)
+    predicted = dict(zip(workload.labels, workload.speedups))
+    return predicted, workload.chosen if record.advice_withheld is None else None
 
 
 def pool_keys(chosen: Sequence[str | None]) -> list[str]:
@@ -66,10 +66,16 @@ def server_pools(keys: Sequence[str], configured: Mapping[str, str], first_port:
     return {key: configured.get(key, f"http://127.0.0.1:{first_port + i}") for i, key in enumerate(keys)}
 
 
-def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]], chosen: str | None,
-            predicted: float, fallback: bool) -> TaskPolicy:  # fmt: skip
-    """One task's policy: its chosen setting (None: off), the replay's acceptance of that setting over the
-    task's prompts (its mean and variance over prompts that drafted; 0 for off), and the tier they earn."""
+def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]], curve: OptionCurve,
+            fallback: bool) -> TaskPolicy:  # fmt: skip
+    """One task's policy from its curve over the settings: the setting the rule chose (None: off, and off
+    everywhere where the analysis' advice is withheld), the replay's acceptance of that setting over the
+    task's prompts (its mean and variance over prompts that drafted; 0 for off), the tier they earn, the
+    interval of the chosen (else the best) setting's speedup, and the curve itself for the online estimate."""
+    chosen = curve.chosen if record.advice_withheld is None else None
+    shown = chosen or curve.best
+    predicted = curve.speedup_of(shown) if shown is not None else 1.0
+    low, high = curve.interval_of(shown) if shown is not None else (None, None)
     index = record.drafters.index(chosen) if chosen is not None else None
     rates = []
     for row in rows:
@@ -78,11 +84,6 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
             rates.append(setting["draft_n_accepted"] / setting["draft_n"])
     alpha, variance = mean_and_variance(rates)
     alpha = alpha if np.isfinite(alpha) else 0.0
-    reason = (
-        f"{chosen} predicts {predicted:.2f}x in llama-server (over {MIN_SPEEDUP:.2f}x)"
-        if chosen is not None
-        else f"no setting predicts over {MIN_SPEEDUP:.2f}x in llama-server (best {predicted:.2f}x)"
-    )
     return TaskPolicy(
         task_type=task,
         is_fallback=fallback,
@@ -94,12 +95,44 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
         expected_speedup=float(predicted) if chosen is not None else 1.0,
         tier=recommendation_tier(alpha, variance) if chosen is not None else "NOT_RECOMMENDED",
         speedup_curve=[],
-        speedup_low=None,
-        speedup_high=None,
-        decision_basis="task",  # every policy decides from its own prompts (the fallback: all of them)
-        decision_reason=reason,
+        speedup_low=_finite(low),
+        speedup_high=_finite(high),
+        decision_basis="workload" if curve.point.basis == "workload" else "task",
+        decision_reason=_reason(record, curve, chosen, shown, predicted, low),
         setting=chosen,
+        option_curve=curve.as_dict(),
     )
+
+
+def _finite(value: float | None) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None
+
+
+def _reason(record: ServerAnalysisRecord, curve: OptionCurve, chosen: str | None, shown: str | None,
+            predicted: float, low: float | None) -> str:  # fmt: skip
+    """Why the policy speculates with its setting or not, in the rule's terms."""
+    if record.advice_withheld is not None:
+        return f"advice withheld: {record.advice_withheld}"
+    if shown is None:
+        return "no setting was priced"
+    low_text = f", interval from {low:.2f}x" if low is not None and np.isfinite(low) else ""
+    basis = (
+        f" (fewer than {curve.curve.min_prompts} prompts: the workload's decision)"
+        if curve.point.basis == "workload"
+        else ""
+    )
+    if chosen is not None:
+        bar = 1 + curve.curve.margin
+        return f"{chosen} predicts {predicted:.2f}x in llama-server{low_text}, clearing {bar:.2f}x and 1.0{basis}"
+    return f"best setting {shown} predicts {predicted:.2f}x{low_text}: {curve.point.code.replace('_', ' ')}{basis}"
+
+
+def plain_cost(record: ServerAnalysisRecord) -> dict[str, float] | None:
+    """The analysis' plain step cost (every drafter family shares the plain server's fit), which prices a
+    pool's request as plain decoding would have run it; None where no cost was fitted."""
+    for cost in record.cost.values():
+        return {"step_ms": float(cost["plain_step_ms"]), "per_context_ms": float(cost["per_context_ms"])}
+    return None
 
 
 def _gamma(label: str | None) -> int:
@@ -128,14 +161,9 @@ def publish_server_policies(
     rows_of: dict[str, list[dict[str, Any]]] = {}
     for row in record.prompts:
         rows_of.setdefault(row["task"], []).append(row)
-    policies = []
-    for task in record.tasks:
-        chosen = task["chosen"]
-        predicted = task["predicted"][chosen] if chosen is not None else max(task["predicted"].values())
-        policies.append(_policy(record, task["task"], rows_of[task["task"]], chosen, predicted, False))
-    workload, best = workload_choice(record)
-    best_predicted = workload[best] if best is not None else max(workload.values())
-    policies.append(_policy(record, FALLBACK_TASK, record.prompts, best, best_predicted, True))
+    curves, workload = option_curves(record)
+    policies = [_policy(record, task, rows_of[task], curve, False) for task, curve in curves.items()]
+    policies.append(_policy(record, FALLBACK_TASK, record.prompts, workload, True))
     keys = pool_keys([p.setting for p in policies])
     latest = session.scalar(select(func.max(PolicySet.version))) or 0
     policy_set = PolicySet(
@@ -149,6 +177,7 @@ def publish_server_policies(
         draft_kind=LLAMA_SERVER,  # each task's drafter is its policy's setting
         draft_options={},
         cost=None,
+        plain_cost=plain_cost(record),
         pools=server_pools(keys, router_pools(load_settings()) if pools is None else pools, first_port),
         notes=notes,
     )

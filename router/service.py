@@ -171,7 +171,7 @@ class RouterService:
         if (
             router.policy_set_id is None
             or router.policy_version is None  # set with policy_set_id (router_from_database)
-            or router.cost is None
+            or (router.cost is None and not router.contract.by_setting)
             or router.fallback is None
         ):
             return None

@@ -27,9 +27,11 @@ from analyzer.prompts.prompt_sets import import_sample
 from analyzer.settings import Settings, SettingsError, router_pools
 from router.classifier import train_classifier
 from router.decision import router_from_database
-from router.feedback import PolicyNotAdaptive, parse_feedback, record_feedback
+from router.adaptation import AdaptationConfig
+from router.feedback import FeedbackError, parse_feedback, record_feedback
 from router.policy import PolicyError, publish_policies
 from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
+from router.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
 from router.training_data import make_training_data
 from tests.factories import make_done_run, make_server_analysis
 
@@ -146,11 +148,107 @@ def test_the_decision_names_the_pool_running_the_tasks_setting(session):
     }
     short = router.route(texts["extraction"][0], max_new_tokens=4)  # a short output runs plain
     assert not short.speculate and short.engine["pool"] == "http://plain.internal:9000"
-    # feedback cannot move a server's fixed setting: refused with why, nothing stored
-    with pytest.raises(PolicyNotAdaptive, match="published from a llama-server analysis"):
+    # feedback prices a pool's request against plain decoding: bare counts cannot, and are refused with why
+    with pytest.raises(FeedbackError, match="'timings.predicted_ms' is missing"):
         record_feedback(
             session, parse_feedback({"route_id": copy.route_id, "rounds": 3, "drafted": 9, "accepted": 6})
         )
+
+
+def _timings(produced: int, drafted: int, accepted: int, predicted_ms: float, prompt: int = 120) -> dict:
+    """A llama-server pool's ``timings`` for one request."""
+    return {
+        "predicted_n": produced,
+        "draft_n": drafted,
+        "draft_n_accepted": accepted,
+        "predicted_ms": predicted_ms,
+        "prompt_n": prompt,
+    }
+
+
+def _prior(priors, label):
+    return next(p for p in priors if p.label == label)
+
+
+def test_feedback_from_the_pools_moves_a_task_to_another_pool_and_probes_bring_it_back(session):
+    _, record, policy_set, texts = _setup(session)
+    cost = PlainCost.from_json(policy_set.plain_cost)
+    assert cost is not None and cost.step_ms == pytest.approx(
+        next(iter(record.cost.values()))["plain_step_ms"]
+    )
+    extraction = next(p for p in policy_set.policies if p.task_type == "extraction")
+    first = extraction.setting
+    assert extraction.speculate and first in policy_set.pools
+    # the policy carries its curve over every setting the analysis compared, decided by the one rule
+    assert [o["label"] for o in extraction.option_curve["options"]] == record.drafters
+    assert extraction.option_curve["chosen"] == first and extraction.option_curve["code"] == "clears"
+    assert extraction.speedup_low is not None and extraction.speedup_low > 1.0
+    plain_ms = cost.plain_ms(120, 64)
+    decision = router_from_database(session).route(texts["extraction"][0], max_new_tokens=64)
+    assert decision.engine["llama-server"]["setting"] == first
+    # every pool now serves extraction slower than plain decoding (its prompts stopped repeating themselves)
+    priors = option_priors(extraction.option_curve, policy_set.pools)
+    assert len(priors) >= 2 and {p.label for p in priors} <= set(policy_set.pools)
+    weight = prior_weight_ms(cost, AdaptationConfig())
+    visited, state = [first], None
+    for _ in range(40):
+        slow = _timings(64, 40, 2, plain_ms / 0.7)
+        recorded = record_feedback(session, parse_feedback({"route_id": decision.route_id, "timings": slow}))
+        before, state = state, recorded.state
+        used = visited[-1]
+        if before is not None:  # the setting that served moved down, the others did not move
+            assert (
+                estimate(_prior(priors, used), state, weight)[0]
+                < estimate(_prior(priors, used), before, weight)[0]
+            )
+        if state.setting != used:
+            estimates = {p.label: estimate(p, state, weight) for p in priors}
+            if (
+                state.setting is None
+            ):  # off: nothing published clears the rule, and the one in force fell below 1
+                assert estimates[used][0] < 1.0 and all(
+                    e[0] <= 1.05 or e[1] <= 1.0 for e in estimates.values()
+                )
+                break
+            # another pool: a published setting now estimated higher than the one in force, clearing the rule
+            assert state.setting in policy_set.pools and state.setting not in visited
+            assert (
+                estimates[state.setting][0] > max(1.05, estimates[used][0])
+                and estimates[state.setting][1] > 1.0
+            )
+            visited.append(state.setting)
+    assert state is not None and state.setting is None and not state.speculate, visited
+    # both published settings paid for extraction's copies: it tried the other pool before going off
+    assert visited == [first, next(p.label for p in priors if p.label != first)]
+    moved = None
+    session.commit()
+    router = router_from_database(session)
+    now = router.route(texts["extraction"][0], max_new_tokens=64)
+    assert now.engine["pool"] == policy_set.pools[moved or "off"]
+    assert any(r.code == "online_estimate" for r in now.reasons)
+    if moved is None:  # off: every probe_every-th request probes the best published setting
+        routed = [router.route(texts["extraction"][0], max_new_tokens=64) for _ in range(40)]
+        probes = [d for d in routed if d.speculate]
+        assert len(probes) == 2 and all(any(r.code == "probe" for r in d.reasons) for d in probes)
+        probed = probes[0].engine["llama-server"]["setting"]
+        # the probes find it fast again: the task goes back to that pool under the whole rule
+        for _ in range(30):
+            fast = _timings(64, 48, 44, plain_ms / 2.5)
+            recorded = record_feedback(
+                session, parse_feedback({"route_id": probes[0].route_id, "setting": probed, "timings": fast})
+            )
+            if recorded.state.setting is not None:
+                break
+        assert recorded.state.setting == probed and recorded.state.speculate
+    # a request the off pool served (nothing drafted, no setting named) is counted and moves no setting
+    before = recorded.state
+    plain = record_feedback(
+        session,
+        parse_feedback(
+            {"task_type": "extraction", "setting": "off", "timings": _timings(64, 0, 0, plain_ms)}
+        ),
+    )
+    assert plain.state.options == before.options and plain.state.events == before.events + 1
 
 
 def test_a_set_from_a_run_keeps_its_gamma_pools_and_has_no_llama_server_plan(session):
@@ -307,7 +405,19 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
     refused = client.post(
         "/v1/feedback", json={"route_id": routed["route_id"], "rounds": 2, "drafted": 6, "accepted": 4}
     )
-    assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "policy_not_adaptive"
+    assert (
+        refused.status_code == 400
+        and "'timings.predicted_ms' is missing" in refused.get_json()["error"]["message"]
+    )
+    unknown = client.post(
+        "/v1/feedback",
+        json={
+            "route_id": routed["route_id"],
+            "setting": "ngram-simple 9/9",
+            "timings": _timings(64, 0, 0, 900.0),
+        },
+    )
+    assert unknown.status_code == 400 and unknown.get_json()["error"]["code"] == "unknown_setting"
 
 
 def _through_the_front_door(url: str, texts: dict[str, list[str]], mapping: dict[str, str], engine) -> None:

@@ -59,7 +59,7 @@ def _chosen_time(options: np.ndarray, plain: np.ndarray, column: np.ndarray) -> 
 
 def routing_ceiling(
     tasks: Sequence[str],
-    plain_ms: Sequence[float],
+    plain_ms: Sequence[float] | np.ndarray,
     option_ms: np.ndarray,
     labels: Sequence[str],
     *,

@@ -18,6 +18,7 @@ from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
 from analyzer.analysis.server_analysis import MIN_SPEEDUP, ServerAnalysis, SettingOutcome, Trial
 from analyzer.measuring.noise import PER_PROMPT_MARGIN, aggregate_half_width
 from analyzer.measuring.server_drafting import ServerDrafter
+from analyzer.pricing.option_curve import OptionCurve, task_option_curves
 from analyzer.pricing.server_cost import ServerCost
 
 
@@ -25,8 +26,9 @@ from analyzer.pricing.server_cost import ServerCost
 class TaskChoice:
     """One task: each setting's predicted speedup over all its prompts, and predicted / measured over those
     that ran on the servers (calibration prompts included; ngram-mod's first pass of each, where its server
-    met the prompt as the advice assumes), time-weighted; the setting the task should use (None: off, and
-    always off where the analysis' advice is withheld)."""
+    met the prompt as the advice assumes), time-weighted; its curve over the settings with their intervals
+    and the one rule's decision (:mod:`analyzer.pricing.option_curve`); the setting the task should use
+    (None: off, and always off where the analysis' advice is withheld)."""
 
     task: str
     prompts: int
@@ -34,6 +36,7 @@ class TaskChoice:
     measured: dict[str, float | None]
     checked: dict[str, float | None]  # predicted over the prompts that were measured
     best: ServerDrafter | None
+    curve: OptionCurve
 
 
 def _paired_totals(
@@ -58,33 +61,47 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
+def option_times(analysis: ServerAnalysis) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(each prompt's task, its predicted plain time (n,), its predicted time under each setting (n, m)),
+    priced by the setting's family cost from the replay of plain greedy output."""
+    tasks = [o.prompt.task for o in analysis.prompts]
+    plain = np.asarray(
+        [analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay) for o in analysis.prompts]
+    )
+    options = np.asarray(
+        [
+            [
+                analysis.cost_of(d).speculative_ms(o.settings[i].replay)
+                for i, d in enumerate(analysis.drafters)
+            ]
+            for o in analysis.prompts
+        ]
+    )
+    return tasks, plain, options
+
+
 def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
-    """Per task, the best setting by predicted speedup; off unless it exceeds :data:`MIN_SPEEDUP` (the
-    margin every analysis' advice clears, so a setting that predicts 1.01 is not worth a pool), and off
-    everywhere when the analysis' advice is withheld."""
-    tasks = sorted({o.prompt.task for o in analysis.prompts})
+    """Per task, its curve over the settings and the setting the one rule chooses
+    (:func:`analyzer.pricing.option_curve.task_option_curves`: the best setting where its speedup clears
+    1 + margin and its interval's lower end clears 1.0; a task of fewer than MIN_TASK_PROMPTS prompts takes
+    the workload's decision), off everywhere when the analysis' advice is withheld."""
+    curves, _ = task_option_curves(*option_times(analysis), [d.label for d in analysis.drafters])
     choices = []
-    for task in tasks:
+    for task, curve in curves.items():
         group = [o for o in analysis.prompts if o.prompt.task == task]
-        predicted: dict[str, float] = {}
         measured: dict[str, float | None] = {}
         checked: dict[str, float | None] = {}
         for index, drafter in enumerate(analysis.drafters):
             settings = [o.settings[index] for o in group]
-            cost = analysis.cost_of(drafter)
-            plain = sum(cost.plain_ms(s.replay) for s in settings)
-            spec = sum(cost.speculative_ms(s.replay) for s in settings)
-            predicted[drafter.label] = plain / spec if spec > 0 else 1.0
-            pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(cost, settings, advice=True)
+            pred_plain, pred_spec, meas_plain, meas_spec = _paired_totals(
+                analysis.cost_of(drafter), settings, advice=True
+            )
             measured[drafter.label] = _ratio(meas_plain, meas_spec)
             checked[drafter.label] = _ratio(pred_plain, pred_spec)
-        best_label = max(predicted, key=lambda label: predicted[label])
-        best = (
-            next(d for d in analysis.drafters if d.label == best_label)
-            if predicted[best_label] > MIN_SPEEDUP and analysis.withheld is None
-            else None
-        )
-        choices.append(TaskChoice(task, len(group), predicted, measured, checked, best))
+        chosen = curve.chosen if analysis.withheld is None else None
+        best = next((d for d in analysis.drafters if d.label == chosen), None)
+        predicted = dict(zip(curve.labels, curve.speedups))
+        choices.append(TaskChoice(task, len(group), predicted, measured, checked, best, curve))
     return choices
 
 
@@ -218,19 +235,9 @@ def ceilings(analysis: ServerAnalysis) -> list[Ceiling]:
     every prompt's replays priced by the fitted costs."""
     if not analysis.prompts or not analysis.drafters:
         return []
-    plain_cost = analysis.cost_of(analysis.drafters[0])
-    plain = [plain_cost.plain_ms(o.settings[0].replay) for o in analysis.prompts]
-    options = np.asarray(
-        [
-            [
-                analysis.cost_of(d).speculative_ms(o.settings[i].replay)
-                for i, d in enumerate(analysis.drafters)
-            ]
-            for o in analysis.prompts
-        ]
-    )
+    tasks, plain, options = option_times(analysis)
     return routing_ceiling(
-        [o.prompt.task for o in analysis.prompts],
+        tasks,
         plain,
         options,
         [d.label for d in analysis.drafters],

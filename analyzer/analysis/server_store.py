@@ -137,6 +137,7 @@ def store_server_analysis(
             "measured": c.measured,
             "checked": c.checked,
             "chosen": c.best.label if c.best else None,
+            "curve": c.curve.as_dict(),
         }
         for c in task_choices(analysis)
     ]

@@ -88,7 +88,7 @@ def demo(
     bundled corpus, publish the policies, print the report, and serve the web UI and the router.
 
     Under SPECROUTE_ENGINE's default, auto (or --engine llama-server), the analysis runs in llama-server:
-    2 sample prompts per task, llama-server's drafting settings replayed exactly on each prompt's greedy
+    3 sample prompts per task, llama-server's drafting settings replayed exactly on each prompt's greedy
     output and priced from the servers' timings, validated in one pass through speculating servers (--validate
     0: not validated), published with a pool per setting. With --engine llama.cpp or transformers it is a run
     with every gamma (--validate N prompts validated). A rerun reuses what exists (the set, a finished
