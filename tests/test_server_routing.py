@@ -25,13 +25,13 @@ from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import import_sample
 from analyzer.settings import Settings, SettingsError, router_pools
+from router.adaptation import AdaptationConfig
 from router.classifier import train_classifier
 from router.decision import router_from_database
-from router.adaptation import AdaptationConfig
 from router.feedback import FeedbackError, parse_feedback, record_feedback
 from router.policy import PolicyError, publish_policies
-from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from router.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
+from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from router.training_data import make_training_data
 from tests.factories import make_done_run, make_server_analysis
 
