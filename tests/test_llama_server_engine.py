@@ -214,9 +214,11 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
 
     from analyzer.analysis.server_text import divergence_text
     from analyzer.db import make_engine
-    from analyzer.orm import ServerAnalysisRecord
+    from analyzer.orm import Prompt, ServerAnalysisRecord
+    from analyzer.pricing.policy_curve import DECISION_CODES
     from webui.app import create_app
     from webui.cli import cli
+    from webui.cli.server_analysis import DEFAULT_DRAFTERS
 
     monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(llama_server_binary))
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
@@ -309,6 +311,43 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         assert client.get("/llama-server/7").status_code == 404
     finally:
         app.extensions["specroute.close"]()
+    # the same analysis through 'specroute analyze --engine llama-server': the run options that do not apply are
+    # refused by name, and the JSON carries per prompt its id and per option its label and predicted speedup
+    refused = runner.invoke(
+        cli,
+        [
+            "analyze",
+            "--engine",
+            "llama-server",
+            "--prompts",
+            "sample",
+            "--gamma-max",
+            "4",
+            "--dtype",
+            "float32",
+        ],
+    )
+    assert refused.exit_code == 2 and "do not apply to --engine llama-server" in refused.stderr
+    assert "--gamma-max" in refused.stderr and "--dtype" in refused.stderr
+    quick = ["--prompts", "sample", "--limit", "8", "--max-new-tokens", "24", "--validate", "0", "--json"]
+    as_json = runner.invoke(cli, ["analyze", "--engine", "llama-server", *quick])
+    assert as_json.exit_code == 0, as_json.output
+    report = json.loads(as_json.stdout)
+    assert (report["kind"], report["analysis_id"], report["n_predict"]) == ("llama-server", 2, 24)
+    labels = [parse_drafter(d).label for d in DEFAULT_DRAFTERS]
+    with make_engine(f"sqlite:///{data_dir / 'specroute.db'}").connect() as connection:
+        first_ids = connection.scalars(
+            select(Prompt.id).where(Prompt.prompt_set_id == 1).order_by(Prompt.position).limit(8)
+        ).all()
+    assert [row["prompt_id"] for row in report["prompts"]] == first_ids
+    for row in report["prompts"]:
+        assert [o["label"] for o in row["options"]] == labels
+        assert all(o["predicted_speedup"] > 0 and 0 <= o["accepted"] <= o["drafted"] for o in row["options"])
+    for task in report["tasks"]:
+        assert [o["label"] for o in task["options"]] == labels
+        assert all(o["low"] <= o["speedup"] <= o["high"] for o in task["options"])
+        assert task["code"] in DECISION_CODES and task["basis"] in ("task", "workload", "point estimate")
+        assert task["chosen"] is None or task["chosen"] in labels
 
 
 def test_draft_simple_counts_mostly_equal_the_replay_with_and_without_the_confidence_stop(
@@ -403,7 +442,7 @@ def test_an_analysis_through_servers_the_user_runs(
 def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses_it(
     runner, llama_server_binary, monkeypatch
 ):
-    """The main job under SPECROUTE_ENGINE's default (auto): the sample analyzed in llama-server (2 prompts
+    """The main job under SPECROUTE_ENGINE's default (auto): the sample analyzed in llama-server (3 prompts
     per task, cut to 14 here, 24 new tokens), validated through speculating servers, its policy set published
     with a pool per chosen setting, the analysis printed; a rerun reuses both."""
     from sqlalchemy import select
@@ -419,7 +458,7 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     quick = ("demo", "--no-serve", "--limit", "14", "--max-new-tokens", "24")
     first = runner.invoke(cli, list(quick))
     assert first.exit_code == 0, first.output
-    assert "[3/6] analyzing 14 sample prompts (2 per task) in llama-server" in first.output
+    assert "[3/6] analyzing 14 sample prompts (3 per task) in llama-server" in first.output
     assert "validated through speculating servers" in first.output
     assert "llama-server analysis #1 of prompt set #1: 14 prompts, 24 new tokens, 2 threads" in first.output
     assert (

@@ -12,8 +12,10 @@ from analyzer.analysis.server_store import (
     pool_plan,
     pool_plan_text,
 )
-from analyzer.analysis.server_text import cost_text, divergence_text, noise_text
+from analyzer.analysis.server_text import cost_text, decision_text, divergence_text, noise_text
 from analyzer.db import lock_for_write
+from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
+from analyzer.run_params import DEFAULT_MARGIN
 from router.policy import PolicyError
 from router.server_policy import publish_server_policies
 from webui.plots import scatter
@@ -58,7 +60,11 @@ def server_analysis(analysis_id: int):
             note="validated prompts, each priced from the replay of the output its server served",
         ) if points else None  # fmt: skip
         tasks = [
-            {**t, "best_value": max(t["predicted"].values()) if t["predicted"] else None}
+            {
+                **t,
+                "best_value": max(t["predicted"].values()) if t["predicted"] else None,
+                "rule": decision_text(t),
+            }
             for t in record.tasks
         ]
         page = render_template(
@@ -72,6 +78,7 @@ def server_analysis(analysis_id: int):
             cost_lines={family: cost_text(cost) for family, cost in record.cost.items()},
             noise_line=noise_text(record.noise),
             divergence_line=divergence_text(record.validation),
+            rule={"bar": 1 + DEFAULT_MARGIN, "level": INTERVAL_LEVEL, "min_prompts": MIN_TASK_PROMPTS},
         )
     return page
 

@@ -222,3 +222,55 @@ def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
     lines.append("# task -> pool")
     lines += [f"{task}: {name}" for task, name in plan["routes"].items()]
     return "\n".join(lines)
+
+
+def server_analysis_json(record: ServerAnalysisRecord) -> dict[str, Any]:
+    """A stored analysis as ``specroute analyze --engine llama-server --json`` prints it: per prompt its id,
+    task and, per option (setting), the label, the replay's rounds, drafted and accepted counts and the
+    predicted speedup; per task its curve over the options with intervals and the one rule's decision."""
+    return {
+        "kind": "llama-server",
+        "analysis_id": record.id,
+        "prompt_set_id": record.prompt_set_id,
+        "model": record.model,
+        "draft_model": record.draft_model,
+        "machine": record.machine,
+        "n_predict": record.n_predict,
+        "advice_withheld": record.advice_withheld,
+        "prompts": [
+            {
+                "prompt_id": row["prompt_id"],
+                "task": row["task"],
+                "prompt_tokens": row["prompt_tokens"],
+                "output_tokens": row["output_tokens"],
+                "calibration": row["calibration"],
+                "options": [
+                    {
+                        "label": s["setting"],
+                        "rounds": s["rounds"],
+                        "drafted": s["draft_n"],
+                        "accepted": s["draft_n_accepted"],
+                        "predicted_speedup": s["predicted_speedup"],
+                        "measured_speedup": s.get("measured_speedup"),
+                    }
+                    for s in row["settings"]
+                ],
+            }
+            for row in record.prompts
+        ],
+        "tasks": [
+            {
+                "task": t["task"],
+                "prompts": t["prompts"],
+                **(
+                    t.get("curve")
+                    or {"options": [{"label": d, "speedup": v} for d, v in t["predicted"].items()]}
+                ),
+                "chosen": t["chosen"],  # the stored decision (withheld advice: off)
+                "measured": t["measured"],
+            }
+            for t in record.tasks
+        ],
+        "validation": record.validation,
+        "routing": record.routing,
+    }

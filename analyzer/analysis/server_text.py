@@ -120,3 +120,19 @@ def divergence_text(validation: list[dict[str, Any]] | None) -> str:
             "work served)"
         )
     return text + "."
+
+
+def decision_text(task: dict[str, Any]) -> str:
+    """Why a task speculates with its setting or not, by the one rule (its stored curve: the setting's speedup,
+    the interval's lower end, the rule's code, and the workload's decision for a task of too few prompts); an
+    analysis stored before the curve was reads "-"."""
+    curve = task.get("curve")
+    if not curve:
+        return "-"
+    options = {o["label"]: o for o in curve["options"]}
+    shown = task["chosen"] or max(options, key=lambda label: options[label]["speedup"])
+    option = options[shown]
+    interval = f"{option['speedup']:.2f} [{num(option.get('low'))}, {num(option.get('high'))}]"
+    basis = " (too few prompts: the workload's decision)" if curve.get("basis") == "workload" else ""
+    verdict = "on" if task["chosen"] else "off"
+    return f"{verdict}: {shown} {interval}, {curve['code'].replace('_', ' ')}{basis}"

@@ -7,6 +7,7 @@ from typing import Callable
 import click
 
 from analyzer.db import MAX_ID, lock_for_write
+from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.engine.engines import (
     COST_MODES,
     ENGINES,
@@ -91,10 +92,13 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
 )
 @click.option(
     "--engine",
-    metavar="|".join((AUTO_ENGINE, *ENGINES)),
+    metavar="|".join((AUTO_ENGINE, *ENGINES, LLAMA_SERVER)),
     help="Engine that measures and prices the run (default: SPECROUTE_ENGINE, auto: llama.cpp where it can "
     "measure the run as asked, else transformers; the command says which it picked and why). llama.cpp: "
-    "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1.",
+    "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1. llama-server: "
+    "the analysis in llama.cpp's own server (as 'specroute llama-server analyze' with its defaults: the five "
+    "n-gram settings for --draft ngram, draft-simple for a GGUF --draft; --max-new-tokens, --limit, --validate "
+    "0 or not, --json; the other run options do not apply and are refused).",
 )
 @click.option(
     "--cost-mode",
@@ -173,6 +177,18 @@ def analyze(
     """
     from analyzer.advice.report_text import report_text
 
+    if engine == LLAMA_SERVER:
+        given = [name for name, value in (("--reprofile", reprofile), ("--batch-sizes", batch_sizes),
+                 ("--queue", queue_only), ("--resume", resume_run), ("--cost-profile", cost_profiles))
+                 if value] + [option_name(k) for k, v in run_inputs.items()
+                 if v not in (None, False) and k not in SERVER_RUN_INPUTS]  # fmt: skip
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)} do not apply to --engine llama-server: "
+                "it analyzes llama-server's own drafting settings (see 'specroute llama-server analyze --help')"
+            )
+        _analyze_in_llama_server(state, prompt_set, target, draft, run_inputs, as_json)
+        return
     sessions = state.sessions()
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
         raise click.UsageError(
@@ -203,6 +219,59 @@ def analyze(
             )
         sys.exit(130)
     click.echo(strict_json.dumps(report) if as_json else report_text(report))
+
+
+SERVER_RUN_INPUTS = ("max_new_tokens", "limit", "validate_n")  # the run options --engine llama-server takes
+
+
+def _analyze_in_llama_server(
+    state: CliState, prompt_set, target, draft, run_inputs: dict, as_json: bool
+) -> None:
+    """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set``, printed as
+    ``specroute llama-server show`` prints it, or as JSON."""
+    from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
+    from analyzer.measuring.server_drafting import parse_drafter
+    from webui.cli.server_analysis import DEFAULT_DRAFTERS, run_server_analysis, server_analysis_text
+
+    if not prompt_set:
+        raise click.UsageError("give --prompts NAME")
+    draft_model = None if draft == "ngram" else draft
+    if draft_model is not None and draft_model.startswith("ngram"):
+        raise click.BadParameter(
+            "llama-server's n-gram settings are its own: give --draft ngram (all five) or use "
+            "'specroute llama-server analyze --drafter'",
+            param_hint="--draft",
+        )
+    drafters = [parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)]
+    values = {}
+    for field, low in (("max_new_tokens", 2), ("limit", 1), ("validate_n", 0)):
+        text = run_inputs[field]
+        if text is None:
+            continue
+        try:
+            values[field] = int(text)
+        except ValueError:
+            values[field] = low - 1
+        if values[field] < low:
+            hint = "--validate" if field == "validate_n" else option_name(field)
+            raise click.BadParameter(
+                f"must be a whole number of at least {low}, got {text!r}", param_hint=hint
+            )
+    record_id = run_server_analysis(
+        state,
+        prompt_set,
+        target,
+        drafters,
+        draft_model,
+        n_predict=values.get("max_new_tokens", RunParams.max_new_tokens),
+        limit=values.get("limit"),
+        validate=values.get("validate_n", 1) > 0,
+    )
+    with state.sessions()() as session:
+        record = get_server_analysis(session, record_id)
+        click.echo(
+            strict_json.dumps(server_analysis_json(record)) if as_json else server_analysis_text(record)
+        )
 
 
 def _new_run_inputs(run_inputs: dict, target, draft, reprofile, engine, batch_sizes) -> dict:

@@ -21,7 +21,14 @@ from analyzer.analysis.server_store import (
     server_prompts,
     store_server_analysis,
 )
-from analyzer.analysis.server_text import cost_text, divergence_text, noise_text, num, routing_text
+from analyzer.analysis.server_text import (
+    cost_text,
+    decision_text,
+    divergence_text,
+    noise_text,
+    num,
+    routing_text,
+)
 from analyzer.db import lock_for_write
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llama_server_process import RemoteServer, server_version
@@ -29,7 +36,9 @@ from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
 from analyzer.models.specs import parse_spec
 from analyzer.orm import ServerAnalysisRecord
+from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample
+from analyzer.run_params import DEFAULT_MARGIN
 from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
 
@@ -154,6 +163,33 @@ def analyze(
     if server_texts and drafter_texts:
         raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
     urls, drafters = _servers(server_texts) if server_texts else (None, _drafters(drafter_texts))
+    record_id = run_server_analysis(
+        state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
+        calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
+    )  # fmt: skip
+    with state.sessions()() as session:
+        click.echo(server_analysis_text(get_server_analysis(session, record_id)))
+
+
+def run_server_analysis(
+    state: CliState,
+    set_name: str,
+    model: str,
+    drafters: list[ServerDrafter],
+    draft_model: str | None,
+    *,
+    n_predict: int,
+    threads: int = 2,
+    n_ctx: int = 4096,
+    calibration: int = 8,
+    per_task: int | None = None,
+    limit: int | None = None,
+    urls: dict[str, str] | None = None,
+    validate: bool = True,
+    validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
+) -> int:
+    """Analyze prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and ``specroute
+    analyze --engine llama-server`` alike), progress on stderr; store the analysis and return its id."""
     if any(d.needs_draft_model for d in drafters) and draft_model is None:
         raise click.BadParameter("a draft-simple setting needs --draft-model", param_hint="--drafter")
     draft_path = gguf_file(parse_spec(draft_model)) if draft_model else None
@@ -176,6 +212,8 @@ def analyze(
         set_id = prompt_set.id
     if per_task is not None:
         prompts = first_per_task(prompts, per_task)
+    if limit is not None:
+        prompts = prompts[:limit]
     where = f"the servers at {', '.join(urls.values())}" if urls else f"{binary}, {threads} threads"
     click.echo(f"analyzing {len(prompts)} prompts in llama-server ({where})", err=True)
     analysis = analyze_in_llama_server(
@@ -194,7 +232,7 @@ def analyze(
             server_build=build,
             draft_model=str(draft_path) if draft_path else None,
         )
-        click.echo(server_analysis_text(record))
+        return record.id
 
 
 def _servers(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:
@@ -325,12 +363,18 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
     lines.append(divergence_text(record.validation))
     lines += [
         "",
-        "task | prompts | " + " | ".join(record.drafters) + " | chosen (predicted / measured speedup)",
+        "task | prompts | " + " | ".join(record.drafters) + " (predicted / measured speedup) | chosen | "
+        f"the rule (speculate where the best setting's speedup clears {1 + DEFAULT_MARGIN:.2f} and its "
+        f"{INTERVAL_LEVEL:.0%} interval clears 1.0; a task of fewer than {MIN_TASK_PROMPTS} prompts takes the "
+        "workload's decision)",
     ]
     for task in record.tasks:
         cells = [f"{task['predicted'][d]:.2f} / {num(task['measured'][d])}" for d in record.drafters]
         lines.append(
-            f"{task['task']} | {task['prompts']} | " + " | ".join(cells) + f" | {task['chosen'] or 'off'}"
+            f"{task['task']} | {task['prompts']} | "
+            + " | ".join(cells)
+            + f" | {task['chosen'] or 'off'} | "
+            + decision_text(task)
         )
     lines += routing_text(record.routing)
     return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The one rule over an engine's drafting options (analyzer/pricing/option_curve.py) and the online estimate of
+a llama-server set's settings (router/server_adaptation.py), on numbers worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyzer.pricing.option_curve import option_curve, stored_option_rows, task_option_curves
+from router.adaptation import AdaptationConfig
+from router.server_adaptation import (
+    OptionPrior,
+    PlainCost,
+    apply_server_feedback,
+    choose_setting,
+    estimate,
+    initial_server_state,
+)
+
+LABELS = ("a", "b")
+
+
+def test_an_option_is_chosen_only_where_its_speedup_and_its_interval_clear_the_rule():
+    plain = np.full(6, 100.0)
+    # option a: 1.25x on every prompt; option b: 1.6x on average but slower than plain on half the prompts
+    steady = np.column_stack([plain / 1.25, [40.0, 40.0, 40.0, 150.0, 150.0, 150.0]])
+    curve = option_curve(plain, steady, LABELS)
+    assert curve.speedups == pytest.approx((1.25, 600 / 570))
+    assert (
+        curve.chosen == "a"
+        and curve.point.code == "clears"
+        and curve.intervals[0] == pytest.approx((1.25, 1.25))
+    )
+    # b alone on four prompts: 1.21x in all, three prompts fast and one three times slower than plain, so
+    # the interval's lower end reaches below 1.0 and nothing is chosen
+    wide = option_curve(plain[:4], np.column_stack([plain[:4], [10.0, 10.0, 10.0, 300.0]]), LABELS)
+    assert wide.speedups[1] == pytest.approx(400 / 330) and wide.speedups[1] > 1.05
+    assert wide.intervals[1][0] < 1.0 and wide.chosen is None and wide.point.code == "interval_reaches_loss"
+    assert wide.best == "b"
+
+
+def test_a_task_of_too_few_prompts_takes_the_workloads_decision():
+    tasks = ["copy"] * 4 + ["chat"] * 2
+    plain = np.full(6, 100.0)
+    # copy: 2x with b; chat: 1.5x with a on its own two prompts, but the workload (mostly copy) takes b
+    times = np.array([[100.0, 50.0]] * 4 + [[66.0, 100.0]] * 2)
+    curves, workload = task_option_curves(tasks, plain, times, LABELS)
+    assert workload.chosen == "b" and curves["copy"].chosen == "b" and curves["copy"].point.basis == "task"
+    assert curves["chat"].best == "a" and curves["chat"].chosen == "b"
+    assert (curves["chat"].point.basis, curves["chat"].point.code) == ("workload", "too_few_prompts")
+    rows = [
+        {"task": t, "predicted_plain_ms": p, "settings": [{"predicted_speedup": p / x} for x in row]}
+        for t, p, row in zip(tasks, plain, times)
+    ]
+    again_tasks, again_plain, again_times = stored_option_rows(rows)
+    assert again_tasks == tasks and np.allclose(again_plain, plain) and np.allclose(again_times, times)
+
+
+def test_the_estimate_of_a_setting_is_its_prior_moved_by_the_time_its_pool_took():
+    config = AdaptationConfig(prior_strength=50.0, decay=0.5)
+    cost = PlainCost(step_ms=10.0, per_context_ms=0.0)
+    assert cost.plain_ms(100, 65) == pytest.approx(640.0)  # 64 steps after the first token
+    weight = 50 * 10.0
+    a, b = "ngram-simple 3/8", "ngram-simple 2/4"
+    priors = (OptionPrior(a, 2.0, 1.5), OptionPrior(b, 1.2, 1.1))
+    state = initial_server_state(0.8, a, config)
+    assert estimate(priors[0], state, weight) == (2.0, 1.5)
+    common = {"drafted": 30, "accepted": 3, "rounds": 60, "plain_ms": 640.0, "priors": priors, "margin": 0.05,
+              "weight_ms": weight, "config": config}  # fmt: skip
+    # one request on a took 800 ms for 640 ms of plain work (0.8x)
+    state = apply_server_feedback(state, setting=a, served_ms=800.0, **common)
+    expected = (500 + 640) / (500 / 2.0 + 800)
+    assert estimate(priors[0], state, weight)[0] == pytest.approx(expected)  # 1.086: a is kept (above 1.0)
+    assert estimate(priors[0], state, weight)[1] == pytest.approx(1.5 * expected / 2.0)
+    assert (state.setting, state.speculate, state.gamma) == (a, True, 8)
+    # a second one, 1200 ms: the first's sums halve (decay 0.5) before it adds; a falls below 1.0 (0.79x),
+    # and b, published and untried, clears the whole rule on its prior
+    state = apply_server_feedback(state, setting=a, served_ms=1200.0, **common)
+    expected = (500 + 640 * 1.5) / (500 / 2.0 + 800 * 0.5 + 1200)
+    assert estimate(priors[0], state, weight)[0] == pytest.approx(expected) and expected < 1.0
+    assert (state.setting, state.gamma) == (b, 4) and state.options[a] == pytest.approx([960.0, 1600.0, 2])
+    # b's own pool is as slow: off (a does not clear either), and a probe goes to the best estimate
+    for _ in range(3):
+        state = apply_server_feedback(state, setting=b, served_ms=1200.0, **common)
+    choice = choose_setting(priors, state, 0.05, config, weight)
+    assert (state.setting, state.speculate, choice.setting) == (None, False, None)
+    assert choice.probe == max(priors, key=lambda p: estimate(p, state, weight)[0]).label
