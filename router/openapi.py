@@ -30,7 +30,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "Bad input: malformed JSON, a wrong type, a missing or unknown field.",
         404: "Unknown route_id.",
         409: "Nothing to apply feedback to: no active policy set, or one without a cost to adapt with "
-        "(policy_not_adaptive).",
+        "(policy_not_adaptive: a run's set without a cost profile, or a llama-server set published before such "
+        "sets took feedback).",
         413: "The body exceeds SPECROUTE_API_MAX_BODY_BYTES.",
         502: "The decision's pool did not answer (pool_unavailable).",
         503: "The database or the stored classifier cannot be used; for the front door also a decision whose "
@@ -200,7 +201,10 @@ SCHEMAS: dict[str, Any] = {
     "FeedbackRequest": {
         "type": "object",
         "description": "route_id (from a decision) or task_type, plus one of: counts {rounds, drafted, accepted}; "
-        "llama.cpp timings {draft_n, draft_n_accepted, predicted_n}; vLLM speculative_decoding "
+        "llama.cpp timings {draft_n, draft_n_accepted, predicted_n} (a set published from a llama-server analysis "
+        "also needs predicted_ms and prompt_n, with cache_n where the server reused prompt tokens; the optional "
+        "setting names the pool's llama-server setting, 400 unknown_setting for one the set does not publish); "
+        "vLLM speculative_decoding "
         "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
         "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
         "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
@@ -218,6 +222,7 @@ SCHEMAS: dict[str, Any] = {
             "timings": {"type": "object"},
             "speculative_decoding": {"type": "object"},
             "meta_info": {"type": "object"},
+            "setting": {"type": "string", "maxLength": 64},
         },
     },
     "TaskEstimate": {
@@ -246,7 +251,17 @@ SCHEMAS: dict[str, Any] = {
             "total_accepted": {"type": "integer"},
             "decision_since": {
                 "type": ["string", "null"],
-                "description": "when speculate/gamma last changed (ISO 8601, UTC)",
+                "description": "when speculate/gamma (or the llama-server setting) last changed (ISO 8601, UTC)",
+            },
+            "setting": {
+                "type": ["string", "null"],
+                "description": "A llama-server set: the setting in force (its pool takes the task); null: off, "
+                "or a run's set.",
+            },
+            "options": {
+                "type": ["object", "null"],
+                "description": "A llama-server set: per setting that served the task, the decayed plain and "
+                "served milliseconds of its feedback and its events ({label: {plain_ms, served_ms, events}}).",
             },
             "updated_at": {"type": ["string", "null"], "description": "the last feedback event"},
         },
@@ -299,6 +314,12 @@ SCHEMAS: dict[str, Any] = {
                 "type": ["string", "null"],
                 "description": "The llama-server drafter setting the task speculates with (a set published from "
                 "a llama-server analysis: its pool is keyed by it); null: off, or a set published from a run.",
+            },
+            "option_curve": {
+                "type": ["object", "null"],
+                "description": "A set published from a llama-server analysis: the task's curve over the analysis' "
+                "settings ({options: [{label, speedup, low, high}], chosen, code, basis}), decided by the one rule; "
+                "the prior its online estimate moves. null: a run's policy (its curve is over gamma).",
             },
             "by_batch": {
                 "type": "object",

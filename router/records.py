@@ -38,6 +38,7 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
         "decision_basis": policy.decision_basis,
         "decision_reason": policy.decision_reason,
         "setting": policy.setting,
+        "option_curve": policy.option_curve,
         "by_batch": by_batch,
     }
 
@@ -89,6 +90,13 @@ def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
         if estimate.decision_since
         else None,
         "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None,
+        "setting": estimate.setting,
+        "options": {
+            label: {"plain_ms": values[0], "served_ms": values[1], "events": int(values[2])}
+            for label, values in estimate.options.items()
+        }
+        if estimate.options is not None
+        else None,
     }
 
 

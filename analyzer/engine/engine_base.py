@@ -60,6 +60,9 @@ class Engine(Protocol):
 
     name: str
     measures: bool  # False: the engine only prices (imported cost profiles)
+    # True: its analyses compare the server's own drafting settings (analyzer/analysis/server_analysis.py,
+    # 'specroute analyze --engine NAME'), not a run's gammas
+    analyzes_settings: bool
     cost_modes: tuple[str, ...]  # how it can time its steps; () where it times its own way only
 
     @property

@@ -20,9 +20,10 @@ class LlamaServerEngine(RunlessEngine):
     prices in its own analyses, not in runs (so ``measures`` is False: no run names it)."""
 
     name = LLAMA_SERVER
+    analyzes_settings = True
     refusal = (
-        "llama-server is analyzed with 'specroute llama-server analyze', not as an analysis run: runs "
-        "measure in transformers or llama.cpp"
+        "llama-server is analyzed with 'specroute analyze --engine llama-server' (or 'specroute llama-server "
+        "analyze'), not as an analysis run: runs measure in transformers or llama.cpp"
     )
 
     def require_installed(self) -> None:

@@ -25,6 +25,7 @@ class LlamaCppEngine:
 
     name = LLAMA_CPP
     measures = True
+    analyzes_settings = False
     cost_modes: tuple[str, ...] = ()
 
     @property

@@ -24,6 +24,7 @@ class RunlessEngine:
     name: str
     refusal: str
     measures = False
+    analyzes_settings = False
     cost_modes: tuple[str, ...] = ()
 
     def _refuse(self) -> NoReturn:

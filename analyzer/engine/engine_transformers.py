@@ -31,6 +31,7 @@ class TransformersEngine:
 
     name = TRANSFORMERS
     measures = True
+    analyzes_settings = False
     cost_modes: tuple[str, ...] = COST_MODES
 
     @property

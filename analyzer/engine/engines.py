@@ -51,6 +51,11 @@ def engine_named(name: str | None) -> Engine:
         raise EngineError(f"unknown engine {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
+def analyzes_settings(name: str | None) -> bool:
+    """Whether engine ``name`` analyzes its server's own drafting settings (its analysis is not a run)."""
+    return name is not None and name in REGISTRY and REGISTRY[name].analyzes_settings
+
+
 def measuring_engine(name: str | None) -> Engine:
     """The engine ``name`` when it measures (one of ENGINES); EngineError naming those otherwise."""
     engine = engine_named(check_engine_name(name or DEFAULT_ENGINE))

@@ -7,12 +7,13 @@ from typing import Callable
 import click
 
 from analyzer.db import MAX_ID, lock_for_write
-from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.engine.engines import (
     COST_MODES,
     ENGINES,
+    LLAMA_SERVER,
     REGISTRY,
     EngineUnavailable,
+    analyzes_settings,
     check_run,
     measuring_engine,
 )
@@ -177,7 +178,7 @@ def analyze(
     """
     from analyzer.advice.report_text import report_text
 
-    if engine == LLAMA_SERVER:
+    if analyzes_settings(engine):
         given = [name for name, value in (("--reprofile", reprofile), ("--batch-sizes", batch_sizes),
                  ("--queue", queue_only), ("--resume", resume_run), ("--cost-profile", cost_profiles))
                  if value] + [option_name(k) for k, v in run_inputs.items()
