@@ -434,3 +434,37 @@ class ServerAnalysisRecord(Base):
     __table_args__ = (
         CheckConstraint("threads >= 1 AND n_ctx >= 1 AND n_predict >= 1", name="setup_positive"),
     )
+
+
+SERVER_JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+
+
+class ServerAnalysisJob(Base):
+    """An analysis in llama-server as queued work (analyzer/analysis/server_jobs.py): the prompt set and the
+    parameters asked, its status (queued -> running -> done | failed | cancelled), the worker holding it and its
+    heartbeat, progress, the plain generations made so far (kept for a resume on the same machine), why it
+    failed (a message and a code) and, once done, the analysis it stored."""
+
+    __tablename__ = "server_analysis_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    prompt_set_id: Mapped[int] = mapped_column(ForeignKey("prompt_sets.id"), index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # {"phase", "done", "total", "line"}: the analysis' last progress line
+    progress: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # {"host": the machine, "outputs": {prompt key: the plain generation as server_jobs stores it}}
+    generated: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    error_code: Mapped[Optional[str]] = mapped_column(String(64))
+    analysis_id: Mapped[Optional[int]] = mapped_column(ForeignKey("server_analyses.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]] = mapped_column()
+    finished_at: Mapped[Optional[datetime]] = mapped_column()
+
+    prompt_set: Mapped[PromptSet] = relationship()
+
+    __table_args__ = (CheckConstraint(one_of("status", SERVER_JOB_STATUSES), name="status"),)

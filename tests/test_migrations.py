@@ -34,6 +34,7 @@ EXPECTED_TABLES = {
     "feedback_events",
     "run_chunks",
     "server_analyses",
+    "server_analysis_jobs",
 }
 
 

@@ -1,11 +1,27 @@
-"""llama-server analysis pages: the stored analyses, and one analysis' report: its step costs, predicted vs
+"""llama-server analysis pages: the stored analyses with the form that queues one and the jobs (queued, running,
+failed with why, done), one job's progress, and one analysis' report: its step costs, predicted vs
 measured per drafter setting (with the share whose draft counts equal the replay's), the drafter comparison
 per task with the chosen setting, and the pools those choices need with their command lines."""
 
 from __future__ import annotations
 
-from flask import current_app, redirect, render_template, url_for
+from flask import abort, current_app, jsonify, redirect, render_template, request, url_for
+from sqlalchemy import select
 
+from analyzer.analysis.server_jobs import (
+    DEFAULT_DRAFTERS,
+    DEFAULT_MODEL,
+    LIMITS,
+    ServerJobError,
+    ServerJobNotFound,
+    ServerJobParams,
+    cancel_server_job,
+    create_server_job,
+    get_server_job,
+    job_view,
+    list_server_jobs,
+    resume_server_job,
+)
 from analyzer.analysis.server_store import (
     get_server_analysis,
     list_server_analyses,
@@ -14,16 +30,50 @@ from analyzer.analysis.server_store import (
 )
 from analyzer.analysis.server_text import cost_text, decision_text, divergence_text, noise_text
 from analyzer.db import lock_for_write
+from analyzer.orm import PromptSet
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
+from analyzer.prompts.prompt_sets import PromptSetError, get_prompt_set
 from analyzer.run_params import DEFAULT_MARGIN
 from router.policy import PolicyError
 from router.server_policy import publish_server_policies
 from webui.plots import scatter
+from webui.run_pages import model_choices
 from webui.ui import bp, flash, sessions
 
+FORM_FIELDS = ("prompt_set", "model", "n_predict", "per_task", "limit", "calibration", "validate_repeats")
 
-@bp.get("/llama-server")
-def server_analyses():
+
+def _gguf_targets() -> list[str]:
+    """The operator's targets llama-server can load (gguf: and builtin: specs)."""
+    targets, _ = model_choices()
+    return [t for t in targets if t.startswith(("gguf:", "builtin:"))] or [DEFAULT_MODEL]
+
+
+def _form_params(values: dict[str, str], validate: bool) -> ServerJobParams:
+    """The form's values as job parameters; ServerJobError naming the field that is not a whole number (the
+    bounds are checked by :meth:`ServerJobParams.checked`, the command line's too)."""
+    numbers: dict[str, int | None] = {}
+    for name in ("n_predict", "per_task", "limit", "calibration", "validate_repeats"):
+        text = values[name].strip()
+        if not text and name in ("per_task", "limit"):
+            numbers[name] = None
+            continue
+        if not text.isdigit():
+            low, high = LIMITS[name]
+            raise ServerJobError(f"{name} must be a whole number from {low} to {high}, got {text!r}")
+        numbers[name] = int(text)
+    if values["model"] not in _gguf_targets():
+        raise ServerJobError(
+            "model: choose a GGUF target from the list (the operator sets it with SPECROUTE_MODELS)"
+        )
+    return ServerJobParams(
+        model=values["model"], n_predict=numbers["n_predict"] or 0, per_task=numbers["per_task"],
+        limit=numbers["limit"], calibration=numbers["calibration"] or 0, validate=validate,
+        validate_repeats=numbers["validate_repeats"] or 0,
+    ).checked()  # fmt: skip
+
+
+def _listing(errors: list[str] | None = None, values: dict[str, str] | None = None, status: int = 200):
     with sessions()() as session:
         rows = [
             {
@@ -35,7 +85,81 @@ def server_analyses():
             }
             for r in list_server_analyses(session)
         ]
-    return render_template("server_analyses.html", rows=rows)
+        jobs = [job_view(job) for job in list_server_jobs(session)]
+        names = list(session.scalars(select(PromptSet.name).order_by(PromptSet.name)))
+    defaults = ServerJobParams()
+    shown = {
+        "prompt_set": names[0] if names else "",
+        "model": _gguf_targets()[0],
+        "n_predict": str(defaults.n_predict),
+        "per_task": "",
+        "limit": "",
+        "calibration": str(defaults.calibration),
+        "validate_repeats": str(defaults.validate_repeats),
+    } | (values or {})
+    page = render_template(
+        "server_analyses.html", rows=rows, jobs=jobs, prompt_sets=names, targets=_gguf_targets(), values=shown,
+        errors=errors or [], limits=LIMITS, drafters=DEFAULT_DRAFTERS,
+    )  # fmt: skip
+    return page, status
+
+
+@bp.get("/llama-server")
+def server_analyses():
+    return _listing()
+
+
+@bp.post("/llama-server/jobs")
+def start_server_job():
+    """Queue an analysis in llama-server from the form (the workers execute it); 400 with the form and the
+    reason for a bad value."""
+    values = {k: request.form.get(k, "") for k in FORM_FIELDS}
+    try:
+        params = _form_params(values, request.form.get("validate") == "on")
+        with sessions()() as session, session.begin():
+            lock_for_write(session)
+            prompt_set = get_prompt_set(session, values["prompt_set"])
+            job_id = create_server_job(session, prompt_set, params).id
+    except (ServerJobError, PromptSetError) as exc:
+        return _listing([str(exc)], values, 400)
+    flash(f"llama-server analysis job #{job_id} queued; it starts as soon as a worker is free")
+    return redirect(url_for("ui.server_job", job_id=job_id))
+
+
+@bp.get("/llama-server/jobs/<int:job_id>")
+def server_job(job_id: int):
+    with sessions()() as session:
+        view = job_view(get_server_job(session, job_id))
+    return render_template("server_job.html", job=view)
+
+
+@bp.get("/llama-server/jobs/<int:job_id>/status.json")
+def server_job_status(job_id: int):
+    with sessions()() as session:
+        view = job_view(get_server_job(session, job_id))
+    return jsonify(
+        {"id": view.id, "status": view.status, "progress": view.progress, "kept": view.kept, "error": view.error,
+         "error_code": view.error_code, "analysis_id": view.analysis_id, "attempts": view.attempts}
+    )  # fmt: skip
+
+
+@bp.post("/llama-server/jobs/<int:job_id>/<action>")
+def change_server_job(job_id: int, action: str):
+    """Resume (a failed or cancelled job, its plain generations kept) or cancel (a queued or running one)."""
+    change = {"resume": resume_server_job, "cancel": cancel_server_job}.get(action)
+    if change is None:
+        abort(404)
+    try:
+        with sessions()() as session, session.begin():
+            lock_for_write(session)
+            status = change(session, job_id).status
+    except ServerJobNotFound:
+        abort(404)
+    except ServerJobError as exc:
+        flash(str(exc), "error")
+    else:
+        flash(f"llama-server analysis job #{job_id} {status}")
+    return redirect(url_for("ui.server_job", job_id=job_id))
 
 
 @bp.get("/llama-server/<int:analysis_id>")

@@ -66,6 +66,16 @@ class ServerAnalysisError(SpecrouteError, ValueError):
     status, code = 400, "server_analysis_failed"
 
 
+class PromptTooLong(ServerAnalysisError):
+    """A prompt whose tokens and new tokens do not fit the servers' context."""
+
+    code = "prompt_too_long"
+
+
+# what a resumed analysis keeps of an earlier attempt: per prompt key, its ids and plain generation
+Generated = Mapping[str, tuple[list[int], "TimedCompletion"]]
+
+
 MIN_SPEEDUP = 1 + DEFAULT_MARGIN  # a setting is advised for a task only where it predicts more than this
 VALIDATION_HALF_WIDTH = 0.015  # validation repeats until run noise leaves each setting's speedup this close
 DEFAULT_VALIDATE_REPEATS = 3  # ... or this many passes over the validated prompts
@@ -362,11 +372,16 @@ def analyze_in_llama_server(
     validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
     validation_half_width: float = VALIDATION_HALF_WIDTH,
     say: Progress = lambda line: None,
+    generated: Generated | None = None,
+    on_generated: Callable[[ServerPrompt, list[int], TimedCompletion], None] | None = None,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
     ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not validated;
     validation makes at most ``validate_repeats`` passes, fewer where run noise already leaves each
-    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``)."""
+    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``). ``generated``:
+    plain generations an earlier attempt made (by prompt key), kept instead of generating again;
+    ``on_generated`` is told each new one (a queued analysis stores them, so a resume keeps them).
+    :class:`PromptTooLong` where a prompt and ``n_predict`` do not fit the context."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
@@ -377,7 +392,9 @@ def analyze_in_llama_server(
     try:
         for server in servers:
             server.start()
-        outcomes, plain_seconds = _generate(servers[0], prompts, n_predict, say)
+        outcomes, plain_seconds = _generate(
+            servers[0], prompts, n_predict, say, setup.n_ctx, generated or {}, on_generated
+        )
         _replay_settings(setup, outcomes, drafters, n_predict, say)
         chosen = calibration_choice(outcomes, calibration_prompts)
         for outcome in chosen:
@@ -444,15 +461,39 @@ def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
 
 
 def _generate(
-    plain: Server, prompts: Sequence[ServerPrompt], n_predict: int, say: Progress
+    plain: Server,
+    prompts: Sequence[ServerPrompt],
+    n_predict: int,
+    say: Progress,
+    n_ctx: int = 0,
+    generated: Generated | None = None,
+    on_generated: Callable[[ServerPrompt, list[int], TimedCompletion], None] | None = None,
 ) -> tuple[list[PromptOutcome], float]:
-    """Each prompt's ids under the server's chat template and its plain greedy completion."""
+    """Each prompt's ids under the server's chat template and its plain greedy completion (``generated``'s
+    where an earlier attempt made it); PromptTooLong where a prompt and ``n_predict`` exceed ``n_ctx`` (0: not
+    checked)."""
     outcomes, seconds = [], 0.0
+    generated = generated or {}
+    kept = sum(1 for p in prompts if p.key in generated)
+    if kept:
+        say(f"kept {kept} plain generations of an earlier attempt")
     for number, prompt in enumerate(prompts, 1):
+        if prompt.key in generated:
+            ids, completion = generated[prompt.key]
+            outcomes.append(PromptOutcome(prompt, list(ids), completion))
+            continue
         ids = plain.client.tokenize(plain.client.chat_prompt(prompt.messages))
+        if n_ctx and len(ids) + n_predict > n_ctx:
+            raise PromptTooLong(
+                f"prompt {prompt.key} ({prompt.task}) has {len(ids)} tokens: with {n_predict} new tokens it exceeds "
+                f"the servers' context of {n_ctx}; give a larger --ctx or fewer new tokens, or leave the prompt out"
+            )
         wall = time.perf_counter()
-        outcomes.append(PromptOutcome(prompt, ids, timed_complete(plain, ids, n_predict)))
+        completion = timed_complete(plain, ids, n_predict)
+        outcomes.append(PromptOutcome(prompt, ids, completion))
         seconds += time.perf_counter() - wall
+        if on_generated is not None:
+            on_generated(prompt, ids, completion)
         say(f"generated {number}/{len(prompts)} ({prompt.key})")
     return outcomes, seconds
 

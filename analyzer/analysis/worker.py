@@ -110,12 +110,17 @@ def work(
 ) -> None:
     """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
     the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
-    or cancelled), wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``,
-    until the first run it worked on has stopped or nothing is left to claim. The loaded pair is kept
-    between chunks. A database hiccup is logged and does not end the loop."""
+    or cancelled), else the next queued analysis in llama-server (:mod:`analyzer.analysis.server_jobs`,
+    executed whole); wait ``poll_s`` when there was neither; until ``stop`` is set, or, with ``once``,
+    until the first run it worked on has stopped, a llama-server job has been executed, or nothing is
+    left to claim. The loaded pair is kept between chunks. A database hiccup is logged and does not end
+    the loop."""
     from analyzer.analysis.run_records import run_status
+    from analyzer.analysis.server_jobs import run_next_server_job
+    from analyzer.settings import load_settings
 
     stop = stop or threading.Event()
+    llama_server = load_settings().llama_server
     kept: dict = {}
     first: int | None = None
     while not stop.is_set():
@@ -129,9 +134,22 @@ def work(
                 kept=kept,
             )
             status = run_status(sessions, ran) if ran is not None else None
+            served = None
+            if ran is None:
+                served = run_next_server_job(
+                    sessions,
+                    worker_id=worker_id,
+                    cache_dir=cache_dir,
+                    llama_server=llama_server,
+                    stale_after_s=stale_after_s,
+                )
         except Exception:
             log.exception("worker loop")
-            ran = status = None
+            ran = status = served = None
+        if served is not None:
+            if once:
+                return
+            continue
         first = first if first is not None else ran
         if ran is not None and status not in ("queued", "running") and on_run is not None:
             on_run(ran)

@@ -5,6 +5,8 @@ a pool per setting; print the analysis. The other steps are :mod:`webui.cli.demo
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import lock_for_write
 from analyzer.engine.engine_base import EngineUnavailable
 from analyzer.models.specs import DEFAULT_TARGET, parse_spec
-from analyzer.orm import PromptSet, ServerAnalysisRecord
+from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
 from webui.cli.base import CliState, _cache_dir
 
 DEMO_SERVER_ENGINE = "llama-server"
@@ -69,9 +71,15 @@ def analyze_sample_in_llama_server(
     """[3/6] The sample analyzed in llama-server with every default drafter setting: a stored analysis of
     the same prompts, new tokens, settings, model and validation is reused unless ``again``; else one is
     measured (a line per step) and stored in one transaction. Returns its id."""
-    from analyzer.analysis.server_analysis import ServerAnalysisError, ServerSetup, analyze_in_llama_server
-    from analyzer.analysis.server_store import store_server_analysis
-    from analyzer.engine.llama_server_process import server_version
+    from analyzer.analysis.server_analysis import ServerAnalysisError
+    from analyzer.analysis.server_jobs import (
+        ServerJobParams,
+        cancel_server_job,
+        claim_server_job,
+        create_server_job,
+        execute_server_job,
+        resume_server_job,
+    )
     from analyzer.engine.llamacpp_engine import gguf_file
     from webui.cli.server_analysis import DEFAULT_DRAFTERS, _drafters
 
@@ -91,29 +99,54 @@ def analyze_sample_in_llama_server(
         f"{DEFAULT_TARGET}, {n_predict} new tokens, the settings {', '.join(DEFAULT_DRAFTERS)}, "
         f"{'validated through speculating servers, one pass' if validate else 'not validated'} ({binary})"
     )
-    try:
-        analysis = analyze_in_llama_server(
-            ServerSetup(binary, model, DEMO_THREADS, DEMO_CTX), prompts, drafters, n_predict=n_predict,
-            calibration_prompts=calibration_count(len(prompts)), validate=validate,
-            validate_repeats=DEMO_VALIDATE_REPEATS,
-            say=lambda line: click.echo(f"      {line}"),
-        )  # fmt: skip
-    except ServerAnalysisError as exc:
-        raise ServerAnalysisError(
-            f"{exc} (in the demo: more prompts, without --limit, or longer answers, --max-new-tokens)"
-        ) from None
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted; nothing was stored ('specroute demo' analyzes again)", err=True)
-        sys.exit(130)
+    params = ServerJobParams(
+        DEFAULT_TARGET, tuple(d.label for d in drafters), None, n_predict, DEMO_THREADS, DEMO_CTX,
+        calibration_count(len(prompts)), DEMO_PER_TASK, limit, validate, DEMO_VALIDATE_REPEATS,
+    )  # fmt: skip
+    worker_id = f"{socket.gethostname()}:{os.getpid()}:demo"
     with sessions() as session, session.begin():
         lock_for_write(session)
-        prompt_set = session.get(PromptSet, prompt_set_id)
-        assert prompt_set is not None
-        record = store_server_analysis(
-            session, prompt_set, analysis, model=str(model), server_build=server_version(binary)
+        stopped = next(
+            (
+                job
+                for job in session.scalars(
+                    select(ServerAnalysisJob)
+                    .where(
+                        ServerAnalysisJob.prompt_set_id == prompt_set_id,
+                        ServerAnalysisJob.status.in_(("failed", "cancelled")),
+                    )
+                    .order_by(ServerAnalysisJob.id.desc())
+                )
+                if job.params == params.as_json()
+            ),
+            None,
         )
-        session.flush()
-        return record.id
+        if stopped is not None and not again:
+            job_id = resume_server_job(session, stopped.id).id  # its plain generations are kept
+            click.echo(f"      resuming the stopped analysis job #{job_id}")
+        else:
+            prompt_set = session.get_one(PromptSet, prompt_set_id)
+            job_id = create_server_job(session, prompt_set, params).id
+    claim_server_job(sessions, worker_id, job_id=job_id)
+    try:
+        analysis_id = execute_server_job(
+            sessions, job_id, worker_id=worker_id, cache_dir=_cache_dir(state),
+            llama_server=str(binary), echo=lambda line: click.echo(f"      {line}"),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        with sessions() as session, session.begin():
+            lock_for_write(session)
+            cancel_server_job(session, job_id)
+        click.echo("\ninterrupted; 'specroute demo' resumes the analysis where it was", err=True)
+        sys.exit(130)
+    if analysis_id is None:
+        with sessions() as session:
+            job = session.get_one(ServerAnalysisJob, job_id)
+            raise ServerAnalysisError(
+                f"{job.error} ({job.error_code}; in the demo: more prompts, without --limit, or longer answers, "
+                "--max-new-tokens; 'specroute demo' resumes it)"
+            )
+    return analysis_id
 
 
 def _stored_analysis(

@@ -4,6 +4,9 @@ choices need (analyzer/analysis/server_store.py)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
 from pathlib import Path
 
 import click
@@ -11,15 +14,23 @@ import click
 from analyzer.analysis.server_analysis import (
     DEFAULT_VALIDATE_REPEATS,
     VALIDATION_HALF_WIDTH,
-    ServerSetup,
-    analyze_in_llama_server,
+)
+from analyzer.analysis.server_jobs import (
+    DEFAULT_DRAFTERS,
+    ServerJobError,
+    ServerJobParams,
+    cancel_server_job,
+    claim_server_job,
+    create_server_job,
+    execute_server_job,
+    get_server_job,
+    job_view,
+    list_server_jobs,
+    resume_server_job,
 )
 from analyzer.analysis.server_store import (
-    first_per_task,
     get_server_analysis,
     pool_plan_text,
-    server_prompts,
-    store_server_analysis,
 )
 from analyzer.analysis.server_text import (
     cost_text,
@@ -29,9 +40,9 @@ from analyzer.analysis.server_text import (
     num,
     routing_text,
 )
-from analyzer.db import lock_for_write
+from analyzer.db import MAX_ID, lock_for_write
 from analyzer.engine.llama_server import find_llama_server
-from analyzer.engine.llama_server_process import RemoteServer, server_version
+from analyzer.engine.llama_server_process import RemoteServer
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
 from analyzer.models.specs import parse_spec
@@ -41,8 +52,6 @@ from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt
 from analyzer.run_params import DEFAULT_MARGIN
 from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
-
-DEFAULT_DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
 
 
 def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
@@ -140,6 +149,12 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     f"leaves each setting's measured speedup within ±{VALIDATION_HALF_WIDTH:.1%} (95%), the machine's noise "
     "measured by calibration.",
 )
+@click.option(
+    "--queue",
+    "queue_only",
+    is_flag=True,
+    help="Only queue the analysis (print its job id) for the workers ('specroute worker', the server's own).",
+)
 @click.pass_obj
 def analyze(
     state: CliState,
@@ -155,6 +170,7 @@ def analyze(
     server_texts: tuple[str, ...],
     validate: bool,
     validate_repeats: int,
+    queue_only: bool,
 ) -> None:
     """Analyze a prompt set in llama-server: one plain greedy generation per prompt, llama-server's own
     drafting rules replayed on it for every drafter setting, step costs fitted from the servers' timings,
@@ -166,7 +182,10 @@ def analyze(
     record_id = run_server_analysis(
         state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
         calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
+        queue_only=queue_only,
     )  # fmt: skip
+    if record_id is None:
+        return
     with state.sessions()() as session:
         click.echo(server_analysis_text(get_server_analysis(session, record_id)))
 
@@ -187,18 +206,26 @@ def run_server_analysis(
     urls: dict[str, str] | None = None,
     validate: bool = True,
     validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
-) -> int:
-    """Analyze prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and ``specroute
-    analyze --engine llama-server`` alike), progress on stderr; store the analysis and return its id."""
-    if any(d.needs_draft_model for d in drafters) and draft_model is None:
-        raise click.BadParameter("a draft-simple setting needs --draft-model", param_hint="--drafter")
-    draft_path = gguf_file(parse_spec(draft_model)) if draft_model else None
+    queue_only: bool = False,
+) -> int | None:
+    """Queue an analysis of prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and
+    ``specroute analyze --engine llama-server`` alike) and execute it here, progress on stderr (``queue_only``:
+    leave it to the workers and print its job id); the stored analysis' id (None: only queued)."""
+    params = ServerJobParams(
+        model, tuple(d.label for d in drafters), draft_model, n_predict, threads, n_ctx, calibration, per_task,
+        limit, validate, validate_repeats, urls,
+    )  # fmt: skip
+    try:
+        params.checked()
+    except ServerJobError as exc:
+        raise click.BadParameter(str(exc)) from None
     if urls is not None:
-        model_path, n_ctx, build = _remote_setup(urls)
-        binary = None
+        _remote_setup(urls)  # every server answers and runs one model and context, before anything is queued
     else:
-        binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
-        model_path, build = gguf_file(parse_spec(model)), server_version(binary)
+        find_llama_server(state.settings.llama_server, _cache_dir(state))
+        gguf_file(parse_spec(model))
+    if draft_model:
+        gguf_file(parse_spec(draft_model))
     sessions = state.sessions()
     with sessions() as session, session.begin():
         lock_for_write(session)
@@ -208,31 +235,72 @@ def run_server_analysis(
             if set_name != SAMPLE_NAME:
                 raise
             prompt_set, _ = import_sample(session)
-        prompts = server_prompts(prompt_set)
-        set_id = prompt_set.id
-    if per_task is not None:
-        prompts = first_per_task(prompts, per_task)
-    if limit is not None:
-        prompts = prompts[:limit]
-    where = f"the servers at {', '.join(urls.values())}" if urls else f"{binary}, {threads} threads"
-    click.echo(f"analyzing {len(prompts)} prompts in llama-server ({where})", err=True)
-    analysis = analyze_in_llama_server(
-        ServerSetup(binary, model_path, threads, n_ctx, draft_path, urls), prompts, drafters, n_predict=n_predict,
-        calibration_prompts=calibration, validate=validate, validate_repeats=validate_repeats,
-        say=lambda line: click.echo(f"  {line}", err=True),
-    )  # fmt: skip
-    with sessions() as session, session.begin():
-        lock_for_write(session)
-        prompt_set = session.get(type(prompt_set), set_id)
-        record = store_server_analysis(
-            session,
-            prompt_set,
-            analysis,
-            model=str(model_path),
-            server_build=build,
-            draft_model=str(draft_path) if draft_path else None,
+        job_id = create_server_job(session, prompt_set, params).id
+    click.echo(f"llama-server analysis job #{job_id} queued", err=True)
+    if queue_only:
+        click.echo(str(job_id))
+        return None
+    return execute_here(state, job_id)
+
+
+def execute_here(state: CliState, job_id: int) -> int:
+    """Claim job ``job_id`` and execute it in this process, progress on stderr; its analysis' id. A failure
+    exits with its message and code; Ctrl-C cancels it, saying how to resume."""
+    sessions = state.sessions()
+    worker_id = f"{socket.gethostname()}:{os.getpid()}:cli"
+    if claim_server_job(sessions, worker_id, job_id=job_id) is None:
+        raise click.ClickException(f"job #{job_id} is not queued (see 'specroute llama-server jobs')")
+    try:
+        analysis_id = execute_server_job(
+            sessions, job_id, worker_id=worker_id, cache_dir=_cache_dir(state),
+            llama_server=state.settings.llama_server, echo=lambda line: click.echo(f"  {line}", err=True),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        with sessions() as session, session.begin():
+            lock_for_write(session)
+            cancel_server_job(session, job_id)
+        click.echo(
+            f"\ninterrupted; its plain generations are kept. Resume with: specroute llama-server resume {job_id}",
+            err=True,
         )
-        return record.id
+        sys.exit(130)
+    with sessions() as session:
+        job = get_server_job(session, job_id)
+        if analysis_id is None:
+            raise click.ClickException(
+                f"job #{job_id} {job.status}: {job.error or 'stopped'} ({job.error_code or job.status}); "
+                f"resume with 'specroute llama-server resume {job_id}'"
+            )
+    return analysis_id
+
+
+@llama_server.command("jobs")
+@click.pass_obj
+def jobs(state: CliState) -> None:
+    """Queued, running and finished analyses in llama-server, newest first: status, progress, analysis."""
+    with state.sessions()() as session:
+        views = [job_view(job) for job in list_server_jobs(session)]
+    for view in views:
+        done = f"analysis #{view.analysis_id}" if view.analysis_id else view.line
+        click.echo(f"{view.id:>4}  {view.status:<9} {view.prompt_set:<16} {done}")
+
+
+@llama_server.command("resume")
+@click.argument("job_id", type=click.IntRange(1, MAX_ID))
+@click.option("--queue", "queue_only", is_flag=True, help="Only queue it again, for the workers.")
+@click.pass_obj
+def resume(state: CliState, job_id: int, queue_only: bool) -> None:
+    """Resume a failed or cancelled analysis job: queued again with the plain generations it made on this
+    machine kept, and executed here (--queue: by the workers)."""
+    with state.sessions()() as session, session.begin():
+        lock_for_write(session)
+        resume_server_job(session, job_id)
+    if queue_only:
+        click.echo(str(job_id))
+        return
+    analysis_id = execute_here(state, job_id)
+    with state.sessions()() as session:
+        click.echo(server_analysis_text(get_server_analysis(session, analysis_id)))
 
 
 def _servers(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:

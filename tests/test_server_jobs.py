@@ -1,0 +1,190 @@
+"""Analyses in llama-server as queued work (analyzer/analysis/server_jobs.py): checked parameters, claims (and
+claims of a job whose worker died), cancel and resume, the web form and job page, and, with real servers, a
+job whose server dies mid-analysis failing with its code and resuming with its plain generations kept, and a
+prompt longer than the context refused with its code."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from analyzer.analysis import server_analysis
+from analyzer.analysis.server_jobs import (
+    ServerJobError,
+    ServerJobParams,
+    cancel_server_job,
+    claim_server_job,
+    create_server_job,
+    execute_server_job,
+    get_server_job,
+    resume_server_job,
+)
+from analyzer.db import make_session_factory, utcnow
+from analyzer.engine.llama_server_process import LlamaServerError
+from analyzer.orm import ServerAnalysisJob, ServerAnalysisRecord
+from analyzer.prompts.prompt_sets import import_sample
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (ServerJobParams(n_predict=1), "n_predict must be a whole number from 2 to 4096, got 1"),
+        (
+            ServerJobParams(validate_repeats=21),
+            "validate_repeats must be a whole number from 1 to 20, got 21",
+        ),
+        (ServerJobParams(limit=0), "limit must be a whole number from 1 to 100000, got 0"),
+        (ServerJobParams(drafters=("ngram-cache",)), "drafters: drafter 'ngram-cache': start with one of"),
+        (ServerJobParams(drafters=("ngram-mod", "ngram-mod")), "drafters: a setting is named twice"),
+        (
+            ServerJobParams(drafters=("draft-simple",)),
+            "draft_model: a draft-simple setting needs the draft model",
+        ),
+        (ServerJobParams(drafters=()), "drafters: give at least one drafter setting"),
+    ],
+)
+def test_bad_parameters_are_refused_naming_the_field(params, message):
+    with pytest.raises(ServerJobError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        params.checked()
+
+
+def test_a_job_is_claimed_once_reclaimed_when_its_worker_died_and_resumed_after_it_stopped(engine, session):
+    sessions = make_session_factory(engine)
+    prompt_set, _ = import_sample(session)
+    job = create_server_job(session, prompt_set, ServerJobParams(limit=4))
+    session.commit()
+    assert (job.status, job.params["limit"], job.params["drafters"][0]) == ("queued", 4, "ngram-simple")
+    assert claim_server_job(sessions, "a") == job.id
+    assert claim_server_job(sessions, "b") is None  # running, its heartbeat fresh
+    # worker a died: its heartbeat goes stale, and b takes the job over
+    with sessions() as other, other.begin():
+        other.execute(update(ServerAnalysisJob).values(heartbeat_at=utcnow() - timedelta(seconds=700)))
+    assert claim_server_job(sessions, "b", stale_after_s=600) == job.id
+    session.expire_all()
+    job = get_server_job(session, job.id)
+    assert (job.status, job.worker_id, job.attempts) == ("running", "b", 2)
+    with pytest.raises(ServerJobError, match="only a failed or cancelled job resumes"):
+        resume_server_job(session, job.id)
+    assert cancel_server_job(session, job.id).status == "cancelled"
+    with pytest.raises(ServerJobError, match="only a queued or running job is cancelled"):
+        cancel_server_job(session, job.id)
+    assert resume_server_job(session, job.id).status == "queued"
+    session.commit()
+    assert claim_server_job(sessions, "c", job_id=job.id) == job.id
+
+
+def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_it(session, client):
+    import_sample(session)
+    session.commit()
+    page = client.get("/llama-server").get_data(as_text=True)
+    assert 'id="new-server-analysis"' in page and 'name="n_predict" min="2" max="4096" value="64"' in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    assert (
+        client.post("/llama-server/jobs", data={"prompt_set": "sample"}).status_code == 400
+    )  # no CSRF token
+    form = {"prompt_set": "sample", "model": "builtin:smollm2-135m-instruct", "n_predict": "24", "per_task": "2",
+            "limit": "", "calibration": "3", "validate_repeats": "1", "validate": "on"}  # fmt: skip
+    form["csrf_token"] = token
+    bad = client.post("/llama-server/jobs", data=form | {"n_predict": "lots"})
+    assert (
+        bad.status_code == 400
+        and "n_predict must be a whole number from 2 to 4096, got &#39;lots&#39;"
+        in bad.get_data(as_text=True)
+    )
+    bad = client.post("/llama-server/jobs", data=form | {"calibration": "0"})
+    assert (
+        bad.status_code == 400
+        and "calibration must be a whole number from 1 to 1000, got 0" in bad.get_data(as_text=True)
+    )
+    unknown = client.post("/llama-server/jobs", data=form | {"prompt_set": "nope"})
+    assert unknown.status_code == 400 and "nope" in unknown.get_data(as_text=True)
+    assert session.query(ServerAnalysisJob).count() == 0  # nothing queued by a refused form
+    queued = client.post("/llama-server/jobs", data=form)
+    assert queued.status_code == 302 and queued.headers["Location"].endswith("/llama-server/jobs/1")
+    session.rollback()  # a fresh read: the app committed in its own session
+    job = session.get_one(ServerAnalysisJob, 1)
+    assert (job.params["n_predict"], job.params["per_task"], job.params["limit"], job.params["validate"]) == (
+        24, 2, None, True,
+    )  # fmt: skip
+    shown = client.get("/llama-server/jobs/1").get_data(as_text=True)
+    assert (
+        '<dd class="status">queued</dd>' in shown
+        and 'data-job-url="/llama-server/jobs/1/status.json"' in shown
+    )
+    status = client.get("/llama-server/jobs/1/status.json").get_json()
+    assert (status["status"], status["kept"], status["analysis_id"]) == ("queued", 0, None)
+    assert client.post("/llama-server/jobs/1/cancel", data={"csrf_token": token}).status_code == 302
+    assert client.get("/llama-server/jobs/1/status.json").get_json()["status"] == "cancelled"
+    assert client.post("/llama-server/jobs/1/resume", data={"csrf_token": token}).status_code == 302
+    assert client.get("/llama-server/jobs/1/status.json").get_json()["status"] == "queued"
+    assert client.get("/llama-server/jobs/9").status_code == 404
+    assert client.post("/llama-server/jobs/1/explode", data={"csrf_token": token}).status_code == 404
+    listing = client.get("/llama-server").get_data(as_text=True)
+    assert '<tr data-job="1">' in listing
+
+
+def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_generations(
+    llama_server_binary, engine, session, tmp_path, monkeypatch
+):
+    sessions = make_session_factory(engine)
+    prompt_set, _ = import_sample(session)
+    params = ServerJobParams(
+        drafters=("ngram-simple 2/4",), n_predict=24, limit=6, calibration=3, validate=False
+    )
+    job_id = create_server_job(session, prompt_set, params).id
+    session.commit()
+    real = server_analysis.timed_complete
+    calls = {"n": 0}
+
+    def dies_on_the_fourth(server, ids, n_predict):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise LlamaServerError(
+                "llama-server at http://127.0.0.1:1 did not answer /completion: connection refused"
+            )
+        return real(server, ids, n_predict)
+
+    monkeypatch.setattr(server_analysis, "timed_complete", dies_on_the_fourth)
+    lines: list[str] = []
+    run = dict(worker_id="w", cache_dir=tmp_path, llama_server=str(llama_server_binary), echo=lines.append)
+    assert claim_server_job(sessions, "w") == job_id
+    assert execute_server_job(sessions, job_id, **run) is None
+    session.expire_all()
+    job = get_server_job(session, job_id)
+    assert (job.status, job.error_code) == ("failed", "llama_server_error") and "did not answer" in job.error
+    assert len(job.generated["outputs"]) == 3 and job.analysis_id is None  # the three made before it died
+    assert session.query(ServerAnalysisRecord).count() == 0
+    # resumed: the three are kept, the other three generated, and the analysis stored with the job done
+    monkeypatch.setattr(server_analysis, "timed_complete", real)
+    resume_server_job(session, job_id)
+    session.commit()
+    lines.clear()
+    assert claim_server_job(sessions, "w") == job_id
+    analysis_id = execute_server_job(sessions, job_id, **run)
+    assert analysis_id is not None
+    assert "kept 3 plain generations of an earlier attempt" in lines
+    generated = [line for line in lines if line.startswith("generated ")]
+    assert [line.split()[1] for line in generated] == ["4/6", "5/6", "6/6"]
+    session.expire_all()
+    job = get_server_job(session, job_id)
+    assert (job.status, job.analysis_id, job.attempts, job.error) == ("done", analysis_id, 2, None)
+    record = session.get_one(ServerAnalysisRecord, analysis_id)
+    assert len(record.prompts) == 6 and record.drafters == ["ngram-simple 2/4"]
+    # a prompt that does not fit the context with its new tokens is refused with its code, naming it
+    long_job = create_server_job(
+        session,
+        prompt_set,
+        ServerJobParams(drafters=("ngram-simple 2/4",), n_predict=200, n_ctx=256, limit=3),
+    ).id
+    session.commit()
+    assert claim_server_job(sessions, "w") == long_job
+    assert execute_server_job(sessions, long_job, **run) is None
+    session.expire_all()
+    failed = get_server_job(session, long_job)
+    assert (
+        failed.error_code == "prompt_too_long"
+        and "with 200 new tokens it exceeds the servers' context of 256" in failed.error
+    )
