@@ -449,7 +449,7 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
 
     from analyzer.analysis.server_text import divergence_text
     from analyzer.db import make_engine
-    from analyzer.orm import ServerAnalysisRecord
+    from analyzer.orm import ServerAnalysisJob, ServerAnalysisRecord
     from analyzer.settings import load_settings
     from router.orm import PolicySet
     from webui.cli import cli
@@ -469,7 +469,11 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     with engine.connect() as connection:
         record = connection.execute(select(ServerAnalysisRecord)).one()
         (policy_set,) = connection.execute(select(PolicySet)).all()
+        (job,) = connection.execute(
+            select(ServerAnalysisJob)
+        ).all()  # the demo's analysis went through the queue
     engine.dispose()
+    assert (job.status, job.analysis_id, job.attempts) == ("done", record.id, 1)
     assert len(record.prompts) == 14 and sum(p["calibration"] for p in record.prompts) == 4
     assert record.validation_repeats >= 1 and all(f["runs"] == 10 for f in record.validation)
     assert divergence_text(record.validation) in first.output

@@ -99,7 +99,7 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1. llama-server: "
     "the analysis in llama.cpp's own server (as 'specroute llama-server analyze' with its defaults: the five "
     "n-gram settings for --draft ngram, draft-simple for a GGUF --draft; --max-new-tokens, --limit, --validate "
-    "0 or not, --json; the other run options do not apply and are refused).",
+    "0 or not, --queue, --json; the other run options do not apply and are refused).",
 )
 @click.option(
     "--cost-mode",
@@ -180,7 +180,7 @@ def analyze(
 
     if analyzes_settings(engine):
         given = [name for name, value in (("--reprofile", reprofile), ("--batch-sizes", batch_sizes),
-                 ("--queue", queue_only), ("--resume", resume_run), ("--cost-profile", cost_profiles))
+                 ("--resume", resume_run), ("--cost-profile", cost_profiles))
                  if value] + [option_name(k) for k, v in run_inputs.items()
                  if v not in (None, False) and k not in SERVER_RUN_INPUTS]  # fmt: skip
         if given:
@@ -188,7 +188,7 @@ def analyze(
                 f"{', '.join(given)} do not apply to --engine llama-server: "
                 "it analyzes llama-server's own drafting settings (see 'specroute llama-server analyze --help')"
             )
-        _analyze_in_llama_server(state, prompt_set, target, draft, run_inputs, as_json)
+        _analyze_in_llama_server(state, prompt_set, target, draft, run_inputs, as_json, queue_only)
         return
     sessions = state.sessions()
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
@@ -226,10 +226,11 @@ SERVER_RUN_INPUTS = ("max_new_tokens", "limit", "validate_n")  # the run options
 
 
 def _analyze_in_llama_server(
-    state: CliState, prompt_set, target, draft, run_inputs: dict, as_json: bool
+    state: CliState, prompt_set, target, draft, run_inputs: dict, as_json: bool, queue_only: bool
 ) -> None:
-    """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set``, printed as
-    ``specroute llama-server show`` prints it, or as JSON."""
+    """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set`` (a job executed
+    here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
+    prints it, or as JSON."""
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
     from analyzer.measuring.server_drafting import parse_drafter
     from webui.cli.server_analysis import DEFAULT_DRAFTERS, run_server_analysis, server_analysis_text
@@ -267,7 +268,10 @@ def _analyze_in_llama_server(
         n_predict=values.get("max_new_tokens", RunParams.max_new_tokens),
         limit=values.get("limit"),
         validate=values.get("validate_n", 1) > 0,
+        queue_only=queue_only,
     )
+    if record_id is None:
+        return
     with state.sessions()() as session:
         record = get_server_analysis(session, record_id)
         click.echo(
