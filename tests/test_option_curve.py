@@ -85,3 +85,24 @@ def test_the_estimate_of_a_setting_is_its_prior_moved_by_the_time_its_pool_took(
     choice = choose_setting(priors, state, 0.05, config, weight)
     assert (state.setting, state.speculate, choice.setting) == (None, False, None)
     assert choice.probe == max(priors, key=lambda p: estimate(p, state, weight)[0]).label
+
+
+def test_routing_by_task_is_what_the_rules_decisions_do():
+    from analyzer.advice.routing_ceiling import routing_ceiling
+
+    tasks = ["a", "a", "b", "b"]
+    plain = [100.0] * 4
+    options = np.array([[50.0, 80.0], [50.0, 80.0], [120.0, 90.0], [120.0, 90.0]])
+    # the rule chose y for a (say x's interval reached a loss), off for b; x for the workload
+    rows = {c.group: c for c in routing_ceiling(tasks, plain, options, ["x", "y"], min_speedup=1.05,
+                                                  decided={"a": "y", "b": None}, static_decided="x")}  # fmt: skip
+    assert rows["all"].by_task == pytest.approx(400 / 360) and rows["a"].by_task == pytest.approx(200 / 160)
+    assert rows["all"].static == pytest.approx(400 / 340) and rows["all"].static_option == "x"
+    assert rows["all"].task_options == {"a": "y", "b": None}
+    # without the decisions each group takes its own best option over 1.05: x for a, y for b
+    free = {c.group: c for c in routing_ceiling(tasks, plain, options, ["x", "y"], min_speedup=1.05)}
+    assert free["all"].by_task == pytest.approx(400 / 280) and free["all"].task_options == {
+        "a": "x",
+        "b": "y",
+    }
+    assert rows["all"].oracle == free["all"].oracle == pytest.approx(400 / 280)

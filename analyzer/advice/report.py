@@ -13,7 +13,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.advice.routing_ceiling import routing_ceiling
-from analyzer.advice.summary import UNLABELLED, AnalysisSummary, finite, load_results, prompt_times
+from analyzer.advice.summary import (
+    UNLABELLED,
+    AnalysisSummary,
+    GroupSummary,
+    finite,
+    load_results,
+    prompt_times,
+)
 from analyzer.advice.summary_store import run_summary
 from analyzer.engine.engines import engine_named, measuring_engine, pricing_entry
 from analyzer.errors import SpecrouteError
@@ -206,12 +213,22 @@ def routing_numbers(results: list[PromptResult], summary: AnalysisSummary) -> li
     gammas = range(1, summary.gamma_max + 1)
     plain = [float(t) for t in prompt_times(with_output, summary.cost, False, 1)[0]]
     options = np.column_stack([prompt_times(with_output, summary.cost, False, g)[1] for g in gammas])
+    labels = [f"gamma {g}" for g in gammas]
+
+    def decided(group: GroupSummary | None) -> str | None:  # the one rule's decision at batch 1
+        if group is None or not group.speculate or group.best_gamma is None:
+            return None
+        return labels[group.best_gamma - 1] if group.best_gamma <= len(labels) else None
+
+    task_names = [r.task_type or UNLABELLED for r in with_output]
     ceilings = routing_ceiling(
-        [r.task_type or UNLABELLED for r in with_output],
+        task_names,
         plain,
         options,
-        [f"gamma {g}" for g in gammas],
+        labels,
         min_speedup=1.0 + summary.margin,
+        decided={t: decided(summary.tasks.get(t)) for t in set(task_names)},
+        static_decided=decided(summary.workload),
     )
     return [c.as_dict() for c in ceilings]
 

@@ -6,15 +6,17 @@
   generation.
 
 Each is time-weighted: the plain time of the prompts over their time under the choice, both predicted from
-the replays and the cost model. An option is chosen for the workload or a task only where its speedup there
-exceeds ``min_speedup`` (the decision rule's margin); the oracle takes any option faster than plain. Each
-number has a 95% interval from a bootstrap over prompts (resampled within each task), the choices made anew
-in every resample.
+the replays and the cost model. Given the decisions the one rule made (``decided``: per task, and the
+workload's), static and by task are those decisions, so "by task" is what the published policies route;
+without them an option is chosen for the workload or a task only where its speedup there exceeds
+``min_speedup``. The oracle takes any option faster than plain. Each number has a 95% interval from a bootstrap
+over prompts (resampled within each task): under the given decisions, or with the choices made anew in every
+resample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,9 +68,15 @@ def routing_ceiling(
     min_speedup: float,
     draws: int = BOOTSTRAP_DRAWS,
     seed: int = BOOTSTRAP_SEED,
+    decided: Mapping[str, str | None] | None = None,
+    static_decided: str | None = None,
 ) -> list[Ceiling]:
     """The three numbers for every task and for "all" (last): ``plain_ms`` (n,) each prompt's predicted
-    plain time, ``option_ms`` (n, m) its predicted time under each of the ``labels`` options."""
+    plain time, ``option_ms`` (n, m) its predicted time under each of the ``labels`` options. ``decided``: the
+    option (None: off) the decision rule chose per task, and ``static_decided`` the workload's; given, "by task"
+    and "static" are what those decisions do (the same options in every draw, so their intervals are the
+    prompts' sampling under the published decisions) instead of each draw's best option over
+    ``min_speedup``."""
     if not labels:
         raise ValueError("the ceiling compares at least one option with plain decoding")
     plain = np.asarray(plain_ms, dtype=np.float64)
@@ -85,7 +93,11 @@ def routing_ceiling(
         for column in range(len(members)):
             np.add.at(weights[1:], (np.arange(draws), members[picks[:, column]]), 1.0)
     oracle_ms = np.minimum(plain, options.min(axis=1))
-    draws_all = _draws(weights, plain, options, task_array, names, min_speedup)
+    fixed = None
+    if decided is not None:
+        fixed = {t: (labels.index(decided[t]) if decided.get(t) is not None else -1) for t in names}
+        fixed["*"] = labels.index(static_decided) if static_decided is not None else -1
+    draws_all = _draws(weights, plain, options, task_array, names, min_speedup, fixed)
     static_all = draws_all.static_column
     results = []
     for name in [*names, "all"]:
@@ -96,7 +108,7 @@ def routing_ceiling(
         group = (
             draws_all
             if name == "all"
-            else _draws(weights * mask, plain, options, task_array, [name], min_speedup)
+            else _draws(weights * mask, plain, options, task_array, [name], min_speedup, fixed)
         )
         oracle = plain_sum / (w @ oracle_ms)
         results.append(
@@ -133,14 +145,23 @@ def _draws(
     task_array: np.ndarray,
     names: Sequence[str],
     min_speedup: float,
+    fixed: Mapping[str, int] | None = None,
 ) -> _Draws:
+    """Each draw's choices: the best option over ``min_speedup``, or ``fixed``'s column per task ("*": the
+    workload's) in every draw."""
     plain_sum = weights @ plain
-    static_column = _best_column(plain_sum, weights @ options, min_speedup)
+    if fixed is not None:
+        static_column = np.full(len(weights), fixed["*"])
+    else:
+        static_column = _best_column(plain_sum, weights @ options, min_speedup)
     task_sum = np.zeros(len(weights))
     task_columns = {}
     for name in names:
         wt = weights * (task_array == name)
-        columns = _best_column(wt @ plain, wt @ options, min_speedup)
+        if fixed is not None:
+            columns = np.full(len(weights), fixed[name])
+        else:
+            columns = _best_column(wt @ plain, wt @ options, min_speedup)
         task_columns[name] = columns
         task_sum += _chosen_time(wt @ options, wt @ plain, columns)
     return _Draws(static_column, plain_sum / task_sum, task_columns)

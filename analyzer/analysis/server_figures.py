@@ -236,10 +236,15 @@ def ceilings(analysis: ServerAnalysis) -> list[Ceiling]:
     if not analysis.prompts or not analysis.drafters:
         return []
     tasks, plain, options = option_times(analysis)
+    labels = [d.label for d in analysis.drafters]
+    curves, workload = task_option_curves(tasks, plain, options, labels)
+    withheld = analysis.withheld is not None  # advice withheld: every decision is off
     return routing_ceiling(
         tasks,
         plain,
         options,
-        [d.label for d in analysis.drafters],
+        labels,
         min_speedup=MIN_SPEEDUP,
+        decided={task: None if withheld else curve.chosen for task, curve in curves.items()},
+        static_decided=None if withheld else workload.chosen,
     )

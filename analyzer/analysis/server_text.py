@@ -68,8 +68,8 @@ def routing_text(routing: list[dict[str, Any]] | None) -> list[str]:
 
     lines = [
         "",
-        "routing from the replays (time-weighted predicted speedup, 95% interval): group | prompts | best static "
-        "setting | by task | per-prompt oracle",
+        "routing from the replays (time-weighted predicted speedup, 95% interval): group | prompts | the workload's "
+        "setting | by task (each task's decision) | per-prompt oracle",
     ]
     for row in routing:
         lines.append(
