@@ -7,8 +7,8 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
   drafted = draft_n, accepted = draft_n_accepted, output_tokens = predicted_n, and rounds =
-  predicted_n − draft_n_accepted (each target pass emits its accepted drafts plus one token of its own).
-  A policy set published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with
+  predicted_n − draft_n_accepted (each target pass emits its accepted drafts plus one token of its own);
+  draft counts left out (as llama-server leaves them where nothing was drafted) are 0. A policy set published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with
   ``cache_n`` where the server reused cached prompt tokens): they price the request against plain
   decoding (router/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the
   decision's ``engine["llama-server"]["setting"]``; default: the task's setting in force).
@@ -143,8 +143,10 @@ def _count_list(payload: Mapping[str, Any], key: str, where: str) -> list[int]:
 
 
 def _llama_cpp(timings: Mapping[str, Any]) -> FeedbackCounts:
-    drafted = _count(timings, "draft_n", "timings.")
-    accepted = _count(timings, "draft_n_accepted", "timings.")
+    # llama-server leaves the draft counts out where nothing was drafted (a plain server, or a request that
+    # found nothing to draft): 0
+    drafted = _first(timings, ("draft_n",), "timings.") or 0
+    accepted = _first(timings, ("draft_n_accepted",), "timings.") or 0
     produced = _count(timings, "predicted_n", "timings.")
     prompt = _first(timings, ("prompt_n",), "timings.")
     cached = _first(timings, ("cache_n",), "timings.")

@@ -289,3 +289,13 @@ def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(
             )
         event = session.scalars(select(FeedbackEvent).order_by(FeedbackEvent.id)).first()
         assert event.route_id.startswith(f"v{old.version}-") and event.policy_set_id == old.id
+
+
+def test_llama_server_timings_without_draft_counts_count_nothing_drafted():
+    from router.feedback import normalise
+
+    counts = normalise({"timings": {"predicted_n": 40, "predicted_ms": 400.0, "prompt_n": 12, "cache_n": 3}})
+    assert (counts.rounds, counts.drafted, counts.accepted, counts.output_tokens) == (40, 0, 0, 40)
+    assert (counts.prompt_tokens, counts.decode_ms) == (15, 400.0)
+    with pytest.raises(FeedbackError, match="'timings.predicted_ms' must be a number of milliseconds"):
+        normalise({"timings": {"predicted_n": 40, "predicted_ms": "fast"}})
