@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from analyzer.engine.engines import REGISTRY
+from analyzer.engine.engines import SERVING
 from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
@@ -481,15 +481,15 @@ class Router:
         return curve.decide(batch_size)
 
     def _engine(self, speculate: bool, gamma: int, setting: str | None) -> dict[str, Any]:
-        """The decision in each engine's own terms (asked of the registry: see
-        :meth:`analyzer.engine.engine_base.Engine.decision_settings`), the pool to send it to, and the
+        """The decision in each serving engine's own terms (asked of the registry: see
+        :meth:`analyzer.engine.engine_base.ServingEngine.decision_settings`), the pool to send it to, and the
         engines that priced and measured the policies; ``setting``: the llama-server drafter setting the
         deciding policy names (used only where the decision speculates)."""
         setting = setting if speculate else None
         pool = self.contract.pool(speculate, gamma, self.config.pools, setting)
         settings = {
             name: engine.decision_settings(speculate, gamma, self.draft_kind, self.ngram_max, pool, setting)
-            for name, engine in REGISTRY.items()
+            for name, engine in SERVING.items()
         }
         return {name: value for name, value in settings.items() if value is not None} | {
             "pool": pool,

@@ -8,10 +8,12 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
   drafted = draft_n, accepted = draft_n_accepted, output_tokens = predicted_n, and rounds =
   predicted_n − draft_n_accepted (each target pass emits its accepted drafts plus one token of its own);
-  draft counts left out (as llama-server leaves them where nothing was drafted) are 0. A policy set published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with
-  ``cache_n`` where the server reused cached prompt tokens): they price the request against plain
-  decoding (router/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the
-  decision's ``engine["llama-server"]["setting"]``; default: the task's setting in force).
+  draft counts left out (as llama-server leaves them where nothing was drafted) are 0. A policy set
+  published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with ``cache_n``
+  where the server reused cached prompt tokens): they price the request against plain decoding
+  (router/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the key of
+  the decision's pool in the set's ``pools``, as the front door sends it; default: the task's setting in
+  force).
 - vLLM per-request speculative decoding metrics: ``{"speculative_decoding": {...}}`` with
   ``num_drafts`` (alias ``num_spec_steps``: verification passes that carried drafts),
   ``num_draft_tokens`` and ``num_accepted_tokens`` (alias ``num_accepted_draft_tokens``) → rounds,

@@ -142,9 +142,12 @@ def stream_timings(events: bytes) -> dict[str, Any] | None:
     return found
 
 
-def feedback_of(decision: Decision, timings: Mapping[str, Any]) -> dict[str, Any] | None:
+def feedback_of(
+    decision: Decision, timings: Mapping[str, Any], settings: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """The feedback payload of a pool's ``timings`` (a plain server leaves the draft counts out: 0), or
-    None when they lack the output count."""
+    None when they lack the output count. ``settings``: a llama-server set's pools by setting ("off" and each
+    setting's label -> URL); the payload then names the setting of the pool that served."""
     produced = timings.get("predicted_n")
     if isinstance(produced, bool) or not isinstance(produced, int):
         return None
@@ -158,7 +161,7 @@ def feedback_of(decision: Decision, timings: Mapping[str, Any]) -> dict[str, Any
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             counts[name] = value
     payload: dict[str, Any] = {"route_id": decision.route_id, "timings": counts}
-    server = decision.engine.get("llama-server")
-    if isinstance(server, Mapping) and isinstance(server.get("setting"), str):
-        payload["setting"] = server["setting"]  # the pool's setting ("off": the plain pool)
+    served = next((key for key, url in (settings or {}).items() if url == decision.engine.get("pool")), None)
+    if served is not None:
+        payload["setting"] = served  # the pool's setting ("off": the plain pool)
     return payload

@@ -146,7 +146,8 @@ class RouterService:
         """Store a pool's ``timings`` for a forwarded request (router/front_door.py) as the decision's
         feedback: through :meth:`feedback` where its policy set adapts, as the event alone where the set
         takes no feedback; a payload feedback refuses is logged, never the client's failure."""
-        payload = feedback_of(decision, timings)
+        contract = self.router.contract
+        payload = feedback_of(decision, timings, contract.pools if contract.by_setting else None)
         if payload is None:
             return
         try:

@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from analyzer.engine import engine_base
-from analyzer.engine.engines import REGISTRY, engine_named, measuring_engine, pricing_entry
+from analyzer.engine.engines import (
+    COST_SOURCES,
+    MEASURING,
+    REGISTRY,
+    SERVING,
+    analyzes_settings,
+    engine_named,
+    measuring_engine,
+    pricing_entry,
+)
 from analyzer.run_params import RunError, RunParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +34,6 @@ ENGINE_MODULES = {
     "analyzer/engine/engine_llamacpp.py",
     "analyzer/engine/engine_imported.py",
     "analyzer/engine/engine_llama_server.py",
-    "analyzer/engine/engine_runless.py",
     "analyzer/engine/run_models.py",
     "analyzer/engine/graph_cost.py",
     "analyzer/engine/llamacpp_run.py",
@@ -99,11 +107,12 @@ def test_no_template_compares_an_engine_or_cost_mode_name():
 
 
 def test_the_registry_holds_every_engine_and_the_measuring_ones_are_the_engines_runs_name():
-    assert [name for name, engine in REGISTRY.items() if engine.measures] == list(engine_base.ENGINES)
+    assert list(MEASURING) == list(engine_base.ENGINES)
+    assert [name for name, source in COST_SOURCES.items() if source.measures] == list(engine_base.ENGINES)
     assert {name: engine.name for name, engine in REGISTRY.items()} == {n: n for n in REGISTRY}
     assert engine_named(None).name == engine_base.DEFAULT_ENGINE  # runs stored before engines
-    assert REGISTRY["transformers"].cost_modes == engine_base.COST_MODES
-    assert REGISTRY["llama.cpp"].cost_modes == ()
+    assert MEASURING["transformers"].cost_modes == engine_base.COST_MODES
+    assert MEASURING["llama.cpp"].cost_modes == ()
     assert pricing_entry("vllm", "imported").name == "imported"
     assert pricing_entry("llama.cpp", "measured").name == "llama.cpp"
     with pytest.raises(
@@ -114,15 +123,41 @@ def test_the_registry_holds_every_engine_and_the_measuring_ones_are_the_engines_
         engine_named("tgi")
 
 
+def test_each_engine_implements_only_its_capabilities():
+    """An engine is in the table of each capability it has (measuring runs, serving a decision, being a cost
+    source) and implements that interface whole; no entry carries methods that only refuse."""
+    assert list(MEASURING) == ["transformers", "llama.cpp"]
+    assert list(SERVING) == ["transformers", "llama.cpp", "llama-server"]
+    assert list(COST_SOURCES) == ["transformers", "llama.cpp", "imported", "llama-server"]
+    tables = ((MEASURING, engine_base.MeasuringEngine), (SERVING, engine_base.ServingEngine),
+              (COST_SOURCES, engine_base.CostSource))  # fmt: skip
+    for table, protocol in tables:
+        wanted = {n for n in dir(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+        for name, engine in table.items():
+            missing = [m for m in sorted(wanted) if not hasattr(engine, m)]
+            assert missing == [], (name, protocol.__name__, missing)
+    for name, engine in REGISTRY.items():  # what an entry has beyond its tables' interfaces: nothing
+        own = {n for n in dir(type(engine)) if not n.startswith("_")}
+        allowed = set()
+        for table, protocol in tables:
+            if name in table:
+                allowed |= {n for n in dir(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+        assert own <= allowed, (name, sorted(own - allowed))
+    assert not hasattr(REGISTRY["imported"], "check_params") and not hasattr(REGISTRY["llama-server"], "load")
+    assert (
+        analyzes_settings("llama-server")
+        and not analyzes_settings("llama.cpp")
+        and not analyzes_settings(None)
+    )
+
+
 def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measures_nothing():
-    transformers, llama_cpp, imported = (REGISTRY[n] for n in ("transformers", "llama.cpp", "imported"))
+    transformers, llama_cpp = (MEASURING[n] for n in ("transformers", "llama.cpp"))
+    imported = COST_SOURCES["imported"]
     transformers.check_params(RunParams(temperature=0.7, dtype="bfloat16", batch_size=1))
     with pytest.raises(RunError, match="greedy decoding only"):
         llama_cpp.check_params(RunParams(engine="llama.cpp", temperature=0.7))
-    with pytest.raises(RunError, match="measure nothing"):
-        imported.check_params(RunParams())
-    with pytest.raises(RunError, match="measure nothing"):
-        imported.rule  # noqa: B018
+    assert not imported.measures and "imported" not in MEASURING and "imported" not in SERVING
     # the cost mode a run stores: the setting is transformers' default, llama.cpp times its own way
     assert transformers.cost_mode_for(None, "cuda-graphs") == "cuda-graphs"
     assert transformers.cost_mode_for("eager", "cuda-graphs") == "eager"
@@ -130,14 +165,15 @@ def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measu
     assert imported.profile_note({"engine": "vllm", "engine_version": "0.11"}) == (
         "imported from vllm 0.11's own benchmark, not judged here"
     )
-    assert transformers.profile_note({}) is None and llama_cpp.replay_mode("Q4_1").startswith("greedy (")
+    assert COST_SOURCES["transformers"].profile_note({}) is None
+    assert llama_cpp.replay_mode("Q4_1").startswith("greedy (")
 
 
 def test_each_engine_says_a_routing_decision_in_its_own_terms():
     """The router asks every entry for the decision's settings (router/decision.py names no engine):
     transformers gets generate() kwargs, llama.cpp the pool and what its server speculates with, the
-    imported entry nothing (its engine is configured by its own server's flags)."""
-    transformers, llama_cpp, imported = (REGISTRY[n] for n in ("transformers", "llama.cpp", "imported"))
+    imported entry is no serving engine (its engine is configured by its own server's flags)."""
+    transformers, llama_cpp = (SERVING[n] for n in ("transformers", "llama.cpp"))
     assert transformers.decision_settings(True, 4, "ngram", 3, "p") == {
         "prompt_lookup_num_tokens": 4,
         "max_matching_ngram_size": 3,
@@ -156,7 +192,13 @@ def test_each_engine_says_a_routing_decision_in_its_own_terms():
         "pool": "plain",
         "speculative": None,
     }
-    assert imported.decision_settings(True, 5, "ngram", 3, "p") is None
+    assert "imported" not in SERVING
+    server = SERVING["llama-server"]
+    assert (
+        server.decision_settings(True, 2, "llama-server", 3, "p", "ngram-simple 2/4")["setting"]
+        == "ngram-simple 2/4"
+    )
+    assert server.decision_settings(True, 4, "ngram", 3, "p") is None  # a run's gamma is no server setting
     decision = (Path(__file__).resolve().parents[1] / "router" / "decision.py").read_text("utf-8")
     code = re.sub(r'""".*?"""', "", decision, flags=re.S)  # docstrings may name engines; the code does not
     assert "llama.cpp" not in code and "transformers" not in code

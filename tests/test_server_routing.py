@@ -420,10 +420,16 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
     assert unknown.status_code == 400 and unknown.get_json()["error"]["code"] == "unknown_setting"
 
 
+def first_setting_moved(estimate, setting: str, timings: dict) -> bool:
+    """The estimate's one event is the pool's request: on ``setting``, its served time the pool's own."""
+    plain_ms, served_ms, events = estimate.options[setting]
+    return estimate.events == 1 and events == 1 and served_ms == timings["predicted_ms"] and plain_ms > 0
+
+
 def _through_the_front_door(url: str, texts: dict[str, list[str]], mapping: dict[str, str], engine) -> None:
     """specroute's own /v1/chat/completions and /v1/completions forward each request to its pool, whole and
     streamed, and store the pool's timings as the decision's feedback event."""
-    from router.orm import FeedbackEvent
+    from router.orm import FeedbackEvent, TaskEstimate
     from webui.app import create_app
 
     app = create_app({"database_url": url, "router_refresh_s": 0, "ui_worker": False, "TESTING": True})
@@ -451,6 +457,12 @@ def _through_the_front_door(url: str, texts: dict[str, list[str]], mapping: dict
         assert streamed.headers["X-Specroute-Pool"] == mapping["off"] and '"timings"' in events
         with make_session_factory(engine)() as session:
             stored = {e.route_id: e for e in session.scalars(select(FeedbackEvent))}
+            # the pools' timings moved each task's estimate: extraction's for the setting that served it
+            estimates = {e.task_type: e for e in session.scalars(select(TaskEstimate))}
+        assert first_setting_moved(estimates["extraction"], setting, answer["timings"])
+        assert (
+            estimates["general"].events == 1 and not estimates["general"].options
+        )  # the plain pool: counted
         first = stored[chat.headers["X-Specroute-Route-Id"]]
         assert (first.drafted, first.accepted) == (
             answer["timings"]["draft_n"],

@@ -20,7 +20,7 @@ from analyzer.analysis.chunks import chunk_progress
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.db import lock_for_write, utcnow
-from analyzer.engine.engines import COST_MODES, ENGINES, REGISTRY
+from analyzer.engine.engines import COST_MODES, ENGINES, MEASURING
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.models.devices import DTYPE_CHOICES, check_dtype_name
 from analyzer.models.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
@@ -161,7 +161,7 @@ def _engine_note(defaults: dict) -> str | None:
     """Which engine the form's defaults measure in and why (``llama.cpp: SPECROUTE_ENGINE is auto and
     llama.cpp can measure this run as asked``); None when they cannot be read (no model to choose)."""
     try:
-        inputs = read_inputs({**defaults, "engine": ""}, settings(), engines=REGISTRY)
+        inputs = read_inputs({**defaults, "engine": ""}, settings(), engines=MEASURING)
     except RunInputError:
         return None
     return f"{inputs.params.engine}: {inputs.engine_why}"
@@ -201,7 +201,7 @@ def start_run():
             "choose a draft other than the target: drafting with the target itself cannot speed it up"
         )
     try:  # the CLI's reader: the same defaults, the same words
-        params = RunParams.from_inputs(values, settings(), engines=REGISTRY)
+        params = RunParams.from_inputs(values, settings(), engines=MEASURING)
     except RunInputError as error:
         errors += error.messages(form_words)
     if errors:

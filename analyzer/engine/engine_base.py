@@ -52,17 +52,14 @@ class ProfilingPlan(NamedTuple):
     verify_up_to: int = 0
 
 
-class Engine(Protocol):
-    """One engine: how it measures (its drafting rule, what it loads and where), what it refuses, how
-    it prices (its cost modes) and what its numbers guarantee. transformers and llama.cpp measure and
-    price; the imported entry only prices. Callers look an engine up by name in
-    :mod:`analyzer.engine.engines` and ask it; they never compare names."""
+class MeasuringEngine(Protocol):
+    """What measures analysis runs: its drafting rule, what it loads and where, what it refuses, how it
+    times (its cost modes) and what its numbers guarantee. transformers and llama.cpp implement it
+    (:data:`analyzer.engine.engines.MEASURING`). An engine implements only the capabilities it has: this one,
+    :class:`ServingEngine` (what serves a decision) and :class:`CostSource` (where a cost profile comes from).
+    Callers look an entry up by name in :mod:`analyzer.engine.engines` and ask it; they never compare names."""
 
     name: str
-    measures: bool  # False: the engine only prices (imported cost profiles)
-    # True: its analyses compare the server's own drafting settings (analyzer/analysis/server_analysis.py,
-    # 'specroute analyze --engine NAME'), not a run's gammas
-    analyzes_settings: bool
     cost_modes: tuple[str, ...]  # how it can time its steps; () where it times its own way only
 
     @property
@@ -114,10 +111,15 @@ class Engine(Protocol):
         sentences for ``dtype``)."""
         ...
 
-    def profile_note(self, profile: dict[str, Any]) -> str | None:
-        """What a report says of the quality of a cost profile this entry priced with (``profile`` as
-        :func:`analyzer.advice.report.profile_dict` gives it); None: its measured timing quality."""
-        ...
+
+class ServingEngine(Protocol):
+    """What serves a routing decision: the decision in the engine's own terms (transformers, llama.cpp and
+    llama-server implement it: :data:`analyzer.engine.engines.SERVING`); ``analyzes_settings``: its analyses
+    compare the server's own drafting settings (analyzer/analysis/server_analysis.py, ``specroute analyze
+    --engine NAME``), not a run's gammas."""
+
+    name: str
+    analyzes_settings: bool
 
     def decision_settings(
         self,
@@ -135,6 +137,23 @@ class Engine(Protocol):
         (None otherwise). None: the engine cannot run this decision (an imported profile's engine; a
         llama-server setting in another engine)."""
         ...
+
+
+class CostSource(Protocol):
+    """Where a cost profile's step times come from: measured by a measuring engine (``measures``), fitted from a
+    server's own timings (llama-server), or imported from another engine's benchmark (the imported entry), and
+    what a report says of that profile's quality (:data:`analyzer.engine.engines.COST_SOURCES`)."""
+
+    name: str
+    measures: bool  # its profiles are measured by specroute in this engine (False: fitted or imported)
+
+    def profile_note(self, profile: dict[str, Any]) -> str | None:
+        """What a report says of the quality of a cost profile this entry priced with (``profile`` as
+        :func:`analyzer.advice.report.profile_dict` gives it); None: its measured timing quality."""
+        ...
+
+
+Engine = MeasuringEngine  # the name run_params' readers annotate the registry of measuring engines with
 
 
 class LoadedPair(Protocol):

@@ -1,9 +1,10 @@
 """The llama-server entry of the registry: llama.cpp's own C++ server. Its analyses are not runs
-(``specroute llama-server analyze``: analyzer/analysis/server_analysis.py measures acceptance by replaying
-the server's own drafting rules and prices from the server's own ``timings``), so every run method
-refuses and says which command analyzes in it. The entry routes: a policy set published from such an
-analysis (router/server_policy.py) decides per task a drafter setting, and this entry turns a decision
-into the pool that runs it and that pool's command-line flags."""
+(``specroute analyze --engine llama-server``: analyzer/analysis/server_analysis.py measures acceptance by
+replaying the server's own drafting rules and prices from the server's own ``timings``), so it is no
+:class:`analyzer.engine.engine_base.MeasuringEngine`: it serves (:class:`ServingEngine`: a policy set
+published from such an analysis decides per task a drafter setting, and this entry turns a decision into the
+pool that runs it and that pool's command-line flags) and its step costs are fitted from the servers' timings
+(:class:`CostSource`)."""
 
 from __future__ import annotations
 
@@ -11,29 +12,21 @@ import functools
 from typing import Any
 
 from analyzer.engine.engine_base import LLAMA_SERVER
-from analyzer.engine.engine_runless import RunlessEngine
 from analyzer.measuring.server_drafting import parse_drafter
 
 
-class LlamaServerEngine(RunlessEngine):
-    """llama-server, as :class:`analyzer.engine.engine_base.Engine` describes an engine; it measures and
-    prices in its own analyses, not in runs (so ``measures`` is False: no run names it)."""
+class LlamaServerEngine:
+    """llama-server: a serving engine whose analyses compare its own settings, and the source of step costs
+    fitted from its servers' timings (``measures`` False: no run measures in it)."""
 
     name = LLAMA_SERVER
     analyzes_settings = True
-    refusal = (
-        "llama-server is analyzed with 'specroute analyze --engine llama-server' (or 'specroute llama-server "
-        "analyze'), not as an analysis run: runs measure in transformers or llama.cpp"
-    )
+    measures = False
 
-    def require_installed(self) -> None:
-        """Raise :class:`analyzer.engine.llama_server.LlamaServerMissing` (naming the build command) unless
-        a llama-server binary is where specroute looks."""
-        from analyzer.engine.llama_server import find_llama_server
-        from analyzer.settings import load_settings
-
-        settings = load_settings()
-        find_llama_server(settings.llama_server, settings.resolved_data_dir() / "cache")
+    def profile_note(self, profile: dict[str, Any]) -> str | None:
+        """Its step costs are fitted from its servers' timings in its own analyses (their fit errors are
+        shown there), never a run's profile: no note."""
+        return None
 
     def decision_settings(
         self,

@@ -1,7 +1,10 @@
-"""The registry of engines: one object per engine (:class:`analyzer.engine.engine_base.Engine`), looked up by the
-name a run, profile or policy set stores. Code outside the engines' own modules asks the engine object
-what to do and never compares engine names (tests/test_engine_registry.py looks for such comparisons).
-Adding an engine is a module implementing the protocol and one line here.
+"""The registry of engines: one object per engine, looked up by the name a run, profile or policy set stores,
+in a table per capability (:mod:`analyzer.engine.engine_base`'s protocols): :data:`MEASURING`, what measures
+analysis runs (transformers, llama.cpp); :data:`SERVING`, what serves a routing decision (those two and
+llama-server); :data:`COST_SOURCES`, where a cost profile comes from (those three and imported profiles). An
+engine is in the tables of the capabilities it has, and implements only those. Code outside the engines' own
+modules asks the engine object what to do and never compares engine names (tests/test_engine_registry.py
+looks for such comparisons). Adding an engine is a module implementing its capabilities and one line here.
 
 The names, the protocols and the name checks are in :mod:`analyzer.engine.engine_base` (re-exported here).
 """
@@ -21,11 +24,14 @@ from analyzer.engine.engine_base import (  # noqa: F401  (re-exported: importers
     LLAMA_SERVER,
     TRANSFORMERS,
     CostModeError,
+    CostSource,
     Engine,
     EngineError,
     EngineUnavailable,
     LoadedPair,
+    MeasuringEngine,
     ProfilingPlan,
+    ServingEngine,
     check_cost_mode_device,
     check_cost_mode_name,
     check_engine_name,
@@ -36,39 +42,50 @@ from analyzer.engine.engine_llamacpp import LlamaCppEngine
 from analyzer.engine.engine_transformers import TransformersEngine
 from analyzer.run_params import RunParams
 
-REGISTRY: dict[str, Engine] = {
-    engine.name: engine
-    for engine in (TransformersEngine(), LlamaCppEngine(), ImportedEngine(), LlamaServerEngine())
+_TRANSFORMERS, _LLAMA_CPP, _IMPORTED, _LLAMA_SERVER = (
+    TransformersEngine(),
+    LlamaCppEngine(),
+    ImportedEngine(),
+    LlamaServerEngine(),
+)
+MEASURING: dict[str, MeasuringEngine] = {e.name: e for e in (_TRANSFORMERS, _LLAMA_CPP)}
+SERVING: dict[str, ServingEngine] = {e.name: e for e in (_TRANSFORMERS, _LLAMA_CPP, _LLAMA_SERVER)}
+COST_SOURCES: dict[str, CostSource] = {
+    e.name: e for e in (_TRANSFORMERS, _LLAMA_CPP, _IMPORTED, _LLAMA_SERVER)
 }
+REGISTRY: dict[str, object] = {**COST_SOURCES, **SERVING, **MEASURING}  # every entry by name
 
 
-def engine_named(name: str | None) -> Engine:
-    """The engine ``name`` stores (None: transformers, the engine of everything stored before engines
+def engine_named(name: str | None) -> MeasuringEngine:
+    """The measuring engine a run stores (None: transformers, the engine of everything stored before engines
     were recorded); EngineError naming the known ones for any other name."""
     try:
-        return REGISTRY[name or DEFAULT_ENGINE]
+        return MEASURING[name or DEFAULT_ENGINE]
     except KeyError:
-        raise EngineError(f"unknown engine {name!r}; known: {', '.join(REGISTRY)}") from None
+        raise EngineError(f"unknown engine {name!r}; known: {', '.join(MEASURING)}") from None
 
 
 def analyzes_settings(name: str | None) -> bool:
     """Whether engine ``name`` analyzes its server's own drafting settings (its analysis is not a run)."""
-    return name is not None and name in REGISTRY and REGISTRY[name].analyzes_settings
+    return name is not None and name in SERVING and SERVING[name].analyzes_settings
 
 
-def measuring_engine(name: str | None) -> Engine:
+def measuring_engine(name: str | None) -> MeasuringEngine:
     """The engine ``name`` when it measures (one of ENGINES); EngineError naming those otherwise."""
-    engine = engine_named(check_engine_name(name or DEFAULT_ENGINE))
-    assert engine.measures, name  # ENGINES names the measuring entries of REGISTRY (a test checks)
-    return engine
+    return MEASURING[
+        check_engine_name(name or DEFAULT_ENGINE)
+    ]  # ENGINES names MEASURING's entries (a test checks)
 
 
-def pricing_entry(priced_by: str | None, source: str | None) -> Engine:
-    """The registry entry behind a cost profile: its measuring engine for a profile specroute measured,
-    the imported entry for one imported from another engine's benchmark (``source`` "imported")."""
+def pricing_entry(priced_by: str | None, source: str | None) -> CostSource:
+    """The cost source behind a cost profile: its measuring engine for a profile specroute measured, the
+    imported entry for one imported from another engine's benchmark (``source`` "imported")."""
     if source == IMPORTED:
-        return REGISTRY[IMPORTED]
-    return engine_named(priced_by)
+        return COST_SOURCES[IMPORTED]
+    try:
+        return COST_SOURCES[priced_by or DEFAULT_ENGINE]
+    except KeyError:
+        raise EngineError(f"unknown engine {priced_by!r}; known: {', '.join(COST_SOURCES)}") from None
 
 
 def check_run(params: RunParams) -> RunParams:

@@ -11,7 +11,7 @@ from analyzer.engine.engines import (
     COST_MODES,
     ENGINES,
     LLAMA_SERVER,
-    REGISTRY,
+    MEASURING,
     EngineUnavailable,
     analyzes_settings,
     check_run,
@@ -311,7 +311,7 @@ def _create_new_run(
     from analyzer.analysis.run_records import create_run
 
     try:
-        inputs = read_inputs(raw, state.settings, engines=REGISTRY)
+        inputs = read_inputs(raw, state.settings, engines=MEASURING)
     except RunInputError as error:
         raise error.spelled(option_name) from None
     params = inputs.params

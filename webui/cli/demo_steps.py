@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.engine.engines import REGISTRY, EngineUnavailable, check_run, measuring_engine
+from analyzer.engine.engines import MEASURING, EngineUnavailable, check_run, measuring_engine
 from analyzer.models.specs import DEFAULT_DRAFT as DEMO_DRAFT
 from analyzer.models.specs import DEFAULT_TARGET as DEMO_TARGET
 from analyzer.orm import AnalysisRun
@@ -68,7 +68,7 @@ def demo_run_inputs(state: CliState, raw: dict[str, object]) -> RunInputs:
 
     try:
         inputs = read_inputs(
-            {**raw, "target": DEMO_TARGET, "draft": DEMO_DRAFT}, state.settings, engines=REGISTRY
+            {**raw, "target": DEMO_TARGET, "draft": DEMO_DRAFT}, state.settings, engines=MEASURING
         )
     except RunInputError as error:
         raise error.spelled(option_name) from None
