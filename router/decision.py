@@ -498,6 +498,9 @@ class Router:
         }
 
 
+DECISION_KEYS = ("pool", "priced_by", "measured_by")  # a decision's ``engine`` keys that name no engine
+
+
 def router_from_database(
     session: Session, config: RouterConfig | None = None, adaptation: AdaptationConfig | None = None
 ) -> Router:

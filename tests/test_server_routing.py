@@ -521,3 +521,22 @@ def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, clie
     active = client.get("/v1/policies").get_json()["active"]
     assert active["version"] == 1 and active["server_analysis_id"] == record.id
     assert client.post("/llama-server/99/publish", data={"csrf_token": token}).status_code == 404
+
+
+def test_the_route_command_prints_a_llama_server_decision_in_each_serving_engines_terms(
+    session, runner, db_url, monkeypatch
+):
+    from webui.cli import cli
+
+    _, _, policy_set, texts = _setup(session)
+    session.commit()
+    monkeypatch.setenv("SPECROUTE_DATABASE_URL", db_url)
+    shown = runner.invoke(cli, ["route", texts["extraction"][0], "--max-new-tokens", "64"])
+    assert shown.exit_code == 0, shown.output
+    setting = next(p.setting for p in policy_set.policies if p.task_type == "extraction")
+    lines = shown.stdout.splitlines()
+    assert f"  pool: {policy_set.pools[setting]}; priced by: llama-server" in lines
+    assert any(line.startswith("  llama-server: ") and f'"setting": "{setting}"' in line for line in lines)
+    assert not any(
+        line.startswith(("  transformers:", "  llama.cpp:")) for line in lines
+    )  # they cannot run it

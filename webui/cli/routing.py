@@ -412,7 +412,7 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
 @click.pass_obj
 def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
     """Print the routing decision for PROMPT with the active classifier and policy set."""
-    from router.decision import RouterConfig, router_from_database
+    from router.decision import DECISION_KEYS, RouterConfig, router_from_database
     from webui.security import resolve_secret_key
 
     # signed with the server's key, so feedback on this route_id to a server on the same data is accepted
@@ -433,9 +433,8 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     for reason in decision.reason_texts:
         click.echo(f"  - {reason}")
     click.echo(
-        f"  transformers: {strict_json.dumps(decision.engine['transformers'])}; pool: {decision.engine['pool']}"
+        f"  pool: {decision.engine['pool']}; priced by: {decision.engine['priced_by'] or 'no policy set'}"
     )
-    click.echo(
-        f"  llama.cpp: {strict_json.dumps(decision.engine['llama.cpp']['speculative'])}; "
-        f"priced by: {decision.engine['priced_by'] or 'no policy set'}"
-    )
+    for name, settings in decision.engine.items():  # each serving engine that can run it, in its own terms
+        if name not in DECISION_KEYS:
+            click.echo(f"  {name}: {strict_json.dumps(settings)}")
