@@ -454,9 +454,7 @@ class Recorded:
 
 def _check_adaptive(session: Session, version: int | None) -> None:
     """PolicyNotAdaptive where policy set ``version`` (None: the active one) exists but has no cost."""
-    query = select(
-        PolicySet.version, PolicySet.server_analysis_id
-    )  # a set policy_context found no context for
+    query = select(PolicySet.version, PolicySet.server_analysis_id)
     found = session.execute(
         query.where(PolicySet.is_active.is_(True))
         if version is None
@@ -582,8 +580,9 @@ def _apply_to_setting(
     request: FeedbackRequest, context: PolicyContext, state: TaskState, config: AdaptationConfig
 ) -> TaskState:
     """A llama-server set's estimate after one pool request (:func:`apply_server_feedback`): its setting is
-    the one the payload names, else the one in force (off: the one a probe goes to). A request with nothing
-    drafted (the off pool, or a setting that found nothing to draft) moves the setting that served it too."""
+    the one the payload names, else the one in force (while off: the one a probe goes to, where the request
+    drafted something; one that drafted nothing ran on the off pool). A request on the off pool is counted and
+    moves no setting; one on a setting moves that setting's estimate, even where it drafted nothing."""
     counts = request.counts
     priors = context.priors(request.task)
     cost = PlainCost.from_json(context.contract.plain_cost)

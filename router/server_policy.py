@@ -100,7 +100,8 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
         decision_basis="workload" if curve.point.basis == "workload" else "task",
         decision_reason=_reason(record, curve, chosen, shown, predicted, low),
         setting=chosen,
-        option_curve=curve.as_dict(),
+        # withheld advice: no curve, so feedback never turns the task on (router/server_adaptation.py)
+        option_curve=curve.as_dict() if record.advice_withheld is None else None,
     )
 
 

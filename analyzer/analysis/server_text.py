@@ -130,9 +130,9 @@ def decision_text(task: dict[str, Any]) -> str:
     if not curve:
         return "-"
     options = {o["label"]: o for o in curve["options"]}
-    shown = task["chosen"] or max(options, key=lambda label: options[label]["speedup"])
+    shown = task["chosen"] or max(options, key=lambda label: options[label]["speedup"] or 0.0)
     option = options[shown]
-    interval = f"{option['speedup']:.2f} [{num(option.get('low'))}, {num(option.get('high'))}]"
+    interval = f"{num(option['speedup'])} [{num(option.get('low'))}, {num(option.get('high'))}]"
     basis = " (too few prompts: the workload's decision)" if curve.get("basis") == "workload" else ""
     verdict = "on" if task["chosen"] else "off"
     return f"{verdict}: {shown} {interval}, {curve['code'].replace('_', ' ')}{basis}"

@@ -57,13 +57,18 @@ class OptionCurve:
         and interval; the decision's code and basis."""
         return {
             "options": [
-                {"label": label, "speedup": speedup, "low": low, "high": high}
+                {"label": label, "speedup": _finite(speedup), "low": _finite(low), "high": _finite(high)}
                 for label, speedup, (low, high) in zip(self.labels, self.speedups, self.intervals)
             ],
             "chosen": self.chosen,
             "code": self.point.code,
             "basis": self.point.basis,
         }
+
+
+def _finite(value: float) -> float | None:
+    """A number as stored JSON holds it: None where it is not finite (no interval, nothing priced)."""
+    return float(value) if np.isfinite(value) else None
 
 
 def option_curve(
