@@ -92,7 +92,8 @@ def demo(
     output and priced from the servers' timings, validated in one pass through speculating servers (--validate
     0: not validated), published with a pool per setting. With --engine llama.cpp or transformers it is a run
     with every gamma (--validate N prompts validated). A rerun reuses what exists (the set, a finished
-    analysis with the same settings, the classifier, the policies); --reprofile analyzes again. Policies
+    analysis with the same settings, the classifier, the policies) and resumes a stopped llama-server analysis
+    (Ctrl-C, a server that died) with the greedy outputs it made; --reprofile analyzes again. Policies
     from an analysis whose advice was withheld (a busy or noisy machine, a step-cost fit that missed its
     bound) are published but not activated."""
     chosen = (engine or state.settings.engine).strip()
