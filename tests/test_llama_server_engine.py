@@ -194,7 +194,8 @@ def test_calibration_prompts_that_draft_nothing_fail_with_advice_and_store_nothi
     assert failed.exit_code == 1, failed.output
     assert failed.stderr.splitlines()[-1] == (
         "Error: none of the 1 calibration prompts drafted anything with ngram-mod 24 48-64, so no round could "
-        "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits)"
+        "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits) "
+        "(job #1 failed, server_analysis_failed)"  # nothing to resume: the analysis as asked cannot be made
     )
     assert runner.invoke(cli, ["llama-server", "show", "1"]).stderr == "Error: no llama-server analysis #1\n"
 

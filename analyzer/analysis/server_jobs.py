@@ -337,7 +337,13 @@ def execute_server_job(
     try:
         drafters = [parse_drafter(text) for text in params.drafters]
         setup, build = _setup(params, cache_dir, llama_server)
-        report(f"analyzing {len(prompts)} prompts in llama-server (job #{job_id}, attempt on {host})")
+        where = (
+            f"the servers at {', '.join(params.urls.values())}"
+            if params.urls
+            else f"{setup.binary}, {params.threads} threads"
+        )
+        report(f"analyzing {len(prompts)} prompts in llama-server ({where})")
+        report(f"job #{job_id} on {host}")
         analysis = analyze_in_llama_server(
             setup, prompts, drafters,
             n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,

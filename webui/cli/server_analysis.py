@@ -243,6 +243,10 @@ def run_server_analysis(
     return execute_here(state, job_id)
 
 
+# failures that a resume would meet again (the analysis as asked cannot be made): no resume is suggested
+ANALYSIS_MISTAKES = ("server_analysis_failed", "prompt_too_long", "invalid_server_job")
+
+
 def execute_here(state: CliState, job_id: int) -> int:
     """Claim job ``job_id`` and execute it in this process, progress on stderr; its analysis' id. A failure
     exits with its message and code; Ctrl-C cancels it, saying how to resume."""
@@ -268,8 +272,13 @@ def execute_here(state: CliState, job_id: int) -> int:
         job = get_server_job(session, job_id)
         if analysis_id is None:
             raise click.ClickException(
-                f"job #{job_id} {job.status}: {job.error or 'stopped'} ({job.error_code or job.status}); "
-                f"resume with 'specroute llama-server resume {job_id}'"
+                f"{job.error or 'stopped'} (job #{job_id} {job.status}, {job.error_code or job.status}"
+                + (
+                    ""
+                    if job.error_code in ANALYSIS_MISTAKES
+                    else f"; 'specroute llama-server resume {job_id}' tries again, keeping its greedy outputs"
+                )
+                + ")"
             )
     return analysis_id
 
