@@ -73,8 +73,10 @@ def test_model_draft_run_report_shape_counts_and_validation(cli_db, model_folder
     # gamma_max 4 needs k <= 5; transformers' defaults (up to 20 drafts) are priced too, so k <= 21
     assert len(report["cost_profile"]["target_k_s"]) == 21 and report["cost_profile"]["draft_s"] > 0
     # scaled to the target's forwards in the overhead's real generate() calls: at least the 33 plain steps'
-    ratio = report["cost_profile"]["generate_ratio"]
-    assert "1" in ratio and set(ratio) <= {str(k) for k in range(1, 6)}
+    # (a k whose ratio falls outside GENERATE_RATIO_RANGE is left out: with a tiny model's microsecond forwards,
+    # timing noise can drop any k, k = 1 included, so which ones remain is not asserted)
+    ratio = report["cost_profile"]["generate_ratio"] or {}
+    assert set(ratio) <= {str(k) for k in range(1, 6)}
     assert all(0.67 <= r <= 1.5 for r in ratio.values()), ratio
     assert [p["external_id"] for p in report["prompts"]] == ["c1", "c2", "t1", "s1"]
     assert [p["task"] for p in report["prompts"]] == ["code", "code", "translation", "unlabelled"]
