@@ -106,17 +106,22 @@ def initial_state(
     )
 
 
-def apply_feedback(
-    state: TaskState, rounds: int, drafted: int, accepted: int, curve: PolicyCurve, config: AdaptationConfig
-) -> TaskState:
-    """The state after one feedback event (counts from a speculative generation)."""
-    counted = replace(
+def count_event(state: TaskState, rounds: int, drafted: int, accepted: int) -> TaskState:
+    """``state`` with one more event and its counts in the running totals."""
+    return replace(
         state,
         events=state.events + 1,
         total_rounds=state.total_rounds + rounds,
         total_drafted=state.total_drafted + drafted,
         total_accepted=state.total_accepted + accepted,
     )
+
+
+def apply_feedback(
+    state: TaskState, rounds: int, drafted: int, accepted: int, curve: PolicyCurve, config: AdaptationConfig
+) -> TaskState:
+    """The state after one feedback event (counts from a speculative generation)."""
+    counted = count_event(state, rounds, drafted, accepted)
     if rounds <= 0 or drafted <= 0:
         return counted
     gamma_used = drafted / rounds

@@ -181,6 +181,13 @@ class Router:
             for task, p in policies.items():
                 setting = p.setting if p.speculate else None
                 self.states[task] = initial_server_state(p.alpha_mean, setting, self.adaptation)
+        # a llama-server set's published settings per task and the prior's weight, read once per loaded set
+        self.option_priors = {
+            task: option_priors(p.option_curve, self.contract.published_settings)
+            for task, p in policies.items()
+        }
+        plain_cost = PlainCost.from_json(self.contract.plain_cost)
+        self.prior_weight_ms = prior_weight_ms(plain_cost, self.adaptation) if plain_cost is not None else 0.0
         self.states.update(states or {})
         self._lock = threading.Lock()
 
@@ -354,6 +361,14 @@ class Router:
         if self.cost is not None and curve is not None:
             expected = curve.speedup(choice.gamma, BASE, state.alpha, state.prior_alpha)
             choice.expected = expected if math.isfinite(expected) else choice.expected
+        self._estimate_reason(state, choice)
+        if choice.speculate and not state.speculate:
+            choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
+        return state
+
+    @staticmethod
+    def _estimate_reason(state: TaskState, choice: _Choice) -> None:
+        """Say that feedback moved the task's estimate, where it has."""
         if state.events:
             choice.reasons.append(
                 reason(
@@ -364,9 +379,6 @@ class Router:
                     speculate=state.speculate,
                 )
             )
-        if choice.speculate and not state.speculate:
-            choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
-        return state
 
     def _follow_setting(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
         """A llama-server set: the setting the task's estimate has in force (:mod:`router.server_adaptation`),
@@ -374,36 +386,24 @@ class Router:
         state = self.states.get(key)
         if state is None or policy is None:
             return None
-        priors = option_priors(policy.option_curve, self.contract.published_settings)
+        priors = self.option_priors[policy.task_type]
         with self._lock:
             state, speculate, _ = next_request(self.states[key], self.adaptation)
             self.states[key] = state
-        weight = self._prior_weight_ms()
-        picked = choose_setting(priors, state, self.margin, self.adaptation, weight)
-        setting = state.setting if state.speculate else picked.probe if speculate else None
+        weight = self.prior_weight_ms
+        setting = state.setting if state.speculate else None
+        if speculate and not state.speculate:  # a probe: the published setting with the highest estimate
+            setting = choose_setting(priors, state, self.margin, self.adaptation, weight).probe
         choice.speculate, choice.setting = setting is not None, setting
         choice.gamma = setting_gamma(setting)
         choice.alpha = state.alpha
         prior = next((p for p in priors if p.label == setting), None)
         if prior is not None:
             choice.expected = estimate(prior, state, weight)[0]
-        if state.events:
-            choice.reasons.append(
-                reason(
-                    "online_estimate",
-                    events=state.events,
-                    alpha=state.alpha,
-                    gamma=state.gamma,
-                    speculate=state.speculate,
-                )
-            )
+        self._estimate_reason(state, choice)
         if setting is not None and not state.speculate:
             choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
         return state
-
-    def _prior_weight_ms(self) -> float:
-        cost = PlainCost.from_json(self.contract.plain_cost)
-        return prior_weight_ms(cost, self.adaptation) if cost is not None else 0.0
 
     def _request_rules(
         self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None, choice: _Choice

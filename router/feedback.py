@@ -32,7 +32,7 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import select
@@ -42,7 +42,7 @@ from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import Cost
-from router.adaptation import AdaptationConfig, TaskState, apply_feedback, initial_state
+from router.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
@@ -601,7 +601,7 @@ def _apply_to_setting(
         setting = None
     if setting is None or counts.drafted == 0 and request.setting is None and not state.speculate:
         # a plain request: it says nothing about a setting; it is counted
-        return replace(state, events=state.events + 1, total_rounds=state.total_rounds + counts.rounds)
+        return count_event(state, counts.rounds, 0, 0)
     missing = next(
         (name for name, value in (("predicted_ms", counts.decode_ms), ("prompt_n", counts.prompt_tokens),
                                   ("predicted_n", counts.output_tokens)) if value is None),

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from analyzer.measuring.request_work import plain_work
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.pricing.policy_curve import decision_rule
-from router.adaptation import AdaptationConfig, TaskState
+from router.adaptation import AdaptationConfig, TaskState, count_event
 from router.policy import NO_GAMMA
 
 
@@ -171,11 +171,7 @@ def apply_server_feedback(
     prior_a = state.prior_alpha * config.prior_strength
     prior_b = (1 - state.prior_alpha) * config.prior_strength
     moved = replace(
-        state,
-        events=state.events + 1,
-        total_rounds=state.total_rounds + rounds,
-        total_drafted=state.total_drafted + drafted,
-        total_accepted=state.total_accepted + accepted,
+        count_event(state, rounds, drafted, accepted),
         beta_a=prior_a + config.decay * (state.beta_a - prior_a) + accepted,
         beta_b=prior_b + config.decay * (state.beta_b - prior_b) + (drafted - accepted),
         options=options,
