@@ -411,7 +411,7 @@ def analyze_in_llama_server(
             run_error = calibration.noise.run_error or FALLBACK_RUN_ERROR
             weights = [o.plain.completion.predicted_ms for o in held_out]
             repeats = repeats_for_aggregate(
-                run_error, weights, VALIDATION_HALF_WIDTH, at_most=validate_repeats
+                run_error, weights, validation_half_width, at_most=validate_repeats
             )
             _validate(servers, held_out, history, repeats, say)
     finally:
