@@ -468,3 +468,38 @@ class ServerAnalysisJob(Base):
     prompt_set: Mapped[PromptSet] = relationship()
 
     __table_args__ = (CheckConstraint(one_of("status", SERVER_JOB_STATUSES), name="status"),)
+
+
+class OptionResult(Base):
+    """One prompt under one drafting option of an analysis, in the table every engine shares: a run's gammas
+    (``gamma 1`` .. ``gamma G``) and a llama-server analysis' settings (``ngram-simple 2/4`` ...) alike. The
+    replay's rounds, drafted and accepted counts, the predicted speedup (None where nothing finite) and, where
+    validation ran the option on the prompt, the measured one. Exactly one of ``run_id`` and
+    ``server_analysis_id`` names the analysis; ``position`` is the option's place in it (1-based).
+    analyzer/option_rows.py writes and reads them."""
+
+    __tablename__ = "option_results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("analysis_runs.id", ondelete="CASCADE"), index=True
+    )
+    server_analysis_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("server_analyses.id", ondelete="CASCADE"), index=True
+    )
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id"), index=True)
+    task_type: Mapped[Optional[str]] = mapped_column(String(64))
+    option: Mapped[str] = mapped_column(String(100))
+    position: Mapped[int] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    predicted_speedup: Mapped[Optional[float]] = mapped_column(Float)
+    measured_speedup: Mapped[Optional[float]] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "prompt_id", "option"),
+        UniqueConstraint("server_analysis_id", "prompt_id", "option"),
+        CheckConstraint("(run_id IS NULL) <> (server_analysis_id IS NULL)", name="one_analysis"),
+        CheckConstraint("accepted <= drafted AND rounds >= 0 AND position >= 1", name="counts"),
+    )

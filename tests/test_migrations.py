@@ -26,6 +26,7 @@ EXPECTED_TABLES = {
     "prompt_results",
     "gamma_counts",
     "validation_results",
+    "option_results",
     "classifier_versions",
     "policy_sets",
     "task_policies",
@@ -111,6 +112,7 @@ def _realistic_rows(url: str) -> None:
     from sqlalchemy import select
 
     from analyzer.analysis.chunks import plan_chunks
+    from analyzer.analysis.server_jobs import ServerJobParams, create_server_job
     from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
     from router.classifier import train_classifier
@@ -142,9 +144,10 @@ def _realistic_rows(url: str) -> None:
             )
         )
         publish_policies(session, run.id)
-        publish_server_policies(
-            session, make_server_analysis(session, run.prompt_set, {"code": "copy"}).id, activate=False
-        )
+        record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+        publish_server_policies(session, record.id, activate=False)
+        job = create_server_job(session, run.prompt_set, ServerJobParams(limit=9))
+        job.status, job.analysis_id, job.progress = "done", record.id, {"phase": "done", "done": 9, "total": 9}
         texts = [f"def f{i}(x): return x + {i}" for i in range(4)] + [f"What is {i} + {i}?" for i in range(4)]
         train_classifier(
             session, make_training_data(texts, ["code"] * 4 + ["qa"] * 4, "test"), cross_validate=False
@@ -373,3 +376,26 @@ def test_0018_fills_measured_by_and_the_policy_sets_contract_as_the_router_read_
         active = next(s for s in sets if s.is_active)
         assert router.cost.as_json() == cost_for_run(session.get(AnalysisRun, active.run_id)).as_json()
     old.dispose()
+
+
+def test_0028_fills_the_option_rows_as_the_code_writes_them(tmp_path):
+    """A run's rows (from its stored summary, gamma counts and validation) and a llama-server analysis' rows
+    (from its stored prompt rows) come out of the upgrade equal to those the code stores at head."""
+    old, _ = _database_at(tmp_path, "0027")
+    migrations.upgrade(old)
+    source = make_engine(f"sqlite:///{tmp_path}/source.db")
+    query = (
+        "SELECT run_id, server_analysis_id, prompt_id, task_type, option, position, rounds, drafted, accepted, "
+        "predicted_speedup, measured_speedup FROM option_results ORDER BY id"
+    )
+    with source.connect() as written_db, old.connect() as filled_db:
+        written = [tuple(r) for r in written_db.exec_driver_sql(query)]
+        filled = [tuple(r) for r in filled_db.exec_driver_sql(query)]
+    source.dispose()
+    old.dispose()
+    # 9 prompts x 8 gammas of the run, 9 prompts x 2 settings of the analysis
+    assert len(written) == 9 * 8 + 9 * 2
+    assert filled == written
+    assert [r[5] for r in written[:8]] == list(range(1, 9)) and written[0][4] == "gamma 1"
+    assert {r[4] for r in written if r[1] is not None} == {"ngram-simple 3/8", "ngram-mod 16 2-16"}
+    assert [r[10] for r in written if r[10] is not None] == [1.25]  # the one validation, at its gamma

@@ -27,6 +27,7 @@ from analyzer.errors import SpecrouteError
 from analyzer.measuring.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.measuring.interference import disturbed
 from analyzer.models.devices import guarantee_sentence
+from analyzer.option_rows import OptionRow, by_prompt, prompt_options, run_option_rows
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
 
@@ -263,7 +264,7 @@ def build_report(session: Session, run_id: int) -> dict:
         "priced_by": _priced_by(run, own),
         "advice_withheld": advice_withheld(profiles["cost_profiles"]),
         "routing": routing_numbers(results, summary),
-        "prompts": _prompt_rows(results, summary, validations),
+        "prompts": _prompt_rows(results, summary, validations, _run_options(session, run, summary)),
         "tasks": {task: s.as_dict() for task, s in summary.tasks.items()},
         "workload": summary.workload.as_dict() if summary.workload else None,
         "entropy_table": _entropy_table(results, run.run_params) if not summary.sampling else None,
@@ -342,10 +343,22 @@ def _cost_profile_fields(run: AnalysisRun) -> dict:
     }
 
 
+def _run_options(session: Session, run: AnalysisRun, summary: AnalysisSummary) -> dict[int, list[OptionRow]]:
+    """The run's rows per prompt and option as stored with its summary (analyzer/option_rows.py); a run not
+    finished has none stored yet: its rows from the results so far."""
+    return prompt_options(session, run_id=run.id) or by_prompt(
+        run_option_rows(session, run.id, summary.prompts)
+    )
+
+
 def _prompt_rows(
-    results: list[PromptResult], summary: AnalysisSummary, validations: list[ValidationResult]
+    results: list[PromptResult],
+    summary: AnalysisSummary,
+    validations: list[ValidationResult],
+    options: dict[int, list[OptionRow]],
 ) -> list[dict]:
-    """One row per prompt: its raw counts at every g and what the summary found for it."""
+    """One row per prompt: its raw counts at every g, what the summary found for it, and its options in the
+    shape every engine's analysis prints them (``options``)."""
     found = {p.prompt_id: p for p in summary.prompts}
     measured = {v.prompt_id: v.measured_speedup for v in validations}
     return [
@@ -374,6 +387,7 @@ def _prompt_rows(
                 str(g): v for g, v in enumerate(found[result.prompt_id].speedup_curve, start=1)
             },
             "best_gamma": found[result.prompt_id].best_gamma,
+            "options": [o.as_json() for o in options.get(result.prompt_id, [])],
             "measured_speedup": finite(measured.get(result.prompt_id)),
             "replay_mismatch_share": finite(result.replay_mismatches / result.output_tokens)
             if result.replay_mismatches is not None and result.output_tokens

@@ -1,6 +1,7 @@
 """The analysis summary as it is stored with its run (``analysis_runs.summary``): serialised to JSON
 and back exactly, computed once when a run finishes (or its results are relabelled), completed with
-validations without pricing again, and read by the report, publishing and the pages through
+validations without pricing again (its per prompt and gamma rows, analyzer/option_rows.py, written with it),
+and read by the report, publishing and the pages through
 :func:`run_summary`, which computes it again only when what it was computed from changed."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from analyzer.advice.summary import (
     summarize_run,
 )
 from analyzer.measuring.interference import disturbed
+from analyzer.option_rows import replace_options, run_option_rows
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import Cost
 
@@ -155,6 +157,7 @@ def _store(
         summary = summarize_run(session, run, results=results, validations=validations)
         run.price_comparisons = None  # priced from the results as they were (analyzer.analysis.repricing)
     run.summary = {"format": SUMMARY_FORMAT, "basis": basis, "summary": summary_to_json(summary)}
+    replace_options(session, run_option_rows(session, run.id, summary.prompts), run_id=run.id)
     return summary
 
 

@@ -25,6 +25,7 @@ from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.devices import cpu_model_name
+from analyzer.option_rows import prompt_options, replace_options, server_option_rows
 from analyzer.orm import PromptSet, ServerAnalysisRecord
 from analyzer.pricing.server_cost import ServerCost
 
@@ -168,6 +169,7 @@ def store_server_analysis(
     )
     session.add(record)
     session.flush()
+    replace_options(session, server_option_rows(prompts), server_analysis_id=record.id)
     return record
 
 
@@ -224,10 +226,12 @@ def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
     return "\n".join(lines)
 
 
-def server_analysis_json(record: ServerAnalysisRecord) -> dict[str, Any]:
+def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict[str, Any]:
     """A stored analysis as ``specroute analyze --engine llama-server --json`` prints it: per prompt its id,
     task and, per option (setting), the label, the replay's rounds, drafted and accepted counts and the
-    predicted speedup; per task its curve over the options with intervals and the one rule's decision."""
+    predicted and measured speedups, read from the table every engine shares (analyzer/option_rows.py); per
+    task its curve over the options with intervals and the one rule's decision."""
+    options = prompt_options(session, server_analysis_id=record.id)
     return {
         "kind": "llama-server",
         "analysis_id": record.id,
@@ -244,17 +248,7 @@ def server_analysis_json(record: ServerAnalysisRecord) -> dict[str, Any]:
                 "prompt_tokens": row["prompt_tokens"],
                 "output_tokens": row["output_tokens"],
                 "calibration": row["calibration"],
-                "options": [
-                    {
-                        "label": s["setting"],
-                        "rounds": s["rounds"],
-                        "drafted": s["draft_n"],
-                        "accepted": s["draft_n_accepted"],
-                        "predicted_speedup": s["predicted_speedup"],
-                        "measured_speedup": s.get("measured_speedup"),
-                    }
-                    for s in row["settings"]
-                ],
+                "options": [o.as_json() for o in options.get(int(row["prompt_id"]), [])],
             }
             for row in record.prompts
         ],

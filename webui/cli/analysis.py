@@ -275,7 +275,9 @@ def _analyze_in_llama_server(
     with state.sessions()() as session:
         record = get_server_analysis(session, record_id)
         click.echo(
-            strict_json.dumps(server_analysis_json(record)) if as_json else server_analysis_text(record)
+            strict_json.dumps(server_analysis_json(session, record))
+            if as_json
+            else server_analysis_text(record)
         )
 
 
@@ -395,9 +397,21 @@ def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] |
 
 
 @cli.command("report")
-@click.argument("run_id", type=click.IntRange(1, MAX_ID))
+@click.argument("run_id", type=click.IntRange(1, MAX_ID), required=False)
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True
+    "--llama-server-analysis",
+    "server_analysis_id",
+    type=click.IntRange(1, MAX_ID),
+    help="A stored llama-server analysis instead of a run ('specroute runs list' lists both).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "csv", "options-csv"]),
+    default="text",
+    show_default=True,
+    help="csv: one row per prompt (a llama-server analysis: per prompt and setting); options-csv: one row per "
+    "prompt and drafting option (a run's gammas, a llama-server analysis' settings), the same columns for both.",
 )
 @click.option(
     "-o",
@@ -406,19 +420,34 @@ def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] |
     help="Write to this file instead of stdout.",
 )
 @click.pass_obj
-def report(state: CliState, run_id: int, fmt: str, output: Path | None) -> None:
-    """Print the report of an analysis run as text, JSON or CSV (one row per prompt)."""
+def report(
+    state: CliState, run_id: int | None, server_analysis_id: int | None, fmt: str, output: Path | None
+) -> None:
+    """Print the report of an analysis run RUN_ID, or of a llama-server analysis (--llama-server-analysis ID), as
+    text, JSON or CSV."""
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_csv, report_text
+    from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
+    from webui.cli.server_analysis import server_analysis_text
+    from analyzer.option_rows import options_csv
 
+    if (run_id is None) == (server_analysis_id is None):
+        raise click.UsageError("name one analysis: RUN_ID, or --llama-server-analysis ID")
     with state.sessions()() as session, session.begin():  # a summary computed here is kept
         lock_for_write(session)
-        data = build_report(session, run_id)
-    text = {
-        "json": lambda: strict_json.dumps(data),
-        "csv": lambda: report_csv(data),
-        "text": lambda: report_text(data),
-    }[fmt]()
+        if server_analysis_id is not None:
+            record = get_server_analysis(session, server_analysis_id)
+            data = server_analysis_json(session, record)
+            as_text, as_csv = (lambda: server_analysis_text(record)), (lambda: options_csv(data["prompts"]))
+        else:
+            data = build_report(session, run_id)
+            as_text, as_csv = (lambda: report_text(data)), (lambda: report_csv(data))
+        text = {
+            "json": lambda: strict_json.dumps(data),
+            "csv": as_csv,
+            "options-csv": lambda: options_csv(data["prompts"]),
+            "text": as_text,
+        }[fmt]()
     if output:
         output.write_text(text if text.endswith("\n") else text + "\n", "utf-8")
         click.echo(f"wrote {output}", err=True)
@@ -435,7 +464,8 @@ def runs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def runs_list(state: CliState, as_json: bool) -> None:
-    """Analysis runs, newest first, with status, engine and progress."""
+    """Every analysis, newest first: analysis runs (transformers, llama.cpp) and llama-server analyses, with
+    status, engine and progress. A llama-server analysis still queued, running or stopped shows as its job."""
     from sqlalchemy import select
 
     from analyzer.analysis.run_records import shown_status
@@ -444,7 +474,9 @@ def runs_list(state: CliState, as_json: bool) -> None:
     with state.sessions()() as session:
         rows = [
             {
+                "kind": "run",
                 "id": r.id,
+                "job": None,
                 "status": shown_status(r, stale_after_s=state.settings.stale_after_s),
                 "engine": r.priced_by,
                 "measured_by": r.measured_by,
@@ -457,18 +489,73 @@ def runs_list(state: CliState, as_json: bool) -> None:
                 "created_at": r.created_at.isoformat(),
             }
             for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))
-        ]
+        ] + _server_rows(session)
+    rows.sort(key=lambda r: r["created_at"], reverse=True)
     if as_json:
         click.echo(strict_json.dumps(rows))
         return
     if not rows:
-        click.echo("no analysis runs yet; start one with 'specroute analyze --prompts NAME'")
+        click.echo("no analyses yet; start one with 'specroute analyze --prompts NAME'")
     for r in rows:
         error = f"  error: {r['error']}" if r["error"] else ""
+        shown = r["id"] if r["id"] is not None else f"job {r['job']}"
         click.echo(
-            f"{r['id']:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
+            f"{shown:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
             f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}"
         )
+    if any(r["kind"] == "llama-server" for r in rows):
+        click.echo(
+            "a llama-server analysis' report: 'specroute report --llama-server-analysis ID'; "
+            "a job's: 'specroute llama-server jobs'"
+        )
+
+
+def _server_rows(session) -> list[dict]:
+    """The llama-server analyses as ``runs list`` rows: each stored analysis, and each job that has not stored
+    one (queued, running, failed or cancelled)."""
+    from sqlalchemy import select
+
+    from analyzer.analysis.server_jobs import list_server_jobs
+    from analyzer.engine.engines import LLAMA_SERVER
+    from analyzer.orm import ServerAnalysisRecord
+
+    def row(**values) -> dict:
+        return {"kind": "llama-server", "engine": LLAMA_SERVER, "measured_by": LLAMA_SERVER, **values}
+
+    rows = [
+        row(
+            id=a.id,
+            job=None,
+            status="done",
+            prompt_set=a.prompt_set.name,
+            target=a.model,
+            draft=", ".join(a.drafters),
+            done=len(a.prompts),
+            total=len(a.prompts),
+            error=None,
+            created_at=a.created_at.isoformat(),
+        )  # fmt: skip
+        for a in session.scalars(select(ServerAnalysisRecord).order_by(ServerAnalysisRecord.id.desc()))
+    ]
+    for job in list_server_jobs(session, limit=1000):
+        if job.analysis_id is not None:
+            continue
+        progress = job.progress or {}
+        rows.append(
+            row(
+                id=None,
+                job=job.id,
+                status=job.status,
+                prompt_set=job.prompt_set.name,
+                target=job.params.get("model", ""),
+                draft=", ".join(job.params.get("drafters", ())),
+                done=progress.get("done", 0),
+                total=progress.get("total", 0),
+                error=job.error,
+                created_at=job.created_at.isoformat(),
+            )  # fmt: skip
+        )
+    return rows
 
 
 @runs.command("cancel")

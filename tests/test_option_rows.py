@@ -1,0 +1,172 @@
+"""Per prompt and drafting option, one table for every engine's analysis (issue 43, point 1): a run stores its
+gamma rows with its summary and a llama-server analysis its setting rows when stored; both print them per
+prompt in one shape (``options``), and the rows follow the run as its summary changes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from analyzer.advice.report import build_report
+from analyzer.advice.summary_store import store_summary
+from analyzer.analysis.server_store import server_analysis_json
+from analyzer.db import make_session_factory
+from analyzer.option_rows import OptionRow, prompt_options, replace_options
+from analyzer.orm import AnalysisRun, OptionResult, ValidationResult
+from tests.factories import make_done_run, make_server_analysis
+
+KEYS = ["label", "rounds", "drafted", "accepted", "predicted_speedup", "measured_speedup"]
+
+
+@pytest.fixture
+def sessions(engine):
+    return make_session_factory(engine)
+
+
+def _count(session, **owner) -> int:
+    ((column, value),) = owner.items()
+    return session.scalar(select(func.count(OptionResult.id)).where(getattr(OptionResult, column) == value))
+
+
+def test_a_run_stores_its_gamma_rows_with_its_summary_and_its_report_prints_them(sessions):
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+        assert _count(session, run_id=run.id) == 0  # nothing until the summary is stored
+        report = build_report(session, run.id)
+        assert _count(session, run_id=run.id) == 6 * run.run_params.gamma_max
+        for row in report["prompts"]:
+            options = row["options"]
+            assert [o["label"] for o in options] == [
+                f"gamma {g}" for g in range(1, run.run_params.gamma_max + 1)
+            ]
+            assert all(list(o) == KEYS for o in options)
+            for gamma, option in enumerate(options, start=1):
+                counts = row["per_gamma"][str(gamma)]
+                assert (option["rounds"], option["drafted"], option["accepted"]) == (
+                    counts["rounds"], counts["drafted"], counts["accepted"],
+                )  # fmt: skip
+                assert option["predicted_speedup"] == pytest.approx(row["predicted_speedup"][str(gamma)])
+                assert option["measured_speedup"] is None
+        # a high-acceptance task's prompts speed up more than a low one's at their best gamma
+        best = {r["task"]: max(o["predicted_speedup"] for o in r["options"]) for r in report["prompts"]}
+        assert best["code"] > best["qa"]
+
+
+def test_a_validation_and_a_new_summary_replace_the_rows_and_never_add_to_them(sessions):
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8}, per_task=3)
+        build_report(session, run.id)
+        prompt_id = min(prompt_options(session, run_id=run.id))
+        session.add(
+            ValidationResult(
+                run_id=run.id,
+                prompt_id=prompt_id,
+                gamma=2,
+                greedy_time_s=1.0,
+                speculative_time_s=0.5,
+                measured_speedup=2.0,
+                predicted_speedup=1.9,
+                outputs_identical=True,
+            )  # fmt: skip
+        )
+        store_summary(session, session.get(AnalysisRun, run.id))
+        rows = prompt_options(session, run_id=run.id)
+        assert [o.measured_speedup for o in rows[prompt_id]] == [None, 2.0] + [None] * (
+            run.run_params.gamma_max - 2
+        )
+        assert sum(len(r) for r in rows.values()) == 3 * run.run_params.gamma_max
+        store_summary(session, session.get(AnalysisRun, run.id), relabelled=True)  # computed anew
+        assert _count(session, run_id=run.id) == 3 * run.run_params.gamma_max
+
+
+def test_a_llama_server_analysis_stores_its_setting_rows_and_its_json_reads_them(sessions):
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+        record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+        assert _count(session, server_analysis_id=record.id) == 6 * 2
+        data = server_analysis_json(session, record)
+        for row, stored in zip(data["prompts"], record.prompts):
+            assert [o["label"] for o in row["options"]] == ["ngram-simple 3/8", "ngram-mod 16 2-16"]
+            assert all(list(o) == KEYS for o in row["options"])
+            for option, setting in zip(row["options"], stored["settings"]):
+                assert (option["rounds"], option["drafted"], option["accepted"]) == (
+                    setting["rounds"], setting["draft_n"], setting["draft_n_accepted"],
+                )  # fmt: skip
+                assert option["predicted_speedup"] == pytest.approx(setting["predicted_speedup"])
+        # "copy" answers draft; the other task's answers are new tokens: nothing drafts there
+        drafted = {r["task"]: sum(o["drafted"] for o in r["options"]) for r in data["prompts"]}
+        assert drafted["code"] > 0 and drafted["qa"] == 0
+        assert _count(session, run_id=run.id) == 0  # the run's rows are its own
+
+
+def test_a_row_names_exactly_one_analysis(sessions):
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8}, per_task=3)
+        row = OptionRow(run.prompt_set.prompts[0].id, "code", "gamma 1", 1, 3, 3, 2, 1.1, None)
+        with pytest.raises(ValueError, match="name one analysis"):
+            replace_options(session, [row])
+        with pytest.raises(ValueError, match="name one analysis"):
+            replace_options(session, [row], run_id=run.id, server_analysis_id=1)
+        assert replace_options(session, [row, replace(row, option="gamma 2", position=2)], run_id=run.id) == 2
+    with sessions() as session:
+        session.add(
+            OptionResult(prompt_id=row.prompt_id, option="x", position=1, rounds=1, drafted=1, accepted=1)
+        )  # no analysis at all
+        with pytest.raises(IntegrityError):
+            session.flush()
+
+
+def test_one_report_command_and_one_listing_for_both_kinds_of_analysis(runner, tmp_path):
+    """``specroute report`` prints a run or a llama-server analysis (text, JSON, CSV, and per prompt and option
+    the same CSV columns for both); ``specroute runs list`` lists both kinds, and a queued llama-server job."""
+    import csv
+    import io
+    import json
+
+    from analyzer.analysis.server_jobs import ServerJobParams, create_server_job
+    from analyzer.db import make_engine
+    from webui.cli import cli
+
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'specroute.db'}")
+    with make_session_factory(engine)() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+        record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+        job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
+        run_id, analysis_id, job_id, gammas = run.id, record.id, job.id, run.run_params.gamma_max
+    engine.dispose()
+
+    def table(*args) -> list[dict]:
+        result = runner.invoke(cli, ["report", *args])
+        assert result.exit_code == 0, result.output
+        return list(csv.DictReader(io.StringIO(result.stdout)))
+
+    run_rows = table(str(run_id), "--format", "options-csv")
+    server_rows = table("--llama-server-analysis", str(analysis_id), "--format", "options-csv")
+    assert list(run_rows[0]) == list(server_rows[0])  # one shape
+    assert len(run_rows) == 6 * gammas and len(server_rows) == 6 * 2
+    assert table("--llama-server-analysis", str(analysis_id), "--format", "csv") == server_rows
+    assert {r["option"] for r in server_rows} == {"ngram-simple 3/8", "ngram-mod 16 2-16"}
+    as_json = json.loads(
+        runner.invoke(cli, ["report", "--llama-server-analysis", str(analysis_id), "--format", "json"]).stdout
+    )
+    assert as_json["kind"] == "llama-server" and len(as_json["prompts"]) == 6
+    text = runner.invoke(cli, ["report", "--llama-server-analysis", str(analysis_id)])
+    assert text.exit_code == 0 and "ngram-simple 3/8" in text.stdout
+    for args in ([], [str(run_id), "--llama-server-analysis", str(analysis_id)]):
+        refused = runner.invoke(cli, ["report", *args])
+        assert refused.exit_code == 2 and "name one analysis" in refused.output
+    missing = runner.invoke(cli, ["report", "--llama-server-analysis", "99"])
+    assert missing.exit_code == 1 and "99" in missing.output
+
+    listed = json.loads(runner.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert [(r["kind"], r["id"], r["job"], r["status"]) for r in listed] == [
+        ("llama-server", None, job_id, "queued"),
+        ("llama-server", analysis_id, None, "done"),
+        ("run", run_id, None, "done"),
+    ]
+    shown = runner.invoke(cli, ["runs", "list"]).stdout
+    assert f"job {job_id}" in shown and "specroute report --llama-server-analysis ID" in shown
