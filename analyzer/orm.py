@@ -476,7 +476,7 @@ class OptionResult(Base):
     replay's rounds, drafted and accepted counts, the predicted speedup (None where nothing finite) and, where
     validation ran the option on the prompt, the measured one. Exactly one of ``run_id`` and
     ``server_analysis_id`` names the analysis; ``position`` is the option's place in it (1-based).
-    analyzer/option_rows.py writes and reads them."""
+    analyzer/advice/option_rows.py writes and reads them."""
 
     __tablename__ = "option_results"
 

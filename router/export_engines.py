@@ -30,7 +30,6 @@ from router.export_config import (
     render_json,
     served_target,
 )
-from router.export_gpu import SglangExporter, TrtllmExporter, VllmExporter
 from router.export_plan import ExportError, ExportPlan, GroupPlan
 
 
@@ -253,39 +252,3 @@ class TransformersExporter(ModelRunExporter):
 def _interval(speedup: float, interval: list[float | None]) -> str:
     low, high = interval
     return f"{speedup:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
-
-
-EXPORTERS: dict[str, Exporter] = {
-    e.name: e
-    for e in (
-        VllmExporter(),
-        SglangExporter(),
-        TrtllmExporter(),
-        LlamaServerExporter(),
-        TransformersExporter(),
-    )
-}
-
-
-def exporter_named(name: str) -> Exporter:
-    """The exporter for ``--for NAME``; ExportError naming the known ones otherwise."""
-    try:
-        return EXPORTERS[name]
-    except KeyError:
-        raise ExportError(f"unknown engine {name!r} for export; use one of: {', '.join(EXPORTERS)}") from None
-
-
-def render_export(
-    plan: ExportPlan,
-    engine: str,
-    fmt: str | None = None,
-    *,
-    strict: bool = False,
-    first_port: int | None = None,
-) -> str:
-    """``plan`` exported for ``engine`` in ``fmt`` (None: the engine's first format)."""
-    exporter = exporter_named(engine)
-    chosen = fmt or exporter.formats[0]
-    if chosen not in exporter.formats:
-        raise ExportError(f"{exporter.title} exports as {', '.join(exporter.formats)}, not {chosen!r}")
-    return exporter.render(exporter.export(plan, strict=strict, first_port=first_port), chosen)

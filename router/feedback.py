@@ -2,7 +2,8 @@
 and move the task's online estimate (router/adaptation.py) under the active policy set.
 
 Every payload names its request with a ``route_id`` from a decision, or names a ``task_type``, and
-carries one of these shapes (the first that is present wins, in this order). "rounds" are target
+carries one of these shapes: one engine's section (router/feedback_formats.py; two are refused), or plain
+counts. The serving engines' registry (router/serving.py) gives each engine its section. "rounds" are target
 verification passes, "drafted" the draft tokens proposed, "accepted" those the target kept:
 
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
@@ -39,10 +40,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
-from analyzer.errors import SpecrouteError
 from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import Cost
 from router.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
+from router.feedback_formats import (
+    FEEDBACK_FORMATS,
+    FeedbackCounts,
+    FeedbackError,
+    count_field,
+    engine_label,
+    gamma_of,
+)
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from router.records import estimate_dict
@@ -56,13 +64,6 @@ from router.server_adaptation import (
     option_priors,
     prior_weight_ms,
 )
-
-
-class FeedbackError(SpecrouteError, ValueError):
-    """A feedback payload that cannot be used; the message names the field. The subclasses are the
-    other kinds: an unknown route_id, no active policy set."""
-
-    status, code = 400, "invalid_feedback"
 
 
 class UnknownRouteId(FeedbackError):
@@ -84,159 +85,23 @@ class PolicyNotAdaptive(FeedbackError):
     status, code = 409, "policy_not_adaptive"
 
 
-@dataclass(frozen=True)
-class FeedbackCounts:
-    """A generation's speculation, normalised: target passes (rounds), drafted and accepted tokens."""
-
-    engine: str
-    rounds: int
-    drafted: int
-    accepted: int
-    output_tokens: int | None = None
-    prompt_tokens: int | None = None  # llama.cpp: prompt_n + cache_n, the context the first step decodes over
-    decode_ms: float | None = None  # llama.cpp: predicted_ms, the decoding's time after the first token
-
-
-MAX_COUNT = 1_000_000_000  # per generation; larger counts are a client bug, and would not fit the columns
-MAX_GAMMA = 1_000
-
-
-def _count(payload: Mapping[str, Any], key: str, where: str = "") -> int:
-    value = payload.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        raise FeedbackError(f"field '{where}{key}' must be an integer from 0 to {MAX_COUNT:,}, got {value!r}")
-    return value
-
-
-def _gamma(payload: Mapping[str, Any]) -> int | None:
-    """The request's ``gamma`` when it is a usable lookahead (1..MAX_GAMMA), else None."""
-    gamma = payload.get("gamma")
-    return (
-        gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and 0 < gamma <= MAX_GAMMA else None
-    )
-
-
-def _first(payload: Mapping[str, Any], names: tuple[str, ...], where: str) -> int | None:
-    """The count under the first of ``names`` present in ``payload`` (None when none is)."""
-    for name in names:
-        if payload.get(name) is not None:
-            return _count(payload, name, where)
-    return None
-
-
-def _section(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    section = payload[key]
-    if not isinstance(section, Mapping):
-        raise FeedbackError(f"field '{key}' must be an object")
-    return section
-
-
-def _count_list(payload: Mapping[str, Any], key: str, where: str) -> list[int]:
-    values = payload.get(key)
-    if (
-        not isinstance(values, list)
-        or not values
-        or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT for v in values)
-    ):
-        raise FeedbackError(
-            f"field '{where}{key}' must be a non-empty list of integers from 0 to {MAX_COUNT:,}"
-        )
-    return values
-
-
-def _llama_cpp(timings: Mapping[str, Any]) -> FeedbackCounts:
-    # llama-server leaves the draft counts out where nothing was drafted (a plain server, or a request that
-    # found nothing to draft): 0
-    drafted = _first(timings, ("draft_n",), "timings.") or 0
-    accepted = _first(timings, ("draft_n_accepted",), "timings.") or 0
-    produced = _count(timings, "predicted_n", "timings.")
-    prompt = _first(timings, ("prompt_n",), "timings.")
-    cached = _first(timings, ("cache_n",), "timings.")
-    decode_ms = timings.get("predicted_ms")
-    if decode_ms is not None and (
-        isinstance(decode_ms, bool) or not isinstance(decode_ms, (int, float)) or not 0 <= decode_ms < 1e12
-    ):
-        raise FeedbackError(
-            f"field 'timings.predicted_ms' must be a number of milliseconds, got {decode_ms!r}"
-        )
-    return FeedbackCounts(
-        "llama.cpp",
-        max(produced - accepted, 0),
-        drafted,
-        accepted,
-        produced,
-        prompt + (cached or 0) if prompt is not None else None,
-        float(decode_ms) if decode_ms is not None else None,
-    )
-
-
-def _vllm(stats: Mapping[str, Any]) -> FeedbackCounts:
-    where = "speculative_decoding."
-    rounds = _first(stats, ("num_drafts", "num_spec_steps"), where)
-    drafted = _first(stats, ("num_draft_tokens",), where)
-    accepted = _first(stats, ("num_accepted_tokens", "num_accepted_draft_tokens"), where)
-    if accepted is None and stats.get("num_accepted_tokens_per_pos") is not None:
-        accepted = sum(_count_list(stats, "num_accepted_tokens_per_pos", where))
-    if stats.get("acceptance_histogram") is not None:
-        histogram = _count_list(stats, "acceptance_histogram", where)
-        rounds = sum(histogram) if rounds is None else rounds
-        accepted = sum(j * n for j, n in enumerate(histogram)) if accepted is None else accepted
-        drafted = (len(histogram) - 1) * sum(histogram) if drafted is None else drafted
-    if rounds is None or drafted is None or accepted is None:
-        missing = next(
-            name
-            for name, value in (
-                ("num_drafts", rounds),
-                ("num_draft_tokens", drafted),
-                ("num_accepted_tokens", accepted),
-            )
-            if value is None
-        )
-        raise FeedbackError(f"field '{where}{missing}' is missing (see the vLLM mapping in the API docs)")
-    return FeedbackCounts("vllm", rounds, drafted, accepted, _first(stats, ("num_output_tokens",), where))
-
-
-def _sglang(meta: Mapping[str, Any], gamma: int | None) -> FeedbackCounts:
-    where = "meta_info."
-    rounds = _count(meta, "spec_verify_ct", where)
-    completion = _first(meta, ("completion_tokens",), where)
-    accepted = _first(meta, ("spec_num_correct_drafts", "spec_accept_token_num"), where)
-    if accepted is None:
-        if completion is None:
-            raise FeedbackError(
-                f"field '{where}completion_tokens' (or '{where}spec_num_correct_drafts') is missing"
-            )
-        accepted = max(completion - rounds, 0)
-    drafted = _first(meta, ("spec_num_proposed_drafts", "spec_draft_token_num"), where)
-    rate = meta.get("spec_accept_rate")
-    if drafted is None and isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 1:
-        drafted = MAX_COUNT if accepted > rate * MAX_COUNT else max(round(accepted / rate), accepted)
-    if drafted is None and gamma is not None:
-        drafted = min(gamma * rounds, MAX_COUNT)
-    if drafted is None:
-        raise FeedbackError(
-            f"field '{where}spec_num_proposed_drafts' is missing; send it, "
-            f"'{where}spec_accept_rate', or the 'gamma' the server ran with"
-        )
-    return FeedbackCounts("sglang", rounds, drafted, accepted, completion)
-
-
 def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     """Counts from any accepted payload shape (see the module docstring)."""
-    if "timings" in payload:
-        counts = _llama_cpp(_section(payload, "timings"))
-    elif "speculative_decoding" in payload:
-        counts = _vllm(_section(payload, "speculative_decoding"))
-    elif "meta_info" in payload:
-        counts = _sglang(_section(payload, "meta_info"), _gamma(payload))
+    sections = [f for f in FEEDBACK_FORMATS.values() if f.key in payload]
+    if len(sections) > 1:
+        raise FeedbackError(
+            f"give one engine's section, not {len(sections)}: " + ", ".join(f"'{f.key}'" for f in sections)
+        )
+    if sections:
+        counts = sections[0].counts(payload)
     elif {"rounds", "drafted", "accepted"} <= set(payload):
         output = payload.get("output_tokens")
         counts = FeedbackCounts(
-            _engine_name(payload.get("engine")),
-            _count(payload, "rounds"),
-            _count(payload, "drafted"),
-            _count(payload, "accepted"),
-            _count(payload, "output_tokens") if output is not None else None,
+            engine_label(payload.get("engine")),
+            count_field(payload, "rounds"),
+            count_field(payload, "drafted"),
+            count_field(payload, "accepted"),
+            count_field(payload, "output_tokens") if output is not None else None,
         )
     else:
         raise FeedbackError(
@@ -253,15 +118,6 @@ def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
     if counts.rounds == 0:
         raise FeedbackError(f"{counts.drafted} drafted tokens need at least one round (rounds 0)")
     return counts
-
-
-def _engine_name(value: Any) -> str:
-    """The free ``engine`` label of a counts payload: printable text of at most 32 characters."""
-    if value is None or value == "":
-        return "counts"
-    if not isinstance(value, str) or len(value) > 32 or not value.isprintable():
-        raise FeedbackError("field 'engine' must be printable text of at most 32 characters")
-    return value
 
 
 @dataclass(frozen=True)
@@ -304,9 +160,7 @@ FEEDBACK_FIELDS = (
     "output_tokens",
     "gamma",
     "engine",
-    "timings",
-    "speculative_decoding",
-    "meta_info",
+    *(f.key for f in FEEDBACK_FORMATS.values()),
     "setting",
 )
 
@@ -342,11 +196,11 @@ def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> Feed
             )
         version, task = found  # version 0: decided before any policy set was active
         return FeedbackRequest(
-            counts, route_id, version or None, task, _gamma(payload), dict(payload), setting
+            counts, route_id, version or None, task, gamma_of(payload), dict(payload), setting
         )
     if not task:
         raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
-    return FeedbackRequest(counts, None, None, task, _gamma(payload), dict(payload), setting)
+    return FeedbackRequest(counts, None, None, task, gamma_of(payload), dict(payload), setting)
 
 
 STATE_COLUMNS = (

@@ -57,13 +57,41 @@ def _names_in(node: ast.AST) -> bool:
     return False
 
 
+# the registries' tables: looking an entry up by name there is how callers ask an engine
+TABLES = {
+    "MEASURING",
+    "SERVING",
+    "COST_SOURCES",
+    "REGISTRY",
+    "SERVING_ENGINES",
+    "EXPORTERS",
+    "FEEDBACK_FORMATS",
+}
+
+
+def _is_table(node: ast.AST) -> bool:
+    return (node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)) in TABLES
+
+
 def engine_name_comparisons(source: str) -> list[int]:
-    """The lines of ``source`` that compare something with an engine's or a cost mode's name."""
+    """The lines of ``source`` that compare something with an engine's or a cost mode's name, or read a result
+    by one (``decision["engine"]["transformers"]``, ``.get(LLAMA_CPP)``) anywhere but in a registry's table."""
     lines = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare) and any(_names_in(side) for side in [node.left, *node.comparators]):
             lines.append(node.lineno)
-    return lines
+        elif isinstance(node, ast.Subscript) and _names_in(node.slice) and not _is_table(node.value):
+            lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and _names_in(node.args[0])
+            and not _is_table(node.func.value)
+        ):
+            lines.append(node.lineno)
+    return sorted(set(lines))
 
 
 def test_the_scan_finds_each_kind_of_comparison():
@@ -74,8 +102,12 @@ def test_the_scan_finds_each_kind_of_comparison():
         "d = params.cost_mode == engines.CUDA_GRAPHS\n"
         "e = x == 'vllm'\n"
         "f = name in REGISTRY\n"
+        "g = decision['engine']['transformers']\n"
+        "h = settings.get(LLAMA_CPP)\n"
+        "i = SERVING[TRANSFORMERS].decision_settings\n"
+        "j = engines.SERVING_ENGINES['llama-server']\n"
     )
-    assert engine_name_comparisons(code) == [1, 2, 3, 4]
+    assert engine_name_comparisons(code) == [1, 2, 3, 4, 7, 8]
 
 
 def _product_files():
@@ -202,3 +234,50 @@ def test_each_engine_says_a_routing_decision_in_its_own_terms():
     decision = (Path(__file__).resolve().parents[1] / "router" / "decision.py").read_text("utf-8")
     code = re.sub(r'""".*?"""', "", decision, flags=re.S)  # docstrings may name engines; the code does not
     assert "llama.cpp" not in code and "transformers" not in code
+
+
+def test_each_serving_engine_has_its_decision_terms_export_and_feedback_where_it_has_them():
+    """router/serving.py: one entry per serving engine with only the capabilities it has (issue 43, point 4);
+    the export pages and ``--for`` offer its exporters, feedback reads its sections, and a decision's terms are
+    read through the entry, not by name."""
+    from router.feedback import FEEDBACK_FIELDS, FeedbackError, normalise
+    from router.feedback_formats import FEEDBACK_FORMATS
+    from router.serving import EXPORTERS, SERVING_ENGINES
+
+    has = {
+        name: (e.decides is not None, e.exporter is not None, e.feedback.key if e.feedback else None)
+        for name, e in SERVING_ENGINES.items()
+    }
+    assert has == {
+        "vllm": (False, True, "speculative_decoding"),
+        "sglang": (False, True, "meta_info"),
+        "trtllm": (False, True, None),
+        "llama-server": (True, True, "timings"),
+        "transformers": (True, True, None),
+        "llama.cpp": (True, False, None),
+    }
+    assert list(EXPORTERS) == ["vllm", "sglang", "trtllm", "llama-server", "transformers"]
+    assert all(EXPORTERS[name].name == name for name in EXPORTERS)
+    assert {e.decides.name for e in SERVING_ENGINES.values() if e.decides} == set(SERVING)
+    assert {n: e.feedback for n, e in SERVING_ENGINES.items() if e.feedback} == FEEDBACK_FORMATS
+    assert {f.key for f in FEEDBACK_FORMATS.values()} <= set(FEEDBACK_FIELDS)
+    decision = {"engine": {"transformers": {"prompt_lookup_num_tokens": 3}, "llama-server": None}}
+    assert SERVING_ENGINES["transformers"].settings_in(decision) == {"prompt_lookup_num_tokens": 3}
+    assert SERVING_ENGINES["llama-server"].settings_in(decision) is None
+    assert SERVING_ENGINES["vllm"].settings_in(decision) is None  # no terms of its own in a decision
+    # each section is read by its engine's format
+    counts = {
+        "timings": {"draft_n": 10, "draft_n_accepted": 6, "predicted_n": 20},
+        "speculative_decoding": {"num_drafts": 5, "num_draft_tokens": 10, "num_accepted_tokens": 6},
+        "meta_info": {"spec_verify_ct": 5, "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 10},
+    }
+    read = {key: normalise({key: section}) for key, section in counts.items()}
+    assert {k: (c.engine, c.rounds, c.drafted, c.accepted) for k, c in read.items()} == {
+        "timings": ("llama.cpp", 14, 10, 6),
+        "speculative_decoding": ("vllm", 5, 10, 6),
+        "meta_info": ("sglang", 5, 10, 6),
+    }
+    with pytest.raises(
+        FeedbackError, match="give one engine's section, not 2: 'speculative_decoding', 'timings'"
+    ):
+        normalise({"timings": counts["timings"], "speculative_decoding": counts["speculative_decoding"]})

@@ -21,11 +21,11 @@ from analyzer.measuring.assistant_defaults import assistant_rounds
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_sets import import_sample
 from router.decision import Router, RouterConfig, RouteRequest, router_from_database
-from router.export_engines import EXPORTERS, render_export
 from router.export_plan import ExportError, plan_for_policy_set, plan_for_run
 from router.orm import PolicySet, TaskPolicy
 from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
 from router.server_policy import publish_server_policies
+from router.serving import EXPORTERS, render_export
 from tests.factories import make_done_run, make_server_analysis
 from webui.cli import cli
 

@@ -147,7 +147,11 @@ def _realistic_rows(url: str) -> None:
         record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
         publish_server_policies(session, record.id, activate=False)
         job = create_server_job(session, run.prompt_set, ServerJobParams(limit=9))
-        job.status, job.analysis_id, job.progress = "done", record.id, {"phase": "done", "done": 9, "total": 9}
+        job.status, job.analysis_id, job.progress = (
+            "done",
+            record.id,
+            {"phase": "done", "done": 9, "total": 9},
+        )
         texts = [f"def f{i}(x): return x + {i}" for i in range(4)] + [f"What is {i} + {i}?" for i in range(4)]
         train_classifier(
             session, make_training_data(texts, ["code"] * 4 + ["qa"] * 4, "test"), cross_validate=False

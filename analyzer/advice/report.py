@@ -27,7 +27,7 @@ from analyzer.errors import SpecrouteError
 from analyzer.measuring.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.measuring.interference import disturbed
 from analyzer.models.devices import guarantee_sentence
-from analyzer.option_rows import OptionRow, by_prompt, prompt_options, run_option_rows
+from analyzer.advice.option_rows import OptionRow, by_prompt, prompt_options, run_option_rows
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
 
@@ -344,7 +344,7 @@ def _cost_profile_fields(run: AnalysisRun) -> dict:
 
 
 def _run_options(session: Session, run: AnalysisRun, summary: AnalysisSummary) -> dict[int, list[OptionRow]]:
-    """The run's rows per prompt and option as stored with its summary (analyzer/option_rows.py); a run not
+    """The run's rows per prompt and option as stored with its summary (analyzer/advice/option_rows.py); a run not
     finished has none stored yet: its rows from the results so far."""
     return prompt_options(session, run_id=run.id) or by_prompt(
         run_option_rows(session, run.id, summary.prompts)

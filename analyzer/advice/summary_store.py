@@ -1,6 +1,6 @@
 """The analysis summary as it is stored with its run (``analysis_runs.summary``): serialised to JSON
 and back exactly, computed once when a run finishes (or its results are relabelled), completed with
-validations without pricing again (its per prompt and gamma rows, analyzer/option_rows.py, written with it),
+validations without pricing again (its per prompt and gamma rows, analyzer/advice/option_rows.py, written with it),
 and read by the report, publishing and the pages through
 :func:`run_summary`, which computes it again only when what it was computed from changed."""
 
@@ -24,7 +24,7 @@ from analyzer.advice.summary import (
     summarize_run,
 )
 from analyzer.measuring.interference import disturbed
-from analyzer.option_rows import replace_options, run_option_rows
+from analyzer.advice.option_rows import replace_options, run_option_rows
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import Cost
 

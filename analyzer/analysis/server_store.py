@@ -25,7 +25,7 @@ from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.devices import cpu_model_name
-from analyzer.option_rows import prompt_options, replace_options, server_option_rows
+from analyzer.advice.option_rows import prompt_options, replace_options, server_option_rows
 from analyzer.orm import PromptSet, ServerAnalysisRecord
 from analyzer.pricing.server_cost import ServerCost
 
@@ -229,7 +229,7 @@ def pool_plan_text(record: ServerAnalysisRecord, first_port: int) -> str:
 def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict[str, Any]:
     """A stored analysis as ``specroute analyze --engine llama-server --json`` prints it: per prompt its id,
     task and, per option (setting), the label, the replay's rounds, drafted and accepted counts and the
-    predicted and measured speedups, read from the table every engine shares (analyzer/option_rows.py); per
+    predicted and measured speedups, read from the table every engine shares (analyzer/advice/option_rows.py); per
     task its curve over the options with intervals and the one rule's decision."""
     options = prompt_options(session, server_analysis_id=record.id)
     return {

@@ -1,10 +1,10 @@
 """One table of per prompt and drafting option rows for every engine's analysis: ``option_results`` holds, per
 prompt and option (a run's ``gamma g``, a llama-server analysis' setting), the replay's rounds, drafted and
 accepted counts, the predicted speedup and the measured one where validation ran it (analyzer/orm.py,
-OptionResult; analyzer/option_rows.py).
+OptionResult; analyzer/advice/option_rows.py).
 
 The upgrade fills it from what is stored: a run's rows from its stored summary (the predicted speedups), its
-gamma counts and its validations, as :func:`analyzer.option_rows.run_option_rows` makes them; a llama-server
+gamma counts and its validations, as :func:`analyzer.advice.option_rows.run_option_rows` makes them; a llama-server
 analysis' rows from its stored prompt rows. A run without a stored summary gets its rows when its summary is
 next stored.
 
@@ -121,7 +121,9 @@ def _run_rows(connection) -> list[dict[str, Any]]:
         }
         made = []
         for prompt_id, gamma, rounds, drafted, accepted in connection.execute(
-            sa.select(results.c.prompt_id, counts.c.gamma, counts.c.rounds, counts.c.drafted, counts.c.accepted)
+            sa.select(
+                results.c.prompt_id, counts.c.gamma, counts.c.rounds, counts.c.drafted, counts.c.accepted
+            )
             .select_from(results.join(counts, counts.c.result_id == results.c.id))
             .where(results.c.run_id == run_id)
         ):

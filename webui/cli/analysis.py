@@ -428,8 +428,8 @@ def report(
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_csv, report_text
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
+    from analyzer.advice.option_rows import options_csv
     from webui.cli.server_analysis import server_analysis_text
-    from analyzer.option_rows import options_csv
 
     if (run_id is None) == (server_analysis_id is None):
         raise click.UsageError("name one analysis: RUN_ID, or --llama-server-analysis ID")
@@ -503,7 +503,7 @@ def runs_list(state: CliState, as_json: bool) -> None:
             f"{shown:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
             f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}"
         )
-    if any(r["kind"] == "llama-server" for r in rows):
+    if any(r["kind"] != "run" for r in rows):
         click.echo(
             "a llama-server analysis' report: 'specroute report --llama-server-analysis ID'; "
             "a job's: 'specroute llama-server jobs'"
