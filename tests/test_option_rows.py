@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from analyzer.advice.option_rows import OptionRow, prompt_options, replace_options
 from analyzer.advice.report import build_report
 from analyzer.advice.summary_store import store_summary
 from analyzer.analysis.server_store import server_analysis_json
 from analyzer.db import make_session_factory
-from analyzer.advice.option_rows import OptionRow, prompt_options, replace_options
 from analyzer.orm import AnalysisRun, OptionResult, ValidationResult
 from tests.factories import make_done_run, make_server_analysis
 

@@ -12,6 +12,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analyzer.advice.option_rows import OptionRow, by_prompt, prompt_options, run_option_rows
 from analyzer.advice.routing_ceiling import routing_ceiling
 from analyzer.advice.summary import (
     UNLABELLED,
@@ -27,7 +28,6 @@ from analyzer.errors import SpecrouteError
 from analyzer.measuring.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
 from analyzer.measuring.interference import disturbed
 from analyzer.models.devices import guarantee_sentence
-from analyzer.advice.option_rows import OptionRow, by_prompt, prompt_options, run_option_rows
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
 

@@ -14,6 +14,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from analyzer.advice.option_rows import replace_options, run_option_rows
 from analyzer.advice.summary import (
     AnalysisSummary,
     DecisionReason,
@@ -24,7 +25,6 @@ from analyzer.advice.summary import (
     summarize_run,
 )
 from analyzer.measuring.interference import disturbed
-from analyzer.advice.option_rows import replace_options, run_option_rows
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import Cost
 

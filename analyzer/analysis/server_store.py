@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from analyzer.advice.option_rows import prompt_options, replace_options, server_option_rows
 from analyzer.analysis.server_analysis import (
     ServerAnalysis,
     ServerPrompt,
@@ -25,7 +26,6 @@ from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.devices import cpu_model_name
-from analyzer.advice.option_rows import prompt_options, replace_options, server_option_rows
 from analyzer.orm import PromptSet, ServerAnalysisRecord
 from analyzer.pricing.server_cost import ServerCost
 

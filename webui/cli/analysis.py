@@ -425,10 +425,10 @@ def report(
 ) -> None:
     """Print the report of an analysis run RUN_ID, or of a llama-server analysis (--llama-server-analysis ID), as
     text, JSON or CSV."""
+    from analyzer.advice.option_rows import options_csv
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_csv, report_text
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
-    from analyzer.advice.option_rows import options_csv
     from webui.cli.server_analysis import server_analysis_text
 
     if (run_id is None) == (server_analysis_id is None):
