@@ -396,6 +396,11 @@ SCHEMAS: dict[str, Any] = {
                 "http://127.0.0.1:<port>); "
                 "null: published before pools were, so the serving process's SPECROUTE_ROUTER_POOLS names them.",
             },
+            "plain_cost": {
+                "type": ["object", "null"],
+                "description": "A set from a llama-server analysis: the plain step cost (step_ms, per_context_ms) "
+                "its pools' feedback is priced against; null for a run's set.",
+            },
             "margin": _NUM,
             "gamma_max": {
                 "type": "integer",

@@ -46,7 +46,7 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
     """A policy set: version, whether active, its run (or llama-server analysis), the engines that
     measured and priced it, its margin, gamma_max, draft and batch-1 cost (the contract the router
-    decides under), notes, times and (``with_policies``) its policies, the fallback ("*") last.
+    decides under), a llama-server set's plain step cost (what its feedback is priced against), notes, times and (``with_policies``) its policies, the fallback ("*") last.
     ``engine`` repeats ``priced_by`` for clients of earlier versions."""
     data: dict[str, Any] = {
         "version": policy_set.version,
@@ -62,6 +62,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
         "draft_options": dict(policy_set.draft_options or {}),
         "cost": policy_set.cost,
         "pools": policy_set.pools,
+        "plain_cost": policy_set.plain_cost,
         "notes": policy_set.notes,
         "created_at": policy_set.created_at.isoformat(timespec="seconds"),
         "activated_at": policy_set.activated_at.isoformat(timespec="seconds")

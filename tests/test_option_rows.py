@@ -170,3 +170,42 @@ def test_one_report_command_and_one_listing_for_both_kinds_of_analysis(runner, t
     ]
     shown = runner.invoke(cli, ["runs", "list"]).stdout
     assert f"job {job_id}" in shown and "specroute report --llama-server-analysis ID" in shown
+
+
+def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_columns(session, client):
+    import csv
+    import io
+
+    from analyzer.analysis.server_jobs import ServerJobParams, create_server_job
+
+    run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+    record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+    job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
+    session.commit()
+    page = client.get("/runs").get_data(as_text=True)
+    assert f'href="/runs/{run.id}">#{run.id}<' in page
+    assert f'href="/llama-server/{record.id}">#{record.id}<' in page
+    assert f'href="/llama-server/jobs/{job.id}">job #{job.id}<' in page
+    assert page.index(f"job #{job.id}") < page.index(f'href="/runs/{run.id}"')  # newest first
+
+    def rows(url: str) -> list[dict]:
+        answer = client.get(url)
+        assert answer.status_code == 200 and answer.mimetype == "text/csv"
+        return list(csv.DictReader(io.StringIO(answer.get_data(as_text=True))))
+
+    run_rows, server_rows = (
+        rows(f"/runs/{run.id}/options.csv"),
+        rows(f"/llama-server/{record.id}/options.csv"),
+    )
+    assert list(run_rows[0]) == list(server_rows[0])
+    assert len(run_rows) == 6 * run.run_params.gamma_max and len(server_rows) == 6 * 2
+    assert f"/runs/{run.id}/options.csv" in client.get(f"/runs/{run.id}").get_data(as_text=True)
+    shown = client.get(f"/llama-server/{record.id}").get_data(as_text=True)
+    assert (
+        f"/llama-server/{record.id}/options.csv" in shown
+        and f"/llama-server/{record.id}/report.json" in shown
+    )
+    data = client.get(f"/llama-server/{record.id}/report.json").get_json()
+    assert data["analysis_id"] == record.id and len(data["prompts"]) == 6
+    assert client.get("/llama-server/99/options.csv").status_code == 404
+    assert client.get("/llama-server/99/report.json").status_code == 404

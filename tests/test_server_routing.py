@@ -517,9 +517,23 @@ def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, clie
     assert done.status_code == 302 and done.headers["Location"].endswith("/policies")
     shown = client.get("/policies").get_data(as_text=True)
     assert f"policy set v1 published from llama-server analysis #{record.id} and active" in shown
-    assert "each pool's server fixes its setting: nothing adapts" in shown
+    assert "as published (no feedback yet)" in shown and "nothing adapts" not in shown
     active = client.get("/v1/policies").get_json()["active"]
     assert active["version"] == 1 and active["server_analysis_id"] == record.id
+    # the pools' feedback moves extraction off its published setting: the page shows the setting in force
+    published = next(p for p in active["policies"] if p["task_type"] == "extraction")["setting"]
+    plain_ms = PlainCost.from_json(active["plain_cost"]).plain_ms(120, 64)
+    for _ in range(40):
+        body = {"task_type": "extraction", "timings": _timings(64, 40, 2, plain_ms / 0.7)}
+        assert client.post("/v1/feedback", json=body).status_code == 200
+    estimates = {e["task_type"]: e for e in client.get("/v1/policies").get_json()["active"]["estimates"]}
+    assert estimates["extraction"]["setting"] != published
+    row = next(r for r in client.get("/policies").get_data(as_text=True).split("<tr>") if ">extraction<" in r)
+    in_force = estimates["extraction"]["setting"] or "off"
+    assert f'<strong><code class="setting">{in_force}</code>' in row or (
+        in_force == "off" and "<strong>off → " in row
+    )
+    assert "changed from the published decision" in row and "after 40 feedback events" in row
     assert client.post("/llama-server/99/publish", data={"csrf_token": token}).status_code == 404
 
 

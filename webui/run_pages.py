@@ -4,6 +4,7 @@ and the exports (JSON, per-prompt CSV, a self-contained HTML file)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from importlib import resources
 
 from flask import Response, abort, jsonify, redirect, render_template, request, url_for
@@ -11,6 +12,7 @@ from markupsafe import Markup
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
+from analyzer.advice.option_rows import options_csv
 from analyzer.advice.output_marks import output_marks
 from analyzer.advice.report import build_report
 from analyzer.advice.report_text import recommendation, report_csv
@@ -20,7 +22,7 @@ from analyzer.analysis.chunks import chunk_progress
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_records import RunParams, create_run, request_cancel, shown_status
 from analyzer.db import lock_for_write, utcnow
-from analyzer.engine.engines import COST_MODES, ENGINES, MEASURING
+from analyzer.engine.engines import COST_MODES, ENGINES, LLAMA_SERVER, MEASURING
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.models.devices import DTYPE_CHOICES, check_dtype_name
 from analyzer.models.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
@@ -92,6 +94,7 @@ def _run_row(run: AnalysisRun) -> dict:
         elapsed / done * (total - done) if elapsed and done and status == "running" and total > done else None
     )
     return {
+        "kind": "run",
         "id": run.id,
         "status": status,
         "engine": run.priced_by,
@@ -113,9 +116,46 @@ def _run_row(run: AnalysisRun) -> dict:
 
 @bp.get("/runs")
 def runs():
+    """Every analysis, newest first: runs, and llama-server analyses and their jobs not yet stored (as
+    ``specroute runs list`` lists them)."""
     with sessions()() as session:
-        rows = [_run_row(r) for r in session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()))]
-    return render_template("runs.html", runs=rows)
+        dated = [(r.created_at, _run_row(r)) for r in session.scalars(select(AnalysisRun))] + server_rows(
+            session
+        )
+    dated.sort(key=lambda pair: pair[0], reverse=True)
+    return render_template("runs.html", runs=[row for _, row in dated])
+
+
+def server_rows(session) -> list[tuple[datetime, dict]]:
+    """The llama-server analyses and their jobs as rows of the runs page, each with when it was made: each
+    stored analysis (done, its page) and each job that stored none (its page, its status and progress)."""
+    from analyzer.analysis.server_jobs import listed_analyses
+
+    return [
+        (
+            a.created_at,
+            {
+                "kind": a.kind,
+                "id": a.id,
+                "status": a.status,
+                "engine": LLAMA_SERVER,
+                "prompt_set": a.prompt_set,
+                "target": a.model,
+                "draft": ", ".join(a.drafters),
+                "done": a.done,
+                "total": a.total,
+                "percent": round(100 * a.done / a.total) if a.total else 0,
+                "elapsed_s": a.seconds,
+                "eta_s": None,
+                "error": a.error,
+                "created_at": a.created_at.isoformat(timespec="seconds"),
+                "url": url_for("ui.server_analysis", analysis_id=a.id)
+                if a.kind == "server"
+                else url_for("ui.server_job", job_id=a.id),
+            },
+        )  # fmt: skip
+        for a in listed_analyses(session)
+    ]
 
 
 def _new_run_page(errors: list[str] | None = None, values: dict | None = None, status: int = 200):
@@ -293,6 +333,16 @@ def report_prompts_csv(run_id: int):
         report_csv(_report(run_id)),
         mimetype="text/csv",
         headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}-prompts.csv"'},
+    )
+
+
+@bp.get("/runs/<int:run_id>/options.csv")
+def report_options_csv(run_id: int):
+    """One row per prompt and gamma, the columns a llama-server analysis' options.csv has."""
+    return Response(
+        options_csv(_report(run_id)["prompts"]),
+        mimetype="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="specroute-run-{run_id}-options.csv"'},
     )
 
 

@@ -5,9 +5,10 @@ per task with the chosen setting, and the pools those choices need with their co
 
 from __future__ import annotations
 
-from flask import abort, current_app, jsonify, redirect, render_template, request, url_for
+from flask import Response, abort, current_app, jsonify, redirect, render_template, request, url_for
 from sqlalchemy import select
 
+from analyzer.advice.option_rows import options_csv
 from analyzer.analysis.server_jobs import (
     DEFAULT_DRAFTERS,
     DEFAULT_MODEL,
@@ -27,6 +28,7 @@ from analyzer.analysis.server_store import (
     list_server_analyses,
     pool_plan,
     pool_plan_text,
+    server_analysis_json,
 )
 from analyzer.analysis.server_text import cost_text, decision_text, divergence_text, noise_text
 from analyzer.db import lock_for_write
@@ -34,6 +36,7 @@ from analyzer.orm import PromptSet
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import PromptSetError, get_prompt_set
 from analyzer.run_params import DEFAULT_MARGIN
+from router import strict_json
 from router.policy import PolicyError
 from router.server_policy import publish_server_policies
 from webui.plots import scatter
@@ -205,6 +208,32 @@ def server_analysis(analysis_id: int):
             rule={"bar": 1 + DEFAULT_MARGIN, "level": INTERVAL_LEVEL, "min_prompts": MIN_TASK_PROMPTS},
         )
     return page
+
+
+@bp.get("/llama-server/<int:analysis_id>/report.json")
+def server_analysis_report_json(analysis_id: int):
+    """The analysis as ``specroute report --llama-server-analysis ID --format json`` prints it."""
+    with sessions()() as session:
+        data = server_analysis_json(session, get_server_analysis(session, analysis_id))
+    return Response(
+        strict_json.dumps(data, indent=1),
+        mimetype="application/json",
+        headers={"Content-Disposition": f'attachment; filename="specroute-llama-server-{analysis_id}.json"'},
+    )
+
+
+@bp.get("/llama-server/<int:analysis_id>/options.csv")
+def server_analysis_options_csv(analysis_id: int):
+    """One row per prompt and setting, the columns a run's options.csv has."""
+    with sessions()() as session:
+        data = server_analysis_json(session, get_server_analysis(session, analysis_id))
+    return Response(
+        options_csv(data["prompts"]),
+        mimetype="text/csv",
+        headers={
+            "Content-Disposition": f'attachment; filename="specroute-llama-server-{analysis_id}-options.csv"'
+        },
+    )
 
 
 @bp.post("/llama-server/<int:analysis_id>/publish")

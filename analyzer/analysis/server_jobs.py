@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
-from analyzer.orm import PromptSet, ServerAnalysisJob
+from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
 from analyzer.settings import STALE_AFTER_S
 
 HEARTBEAT_EVERY_S = 5.0  # a job stores its progress and renews its heartbeat at most this often
@@ -173,6 +173,66 @@ def get_server_job(session: Session, job_id: int) -> ServerAnalysisJob:
 
 def list_server_jobs(session: Session, limit: int = 50) -> list[ServerAnalysisJob]:
     return list(session.scalars(select(ServerAnalysisJob).order_by(ServerAnalysisJob.id.desc()).limit(limit)))
+
+
+@dataclass(frozen=True)
+class ListedAnalysis:
+    """A llama-server analysis as the lists of every analysis show it (``specroute runs list``, the runs page):
+    a stored one (``kind`` "server", done), or a job that stored none yet (``kind`` "job": queued, running,
+    failed or cancelled), with its prompt set, model, drafter settings, progress and error."""
+
+    kind: str
+    id: int
+    status: str
+    prompt_set: str
+    model: str
+    drafters: tuple[str, ...]
+    done: int
+    total: int
+    error: str | None
+    created_at: datetime
+    seconds: float | None
+
+
+def listed_analyses(session: Session, limit: int = 1000) -> list[ListedAnalysis]:
+    """The stored llama-server analyses, then the jobs that stored none, newest first within each."""
+    rows = [
+        ListedAnalysis(
+            "server",
+            r.id,
+            "done",
+            r.prompt_set.name,
+            r.model,
+            tuple(r.drafters),
+            len(r.prompts),
+            len(r.prompts),
+            None,
+            r.created_at,
+            r.seconds,
+        )  # fmt: skip
+        for r in session.scalars(
+            select(ServerAnalysisRecord).order_by(ServerAnalysisRecord.id.desc()).limit(limit)
+        )
+    ]
+    for job in list_server_jobs(session, limit):
+        if job.analysis_id is None:
+            progress = job.progress or {}
+            rows.append(
+                ListedAnalysis(
+                    "job",
+                    job.id,
+                    job.status,
+                    job.prompt_set.name,
+                    job.params.get("model", ""),
+                    tuple(job.params.get("drafters", ())),
+                    progress.get("done", 0),
+                    progress.get("total", 0),
+                    job.error,
+                    job.created_at,
+                    None,
+                )  # fmt: skip
+            )
+    return rows
 
 
 def claim_server_job(

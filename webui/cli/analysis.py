@@ -513,49 +513,27 @@ def runs_list(state: CliState, as_json: bool) -> None:
 def _server_rows(session) -> list[dict]:
     """The llama-server analyses as ``runs list`` rows: each stored analysis, and each job that has not stored
     one (queued, running, failed or cancelled)."""
-    from sqlalchemy import select
-
-    from analyzer.analysis.server_jobs import list_server_jobs
+    from analyzer.analysis.server_jobs import listed_analyses
     from analyzer.engine.engines import LLAMA_SERVER
-    from analyzer.orm import ServerAnalysisRecord
 
-    def row(**values) -> dict:
-        return {"kind": "llama-server", "engine": LLAMA_SERVER, "measured_by": LLAMA_SERVER, **values}
-
-    rows = [
-        row(
-            id=a.id,
-            job=None,
-            status="done",
-            prompt_set=a.prompt_set.name,
-            target=a.model,
-            draft=", ".join(a.drafters),
-            done=len(a.prompts),
-            total=len(a.prompts),
-            error=None,
-            created_at=a.created_at.isoformat(),
-        )  # fmt: skip
-        for a in session.scalars(select(ServerAnalysisRecord).order_by(ServerAnalysisRecord.id.desc()))
+    return [
+        {
+            "kind": "llama-server",
+            "id": a.id if a.kind == "server" else None,
+            "job": a.id if a.kind == "job" else None,
+            "status": a.status,
+            "engine": LLAMA_SERVER,
+            "measured_by": LLAMA_SERVER,
+            "prompt_set": a.prompt_set,
+            "target": a.model,
+            "draft": ", ".join(a.drafters),
+            "done": a.done,
+            "total": a.total,
+            "error": a.error,
+            "created_at": a.created_at.isoformat(),
+        }  # fmt: skip
+        for a in listed_analyses(session)
     ]
-    for job in list_server_jobs(session, limit=1000):
-        if job.analysis_id is not None:
-            continue
-        progress = job.progress or {}
-        rows.append(
-            row(
-                id=None,
-                job=job.id,
-                status=job.status,
-                prompt_set=job.prompt_set.name,
-                target=job.params.get("model", ""),
-                draft=", ".join(job.params.get("drafters", ())),
-                done=progress.get("done", 0),
-                total=progress.get("total", 0),
-                error=job.error,
-                created_at=job.created_at.isoformat(),
-            )  # fmt: skip
-        )
-    return rows
 
 
 @runs.command("cancel")
