@@ -102,7 +102,7 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5000) -> Engine:
         if not connection.get_execution_options().get(_WRITE_LOCK):
             connection.exec_driver_sql("BEGIN")
             return
-        if lock_file is not None and _LOCK_FD not in connection.info:
+        if lock_file is not None and fcntl is not None and _LOCK_FD not in connection.info:
             # writers queue on a file lock first: the kernel wakes the next one as soon as it is
             # released, where SQLite's busy handler would sleep in growing steps (up to 100 ms)
             descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)

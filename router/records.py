@@ -46,7 +46,8 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
     """A policy set: version, whether active, its run (or llama-server analysis), the engines that
     measured and priced it, its margin, gamma_max, draft and batch-1 cost (the contract the router
-    decides under), a llama-server set's plain step cost (what its feedback is priced against), notes, times and (``with_policies``) its policies, the fallback ("*") last.
+    decides under), a llama-server set's plain step cost (what its feedback is priced against), notes, times
+    and (``with_policies``) its policies, the fallback ("*") last.
     ``engine`` repeats ``priced_by`` for clients of earlier versions."""
     data: dict[str, Any] = {
         "version": policy_set.version,

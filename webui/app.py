@@ -85,7 +85,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.extensions["specroute.jobs"] = jobs
     app.after_request(_security_headers)
 
-    closed = []
+    closed: list[bool] = []
 
     def close() -> None:
         if not closed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeGuard
 from xml.sax.saxutils import escape
 
 PALETTE = (
@@ -32,7 +32,7 @@ WIDTH, HEIGHT = 640, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 30, 70
 
 
-def _ok(value) -> bool:
+def _ok(value: object) -> TypeGuard[float]:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
 

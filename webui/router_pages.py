@@ -8,6 +8,7 @@ from markupsafe import Markup
 from sqlalchemy import func, select
 
 from analyzer.advice.report import run_advice_withheld
+from analyzer.analysis.run_records import get_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
@@ -240,7 +241,8 @@ def _positive(value: str | None, name: str, errors: list[str]) -> int | None:
 def playground():
     """The routing playground: on POST, route the typed prompt with the active classifier and policy
     set and show the decision, or the form's errors with status 400."""
-    decision, errors = None, []
+    decision = None
+    errors: list[str] = []
     values = {"prompt": "", "max_new_tokens": "", "batch_size": ""}
     if request.method == "POST":
         values = {k: request.form.get(k, "") for k in values}
@@ -285,7 +287,7 @@ def policies():
         withheld = {
             s["run_id"]: reason
             for s in sets
-            if s["run_id"] and (reason := run_advice_withheld(session.get(AnalysisRun, s["run_id"])))
+            if s["run_id"] and (reason := run_advice_withheld(get_run(session, s["run_id"])))
         }
         cost_modes = {  # how the profile that priced each set's run timed its steps
             s["run_id"]: run.cost_profile.cost_mode
@@ -326,7 +328,7 @@ def publish():
             lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
             published = publish_policies(session, run_id, notes=request.form.get("notes") or None)
             version, active = published.version, published.is_active
-            withheld = run_advice_withheld(session.get(AnalysisRun, run_id))
+            withheld = run_advice_withheld(get_run(session, run_id))
     except (ValueError, PolicyError) as exc:
         flash(str(exc) if isinstance(exc, PolicyError) else "choose a finished run", "error")
         return redirect(url_for("ui.policies"))

@@ -10,7 +10,7 @@ from importlib import resources
 from flask import Response, abort, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import select
-from sqlalchemy.orm import object_session
+from sqlalchemy.orm import Session, object_session
 
 from analyzer.advice.option_rows import options_csv
 from analyzer.advice.output_marks import output_marks
@@ -20,7 +20,7 @@ from analyzer.advice.summary import UNLABELLED
 from analyzer.advice.summary_store import run_summary
 from analyzer.analysis.chunks import chunk_progress
 from analyzer.analysis.repricing import price_comparison
-from analyzer.analysis.run_records import RunParams, create_run, request_cancel, shown_status
+from analyzer.analysis.run_records import RunParams, create_run, get_run, request_cancel, shown_status
 from analyzer.db import lock_for_write, utcnow
 from analyzer.engine.engines import COST_MODES, ENGINES, LLAMA_SERVER, MEASURING
 from analyzer.errors import SpecrouteError, error_payload
@@ -85,6 +85,14 @@ def model_choices() -> tuple[list[str], list[str]]:
     return targets, drafts
 
 
+def _session_of(row: AnalysisRun) -> Session:
+    """The session ``row`` was loaded in (rows here are always read from one)."""
+    session = object_session(row)
+    if session is None:
+        raise RuntimeError(f"run {row.id} is not in a session")
+    return session
+
+
 def _run_row(run: AnalysisRun) -> dict:
     now = utcnow()
     elapsed = ((run.finished_at or now) - run.started_at).total_seconds() if run.started_at else None
@@ -110,7 +118,7 @@ def _run_row(run: AnalysisRun) -> dict:
         "error": run.error,
         "created_at": run.created_at.isoformat(timespec="seconds"),
         "phase": run.phase if status in ("queued", "running") else None,
-        "chunks": chunk_progress(object_session(run), run.id),
+        "chunks": chunk_progress(_session_of(run), run.id),
     }
 
 
@@ -295,7 +303,7 @@ def run(run_id: int):
     report = _report(run_id)
     with sessions()() as session, session.begin():  # committed: comparison rows computed now are kept
         lock_for_write(session)
-        stored = session.get(AnalysisRun, run_id)
+        stored = get_run(session, run_id)
         row = _run_row(stored)
         classifier_version, rarely = rarely_reached(session)
         comparison = price_comparison(session, stored) if report["prompts"] else []
@@ -384,7 +392,7 @@ def prompt_detail(run_id: int, prompt_id: int):
         )
         if result is None:
             abort(404, description=f"run {run_id} has no result for prompt {prompt_id}")
-        run_row = session.get(AnalysisRun, run_id)
+        run_row = get_run(session, run_id)
         prompt = result.prompt
         text = prompt_text(prompt.text, prompt.messages)
         counts = {g.gamma: g for g in result.gamma_counts}

@@ -89,11 +89,17 @@ def selected_prompts(session: Session, run: AnalysisRun) -> list[Prompt]:
     return list(session.scalars(query))
 
 
-def request_cancel(session: Session, run_id: int) -> AnalysisRun:
-    """Ask a queued or running run to stop after the prompt it is on."""
+def get_run(session: Session, run_id: int) -> AnalysisRun:
+    """The analysis run ``run_id``, or :class:`RunNotFound` (404 ``run_not_found``)."""
     run = session.get(AnalysisRun, run_id)
     if run is None:
         raise RunNotFound(f"no analysis run {run_id}")
+    return run
+
+
+def request_cancel(session: Session, run_id: int) -> AnalysisRun:
+    """Ask a queued or running run to stop after the prompt it is on."""
+    run = get_run(session, run_id)
     if run.status == "queued":
         run.status, run.finished_at = "cancelled", utcnow()
     elif run.status == "running":

@@ -439,7 +439,7 @@ def report(
             record = get_server_analysis(session, server_analysis_id)
             data = server_analysis_json(session, record)
             as_text, as_csv = (lambda: server_analysis_text(record)), (lambda: options_csv(data["prompts"]))
-        else:
+        elif run_id is not None:
             data = build_report(session, run_id)
             as_text, as_csv = (lambda: report_text(data)), (lambda: report_csv(data))
         text = {

@@ -55,7 +55,7 @@ class CommandFailed(click.ClickException):
 
     def __init__(self, error: SpecrouteError):
         super().__init__(error.message)
-        self.exit_code = error.exit_code
+        self.exit_code = error.exit_code  # type: ignore[misc]  # click declares it on the class
 
 
 class SpecrouteGroup(click.Group):
@@ -100,8 +100,8 @@ class _TqdmProgress:
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.bar = None
-        self.phase = None
+        self.bar: typing.Any = None
+        self.phase: str | None = None
 
     def __call__(self, done: int, total: int, phase: str) -> None:
         if not self.enabled:
@@ -131,7 +131,7 @@ class _TqdmProgress:
                 unit=unit,
                 file=sys.stderr,
                 dynamic_ncols=True,
-                **waiting,  # type: ignore[arg-type]
+                **waiting,
             )
             return
         if self.bar is not None:  # a phase's total is fixed: its bar never grows past 100%

@@ -318,11 +318,12 @@ def policies_publish(
                 None if no_activate else get_server_analysis(session, server_analysis_id).advice_withheld
             )
             withheld = f"Advice withheld: {withheld}." if withheld else None
-        else:
+        elif run_id is not None:
             policy_set = publish_policies(
                 session, run_id, notes=notes, activate=False if no_activate else None
             )
-            withheld = None if no_activate else run_advice_withheld(session.get(AnalysisRun, run_id))
+            run = session.get(AnalysisRun, run_id)  # there: publishing found it
+            withheld = None if no_activate or run is None else run_advice_withheld(run)
         data = policy_set_dict(policy_set)
     if as_json:
         click.echo(strict_json.dumps(data))
@@ -383,8 +384,10 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
     """Delete logged routing decisions older than N days, in one transaction (feedback events and
     the estimates they moved are kept; feedback naming a pruned route_id gets 404)."""
     from datetime import timedelta
+    from typing import cast
 
     from sqlalchemy import delete, func
+    from sqlalchemy.engine import CursorResult
 
     from analyzer.db import utcnow
     from router.orm import RouteDecision
@@ -399,7 +402,8 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
         click.confirm(f"Delete {count} routing decisions older than {older_than_days:g} days?", abort=True)
     with sessions() as session, session.begin():
         lock_for_write(session)
-        deleted = session.execute(delete(RouteDecision).where(RouteDecision.created_at < cutoff)).rowcount
+        result = session.execute(delete(RouteDecision).where(RouteDecision.created_at < cutoff))
+        deleted = cast(CursorResult, result).rowcount
     click.echo(f"deleted {deleted} routing decisions older than {cutoff.isoformat(timespec='seconds')}")
 
 

@@ -4,7 +4,6 @@ import os
 
 import click
 
-from analyzer.orm import AnalysisRun
 from analyzer.settings import SettingsError
 from webui.cli.base import CliState, _cache_dir, cli
 
@@ -32,6 +31,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
     runs to these processes."""
     import socket
 
+    from analyzer.analysis.run_records import get_run
     from analyzer.analysis.worker import work
 
     sessions = state.sessions()
@@ -44,7 +44,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
 
         _label_with_classifier(sessions, run_id)
         with sessions() as session:
-            run = session.get(AnalysisRun, run_id)
+            run = get_run(session, run_id)
             click.echo(f"run {run_id}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
 
     try:
