@@ -1,9 +1,11 @@
-"""Shared fixtures: a migrated temporary SQLite file, sessions on it, a CLI runner pointed at it,
+"""Shared fixtures: a migrated temporary SQLite file (a copy of one migrated once per session), sessions on
+it, a CLI runner pointed at it,
 and (once per session) a throw-away PostgreSQL server for the portability tests."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,11 +69,23 @@ def db_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'specroute.db'}"
 
 
+@pytest.fixture(scope="session")
+def _migrated_template(tmp_path_factory) -> Path:
+    """A SQLite file migrated to head once per test session (the migration tests run the real chain on their
+    own files); each test's database starts as a copy of it."""
+    path = tmp_path_factory.mktemp("template") / "specroute.db"
+    template = make_engine(f"sqlite:///{path}")
+    migrations.upgrade(template)
+    template.dispose()
+    return path
+
+
 @pytest.fixture
-def engine(db_url):
-    """An engine on a SQLite file migrated to head."""
+def engine(db_url, _migrated_template):
+    """An engine on a SQLite file at head: a copy of the session's migrated template."""
+    shutil.copyfile(_migrated_template, db_url.removeprefix("sqlite:///"))
     engine = make_engine(db_url)
-    migrations.upgrade(engine)
+    assert migrations.current_revision(engine) == migrations.head_revision()
     yield engine
     engine.dispose()
 
