@@ -1,14 +1,14 @@
-"""An analysis run's parameters: one typed object, read once from what a user typed by
-:meth:`RunParams.from_inputs` (the command line, the web form and the demo all call it, so a bad value
-gets the same words everywhere), stored as JSON with the run (``AnalysisRun.params``) and read back with
-:meth:`RunParams.from_json` (all the worker reads: it parses no user input).
+"""An analysis run's parameters: one typed object, read from what a user typed by
+:func:`analyzer.analysis.run_inputs.read_inputs` (the command line, the web form and the demo all call it, so a
+bad value gets the same words everywhere), stored as JSON with the run (``AnalysisRun.params``) and read back
+with :meth:`RunParams.from_json` (all the worker reads: it parses no user input).
 
-One set of limits (:data:`LIMITS`) and one set of defaults: an input left blank takes the field's default
-below, except ``validate`` (:data:`DEFAULT_VALIDATE` prompts for a greedy run, 0 for a sampling one) and
-the engine, cost mode, device and dtype, which take the settings (``SPECROUTE_ENGINE`` and so on).
-``SPECROUTE_ENGINE``'s default, ``auto``, picks the first engine of :data:`AUTO_ENGINE_ORDER` that can
-measure the run as asked: llama.cpp for a greedy run of a GGUF target on the CPU (the demo's run),
-transformers otherwise.
+One set of limits (:data:`LIMITS`) and one set of defaults (:mod:`analyzer.names`): an input left blank takes
+the field's default below, except ``validate`` (:data:`~analyzer.names.DEFAULT_VALIDATE` prompts for a greedy
+run, 0 for a sampling one) and the engine, cost mode, device and dtype, which take the settings
+(``SPECROUTE_ENGINE`` and so on). This module imports only the shared bottom (:mod:`analyzer.errors`,
+:mod:`analyzer.names`, :mod:`analyzer.checks`): where a run resolves its device is
+:func:`analyzer.models.devices.run_placement`, how its engine is chosen :mod:`analyzer.analysis.run_inputs`.
 
 What the router needs of them travels with each published policy set (gamma_max, margin, engine):
 see :class:`router.policy.PolicyContract`.
@@ -18,47 +18,31 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Mapping
 
-from analyzer.engine.engine_base import (
-    DEFAULT_COST_MODE,
-    DEFAULT_ENGINE,
-    ENGINES,
-    LLAMA_CPP,
-    TRANSFORMERS,
+from analyzer.checks import (
     CostModeError,
-    EngineError,
-    check_cost_mode_device,
-    check_cost_mode_name,
-    check_engine_name,
-)
-from analyzer.errors import SpecrouteError
-from analyzer.measuring.entropy import ENTROPY_EDGES_NATS
-from analyzer.models.devices import (
-    MAX_PROFILE_BATCH_SIZE,
     DeviceError,
-    Placement,
+    EngineError,
+    check_cost_mode_name,
     check_device_name,
     check_dtype_name,
-    default_batch_sizes,
-    parse_batch_sizes,
-    resolve,
+    check_engine_name,
+    shown,
 )
-from analyzer.models.specs import SpecError, parse_spec
-
-if TYPE_CHECKING:
-    from analyzer.engine.engine_base import Engine
-    from analyzer.settings import Settings
-
-DEFAULT_MARGIN = 0.05  # speculate only where the predicted speedup clears 1 + margin
-DEFAULT_GAMMA_MAX = 16
-# prompts a new greedy run validates with real speculative decoding when the input is left blank (a
-# sampling run validates none: validation compares token for token with greedy decoding)
-DEFAULT_VALIDATE = 3
-# SPECROUTE_ENGINE's default: the first engine of AUTO_ENGINE_ORDER that can measure the run as asked
-AUTO_ENGINE = "auto"
-AUTO_ENGINE_ORDER = (LLAMA_CPP, TRANSFORMERS)
+from analyzer.errors import SpecrouteError
+from analyzer.names import (  # noqa: F401  (re-exported: importers name them here)
+    AUTO_ENGINE,
+    AUTO_ENGINE_ORDER,
+    DEFAULT_COST_MODE,
+    DEFAULT_ENGINE,
+    DEFAULT_GAMMA_MAX,
+    DEFAULT_MARGIN,
+    DEFAULT_VALIDATE,
+    ENTROPY_EDGES_NATS,
+    MAX_PROFILE_BATCH_SIZE,
+)
 
 
 class RunError(SpecrouteError, ValueError):
@@ -153,7 +137,7 @@ def range_words(limit: Limit) -> str:
     return f"above {low} and at most {high}" if limit.low_open else f"from {low} to {high}"
 
 
-# The one set of limits: RunParams.from_inputs (so the CLI, the web form and the demo), the web form's
+# The one set of limits: read_inputs (so the CLI, the web form and the demo), the web form's
 # min and max attributes and RunParams.check all read these.
 LIMITS: dict[str, Limit] = {
     "max_new_tokens": Limit(1, 4096),
@@ -206,14 +190,14 @@ class RunParams:
 
     def problems(self) -> list[InputProblem]:
         """Every parameter out of range, unknown, or at odds with another (validating or batching a
-        sampling run), in the words :meth:`from_inputs` uses. What the run's engine cannot measure is
-        its engine's to say: :func:`analyzer.engine.engines.check_run`."""
+        sampling run), in the words :func:`~analyzer.analysis.run_inputs.read_inputs` uses. What the run's
+        engine cannot measure is its engine's to say: :func:`analyzer.engine.engines.check_run`."""
         found = [
-            InputProblem(name, _number_text(name, getattr(self, name)))
+            InputProblem(name, number_text(name, getattr(self, name)))
             for name, limit in LIMITS.items()
             if getattr(self, name) is not None and not limit.admits(getattr(self, name))
         ]
-        found += _greedy_only(self.temperature, self.batch_size, self.validate)
+        found += greedy_only(self.temperature, self.batch_size, self.validate)
         for name, check in (
             ("device", check_device_name),
             ("dtype", check_dtype_name),
@@ -249,47 +233,23 @@ class RunParams:
         return asdict(self)
 
     @classmethod
-    def from_inputs(
-        cls, raw: Mapping[str, object], settings: Settings, *, engines: Mapping[str, Engine]
-    ) -> RunParams:
-        """The parameters of a new run from what a user gave: :func:`read_inputs` (``engines`` is the
-        registry, :data:`analyzer.engine.engines.REGISTRY`: this module sits below it). Callers then call
-        :func:`analyzer.engine.engines.check_run` on the result (``create_run`` does) for what its engine
-        refuses."""
-        return read_inputs(raw, settings, engines=engines).params
-
-    @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> RunParams:
         """The parameters stored on a run (keys it does not know are ignored; missing ones take the
         defaults, as for runs stored before a parameter existed). A value of the wrong type (a row edited
-        by hand) is refused with the words :meth:`from_inputs` uses; ranges and names are not checked
-        again, so a run stored under older limits still reads back (they were checked when it was
-        created)."""
+        by hand) is refused with the words :func:`~analyzer.analysis.run_inputs.read_inputs` uses; ranges and
+        names are not checked again, so a run stored under older limits still reads back (they were checked
+        when it was created)."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in (data or {}).items() if k in known}
         problems = []
         for name, value in list(values.items()):
             try:
                 values[name] = _stored_value(name, value)
-            except _Refused as refused:
+            except Refused as refused:
                 problems.append(refused.problem)
         if problems:
             raise RunInputError(problems)
         return cls(**values)
-
-    def placement(self) -> Placement:
-        """The device and dtype this run asks for, resolved on this machine (DeviceError if absent;
-        RunError when the run's cost mode cannot time on it: cuda-graphs on a CPU)."""
-        placement = resolve(self.device, self.dtype)
-        try:
-            check_cost_mode_device(self.cost_mode, "cuda" if placement.is_cuda else "cpu")
-        except CostModeError as error:
-            raise RunError(str(error)) from None
-        return placement
-
-    def batch_sizes(self, placement: Placement) -> tuple[int, ...]:
-        """The batch sizes to profile: the ones asked for, else the device's default."""
-        return tuple(self.profile_batch_sizes) if self.profile_batch_sizes else default_batch_sizes(placement)
 
 
 # ---------------------------------------------------------------- reading inputs
@@ -313,20 +273,12 @@ BLANK_MEANS = {"limit": "all"}  # an optional input: what leaving it blank means
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """One input that cannot be read (collected into a :class:`RunInputError`)."""
 
     def __init__(self, problem: InputProblem):
         super().__init__(problem.message())
         self.problem = problem
-
-
-class RunInputs(NamedTuple):
-    """A new run's parameters read from its inputs, and how its engine was chosen, in words (None: the
-    inputs named it)."""
-
-    params: RunParams
-    engine_why: str | None
 
 
 def whole_number(name: str) -> bool:
@@ -335,29 +287,24 @@ def whole_number(name: str) -> bool:
     return declared is int or int in typing.get_args(declared)
 
 
-def _clipped(text: str, length: int = 40) -> str:
+def clipped(text: str, length: int = 40) -> str:
     """``text``, or its first characters and an ellipsis when it is longer than ``length`` (no name a run
     takes is that long: a message quotes what the user gave without repeating a page of it)."""
     return text if len(text) <= length else text[: length - 1] + "…"
 
 
-def _shown(raw: object) -> str:
-    """A value as the user gave it, quoted (a long one clipped): ``'0'``, ``'abc'``."""
-    return repr(_clipped(raw if isinstance(raw, str) else str(raw)))
-
-
-def _number_text(name: str, raw: object) -> str:
+def number_text(name: str, raw: object) -> str:
     """``must be a whole number from 1 to 4096, got '0'``: what a numeric input must be."""
     kind = "a whole number" if whole_number(name) else "a number"
     blank = f"blank ({BLANK_MEANS[name]}) or " if name in BLANK_MEANS else ""
     limit = LIMITS.get(name)
     bounds = f" {range_words(limit)}" if limit else ""
-    return f"must be {blank}{kind}{bounds}, got {_shown(raw)}"
+    return f"must be {blank}{kind}{bounds}, got {shown(raw)}"
 
 
-def _read_number(name: str, raw: object) -> int | float:
+def read_number(name: str, raw: object) -> int | float:
     """``raw`` (text or a number) as the field's type: a whole number, or a finite number."""
-    refused = _Refused(InputProblem(name, _number_text(name, raw)))
+    refused = Refused(InputProblem(name, number_text(name, raw)))
     whole = whole_number(name)
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise refused
@@ -376,13 +323,13 @@ def _read_number(name: str, raw: object) -> int | float:
     return value if whole else float(value)
 
 
-def _read_flag(name: str, raw: object) -> bool:
+def read_flag(name: str, raw: object) -> bool:
     if isinstance(raw, bool):
         return raw
     text = str(raw).strip().lower()
     if text in TRUE_WORDS or text in FALSE_WORDS:
         return text in TRUE_WORDS
-    raise _Refused(InputProblem(name, f"must be true or false, got {_shown(raw)}"))
+    raise Refused(InputProblem(name, f"must be true or false, got {shown(raw)}"))
 
 
 def _stored_value(name: str, value: Any) -> Any:
@@ -391,27 +338,27 @@ def _stored_value(name: str, value: Any) -> Any:
     if value is None and type(None) in typing.get_args(_HINTS[name]):
         return None
     if name in LIMITS or _HINTS[name] in (int, float) or whole_number(name):
-        return _read_number(name, value)
+        return read_number(name, value)
     if name in FLAG_INPUTS:
-        return _read_flag(name, value)
+        return read_flag(name, value)
     if name in ("profile_batch_sizes", "entropy_edges"):
         whole = name == "profile_batch_sizes"
         try:
             if not isinstance(value, (list, tuple)):
                 raise TypeError(name)
             return tuple(
-                None if v is None and not whole else _read_number("batch_size" if whole else "margin", v)
+                None if v is None and not whole else read_number("batch_size" if whole else "margin", v)
                 for v in value
             )
-        except (_Refused, TypeError):
+        except (Refused, TypeError):
             kind = "whole numbers" if whole else "numbers"
-            raise _Refused(InputProblem(name, f"must be a list of {kind}, got {_shown(value)}")) from None
+            raise Refused(InputProblem(name, f"must be a list of {kind}, got {shown(value)}")) from None
     if not isinstance(value, str):
-        raise _Refused(InputProblem(name, f"must be a name, got {_shown(value)}"))
+        raise Refused(InputProblem(name, f"must be a name, got {shown(value)}"))
     return value
 
 
-def _greedy_only(temperature: float, batch_size: int, validate: int) -> list[InputProblem]:
+def greedy_only(temperature: float, batch_size: int, validate: int) -> list[InputProblem]:
     """What a sampling run (temperature above 0) cannot have: a batch, or validated prompts."""
     if not temperature > 0:
         return []
@@ -420,7 +367,7 @@ def _greedy_only(temperature: float, batch_size: int, validate: int) -> list[Inp
         found.append(
             InputProblem(
                 "batch_size",
-                f"must be 1 when temperature is above 0, got {_shown(batch_size)}: batching is for greedy "
+                f"must be 1 when temperature is above 0, got {shown(batch_size)}: batching is for greedy "
                 "runs only (sampling uses one seed per prompt)",
             )
         )
@@ -428,141 +375,9 @@ def _greedy_only(temperature: float, batch_size: int, validate: int) -> list[Inp
         found.append(
             InputProblem(
                 "validate",
-                f"must be 0 when temperature is above 0, got {_shown(validate)}: only greedy runs are "
+                f"must be 0 when temperature is above 0, got {shown(validate)}: only greedy runs are "
                 "validated (real speculative decoding is compared token for token with greedy decoding); "
                 "leave it blank or use temperature 0",
             )
         )
     return found
-
-
-def check_engine_input(text: str) -> str:
-    """``text`` when it names an engine or ``auto`` (the setting and the inputs); EngineError naming the
-    choices otherwise."""
-    if text != AUTO_ENGINE and text not in ENGINES:
-        raise EngineError(f"unknown engine {_shown(text)}; use one of: {', '.join((AUTO_ENGINE, *ENGINES))}")
-    return text
-
-
-def _given(raw: Mapping[str, object], name: str) -> object | None:
-    """The input ``name`` as given; None when it is absent or blank (the default)."""
-    value = raw.get(name)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    return value
-
-
-def read_inputs(raw: Mapping[str, object], settings: Settings, *, engines: Mapping[str, Engine]) -> RunInputs:
-    """A new run's parameters from ``raw``: the inputs of :data:`NUMBER_INPUTS`, :data:`FLAG_INPUTS` and
-    :data:`NAME_INPUTS` as text (the web form) or typed values (the CLI, the demo); absent, None or blank
-    means the default (the field's; :data:`DEFAULT_VALIDATE` for a greedy run and 0 for a sampling one;
-    the settings for engine, cost mode, device and dtype). ``target`` and ``draft`` (spec strings) are
-    read only to choose the engine under ``auto``; other keys are left to the caller. Every problem is
-    collected and raised together as a :class:`RunInputError`. The engine comes from ``engines`` (the
-    registry), which also gives the cost mode a run stores (``Engine.cost_mode_for``)."""
-    problems: list[InputProblem] = []
-    values: dict[str, Any] = {}
-    _read_number_inputs(raw, values, problems)
-    _read_flag_inputs(raw, values, problems)
-    asked_engine, asked_mode = _given(raw, "engine"), _given(raw, "cost_mode")
-    for name, read in (
-        ("engine", lambda: check_engine_input(str(asked_engine or settings.engine).strip())),
-        ("cost_mode", lambda: asked_mode and check_cost_mode_name(_clipped(str(asked_mode).strip()))),
-        ("device", lambda: check_device_name(_clipped(str(_given(raw, "device") or settings.device)))),
-        ("dtype", lambda: check_dtype_name(_clipped(str(_given(raw, "dtype") or settings.dtype)))),
-        ("batch_sizes", lambda: _batch_sizes(_given(raw, "batch_sizes"))),
-    ):
-        try:
-            values[name] = read()
-        except (DeviceError, EngineError, CostModeError) as error:
-            problems.append(InputProblem(name, _clipped(str(error), 300), names_field=False))
-    temperature = values.get("temperature", RunParams.temperature)
-    if "validate" not in values and not any(p.field == "validate" for p in problems):
-        values["validate"] = DEFAULT_VALIDATE if temperature == 0 else 0
-    if not any(p.field in ("temperature", "batch_size", "validate") for p in problems):
-        problems += _greedy_only(
-            temperature, values.get("batch_size", RunParams.batch_size), values["validate"]
-        )
-    if problems:
-        raise RunInputError(problems)
-    engine_name, mode = values.pop("engine"), values.pop("cost_mode")
-    values["profile_batch_sizes"] = values.pop("batch_sizes")
-    params = RunParams(**values)
-
-    def in_engine(name: str) -> RunParams:
-        return replace(params, engine=name, cost_mode=engines[name].cost_mode_for(mode, settings.cost_mode))
-
-    if engine_name == AUTO_ENGINE:  # asked for (the form's preselection, --engine auto) or the setting
-        return _auto_engine(in_engine, engines, raw)
-    return RunInputs(
-        in_engine(engine_name), None if asked_engine is not None else f"SPECROUTE_ENGINE is {engine_name}"
-    )
-
-
-def _read_number_inputs(
-    raw: Mapping[str, object], values: dict[str, Any], problems: list[InputProblem]
-) -> None:
-    """Read each given input of :data:`NUMBER_INPUTS` into ``values``, or its problem into ``problems``."""
-    for name in NUMBER_INPUTS:
-        given = _given(raw, name)
-        if given is None:
-            continue
-        try:
-            number = _read_number(name, given)
-        except _Refused as refused:
-            problems.append(refused.problem)
-            continue
-        if not LIMITS[name].admits(number):
-            problems.append(InputProblem(name, _number_text(name, given)))
-            continue
-        values[name] = number
-
-
-def _read_flag_inputs(
-    raw: Mapping[str, object], values: dict[str, Any], problems: list[InputProblem]
-) -> None:
-    """Read each given input of :data:`FLAG_INPUTS` into ``values``, or its problem into ``problems``."""
-    for name in FLAG_INPUTS:
-        given = _given(raw, name)
-        if given is not None:
-            try:
-                values[name] = _read_flag(name, given)
-            except _Refused as refused:
-                problems.append(refused.problem)
-
-
-def _batch_sizes(given: object | None) -> tuple[int, ...] | None:
-    """The profile batch sizes: text ``1,4,16`` or a sequence of numbers (DeviceError as for text)."""
-    if given is None or isinstance(given, str):
-        return parse_batch_sizes(given)
-    if isinstance(given, (list, tuple)):
-        return parse_batch_sizes(",".join(str(size) for size in given))
-    return parse_batch_sizes(str(given))
-
-
-def _auto_engine(
-    in_engine: Callable[[str], RunParams], engines: Mapping[str, Engine], raw: Mapping[str, object]
-) -> RunInputs:
-    """The run in the first engine of :data:`AUTO_ENGINE_ORDER` that can measure it as asked (its own
-    checks of the parameters and of the target and draft, when they parse), else in the last one (whose
-    refusal :func:`analyzer.engine.engines.check_run` then reports)."""
-    try:
-        pair = parse_spec(str(raw.get("target") or "")), parse_spec(str(raw.get("draft") or ""))
-    except (SpecError, ValueError, OSError):
-        pair = None  # create_run refuses the specs with the reason
-    refusals = []
-    for name in AUTO_ENGINE_ORDER:
-        params = in_engine(name)
-        try:
-            engines[name].check_params(params)
-            if pair is not None:
-                engines[name].check_specs(*pair)
-        except (RunError, DeviceError) as refused:
-            refusals.append(f"{name} cannot: {refused}")
-            continue
-        why = "; ".join([f"SPECROUTE_ENGINE is auto and {name} can measure this run as asked", *refusals])
-        return RunInputs(params, why)
-    return RunInputs(
-        in_engine(AUTO_ENGINE_ORDER[-1]),
-        "; ".join(["SPECROUTE_ENGINE is auto and no engine can measure this run as asked", *refusals]),
-    )

@@ -239,39 +239,6 @@ def router_min_confidence(settings: Settings) -> float | None:
     return value
 
 
-def router_pools(settings: Settings) -> dict[str, str]:
-    """The parsed ``router_pools`` mapping; a SettingsError names what is wrong with it."""
-    import json
-
-    if not settings.router_pools.strip():
-        return {}
-    try:
-        pools = json.loads(settings.router_pools)
-    except ValueError as exc:
-        raise SettingsError(f"SPECROUTE_ROUTER_POOLS: not valid JSON ({exc})") from None
-    if not isinstance(pools, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in pools.items()
-    ):
-        raise SettingsError("SPECROUTE_ROUTER_POOLS: expected a JSON object of strings")
-    bad = [k for k in pools if k != "off" and not (k.startswith("k") and k[1:].isdigit()) and not _drafter(k)]
-    if bad:
-        raise SettingsError(
-            "SPECROUTE_ROUTER_POOLS: keys must be 'off', 'k<gamma>' or a llama-server drafter setting "
-            f"('ngram-mod 16 2-16'), got {', '.join(bad)}"
-        )
-    return pools
-
-
-def _drafter(text: str) -> bool:
-    """Whether ``text`` is a llama-server drafter setting's label."""
-    from analyzer.measuring.server_drafting import parse_drafter
-
-    try:
-        return parse_drafter(text).label == text
-    except ValueError:
-        return False
-
-
 def env_name(name: str) -> str:
     """The environment variable that sets ``name``."""
     return ENV_PREFIX + name.upper()
@@ -347,9 +314,15 @@ def load_settings(
 
 def _checked(settings: Settings) -> Settings:
     """Refuse settings whose value is of the right type but not a known choice."""
-    from analyzer.engine.engine_base import CostModeError, EngineError, check_cost_mode_name
-    from analyzer.models.devices import DeviceError, check_device_name, check_dtype_name
-    from analyzer.run_params import check_engine_input  # an engine's name, or auto
+    from analyzer.checks import (
+        CostModeError,
+        DeviceError,
+        EngineError,
+        check_cost_mode_name,
+        check_device_name,
+        check_dtype_name,
+        check_engine_input,  # an engine's name, or auto
+    )
 
     for name, check in (
         ("device", check_device_name),

@@ -15,11 +15,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from analyzer.engine.engines import TRANSFORMERS
+from analyzer.engine.engines import SERVING, TRANSFORMERS
 from analyzer.measuring.acceptance import walk_ngram
 from analyzer.measuring.prompt_encoding import context_limit, encode_prompt, eos_token_ids
 from analyzer.measuring.validate import assisted_generate, count_forward_passes, greedy_generate
-from router.serving import SERVING_ENGINES
 
 
 class RouterClientError(RuntimeError):
@@ -172,7 +171,7 @@ def _generate(
     """Generate greedily as ``decision`` says (plain, prompt lookup, or with ``draft`` as the
     assistant): the new token ids, and the rounds, drafted and accepted tokens (zeros when it did not
     speculate)."""
-    settings = SERVING_ENGINES[TRANSFORMERS].settings_in(decision) or {}
+    settings = SERVING[TRANSFORMERS].settings_in(decision) or {}
     gamma = int(decision["gamma"])
     rounds = drafted = accepted = 0
     if not decision["speculate"]:

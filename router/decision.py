@@ -21,12 +21,19 @@ from analyzer.engine.engines import SERVING
 from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
-from analyzer.settings import Settings, router_min_confidence, router_pools
+from analyzer.settings import Settings, router_min_confidence
 from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.classifier import TaskClassifier, load_active
 from router.feedback import estimate_state
 from router.orm import TaskEstimate
-from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyContract, PolicySnapshot, active_policy_set
+from router.policy import (
+    FALLBACK_TASK,
+    NO_GAMMA,
+    PolicyContract,
+    PolicySnapshot,
+    active_policy_set,
+    router_pools,
+)
 from router.reasons import Reason, reason
 from router.route_ids import PROCESS_KEY, new_route_id, route_key
 from router.server_adaptation import (

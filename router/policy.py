@@ -15,12 +15,13 @@ from analyzer.advice.summary import AnalysisSummary, GroupSummary, cost_for_run
 from analyzer.advice.summary_store import run_summary
 from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
+from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.specs import NGRAM_DEFAULT_MAX, parse_spec
 from analyzer.orm import AnalysisRun
 from analyzer.pricing.policy_curve import PolicyCurve, as_curve
 from analyzer.pricing.speedup import Cost
 from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
-from analyzer.settings import load_settings, router_pools
+from analyzer.settings import Settings, SettingsError, load_settings
 from router.orm import PolicySet, TaskPolicy, activate_only
 
 FALLBACK_TASK = "*"
@@ -308,3 +309,39 @@ class PolicySnapshot:
             prior_alpha=self.prior_alpha,
             cost=cost,
         )
+
+
+def router_pools(settings: Settings) -> dict[str, str]:
+    """The parsed ``SPECROUTE_ROUTER_POOLS`` mapping (the settings hold its text; the router reads it here);
+    a SettingsError names what is wrong with it."""
+    import json
+
+    if not settings.router_pools.strip():
+        return {}
+    try:
+        pools = json.loads(settings.router_pools)
+    except ValueError as exc:
+        raise SettingsError(f"SPECROUTE_ROUTER_POOLS: not valid JSON ({exc})") from None
+    if not isinstance(pools, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in pools.items()
+    ):
+        raise SettingsError("SPECROUTE_ROUTER_POOLS: expected a JSON object of strings")
+    bad = [
+        k
+        for k in pools
+        if k != "off" and not (k.startswith("k") and k[1:].isdigit()) and not _is_drafter_label(k)
+    ]
+    if bad:
+        raise SettingsError(
+            "SPECROUTE_ROUTER_POOLS: keys must be 'off', 'k<gamma>' or a llama-server drafter setting "
+            f"('ngram-mod 16 2-16'), got {', '.join(bad)}"
+        )
+    return pools
+
+
+def _is_drafter_label(text: str) -> bool:
+    """Whether ``text`` is a llama-server drafter setting's label."""
+    try:
+        return parse_drafter(text).label == text
+    except ValueError:
+        return False

@@ -31,9 +31,16 @@ from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.option_curve import OptionCurve, stored_option_rows, task_option_curves
 from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.run_params import DEFAULT_MARGIN
-from analyzer.settings import load_settings, router_pools
+from analyzer.settings import load_settings
 from router.orm import PolicySet, TaskPolicy
-from router.policy import FALLBACK_TASK, NO_GAMMA, PolicyError, activate_policy_set, find_policy_set
+from router.policy import (
+    FALLBACK_TASK,
+    NO_GAMMA,
+    PolicyError,
+    activate_policy_set,
+    find_policy_set,
+    router_pools,
+)
 
 OFF = "off"
 DEFAULT_FIRST_PORT = 8081

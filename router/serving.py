@@ -34,7 +34,7 @@ class ServingEntry:
     def settings_in(self, decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """This engine's settings in a routing decision as the router answered it (None: none for it, as for a
         llama-server setting in transformers)."""
-        return decision["engine"].get(self.name) if self.decides is not None else None
+        return self.decides.settings_in(decision) if self.decides is not None else None
 
 
 SERVING_ENGINES: dict[str, ServingEntry] = {

@@ -141,6 +141,7 @@ def upload_set(session):
 
 
 @needs_encoder
+@pytest.mark.slow
 def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained_on(upload_set):
     session = upload_set
     with session.begin():
@@ -190,6 +191,7 @@ def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained
 
 
 @needs_encoder
+@pytest.mark.slow
 def test_cli_import_suggests_and_accept_and_train_adapt(runner, tmp_path, monkeypatch):
     """Beside another process's writer: the teacher and the classifier train outside any transaction,
     their results stored under the write lock (one transaction around the training failed with
@@ -422,6 +424,7 @@ def test_a_good_adaptation_is_activated_and_the_first_one_needs_no_comparison(se
     assert plain.is_active and "activation" not in plain.scores
 
 
+@pytest.mark.slow
 def test_cli_and_web_withhold_a_worse_adaptation_and_activate_forces_it(
     runner, tmp_path, monkeypatch, engine, db_url
 ):

@@ -116,6 +116,7 @@ def _wait(predicate, timeout_s: float = 120.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_the_ui_end_to_end_in_chromium(browser, site):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -286,6 +287,7 @@ def adapt_site(engine, db_url, tmp_path):
         app.extensions["specroute.close"]()
 
 
+@pytest.mark.slow
 def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_site):
     """Upload unlabelled prompts; the teacher's suggestions appear beside them; one click on the
     classifier page retrains adapted to them; the page lists what it learned per class and the prompts
@@ -382,6 +384,7 @@ MIXED_PROMPTS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium(
     browser, site, db_url, monkeypatch
 ):
@@ -437,6 +440,7 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     browser.save_screenshot(str(ARTIFACTS / "noisy_policies.png"))
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_chromium(
     browser, site, db_url
 ):
@@ -500,6 +504,7 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     browser.save_screenshot(str(ARTIFACTS / "repriced_report.png"))
 
 
+@pytest.mark.slow
 def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_chromium(
     browser, site, db_url, monkeypatch
 ):
@@ -508,10 +513,10 @@ def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_
     CPU); on a GPU they are replayed CUDA graphs."""
     from selenium.webdriver.common.by import By
 
-    from analyzer import run_params
     from analyzer.engine import run_models
+    from analyzer.models import devices
 
-    monkeypatch.setattr(run_params, "check_cost_mode_device", lambda mode, device: None)
+    monkeypatch.setattr(devices, "check_cost_mode_device", lambda mode, device: None)
     monkeypatch.setattr(run_models, "CAPTURE_GRAPHS", False)
     base, folder = site
     pair = ("--target", f"hf:{folder / 'tiny-target'}", "--draft", "ngram")

@@ -68,6 +68,7 @@ def test_structural_features_shape_and_values():
     assert rows[2, column["non_latin_letters"]] > 0.8 and rows[1, column["non_latin_letters"]] == 0.0
 
 
+@pytest.mark.slow
 def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subset):
     scores = evaluate(subset, seed=0)
     assert scores["folds"] == 5 and scores["grouped"] is None  # the subset has no sources: no grouped CV
@@ -82,6 +83,7 @@ def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subse
     assert sum(map(sum, matrix)) == len(subset.texts)
 
 
+@pytest.mark.slow
 def test_train_persists_versions_with_their_record_and_predicts(session, subset):
     with session.begin():
         first = train_classifier(session, subset)
@@ -107,6 +109,7 @@ def test_train_persists_versions_with_their_record_and_predicts(session, subset)
     assert all(0.0 < confidence <= 1.0 for _, confidence in predictions)
 
 
+@pytest.mark.slow
 def test_a_version_with_another_library_version_or_a_bad_hash_is_refused(session, subset):
     with session.begin():
         record = train_classifier(session, subset)
@@ -167,6 +170,7 @@ def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(se
             training_data(session, *args[:2], **({"adapt": args[2]} if len(args) > 2 else {}))
 
 
+@pytest.mark.slow
 def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session, subset):
     lines = [
         {"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"},

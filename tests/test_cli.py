@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import migrations
 from webui.cli import cli
 
@@ -85,6 +87,7 @@ def test_import_usage_errors(runner, tmp_path):
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
+@pytest.mark.slow
 def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
     """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
     transformers here; llama.cpp is tested in tests/test_llamacpp.py, the default, llama-server, in

@@ -11,6 +11,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from werkzeug.serving import make_server
@@ -135,6 +136,7 @@ def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_a
 
 @given(gamma_max=st.integers(1, 40), acceptance=st.floats(0.05, 0.995), events=st.integers(0, 3))
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 def test_no_response_contains_nan_or_infinity_for_any_gamma_max(
     tmp_path_factory, monkeypatch, gamma_max, acceptance, events
 ):

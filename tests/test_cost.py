@@ -501,6 +501,7 @@ class ScriptedModels:
     def profiling_plan(self, params):
         """As the transformers pair plans it (analyzer.engine.run_models.RunModels.profiling_plan)."""
         from analyzer.engine.engine_base import ProfilingPlan
+        from analyzer.models.devices import run_batch_sizes
 
         placement = self.target.placement
         return ProfilingPlan(
@@ -508,7 +509,7 @@ class ScriptedModels:
             "bfloat16",
             self.device,
             "generate()",
-            params.batch_sizes(placement),
+            run_batch_sizes(params, placement),
             params.cost_mode,
         )
 

@@ -16,6 +16,7 @@ from analyzer import run_params
 from analyzer.analysis.run_records import RunParams
 from analyzer.engine import run_models
 from analyzer.engine.engines import CostModeError, check_cost_mode_device, check_cost_mode_name, check_run
+from analyzer.models import devices
 from analyzer.orm import AnalysisRun
 from analyzer.settings import SettingsError, load_settings
 from tests.test_engines import _form, web_app  # noqa: F401 (fixtures)
@@ -96,10 +97,11 @@ def test_the_cost_mode_setting_does_not_stop_a_llama_cpp_run_but_the_option_does
 @pytest.fixture
 def uncaptured_graphs(monkeypatch):
     """The cuda-graphs mode on the CPU: the device check let through, the steps run uncaptured."""
-    monkeypatch.setattr(run_params, "check_cost_mode_device", lambda mode, device: None)
+    monkeypatch.setattr(devices, "check_cost_mode_device", lambda mode, device: None)
     monkeypatch.setattr(run_models, "CAPTURE_GRAPHS", False)
 
 
+@pytest.mark.slow
 def test_a_cuda_graphs_run_prices_validates_and_says_so_and_reuses_only_its_own_mode(
     cli_db, model_folders, uncaptured_graphs
 ):

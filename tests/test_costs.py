@@ -252,6 +252,7 @@ def test_an_import_refuses_a_pair_no_run_knows_unless_told_and_a_profile_already
     assert run(run_pair, "--for-run", 1)[0] == 0 and stored() == [5, 4, 3, 2, 1]
 
 
+@pytest.mark.slow
 def test_an_imported_profile_reprices_a_finished_run_with_another_gamma_and_decision(
     cli_db, model_folders, tmp_path
 ):

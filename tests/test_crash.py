@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
@@ -46,6 +47,7 @@ def _results(sessions, run_id: int) -> dict[int, tuple]:
         }
 
 
+@pytest.mark.slow
 def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
     sessions = make_session_factory(engine)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)

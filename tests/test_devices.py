@@ -316,6 +316,7 @@ def test_float32_runs_claim_exactness_and_measure_no_fidelity(cli_db, model_fold
         assert row["outputs_identical"] and row["replay_identical"]
 
 
+@pytest.mark.slow
 def test_profiles_per_batch_size_are_stored_reused_and_reported(cli_db, model_folders):
     args = ("--target", f"hf:{model_folders['target']}", "--draft", "ngram", "--batch-sizes", "2,1")
     first = json.loads(_analyze(cli_db, *args).stdout)
@@ -536,6 +537,7 @@ def test_the_guarantee_sentence_per_dtype_and_mode():
     assert "--validate" not in repriced
 
 
+@pytest.mark.slow
 def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(
     cli_db, model_folders, monkeypatch
 ):

@@ -26,8 +26,11 @@ from analyzer.engine.engines import (
 from analyzer.run_params import RunError, RunParams
 
 ROOT = Path(__file__).resolve().parent.parent
-# the registry, the protocol, and the engines' own modules: the only places a name may be compared
+# the names and their checks, the registry, the protocols, and the engines' own modules: the only places a name may
+# be compared
 ENGINE_MODULES = {
+    "analyzer/names.py",
+    "analyzer/checks.py",
     "analyzer/engine/engine_base.py",
     "analyzer/engine/engines.py",
     "analyzer/engine/engine_transformers.py",

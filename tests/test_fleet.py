@@ -112,6 +112,7 @@ def _route(base: str, prompt: str) -> dict:
     return response.json()
 
 
+@pytest.mark.slow
 def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path):
     url = _fresh_database(postgres_url)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)

@@ -249,6 +249,7 @@ FORMS = {
 }
 
 
+@pytest.mark.slow
 def test_every_form_answers_hostile_values_without_a_server_error(surfaces):
     client, sessions, app, token, _ = surfaces
     failures, tried = [], 0
@@ -320,6 +321,7 @@ def _cost_files() -> dict[str, tuple[str, bytes]]:
     return files
 
 
+@pytest.mark.slow
 def test_prompt_and_cost_uploads_answer_hostile_files_without_a_server_error(surfaces):
     client, sessions, app, token, _ = surfaces
     failures, tried = [], 0
@@ -344,6 +346,7 @@ def test_prompt_and_cost_uploads_answer_hostile_files_without_a_server_error(sur
     assert tried >= 100
 
 
+@pytest.mark.slow
 def test_the_command_line_imports_answer_hostile_files_with_a_message(surfaces, tmp_path):
     from click.testing import CliRunner
 

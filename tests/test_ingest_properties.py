@@ -8,6 +8,7 @@ import csv
 import io
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -85,6 +86,7 @@ def test_arbitrary_bytes_only_raise_the_documented_error(data, fmt):
     cuts=st.lists(st.tuples(st.integers(0, 10_000), st.binary(max_size=4)), max_size=4),
 )
 @settings(max_examples=400, deadline=None)
+@pytest.mark.slow
 def test_corrupted_valid_files_only_raise_the_documented_error(rows, fmt, cuts):
     data = bytearray({"txt": to_txt, "jsonl": to_jsonl, "csv": to_csv}[fmt](rows))
     for position, replacement in cuts:  # splice random bytes into a valid file

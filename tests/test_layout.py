@@ -45,7 +45,11 @@ def test_benchmarks_do_not_import_the_tests():
 # analyzer/'s subpackages, each importing only those before it (imports inside functions included); the
 # modules left at analyzer/'s top level are the vocabulary they share (docs/architecture.md)
 ANALYZER_LAYERS = ("prompts", "models", "measuring", "engine", "pricing", "advice", "analysis")
-FOUNDATIONS = {"__init__", "errors", "settings", "db", "orm", "json_input", "run_params", "progress"}
+# analyzer/'s top-level modules, the shared bottom, in their order: each imports only those before it and no
+# subpackage (names.py imports nothing of the project)
+FOUNDATIONS = (
+    "__init__", "names", "errors", "progress", "checks", "json_input", "run_params", "db", "orm", "settings",
+)  # fmt: skip
 
 
 def _analyzer_imports(path: Path) -> set[str]:
@@ -64,7 +68,13 @@ def _analyzer_imports(path: Path) -> set[str]:
 
 def test_analyzer_is_its_documented_subpackages_and_they_import_down_the_layers():
     top = {path.stem for path in (ROOT / "analyzer").glob("*.py")}
-    assert top == FOUNDATIONS
+    assert top == set(FOUNDATIONS)
+    downward = []
+    for position, stem in enumerate(FOUNDATIONS):
+        below = {f"analyzer.{name}" for name in FOUNDATIONS[:position]}
+        found = _analyzer_imports(ROOT / "analyzer" / f"{stem}.py") - below
+        downward += [f"analyzer/{stem}.py imports {name}" for name in sorted(found)]
+    assert downward == []  # the bottom imports nothing above it, in a subpackage or beside it
     packages = {path.parent.name for path in (ROOT / "analyzer").glob("*/__init__.py")}
     assert packages == set(ANALYZER_LAYERS) | {"sample_data"}  # sample_data: package data, no code
     architecture = (ROOT / "docs" / "architecture.md").read_text("utf-8")

@@ -26,6 +26,8 @@ from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.specs import parse_spec
 
+pytestmark = pytest.mark.slow  # llama-server end to end: the quick tier leaves it out
+
 SAMPLE = Path(__file__).resolve().parents[1] / "analyzer" / "sample_data" / "sample_prompts.jsonl"
 # tasks whose answers copy their input draft often; a chat task drafts little
 TASKS = ("extraction", "translation", "roleplay", "code", "general")

@@ -55,6 +55,7 @@ def chat_ids(smollm2, tmp_path_factory):
     ]
 
 
+@pytest.mark.slow
 def test_the_huggingface_tokenizer_of_the_gguf_gives_llama_cpps_own_ids(smollm2, chat_ids):
     tokenizer, prompts = chat_ids
     for ids in prompts:
@@ -74,6 +75,7 @@ def test_greedy_generation_equals_llama_cpps_own_greedy_generate(smollm2, chat_i
         assert np.all(ours.entropies >= 0) and ours.time_s > 0
 
 
+@pytest.mark.slow
 def test_prompt_lookup_in_llama_cpp_takes_the_rounds_its_drafting_rule_replays(smollm2, chat_ids):
     """Where the speculative output equals plain greedy (a near-tie flip changes the path), the target
     passes of llama-cpp-python's speculative loop equal the rounds of the walk under LLAMA_CPP_RULE:
@@ -130,6 +132,7 @@ def _analyze(runner, *args):
     )
 
 
+@pytest.mark.slow
 def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
     result = _analyze(cli_db, "--validate", "2")
     assert result.exit_code == 0, result.stderr
@@ -166,6 +169,7 @@ def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_llama_cpp_profiles_are_reused_by_llama_cpp_runs_only(cli_db, smollm2):
     assert _analyze(cli_db).exit_code == 0
     assert _analyze(cli_db, "--reprofile").exit_code == 0
@@ -205,6 +209,7 @@ def test_a_worker_without_llama_cpp_python_fails_the_run_with_the_install_hint(c
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_the_demo_analyses_in_llama_cpp_when_asked(runner, smollm2):
     quick = (
         "demo",

@@ -20,6 +20,7 @@ import pytest
 from markupsafe import escape
 from sqlalchemy import select
 
+from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
 from analyzer.db import engine_from_settings, make_session_factory
 from analyzer.engine.engines import REGISTRY
 from analyzer.orm import AnalysisRun
@@ -28,7 +29,6 @@ from analyzer.run_params import (
     DEFAULT_VALIDATE,
     RunInputError,
     RunParams,
-    read_inputs,
 )
 from analyzer.settings import load_settings
 from webui.app import create_app
@@ -185,7 +185,7 @@ def _post(app, **fields):
 @pytest.mark.parametrize("inputs, expected", CASES)
 def test_from_inputs_names_every_problem(inputs, expected):
     with pytest.raises(RunInputError) as refused:
-        RunParams.from_inputs({"target": HF, "draft": "ngram", **inputs}, load_settings(), engines=REGISTRY)
+        params_from_inputs({"target": HF, "draft": "ngram", **inputs}, load_settings(), engines=REGISTRY)
     assert [p.field for p in refused.value.problems] == [field for field, _, _ in expected]
     assert str(refused.value).splitlines() == _messages(expected, str)
 
@@ -242,9 +242,7 @@ def test_the_worker_reads_stored_params_whose_types_are_wrong_as_the_inputs_are_
     # ... and the same value typed as an input is refused in the same words
     if expected[0] != "chat_template":
         with pytest.raises(RunInputError) as typed:
-            RunParams.from_inputs(
-                {"target": HF, "draft": "ngram", **stored}, load_settings(), engines=REGISTRY
-            )
+            params_from_inputs({"target": HF, "draft": "ngram", **stored}, load_settings(), engines=REGISTRY)
         assert str(typed.value) == " ".join(expected)
 
 
@@ -261,7 +259,7 @@ def test_stored_params_are_not_checked_against_todays_limits_again():
 
 def test_blank_inputs_give_the_same_run_on_the_command_line_in_the_form_and_in_the_demo(cli_one, web, runner):
     settings = load_settings()
-    expected = RunParams.from_inputs({"target": BUILTIN, "draft": "ngram"}, settings, engines=REGISTRY)
+    expected = params_from_inputs({"target": BUILTIN, "draft": "ngram"}, settings, engines=REGISTRY)
     assert (expected.engine, expected.max_new_tokens, expected.gamma_max, expected.validate) == (
         "llama.cpp",
         64,
@@ -304,7 +302,7 @@ def test_the_cli_stores_what_from_inputs_gives(cli_one):
     assert queued.exit_code == 0, queued.stderr
     why = "transformers can measure this run as asked; llama.cpp cannot: the llama.cpp engine loads GGUF files only"
     assert why in queued.stderr
-    expected = RunParams.from_inputs(
+    expected = params_from_inputs(
         {"target": HF, "draft": "ngram", "device": "cpu"}, load_settings(), engines=REGISTRY
     )
     assert _stored_params(cli_one) == [expected] and expected.engine == "transformers"
@@ -339,7 +337,7 @@ def test_auto_is_the_first_engine_whose_own_checks_accept_the_run(inputs, engine
 
 def test_sampling_leaves_validate_at_0_when_blank_and_the_setting_decides_where_it_is_set():
     settings = load_settings()
-    sampling = RunParams.from_inputs({"target": HF, "temperature": "0.7"}, settings, engines=REGISTRY)
+    sampling = params_from_inputs({"target": HF, "temperature": "0.7"}, settings, engines=REGISTRY)
     assert (sampling.validate, sampling.sampling) == (0, True)
     pinned = load_settings({"engine": "transformers"})
     read = read_inputs({"target": BUILTIN, "draft": "ngram"}, pinned, engines=REGISTRY)

@@ -520,6 +520,7 @@ def test_a_resumed_run_reuses_the_stored_ids_of_the_prompts_it_measured(
     assert sorted(texts) == sorted(p["prompt"] for p in PROMPTS if p["prompt"] not in measured)
 
 
+@pytest.mark.slow
 def test_an_analysis_finishes_while_another_process_writes_the_database(cli_db, model_folders, tmp_path):
     """A write that follows a read in one transaction takes the write lock first: another process's
     writer then only makes it wait. Begun as a plain read, such a transaction failed at once with

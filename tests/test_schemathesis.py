@@ -92,6 +92,7 @@ schema = schemathesis.openapi.from_dict(openapi_document("0"))
         HealthCheck.filter_too_much,
     ],
 )
+@pytest.mark.slow
 def test_every_operation_conforms_to_the_openapi_document(case, api_app):
     case.call_and_validate(app=api_app, checks=CHECKS)
 

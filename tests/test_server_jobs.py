@@ -126,6 +126,7 @@ def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_i
     assert '<tr data-job="1">' in listing
 
 
+@pytest.mark.slow
 def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_generations(
     llama_server_binary, engine, session, tmp_path, monkeypatch
 ):

@@ -24,12 +24,12 @@ from analyzer.engine.llama_server_process import LlamaServerClient, free_port
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import import_sample
-from analyzer.settings import Settings, SettingsError, router_pools
+from analyzer.settings import Settings, SettingsError
 from router.adaptation import AdaptationConfig
 from router.classifier import train_classifier
 from router.decision import router_from_database
 from router.feedback import FeedbackError, parse_feedback, record_feedback
-from router.policy import PolicyError, publish_policies
+from router.policy import PolicyError, publish_policies, router_pools
 from router.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
 from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from router.training_data import make_training_data
@@ -321,6 +321,7 @@ def _wait_for(stream, text: str, timeout_s: float) -> list[str]:
     raise AssertionError(f"{text!r} not printed: {''.join(seen)}")
 
 
+@pytest.mark.slow
 def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(llama_server_binary, tmp_path):
     """``specroute pools start`` runs the set's pools as llama-server processes; each decision's pool answers,
     and only the pool running the extraction task's setting drafts (its server's own ``timings``)."""

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent("""
@@ -48,6 +50,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_serving_pages_and_the_api_loads_neither_torch_nor_transformers(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / 'serve.db'}", str(tmp_path / "data")],

@@ -341,6 +341,7 @@ def test_secret_key_rules(tmp_path):
     assert resolve_secret_key(load_settings({"secret_key": strong}, environ={})) == strong
 
 
+@pytest.mark.slow
 def test_processes_starting_together_agree_on_one_generated_key(tmp_path):
     import multiprocessing
 

@@ -20,6 +20,7 @@ from analyzer.advice.summary import UNLABELLED
 from analyzer.advice.summary_store import run_summary
 from analyzer.analysis.chunks import chunk_progress
 from analyzer.analysis.repricing import price_comparison
+from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
 from analyzer.analysis.run_records import RunParams, create_run, get_run, request_cancel, shown_status
 from analyzer.db import lock_for_write, utcnow
 from analyzer.engine.engines import COST_MODES, ENGINES, LLAMA_SERVER, MEASURING
@@ -33,7 +34,6 @@ from analyzer.run_params import (
     DEFAULT_VALIDATE,
     LIMITS,
     RunInputError,
-    read_inputs,
 )
 from router import strict_json
 from router.classifier import rarely_reached
@@ -45,7 +45,7 @@ from webui.ui import bp, flash, sessions, settings
 # RunParams.check (the new-run page's inputs take their min and max attributes from here too).
 WHOLE_NUMBER_FIELDS = ("max_new_tokens", "gamma_max", "validate", "chunk_size")
 FORM_LIMITS = {name: LIMITS[name] for name in (*WHOLE_NUMBER_FIELDS, "temperature", "limit")}
-# what the form sends: the run's inputs, read by RunParams.from_inputs as the CLI's are
+# what the form sends: the run's inputs, read by analyzer.analysis.run_inputs.read_inputs as the CLI's are
 FORM_FIELDS = (
     "prompt_set",
     "target",
@@ -249,7 +249,7 @@ def start_run():
             "choose a draft other than the target: drafting with the target itself cannot speed it up"
         )
     try:  # the CLI's reader: the same defaults, the same words
-        params = RunParams.from_inputs(values, settings(), engines=MEASURING)
+        params = params_from_inputs(values, settings(), engines=MEASURING)
     except RunInputError as error:
         errors += error.messages(form_words)
     if errors:

@@ -1,5 +1,6 @@
-"""What every engine is, named once: the engines' names, the :class:`Engine` protocol each engine module
-implements, the :class:`LoadedPair` protocol of a pair loaded in one, and the checks of names.
+"""What every engine is: the protocols of its capabilities (:class:`MeasuringEngine`, :class:`ServingEngine`,
+:class:`CostSource`) and the :class:`LoadedPair` protocol of a pair loaded in one; the engines' names and their
+checks are re-exported from :mod:`analyzer.names` and :mod:`analyzer.checks`, where they live.
 
 Acceptance travels between engines; cost does not (DESIGN.md, "Engines"). So every run, cost profile and
 policy set records two engines: the one that **measured** the acceptance (``measured_by``: an engine of
@@ -10,9 +11,29 @@ is :mod:`analyzer.engine.engines`; this module imports no engine, so any module 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol
 
+from analyzer.checks import (  # noqa: F401  (re-exported: importers name them here)
+    CostModeError,
+    EngineError,
+    check_cost_mode_device,
+    check_cost_mode_name,
+    check_engine_name,
+)
 from analyzer.errors import SpecrouteError
+from analyzer.names import (  # noqa: F401  (re-exported: importers name them here)
+    COST_MODE_WORDS,
+    COST_MODES,
+    CUDA_GRAPHS,
+    DEFAULT_COST_MODE,
+    DEFAULT_ENGINE,
+    EAGER,
+    ENGINES,
+    IMPORTED,
+    LLAMA_CPP,
+    LLAMA_SERVER,
+    TRANSFORMERS,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,16 +46,6 @@ if TYPE_CHECKING:
     from analyzer.models.specs import ModelSpecRef
     from analyzer.orm import ModelPair, Prompt
     from analyzer.run_params import RunParams
-
-TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
-ENGINES = (TRANSFORMERS, LLAMA_CPP)  # the engines that measure (the CLI's --engine, the web form's select)
-DEFAULT_ENGINE = TRANSFORMERS
-# the engine entry of cost profiles imported from another engine's own benchmark (analyzer/analysis/cost_import.py):
-# they price, and never measure
-IMPORTED = "imported"
-# llama.cpp's own C++ server: analysed by its own analysis (analyzer/analysis/server_analysis.py, not a run),
-# it measures and prices there; its registry entry routes the policy sets published from those analyses
-LLAMA_SERVER = "llama-server"
 
 
 class ProfilingPlan(NamedTuple):
@@ -138,6 +149,11 @@ class ServingEngine(Protocol):
         llama-server setting in another engine)."""
         ...
 
+    def settings_in(self, decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """This engine's terms in a routing decision as the router answered it (what
+        :meth:`decision_settings` gave; None: none for it, as for a llama-server setting in transformers)."""
+        ...
+
 
 class CostSource(Protocol):
     """Where a cost profile's step times come from: measured by a measuring engine (``measures``), fitted from a
@@ -237,54 +253,3 @@ class EngineUnavailable(SpecrouteError, RuntimeError):
     """The engine a run asks for is not installed on this machine; the message says how to install it."""
 
     status, code = 503, "engine_unavailable"
-
-
-class EngineError(SpecrouteError, ValueError):
-    """An engine name that is not one of :data:`ENGINES`; the message names the allowed ones."""
-
-    status, code = 400, "invalid_engine"
-
-
-def check_engine_name(text: str | None) -> str:
-    """``text`` when it is one of :data:`ENGINES`, written exactly so (the name is stored and compared
-    as it is); EngineError naming the allowed values otherwise."""
-    if text not in ENGINES:
-        raise EngineError(f"unknown engine {text!r}; use one of: {', '.join(ENGINES)}")
-    return text
-
-
-# How transformers' costs are timed (DESIGN.md, "Cost model and speedup"): eager forwards, as
-# generate() runs them, or forwards replayed from captured CUDA graphs over a static KV cache, as
-# vLLM, SGLang and TensorRT-LLM serve (analyzer/engine/graph_cost.py; a CUDA GPU only).
-EAGER, CUDA_GRAPHS = "eager", "cuda-graphs"
-COST_MODES = (EAGER, CUDA_GRAPHS)
-DEFAULT_COST_MODE = EAGER
-# what each cost mode times, in the words a report uses
-COST_MODE_WORDS = {
-    EAGER: "forwards as transformers' generate() runs them",
-    CUDA_GRAPHS: "steps replayed from captured CUDA graphs over a static KV cache, as serving engines run them",
-}
-
-
-class CostModeError(SpecrouteError, ValueError):
-    """A cost mode that is not one of :data:`COST_MODES`, or one this engine or device cannot time."""
-
-    status, code = 400, "invalid_cost_mode"
-
-
-def check_cost_mode_name(text: str | None) -> str:
-    """``text`` when it is one of :data:`COST_MODES`; CostModeError naming the allowed ones otherwise."""
-    if text not in COST_MODES:
-        raise CostModeError(f"unknown cost mode {text!r}; use one of: {', '.join(COST_MODES)}")
-    return text
-
-
-def check_cost_mode_device(cost_mode: str, device_type: str) -> None:
-    """CostModeError when ``cost_mode`` cannot time on a device of ``device_type`` (cuda-graphs needs a
-    CUDA GPU: a CPU has no CUDA graphs, and its eager cost is already what llama.cpp or torch pays)."""
-    if cost_mode == CUDA_GRAPHS and device_type != "cuda":
-        raise CostModeError(
-            f"cost mode {CUDA_GRAPHS} times CUDA graphs, which need a CUDA GPU; this run's device is "
-            f"{device_type}. Use --cost-mode {EAGER} here, or run on a machine with a GPU "
-            f"(device auto or cuda)."
-        )

@@ -9,7 +9,7 @@ pool that runs it and that pool's command-line flags) and its step costs are fit
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.measuring.server_drafting import parse_drafter
@@ -27,6 +27,9 @@ class LlamaServerEngine:
         """Its step costs are fitted from its servers' timings in its own analyses (their fit errors are
         shown there), never a run's profile: no note."""
         return None
+
+    def settings_in(self, decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return decision["engine"].get(self.name)
 
     def decision_settings(
         self,

@@ -6,7 +6,7 @@ sequence per context, and prices with llama.cpp's own step times. Its loaded pai
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from analyzer.engine.engine_base import CUDA_GRAPHS, EAGER, LLAMA_CPP, LoadedPair
 from analyzer.measuring.acceptance import LLAMA_CPP_RULE, DraftingRule
@@ -106,6 +106,9 @@ class LlamaCppEngine:
 
     def profile_note(self, profile: dict[str, Any]) -> str | None:
         return None
+
+    def settings_in(self, decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return decision["engine"].get(self.name)
 
     def decision_settings(
         self,

@@ -6,7 +6,7 @@ loaded pair is :class:`analyzer.engine.run_models.RunModels`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from analyzer.engine.engine_base import (
     COST_MODES,
@@ -18,7 +18,7 @@ from analyzer.engine.engine_base import (
     check_cost_mode_device,
 )
 from analyzer.measuring.acceptance import TRANSFORMERS_RULE, DraftingRule
-from analyzer.models.devices import resolve
+from analyzer.models.devices import resolve, run_placement
 from analyzer.run_params import RunError, RunParams
 
 if TYPE_CHECKING:
@@ -56,20 +56,20 @@ class TransformersEngine:
         """A dependency of specroute itself: always installed."""
 
     def placement_text(self, params: RunParams, *, queue_only: bool) -> str:
-        placement = resolve(params.device, params.dtype) if queue_only else params.placement()
+        placement = resolve(params.device, params.dtype) if queue_only else run_placement(params)
         mode = " (steps timed as replayed CUDA graphs)" if params.cost_mode == CUDA_GRAPHS else ""
         return (
             f"engine {self.name}{mode}, device {placement.device} ({placement.name}), dtype {placement.dtype}"
         )
 
     def load_key(self, params: RunParams) -> tuple[Any, ...]:
-        placement = params.placement()
+        placement = run_placement(params)
         return (f"on {placement.device} ({placement.name}) in {placement.dtype}",)
 
     def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
         from analyzer.engine.run_models import load_run_models  # torch and transformers load with the models
 
-        return load_run_models(pair, cache_dir, allow_network, params.placement())
+        return load_run_models(pair, cache_dir, allow_network, run_placement(params))
 
     def report_cost_mode(self, params: RunParams) -> str | None:
         return params.cost_mode
@@ -82,6 +82,9 @@ class TransformersEngine:
 
     def profile_note(self, profile: dict[str, Any]) -> str | None:
         return None
+
+    def settings_in(self, decision: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return decision["engine"].get(self.name)
 
     def decision_settings(
         self,

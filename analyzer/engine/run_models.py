@@ -19,7 +19,7 @@ from analyzer.measuring.prompt_encoding import (
     token_texts,
 )
 from analyzer.measuring.prompt_passes import PromptPasses
-from analyzer.models.devices import Placement
+from analyzer.models.devices import Placement, run_batch_sizes
 from analyzer.models.loading import LoadedModel, load_model
 from analyzer.models.specs import ModelSpecRef, parse_spec
 from analyzer.models.tokenizer_match import check_same_tokenizer
@@ -126,7 +126,7 @@ class RunModels:
             dtype,
             f"{placement.device} in {dtype}" + (", steps replayed from CUDA graphs" if graphs else ""),
             "the CUDA-graph decoding loops" if graphs else "generate()",
-            params.batch_sizes(placement),
+            run_batch_sizes(params, placement),
             params.cost_mode,
             # transformers' defaults draft up to DEFAULT_TOKENS: price them (greedy, a model draft)
             DEFAULT_TOKENS + 1 if self.draft is not None and params.temperature == 0 else 0,

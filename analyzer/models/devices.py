@@ -9,32 +9,27 @@ a GPU is present, else the CPU in float32.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analyzer.errors import SpecrouteError
+from analyzer.checks import (  # noqa: F401  (re-exported: importers name them here)
+    CostModeError,
+    DeviceError,
+    check_cost_mode_device,
+    check_device_name,
+    check_dtype_name,
+)
+from analyzer.names import DEVICE_CHOICES, DTYPE_ALIASES, DTYPE_CHOICES, MAX_PROFILE_BATCH_SIZE  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    from analyzer.run_params import RunParams
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_GPU_BATCH_SIZES = (1, 4, 16)
 DEFAULT_CPU_BATCH_SIZES = (1,)
-MAX_PROFILE_BATCH_SIZE = 256
-
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,3})?)$")
-
-
-class DeviceError(SpecrouteError, ValueError):
-    """The device or dtype asked for cannot be used on this machine; the message says why and what
-    would work."""
-
-    status, code = 400, "invalid_device"
 
 
 class ModelTooLarge(DeviceError):
@@ -61,24 +56,6 @@ class Placement:
         import torch
 
         return getattr(torch, self.dtype)
-
-
-def check_device_name(text: str | None) -> str:
-    """The device name normalised (lower case, stripped); DeviceError unless it is auto, cpu, cuda
-    or cuda:N."""
-    name = (text or "auto").strip().lower()
-    if not _DEVICE.match(name):
-        raise DeviceError(f"unknown device {text!r}; use one of: {', '.join(DEVICE_CHOICES)}")
-    return name
-
-
-def check_dtype_name(text: str | None) -> str:
-    """The dtype name normalised (aliases fp32/bf16/fp16/half accepted); DeviceError for others."""
-    name = (text or "auto").strip().lower()
-    name = DTYPE_ALIASES.get(name, name)
-    if name not in DTYPE_CHOICES:
-        raise DeviceError(f"unknown dtype {text!r}; use one of: {', '.join(DTYPE_CHOICES)}")
-    return name
 
 
 def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -274,3 +251,21 @@ def _estimate_sentence(opening: str, fidelity: dict | None, repriced_from: int |
     else:
         parts.append("; run with --validate N to measure it against real speculative decoding")
     return "".join(parts) + "."
+
+
+def run_placement(params: RunParams) -> Placement:
+    """The device and dtype a run asks for, resolved on this machine (DeviceError if absent; RunError when the
+    run's cost mode cannot time on it: cuda-graphs on a CPU)."""
+    from analyzer.run_params import RunError
+
+    placement = resolve(params.device, params.dtype)
+    try:
+        check_cost_mode_device(params.cost_mode, "cuda" if placement.is_cuda else "cpu")
+    except CostModeError as error:
+        raise RunError(str(error)) from None
+    return placement
+
+
+def run_batch_sizes(params: RunParams, placement: Placement) -> tuple[int, ...]:
+    """The batch sizes a run profiles: the ones it asks for, else the device's default."""
+    return tuple(params.profile_batch_sizes) if params.profile_batch_sizes else default_batch_sizes(placement)

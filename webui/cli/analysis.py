@@ -6,6 +6,7 @@ from typing import Callable
 
 import click
 
+from analyzer.analysis.run_inputs import read_inputs
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.engine.engines import (
     COST_MODES,
@@ -25,7 +26,6 @@ from analyzer.run_params import (
     RunInputError,
     RunParams,
     range_words,
-    read_inputs,
     whole_number,
 )
 from router import strict_json
@@ -41,8 +41,8 @@ def option_name(field: str) -> str:
 
 def run_input_option(field: str, help_text: str, dest: str | None = None) -> Callable:
     """A ``click`` option of the run input ``field``, taken as typed and read by
-    :meth:`RunParams.from_inputs` (so a bad value gets the words the web form gives); its help states the
-    limit and the default, both from analyzer/run_params.py."""
+    :func:`analyzer.analysis.run_inputs.read_inputs` (so a bad value gets the words the web form gives); its
+    help states the limit and the default, both from analyzer/run_params.py."""
     default = BLANK_MEANS.get(field) or (
         f"{DEFAULT_VALIDATE} for a greedy run, 0 for a sampling one"
         if field == "validate"

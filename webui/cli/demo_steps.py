@@ -24,8 +24,8 @@ from webui.cli.base import CliState, _cache_dir, _tasks_text, _TqdmProgress
 from webui.cli.serving import _serve
 
 if TYPE_CHECKING:
+    from analyzer.analysis.run_inputs import RunInputs
     from analyzer.analysis.run_records import RunParams
-    from analyzer.run_params import RunInputs
 
 # a stored run is reused by the demo when these of its parameters are the demo's
 DEMO_PARAM_KEYS = (
@@ -63,7 +63,8 @@ def demo_run_inputs(state: CliState, raw: dict[str, object]) -> RunInputs:
     defaults the CLI and the web form take (analyzer/run_params.py and the settings: under
     SPECROUTE_ENGINE's default, auto, the demo's run is measured in llama.cpp); checked in full before
     anything is done."""
-    from analyzer.run_params import RunInputError, read_inputs
+    from analyzer.analysis.run_inputs import read_inputs
+    from analyzer.run_params import RunInputError
     from webui.cli.analysis import option_name
 
     try:
