@@ -64,7 +64,7 @@ class Prompt(Base):
     """One prompt of a set: plain text or chat messages, an optional task label, the user's id,
     the line it came from, and a content hash that is unique within the set. An unlabelled prompt may
     carry the teacher's suggested task, its confidence and where the suggestion came from
-    (router/teacher.py); a suggestion is not a label until a person accepts it."""
+    (router/classify/teacher.py); a suggestion is not a label until a person accepts it."""
 
     __tablename__ = "prompts"
 

@@ -11,7 +11,7 @@ run, 0 for a sampling one) and the engine, cost mode, device and dtype, which ta
 :func:`analyzer.models.devices.run_placement`, how its engine is chosen :mod:`analyzer.analysis.run_inputs`.
 
 What the router needs of them travels with each published policy set (gamma_max, margin, engine):
-see :class:`router.policy.PolicyContract`.
+see :class:`router.policies.policy.PolicyContract`.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class Settings:
     suggest_tasks: bool = _setting(
         True,
         "Suggest a task for every unlabelled prompt of a newly imported or uploaded prompt set, with the "
-        "teacher (router/teacher.py; needs the sentence encoder, skipped without it): shown beside each "
+        "teacher (router/classify/teacher.py; needs the sentence encoder, skipped without it): shown beside each "
         "prompt on the prompt set page, accepted there above a confidence, and used by 'specroute train "
         "--adapt'. The web UI suggests in a background thread; set false to suggest only on demand "
         "('specroute prompts suggest').",

@@ -2,9 +2,9 @@
 
 Leave-one-source-out on the bundled corpus (router/data/corpus.jsonl, 16 source repositories): each
 source in turn is "the user's upload". The classifier and the teacher are trained on the other 15
-sources; the held-out source's prompts are labelled by the teacher (router/teacher.py) without their
+sources; the held-out source's prompts are labelled by the teacher (router/classify/teacher.py) without their
 labels; the classifier is retrained on the other sources plus the confident pseudo-labels, weighted by
-confidence (router.classifier.adapted_fit, what ``specroute train --adapt`` does); then scored on the
+confidence (router.classify.classifier.adapted_fit, what ``specroute train --adapt`` does); then scored on the
 held-out source's labels. Three protocols:
 
   - transductive: the upload is adapted to and scored (what the issue asks: "adapted unlabelled,
@@ -33,11 +33,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.classifier import TaskClassifier, adapted_fit  # noqa: E402
-from router.evaluation import decision_matrix, grouped_folds, scores_of, softmax  # noqa: E402
-from router.pipeline import build_pipeline  # noqa: E402
-from router.teacher import Teacher, embed_all  # noqa: E402
-from router.training_data import DEFAULT_PSEUDO_CONFIDENCE, cold_start_data  # noqa: E402
+from router.classify.classifier import TaskClassifier, adapted_fit  # noqa: E402
+from router.classify.evaluation import decision_matrix, grouped_folds, scores_of, softmax  # noqa: E402
+from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.teacher import Teacher, embed_all  # noqa: E402
+from router.classify.training_data import DEFAULT_PSEUDO_CONFIDENCE, cold_start_data  # noqa: E402
 
 
 def predict(model, texts, labels) -> list[str]:
@@ -83,8 +83,8 @@ def scored(truth, predicted: dict, keep) -> dict:
 def latency(models: dict, texts: list[str], repeats: int = 1) -> dict:
     """p50/p99 ms of one whole routing decision (Router.route: classify, pick the policy, the request's
     rules) per model, interleaved prompt by prompt; every task has a policy, as after publishing."""
-    from router.decision import Router
-    from router.policy import PolicySnapshot
+    from router.decide.decision import Router
+    from router.policies.policy import PolicySnapshot
 
     def router(model):
         classifier = TaskClassifier(0, 0, list(model.classes_), model, threshold=0.3)

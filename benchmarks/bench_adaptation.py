@@ -18,11 +18,11 @@ plain time / speculative time, prompt processing included):
   carried across requests as transformers does with one assistant; capped at the profiled G;
 - the simple rule (start 5, bounds 2–10; after each request +1 when the mean of the last 10
   acceptance rates > 0.8, −1 when < 0.5, off when < 0.3);
-- ours, as served: the product's Router (router/decision.py) over the published policies of the
-  source half (router.policy.task_policies of the analysis summary, as ``specroute policies publish``
+- ours, as served: the product's Router (router/decide/decision.py) over the published policies of the
+  source half (router.policies.policy.task_policies of the analysis summary, as ``specroute policies publish``
   builds them) and a task classifier trained on the bundled corpus without the workload's prompts
   (``specroute train --data corpus``, calibrated threshold); each request is routed by its text, and
-  its counts move the estimate of the policy that decided (router/adaptation.py: per-task decayed Beta
+  its counts move the estimate of the policy that decided (router/decide/adaptation.py: per-task decayed Beta
   posterior of alpha, the published S(g) curve moved by it, hysteresis, probes), as /v1/feedback does;
 - ours with the true task labels instead of the classifier (isolates the estimate from the classifier);
 - the per-prompt oracle: the best fixed choice (off or g = 1..G) for each prompt in hindsight.
@@ -66,12 +66,12 @@ from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
 from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompts.prompt_sets import import_sample  # noqa: E402
-from router.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
-from router.classifier import load_active, train_classifier  # noqa: E402
-from router.decision import Router, RouterConfig  # noqa: E402
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, task_policies  # noqa: E402
-from router.route_ids import parse_route_id  # noqa: E402
-from router.training_data import cold_start_data, make_training_data  # noqa: E402
+from router.classify.classifier import load_active, train_classifier  # noqa: E402
+from router.classify.training_data import cold_start_data, make_training_data  # noqa: E402
+from router.decide.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
+from router.decide.decision import Router, RouterConfig  # noqa: E402
+from router.decide.route_ids import parse_route_id  # noqa: E402
+from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, task_policies  # noqa: E402
 
 
 @dataclass

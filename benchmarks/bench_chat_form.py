@@ -26,9 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analyzer.prompts.prompt_checks import prompt_text, request_text  # noqa: E402
-from router.evaluation import calibration, decision_matrix, grouped_folds, softmax  # noqa: E402
-from router.pipeline import build_pipeline  # noqa: E402
-from router.training_data import cold_start_data  # noqa: E402
+from router.classify.evaluation import calibration, decision_matrix, grouped_folds, softmax  # noqa: E402
+from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.training_data import cold_start_data  # noqa: E402
 
 SYSTEM = "You are a helpful assistant."
 

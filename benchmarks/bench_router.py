@@ -51,11 +51,11 @@ from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompts.prompt_sets import DEFAULT_TASK_TYPES  # noqa: E402
-from router.classifier import TaskClassifier  # noqa: E402
-from router.decision import Router  # noqa: E402
-from router.pipeline import build_pipeline  # noqa: E402
-from router.policy import PolicySnapshot  # noqa: E402
-from router.training_data import cold_start_data  # noqa: E402
+from router.classify.classifier import TaskClassifier  # noqa: E402
+from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.training_data import cold_start_data  # noqa: E402
+from router.decide.decision import Router  # noqa: E402
+from router.policies.policy import PolicySnapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql")
@@ -79,7 +79,9 @@ def percentiles_ms(values_ns: list[int]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-FEATURES = {"name": "tfidf"}  # --features: the classifier's feature set (router.pipeline.FEATURE_SETS)
+FEATURES = {
+    "name": "tfidf"
+}  # --features: the classifier's feature set (router.classify.pipeline.FEATURE_SETS)
 
 
 def in_process(train: tuple[list[str], list[str]], prompts: list[str], repeats: int) -> dict:
@@ -275,9 +277,9 @@ import json, sys
 import migrations
 from analyzer.db import make_engine, make_session_factory
 from analyzer.analysis.simulated_run import create_simulated_run
-from router.classifier import train_classifier
-from router.training_data import cold_start_data
-from router.policy import publish_policies
+from router.classify.classifier import train_classifier
+from router.classify.training_data import cold_start_data
+from router.policies.policy import publish_policies
 url, features, tasks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 engine = make_engine(url)
 migrations.upgrade(engine)

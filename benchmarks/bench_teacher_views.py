@@ -17,9 +17,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.evaluation import grouped_folds, scores_of  # noqa: E402
-from router.teacher import Teacher, embeddings_of, spread  # noqa: E402
-from router.training_data import cold_start_data  # noqa: E402
+from router.classify.evaluation import grouped_folds, scores_of  # noqa: E402
+from router.classify.teacher import Teacher, embeddings_of, spread  # noqa: E402
+from router.classify.training_data import cold_start_data  # noqa: E402
 
 NEAREST = 15
 

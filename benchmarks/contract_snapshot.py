@@ -31,9 +31,9 @@ try:
 except ImportError:  # the code before analyzer/ was split into subpackages (issue 32)
     from analyzer.simulated_run import create_simulated_run  # type: ignore[no-redef]  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from router.decision import RouteRequest, router_from_database  # noqa: E402
-from router.policy import publish_policies  # noqa: E402
-from router.records import policy_set_dict  # noqa: E402
+from router.decide.decision import RouteRequest, router_from_database  # noqa: E402
+from router.policies.policy import publish_policies  # noqa: E402
+from router.policies.records import policy_set_dict  # noqa: E402
 
 TASKS = {"code": 0.92, "rag": 0.75, "qa": 0.35, "creative_writing": 0.12, "math": 0.6}
 PER_TASK = {
@@ -111,7 +111,7 @@ def scenario(name: str, options: dict) -> dict:
         with sessions() as session:
             router = router_from_database(session)
         rows = decisions(router, "published")
-        from router.feedback import parse_feedback, record_feedback  # noqa: PLC0415
+        from router.decide.feedback import parse_feedback, record_feedback  # noqa: PLC0415
 
         with sessions() as session, session.begin():
             for task, (rounds, drafted, accepted) in {"code": (10, 40, 4), "qa": (10, 20, 19)}.items():

@@ -154,9 +154,9 @@ def main() -> None:
         say=lambda line: None,
     )
     print(f"analysis {time.perf_counter() - started:.0f} s", flush=True)
-    from router.classifier import train_classifier
-    from router.server_policy import policy_set_plan, publish_server_policies
-    from router.training_data import make_training_data
+    from router.classify.classifier import train_classifier
+    from router.classify.training_data import make_training_data
+    from router.policies.server_policy import policy_set_plan, publish_server_policies
 
     first_port = free_port()
     with make_session_factory(engine)() as session, session.begin():

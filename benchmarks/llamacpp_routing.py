@@ -31,7 +31,7 @@ from analyzer.measuring.prompt_encoding import encode_prompt
 from analyzer.models.specs import parse_spec
 from analyzer.settings import load_settings
 from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cache, pool_name, running_pools
-from router.decision import RouterConfig, router_from_database
+from router.decide.decision import RouterConfig, router_from_database
 
 MODES = ("off", "always-on", "routed")
 FALLBACK_GAMMA = 4  # always-on's gamma where the analysis chose none

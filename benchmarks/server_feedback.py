@@ -36,9 +36,9 @@ from analyzer.engine.llama_server_pools import start_pools, stop_pools
 from analyzer.engine.llama_server_process import LlamaServerClient
 from analyzer.models.devices import cpu_model_name
 from analyzer.settings import load_settings
-from router.decision import RouteRequest, router_from_database
-from router.feedback import parse_feedback, record_feedback
-from router.server_policy import policy_set_plan, publish_server_policies
+from router.decide.decision import RouteRequest, router_from_database
+from router.decide.feedback import parse_feedback, record_feedback
+from router.policies.server_policy import policy_set_plan, publish_server_policies
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
 

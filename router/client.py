@@ -124,7 +124,7 @@ def generate_routed(
     use_chat_template: bool = True,
     send_feedback: bool = True,
 ) -> RoutedGeneration:
-    """Ask ``router`` (a RouterClient, or an in-process ``router.decision.Router``), then generate
+    """Ask ``router`` (a RouterClient, or an in-process ``router.decide.decision.Router``), then generate
     greedily with transformers: plain, with prompt lookup (n-gram decisions), or with ``draft`` as the
     assistant at the decided gamma. Speculative runs are counted exactly: rounds = target forward
     passes; accepted = new tokens − rounds; drafted = the draft's forward passes (one per drafted

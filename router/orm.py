@@ -76,7 +76,7 @@ class PolicySet(Base):
     # None (sets published before revision 0019): the serving process's own setting names them
     pools: Mapped[Optional[dict[str, Any]]] = mapped_column()
     # a llama-server analysis' plain step cost ({"step_ms", "per_context_ms"}): prices a pool's request as
-    # plain decoding would have run it, for feedback (router/server_adaptation.py); None: a run's set
+    # plain decoding would have run it, for feedback (router/decide/server_adaptation.py); None: a run's set
     plain_cost: Mapped[Optional[dict[str, Any]]] = mapped_column()
     is_active: Mapped[bool] = mapped_column(Boolean, default=False)
     margin: Mapped[float] = mapped_column(Float, default=DEFAULT_MARGIN)
@@ -171,7 +171,7 @@ ROUTE_ID_LENGTH = 128  # v<version>-<32 hex>-<task of up to 64 characters>
 
 class RouteDecision(Base):
     """A decision the router gave, kept for the record (the decision log); feedback does not read it:
-    its ``route_id`` names the policy set version and task (router.decision.new_route_id)."""
+    its ``route_id`` names the policy set version and task (router.decide.decision.new_route_id)."""
 
     __tablename__ = "route_decisions"
 
@@ -184,7 +184,9 @@ class RouteDecision(Base):
     speculate: Mapped[bool] = mapped_column(Boolean)
     gamma: Mapped[int] = mapped_column(Integer)
     expected_speedup: Mapped[float] = mapped_column(Float)
-    reasons: Mapped[list[Any]] = mapped_column(default=list)  # [{"code", **params}] (router/reasons.py)
+    reasons: Mapped[list[Any]] = mapped_column(
+        default=list
+    )  # [{"code", **params}] (router/decide/reasons.py)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)  # for pruning by age
 
 

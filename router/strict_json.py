@@ -1,7 +1,7 @@
 """Strict JSON: no answer of specroute may contain NaN or Infinity (they are not JSON, and most clients
 refuse them). :func:`dumps` is ``json.dumps`` with ``allow_nan=False`` that, instead of the standard
 library's bare ValueError, raises :class:`NonFiniteNumber` naming where the number is. The web app's JSON
-provider (webui/json_provider.py), the /v1/route fast path (router/api.py) and the command line's
+provider (webui/json_provider.py), the /v1/route fast path (router/serve/api.py) and the command line's
 ``--json`` output all serialise through it.
 """
 

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import SettingsError
 from router.orm import FeedbackEvent
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
 

@@ -16,19 +16,19 @@ from sqlalchemy import select
 from analyzer.db import make_session_factory
 from analyzer.orm import Prompt
 from analyzer.prompts.prompt_sets import get_prompt_set, import_prompt_file
-from router.classifier import activation_message, evaluate, load_active, train_classifier
-from router.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
-from router.orm import ClassifierVersion
-from router.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
-from router.teacher import corpus_embeddings, embed_all, spread, teacher_available
-from router.training_data import (
+from router.classify.classifier import activation_message, evaluate, load_active, train_classifier
+from router.classify.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
+from router.classify.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
+from router.classify.teacher import corpus_embeddings, embed_all, spread, teacher_available
+from router.classify.training_data import (
     CONFIDENT_PSEUDO_LABEL,
     MIN_CONFIDENT_PSEUDO_LABELS,
     cold_start_data,
     make_training_data,
     with_pseudo_labels,
 )
-from router.training_request import training_data
+from router.classify.training_request import training_data
+from router.orm import ClassifierVersion
 from tests.factories import another_writer
 from tests.test_webui import token, upload
 from webui.app import create_app
@@ -430,7 +430,7 @@ def test_cli_and_web_withhold_a_worse_adaptation_and_activate_forces_it(
 ):
     """``specroute train --adapt`` and the web form with the teacher's (wrong) labels stubbed in: the
     new version is stored, not activated, with both numbers; --activate / the form's box force it."""
-    import router.training_request as training_module
+    import router.classify.training_request as training_module
 
     monkeypatch.setattr(training_module, "suggest_tasks", lambda session, names, progress=None: None)
     monkeypatch.setattr(training_module, "pseudo_labels", lambda session, names: MISLABELLED)

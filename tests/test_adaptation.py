@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from analyzer.measuring.acceptance import expected_tokens_iid, walk_model_draft
 from analyzer.pricing.policy_curve import BASE, PolicyCurve
 from analyzer.pricing.speedup import Cost
-from router.adaptation import (
+from router.decide.adaptation import (
     AdaptationConfig,
     alpha_from_round_counts,
     apply_feedback,
@@ -81,7 +81,7 @@ def test_posterior_follows_a_drop_in_acceptance_and_turns_off_without_flapping()
 
 def test_hysteresis_keeps_the_current_decision_between_the_margins():
     near = initial_state(0.45, False, 2, CONFIG)
-    from router.adaptation import decide
+    from router.decide.adaptation import decide
 
     best = float(speedup_curve(near, CURVE).max())
     curve = replace(CURVE, margin=best - 1 + 0.01)  # the set's margin: S(g*) does not clear it
@@ -110,7 +110,7 @@ def test_probes_while_off_every_nth_request():
 def test_the_published_curve_is_in_force_until_feedback_moves_alpha():
     from analyzer.measuring.acceptance import expected_tokens_iid
     from analyzer.pricing.speedup import iid_speedup
-    from router.adaptation import decide
+    from router.decide.adaptation import decide
 
     # a bursty task: the measured curve peaks at g = 2 where the i.i.d. formula would pick a longer g
     published = (1.10, 1.30, 1.20, float("nan"), 0.95, 0.90, 0.85, 0.80)

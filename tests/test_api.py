@@ -14,10 +14,10 @@ from referencing.jsonschema import DRAFT202012
 from sqlalchemy import func, select
 
 from analyzer.db import lock_for_write
-from router.classifier import train_classifier
+from router.classify.classifier import train_classifier
+from router.classify.training_data import make_training_data
 from router.orm import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
-from router.policy import activate_policy_set, publish_policies
-from router.training_data import make_training_data
+from router.policies.policy import activate_policy_set, publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
 
@@ -155,7 +155,7 @@ def test_every_bad_input_gets_a_4xx_in_the_one_error_shape(
 def test_the_route_fast_path_answers_as_the_flask_view(engine, db_url, published):
     from werkzeug.test import Client
 
-    from router.api import RouteFastPath
+    from router.serve.api import RouteFastPath
 
     app = create_app(
         {"database_url": db_url, "max_prompt_chars": 200, "api_max_body_bytes": 40_000, "ui_worker": False}

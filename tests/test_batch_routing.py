@@ -10,9 +10,9 @@ import pytest
 from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import best_gamma
-from router.adaptation import TaskState
-from router.decision import Router, RouterConfig, router_from_database
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
+from router.decide.adaptation import TaskState
+from router.decide.decision import Router, RouterConfig, router_from_database
+from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
 from tests.factories import COST_CURVE, make_done_run
 
 FLAT_16 = [0.100 * (1 + 0.02 * (k - 1)) for k in range(1, 10)]  # T(k, 16): a GPU-like batch
@@ -194,7 +194,7 @@ def test_published_policies_carry_each_batch_sizes_lower_end(session):
 
 def test_the_policies_api_reports_each_batch_decision_with_the_routers_rule():
     from router.orm import TaskPolicy
-    from router.records import policy_dict
+    from router.policies.records import policy_dict
 
     curve_1, curve_16 = [1.2, 1.3, 1.35, 1.3], [1.4, 1.7, 1.9, 2.0]
     policy = TaskPolicy(

@@ -1,4 +1,4 @@
-"""The batching writer (router/batch_writer.py) on its own, with an in-memory store: group commit
+"""The batching writer (router/serve/batch_writer.py) on its own, with an in-memory store: group commit
 (everything queued while a batch is stored goes into the next one, at most ``max_batch``), queue
 order, drop counting when full, per-item errors, a failed batch retried one item per transaction,
 OperationalError failing the batch at once, close storing what is queued. The writer is held inside
@@ -12,7 +12,7 @@ import time
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from router.batch_writer import BatchWriter
+from router.serve.batch_writer import BatchWriter
 
 
 class HeldStore:

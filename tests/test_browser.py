@@ -294,7 +294,7 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
     it is least sure of, each linking to its prompt. Screenshots: suggestions.png, classifier.png."""
     from selenium.webdriver.common.by import By
 
-    from router.teacher import teacher_available
+    from router.classify.teacher import teacher_available
     from tests.test_adapt import JSON_OUT, LABELLED, PERSONA
 
     if not teacher_available():

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
 from analyzer.prompts.prompt_sets import import_prompt_file
-from router.classifier import (
+from router.classify.classifier import (
     ClassifierError,
     evaluate,
     label_run_results,
@@ -24,9 +24,14 @@ from router.classifier import (
     load_version,
     train_classifier,
 )
-from router.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
+from router.classify.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
+from router.classify.training_data import (
+    TrainingData,
+    cold_start_data,
+    make_training_data,
+    training_data_from_db,
+)
 from router.orm import ClassifierVersion
-from router.training_data import TrainingData, cold_start_data, make_training_data, training_data_from_db
 from tests.conftest import require_shared
 from webui.cli import cli
 
@@ -153,7 +158,7 @@ def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):
 
 
 def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(session):
-    from router.training_request import check_training_request, training_data
+    from router.classify.training_request import check_training_request, training_data
 
     import_prompt_file(session, "mine", b"a\nb\n", "mine.txt")
     check_training_request(session, "both", ["mine"], adapt=["mine"])  # nothing to refuse
@@ -246,8 +251,8 @@ def test_bundled_corpus_covers_every_task_with_several_sources():
 def test_fast_scorer_equals_the_pipeline_probabilities(subset):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from router.fast_scorer import FastScorer, _char_wb_ngrams
-    from router.pipeline import build_pipeline
+    from router.classify.fast_scorer import FastScorer, _char_wb_ngrams
+    from router.classify.pipeline import build_pipeline
 
     pipeline = build_pipeline().fit(subset.texts, subset.labels)
     fast = FastScorer(pipeline)

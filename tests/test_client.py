@@ -16,7 +16,7 @@ from analyzer.measuring.prompt_encoding import encode_prompt
 from analyzer.measuring.validate import greedy_generate
 from router.client import RouterClient, RouterClientError, generate_routed
 from router.orm import FeedbackEvent, TaskEstimate
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 from tests.tiny_tokenizer import _seeded_tiny_model, build_tiny_tokenizer, tiny_llama_config
 from webui.app import create_app

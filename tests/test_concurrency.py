@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import func, select
 
 from router.orm import FeedbackEvent, TaskEstimate
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from werkzeug.serving import make_server
 
 import analyzer.analysis.simulated_run
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
 

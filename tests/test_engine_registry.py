@@ -205,7 +205,7 @@ def test_each_engine_refuses_what_it_cannot_measure_and_the_imported_entry_measu
 
 
 def test_each_engine_says_a_routing_decision_in_its_own_terms():
-    """The router asks every entry for the decision's settings (router/decision.py names no engine):
+    """The router asks every entry for the decision's settings (router/decide/decision.py names no engine):
     transformers gets generate() kwargs, llama.cpp the pool and what its server speculates with, the
     imported entry is no serving engine (its engine is configured by its own server's flags)."""
     transformers, llama_cpp = (SERVING[n] for n in ("transformers", "llama.cpp"))
@@ -234,18 +234,18 @@ def test_each_engine_says_a_routing_decision_in_its_own_terms():
         == "ngram-simple 2/4"
     )
     assert server.decision_settings(True, 4, "ngram", 3, "p") is None  # a run's gamma is no server setting
-    decision = (Path(__file__).resolve().parents[1] / "router" / "decision.py").read_text("utf-8")
+    decision = (Path(__file__).resolve().parents[1] / "router" / "decide" / "decision.py").read_text("utf-8")
     code = re.sub(r'""".*?"""', "", decision, flags=re.S)  # docstrings may name engines; the code does not
     assert "llama.cpp" not in code and "transformers" not in code
 
 
 def test_each_serving_engine_has_its_decision_terms_export_and_feedback_where_it_has_them():
-    """router/serving.py: one entry per serving engine with only the capabilities it has (issue 43, point 4);
+    """router/export/serving.py: one entry per serving engine with only the capabilities it has (issue 43, point 4);
     the export pages and ``--for`` offer its exporters, feedback reads its sections, and a decision's terms are
     read through the entry, not by name."""
-    from router.feedback import FEEDBACK_FIELDS, FeedbackError, normalise
-    from router.feedback_formats import FEEDBACK_FORMATS
-    from router.serving import EXPORTERS, SERVING_ENGINES
+    from router.decide.feedback import FEEDBACK_FIELDS, FeedbackError, normalise
+    from router.decide.feedback_formats import FEEDBACK_FORMATS
+    from router.export.serving import EXPORTERS, SERVING_ENGINES
 
     has = {
         name: (e.decides is not None, e.exporter is not None, e.feedback.key if e.feedback else None)

@@ -20,10 +20,10 @@ from analyzer.engine.engines import ENGINES, EngineError, check_engine_name, che
 from analyzer.orm import AnalysisRun
 from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.settings import SettingsError, load_settings
-from router.classifier import train_classifier
-from router.decision import Router
-from router.policy import PolicyContract, PolicySnapshot, publish_policies
-from router.training_data import make_training_data
+from router.classify.classifier import train_classifier
+from router.classify.training_data import make_training_data
+from router.decide.decision import Router
+from router.policies.policy import PolicyContract, PolicySnapshot, publish_policies
 from tests.factories import make_done_run
 from tests.test_api import _validator
 from webui.app import create_app

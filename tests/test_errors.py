@@ -17,10 +17,10 @@ from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import PromptSetNotFound, import_prompt_file
 from analyzer.settings import SettingsError
-from router.api import RouteFastPath, Unauthorized
-from router.classifier import ClassifierError
-from router.feedback import FeedbackError, NoActivePolicy, UnknownRouteId
-from router.policy import publish_policies
+from router.classify.classifier import ClassifierError
+from router.decide.feedback import FeedbackError, NoActivePolicy, UnknownRouteId
+from router.policies.policy import publish_policies
+from router.serve.api import RouteFastPath, Unauthorized
 from tests.factories import make_done_run
 from webui.app import create_app
 
@@ -34,12 +34,12 @@ ERROR_MODULES = (
     "analyzer.analysis.run_records",
     "analyzer.settings",
     "migrations",
-    "router.api",
-    "router.classifier",
-    "router.encoder",
-    "router.fast_scorer",
-    "router.feedback",
-    "router.policy",
+    "router.serve.api",
+    "router.classify.classifier",
+    "router.classify.encoder",
+    "router.classify.fast_scorer",
+    "router.decide.feedback",
+    "router.policies.policy",
 )
 DOMAIN_ERRORS = {
     "DeviceError",

@@ -10,9 +10,8 @@ import warnings
 import numpy as np
 import pytest
 
-from router.classifier import TaskClassifier, evaluate
-from router.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
-from router.evaluation import (
+from router.classify.classifier import TaskClassifier, evaluate
+from router.classify.evaluation import (
     catch_all_tasks,
     choose_threshold,
     fit_temperature,
@@ -23,9 +22,10 @@ from router.evaluation import (
     softmax,
     source_group,
 )
-from router.pipeline import build_pipeline, fold_jobs
-from router.policy import PolicySnapshot
-from router.training_data import make_training_data
+from router.classify.pipeline import build_pipeline, fold_jobs
+from router.classify.training_data import make_training_data
+from router.decide.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
+from router.policies.policy import PolicySnapshot
 
 
 def test_source_group_is_the_repository():
@@ -214,9 +214,9 @@ def test_min_confidence_setting_refuses_nonsense():
 
 
 def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_package(monkeypatch):
-    from router import encoder
-    from router.classifier import ClassifierError, load_version
-    from router.fast_scorer import FastScorer
+    from router.classify import encoder
+    from router.classify.classifier import ClassifierError, load_version
+    from router.classify.fast_scorer import FastScorer
 
     texts, labels, _ = synthetic()
     vectors = encoder.embed(texts[:3])
@@ -237,7 +237,7 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
     import hashlib
     from types import SimpleNamespace
 
-    from router.classifier import library_versions
+    from router.classify.classifier import library_versions
 
     record = SimpleNamespace(
         version=3,

@@ -20,12 +20,12 @@ from analyzer.advice.summary_store import run_summary
 from analyzer.measuring.assistant_defaults import assistant_rounds
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_sets import import_sample
-from router.decision import Router, RouterConfig, RouteRequest, router_from_database
-from router.export_plan import ExportError, plan_for_policy_set, plan_for_run
+from router.decide.decision import Router, RouterConfig, RouteRequest, router_from_database
+from router.export.export_plan import ExportError, plan_for_policy_set, plan_for_run
+from router.export.serving import EXPORTERS, render_export
 from router.orm import PolicySet, TaskPolicy
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
-from router.server_policy import publish_server_policies
-from router.serving import EXPORTERS, render_export
+from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
+from router.policies.server_policy import publish_server_policies
 from tests.factories import make_done_run, make_server_analysis
 from webui.cli import cli
 
@@ -260,7 +260,7 @@ def test_every_tasks_pool_runs_the_gamma_the_router_sends_it_with(session, run):
 
 
 def _router(session, run_id: int) -> Router:
-    from router.policy import run_policy_set
+    from router.policies.policy import run_policy_set
 
     built = run_policy_set(session, session.get(AnalysisRun, run_id))
     contract = PolicyContract.of(built)

@@ -8,12 +8,12 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from router.classifier import train_classifier
-from router.feedback import FeedbackError, normalise, parse_feedback, record_feedback
+from router.classify.classifier import train_classifier
+from router.classify.training_data import make_training_data
+from router.decide.feedback import FeedbackError, normalise, parse_feedback, record_feedback
+from router.decide.route_ids import new_route_id, parse_route_id
 from router.orm import FeedbackEvent, TaskEstimate
-from router.policy import publish_policies
-from router.route_ids import new_route_id, parse_route_id
-from router.training_data import make_training_data
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 
 
@@ -240,7 +240,7 @@ def test_a_forged_route_id_is_refused_and_moves_nothing(client_with_key):
 
 @pytest.fixture
 def client_with_key(engine, db_url):
-    from router.route_ids import route_key
+    from router.decide.route_ids import route_key
     from webui.app import create_app
 
     secret = "a-long-random-secret-key-for-this-test-0123456789"
@@ -252,7 +252,7 @@ def client_with_key(engine, db_url):
 
 
 def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(session):
-    from router.feedback import NoActivePolicy, UnknownRouteId
+    from router.decide.feedback import NoActivePolicy, UnknownRouteId
 
     with session.begin():
         run = make_done_run(session, {"code": 0.9, "qa": 0.1})
@@ -292,7 +292,7 @@ def test_feedback_by_route_id_moves_the_estimate_of_the_policy_set_that_decided(
 
 
 def test_llama_server_timings_without_draft_counts_count_nothing_drafted():
-    from router.feedback import normalise
+    from router.decide.feedback import normalise
 
     counts = normalise({"timings": {"predicted_n": 40, "predicted_ms": 400.0, "prompt_n": 12, "cache_n": 3}})
     assert (counts.rounds, counts.drafted, counts.accepted, counts.output_tokens) == (40, 0, 0, 40)

@@ -1,4 +1,4 @@
-"""Group commit of feedback (router/feedback_writer.py): events posted concurrently to one app are
+"""Group commit of feedback (router/serve/feedback_writer.py): events posted concurrently to one app are
 stored in fewer transactions than events, each exactly once, with every task's estimate equal to
 applying the stored events one after the other in their stored order and each answer the estimate
 right after its own event; a bad event in a batch fails alone with its own 4xx. On SQLite and on
@@ -16,12 +16,12 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-import router.feedback_writer
+import router.serve.feedback_writer
 from analyzer.db import lock_for_write, make_engine
-from router.adaptation import AdaptationConfig, apply_feedback, initial_state
-from router.feedback import policy_context
+from router.decide.adaptation import AdaptationConfig, apply_feedback, initial_state
+from router.decide.feedback import policy_context
+from router.decide.route_ids import new_route_id
 from router.orm import FeedbackEvent, TaskEstimate
-from router.route_ids import new_route_id
 from tests.factories import make_routing_database
 from webui.app import create_app
 
@@ -200,7 +200,7 @@ def test_concurrent_feedback_is_committed_in_batches_and_a_bad_event_fails_alone
 
 
 def test_a_batch_that_fails_as_a_whole_is_stored_one_event_at_a_time(app, monkeypatch):
-    real = router.feedback_writer.record_feedback_batch
+    real = router.serve.feedback_writer.record_feedback_batch
 
     def fails_for_batches(session, items, config=None):
         if len(items) > 1:
@@ -211,7 +211,7 @@ def test_a_batch_that_fails_as_a_whole_is_stored_one_event_at_a_time(app, monkey
     client = app.test_client()
     for task in TASKS:
         assert client.post("/v1/feedback", json={"task_type": task, **_counts(0)}).status_code == 200
-    monkeypatch.setattr(router.feedback_writer, "record_feedback_batch", fails_for_batches)
+    monkeypatch.setattr(router.serve.feedback_writer, "record_feedback_batch", fails_for_batches)
     writer = app.extensions["specroute.router"].feedback_writer
     before = writer.transactions
     bodies = [{"task_type": TASKS[i % 2], **_counts(i)} for i in range(1, 11)]

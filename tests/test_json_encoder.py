@@ -13,7 +13,7 @@ from flask import jsonify
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router import api
+from router.serve import api
 from router.strict_json import NonFiniteNumber, dumps, non_finite_path
 from webui.json_provider import StrictJSONProvider
 
@@ -142,7 +142,7 @@ def test_the_real_policies_endpoint_refuses_infinity(app, client, monkeypatch):
 
 def test_the_route_fast_path_refuses_nan_too(client, monkeypatch, caplog):
     monkeypatch.setattr(api, "answer_route", lambda raw, service: {"speculate": True, "speedup": math.nan})
-    with caplog.at_level(logging.ERROR, logger="router.api"):
+    with caplog.at_level(logging.ERROR, logger="router.serve.api"):
         response = client.post("/v1/route", data=b'{"prompt": "hi"}', content_type="application/json")
     _assert_non_finite_500(response, "/speedup")
     assert any(isinstance(r.exc_info and r.exc_info[1], NonFiniteNumber) for r in caplog.records)

@@ -18,9 +18,9 @@ from analyzer.prompts.prompt_sets import (
     relabel_prompts,
     set_prompt_task,
 )
-from router.classifier import ClassifierError
-from router.training_data import cold_start_data
-from router.training_request import training_data
+from router.classify.classifier import ClassifierError
+from router.classify.training_data import cold_start_data
+from router.classify.training_request import training_data
 from tests.test_webui import token, ui, upload, web  # noqa: F401  (fixtures)
 from webui.cli import cli
 

@@ -1,4 +1,4 @@
-"""Dependencies flow one way (analyzer <- router <- webui) and Flask stays in router/api.py and webui/."""
+"""Dependencies flow one way (analyzer <- router <- webui) and Flask stays in router/serve/api.py and webui/."""
 
 from __future__ import annotations
 
@@ -99,3 +99,48 @@ def test_every_module_says_what_it_is_for_in_its_first_line():
             if path.stem != "__main__" and not (docstring and docstring.split("\n")[0].strip()):
                 missing.append(str(path.relative_to(ROOT)))
     assert missing == []
+
+
+# router/'s subpackages, each importing only those before it (imports inside functions included); the modules
+# left at router/'s top level: orm.py and strict_json.py, the bottom every subpackage may import, and client.py,
+# the applications' client, which imports no subpackage
+ROUTER_LAYERS = ("classify", "policies", "decide", "serve", "export")
+ROUTER_BOTTOM = {"__init__", "orm", "strict_json", "client"}
+
+
+def _router_imports(path: Path) -> set[str]:
+    """The router modules ``path`` imports anywhere in it, dotted (``from router.x import y``, ``import router.x``,
+    ``from router import x``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names if alias.name.startswith("router.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "router":
+                names |= {f"router.{alias.name}" for alias in node.names}
+            elif node.module.startswith("router."):
+                names.add(node.module)
+    return names
+
+
+def test_router_is_its_documented_subpackages_and_they_import_down_the_layers():
+    top = {path.stem for path in (ROOT / "router").glob("*.py")}
+    assert top == ROUTER_BOTTOM
+    packages = {path.parent.name for path in (ROOT / "router").glob("*/__init__.py")}
+    assert packages == set(ROUTER_LAYERS) | {"data"}  # data: the bundled corpus, no code
+    architecture = (ROOT / "docs" / "architecture.md").read_text("utf-8")
+    upward = []
+    for stem in ROUTER_BOTTOM - {"__init__"}:
+        for name in _router_imports(ROOT / "router" / f"{stem}.py"):
+            if name.split(".")[1] in ROUTER_LAYERS:
+                upward.append(f"router/{stem}.py imports {name}")
+    for layer, package in enumerate(ROUTER_LAYERS):
+        assert f"  {package}/ " in architecture, f"docs/architecture.md does not draw router/{package}/"
+        for path in sorted((ROOT / "router" / package).glob("*.py")):
+            if path.stem != "__init__":
+                assert path.name in architecture, f"docs/architecture.md does not name {path.name}"
+            for name in _router_imports(path):
+                parts = name.split(".")
+                if parts[1] in ROUTER_LAYERS and ROUTER_LAYERS.index(parts[1]) > layer:
+                    upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert upward == []

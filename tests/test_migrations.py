@@ -115,13 +115,13 @@ def _realistic_rows(url: str) -> None:
     from analyzer.analysis.server_jobs import ServerJobParams, create_server_job
     from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
-    from router.classifier import train_classifier
-    from router.decision import Router
-    from router.decision_log import DecisionLog
-    from router.feedback import parse_feedback, record_feedback
-    from router.policy import PolicySnapshot, publish_policies
-    from router.server_policy import publish_server_policies
-    from router.training_data import make_training_data
+    from router.classify.classifier import train_classifier
+    from router.classify.training_data import make_training_data
+    from router.decide.decision import Router
+    from router.decide.feedback import parse_feedback, record_feedback
+    from router.policies.policy import PolicySnapshot, publish_policies
+    from router.policies.server_policy import publish_server_policies
+    from router.serve.decision_log import DecisionLog
     from tests.factories import make_done_run, make_server_analysis
 
     engine = make_engine(url)
@@ -254,8 +254,8 @@ def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revisi
 def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working(tmp_path):
     from analyzer.advice.report import build_report
     from analyzer.db import make_session_factory
-    from router.decision import RouterConfig, router_from_database
-    from router.policy import publish_policies
+    from router.decide.decision import RouterConfig, router_from_database
+    from router.policies.policy import publish_policies
 
     old, _ = _database_at(tmp_path, "0002")
     with old.connect() as connection:
@@ -317,7 +317,7 @@ def _engines(engine, column: str = "priced_by") -> dict[str, list[str]]:
 def test_rows_from_before_engines_become_transformers_and_the_column_goes_on_downgrade(tmp_path):
     from analyzer.db import make_session_factory
     from analyzer.orm import AnalysisRun
-    from router.policy import publish_policies
+    from router.policies.policy import publish_policies
 
     old, _ = _database_at(tmp_path, "0009")
     assert all("engine" not in {c["name"] for c in inspect(old).get_columns(t)} for t in ENGINE_TABLES)
@@ -348,7 +348,7 @@ def test_0018_fills_measured_by_and_the_policy_sets_contract_as_the_router_read_
     from analyzer.advice.summary import cost_for_run
     from analyzer.db import make_session_factory
     from analyzer.orm import AnalysisRun, CostProfile
-    from router.decision import router_from_database
+    from router.decide.decision import router_from_database
     from router.orm import PolicySet
 
     old, _ = _database_at(tmp_path, "0017")

@@ -1,5 +1,5 @@
 """The one rule over an engine's drafting options (analyzer/pricing/option_curve.py) and the online estimate of
-a llama-server set's settings (router/server_adaptation.py), on numbers worked out by hand."""
+a llama-server set's settings (router/decide/server_adaptation.py), on numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from analyzer.pricing.option_curve import option_curve, stored_option_rows, task_option_curves
-from router.adaptation import AdaptationConfig
-from router.server_adaptation import (
+from router.decide.adaptation import AdaptationConfig
+from router.decide.server_adaptation import (
     OptionPrior,
     PlainCost,
     apply_server_feedback,

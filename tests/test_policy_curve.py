@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.pricing.policy_curve import BASE, PolicyCurve, acceptance_scale
 from analyzer.pricing.speedup import Cost, iid_speedup
-from router.adaptation import AdaptationConfig
-from router.decision import Router, RouterConfig, RouteRequest
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
-from router.reasons import POLICY_CODES, REASON_CODES, Reason, reason, reason_text
+from router.decide.adaptation import AdaptationConfig
+from router.decide.decision import Router, RouterConfig, RouteRequest
+from router.decide.reasons import POLICY_CODES, REASON_CODES, Reason, reason, reason_text
+from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from tests.factories import COST_CURVE
 
 COST = Cost(COST_CURVE, 0.004)

@@ -11,8 +11,8 @@ import pytest
 import migrations
 from analyzer.advice.report import build_report
 from analyzer.db import make_engine, make_session_factory
-from router.decision import router_from_database
-from router.policy import FALLBACK_TASK, NO_GAMMA, publish_policies
+from router.decide.decision import router_from_database
+from router.policies.policy import FALLBACK_TASK, NO_GAMMA, publish_policies
 from tests.factories import make_done_run
 
 FLAT = [0.040, 0.041, 0.042, 0.043, 0.044, 0.045, 0.046, 0.047, 0.048]

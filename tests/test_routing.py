@@ -7,10 +7,11 @@ import json
 import pytest
 from sqlalchemy import select
 
-from router.classifier import train_classifier
-from router.decision import Router, RouterConfig, router_from_database
+from router.classify.classifier import train_classifier
+from router.classify.training_data import make_training_data
+from router.decide.decision import Router, RouterConfig, router_from_database
 from router.orm import PolicySet
-from router.policy import (
+from router.policies.policy import (
     FALLBACK_TASK,
     PolicyContract,
     PolicyError,
@@ -19,7 +20,6 @@ from router.policy import (
     publish_policies,
     published_pools,
 )
-from router.training_data import make_training_data
 from tests.factories import make_done_run
 from webui.cli import cli
 

@@ -32,7 +32,7 @@ def test_only_the_hash_checked_classifier_artifact_is_unpickled():
     ]
     assert loads == [
         (
-            "router/classifier.py",
+            "router/classify/classifier.py",
             "pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above",
         )
     ]

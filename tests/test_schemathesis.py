@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from router.openapi import openapi_document
+from router.serve.openapi import openapi_document
 from tests.factories import make_routing_database
 from webui.app import create_app
 

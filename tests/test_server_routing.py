@@ -25,14 +25,14 @@ from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import import_sample
 from analyzer.settings import Settings, SettingsError
-from router.adaptation import AdaptationConfig
-from router.classifier import train_classifier
-from router.decision import router_from_database
-from router.feedback import FeedbackError, parse_feedback, record_feedback
-from router.policy import PolicyError, publish_policies, router_pools
-from router.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
-from router.server_policy import policy_set_plan, publish_server_policies, workload_choice
-from router.training_data import make_training_data
+from router.classify.classifier import train_classifier
+from router.classify.training_data import make_training_data
+from router.decide.adaptation import AdaptationConfig
+from router.decide.decision import router_from_database
+from router.decide.feedback import FeedbackError, parse_feedback, record_feedback
+from router.decide.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
+from router.policies.policy import PolicyError, publish_policies, router_pools
+from router.policies.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from tests.factories import make_done_run, make_server_analysis
 
 ANSWERS = {"extraction": "copy", "code": "chunks"}  # how the synthetic analysis' answers copy their prompt

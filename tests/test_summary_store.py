@@ -30,7 +30,7 @@ from analyzer.db import make_session_factory
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import MIN_TASK_PROMPTS, clears_break_even
 from analyzer.run_params import DEFAULT_MARGIN
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.decision_rule import decide_point
 from tests.factories import make_done_run
 

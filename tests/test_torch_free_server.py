@@ -20,9 +20,9 @@ SCRIPT = textwrap.dedent("""
     import migrations
     from analyzer.db import make_engine, make_session_factory
     from analyzer.prompts.prompt_sets import import_sample
-    from router.classifier import train_classifier
-    from router.training_data import make_training_data
-    from router.policy import publish_policies
+    from router.classify.classifier import train_classifier
+    from router.classify.training_data import make_training_data
+    from router.policies.policy import publish_policies
     from tests.factories import make_done_run
     from webui.app import create_app
 

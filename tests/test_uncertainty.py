@@ -16,8 +16,8 @@ from analyzer.advice.report import build_report
 from analyzer.advice.report_text import report_text
 from analyzer.advice.summary import GroupSummary, tier_note
 from analyzer.pricing.speedup import Cost, bootstrap_speedup_interval
-from router.decision import Router
-from router.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
+from router.decide.decision import Router
+from router.policies.policy import FALLBACK_TASK, PolicySnapshot, publish_policies
 from tests.decision_rule import decide_point
 from tests.factories import make_done_run
 

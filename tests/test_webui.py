@@ -15,7 +15,7 @@ from sqlalchemy import select
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.settings import SettingsError, load_settings
 from router.orm import ClassifierVersion, PolicySet
-from router.policy import publish_policies
+from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 from webui.app import create_app
 from webui.security import resolve_secret_key
@@ -554,8 +554,8 @@ def test_a_busy_run_numbers_plots_and_withholds_as_its_tables_do(web, session):
 def test_the_classifier_fold_counter_reaches_the_last_fold():
     """Issue 35, point 8g: the progress line the classifier page shows while training counts the fold
     being fitted, from 1/n to n/n (it stopped at n-1/n)."""
-    from router.classifier import evaluate
-    from router.training_data import make_training_data
+    from router.classify.classifier import evaluate
+    from router.classify.training_data import make_training_data
 
     texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
         f"What is the capital of country number {i}? Answer briefly." for i in range(6)
@@ -569,7 +569,7 @@ def test_the_classifier_fold_counter_reaches_the_last_fold():
 def test_the_prompt_set_page_says_why_nothing_is_suggested_without_the_encoder(web, monkeypatch):
     """Issue 35, point 8a: without the sentence encoder the "suggested" column stays empty and the page
     says why, as `specroute prompts suggest` does; with it (or with nothing unlabelled) no such note."""
-    from router.encoder import EncoderUnavailable
+    from router.classify.encoder import EncoderUnavailable
     from webui import prompt_pages
 
     upload(web, b'{"prompt": "hello"}\n{"prompt": "hi", "task": "qa"}\n', "two.jsonl", "two")

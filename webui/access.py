@@ -25,11 +25,11 @@ from typing import Any, Callable, Mapping
 
 from flask import Flask, Response, redirect, render_template, request, session, url_for
 
-from router.api import Unauthorized, is_api_path
+from router.serve.api import Unauthorized, is_api_path
 
 SESSION_KEY = "specroute_token"
 OPEN_ENDPOINTS = {"static", "ui.static", "ui.login", "router_api.healthz"}
-# the front door (router/front_door.py) decides like /v1/route before it forwards
+# the front door (router/serve/front_door.py) decides like /v1/route before it forwards
 ROUTE_ENDPOINTS = {
     "router_api.route_one",
     "router_api.route_batch",
@@ -100,7 +100,7 @@ class Access:
 
 def init_access(app: Flask, access: Access) -> None:
     """Guard ``app``'s requests with ``access`` (nothing to do without a token); the sign-in page is
-    ``ui.login``. An API request without the token raises :class:`router.api.Unauthorized` (401 in
+    ``ui.login``. An API request without the token raises :class:`router.serve.api.Unauthorized` (401 in
     the error shape, from the app's error handler)."""
     app.config["SPECROUTE_AUTH"] = access.enabled
     if not access.enabled:

@@ -1,4 +1,4 @@
-"""The Flask application factory: the routing API (router/api.py) and, beside it, the web UI.
+"""The Flask application factory: the routing API (router/serve/api.py) and, beside it, the web UI.
 
 ``create_app(config=None)`` reads the settings (declared defaults, then ``SPECROUTE_*`` variables,
 then ``config``), refuses to start on a database whose schema is not at head, and keeps the routing
@@ -24,8 +24,8 @@ from analyzer.analysis.worker import Worker
 from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
 from analyzer.errors import SpecrouteError
 from analyzer.settings import api_token_scope, load_settings
-from router import api
-from router.service import RouterService
+from router.serve import api
+from router.serve.service import RouterService
 from router.strict_json import NonFiniteNumber
 from webui import access, cost_pages, prompt_pages, router_pages, run_pages, server_pages, ui
 from webui.background import BackgroundJobs
@@ -104,7 +104,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
 def _label_run(sessions, run_id: int) -> None:
     """A run started from the web UI has stopped: its unlabelled prompts get the active classifier's
     task, through the same code path as ``specroute analyze``."""
-    from router.classifier import label_finished_run
+    from router.classify.classifier import label_finished_run
 
     outcome = label_finished_run(sessions, run_id)
     if outcome.problem:
@@ -141,7 +141,7 @@ def _security_headers(response):
 
 def handle_error(exc: Exception):
     """The app's one error handler: every exception a view, a hook or Flask raises. On the API's
-    paths the JSON error shape (router.api.error_response), elsewhere an error page (ui.page_error);
+    paths the JSON error shape (router.serve.api.error_response), elsewhere an error page (ui.page_error);
     the status is a SpecrouteError's class status, an HTTP error's own, or 500 for anything else
     (logged here, never shown). A NaN or Infinity in an answer (the JSON provider's NonFiniteNumber)
     is logged too and answered 500 naming it. Views hold their database sessions in ``with`` blocks,

@@ -10,8 +10,8 @@ from flask import Response, request
 from sqlalchemy.orm import Session
 
 from analyzer.errors import SpecrouteError
-from router.export_plan import ExportPlan, plan_for_policy_set, plan_for_run
-from router.serving import EXPORTERS, exporter_named, render_export
+from router.export.export_plan import ExportPlan, plan_for_policy_set, plan_for_run
+from router.export.serving import EXPORTERS, exporter_named, render_export
 from webui.ui import bp, sessions
 
 DEFAULT_ENGINE = "vllm"

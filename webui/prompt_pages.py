@@ -21,9 +21,9 @@ from analyzer.prompts.prompt_sets import (
     set_prompt_task,
     summarize,
 )
-from router.encoder import EncoderUnavailable, encoder_folder
-from router.suggestions import accept_suggestions, suggest_tasks_apart, suggestion_stats
-from router.teacher import TeacherUnavailable, teacher_available
+from router.classify.encoder import EncoderUnavailable, encoder_folder
+from router.classify.suggestions import accept_suggestions, suggest_tasks_apart, suggestion_stats
+from router.classify.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, flash, sessions, settings
 
 PAGE_SIZE = 25

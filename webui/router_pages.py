@@ -12,20 +12,20 @@ from analyzer.analysis.run_records import get_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
-from router.classifier import (
+from router.classify.classifier import (
     ClassifierError,
     activate_version,
     activation_message,
     rarely_reached,
     train_classifier_apart,
 )
-from router.decision import RouteRequest
-from router.encoder import encoder_available
+from router.classify.encoder import encoder_available
+from router.classify.pipeline import FEATURE_SETS, fold_jobs, regularisation
+from router.classify.training_request import check_training_request, training_data_apart
+from router.decide.decision import RouteRequest
 from router.orm import ClassifierVersion
-from router.pipeline import FEATURE_SETS, fold_jobs, regularisation
-from router.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
-from router.records import policy_set_dict
-from router.training_request import check_training_request, training_data_apart
+from router.policies.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
+from router.policies.records import policy_set_dict
 from webui.export_pages import export_card
 from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE

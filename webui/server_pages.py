@@ -37,8 +37,8 @@ from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import PromptSetError, get_prompt_set
 from analyzer.run_params import DEFAULT_MARGIN
 from router import strict_json
-from router.policy import PolicyError
-from router.server_policy import publish_server_policies
+from router.policies.policy import PolicyError
+from router.policies.server_policy import publish_server_policies
 from webui.plots import scatter
 from webui.run_pages import model_choices
 from webui.ui import bp, flash, sessions

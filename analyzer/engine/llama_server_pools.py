@@ -1,5 +1,5 @@
 """The llama-server pools a policy set routes to: one server per distinct drafter setting plus a plain one
-(router/server_policy.py plans them from a set), their command lines, and starting them on this machine.
+(router/policies/server_policy.py plans them from a set), their command lines, and starting them on this machine.
 
 A pool's URL says where it serves. ``specroute pools start`` runs the pools whose URL is on this machine
 (``http://127.0.0.1:<port>`` or ``http://localhost:<port>``) and names the others, which run elsewhere

@@ -125,7 +125,7 @@ def reprice(state: CliState, run_id: int, profile_ids: tuple[int, ...], publish:
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_text
     from analyzer.analysis.repricing import reprice_run
-    from router.policy import publish_policies
+    from router.policies.policy import publish_policies
 
     with state.sessions()() as session, session.begin():
         lock_for_write(session)

@@ -177,7 +177,7 @@ def _suggest(state: CliState, names: list[str], quiet_without_encoder: bool = Fa
     """The teacher's suggestions for the sets' unlabelled prompts, read and stored in short transactions
     of their own (the teacher trains outside any); None (and
     a note) when the sentence encoder is missing and ``quiet_without_encoder``."""
-    from router.suggestions import TeacherUnavailable, suggest_tasks_apart
+    from router.classify.suggestions import TeacherUnavailable, suggest_tasks_apart
 
     try:
         return suggest_tasks_apart(state.sessions(), names, lambda line: click.echo(f"  {line}", err=True))
@@ -236,7 +236,7 @@ def _suggestion_counts(session, name: str) -> dict:
 def prompts_accept(state: CliState, name: str, min_confidence: float) -> None:
     """Make the suggested task the label of every unlabelled prompt of the set whose suggestion is at
     least --min-confidence sure (one transaction)."""
-    from router.suggestions import accept_suggestions
+    from router.classify.suggestions import accept_suggestions
 
     with state.sessions()() as session, session.begin():
         lock_for_write(session)

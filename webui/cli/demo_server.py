@@ -179,7 +179,7 @@ def publish_and_print_server_analysis(sessions: sessionmaker[Session], analysis_
     bound or the machine was too noisy; such a set is published but not activated)."""
     from analyzer.analysis.server_store import get_server_analysis
     from router.orm import PolicySet
-    from router.server_policy import publish_server_policies
+    from router.policies.server_policy import publish_server_policies
     from webui.cli.server_analysis import server_analysis_text
 
     with sessions() as session, session.begin():

@@ -196,9 +196,9 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classifier import ClassifierError, load_active, train_classifier_apart
-    from router.pipeline import fold_jobs
-    from router.training_data import cold_start_data
+    from router.classify.classifier import ClassifierError, load_active, train_classifier_apart
+    from router.classify.pipeline import fold_jobs
+    from router.classify.training_data import cold_start_data
 
     with sessions() as session, session.begin():
         try:
@@ -235,7 +235,7 @@ def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: i
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_text
     from router.orm import PolicySet
-    from router.policy import publish_policies
+    from router.policies.policy import publish_policies
 
     with sessions() as session, session.begin():
         lock_for_write(session)

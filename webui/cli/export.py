@@ -1,5 +1,5 @@
 """``specroute export``: a run's or a policy set's decisions as the config of the engine you serve with
-(router/export_plan.py plans them; router/export_engines.py writes each engine's terms)."""
+(router/export/export_plan.py plans them; router/export/export_engines.py writes each engine's terms)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def export(
     max_concurrency), the pools a per-task deployment needs with the command that starts each, and the
     SPECROUTE_ROUTER_POOLS mapping that sends each task to its pool. Every value says where it came from;
     the first line warns when another engine priced the decisions. See docs/export.md."""
-    from router.export_plan import ExportError, plan_for_policy_set, plan_for_run
-    from router.serving import render_export
+    from router.export.export_plan import ExportError, plan_for_policy_set, plan_for_run
+    from router.export.serving import render_export
 
     if run_id is not None and version is not None:
         raise click.UsageError("give --run or --policies, not both")

@@ -1,5 +1,5 @@
 """``specroute pools plan | start``: the llama-server pools a policy set published from a llama-server
-analysis routes to (router/server_policy.py plans them; analyzer/engine/llama_server_pools.py starts them)."""
+analysis routes to (router/policies/server_policy.py plans them; analyzer/engine/llama_server_pools.py starts them)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def plan(state: CliState, version: int | None) -> None:
     """Print the llama-server command line of every pool the policy set routes to (its tasks on a comment
     line above it) and the SPECROUTE_ROUTER_POOLS mapping that names them. The set must have been published
     from a llama-server analysis ('specroute policies publish --llama-server-analysis ID')."""
-    from router.server_policy import policy_set_plan
+    from router.policies.server_policy import policy_set_plan
 
     with state.sessions()() as session:
         click.echo(plan_text(policy_set_plan(session, version)))
@@ -47,7 +47,7 @@ def start(state: CliState, version: int | None) -> None:
     """Start every pool of the policy set that serves on this machine (its URL on 127.0.0.1 or localhost),
     wait until each answers, print "ready", and keep them running until Ctrl-C or SIGTERM stops them all.
     A pool that cannot start (a port in use, a missing model) stops the others and prints its log."""
-    from router.server_policy import policy_set_plan
+    from router.policies.server_policy import policy_set_plan
 
     with state.sessions()() as session:
         chosen = policy_set_plan(session, version)

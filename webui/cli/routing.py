@@ -122,10 +122,10 @@ def _train_new_version(
     seed: int,
 ) -> tuple[dict, str | None]:
     """Gather the training data, train and store a classifier version; return its record and verdict."""
-    from router.classifier import activation_message, train_classifier_apart
-    from router.pipeline import fold_jobs
-    from router.records import classifier_dict
-    from router.training_request import training_data_apart
+    from router.classify.classifier import activation_message, train_classifier_apart
+    from router.classify.pipeline import fold_jobs
+    from router.classify.training_request import training_data_apart
+    from router.policies.records import classifier_dict
 
     sessions = state.sessions()
     data = training_data_apart(
@@ -298,9 +298,9 @@ def policies_publish(
     from analyzer.advice.report import run_advice_withheld
     from analyzer.analysis.server_store import get_server_analysis
     from analyzer.orm import AnalysisRun
-    from router.policy import publish_policies
-    from router.records import policy_set_dict
-    from router.server_policy import publish_server_policies
+    from router.policies.policy import publish_policies
+    from router.policies.records import policy_set_dict
+    from router.policies.server_policy import publish_server_policies
 
     if (run_id is None) == (server_analysis_id is None):
         raise click.UsageError("give one of --run or --llama-server-analysis")
@@ -342,8 +342,8 @@ def policies_publish(
 @click.pass_obj
 def policies_list(state: CliState, as_json: bool) -> None:
     """Every policy set, newest first."""
-    from router.policy import list_policy_sets
-    from router.records import policy_set_dict
+    from router.policies.policy import list_policy_sets
+    from router.policies.records import policy_set_dict
 
     with state.sessions()() as session:
         data = [policy_set_dict(p) for p in list_policy_sets(session)]
@@ -361,7 +361,7 @@ def policies_list(state: CliState, as_json: bool) -> None:
 @click.pass_obj
 def policies_activate(state: CliState, version: int) -> None:
     """Make policy set VERSION the active one."""
-    from router.policy import activate_policy_set
+    from router.policies.policy import activate_policy_set
 
     with state.sessions()() as session, session.begin():
         lock_for_write(session)
@@ -416,7 +416,7 @@ def decisions_prune(state: CliState, older_than_days: float, yes: bool) -> None:
 @click.pass_obj
 def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature, as_json: bool) -> None:
     """Print the routing decision for PROMPT with the active classifier and policy set."""
-    from router.decision import DECISION_KEYS, RouterConfig, router_from_database
+    from router.decide.decision import DECISION_KEYS, RouterConfig, router_from_database
     from webui.security import resolve_secret_key
 
     # signed with the server's key, so feedback on this route_id to a server on the same data is accepted

@@ -1,4 +1,4 @@
-"""The parts every engine's export shares (:mod:`router.export_engines` has the engines): the
+"""The parts every engine's export shares (:mod:`router.export.export_engines` has the engines): the
 :class:`Exporter` interface, the document an export is (:class:`Export`: one server for the whole
 workload, per-batch where the engine can; the pools a per-task deployment needs; the router's pool
 mapping; where every value came from), and its renderings: shell (CLI flags, ``#`` comments), YAML (``#``
@@ -23,7 +23,7 @@ from analyzer.models.specs import (
     builtin_gguf_file,
     parse_spec,
 )
-from router.export_plan import ExportError, ExportPlan, GroupPlan
+from router.export.export_plan import ExportError, ExportPlan, GroupPlan
 
 OFF = "off"  # the plain pool's key, as SPECROUTE_ROUTER_POOLS names it
 

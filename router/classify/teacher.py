@@ -12,7 +12,7 @@ graph of the prompts being labelled (their embeddings), so prompts that look ali
 unless their own evidence is strong. A user's traffic comes in families of alike prompts; the
 leave-one-source-out benchmark (benchmarks/bench_adapt.py) measures what each part adds.
 
-Needs the sentence encoder (router/encoder.py); without it, a ClassifierError says how to install it.
+Needs the sentence encoder (router/classify/encoder.py); without it, a ClassifierError says how to install it.
 """
 
 from __future__ import annotations
@@ -29,10 +29,16 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from analyzer.errors import SpecrouteError
-from router.encoder import DIMENSIONS, EncoderUnavailable, encoder_folder, encoder_version, shared_encoder
-from router.evaluation import decision_matrix, softmax
-from router.pipeline import build_pipeline
-from router.training_data import cold_start_data
+from router.classify.encoder import (
+    DIMENSIONS,
+    EncoderUnavailable,
+    encoder_folder,
+    encoder_version,
+    shared_encoder,
+)
+from router.classify.evaluation import decision_matrix, softmax
+from router.classify.pipeline import build_pipeline
+from router.classify.training_data import cold_start_data
 
 TEACHER_VERSION = "2"  # 2: a third description of roleplay and of general
 ZERO_SHOT_TEMPERATURE = 0.03  # cosine similarities lie within ~0.3 of each other: sharpen them
@@ -41,7 +47,7 @@ NEIGHBOURS = 10  # label spreading: each prompt's nearest neighbours among those
 SPREAD_ALPHA = 0.8  # how much a prompt's label follows its neighbours' (0: its own evidence only)
 SPREAD_ITERATIONS = 30
 EMBED_BATCH = 256
-# The bundled corpus's embeddings, computed once (python -m router.teacher writes them), so fitting
+# The bundled corpus's embeddings, computed once (python -m router.classify.teacher writes them), so fitting
 # a teacher embeds only the user's own prompts; used only while the corpus texts and the encoder
 # version match what they were computed from.
 CORPUS_EMBEDDINGS = "corpus_embeddings.npz"
@@ -332,5 +338,5 @@ def cached_teacher(
 
 
 if __name__ == "__main__":
-    target = Path(__file__).resolve().parent / "data" / CORPUS_EMBEDDINGS
+    target = Path(__file__).resolve().parents[1] / "data" / CORPUS_EMBEDDINGS
     print(f"wrote {write_corpus_embeddings(target)} embeddings to {target}")

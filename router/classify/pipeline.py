@@ -1,7 +1,7 @@
 """The task classifier's scikit-learn pipeline for each feature set: TF-IDF and structural features
-(router/features.py), the sentence encoder's embeddings (router/encoder.py), or both, into a
-class-balanced logistic regression. The classifier (router/classifier.py) and the teacher's TF-IDF view
-(router/teacher.py) both build it here."""
+(router/classify/features.py), the sentence encoder's embeddings (router/classify/encoder.py), or both, into a
+class-balanced logistic regression. The classifier (router/classify/classifier.py) and the teacher's TF-IDF view
+(router/classify/teacher.py) both build it here."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, MaxAbsScaler
 
-from router.features import classifier_text, structural_features
-from router.training_data import ClassifierError
+from router.classify.features import classifier_text, structural_features
+from router.classify.training_data import ClassifierError
 
 FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
 # The logistic regression's inverse regularisation strength per feature set, chosen by
@@ -45,7 +45,7 @@ def fold_jobs(setting: int, features: str) -> int:
 def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = None) -> Pipeline:
     """``tfidf``: word (1-2) and character (2-5, within words) TF-IDF over the first CLASSIFIER_CHARS
     characters plus scaled structural features of the whole prompt; ``minilm``: the sentence encoder's
-    embedding (router/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
+    embedding (router/classify/encoder.py); ``tfidf+minilm``: both. Into a class-balanced multinomial logistic
     regression, which gives a probability per task."""
     c = regularisation(features, c)
     parts = []
@@ -75,7 +75,7 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
             ("structure", make_pipeline(FunctionTransformer(structural_features), MaxAbsScaler())),
         ]
     if "minilm" in features:
-        from router.encoder import EmbeddingFeatures
+        from router.classify.encoder import EmbeddingFeatures
 
         parts.append(("embedding", EmbeddingFeatures()))
     model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)

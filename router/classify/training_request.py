@@ -1,7 +1,7 @@
 """What one training request trains on (``specroute train``, the classifier page's form): the
 training data it names (:data:`TRAINING_SOURCES`, limited to some prompt sets' labels) and, to adapt
 to prompt sets, the teacher's pseudo-labels for their unlabelled prompts, suggested afresh
-(:mod:`router.suggestions`). The data itself is :mod:`router.training_data`, which the teacher and the
+(:mod:`router.classify.suggestions`). The data itself is :mod:`router.classify.training_data`, which the teacher and the
 suggestions also read, so asking the teacher is here, above all three."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from router.suggestions import TeacherUnavailable, pseudo_labels, suggest_tasks, suggest_tasks_apart
-from router.teacher import Progress
-from router.training_data import (
+from router.classify.suggestions import TeacherUnavailable, pseudo_labels, suggest_tasks, suggest_tasks_apart
+from router.classify.teacher import Progress
+from router.classify.training_data import (
     ClassifierError,
     TrainingData,
     cold_start_data,
@@ -54,7 +54,7 @@ def training_data(
     ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
     unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
     as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
-    in ``adapt``, so that training guards the activation (:func:`router.classifier.train_classifier`)."""
+    in ``adapt``, so that training guards the activation (:func:`router.classify.classifier.train_classifier`)."""
     data = _base_data(session, source, prompt_set_names, adapt)
     if not adapt:
         return data
@@ -72,7 +72,7 @@ def training_data_apart(
     progress: Progress | None = None,
 ) -> TrainingData:
     """:func:`training_data` in short transactions of its own, the teacher's suggestions trained and
-    made outside any (:func:`router.suggestions.suggest_tasks_apart`), for a job that other writers
+    made outside any (:func:`router.classify.suggestions.suggest_tasks_apart`), for a job that other writers
     run beside."""
     with sessions() as session, session.begin():
         data = _base_data(session, source, prompt_set_names, adapt)

@@ -6,8 +6,8 @@ on one machine or per call, with the field names their documentation gives (docs
   threshold; or nothing, where its defaults were priced faster) or ``prompt_lookup_num_tokens`` /
   ``max_matching_ngram_size``, per generate() call.
 
-The GPU serving engines (vLLM, SGLang, TensorRT-LLM) are in :mod:`router.export_gpu`; what every export
-shares is in :mod:`router.export_config`."""
+The GPU serving engines (vLLM, SGLang, TensorRT-LLM) are in :mod:`router.export.export_gpu`; what every export
+shares is in :mod:`router.export.export_config`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from analyzer.engine.llama_server_pools import pool_flags
 from analyzer.pricing.policy_curve import decision_rule
-from router.export_config import (
+from router.export.export_config import (
     Export,
     Exporter,
     ModelRunExporter,
@@ -30,7 +30,7 @@ from router.export_config import (
     render_json,
     served_target,
 )
-from router.export_plan import ExportError, ExportPlan, GroupPlan
+from router.export.export_plan import ExportError, ExportPlan, GroupPlan
 
 
 class LlamaServerExporter(Exporter):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.engine.engines import ENGINES
-from router.reasons import REASON_CODES
+from router.decide.reasons import REASON_CODES
 
 MAX_BATCH = 1000
 
@@ -81,7 +81,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["code"],
         "additionalProperties": True,
-        "description": "One reason of a decision: a code and its parameters (router/reasons.py lists them).",
+        "description": "One reason of a decision: a code and its parameters (router/decide/reasons.py lists them).",
         "properties": {"code": {"type": "string", "enum": list(REASON_CODES)}},
     },
     "Decision": {
@@ -571,7 +571,7 @@ def _api_paths() -> dict[str, Any]:
 
 
 def _front_door(summary: str, field: str) -> dict[str, Any]:
-    """A front-door operation (router/front_door.py): an OpenAI-style body with ``field``, answered by the
+    """A front-door operation (router/serve/front_door.py): an OpenAI-style body with ``field``, answered by the
     pool the decision names, whole or as server-sent events."""
     return {
         "summary": summary,

@@ -1,9 +1,9 @@
 """Feedback from the engine after a generation: normalise what it reports to counts, store the event,
-and move the task's online estimate (router/adaptation.py) under the active policy set.
+and move the task's online estimate (router/decide/adaptation.py) under the active policy set.
 
 Every payload names its request with a ``route_id`` from a decision, or names a ``task_type``, and
-carries one of these shapes: one engine's section (router/feedback_formats.py; two are refused), or plain
-counts. The serving engines' registry (router/serving.py) gives each engine its section. "rounds" are target
+carries one of these shapes: one engine's section (router/decide/feedback_formats.py; two are refused), or plain
+counts. The serving engines' registry (router/export/serving.py) gives each engine its section. "rounds" are target
 verification passes, "drafted" the draft tokens proposed, "accepted" those the target kept:
 
 - llama.cpp server ``timings``: ``{"timings": {"draft_n", "draft_n_accepted", "predicted_n"}}`` →
@@ -12,7 +12,7 @@ verification passes, "drafted" the draft tokens proposed, "accepted" those the t
   draft counts left out (as llama-server leaves them where nothing was drafted) are 0. A policy set
   published from a llama-server analysis also needs ``predicted_ms`` and ``prompt_n`` (with ``cache_n``
   where the server reused cached prompt tokens): they price the request against plain decoding
-  (router/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the key of
+  (router/decide/server_adaptation.py); the optional top-level ``setting`` names the pool's setting (the key of
   the decision's pool in the set's ``pools``, as the front door sends it; default: the task's setting in
   force).
 - vLLM per-request speculative decoding metrics: ``{"speculative_decoding": {...}}`` with
@@ -42,8 +42,8 @@ from sqlalchemy.orm import Session, selectinload
 from analyzer.db import utcnow
 from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import Cost
-from router.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
-from router.feedback_formats import (
+from router.decide.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
+from router.decide.feedback_formats import (
     FEEDBACK_FORMATS,
     FeedbackCounts,
     FeedbackError,
@@ -51,11 +51,8 @@ from router.feedback_formats import (
     engine_label,
     gamma_of,
 )
-from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
-from router.records import estimate_dict
-from router.route_ids import PROCESS_KEY, parse_route_id
-from router.server_adaptation import (
+from router.decide.route_ids import PROCESS_KEY, parse_route_id
+from router.decide.server_adaptation import (
     OptionPrior,
     PlainCost,
     apply_server_feedback,
@@ -64,6 +61,9 @@ from router.server_adaptation import (
     option_priors,
     prior_weight_ms,
 )
+from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
+from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
+from router.policies.records import estimate_dict
 
 
 class UnknownRouteId(FeedbackError):
@@ -174,7 +174,7 @@ class UnknownFeedbackField(FeedbackError):
 
 def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> FeedbackRequest:
     """Check a payload and normalise its counts (raises FeedbackError naming the field); a route_id
-    must verify with ``key`` (the router's: router/route_ids.py)."""
+    must verify with ``key`` (the router's: router/decide/route_ids.py)."""
     unknown = sorted(set(payload) - set(FEEDBACK_FIELDS))
     if unknown:
         raise UnknownFeedbackField(f"unknown field '{unknown[0]}'; known: {', '.join(FEEDBACK_FIELDS)}")

@@ -1,5 +1,5 @@
 """Group commit for feedback: one writer thread per server process (a
-:class:`router.batch_writer.BatchWriter`) stores every pending feedback event in one transaction.
+:class:`router.serve.batch_writer.BatchWriter`) stores every pending feedback event in one transaction.
 
 A feedback event is a read-modify-write of its task's estimate row, so it needs the write lock (SQLite:
 ``BEGIN IMMEDIATE``; PostgreSQL: ``SELECT ... FOR UPDATE`` of the row). Taken once per event, the lock
@@ -23,9 +23,15 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write
-from router.adaptation import AdaptationConfig
-from router.batch_writer import BatchWriter
-from router.feedback import FeedbackError, FeedbackRequest, PolicyContext, Recorded, record_feedback_batch
+from router.decide.adaptation import AdaptationConfig
+from router.decide.feedback import (
+    FeedbackError,
+    FeedbackRequest,
+    PolicyContext,
+    Recorded,
+    record_feedback_batch,
+)
+from router.serve.batch_writer import BatchWriter
 
 Event = tuple[FeedbackRequest, PolicyContext | None]  # an event and the policy set it was checked against
 

@@ -1,4 +1,4 @@
-"""The GPU serving engines ``specroute export`` writes for (:mod:`router.export_engines` holds the registry),
+"""The GPU serving engines ``specroute export`` writes for (:mod:`router.export.export_engines` holds the registry),
 with the field names and value ranges their current documentation gives (docs/export.md cites each page;
 tests/data/engine_docs/ holds the documented fields):
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from router.export_config import (
+from router.export.export_config import (
     Export,
     ModelRunExporter,
     Value,
@@ -29,7 +29,7 @@ from router.export_config import (
     served_target,
     yaml_lines,
 )
-from router.export_plan import ExportPlan, GroupPlan
+from router.export.export_plan import ExportPlan, GroupPlan
 
 # the largest batch size a per-batch table spans (vLLM's and SGLang's largest default max_num_seqs)
 TABLE_END = 1024

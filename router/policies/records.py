@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
-from router.policy import NO_GAMMA, PolicyContract, PolicySnapshot
+from router.policies.policy import NO_GAMMA, PolicyContract, PolicySnapshot
 
 
 def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> dict[str, Any]:

@@ -22,10 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write
 from analyzer.settings import Settings
-from router.adaptation import AdaptationConfig
-from router.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
-from router.decision_log import DecisionLog
-from router.feedback import (
+from router.decide.adaptation import AdaptationConfig
+from router.decide.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
+from router.decide.feedback import (
     FeedbackError,
     FeedbackRequest,
     PolicyContext,
@@ -35,12 +34,13 @@ from router.feedback import (
     parse_feedback,
     record_observation,
 )
-from router.feedback_writer import FeedbackWriter
-from router.front_door import feedback_of
-from router.metrics import Metrics
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate
-from router.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
-from router.records import classifier_dict, estimate_dict, policy_set_dict
+from router.policies.policy import FALLBACK_TASK, active_policy_set, list_policy_sets
+from router.policies.records import classifier_dict, estimate_dict, policy_set_dict
+from router.serve.decision_log import DecisionLog
+from router.serve.feedback_writer import FeedbackWriter
+from router.serve.front_door import feedback_of
+from router.serve.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class RouterService:
         return recorded.snapshot
 
     def observe_completion(self, decision: Decision, timings: Mapping[str, Any]) -> None:
-        """Store a pool's ``timings`` for a forwarded request (router/front_door.py) as the decision's
+        """Store a pool's ``timings`` for a forwarded request (router/serve/front_door.py) as the decision's
         feedback: through :meth:`feedback` where its policy set adapts, as the event alone where the set
         takes no feedback; a payload feedback refuses is logged, never the client's failure."""
         contract = self.router.contract

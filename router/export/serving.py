@@ -1,7 +1,7 @@
 """The serving engines, one entry each with the capabilities it has: its terms in a routing decision (the
 ``engine`` object of ``/v1/route``: :data:`analyzer.engine.engines.SERVING`'s entry), its export (``specroute
-export --for``: router/export_engines.py, router/export_gpu.py, whose commands are also its pools' command
-lines), and how it reports a generation's speculation in feedback (router/feedback_formats.py). An engine has
+export --for``: router/export/export_engines.py, router/export/export_gpu.py, whose commands are also its pools' command
+lines), and how it reports a generation's speculation in feedback (router/decide/feedback_formats.py). An engine has
 only what it can: TensorRT-LLM exports but sends no per-request counts; llama-cpp-python (``llama.cpp``) is told
 its terms in each decision but has no server to export. The export pages, ``specroute export`` and the
 feedback path ask this registry; nothing outside an engine's own module reads a result by an engine's name.
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from analyzer.engine.engines import LLAMA_CPP, LLAMA_SERVER, SERVING, TRANSFORMERS, ServingEngine
-from router.export_config import Exporter
-from router.export_engines import LlamaServerExporter, TransformersExporter
-from router.export_gpu import SglangExporter, TrtllmExporter, VllmExporter
-from router.export_plan import ExportError, ExportPlan
-from router.feedback_formats import FEEDBACK_FORMATS, FeedbackFormat
+from router.decide.feedback_formats import FEEDBACK_FORMATS, FeedbackFormat
+from router.export.export_config import Exporter
+from router.export.export_engines import LlamaServerExporter, TransformersExporter
+from router.export.export_gpu import SglangExporter, TrtllmExporter, VllmExporter
+from router.export.export_plan import ExportError, ExportPlan
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What ``specroute export`` hands to an engine, engine-neutral: a run's (or a policy set's) decisions as the
 router makes them, per task and per batch size, with where every value came from (:class:`ExportPlan`).
-The writers in :mod:`router.export_engines` turn one plan into each engine's own terms.
+The writers in :mod:`router.export.export_engines` turn one plan into each engine's own terms.
 
-The decisions are the router's own: the plan asks a :class:`router.decision.Router` built from the policy
+The decisions are the router's own: the plan asks a :class:`router.decide.decision.Router` built from the policy
 set (a run's is built as publishing would build it, and not stored) for every task at every batch size
 from 1 to just past the largest one anything decides at (the profiled sizes, or the router's
 ``SPECROUTE_ROUTER_MAX_BATCH_SIZE``). Consecutive batch sizes with one decision form a :class:`Span`; an
@@ -31,9 +31,15 @@ from analyzer.errors import SpecrouteError
 from analyzer.models.specs import parse_spec
 from analyzer.orm import AnalysisRun
 from analyzer.settings import load_settings
-from router.decision import Router, RouterConfig, RouteRequest
+from router.decide.decision import Router, RouterConfig, RouteRequest
 from router.orm import PolicySet
-from router.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, find_policy_set, run_policy_set
+from router.policies.policy import (
+    FALLBACK_TASK,
+    PolicyContract,
+    PolicySnapshot,
+    find_policy_set,
+    run_policy_set,
+)
 
 Interval = tuple[float | None, float | None]
 

@@ -31,8 +31,8 @@ from analyzer.advice.summary_store import FINISHED_STATUSES, store_summary
 from analyzer.db import lock_for_write
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_checks import request_text
-from router.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
-from router.evaluation import (
+from router.classify.encoder import EncoderUnavailable, embedding_cache, encoder_folder, encoder_version
+from router.classify.evaluation import (
     MIN_SOURCES,
     calibration,
     catch_all_tasks,
@@ -46,21 +46,21 @@ from router.evaluation import (
     softmax,
     stratified_folds,
 )
-from router.fast_scorer import FastScorer
-from router.features import (
+from router.classify.fast_scorer import FastScorer
+from router.classify.features import (
     FEATURES_VERSION,
     keyword_baseline,
 )
-from router.orm import ClassifierVersion, activate_only
-from router.pipeline import DEFAULT_C, build_pipeline, fold_jobs, regularisation
-from router.teacher import Progress
-from router.training_data import (
+from router.classify.pipeline import DEFAULT_C, build_pipeline, fold_jobs, regularisation
+from router.classify.teacher import Progress
+from router.classify.training_data import (
     DEFAULT_PSEUDO_CONFIDENCE,
     ClassifierError,
     TrainingData,
     pseudo_label_support,
     trained_on,
 )
+from router.orm import ClassifierVersion, activate_only
 
 _Folds = list[tuple[np.ndarray, np.ndarray]]  # (training rows, test rows) per fold
 
@@ -121,7 +121,7 @@ def evaluate(
     gets a line per fold. ``compare_with``, a (feature set, C) recipe (the active version's), is
     cross-validated too on the very same folds without the pseudo-labels (``comparison``, see
     :func:`_same_fold_comparison`). ``jobs``: how many folds are fitted at once
-    (:func:`router.pipeline.fold_jobs`)."""
+    (:func:`router.classify.pipeline.fold_jobs`)."""
     labels = sorted(set(data.labels))
     if len(labels) < 2:
         raise ClassifierError("training needs at least two task types with labeled prompts")
@@ -257,7 +257,7 @@ def _following(
     scored_groups: list[str],
     truth_all: list[str],
 ) -> dict:
-    """The catch-all tasks (:func:`router.evaluation.catch_all_tasks`), judged for the tasks with
+    """The catch-all tasks (:func:`router.classify.evaluation.catch_all_tasks`), judged for the tasks with
     prompts from MIN_SOURCES sources or more."""
     sources = {label: {g for g, t in zip(scored_groups, truth_all) if t == label} for label in labels}
     judged = {label for label, groups_ in sources.items() if len(groups_) >= MIN_SOURCES}
@@ -386,13 +386,13 @@ def train_classifier(
     Adapting (``data.adapting()``) never replaces the active version silently: the active version's
     recipe (feature set and C) is cross-validated on the very folds the new one is scored on, fitted
     on each fold's labelled training prompts without the pseudo-labels, and the new version is
-    stored but not activated when it is worse there (:func:`router.evaluation.regressions`) or had
-    too few confident pseudo-labels (:func:`router.training_data.pseudo_label_support`); the stored
+    stored but not activated when it is worse there (:func:`router.classify.evaluation.regressions`) or had
+    too few confident pseudo-labels (:func:`router.classify.training_data.pseudo_label_support`); the stored
     active artifact itself is not re-scored, because it was fitted on those held-out prompts.
     ``force_activate`` activates it anyway. The verdict, with both versions' numbers, is
     ``scores["activation"]`` (:func:`activation_check`, :func:`activation_message`). Training
     without pseudo-labels activates as before. ``jobs``: how many folds are cross-validated at once
-    (:func:`router.pipeline.fold_jobs` turns the setting into it)."""
+    (:func:`router.classify.pipeline.fold_jobs` turns the setting into it)."""
     active = _active_to_compare(session, data, activate)
     pipeline, scores, activate = _fit_and_settle(
         data,

@@ -1,6 +1,6 @@
 """The routing decision, in process and without Flask: classify the prompt, look up the task's
 published policy (the workload-wide fallback when the classifier is unsure or the task has none),
-follow the task's online estimate where feedback has moved it (router/adaptation.py), apply the
+follow the task's online estimate where feedback has moved it (router/decide/adaptation.py), apply the
 request rules (short outputs run without speculation; at a batch size the analysis profiled, or between
 two it profiled, the decision follows the S(g) curve measured there; larger batches than the profiles
 cover run without speculation above ``max_batch_size``), and return the decision with ready-to-use
@@ -22,21 +22,12 @@ from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence
-from router.adaptation import AdaptationConfig, TaskState, initial_state, next_request
-from router.classifier import TaskClassifier, load_active
-from router.feedback import estimate_state
-from router.orm import TaskEstimate
-from router.policy import (
-    FALLBACK_TASK,
-    NO_GAMMA,
-    PolicyContract,
-    PolicySnapshot,
-    active_policy_set,
-    router_pools,
-)
-from router.reasons import Reason, reason
-from router.route_ids import PROCESS_KEY, new_route_id, route_key
-from router.server_adaptation import (
+from router.classify.classifier import TaskClassifier, load_active
+from router.decide.adaptation import AdaptationConfig, TaskState, initial_state, next_request
+from router.decide.feedback import estimate_state
+from router.decide.reasons import Reason, reason
+from router.decide.route_ids import PROCESS_KEY, new_route_id, route_key
+from router.decide.server_adaptation import (
     PlainCost,
     choose_setting,
     estimate,
@@ -44,6 +35,15 @@ from router.server_adaptation import (
     option_priors,
     prior_weight_ms,
     setting_gamma,
+)
+from router.orm import TaskEstimate
+from router.policies.policy import (
+    FALLBACK_TASK,
+    NO_GAMMA,
+    PolicyContract,
+    PolicySnapshot,
+    active_policy_set,
+    router_pools,
 )
 
 DEFAULT_MIN_CONFIDENCE = 0.5
@@ -60,7 +60,7 @@ class RouterConfig:
     )
     # the server's SPECROUTE_ROUTER_POOLS: names the pools of a policy set published without its own
     pools: Mapping[str, str] = field(default_factory=dict)
-    route_key: bytes = PROCESS_KEY  # signs route ids (router/route_ids.py): the server's secret key
+    route_key: bytes = PROCESS_KEY  # signs route ids (router/decide/route_ids.py): the server's secret key
 
     @classmethod
     def from_settings(cls, settings: Settings, secret_key: str | None = None) -> "RouterConfig":
@@ -388,7 +388,7 @@ class Router:
             )
 
     def _follow_setting(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
-        """A llama-server set: the setting the task's estimate has in force (:mod:`router.server_adaptation`),
+        """A llama-server set: the setting the task's estimate has in force (:mod:`router.decide.server_adaptation`),
         or while off, every ``probe_every``-th request to the published setting with the highest estimate."""
         state = self.states.get(key)
         if state is None or policy is None:

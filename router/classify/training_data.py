@@ -1,9 +1,9 @@
 """What the task classifier trains on: the bundled labeled corpus (a cold start), the labeled prompts
 in the database, both (the user's label winning for the same text), and pseudo-labels from the teacher
 for unlabelled prompt sets (weighted by its confidence); rare labels left out, and a hash of the rows
-for the version record (:mod:`router.classifier`). Nothing here asks the teacher, which reads the bundled
+for the version record (:mod:`router.classify.classifier`). Nothing here asks the teacher, which reads the bundled
 corpus from here: which data a training request takes, and the teacher's fresh pseudo-labels when it
-adapts, are :mod:`router.training_request`."""
+adapts, are :mod:`router.classify.training_request`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from analyzer.errors import SpecrouteError
 from analyzer.orm import Prompt, PromptSet
 from analyzer.prompts.ingest import parse_prompt_file
 from analyzer.prompts.prompt_checks import ParsedPrompt, request_text
-from router.evaluation import USER_GROUP, source_group
+from router.classify.evaluation import USER_GROUP, source_group
 
 CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2

@@ -12,7 +12,7 @@ machine at ``http://127.0.0.1:<port>``, ports counted from ``first_port`` in the
 Each policy carries its curve over the analysis' settings (:mod:`analyzer.pricing.option_curve`), decided by
 the one rule every engine shares, and the set carries the analysis' plain step cost: feedback from the pools
 (llama-server's ``timings``) moves each task's estimate per setting and, where it crosses the rule, sends
-the task to another pool the set publishes (:mod:`router.server_adaptation`)."""
+the task to another pool the set publishes (:mod:`router.decide.server_adaptation`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.settings import load_settings
 from router.orm import PolicySet, TaskPolicy
-from router.policy import (
+from router.policies.policy import (
     FALLBACK_TASK,
     NO_GAMMA,
     PolicyError,
@@ -107,7 +107,7 @@ def _policy(record: ServerAnalysisRecord, task: str, rows: list[dict[str, Any]],
         decision_basis="workload" if curve.point.basis == "workload" else "task",
         decision_reason=_reason(record, curve, chosen, shown, predicted, low),
         setting=chosen,
-        # withheld advice: no curve, so feedback never turns the task on (router/server_adaptation.py)
+        # withheld advice: no curve, so feedback never turns the task on (router/decide/server_adaptation.py)
         option_curve=curve.as_dict() if record.advice_withheld is None else None,
     )
 

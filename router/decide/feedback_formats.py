@@ -1,7 +1,7 @@
 """How each serving engine reports a generation's speculation in a feedback body, read into one
 :class:`FeedbackCounts`: llama-server's ``timings``, vLLM's ``speculative_decoding`` metrics and SGLang's
-``meta_info`` (router/feedback.py's docstring gives each mapping). Each :class:`FeedbackFormat` is the feedback
-capability of one serving engine in :data:`router.serving.SERVING_ENGINES`; feedback.py reads a body with
+``meta_info`` (router/decide/feedback.py's docstring gives each mapping). Each :class:`FeedbackFormat` is the feedback
+capability of one serving engine in :data:`router.export.serving.SERVING_ENGINES`; feedback.py reads a body with
 :data:`FEEDBACK_FORMATS`."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class FeedbackFormat:
         return self.parse(_section(payload, self.key), payload)
 
 
-# by the serving engine that reports it (router/serving.py gives each entry its own); a body carries one
+# by the serving engine that reports it (router/export/serving.py gives each entry its own); a body carries one
 FEEDBACK_FORMATS: dict[str, FeedbackFormat] = {
     "vllm": FeedbackFormat("speculative_decoding", lambda section, _: _vllm(section)),
     "sglang": FeedbackFormat("meta_info", lambda section, payload: _sglang(section, gamma_of(payload))),

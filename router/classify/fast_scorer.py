@@ -11,7 +11,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import Pipeline
 
 from analyzer.errors import SpecrouteError
-from router.features import structural_row
+from router.classify.features import structural_row
 
 
 class ScorerError(SpecrouteError, RuntimeError):
@@ -196,7 +196,7 @@ _Part = tuple
 
 def _embedding_part(weights: np.ndarray) -> tuple[_Part, int]:
     """The sentence-embedding block's part and its width; ``weights`` are the model's from its first row."""
-    from router.encoder import DIMENSIONS, embed
+    from router.classify.encoder import DIMENSIONS, embed
 
     return (
         "dense",
@@ -236,7 +236,7 @@ class FastScorer:
         for name, transformer in union.transformer_list:
             if isinstance(transformer, TfidfVectorizer):
                 part, size = self._tfidf_part(name, transformer, weights[offset:])
-            elif name == "embedding":  # router.encoder.EmbeddingFeatures: a dense block, no scaling
+            elif name == "embedding":  # router.classify.encoder.EmbeddingFeatures: a dense block, no scaling
                 part, size = _embedding_part(weights[offset:])
             else:
                 part, size = _structure_part(transformer, weights[offset:])

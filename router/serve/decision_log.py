@@ -1,7 +1,7 @@
 """The log of routing decisions (table ``route_decisions``), written off the request path.
 
 Answering a route request must not wait for a database write, so decisions are ``put`` into a
-:class:`router.batch_writer.BatchWriter`, whose thread stores every decision queued by then in one
+:class:`router.serve.batch_writer.BatchWriter`, whose thread stores every decision queued by then in one
 transaction (group commit, at most ``batch_size`` rows); feedback does not read the log (its
 ``route_id`` names the policy set and task). When ``max_queued`` decisions wait (the database cannot
 keep up), new ones are dropped from the log, counted, and still answered; so are the decisions of a
@@ -16,9 +16,9 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
-from router.batch_writer import BatchWriter
-from router.decision import Decision
+from router.decide.decision import Decision
 from router.orm import RouteDecision
+from router.serve.batch_writer import BatchWriter
 
 
 class DecisionLog:

@@ -29,7 +29,7 @@ import numpy as np
 
 from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.pricing.policy_curve import BASE, PolicyCurve
-from router.policy import PRIOR_ALPHA_RANGE
+from router.policies.policy import PRIOR_ALPHA_RANGE
 
 SMALLEST_GAMMA = 1  # what a probe drafts for a policy published without a g* (NO_GAMMA)
 
@@ -49,7 +49,7 @@ class AdaptationConfig:
 class TaskState:
     """The online state of one task: Beta(a, b) of alpha, the decision in force and running totals
     (the published S(g) it moves is the policy's :class:`PolicyCurve`; under a llama-server set the
-    setting in force and each setting's feedback times, :mod:`router.server_adaptation`)."""
+    setting in force and each setting's feedback times, :mod:`router.decide.server_adaptation`)."""
 
     beta_a: float
     beta_b: float
@@ -61,7 +61,7 @@ class TaskState:
     total_rounds: int = 0
     total_drafted: int = 0
     total_accepted: int = 0
-    # under a llama-server set (router/server_adaptation.py): the setting in force (None: off) and per
+    # under a llama-server set (router/decide/server_adaptation.py): the setting in force (None: off) and per
     # setting [decayed plain ms, decayed served ms, events]; None under a run's set
     setting: str | None = None
     options: dict[str, list[float]] | None = None

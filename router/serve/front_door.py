@@ -7,7 +7,7 @@ OpenAI API then need no change: they point at specroute instead of at a server.
 The pool's own ``timings`` (llama-server puts them in a whole answer and in the last streamed event) are
 stored as a feedback event of the decision: under a policy set that adapts, through the router's feedback
 (the task's estimate moves); under one that cannot (published from a llama-server analysis, whose servers
-fix their settings), as the event alone. Without Flask: router/api.py holds the views."""
+fix their settings), as the event alone. Without Flask: router/serve/api.py holds the views."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.errors import SpecrouteError
-from router.decision import Decision, RouteRequest
+from router.decide.decision import Decision, RouteRequest
 
 FORWARD_TIMEOUT_S = 600.0
 

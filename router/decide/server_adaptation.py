@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from analyzer.measuring.request_work import plain_work
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.pricing.policy_curve import decision_rule
-from router.adaptation import AdaptationConfig, TaskState, count_event
-from router.policy import NO_GAMMA
+from router.decide.adaptation import AdaptationConfig, TaskState, count_event
+from router.policies.policy import NO_GAMMA
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from analyzer.errors import SpecrouteError, error_payload
 from analyzer.json_input import JsonInputError, loads_untrusted
 from analyzer.prompts.prompt_checks import message_problem
 from router import strict_json
-from router.decision import RouteRequest
-from router.front_door import forward, pool_url, route_request, stream_timings, timings_of
-from router.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
-from router.service import RouterService
+from router.decide.decision import RouteRequest
+from router.serve.front_door import forward, pool_url, route_request, stream_timings, timings_of
+from router.serve.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
+from router.serve.service import RouterService
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -321,7 +321,7 @@ def _front_door(path: str) -> Response:
     """Decide for an OpenAI-style completion body (its messages or prompt checked as /v1/route checks
     them), forward the body unchanged to the decision's pool, and answer with the pool's status and body,
     streamed as it comes when the body asks for a stream; the decision rides in X-Specroute-* headers, and
-    the pool's timings are stored as the decision's feedback (router/front_door.py)."""
+    the pool's timings are stored as the decision's feedback (router/serve/front_door.py)."""
     router_service = service()
     body = _object(_json_body(), "")
     wanted = route_request(path, body)

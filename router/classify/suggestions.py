@@ -1,4 +1,4 @@
-"""Suggested task types for a user's unlabelled prompts, from the teacher (router/teacher.py), and
+"""Suggested task types for a user's unlabelled prompts, from the teacher (router/classify/teacher.py), and
 what they are used for: shown beside each unlabelled prompt on the prompt set page, accepted there as
 labels above a confidence ("accept suggestions above X"), and trained on as pseudo-labels, weighted
 by confidence, when the classifier adapts to a set (``specroute train --adapt NAME``).
@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import lock_for_write, utcnow
 from analyzer.orm import Prompt, PromptSet
 from analyzer.prompts.prompt_checks import request_text
-from router.teacher import Progress, Suggestion, TeacherUnavailable, cached_teacher
-from router.training_data import ClassifierError, PseudoLabel, TrainingData, with_corpus
+from router.classify.teacher import Progress, Suggestion, TeacherUnavailable, cached_teacher
+from router.classify.training_data import ClassifierError, PseudoLabel, TrainingData, with_corpus
 
 __all__ = [
     "PseudoLabel",

@@ -267,7 +267,7 @@ class PolicySnapshot:
     speedup_interval: tuple[float | None, float | None] = (None, None)
     decision_basis: str | None = None
     lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
-    setting: str | None = None  # the llama-server drafter setting (router/server_policy.py)
+    setting: str | None = None  # the llama-server drafter setting (router/policies/server_policy.py)
     option_curve: Mapping | None = None  # its curve over a llama-server analysis' settings (None: a run's)
 
     @classmethod
