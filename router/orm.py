@@ -1,6 +1,6 @@
 """Router-owned tables, on the analyzer's declarative base: classifier versions, versioned
 routing policy sets with one policy per task type, per-task online estimates, logged routing
-decisions and the feedback engines send back."""
+decisions, the feedback engines send back, and the web UI's background jobs (training, suggestions)."""
 
 from __future__ import annotations
 
@@ -213,6 +213,37 @@ class FeedbackEvent(Base):
         CheckConstraint("rounds >= 0 AND drafted >= 0 AND accepted >= 0", name="counts_nonnegative"),
         CheckConstraint("accepted <= drafted", name="accepted_le_drafted"),
     )
+
+
+BACKGROUND_JOB_STATUSES = ("queued", "running", "done", "failed")
+
+
+class BackgroundJob(Base):
+    """Work the web UI starts and does not wait for (router/serve/jobs.py): classifier training (``kind``
+    "train") and task suggestions for a prompt set ("suggest"), with their parameters. One job per ``key`` is
+    queued or running at a time, across every server process; the process that queued it runs it at once
+    and keeps its heartbeat, and any worker takes over a queued job or one whose heartbeat stopped (its
+    process died or shut down). ``progress`` is its last progress line; ``message`` or ``error`` its
+    outcome."""
+
+    __tablename__ = "background_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    heartbeat_at: Mapped[Optional[datetime]] = mapped_column()
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    progress: Mapped[Optional[str]] = mapped_column(Text)
+    message: Mapped[Optional[str]] = mapped_column(Text)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]] = mapped_column()
+    finished_at: Mapped[Optional[datetime]] = mapped_column()
+
+    __table_args__ = (CheckConstraint(one_of("status", BACKGROUND_JOB_STATUSES), name="status"),)
 
 
 Versioned = TypeVar("Versioned", ClassifierVersion, PolicySet)

@@ -27,6 +27,7 @@ EXPECTED_TABLES = {
     "gamma_counts",
     "validation_results",
     "option_results",
+    "background_jobs",
     "classifier_versions",
     "policy_sets",
     "task_policies",
@@ -119,6 +120,7 @@ def _realistic_rows(url: str) -> None:
     from router.classify.training_data import make_training_data
     from router.decide.decision import Router
     from router.decide.feedback import parse_feedback, record_feedback
+    from router.orm import BackgroundJob
     from router.policies.policy import PolicySnapshot, publish_policies
     from router.policies.server_policy import publish_server_policies
     from router.serve.decision_log import DecisionLog
@@ -151,6 +153,17 @@ def _realistic_rows(url: str) -> None:
             "done",
             record.id,
             {"phase": "done", "done": 9, "total": 9},
+        )
+        session.add(
+            BackgroundJob(
+                key="train",
+                kind="train",
+                params={"source": "both", "features": "tfidf"},
+                status="done",
+                attempts=1,
+                progress="fold 5/5",
+                message="classifier v2 trained",
+            )  # fmt: skip
         )
         texts = [f"def f{i}(x): return x + {i}" for i in range(4)] + [f"What is {i} + {i}?" for i in range(4)]
         train_classifier(

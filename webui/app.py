@@ -25,6 +25,7 @@ from analyzer.db import MAX_ID, engine_from_settings, make_session_factory
 from analyzer.errors import SpecrouteError
 from analyzer.settings import api_token_scope, load_settings
 from router.serve import api
+from router.serve.jobs import run_next_job
 from router.serve.service import RouterService
 from router.strict_json import NonFiniteNumber
 from webui import access, cost_pages, prompt_pages, router_pages, run_pages, server_pages, ui
@@ -69,6 +70,8 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.register_blueprint(ui.bp)
     access.init_access(app, rules)
     app.register_error_handler(Exception, handle_error)
+    jobs = BackgroundJobs(sessions, stale_after_s=settings.stale_after_s)
+    app.extensions["specroute.jobs"] = jobs
     worker = (
         Worker(
             sessions,
@@ -76,13 +79,18 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
             allow_network=settings.allow_downloads,
             stale_after_s=settings.stale_after_s,
             on_run=lambda run_id: _label_run(sessions, run_id),
+            also=lambda worker_id: run_next_job(
+                sessions,
+                worker_id,
+                stale_after_s=settings.stale_after_s,
+                closing=jobs.closing,
+                on_done=lambda kind: router_service.reload(),
+            ),  # fmt: skip
         ).start()
         if settings.ui_worker
         else None
     )
     app.extensions["specroute.worker"] = worker
-    jobs = BackgroundJobs()
-    app.extensions["specroute.jobs"] = jobs
     app.after_request(_security_headers)
 
     closed: list[bool] = []
@@ -90,6 +98,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     def close() -> None:
         if not closed:
             closed.append(True)
+            jobs.closing.set()  # a background job the worker thread runs stops at its next progress line too
             if worker is not None:
                 worker.stop()
             jobs.close()

@@ -22,7 +22,7 @@ from analyzer.prompts.prompt_sets import (
     summarize,
 )
 from router.classify.encoder import EncoderUnavailable, encoder_folder
-from router.classify.suggestions import accept_suggestions, suggest_tasks_apart, suggestion_stats
+from router.classify.suggestions import accept_suggestions, suggestion_stats
 from router.classify.teacher import TeacherUnavailable, teacher_available
 from webui.ui import bp, flash, sessions, settings
 
@@ -84,13 +84,7 @@ def _jobs():
 def _start_suggesting(name: str) -> bool:
     """Suggest tasks for the set's unlabelled prompts in the background (one transaction); False when
     that is already under way."""
-    sessions_ = sessions()
-
-    def job(progress) -> str:
-        done = suggest_tasks_apart(sessions_, [name], progress)
-        return f"suggested a task for {done.total} unlabelled prompts"
-
-    return _jobs().start(f"suggest:{name}", job)
+    return _jobs().start(f"suggest:{name}", "suggest", {"set": name})
 
 
 def _filter_args(source) -> tuple[str | None, str | None]:

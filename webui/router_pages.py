@@ -15,13 +15,11 @@ from analyzer.prompts.prompt_checks import prompt_text
 from router.classify.classifier import (
     ClassifierError,
     activate_version,
-    activation_message,
     rarely_reached,
-    train_classifier_apart,
 )
 from router.classify.encoder import encoder_available
-from router.classify.pipeline import FEATURE_SETS, fold_jobs, regularisation
-from router.classify.training_request import check_training_request, training_data_apart
+from router.classify.pipeline import FEATURE_SETS, regularisation
+from router.classify.training_request import check_training_request
 from router.decide.decision import RouteRequest
 from router.orm import ClassifierVersion
 from router.policies.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
@@ -152,49 +150,14 @@ def train():
         flash(str(exc), "error")
         return redirect(url_for("ui.classifier"))
 
-    workers = fold_jobs(settings().classifier_jobs, features)
-
-    def job(progress) -> str:
-        data = training_data_apart(sessions_, source, names or None, adapt=adapt, progress=progress)
-        version = train_classifier_apart(
-            sessions_, data, features=features, force_activate=force_activate, progress=progress, jobs=workers
-        )
-        return _trained_message(version, data.source, adapt)
-
-    def job_and_reload(progress) -> str:
-        message = job(progress)
-        service.reload()
-        return message
-
-    if _jobs().start(TRAIN_JOB, job_and_reload):
+    params = {
+        "source": source, "names": names, "adapt": adapt, "features": features, "force_activate": force_activate,
+    }  # fmt: skip
+    if _jobs().start(TRAIN_JOB, "train", params, on_done=lambda kind: service.reload()):
         flash("training a new classifier version in the background; this page shows its progress")
     else:
         flash("a classifier is already being trained", "error")
     return redirect(url_for("ui.classifier"))
-
-
-def _trained_message(version: ClassifierVersion, source: str, adapt: list[str]) -> str:
-    grouped = version.scores.get("grouped")
-    message = (
-        f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
-        f"({source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
-        + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
-        + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
-    )
-    adaptation = version.scores.get("adaptation")
-    if adaptation:
-        message += (
-            f"; adapted to {', '.join(adaptation['sets'])} with {adaptation['pseudo_labels']} "
-            f"pseudo-labels (it agrees with {100 * adaptation['agreement']:.0f}% of them)"
-        )
-    elif adapt:
-        message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
-    verdict = activation_message(version)
-    if verdict:
-        message += f". {verdict}"
-        if not version.is_active:
-            message += f". Activate v{version.version} below (Versions) if you want it anyway"
-    return message
 
 
 def _withheld(version: ClassifierVersion) -> str | None:

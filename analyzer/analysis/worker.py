@@ -67,9 +67,10 @@ class Worker:
         stale_after_s: float = STALE_AFTER_S,
         name: str = "thread",
         on_run: Callable[[int], None] | None = None,
+        also: Callable[[str], bool] | None = None,
     ):
         self.sessions, self.cache_dir, self.allow_network = sessions, cache_dir, allow_network
-        self.on_run = on_run
+        self.on_run, self.also = on_run, also
         self.poll_s, self.stale_after_s = poll_s, stale_after_s
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         self._stop = threading.Event()
@@ -93,6 +94,7 @@ class Worker:
             stale_after_s=self.stale_after_s,
             stop=self._stop,
             on_run=self.on_run,
+            also=self.also,
         )
 
 
@@ -107,12 +109,14 @@ def work(
     stop: threading.Event | None = None,
     once: bool = False,
     on_run: Callable[[int], None] | None = None,
+    also: Callable[[str], bool] | None = None,
 ) -> None:
     """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
     the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
     or cancelled), else the next queued analysis in llama-server (:mod:`analyzer.analysis.server_jobs`,
-    executed whole); wait ``poll_s`` when there was neither; until ``stop`` is set, or, with ``once``,
-    until the first run it worked on has stopped, a llama-server job has been executed, or nothing is
+    executed whole), else ``also(worker_id)``, the caller's other queued work (the web UI's background jobs:
+    router/serve/jobs.py; True when it did some); wait ``poll_s`` when there was none; until ``stop`` is set,
+    or, with ``once``, until the first run it worked on has stopped, a llama-server job has been executed, or nothing is
     left to claim. The loaded pair is kept between chunks. A database hiccup is logged and does not end
     the loop."""
     from analyzer.analysis.run_records import run_status
@@ -143,6 +147,8 @@ def work(
                     llama_server=llama_server,
                     stale_after_s=stale_after_s,
                 )
+            if ran is None and not served and also is not None and also(worker_id):
+                served = 0  # other work done: look for more at once
         except Exception:
             log.exception("worker loop")
             ran = status = served = None

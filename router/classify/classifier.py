@@ -843,3 +843,28 @@ def label_finished_run(sessions: sessionmaker[Session], run_id: int) -> RunLabel
         if classifier is None:
             return RunLabelling(0, None, "no task classifier is trained (run: specroute train)")
         return RunLabelling(label_run_results(session, run_id, classifier), classifier.version)
+
+
+def trained_message(version: ClassifierVersion, source: str, adapt: list[str]) -> str:
+    """What a training job says when it ends: the new version's scores, its adaptation and its activation."""
+    grouped = version.scores.get("grouped")
+    message = (
+        f"classifier v{version.version} trained on {version.training_prompt_count} prompts "
+        f"({source}): macro-F1 {version.scores['macro_f1']:.3f} stratified"
+        + (f", {grouped['macro_f1']:.3f} on unseen sources" if grouped else "")
+        + f"; keyword baseline {version.scores['baseline']['macro_f1']:.3f}"
+    )
+    adaptation = version.scores.get("adaptation")
+    if adaptation:
+        message += (
+            f"; adapted to {', '.join(adaptation['sets'])} with {adaptation['pseudo_labels']} "
+            f"pseudo-labels (it agrees with {100 * adaptation['agreement']:.0f}% of them)"
+        )
+    elif adapt:
+        message += f"; no pseudo-labels from {', '.join(adapt)} cleared the confidence bar"
+    verdict = activation_message(version)
+    if verdict:
+        message += f". {verdict}"
+        if not version.is_active:
+            message += f". Activate v{version.version} below (Versions) if you want it anyway"
+    return message

@@ -27,12 +27,14 @@ from webui.cli.base import CliState, _cache_dir, cli
 def worker(state: CliState, once: bool, poll: float, stale_after: float | None) -> None:
     """Execute queued analysis runs, a chunk at a time (any number of workers, on any machines that
     share the database, work on the same run; a chunk left by a worker that died is claimed again
-    after --stale-after). Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on the server to leave all
-    runs to these processes."""
+    after --stale-after), queued analyses in llama-server, and the web UI's training and suggestion jobs
+    left queued by a server that shut down or died. Runs until Ctrl-C; set SPECROUTE_UI_WORKER=false on
+    the server to leave all runs to these processes."""
     import socket
 
     from analyzer.analysis.run_records import get_run
     from analyzer.analysis.worker import work
+    from router.serve.jobs import run_next_job
 
     sessions = state.sessions()
     stale_after_s = state.settings.stale_after_s if stale_after is None else stale_after
@@ -57,6 +59,7 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
             stale_after_s=stale_after_s,
             once=once,
             on_run=report,
+            also=lambda worker_id: run_next_job(sessions, worker_id, stale_after_s=stale_after_s),
         )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
