@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import migrations
 from analyzer.db import make_engine, make_session_factory
 from benchmarks.pg_server import pg_bin, throwaway_postgres
+from tests.stop_on_sigterm import pytest_configure  # noqa: F401  (a run stopped with SIGTERM tears down as Ctrl-C)
 
 
 @pytest.fixture(autouse=True)
