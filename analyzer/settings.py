@@ -167,16 +167,16 @@ class Settings:
     )
     ui_worker: bool = _setting(
         True,
-        "Run analyses queued from the web UI in a background thread of the server; set false "
-        "when separate 'specroute worker' processes do it.",
+        "Run analyses queued from the web UI (and background jobs a server left queued) in a background thread "
+        "of the server; set false when separate 'specroute worker' processes do it.",
     )
     suggest_tasks: bool = _setting(
         True,
         "Suggest a task for every unlabelled prompt of a newly imported or uploaded prompt set, with the "
         "teacher (router/classify/teacher.py; needs the sentence encoder, skipped without it): shown beside each "
         "prompt on the prompt set page, accepted there above a confidence, and used by 'specroute train "
-        "--adapt'. The web UI suggests in a background thread; set false to suggest only on demand "
-        "('specroute prompts suggest').",
+        "--adapt'. The web UI suggests in a background job (router/serve/jobs.py); set false to suggest only on "
+        "demand ('specroute prompts suggest').",
     )
     quiet_wait_s: float = _setting(
         300.0,

@@ -52,18 +52,23 @@ FOUNDATIONS = (
 )  # fmt: skip
 
 
-def _analyzer_imports(path: Path) -> set[str]:
-    """The analyzer modules ``path`` imports anywhere in it, dotted (``from analyzer import x`` included)."""
+def _imports_of(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` (analyzer, router) that ``path`` imports anywhere in it, dotted (``from
+    <package> import x`` included)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text("utf-8"))):
         if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names if alias.name.startswith("analyzer.")}
+            names |= {alias.name for alias in node.names if alias.name.startswith(f"{package}.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "analyzer":
-                names |= {f"analyzer.{alias.name}" for alias in node.names}
-            elif node.module.startswith("analyzer."):
+            if node.module == package:
+                names |= {f"{package}.{alias.name}" for alias in node.names}
+            elif node.module.startswith(f"{package}."):
                 names.add(node.module)
     return names
+
+
+def _analyzer_imports(path: Path) -> set[str]:
+    return _imports_of(path, "analyzer")
 
 
 def test_analyzer_is_its_documented_subpackages_and_they_import_down_the_layers():
@@ -109,18 +114,7 @@ ROUTER_BOTTOM = {"__init__", "orm", "strict_json", "client"}
 
 
 def _router_imports(path: Path) -> set[str]:
-    """The router modules ``path`` imports anywhere in it, dotted (``from router.x import y``, ``import router.x``,
-    ``from router import x``)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names if alias.name.startswith("router.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "router":
-                names |= {f"router.{alias.name}" for alias in node.names}
-            elif node.module.startswith("router."):
-                names.add(node.module)
-    return names
+    return _imports_of(path, "router")
 
 
 def test_router_is_its_documented_subpackages_and_they_import_down_the_layers():
