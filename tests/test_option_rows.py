@@ -106,6 +106,7 @@ def test_a_row_names_exactly_one_analysis(sessions):
     with sessions() as session, session.begin():
         run = make_done_run(session, {"code": 0.8}, per_task=3)
         row = OptionRow(run.prompt_set.prompts[0].id, "code", "gamma 1", 1, 3, 3, 2, 1.1, None)
+        assert replace(row, predicted_speedup=float("nan")).as_json()["predicted_speedup"] is None  # no NaN
         with pytest.raises(ValueError, match="name one analysis"):
             replace_options(session, [row])
         with pytest.raises(ValueError, match="name one analysis"):

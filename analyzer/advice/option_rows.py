@@ -49,6 +49,8 @@ class OptionRow:
         data = asdict(self)
         for key in ("prompt_id", "task", "position"):
             del data[key]
+        for key in ("predicted_speedup", "measured_speedup"):  # JSON has no NaN: a speedup not finite is null
+            data[key] = _finite(data[key])
         return {"label": data.pop("option"), **data}
 
 
