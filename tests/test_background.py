@@ -132,3 +132,15 @@ def test_a_job_whose_process_died_is_taken_over_once_its_heartbeat_is_stale(sess
         assert failed.status == "failed" and "host:1:web" in failed.error
     with pytest.raises(ValueError, match="unknown job kind 'nope'"):
         queue_job(sessions, "x", "nope", {}, stale_after_s=600)
+
+
+def test_the_worker_loop_takes_a_queued_job_when_no_run_waits(sessions, steps, tmp_path):
+    from analyzer.analysis.worker import work
+
+    queue_job(sessions, "train", "count", {"n": 2}, stale_after_s=600)  # left queued by a server that stopped
+    work(
+        sessions, cache_dir=tmp_path, worker_id="host:3:cli", once=True, poll_s=0.01,
+        also=lambda worker_id: run_next_job(sessions, worker_id, stale_after_s=600),
+    )  # fmt: skip
+    assert steps["count"] == [0, 1] and _rows(sessions) == [("train", "done", 1)]
+    assert BackgroundJobs(sessions).state("train").message == "counted to 2"
