@@ -72,24 +72,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.register_error_handler(Exception, handle_error)
     jobs = BackgroundJobs(sessions, stale_after_s=settings.stale_after_s)
     app.extensions["specroute.jobs"] = jobs
-    worker = (
-        Worker(
-            sessions,
-            cache_dir=settings.resolved_data_dir() / "cache",
-            allow_network=settings.allow_downloads,
-            stale_after_s=settings.stale_after_s,
-            on_run=lambda run_id: _label_run(sessions, run_id),
-            also=lambda worker_id: run_next_job(
-                sessions,
-                worker_id,
-                stale_after_s=settings.stale_after_s,
-                closing=jobs.closing,
-                on_done=lambda kind: router_service.reload(),
-            ),  # fmt: skip
-        ).start()
-        if settings.ui_worker
-        else None
-    )
+    worker = _start_worker(settings, sessions, jobs, router_service) if settings.ui_worker else None
     app.extensions["specroute.worker"] = worker
     app.after_request(_security_headers)
 
@@ -108,6 +91,25 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
     app.extensions["specroute.close"] = close
     atexit.register(close)
     return app
+
+
+def _start_worker(settings, sessions, jobs: BackgroundJobs, router_service: RouterService) -> Worker:
+    """The server's worker thread: queued runs (their prompts labelled when they stop), analyses in
+    llama-server, and the background jobs a server left queued (a finished training reloads the router)."""
+    return Worker(
+        sessions,
+        cache_dir=settings.resolved_data_dir() / "cache",
+        allow_network=settings.allow_downloads,
+        stale_after_s=settings.stale_after_s,
+        on_run=lambda run_id: _label_run(sessions, run_id),
+        also=lambda worker_id: run_next_job(
+            sessions,
+            worker_id,
+            stale_after_s=settings.stale_after_s,
+            closing=jobs.closing,
+            on_done=lambda kind: router_service.reload(),
+        ),  # fmt: skip
+    ).start()
 
 
 def _label_run(sessions, run_id: int) -> None:

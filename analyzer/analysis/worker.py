@@ -111,14 +111,12 @@ def work(
     on_run: Callable[[int], None] | None = None,
     also: Callable[[str], bool] | None = None,
 ) -> None:
-    """The worker loop of the server's thread and of ``specroute worker`` alike: claim and execute
-    the next chunk of any run (``on_run`` is told the run's id when the run has stopped: done, failed
-    or cancelled), else the next queued analysis in llama-server (:mod:`analyzer.analysis.server_jobs`,
-    executed whole), else ``also(worker_id)``, the caller's other queued work (the web UI's background jobs:
-    router/serve/jobs.py; True when it did some); wait ``poll_s`` when there was none; until ``stop`` is set,
-    or, with ``once``, until the first run it worked on has stopped, a llama-server job has been executed, or nothing is
-    left to claim. The loaded pair is kept between chunks. A database hiccup is logged and does not end
-    the loop."""
+    """The worker loop of the server's thread and of ``specroute worker``: claim and execute the next chunk of
+    any run (``on_run`` is told a run's id when it has stopped), else the next analysis in llama-server
+    (executed whole), else ``also(worker_id)``, the caller's other work (the web UI's jobs: True when it did
+    some); wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``, until the first run
+    has stopped, other work was done, or nothing is left. The loaded pair is kept between chunks; a database
+    hiccup is logged and does not end the loop."""
     from analyzer.analysis.run_records import run_status
     from analyzer.analysis.server_jobs import run_next_server_job
     from analyzer.settings import load_settings
