@@ -457,7 +457,7 @@ def report(
 
 @cli.group()
 def runs() -> None:
-    """List and cancel analysis runs."""
+    """List every analysis (runs and llama-server analyses); cancel a run."""
 
 
 @runs.command("list")
