@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -82,18 +83,25 @@ def test_analyzer_is_its_documented_subpackages_and_they_import_down_the_layers(
     assert downward == []  # the bottom imports nothing above it, in a subpackage or beside it
     packages = {path.parent.name for path in (ROOT / "analyzer").glob("*/__init__.py")}
     assert packages == set(ANALYZER_LAYERS) | {"sample_data"}  # sample_data: package data, no code
+    assert _upward_imports("analyzer", ANALYZER_LAYERS) == []
+
+
+def _upward_imports(room: str, layers: tuple[str, ...]) -> list[str]:
+    """Each import of a later layer by a module of ``room``'s subpackage ``layers[i]``; asserts that
+    docs/architecture.md draws every layer and names every module in it (as a word of its own)."""
     architecture = (ROOT / "docs" / "architecture.md").read_text("utf-8")
     upward = []
-    for layer, package in enumerate(ANALYZER_LAYERS):
-        assert f"  {package}/ " in architecture, f"docs/architecture.md does not draw analyzer/{package}/"
-        for path in sorted((ROOT / "analyzer" / package).glob("*.py")):
+    for layer, package in enumerate(layers):
+        assert f"  {package}/ " in architecture, f"docs/architecture.md does not draw {room}/{package}/"
+        for path in sorted((ROOT / room / package).glob("*.py")):
             if path.stem != "__init__":
-                assert path.name in architecture, f"docs/architecture.md does not name {path.name}"
-            for name in _analyzer_imports(path):
+                named = re.search(rf"(?<![\w/]){re.escape(path.name)}", architecture)
+                assert named, f"docs/architecture.md does not name {path.name}"
+            for name in _imports_of(path, room):
                 parts = name.split(".")
-                if parts[1] in ANALYZER_LAYERS and ANALYZER_LAYERS.index(parts[1]) > layer:
+                if parts[1] in layers and layers.index(parts[1]) > layer:
                     upward.append(f"{path.relative_to(ROOT)} imports {name}")
-    assert upward == []
+    return upward
 
 
 def test_every_module_says_what_it_is_for_in_its_first_line():
@@ -113,28 +121,15 @@ ROUTER_LAYERS = ("classify", "policies", "decide", "serve", "export")
 ROUTER_BOTTOM = {"__init__", "orm", "strict_json", "client"}
 
 
-def _router_imports(path: Path) -> set[str]:
-    return _imports_of(path, "router")
-
-
 def test_router_is_its_documented_subpackages_and_they_import_down_the_layers():
     top = {path.stem for path in (ROOT / "router").glob("*.py")}
     assert top == ROUTER_BOTTOM
     packages = {path.parent.name for path in (ROOT / "router").glob("*/__init__.py")}
     assert packages == set(ROUTER_LAYERS) | {"data"}  # data: the bundled corpus, no code
-    architecture = (ROOT / "docs" / "architecture.md").read_text("utf-8")
-    upward = []
-    for stem in ROUTER_BOTTOM - {"__init__"}:
-        for name in _router_imports(ROOT / "router" / f"{stem}.py"):
-            if name.split(".")[1] in ROUTER_LAYERS:
-                upward.append(f"router/{stem}.py imports {name}")
-    for layer, package in enumerate(ROUTER_LAYERS):
-        assert f"  {package}/ " in architecture, f"docs/architecture.md does not draw router/{package}/"
-        for path in sorted((ROOT / "router" / package).glob("*.py")):
-            if path.stem != "__init__":
-                assert path.name in architecture, f"docs/architecture.md does not name {path.name}"
-            for name in _router_imports(path):
-                parts = name.split(".")
-                if parts[1] in ROUTER_LAYERS and ROUTER_LAYERS.index(parts[1]) > layer:
-                    upward.append(f"{path.relative_to(ROOT)} imports {name}")
-    assert upward == []
+    upward = [
+        f"router/{stem}.py imports {name}"
+        for stem in sorted(ROUTER_BOTTOM - {"__init__"})
+        for name in _imports_of(ROOT / "router" / f"{stem}.py", "router")
+        if name.split(".")[1] in ROUTER_LAYERS
+    ]
+    assert upward + _upward_imports("router", ROUTER_LAYERS) == []

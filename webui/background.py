@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.settings import STALE_AFTER_S
-from router.serve.jobs import JobCancelled, JobState, claim_job, execute_job, job_state, queue_job
+from router.serve.jobs import JobState, claim_job, execute_job, job_state, queue_job
 
-__all__ = ["BackgroundJobs", "JobCancelled", "JobState"]
+__all__ = ["BackgroundJobs", "JobState"]
 
 
 class BackgroundJobs:
