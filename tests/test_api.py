@@ -378,7 +378,7 @@ def test_openapi_document_matches_the_real_responses(app, client, published):
     validate("Health", client.get("/healthz").get_json())
     # the documented request shapes accept what the server accepts
     validate("RouteRequest", {"prompt": "x", "max_new_tokens": 5, "batch_size": 2, "temperature": 0.0})
-    validate("FeedbackRequest", {"task_type": "qa", "meta_info": {"spec_verify_ct": 3}})
+    validate("FeedbackBody", {"task_type": "qa", "meta_info": {"spec_verify_ct": 3}})
     with pytest.raises(Exception):
         validate("Decision", {**decision, "gamma": "four"})
 

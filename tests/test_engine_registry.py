@@ -243,7 +243,8 @@ def test_each_serving_engine_has_its_decision_terms_export_and_feedback_where_it
     """router/export/serving.py: one entry per serving engine with only the capabilities it has (issue 43, point 4);
     the export pages and ``--for`` offer its exporters, feedback reads its sections, and a decision's terms are
     read through the entry, not by name."""
-    from router.decide.feedback import FEEDBACK_FIELDS, FeedbackError, normalise
+    from router.decide.feedback import FeedbackError, normalise
+    from router.decide.feedback_body import FEEDBACK_FIELDS
     from router.decide.feedback_formats import FEEDBACK_FORMATS
     from router.export.serving import EXPORTERS, SERVING_ENGINES
 

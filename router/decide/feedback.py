@@ -43,14 +43,8 @@ from analyzer.db import utcnow
 from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import Cost
 from router.decide.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
-from router.decide.feedback_formats import (
-    FEEDBACK_FORMATS,
-    FeedbackCounts,
-    FeedbackError,
-    count_field,
-    engine_label,
-    gamma_of,
-)
+from router.decide.feedback_body import read_feedback
+from router.decide.feedback_formats import FeedbackCounts, FeedbackError
 from router.decide.route_ids import PROCESS_KEY, parse_route_id
 from router.decide.server_adaptation import (
     OptionPrior,
@@ -85,29 +79,14 @@ class PolicyNotAdaptive(FeedbackError):
     status, code = 409, "policy_not_adaptive"
 
 
-def normalise(payload: Mapping[str, Any]) -> FeedbackCounts:
-    """Counts from any accepted payload shape (see the module docstring)."""
-    sections = [f for f in FEEDBACK_FORMATS.values() if f.key in payload]
-    if len(sections) > 1:
-        raise FeedbackError(
-            f"give one engine's section, not {len(sections)}: " + ", ".join(f"'{f.key}'" for f in sections)
-        )
-    if sections:
-        counts = sections[0].counts(payload)
-    elif {"rounds", "drafted", "accepted"} <= set(payload):
-        output = payload.get("output_tokens")
-        counts = FeedbackCounts(
-            engine_label(payload.get("engine")),
-            count_field(payload, "rounds"),
-            count_field(payload, "drafted"),
-            count_field(payload, "accepted"),
-            count_field(payload, "output_tokens") if output is not None else None,
-        )
-    else:
-        raise FeedbackError(
-            "give counts {rounds, drafted, accepted}, llama.cpp 'timings', vLLM "
-            "'speculative_decoding' or SGLang 'meta_info'"
-        )
+def normalise(payload: Any) -> FeedbackCounts:
+    """Counts from any accepted payload shape (see the module docstring), checked: FeedbackError naming
+    the field for a body router/decide/feedback_body.py refuses, or counts that cannot be."""
+    return checked_counts(read_feedback(payload).counts())
+
+
+def checked_counts(counts: FeedbackCounts) -> FeedbackCounts:
+    """``counts`` when a generation can have made them (FeedbackError saying why not)."""
     if counts.accepted > counts.drafted:
         raise FeedbackError(f"accepted ({counts.accepted}) cannot exceed drafted ({counts.drafted})")
     if counts.rounds == 0 and counts.drafted == 0:
@@ -150,57 +129,25 @@ class FeedbackRequest:
         )
 
 
-# the top-level fields a feedback payload may carry (anything else is refused, as in a route body)
-FEEDBACK_FIELDS = (
-    "route_id",
-    "task_type",
-    "rounds",
-    "drafted",
-    "accepted",
-    "output_tokens",
-    "gamma",
-    "engine",
-    *(f.key for f in FEEDBACK_FORMATS.values()),
-    "setting",
-)
-
-
-class UnknownFeedbackField(FeedbackError):
-    """A feedback payload carries a field that is none of FEEDBACK_FIELDS (a typo would otherwise be
-    silently ignored)."""
-
-    code = "unknown_field"
-
-
-def parse_feedback(payload: Mapping[str, Any], key: bytes = PROCESS_KEY) -> FeedbackRequest:
+def parse_feedback(payload: Any, key: bytes = PROCESS_KEY) -> FeedbackRequest:
     """Check a payload and normalise its counts (raises FeedbackError naming the field); a route_id
     must verify with ``key`` (the router's: router/decide/route_ids.py)."""
-    unknown = sorted(set(payload) - set(FEEDBACK_FIELDS))
-    if unknown:
-        raise UnknownFeedbackField(f"unknown field '{unknown[0]}'; known: {', '.join(FEEDBACK_FIELDS)}")
-    counts = normalise(payload)
-    setting = payload.get("setting")
-    if setting is not None and (not isinstance(setting, str) or not 0 < len(setting) <= 64):
-        raise FeedbackError("field 'setting' must be a llama-server setting's label of at most 64 characters")
-    route_id, task = payload.get("route_id"), payload.get("task_type")
-    if route_id is not None and not isinstance(route_id, str):
-        raise FeedbackError(f"field 'route_id' must be a string, got {route_id!r}")
-    if task is not None and (not isinstance(task, str) or len(task) > 64):
-        raise FeedbackError("field 'task_type' must be a string of at most 64 characters")
-    if route_id is not None:
-        found = parse_route_id(route_id, key)
+    body = read_feedback(payload)
+    counts = checked_counts(body.counts())
+    if body.route_id is not None:
+        found = parse_route_id(body.route_id, key)
         if found is None:
             raise UnknownRouteId(
-                f"unknown route_id {route_id!r}: send the route_id of a decision as it was given "
+                f"unknown route_id {body.route_id!r}: send the route_id of a decision as it was given "
                 "(route ids are signed with the server's secret key)"
             )
         version, task = found  # version 0: decided before any policy set was active
         return FeedbackRequest(
-            counts, route_id, version or None, task, gamma_of(payload), dict(payload), setting
+            counts, body.route_id, version or None, task, body.gamma, dict(payload), body.setting
         )
-    if not task:
+    if body.task_type is None:
         raise FeedbackError("give 'route_id' (from a decision) or 'task_type'")
-    return FeedbackRequest(counts, None, None, task, gamma_of(payload), dict(payload), setting)
+    return FeedbackRequest(counts, None, None, body.task_type, body.gamma, dict(payload), body.setting)
 
 
 STATE_COLUMNS = (

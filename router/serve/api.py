@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
@@ -24,11 +23,17 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.json_input import JsonInputError, loads_untrusted
-from analyzer.prompts.prompt_checks import message_problem
 from router import strict_json
+from router.decide.contract import (
+    MAX_NEW_TOKENS,
+    ApiError,
+    InvalidJson,
+    read_batch,
+    read_route,
+)
 from router.decide.decision import RouteRequest
 from router.serve.front_door import forward, pool_url, route_request, stream_timings, timings_of
-from router.serve.openapi import MAX_BATCH, MAX_BATCH_SIZE, MAX_NEW_TOKENS, openapi_document
+from router.serve.openapi import openapi_document
 from router.serve.service import RouterService
 
 if TYPE_CHECKING:
@@ -36,7 +41,6 @@ if TYPE_CHECKING:
 
 EXTENSION = "specroute.router"
 API_PREFIXES = ("/v1/", "/healthz", "/metrics", "/openapi.json")
-ROUTE_FIELDS = ("prompt", "messages", "max_new_tokens", "batch_size", "concurrency", "temperature")
 UNAUTHORIZED = "this endpoint needs 'Authorization: Bearer <token>' (the server's SPECROUTE_API_TOKEN)"
 INTERNAL_ERROR = "unexpected server error; the log has the details"
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
@@ -44,37 +48,6 @@ STREAM_TAIL_BYTES = 65536  # the end of a streamed answer kept to find its last 
 
 bp = Blueprint("router_api", __name__)
 log = logging.getLogger(__name__)
-
-
-class ApiError(SpecrouteError):
-    """A request body the API cannot use (400 ``invalid_request``); the subclasses are the other
-    kinds of bad input. ``details.field`` names the field where there is one."""
-
-    status, code = 400, "invalid_request"
-
-
-class InvalidJson(ApiError):
-    code = "invalid_json"
-
-
-class UnknownField(ApiError):
-    code = "unknown_field"
-
-
-class MissingPrompt(ApiError):
-    code = "missing_prompt"
-
-
-class EmptyPrompt(ApiError):
-    code = "empty_prompt"
-
-
-class PromptTooLong(ApiError):
-    code = "prompt_too_long"
-
-
-class BatchTooLarge(ApiError):
-    code = "batch_too_large"
 
 
 class BodyTooLarge(ApiError):
@@ -164,113 +137,10 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _positive_int(body: dict, key: str, where: str, limit: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
-        raise ApiError(
-            f"field '{where}{key}' must be an integer from 1 to {limit}, got {shown}",
-            field=where + key,
-            limit=limit,
-        )
-    return value
-
-
-def parse_route_request(body: Any, max_chars: int, where: str = "") -> RouteRequest:
-    """A RouteRequest from one JSON object; ApiError naming the field for anything wrong."""
-    body = _object(body, where.rstrip("."))
-    unknown = sorted(set(body) - set(ROUTE_FIELDS))
-    if unknown:
-        raise UnknownField(
-            f"unknown field '{where}{unknown[0]}'; known: {', '.join(ROUTE_FIELDS)}", field=where + unknown[0]
-        )
-    prompt, messages = body.get("prompt"), body.get("messages")
-    length = _prompt_length(prompt, messages, where)
-    if length > max_chars:
-        raise PromptTooLong(
-            f"the prompt of '{where or 'the request'}' has {length} characters; "
-            f"the limit is {max_chars} (SPECROUTE_MAX_PROMPT_CHARS)",
-            field=where + "prompt",
-            limit=max_chars,
-        )
-    batch_size, concurrency = (
-        _positive_int(body, "batch_size", where, MAX_BATCH_SIZE),
-        _positive_int(body, "concurrency", where, MAX_BATCH_SIZE),
-    )
-    if batch_size is not None and concurrency is not None:
-        raise ApiError(
-            f"give '{where}batch_size' or '{where}concurrency', not both", field=where + "concurrency"
-        )
-    temperature = _temperature(body, where)
-    return RouteRequest(
-        prompt=prompt,
-        messages=messages,
-        max_new_tokens=_positive_int(body, "max_new_tokens", where, MAX_NEW_TOKENS),
-        batch_size=batch_size if batch_size is not None else concurrency,
-        temperature=temperature,
-    )
-
-
-def _prompt_length(prompt: Any, messages: Any, where: str) -> int:
-    """The characters of the request's prompt or messages (exactly one given, a non-empty string or
-    valid chat messages; ApiError naming the field otherwise)."""
-    if (prompt is None) == (messages is None):
-        raise (MissingPrompt if prompt is None else ApiError)(
-            f"give exactly one of '{where}prompt' and '{where}messages'", field=where + "prompt"
-        )
-    if prompt is not None:
-        if not isinstance(prompt, str):
-            raise ApiError(
-                f"field '{where}prompt' must be a string, got {_kind(prompt)}", field=where + "prompt"
-            )
-        if not prompt.strip():
-            raise EmptyPrompt(f"field '{where}prompt' is empty", field=where + "prompt")
-        return len(prompt)
-    problem = message_problem(messages)
-    if problem is not None and problem.code == "empty_prompt":
-        raise EmptyPrompt(f"field '{where}messages' has no content", field=where + "messages")
-    if problem is not None:
-        field = f"{where}messages{problem.where}"
-        raise ApiError(f"field '{field}': {problem.message}", field=field)
-    return sum(len(m["content"]) for m in messages)
-
-
-def _temperature(body: dict, where: str) -> float | None:
-    """The request's sampling temperature (a finite number >= 0), or None when it gives none."""
-    temperature = body.get("temperature")
-    if temperature is not None and (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise ApiError(
-            f"field '{where}temperature' must be a number >= 0, got {temperature!r}",
-            field=where + "temperature",
-        )
-    return float(temperature) if temperature is not None else None
-
-
-def parse_batch(body: Any, max_chars: int) -> list[RouteRequest]:
-    """The requests of a batch body ``{"requests": [...]}`` (1 to MAX_BATCH)."""
-    body = _object(body, "")
-    unknown = sorted(set(body) - {"requests"})
-    if unknown:
-        raise UnknownField(
-            f"unknown field '{unknown[0]}'; a batch is {{\"requests\": [...]}}", field=unknown[0]
-        )
-    requests = body.get("requests")
-    if not isinstance(requests, list) or not requests:
-        raise ApiError("field 'requests' must be a non-empty array", field="requests")
-    if len(requests) > MAX_BATCH:
-        raise BatchTooLarge(
-            f"a batch holds at most {MAX_BATCH} requests, got {len(requests)}",
-            field="requests",
-            limit=MAX_BATCH,
-        )
-    return [parse_route_request(r, max_chars, f"requests[{i}].") for i, r in enumerate(requests)]
+def parse_route_request(body: Any, max_chars: int) -> RouteRequest:
+    """A RouteRequest from one JSON value (router/decide/contract.py); ApiError naming the field for
+    anything wrong."""
+    return read_route(body, max_chars)
 
 
 # ---------------------------------------------------------------- views
@@ -293,7 +163,7 @@ def route_one():
 @bp.post("/v1/route/batch")
 def route_batch():
     """POST /v1/route/batch: the decisions for a batch of requests, in order."""
-    parsed = parse_batch(_json_body(), service().settings.max_prompt_chars)
+    parsed = read_batch(_json_body(), service().settings.max_prompt_chars)
     decisions = service().route(parsed)
     return jsonify({"decisions": [d.as_dict() for d in decisions]})
 

@@ -1,20 +1,28 @@
-"""The OpenAPI 3.1 document of the routing API, served at ``/openapi.json``. Its schemas are JSON
-Schema 2020-12, and the tests validate every real response (and the request examples) against them,
-so the document cannot drift from what the server does."""
+"""The OpenAPI 3.1 document of the routing API, served at ``/openapi.json``. Its schemas are generated
+from the pydantic models the API validates its bodies with (router/decide/contract.py,
+router/decide/feedback_body.py) and builds its answers by (router/serve/responses.py), so the document
+cannot drift from what the server accepts; the tests validate every real answer against it, and
+schemathesis fuzzes the server from it."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from analyzer.engine.engines import ENGINES
-from router.decide.reasons import REASON_CODES
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
-MAX_BATCH = 1000
-
-_INT1 = {"type": "integer", "minimum": 1}
-MAX_NEW_TOKENS = 1 << 20  # beyond any model's context: a larger number is a client's mistake
-MAX_BATCH_SIZE = 1 << 16  # beyond any engine's batch
-_NUM = {"type": "number"}
+from router.decide.contract import MAX_BATCH, BatchRequest, RouteRequest
+from router.decide.feedback_body import FeedbackBody
+from router.serve.responses import (
+    BatchResponse,
+    Classifier,
+    Decision,
+    Error,
+    FeedbackResponse,
+    Health,
+    Policies,
+)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -40,473 +48,28 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _json(_ref("Error"), meaning[s]) for s in statuses}
 
 
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "additionalProperties": False,
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["code", "message", "details"],
-                "additionalProperties": False,
-                "properties": {
-                    "code": {"type": "string"},
-                    "message": {"type": "string"},
-                    "details": {"type": "object"},
-                },
-            }
-        },
-    },
-    "ChatMessage": {
-        "type": "object",
-        "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
-    },
-    "RouteRequest": {
-        "type": "object",
-        "additionalProperties": False,
-        "description": "Give exactly one of prompt and messages. batch_size and concurrency are the same "
-        "thing (give one): how many sequences the engine runs together with this one.",
-        "properties": {
-            "prompt": {"type": "string", "minLength": 1},
-            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-            "max_new_tokens": {**_INT1, "maximum": MAX_NEW_TOKENS},
-            "batch_size": {**_INT1, "maximum": MAX_BATCH_SIZE},
-            "concurrency": {**_INT1, "maximum": MAX_BATCH_SIZE},
-            "temperature": {"type": "number", "minimum": 0},
-        },
-    },
-    "Reason": {
-        "type": "object",
-        "required": ["code"],
-        "additionalProperties": True,
-        "description": "One reason of a decision: a code and its parameters (router/decide/reasons.py lists them).",
-        "properties": {"code": {"type": "string", "enum": list(REASON_CODES)}},
-    },
-    "Decision": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": [
-            "route_id",
-            "speculate",
-            "gamma",
-            "task_type",
-            "confidence",
-            "predicted_acceptance",
-            "expected_speedup",
-            "reasons",
-            "reason_codes",
-            "policy_version",
-            "engine",
-        ],
-        "properties": {
-            "route_id": {
-                "type": "string",
-                "description": "Name this in feedback. Signed with the server's secret key: send it unchanged.",
-            },
-            "speculate": {"type": "boolean"},
-            "gamma": {"type": "integer", "minimum": 0, "description": "Lookahead; 0 when not speculating."},
-            "task_type": {"type": "string"},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-            "predicted_acceptance": {"type": ["number", "null"]},
-            "expected_speedup": _NUM,
-            "reasons": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Why, in words for people (reason_codes holds the same, for programs).",
-            },
-            "reason_codes": {"type": "array", "items": _ref("Reason")},
-            "policy_version": {"type": ["integer", "null"]},
-            "engine": {
-                "type": "object",
-                "required": ["pool", "priced_by", "measured_by"],
-                "additionalProperties": False,
-                "description": "The decision in each engine that can run it: transformers and llama.cpp for a "
-                "set published from a run (and for a plain decision of any set); llama-server for a set published "
-                "from a llama-server analysis.",
-                "properties": {
-                    "llama-server": {
-                        "type": "object",
-                        "required": ["pool", "setting", "flags"],
-                        "additionalProperties": False,
-                        "description": "llama-server fixes its drafter per server: the pool to send the request to, "
-                        "the drafter setting it runs (off: plain) and that server's command-line flags.",
-                        "properties": {
-                            "pool": {"type": "string"},
-                            "setting": {"type": "string"},
-                            "flags": {"type": "array", "items": {"type": "string"}},
-                        },
-                    },
-                    "transformers": {
-                        "type": "object",
-                        "description": "generate() settings: "
-                        "{assistant_model: false}, or prompt_lookup_num_tokens and "
-                        "max_matching_ngram_size, or assistant_model: true with the values to set "
-                        "on the draft's generation_config.",
-                    },
-                    "llama.cpp": {
-                        "type": "object",
-                        "required": ["pool", "speculative"],
-                        "additionalProperties": False,
-                        "description": "llama.cpp fixes speculation per server: the pool to send the request to "
-                        "and what that pool speculates with (null: a plain pool).",
-                        "properties": {
-                            "pool": {"type": "string"},
-                            "speculative": {
-                                "oneOf": [
-                                    {"type": "null"},
-                                    {
-                                        "type": "object",
-                                        "required": ["draft", "n_max"],
-                                        "additionalProperties": False,
-                                        "properties": {
-                                            "draft": {"enum": ["prompt-lookup", "model"]},
-                                            "n_max": _INT1,
-                                        },
-                                    },
-                                ]
-                            },
-                        },
-                    },
-                    "pool": {"type": "string", "description": "Deployment to send the request to."},
-                    "priced_by": {
-                        "type": ["string", "null"],
-                        "description": "The engine whose cost priced the active policy set (null: none): "
-                        f"{', '.join(ENGINES)}, or an engine whose own step times were imported (vllm, sglang, ...).",
-                    },
-                    "measured_by": {
-                        "type": ["string", "null"],
-                        "description": "The engine that measured the acceptance behind the active policy set "
-                        f"(null: none): {', '.join(ENGINES)}.",
-                    },
-                },
-            },
-        },
-    },
-    "BatchRequest": {
-        "type": "object",
-        "required": ["requests"],
-        "additionalProperties": False,
-        "properties": {
-            "requests": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": _ref("RouteRequest")}
-        },
-    },
-    "BatchResponse": {
-        "type": "object",
-        "required": ["decisions"],
-        "additionalProperties": False,
-        "properties": {"decisions": {"type": "array", "items": _ref("Decision")}},
-    },
-    "FeedbackRequest": {
-        "type": "object",
-        "description": "route_id (from a decision) or task_type, plus one of: counts {rounds, drafted, accepted}; "
-        "llama.cpp timings {draft_n, draft_n_accepted, predicted_n} (a set published from a llama-server analysis "
-        "also needs predicted_ms and prompt_n, with cache_n where the server reused prompt tokens; the optional "
-        "setting names the pool's llama-server setting, 400 unknown_setting for one the set does not publish); "
-        "vLLM speculative_decoding "
-        "{num_drafts, num_draft_tokens, num_accepted_tokens | num_accepted_tokens_per_pos | "
-        "acceptance_histogram}; SGLang meta_info {spec_verify_ct, completion_tokens, "
-        "spec_num_correct_drafts?, spec_num_proposed_drafts? | spec_accept_rate? | gamma}. "
-        "Any other field is refused (400 unknown_field).",
-        "additionalProperties": False,
-        "properties": {
-            "route_id": {"type": "string"},
-            "task_type": {"type": "string"},
-            "rounds": {"type": "integer", "minimum": 0},
-            "drafted": {"type": "integer", "minimum": 0},
-            "accepted": {"type": "integer", "minimum": 0},
-            "output_tokens": {"type": "integer", "minimum": 0},
-            "gamma": {"type": "integer", "minimum": 1},
-            "engine": {"type": "string"},
-            "timings": {"type": "object"},
-            "speculative_decoding": {"type": "object"},
-            "meta_info": {"type": "object"},
-            "setting": {"type": "string", "maxLength": 64},
-        },
-    },
-    "TaskEstimate": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": [
-            "task_type",
-            "alpha",
-            "prior_alpha",
-            "speculate",
-            "gamma",
-            "events",
-            "total_rounds",
-            "total_drafted",
-            "total_accepted",
-        ],
-        "properties": {
-            "task_type": {"type": "string"},
-            "alpha": _NUM,
-            "prior_alpha": _NUM,
-            "speculate": {"type": "boolean"},
-            "gamma": {"type": "integer"},
-            "events": {"type": "integer"},
-            "total_rounds": {"type": "integer"},
-            "total_drafted": {"type": "integer"},
-            "total_accepted": {"type": "integer"},
-            "decision_since": {
-                "type": ["string", "null"],
-                "description": "when speculate/gamma (or the llama-server setting) last changed (ISO 8601, UTC)",
-            },
-            "setting": {
-                "type": ["string", "null"],
-                "description": "A llama-server set: the setting in force (its pool takes the task); null: off, "
-                "or a run's set.",
-            },
-            "options": {
-                "type": ["object", "null"],
-                "description": "A llama-server set: per setting that served the task, the decayed plain and "
-                "served milliseconds of its feedback and its events ({label: {plain_ms, served_ms, events}}).",
-            },
-            "updated_at": {"type": ["string", "null"], "description": "the last feedback event"},
-        },
-    },
-    "FeedbackResponse": {
-        "type": "object",
-        "required": ["estimate"],
-        "additionalProperties": False,
-        "properties": {"estimate": _ref("TaskEstimate")},
-    },
-    "Policy": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": [
-            "task_type",
-            "fallback",
-            "speculate",
-            "gamma",
-            "alpha_mean",
-            "alpha_var",
-            "n_prompts",
-            "expected_speedup",
-            "tier",
-        ],
-        "properties": {
-            "task_type": {"type": "string"},
-            "fallback": {"type": "boolean"},
-            "speculate": {"type": "boolean"},
-            "gamma": {"type": "integer"},
-            "alpha_mean": _NUM,
-            "alpha_var": {"type": ["number", "null"]},
-            "n_prompts": {"type": "integer"},
-            "expected_speedup": _NUM,
-            "tier": {"enum": ["HIGHLY_RECOMMENDED", "RECOMMENDED", "CONDITIONAL", "NOT_RECOMMENDED"]},
-            "speedup_interval": {
-                "type": "array",
-                "items": {"type": ["number", "null"]},
-                "minItems": 2,
-                "maxItems": 2,
-                "description": "90% bootstrap interval over the analysed prompts of expected_speedup "
-                "(nulls for policies published before intervals).",
-            },
-            "decision_basis": {
-                "type": ["string", "null"],
-                "description": "task, or workload when the task had too few prompts "
-                "to decide (its decision is then the workload's).",
-            },
-            "decision_reason": {"type": ["string", "null"]},
-            "setting": {
-                "type": ["string", "null"],
-                "description": "The llama-server drafter setting the task speculates with (a set published from "
-                "a llama-server analysis: its pool is keyed by it); null: off, or a set published from a run.",
-            },
-            "option_curve": {
-                "type": ["object", "null"],
-                "description": "A set published from a llama-server analysis: the task's curve over the analysis' "
-                "settings ({options: [{label, speedup, low, high}], chosen, code, basis}), decided by the one rule; "
-                "the prior its online estimate moves. null: a run's policy (its curve is over gamma).",
-            },
-            "by_batch": {
-                "type": "object",
-                "description": "Per profiled batch size: the best gamma, its predicted speedup and "
-                "whether to speculate, by the one decision rule over the published S(g) curve (the "
-                "report's decision at that batch size), with the rule's code.",
-                "additionalProperties": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["gamma", "expected_speedup", "speculate", "decision_code"],
-                    "properties": {
-                        "gamma": {"type": "integer"},
-                        "expected_speedup": _NUM,
-                        "speculate": {"type": "boolean"},
-                        "decision_code": {"type": "string"},
-                    },
-                },
-            },
-        },
-    },
-    "PolicySet": {
-        "type": "object",
-        "required": [
-            "version",
-            "active",
-            "run_id",
-            "engine",
-            "priced_by",
-            "measured_by",
-            "margin",
-            "gamma_max",
-            "draft_kind",
-            "draft_options",
-            "cost",
-            "pools",
-            "notes",
-            "created_at",
-            "activated_at",
-        ],
-        "properties": {
-            "version": {"type": "integer"},
-            "active": {"type": "boolean"},
-            "run_id": {"type": ["integer", "null"]},
-            "server_analysis_id": {
-                "type": ["integer", "null"],
-                "description": "The llama-server analysis the set was published from (run_id is then null).",
-            },
-            "engine": {"type": "string", "description": "The same as priced_by (for earlier clients)."},
-            "priced_by": {
-                "type": "string",
-                "description": f"The engine whose cost priced the set: {', '.join(ENGINES)}, or an engine whose "
-                "own step times were imported (a re-priced run).",
-            },
-            "measured_by": {
-                "type": "string",
-                "description": f"The engine that measured the acceptance: {', '.join(ENGINES)}.",
-            },
-            "draft_kind": {
-                "type": "string",
-                "description": "The draft's spec kind (ngram: prompt lookup; else a draft model).",
-            },
-            "draft_options": {"type": "object", "description": "The draft's options, e.g. {max_ngram: 2}."},
-            "cost": {
-                "type": ["object", "null"],
-                "description": "The batch-1 cost the decisions were priced with, in seconds "
-                "(target_forward_s = T_t(1..K), draft_step_s, ...); null: none was linked.",
-            },
-            "pools": {
-                "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "description": "The deployment each decision goes to, published with the set: keys off and "
-                "k1..k<gamma_max> (SPECROUTE_ROUTER_POOLS when it was published, else spec-off / spec-k<gamma>), "
-                "or for a set from a llama-server analysis off and each drafter setting it uses (else "
-                "http://127.0.0.1:<port>); "
-                "null: published before pools were, so the serving process's SPECROUTE_ROUTER_POOLS names them.",
-            },
-            "plain_cost": {
-                "type": ["object", "null"],
-                "description": "A set from a llama-server analysis: the plain step cost (step_ms, per_context_ms) "
-                "its pools' feedback is priced against; null for a run's set.",
-            },
-            "margin": _NUM,
-            "gamma_max": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "The largest gamma the run analysed: the router prices and "
-                "adapts over 1..gamma_max.",
-            },
-            "notes": {"type": ["string", "null"]},
-            "created_at": {"type": "string"},
-            "activated_at": {"type": ["string", "null"]},
-        },
-    },
-    "Policies": {
-        "type": "object",
-        "required": ["active", "versions"],
-        "additionalProperties": False,
-        "properties": {
-            "active": {
-                "oneOf": [
-                    {"type": "null"},
-                    {
-                        "allOf": [
-                            _ref("PolicySet"),
-                            {
-                                "type": "object",
-                                "required": ["policies", "estimates"],
-                                "properties": {
-                                    "policies": {"type": "array", "items": _ref("Policy")},
-                                    "estimates": {"type": "array", "items": _ref("TaskEstimate")},
-                                },
-                            },
-                        ]
-                    },
-                ]
-            },
-            "versions": {"type": "array", "items": _ref("PolicySet")},
-        },
-    },
-    "Classifier": {
-        "type": "object",
-        "required": ["active"],
-        "additionalProperties": False,
-        "properties": {
-            "active": {
-                "oneOf": [
-                    {"type": "null"},
-                    {
-                        "type": "object",
-                        "required": [
-                            "version",
-                            "active",
-                            "labels",
-                            "training_prompt_count",
-                            "training_data_sha256",
-                            "library_versions",
-                            "created_at",
-                            "source",
-                            "macro_f1",
-                            "accuracy",
-                            "baseline",
-                            "per_class",
-                        ],
-                        "properties": {
-                            "version": {"type": "integer"},
-                            "active": {"type": "boolean"},
-                            "labels": {"type": "array", "items": {"type": "string"}},
-                            "training_prompt_count": {"type": "integer"},
-                            "training_data_sha256": {"type": "string"},
-                            "library_versions": {"type": "object"},
-                            "created_at": {"type": "string"},
-                            "source": {"type": ["string", "null"]},
-                            "macro_f1": {"type": ["number", "null"]},
-                            "accuracy": {"type": ["number", "null"]},
-                            "baseline": {"type": ["object", "null"]},
-                            "per_class": {"type": ["object", "null"]},
-                            "features": {"enum": ["tfidf", "minilm", "tfidf+minilm"]},
-                            "grouped": {
-                                "type": ["object", "null"],
-                                "description": "leave-one-source-out scores (null with a single source)",
-                            },
-                            "calibration": {
-                                "type": ["object", "null"],
-                                "description": "temperature, ECE before/after, reliability tables, routing threshold",
-                            },
-                            "reachability": {
-                                "type": ["object", "null"],
-                                "description": "per task: reachable, recall, training prompts, reason",
-                            },
-                        },
-                    },
-                ]
-            }
-        },
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status", "database", "classifier_version", "policy_version"],
-        "additionalProperties": False,
-        "properties": {
-            "status": {"const": "ok"},
-            "database": {"const": "ok"},
-            "classifier_version": {"type": ["integer", "null"]},
-            "policy_version": {"type": ["integer", "null"]},
-        },
-    },
-}
+# the document's schemas, generated from the models the API validates its bodies with and builds its answers by
+REQUESTS: tuple[type[BaseModel], ...] = (RouteRequest, BatchRequest, FeedbackBody)
+ANSWERS: tuple[type[BaseModel], ...] = (
+    Decision,
+    BatchResponse,
+    FeedbackResponse,
+    Policies,
+    Classifier,
+    Health,
+    Error,
+)
+
+
+@functools.cache
+def schemas() -> dict[str, Any]:
+    """The components' schemas by name: the request models' in validation mode, the answers' in
+    serialization mode (JSON Schema 2020-12, as OpenAPI 3.1 takes it)."""
+    _, document = models_json_schema(
+        [(model, "validation") for model in REQUESTS] + [(model, "serialization") for model in ANSWERS],
+        ref_template="#/components/schemas/{model}",
+    )
+    return document["$defs"]
 
 
 def openapi_document(version: str) -> dict[str, Any]:
@@ -520,7 +83,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "send back what the engine saw. Every error has the Error shape.",
         },
         "paths": _api_paths() | _document_paths(),
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": schemas()},
     }
 
 
@@ -553,7 +116,7 @@ def _api_paths() -> dict[str, Any]:
         "/v1/feedback": {
             "post": _post(
                 "Report what the engine saw for one generation",
-                "FeedbackRequest",
+                "FeedbackBody",
                 "FeedbackResponse",
                 400,
                 404,
