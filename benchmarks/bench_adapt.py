@@ -4,7 +4,7 @@ Leave-one-source-out on the bundled corpus (router/data/corpus.jsonl, 16 source 
 source in turn is "the user's upload". The classifier and the teacher are trained on the other 15
 sources; the held-out source's prompts are labelled by the teacher (router/classify/teacher.py) without their
 labels; the classifier is retrained on the other sources plus the confident pseudo-labels, weighted by
-confidence (router.classify.classifier.adapted_fit, what ``specroute train --adapt`` does); then scored on the
+confidence (router.classify.training.adapted_fit, what ``specroute train --adapt`` does); then scored on the
 held-out source's labels. Three protocols:
 
   - transductive: the upload is adapted to and scored (what the issue asks: "adapted unlabelled,
@@ -33,10 +33,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.classify.classifier import TaskClassifier, adapted_fit  # noqa: E402
 from router.classify.evaluation import decision_matrix, grouped_folds, scores_of, softmax  # noqa: E402
 from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.task_classifier import TaskClassifier  # noqa: E402
 from router.classify.teacher import Teacher, embed_all  # noqa: E402
+from router.classify.training import adapted_fit  # noqa: E402
 from router.classify.training_data import DEFAULT_PSEUDO_CONFIDENCE, cold_start_data  # noqa: E402
 
 

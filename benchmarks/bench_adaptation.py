@@ -66,8 +66,9 @@ from analyzer.orm import AnalysisRun, PromptResult  # noqa: E402
 from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompts.prompt_sets import import_sample  # noqa: E402
-from router.classify.classifier import load_active, train_classifier  # noqa: E402
+from router.classify.training import train_classifier  # noqa: E402
 from router.classify.training_data import cold_start_data, make_training_data  # noqa: E402
+from router.classify.version_store import load_active  # noqa: E402
 from router.decide.adaptation import AdaptationConfig, apply_feedback, next_request  # noqa: E402
 from router.decide.decision import Router, RouterConfig  # noqa: E402
 from router.decide.route_ids import parse_route_id  # noqa: E402

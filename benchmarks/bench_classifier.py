@@ -3,7 +3,7 @@ its probabilities are calibrated, and what a routing decision costs with it.
 
 On the bundled corpus (router/data/corpus.jsonl: 1,889 prompts, 13 task types, 16 source
 repositories), for each option (feature set ``tfidf``, ``minilm`` or ``tfidf+minilm`` and the logistic
-regression's C), through ``router.classify.classifier.evaluate`` (what ``specroute train`` reports):
+regression's C), through ``router.classify.cross_validation.evaluate`` (what ``specroute train`` reports):
   - stratified 5-fold CV and leave-one-source-out CV (grouped by the repository in each prompt's
     ``source``): macro-F1, accuracy and per-class F1;
   - calibration of the grouped out-of-fold probabilities: ECE before and after temperature scaling,
@@ -30,9 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.classify.classifier import TaskClassifier, evaluate  # noqa: E402
+from router.classify.cross_validation import evaluate  # noqa: E402
 from router.classify.evaluation import calibration, grouped_folds, out_of_fold, predictions, scores_of  # noqa: E402
 from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.task_classifier import TaskClassifier  # noqa: E402
 from router.classify.training_data import cold_start_data, make_training_data  # noqa: E402
 
 DEFAULT_OPTIONS = "tfidf:20,tfidf:1,minilm:5,tfidf+minilm:20"

@@ -51,8 +51,8 @@ from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompts.prompt_sets import DEFAULT_TASK_TYPES  # noqa: E402
-from router.classify.classifier import TaskClassifier  # noqa: E402
 from router.classify.pipeline import build_pipeline  # noqa: E402
+from router.classify.task_classifier import TaskClassifier  # noqa: E402
 from router.classify.training_data import cold_start_data  # noqa: E402
 from router.decide.decision import Router  # noqa: E402
 from router.policies.policy import PolicySnapshot  # noqa: E402
@@ -277,7 +277,7 @@ import json, sys
 import migrations
 from analyzer.db import make_engine, make_session_factory
 from analyzer.analysis.simulated_run import create_simulated_run
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import cold_start_data
 from router.policies.policy import publish_policies
 url, features, tasks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

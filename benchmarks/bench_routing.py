@@ -68,7 +68,7 @@ from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
 from analyzer.prompts.prompt_sets import import_prompt_file, import_sample, sample_bytes  # noqa: E402
 from benchmarks.llamacpp_routing import run_llamacpp_modes, summarize_llamacpp  # noqa: E402
-from router.classify.classifier import train_classifier  # noqa: E402
+from router.classify.training import train_classifier  # noqa: E402
 from router.classify.training_data import cold_start_data, make_training_data  # noqa: E402
 from router.client import RouterClient, generate_routed  # noqa: E402
 from router.policies.policy import publish_policies  # noqa: E402

@@ -154,7 +154,7 @@ def main() -> None:
         say=lambda line: None,
     )
     print(f"analysis {time.perf_counter() - started:.0f} s", flush=True)
-    from router.classify.classifier import train_classifier
+    from router.classify.training import train_classifier
     from router.classify.training_data import make_training_data
     from router.policies.server_policy import policy_set_plan, publish_server_policies
 

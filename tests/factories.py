@@ -22,7 +22,7 @@ def make_routing_database(url: str):
     classifier telling code from qa; returns its engine."""
     import migrations
     from analyzer.db import make_engine, make_session_factory
-    from router.classify.classifier import train_classifier
+    from router.classify.training import train_classifier
     from router.classify.training_data import make_training_data
     from router.policies.policy import publish_policies
 

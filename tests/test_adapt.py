@@ -16,10 +16,12 @@ from sqlalchemy import select
 from analyzer.db import make_session_factory
 from analyzer.orm import Prompt
 from analyzer.prompts.prompt_sets import get_prompt_set, import_prompt_file
-from router.classify.classifier import activation_message, evaluate, load_active, train_classifier
+from router.classify.activation import activation_message
+from router.classify.cross_validation import evaluate
 from router.classify.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
 from router.classify.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
 from router.classify.teacher import corpus_embeddings, embed_all, spread, teacher_available
+from router.classify.training import train_classifier
 from router.classify.training_data import (
     CONFIDENT_PSEUDO_LABEL,
     MIN_CONFIDENT_PSEUDO_LABELS,
@@ -28,6 +30,7 @@ from router.classify.training_data import (
     with_pseudo_labels,
 )
 from router.classify.training_request import training_data
+from router.classify.version_store import load_active
 from router.orm import ClassifierVersion
 from tests.factories import another_writer
 from tests.test_webui import token, upload

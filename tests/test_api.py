@@ -14,7 +14,7 @@ from referencing.jsonschema import DRAFT202012
 from sqlalchemy import func, select
 
 from analyzer.db import lock_for_write
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.orm import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
 from router.policies.policy import activate_policy_set, publish_policies

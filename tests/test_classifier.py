@@ -16,21 +16,18 @@ from sqlalchemy import select
 
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
 from analyzer.prompts.prompt_sets import import_prompt_file
-from router.classify.classifier import (
-    ClassifierError,
-    evaluate,
-    label_run_results,
-    load_active,
-    load_version,
-    train_classifier,
-)
+from router.classify.cross_validation import evaluate
 from router.classify.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
+from router.classify.run_labelling import label_run_results
+from router.classify.training import train_classifier
 from router.classify.training_data import (
+    ClassifierError,
     TrainingData,
     cold_start_data,
     make_training_data,
     training_data_from_db,
 )
+from router.classify.version_store import load_active, load_version
 from router.orm import ClassifierVersion
 from tests.conftest import require_shared
 from webui.cli import cli

@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from analyzer.analysis.cost_import import CostFileError, parse_cost_file
+from analyzer.analysis.cost_import import CostFileError
+from analyzer.analysis.cost_import_parse import parse_cost_file
 from tests.test_runs import PROMPTS, _analyze, cli_db, model_folders  # noqa: F401 (fixtures)
 from webui.cli import cli
 

@@ -20,7 +20,7 @@ from analyzer.engine.engines import ENGINES, EngineError, check_engine_name, che
 from analyzer.orm import AnalysisRun
 from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.settings import SettingsError, load_settings
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.decide.decision import Router
 from router.policies.policy import PolicyContract, PolicySnapshot, publish_policies

@@ -17,7 +17,7 @@ from analyzer.errors import SpecrouteError, error_payload
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import PromptSetNotFound, import_prompt_file
 from analyzer.settings import SettingsError
-from router.classify.classifier import ClassifierError
+from router.classify.training_data import ClassifierError
 from router.decide.feedback import FeedbackError, NoActivePolicy, UnknownRouteId
 from router.policies.policy import publish_policies
 from router.serve.api import RouteFastPath, Unauthorized
@@ -35,7 +35,7 @@ ERROR_MODULES = (
     "analyzer.settings",
     "migrations",
     "router.serve.api",
-    "router.classify.classifier",
+    "router.classify.training_data",
     "router.classify.encoder",
     "router.classify.fast_scorer",
     "router.decide.feedback",

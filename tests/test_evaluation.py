@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from router.classify.classifier import TaskClassifier, evaluate
+from router.classify.cross_validation import evaluate
 from router.classify.evaluation import (
     catch_all_tasks,
     choose_threshold,
@@ -23,6 +23,7 @@ from router.classify.evaluation import (
     source_group,
 )
 from router.classify.pipeline import build_pipeline, fold_jobs
+from router.classify.task_classifier import TaskClassifier
 from router.classify.training_data import make_training_data
 from router.decide.decision import DEFAULT_MIN_CONFIDENCE, Router, RouterConfig
 from router.policies.policy import PolicySnapshot
@@ -215,8 +216,9 @@ def test_min_confidence_setting_refuses_nonsense():
 
 def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_package(monkeypatch):
     from router.classify import encoder
-    from router.classify.classifier import ClassifierError, load_version
     from router.classify.fast_scorer import FastScorer
+    from router.classify.training_data import ClassifierError
+    from router.classify.version_store import load_version
 
     texts, labels, _ = synthetic()
     vectors = encoder.embed(texts[:3])
@@ -237,7 +239,7 @@ def test_the_sentence_encoder_path_matches_the_pipeline_and_refuses_without_the_
     import hashlib
     from types import SimpleNamespace
 
-    from router.classify.classifier import library_versions
+    from router.classify.version_store import library_versions
 
     record = SimpleNamespace(
         version=3,

@@ -8,7 +8,7 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.decide.feedback import FeedbackError, normalise, parse_feedback, record_feedback
 from router.decide.route_ids import new_route_id, parse_route_id

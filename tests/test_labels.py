@@ -18,8 +18,7 @@ from analyzer.prompts.prompt_sets import (
     relabel_prompts,
     set_prompt_task,
 )
-from router.classify.classifier import ClassifierError
-from router.classify.training_data import cold_start_data
+from router.classify.training_data import ClassifierError, cold_start_data
 from router.classify.training_request import training_data
 from tests.test_webui import token, ui, upload, web  # noqa: F401  (fixtures)
 from webui.cli import cli

@@ -11,7 +11,7 @@ import pytest
 
 from analyzer.settings import load_settings
 from benchmarks.llamacpp_pools import complete, decision_pool, evict_prompt_cache, pool_name, running_pools
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.decide.decision import RouterConfig, router_from_database
 from router.policies.policy import publish_policies

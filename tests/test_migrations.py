@@ -116,7 +116,7 @@ def _realistic_rows(url: str) -> None:
     from analyzer.analysis.server_jobs import ServerJobParams, create_server_job
     from analyzer.db import make_session_factory
     from analyzer.orm import Prompt, ValidationResult
-    from router.classify.classifier import train_classifier
+    from router.classify.training import train_classifier
     from router.classify.training_data import make_training_data
     from router.decide.decision import Router
     from router.decide.feedback import parse_feedback, record_feedback

@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.decide.decision import Router, RouterConfig, router_from_database
 from router.orm import PolicySet

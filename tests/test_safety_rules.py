@@ -32,7 +32,7 @@ def test_only_the_hash_checked_classifier_artifact_is_unpickled():
     ]
     assert loads == [
         (
-            "router/classify/classifier.py",
+            "router/classify/version_store.py",
             "pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above",
         )
     ]

@@ -25,7 +25,7 @@ from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import import_sample
 from analyzer.settings import Settings, SettingsError
-from router.classify.classifier import train_classifier
+from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.decide.adaptation import AdaptationConfig
 from router.decide.decision import router_from_database

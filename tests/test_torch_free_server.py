@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import migrations
     from analyzer.db import make_engine, make_session_factory
     from analyzer.prompts.prompt_sets import import_sample
-    from router.classify.classifier import train_classifier
+    from router.classify.training import train_classifier
     from router.classify.training_data import make_training_data
     from router.policies.policy import publish_policies
     from tests.factories import make_done_run

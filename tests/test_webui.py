@@ -554,7 +554,7 @@ def test_a_busy_run_numbers_plots_and_withholds_as_its_tables_do(web, session):
 def test_the_classifier_fold_counter_reaches_the_last_fold():
     """Issue 35, point 8g: the progress line the classifier page shows while training counts the fold
     being fitted, from 1/n to n/n (it stopped at n-1/n)."""
-    from router.classify.classifier import evaluate
+    from router.classify.cross_validation import evaluate
     from router.classify.training_data import make_training_data
 
     texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [

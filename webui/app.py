@@ -115,7 +115,7 @@ def _start_worker(settings, sessions, jobs: BackgroundJobs, router_service: Rout
 def _label_run(sessions, run_id: int) -> None:
     """A run started from the web UI has stopped: its unlabelled prompts get the active classifier's
     task, through the same code path as ``specroute analyze``."""
-    from router.classify.classifier import label_finished_run
+    from router.classify.run_labelling import label_finished_run
 
     outcome = label_finished_run(sessions, run_id)
     if outcome.problem:

@@ -7,12 +7,9 @@ from flask import redirect, render_template, request, url_for
 from sqlalchemy import select
 
 from analyzer.advice.report import profile_dict
-from analyzer.analysis.cost_import import (
-    MAX_FILE_BYTES,
-    CostFileError,
-    parse_cost_file,
-    store_imported_profiles,
-)
+from analyzer.analysis.cost_import import CostFileError
+from analyzer.analysis.cost_import_parse import MAX_FILE_BYTES, parse_cost_file
+from analyzer.analysis.cost_import_store import store_imported_profiles
 from analyzer.analysis.repricing import RepriceError, reprice_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, CostProfile

@@ -12,11 +12,8 @@ from analyzer.analysis.run_records import get_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
-from router.classify.classifier import (
-    ClassifierError,
-    activate_version,
-    rarely_reached,
-)
+from router.classify.training_data import ClassifierError
+from router.classify.version_store import activate_version, rarely_reached
 from router.classify.encoder import encoder_available
 from router.classify.pipeline import FEATURE_SETS, regularisation
 from router.classify.training_request import check_training_request

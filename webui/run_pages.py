@@ -36,7 +36,7 @@ from analyzer.run_params import (
     RunInputError,
 )
 from router import strict_json
-from router.classify.classifier import rarely_reached
+from router.classify.version_store import rarely_reached
 from webui.export_pages import export_card
 from webui.plots import report_plots
 from webui.ui import bp, flash, sessions, settings

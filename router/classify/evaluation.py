@@ -13,7 +13,7 @@ which the router should use the workload policy (where following the classifier 
 of its predictions right than wrong above it), and per task whether the classifier reaches it.
 
 An adapted classifier replaces the active one only if it is no worse on the same held-out prompts
-(:func:`regressions`, used by ``router.classify.classifier.train_classifier``).
+(:func:`regressions`, used by ``router.classify.training.train_classifier``).
 """
 
 from __future__ import annotations

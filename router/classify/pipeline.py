@@ -1,6 +1,6 @@
 """The task classifier's scikit-learn pipeline for each feature set: TF-IDF and structural features
 (router/classify/features.py), the sentence encoder's embeddings (router/classify/encoder.py), or both, into a
-class-balanced logistic regression. The classifier (router/classify/classifier.py) and the teacher's TF-IDF view
+class-balanced logistic regression. The classifier (router/classify/training.py) and the teacher's TF-IDF view
 (router/classify/teacher.py) both build it here."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the task classifier trains on: the bundled labeled corpus (a cold start), the labeled prompts
 in the database, both (the user's label winning for the same text), and pseudo-labels from the teacher
 for unlabelled prompt sets (weighted by its confidence); rare labels left out, and a hash of the rows
-for the version record (:mod:`router.classify.classifier`). Nothing here asks the teacher, which reads the bundled
+for the version record (:mod:`router.classify.version_store`). Nothing here asks the teacher, which reads the bundled
 corpus from here: which data a training request takes, and the teacher's fresh pseudo-labels when it
 adapts, are :mod:`router.classify.training_request`."""
 

@@ -54,7 +54,7 @@ def training_data(
     ``prompt_set_names`` limits which sets' labels are used. ``adapt`` names prompt sets whose
     unlabelled prompts the teacher labels afresh (their suggestions stored) and which join the data
     as pseudo-labels at or above ``min_confidence``, weighted by confidence; the data then names them
-    in ``adapt``, so that training guards the activation (:func:`router.classify.classifier.train_classifier`)."""
+    in ``adapt``, so that training guards the activation (:func:`router.classify.training.train_classifier`)."""
     data = _base_data(session, source, prompt_set_names, adapt)
     if not adapt:
         return data

@@ -22,7 +22,8 @@ from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence
-from router.classify.classifier import TaskClassifier, load_active
+from router.classify.task_classifier import TaskClassifier
+from router.classify.version_store import load_active
 from router.decide.adaptation import AdaptationConfig, TaskState, initial_state, next_request
 from router.decide.feedback import estimate_state
 from router.decide.reasons import Reason, reason

@@ -52,8 +52,8 @@ class JobState:
 
 def _train(sessions: sessionmaker[Session], params: Mapping[str, Any], progress: Progress) -> str:
     from analyzer.settings import load_settings
-    from router.classify.classifier import train_classifier_apart, trained_message
     from router.classify.pipeline import fold_jobs
+    from router.classify.training import train_classifier_apart, trained_message
     from router.classify.training_request import training_data_apart
 
     adapt, features = list(params.get("adapt") or ()), params["features"]

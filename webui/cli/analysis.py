@@ -372,8 +372,8 @@ def _placement_text(params, queue_only: bool = False, *, chosen: bool = False) -
 
 def _label_with_classifier(sessions, run_id: int) -> None:
     """Give the run's unlabelled prompts the active classifier's task type (if one is trained), through
-    the code path every run takes (router.classify.classifier.label_finished_run)."""
-    from router.classify.classifier import label_finished_run
+    the code path every run takes (router.classify.run_labelling.label_finished_run)."""
+    from router.classify.run_labelling import label_finished_run
 
     outcome = label_finished_run(sessions, run_id)
     if outcome.problem:

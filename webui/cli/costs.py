@@ -38,7 +38,9 @@ def costs_import(state: CliState, file: Path, for_run: int | None, new_pair: boo
     nothing and every problem is listed with its line and field. Refused: a step under 0.1 ms (seconds,
     not milliseconds) or any time over a minute, a batch size over 1024, an implausible T(k)/T(1), a
     profile already stored (or given twice), and a target or draft no stored run knows unless --new-pair."""
-    from analyzer.analysis.cost_import import CostFileError, parse_cost_file, store_imported_profiles
+    from analyzer.analysis.cost_import import CostFileError
+    from analyzer.analysis.cost_import_parse import parse_cost_file
+    from analyzer.analysis.cost_import_store import store_imported_profiles
 
     try:
         profiles = parse_cost_file(file.read_bytes(), file.name)

@@ -196,9 +196,10 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classify.classifier import ClassifierError, load_active, train_classifier_apart
     from router.classify.pipeline import fold_jobs
-    from router.classify.training_data import cold_start_data
+    from router.classify.training import train_classifier_apart
+    from router.classify.training_data import ClassifierError, cold_start_data
+    from router.classify.version_store import load_active
 
     with sessions() as session, session.begin():
         try:

@@ -122,8 +122,9 @@ def _train_new_version(
     seed: int,
 ) -> tuple[dict, str | None]:
     """Gather the training data, train and store a classifier version; return its record and verdict."""
-    from router.classify.classifier import activation_message, train_classifier_apart
+    from router.classify.activation import activation_message
     from router.classify.pipeline import fold_jobs
+    from router.classify.training import train_classifier_apart
     from router.classify.training_request import training_data_apart
     from router.policies.records import classifier_dict
 
