@@ -12,18 +12,18 @@ from analyzer.analysis.run_records import get_run
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
-from router.classify.training_data import ClassifierError
-from router.classify.version_store import activate_version, rarely_reached
 from router.classify.encoder import encoder_available
 from router.classify.pipeline import FEATURE_SETS, regularisation
+from router.classify.training_data import ClassifierError
 from router.classify.training_request import check_training_request
+from router.classify.version_store import activate_version, rarely_reached
 from router.decide.decision import RouteRequest
 from router.orm import ClassifierVersion
 from router.policies.policy import PolicyError, activate_policy_set, list_policy_sets, publish_policies
 from router.policies.records import policy_set_dict
 from webui.export_pages import export_card
-from webui.plots import heatmap
 from webui.prompt_pages import PAGE_SIZE
+from webui.svg_chart import heatmap
 from webui.ui import bp, flash, sessions, settings
 
 TRAIN_JOB = "train"

@@ -1,6 +1,7 @@
 """Analysis pages: start a run (models from SPECROUTE_MODELS only), the list with live progress,
-a run's report with plots, per-prompt drill-down with tokens coloured by what produced them, cancel,
-and the exports (JSON, per-prompt CSV, a self-contained HTML file)."""
+a run's report (the one report page every analysis has, webui/report_page.py), per-prompt drill-down with
+tokens coloured by what produced them, cancel, and the exports (JSON, per-prompt CSV, per prompt and option
+CSV, a self-contained HTML file)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from analyzer.run_params import (
 from router import strict_json
 from router.classify.version_store import rarely_reached
 from webui.export_pages import export_card
-from webui.plots import report_plots
+from webui.report_page import Link, render_report, run_page
 from webui.ui import bp, flash, sessions, settings
 
 # The form's numbers and their limits: analyzer.run_params.LIMITS, as on the command line and in
@@ -300,6 +301,8 @@ def _report(run_id: int) -> dict:
 
 @bp.get("/runs/<int:run_id>")
 def run(run_id: int):
+    """The run's report: the one report page every analysis has (webui/report_page.py), with a run's own
+    sections (progress, recommendation, costs, validation, price comparison, export card)."""
     report = _report(run_id)
     with sessions()() as session, session.begin():  # committed: comparison rows computed now are kept
         lock_for_write(session)
@@ -310,18 +313,38 @@ def run(run_id: int):
         export = (
             export_card(session, run_id=run_id) if stored.status == "done" and report["prompts"] else None
         )
-    plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
-    return render_template(
-        "report.html",
+    page = run_page(
+        report,
+        status=row["status"],
+        prompt_url=lambda prompt_id, gamma: _prompt_url(run_id, prompt_id, gamma),
+        exports=_run_exports(run_id) if report["prompts"] else (),
+    )
+    return render_report(
+        page,
         report=report,
         run=row,
-        plots=plots,
         verdict=recommendation(report),
-        gammas=list(range(1, report["params"]["gamma_max"] + 1)),
         rarely=rarely,
         classifier_version=classifier_version,
         comparison=comparison,
         export=export,
+    )
+
+
+def _prompt_url(run_id: int, prompt_id: int, gamma: int | None) -> str:
+    """A prompt's drill-down, opening at ``gamma`` (None: the page's own choice)."""
+    if gamma is None:
+        return url_for("ui.prompt_detail", run_id=run_id, prompt_id=prompt_id)
+    return url_for("ui.prompt_detail", run_id=run_id, prompt_id=prompt_id, gamma=gamma)
+
+
+def _run_exports(run_id: int) -> tuple[Link, ...]:
+    """A run's exports: the two every analysis has (report.json, options.csv), then a run's own."""
+    return (
+        Link("JSON", url_for("ui.report_json", run_id=run_id)),
+        Link("per prompt and option CSV", url_for("ui.report_options_csv", run_id=run_id)),
+        Link("per-prompt CSV", url_for("ui.report_prompts_csv", run_id=run_id)),
+        Link("self-contained HTML", url_for("ui.report_html", run_id=run_id)),
     )
 
 
@@ -358,13 +381,12 @@ def report_options_csv(run_id: int):
 def report_html(run_id: int):
     report = _report(run_id)
     css = resources.files("webui").joinpath("static/style.css").read_text(encoding="utf-8")
-    plots = {name: Markup(svg) for name, svg in report_plots(report).items()} if report["prompts"] else {}
     with sessions()() as session:
         classifier_version, rarely = rarely_reached(session)
     html = render_template(
         "report_export.html",
+        page=run_page(report, status=None),  # no links: the file opens offline
         report=report,
-        plots=plots,
         verdict=recommendation(report),
         css=Markup(css),
         rarely=rarely,

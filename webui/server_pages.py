@@ -1,7 +1,8 @@
 """llama-server analysis pages: the stored analyses with the form that queues one and the jobs (queued, running,
-failed with why, done), one job's progress, and one analysis' report: its step costs, predicted vs
-measured per drafter setting (with the share whose draft counts equal the replay's), the drafter comparison
-per task with the chosen setting, and the pools those choices need with their command lines."""
+failed with why, done), one job's progress, and one analysis' report, the one report page every analysis has
+(webui/report_page.py) with this kind's own sections: its step costs, predicted vs measured per drafter setting
+(with the share whose draft counts equal the replay's), and the pools its choices need with their command lines;
+its exports and publishing it as the active policy set."""
 
 from __future__ import annotations
 
@@ -30,16 +31,14 @@ from analyzer.analysis.server_store import (
     pool_plan_text,
     server_analysis_json,
 )
-from analyzer.analysis.server_text import cost_text, decision_text, divergence_text, noise_text
+from analyzer.analysis.server_text import cost_text, divergence_text, noise_text
 from analyzer.db import lock_for_write
 from analyzer.orm import PromptSet
-from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import PromptSetError, get_prompt_set
-from analyzer.run_params import DEFAULT_MARGIN
 from router import strict_json
 from router.policies.policy import PolicyError
 from router.policies.server_policy import publish_server_policies
-from webui.plots import scatter
+from webui.report_page import Link, render_report, server_page
 from webui.run_pages import model_choices
 from webui.ui import bp, flash, sessions
 
@@ -167,47 +166,29 @@ def change_server_job(job_id: int, action: str):
 
 @bp.get("/llama-server/<int:analysis_id>")
 def server_analysis(analysis_id: int):
+    """The analysis' report: the one report page every analysis has (webui/report_page.py), with a llama-server
+    analysis' own sections (setup, fitted step costs, validation per setting, pools and publishing)."""
     with sessions()() as session:
         record = get_server_analysis(session, analysis_id)
-        points = [
-            (
-                s.get("validated_prediction") or s["predicted_speedup"],
-                s["measured_speedup"],
-                f"{s['setting']} · prompt {p['prompt_id']}",
-            )
-            for p in record.prompts
-            for s in p["settings"]
-            if s["measured_speedup"] is not None and not s["calibration"] and s.get("counts_equal")
-        ]
-        plot = scatter(
-            "Predicted vs measured speedup per prompt and setting",
-            points,
-            x_label="predicted (replay of the served output + fitted step costs)",
-            y_label="measured (llama-server timings)",
-            note="validated prompts, each priced from the replay of the output its server served",
-        ) if points else None  # fmt: skip
-        tasks = [
-            {
-                **t,
-                "best_value": max(t["predicted"].values()) if t["predicted"] else None,
-                "rule": decision_text(t),
-            }
-            for t in record.tasks
-        ]
-        page = render_template(
-            "server_analysis.html",
+        plan = pool_plan(record)
+        exports = (
+            Link("JSON", url_for("ui.server_analysis_report_json", analysis_id=analysis_id)),
+            Link(
+                "per prompt and option CSV",
+                url_for("ui.server_analysis_options_csv", analysis_id=analysis_id),
+            ),
+        )
+        page = server_page(
+            server_analysis_json(session, record), record, pools=plan["routes"], exports=exports
+        )
+        return render_report(
+            page,
             record=record,
-            set_name=record.prompt_set.name,
-            tasks=tasks,
-            plan=pool_plan(record),
             plan_text=pool_plan_text(record, 8081),
-            plot=plot,
             cost_lines={family: cost_text(cost) for family, cost in record.cost.items()},
             noise_line=noise_text(record.noise),
             divergence_line=divergence_text(record.validation),
-            rule={"bar": 1 + DEFAULT_MARGIN, "level": INTERVAL_LEVEL, "min_prompts": MIN_TASK_PROMPTS},
         )
-    return page
 
 
 @bp.get("/llama-server/<int:analysis_id>/report.json")

@@ -88,7 +88,7 @@
   if (filter) {
     filter.addEventListener("change", function () {
       document.querySelectorAll("#prompt-table tbody tr").forEach(function (row) {
-        row.hidden = filter.value !== "" && row.dataset.task !== filter.value;
+        row.hidden = filter.value !== "" && row.dataset.promptTask !== filter.value;
       });
     });
   }
