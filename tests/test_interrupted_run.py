@@ -34,7 +34,8 @@ def _wait_for(path: Path, timeout_s: float = 30.0) -> str:
     raise AssertionError(f"{path} was not written within {timeout_s} s")
 
 
-def test_a_run_stopped_with_sigterm_tears_its_fixtures_down(tmp_path):
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one process", "two xdist workers"])
+def test_a_run_stopped_with_sigterm_tears_its_fixtures_down(tmp_path, workers):
     started, torn_down = tmp_path / "started", tmp_path / "torn_down"
     test_file = tmp_path / "test_long.py"
     test_file.write_text(
@@ -58,7 +59,7 @@ def test_a_run_stopped_with_sigterm_tears_its_fixtures_down(tmp_path):
     )
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.stop_on_sigterm", "-p", "no:cacheprovider",
-         str(test_file), "--rootdir", str(tmp_path)],
+         *workers, str(test_file), "--rootdir", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
