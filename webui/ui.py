@@ -1,6 +1,7 @@
 """The web UI blueprint and what its pages share: the session factory and settings of the app, CSRF
 on every form, number formatting, and error pages that never show a stack trace. The pages are in
-prompt_pages.py, run_pages.py and router_pages.py."""
+prompt_pages.py, run_pages.py and server_pages.py (both analyses' one report page: report_page.py),
+cost_pages.py, router_pages.py and export_pages.py."""
 
 from __future__ import annotations
 
