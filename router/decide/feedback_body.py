@@ -19,7 +19,6 @@ from pydantic import (
     create_model,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from analyzer.errors import SpecrouteError
 from router.decide.feedback_formats import (
@@ -30,7 +29,7 @@ from router.decide.feedback_formats import (
     FeedbackError,
     Section,
 )
-from router.decide.problems import problem_of, value_refused
+from router.decide.problems import problem_of, rule_broken, value_refused
 
 
 class UnknownFeedbackField(FeedbackError):
@@ -157,19 +156,19 @@ class FeedbackBody(RootModel[Any]):
             return body
         sections = [key for key in SECTION_TAGS if key in body]
         if len(sections) > 1:
-            raise PydanticCustomError(
+            raise rule_broken(
                 "invalid_feedback",
                 f"give one engine's section, not {len(sections)}: "
                 + ", ".join(f"'{key}'" for key in sections),
-                {"at": ""},
+                "",
             )
         known = set(FEEDBACK_FIELDS)
         if not sections and not {"rounds", "drafted", "accepted"} & set(body) and set(body) <= known:
-            raise PydanticCustomError(
+            raise rule_broken(
                 "invalid_feedback",
                 "give counts {rounds, drafted, accepted}, llama.cpp 'timings', vLLM 'speculative_decoding' or "
                 "SGLang 'meta_info'",
-                {"at": ""},
+                "",
             )
         return body
 
