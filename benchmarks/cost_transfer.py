@@ -43,16 +43,12 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from analyzer.analysis.server_analysis import (
-    ServerAnalysis,
-    ServerHistory,
-    ServerPrompt,
-    ServerSetup,
-    SettingOutcome,
-    analyze_in_llama_server,
-    fit_costs,
-)
+from analyzer.analysis.server_analysis import analyze_in_llama_server
+from analyzer.analysis.server_calibration import fit_costs
 from analyzer.analysis.server_figures import ceilings
+from analyzer.analysis.server_generation import ServerSetup
+from analyzer.analysis.server_outcomes import ServerAnalysis, ServerPrompt, SettingOutcome
+from analyzer.analysis.server_passes import ServerHistory
 from analyzer.analysis.server_text import cost_text, noise_text
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llamacpp_engine import gguf_file

@@ -22,13 +22,10 @@ import re
 import time
 from pathlib import Path
 
-from analyzer.analysis.server_analysis import (
-    ServerAnalysis,
-    ServerPrompt,
-    ServerSetup,
-    analyze_in_llama_server,
-)
+from analyzer.analysis.server_analysis import analyze_in_llama_server
 from analyzer.analysis.server_figures import task_choices, validation_figures
+from analyzer.analysis.server_generation import ServerSetup
+from analyzer.analysis.server_outcomes import ServerAnalysis, ServerPrompt
 from analyzer.analysis.server_text import cost_text
 from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llamacpp_engine import gguf_file

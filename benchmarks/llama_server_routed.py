@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.analysis.server_analysis import ServerSetup, analyze_in_llama_server
+from analyzer.analysis.server_analysis import analyze_in_llama_server
+from analyzer.analysis.server_generation import ServerSetup
 from analyzer.analysis.server_store import server_prompts, store_server_analysis
 from analyzer.db import make_engine, make_session_factory
 from analyzer.engine.llama_server import find_llama_server

@@ -92,13 +92,13 @@ def make_server_analysis(
     any other task answers new tokens only (nothing to draft). The step costs are a CPU-like fixed fit: a
     plain step 10 ms, a round 11 ms + 0.5 ms per drafted token, no context term. ``withheld``: the reason the
     analysis' advice is withheld (None: it is not)."""
-    from analyzer.analysis.server_analysis import (
+    from analyzer.analysis.server_outcomes import (
         PromptOutcome,
         ServerAnalysis,
         SettingOutcome,
         TimedCompletion,
-        replay_all,
     )
+    from analyzer.analysis.server_replay import replay_all
     from analyzer.analysis.server_store import server_prompts, store_server_analysis
     from analyzer.engine.llama_server_process import Completion
     from analyzer.measuring.server_drafting import parse_drafter

@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis.server_analysis import (
-    MIN_SPEEDUP,
-    ServerPrompt,
-    ServerSetup,
-    analyze_in_llama_server,
-    measured_noise,
-)
+from analyzer.analysis.server_analysis import MIN_SPEEDUP, analyze_in_llama_server
+from analyzer.analysis.server_calibration import measured_noise
 from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
+from analyzer.analysis.server_generation import ServerSetup
+from analyzer.analysis.server_outcomes import ServerPrompt
 from analyzer.engine.llama_server_process import LlamaServerError, LlamaServerProcess
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter

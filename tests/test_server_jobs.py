@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from analyzer.analysis import server_analysis
+from analyzer.analysis import server_generation
 from analyzer.analysis.server_jobs import (
     ServerJobError,
     ServerJobParams,
@@ -137,7 +137,7 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
     )
     job_id = create_server_job(session, prompt_set, params).id
     session.commit()
-    real = server_analysis.timed_complete
+    real = server_generation.timed_complete
     calls = {"n": 0}
 
     def dies_on_the_fourth(server, ids, n_predict):
@@ -148,7 +148,7 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
             )
         return real(server, ids, n_predict)
 
-    monkeypatch.setattr(server_analysis, "timed_complete", dies_on_the_fourth)
+    monkeypatch.setattr(server_generation, "timed_complete", dies_on_the_fourth)
     lines: list[str] = []
     run = dict(worker_id="w", cache_dir=tmp_path, llama_server=str(llama_server_binary), echo=lines.append)
     assert claim_server_job(sessions, "w") == job_id
@@ -159,7 +159,7 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
     assert len(job.generated["outputs"]) == 3 and job.analysis_id is None  # the three made before it died
     assert session.query(ServerAnalysisRecord).count() == 0
     # resumed: the three are kept, the other three generated, and the analysis stored with the job done
-    monkeypatch.setattr(server_analysis, "timed_complete", real)
+    monkeypatch.setattr(server_generation, "timed_complete", real)
     resume_server_job(session, job_id)
     session.commit()
     lines.clear()

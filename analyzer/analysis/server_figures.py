@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
-from analyzer.analysis.server_analysis import MIN_SPEEDUP, ServerAnalysis, SettingOutcome, Trial
+from analyzer.analysis.server_analysis import MIN_SPEEDUP
+from analyzer.analysis.server_outcomes import ServerAnalysis, SettingOutcome, Trial
 from analyzer.measuring.noise import PER_PROMPT_MARGIN, aggregate_half_width
 from analyzer.measuring.server_drafting import ServerDrafter
 from analyzer.pricing.option_curve import OptionCurve, task_option_curves

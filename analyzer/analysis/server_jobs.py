@@ -299,7 +299,7 @@ def _completion_json(ids: list[int], run: Any) -> dict[str, Any]:
 
 def _kept(job: ServerAnalysisJob, host: str) -> dict[str, tuple[list[int], Any]]:
     """The plain generations an earlier attempt on this machine stored (empty on another machine)."""
-    from analyzer.analysis.server_analysis import TimedCompletion
+    from analyzer.analysis.server_outcomes import TimedCompletion
     from analyzer.engine.llama_server_process import Completion
 
     stored = job.generated or {}
@@ -435,7 +435,7 @@ def execute_server_job(
 
 def _setup(params: ServerJobParams, cache_dir: Path, llama_server: str) -> tuple[Any, str]:
     """The servers the job analyzes with (our own, or the user's at ``params.urls``) and their build."""
-    from analyzer.analysis.server_analysis import ServerSetup
+    from analyzer.analysis.server_generation import ServerSetup
     from analyzer.engine.llama_server import find_llama_server
     from analyzer.engine.llama_server_process import RemoteServer, server_version
     from analyzer.engine.llamacpp_engine import gguf_file

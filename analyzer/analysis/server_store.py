@@ -15,13 +15,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.advice.option_rows import prompt_options, replace_options, server_option_rows
-from analyzer.analysis.server_analysis import (
+from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
+from analyzer.analysis.server_outcomes import (
     ServerAnalysis,
     ServerPrompt,
     SettingOutcome,
     TimedCompletion,
 )
-from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
 from analyzer.engine.llama_server_process import server_command
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter

@@ -71,7 +71,6 @@ def analyze_sample_in_llama_server(
     """[3/6] The sample analyzed in llama-server with every default drafter setting: a stored analysis of
     the same prompts, new tokens, settings, model and validation is reused unless ``again``; else one is
     measured (a line per step) and stored in one transaction. Returns its id."""
-    from analyzer.analysis.server_analysis import ServerAnalysisError
     from analyzer.analysis.server_jobs import (
         ServerJobParams,
         cancel_server_job,
@@ -80,6 +79,7 @@ def analyze_sample_in_llama_server(
         execute_server_job,
         resume_server_job,
     )
+    from analyzer.analysis.server_outcomes import ServerAnalysisError
     from analyzer.engine.llamacpp_engine import gguf_file
     from webui.cli.server_analysis import DEFAULT_DRAFTERS, _drafters
 

@@ -1,0 +1,241 @@
+"""What an analysis in llama-server is made of and what it ends with: its prompts, a server's timed completion,
+each setting's runs of a prompt (:class:`Trial`) and outcome, each prompt's outcome, the whole analysis, and the
+errors that stop one. Every other part of the analysis (analyzer/analysis/server_analysis.py) reads and fills
+these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analyzer.engine.llama_server_process import Completion
+from analyzer.errors import SpecrouteError
+from analyzer.measuring.interference import MAX_OTHERS_CPU
+from analyzer.measuring.noise import NoiseFloor
+from analyzer.measuring.server_drafting import NGRAM_MOD, ServerDrafter, ServerReplay
+from analyzer.pricing.server_cost import ServerCost
+
+
+class ServerAnalysisError(SpecrouteError, ValueError):
+    """An analysis in llama-server that cannot go on as asked; the message says what to change."""
+
+    status, code = 400, "server_analysis_failed"
+
+
+class PromptTooLong(ServerAnalysisError):
+    """A prompt whose tokens and new tokens do not fit the servers' context."""
+
+    code = "prompt_too_long"
+
+
+# what a resumed analysis keeps of an earlier attempt: per prompt key, its ids and plain generation
+Generated = Mapping[str, tuple[list[int], "TimedCompletion"]]
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ServerPrompt:
+    """One prompt of the workload: an id, its task and its chat messages."""
+
+    key: str
+    task: str
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TimedCompletion:
+    """A server's completion with the share of the machine's CPU other processes took meanwhile, the share
+    the hypervisor stole (None: not known) and the CPUs' mean clock at its end (MHz, None: not readable)."""
+
+    completion: Completion
+    others_cpu: float | None
+    steal: float | None = None
+    mhz: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        return self.others_cpu is not None and self.others_cpu > MAX_OTHERS_CPU
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps ``predicted_ms`` covers: every output token but the first."""
+        return max(int(self.completion.timings["predicted_n"]) - 1, 1)
+
+    @property
+    def step_ms(self) -> float:
+        """Time per decoding step."""
+        return self.completion.predicted_ms / self.steps
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setting's run of a prompt in one pass, with the pass's plain runs before and after it."""
+
+    plain: TimedCompletion
+    measured: TimedCompletion
+    plain_after: TimedCompletion | None = None
+    # the replay of what this server did with this request, where it differs from the setting's own replay:
+    # ngram-mod's table carries every request the server saw before it (its history, repeats included)
+    replay: ServerReplay | None = None
+
+    @property
+    def plain_step_ms(self) -> float:
+        """The plain server's time per step: the mean of the runs bracketing this one."""
+        runs = [self.plain] + ([self.plain_after] if self.plain_after is not None else [])
+        return float(np.mean([run.step_ms for run in runs]))
+
+    @property
+    def disturbed(self) -> bool:
+        return (
+            self.measured.disturbed
+            or self.plain.disturbed
+            or bool(self.plain_after and self.plain_after.disturbed)
+        )
+
+    @property
+    def speedup(self) -> float:
+        """Plain over speculative time per step (per output token after the first), so that a run whose
+        output left plain greedy and ended sooner or later is compared token for token."""
+        return self.plain_step_ms / self.measured.step_ms
+
+
+@dataclass
+class SettingOutcome:
+    """One prompt under one drafter setting: the replay and its prediction, and the server's own runs
+    where it was validated (or calibrated), one :class:`Trial` per pass."""
+
+    drafter: ServerDrafter
+    replay: ServerReplay
+    predicted_speedup: float = 0.0
+    trials: list[Trial] = field(default_factory=list)
+    calibration: bool = False
+
+    @property
+    def measured(self) -> TimedCompletion | None:
+        """The first pass's speculative run (None: not run on a server)."""
+        return self.trials[0].measured if self.trials else None
+
+    @property
+    def plain(self) -> TimedCompletion | None:
+        """The plain run before the first pass's speculative run."""
+        return self.trials[0].plain if self.trials else None
+
+    @property
+    def quiet_trials(self) -> list[Trial]:
+        return [t for t in self.trials if not t.disturbed]
+
+    def trial_replay(self, trial: Trial) -> ServerReplay:
+        """What the server did with ``trial``'s request, replayed (the setting's replay unless the server's
+        output or history changed it)."""
+        return trial.replay if trial.replay is not None else self.replay
+
+    def replayed_as_served(self, trial: Trial) -> bool:
+        """Whether :meth:`trial_replay` is of the output the server served (not so only for a draft model's
+        run that left plain greedy)."""
+        return trial.replay is not None or trial.measured.completion.tokens == trial.plain.completion.tokens
+
+    def validated_prediction(self, cost: ServerCost) -> float | None:
+        """The prediction the undisturbed passes are compared with: the geometric mean of each pass's
+        predicted speedup, from the replay of what the server did in it (None: no such pass)."""
+        quiet = self.quiet_trials
+        if not quiet:
+            return None
+        return float(np.exp(np.mean([np.log(cost.speedup(self.trial_replay(t))) for t in quiet])))
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """The geometric mean of the undisturbed passes' speedups (None: none)."""
+        return _geometric_speedup(self.quiet_trials)
+
+    @property
+    def advice_trials(self) -> list[Trial]:
+        """The undisturbed passes that measured what the advice predicts: every one for a stateless drafter;
+        for ngram-mod only the first, where its server met the prompt for the first time (from the second
+        pass on, its table holds this prompt's own earlier output and drafts it back: 1.80 measured against
+        1.03 predicted, where the first pass measured 1.03; 38 prompts, a 2-core Xeon)."""
+        if self.drafter.kind == NGRAM_MOD:
+            return [t for t in self.trials[:1] if not t.disturbed]
+        return self.quiet_trials
+
+    @property
+    def advised_speedup(self) -> float | None:
+        """The geometric mean of :attr:`advice_trials`' speedups (None: none)."""
+        return _geometric_speedup(self.advice_trials)
+
+    @property
+    def output_equal(self) -> bool:
+        """Whether the server's speculative output equals its paired plain run's."""
+        return bool(
+            self.measured and self.plain and self.measured.completion.tokens == self.plain.completion.tokens
+        )
+
+    @property
+    def counts_equal(self) -> bool | None:
+        """Whether the server's draft counts equal the replay of its own output in every pass replayed as
+        served (:meth:`replayed_as_served`; None: not run on a server, or no such pass)."""
+        served = [t for t in self.trials if self.replayed_as_served(t)]
+        if not served:
+            return None
+        return all(_counts(t.measured) == _counts_of(self.trial_replay(t)) for t in served)
+
+
+def _geometric_speedup(trials: Sequence[Trial]) -> float | None:
+    return float(np.exp(np.mean([np.log(t.speedup) for t in trials]))) if trials else None
+
+
+def _counts(run: TimedCompletion) -> tuple[int, int]:
+    """A server run's (draft_n, draft_n_accepted): a server that drafted nothing leaves both out of timings."""
+    timings = run.completion.timings
+    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+
+
+def _counts_of(replay: ServerReplay) -> tuple[int, int]:
+    return replay.draft_n, replay.draft_n_accepted
+
+
+@dataclass
+class PromptOutcome:
+    """One prompt: its ids as the server tokenized its chat template, the plain greedy completion and
+    every setting's outcome."""
+
+    prompt: ServerPrompt
+    prompt_ids: list[int]
+    plain: TimedCompletion
+    settings: list[SettingOutcome] = field(default_factory=list)
+    # each pass's two plain runs (before and after the settings'): a pair of identical runs
+    plain_pairs: list[tuple[TimedCompletion, TimedCompletion]] = field(default_factory=list)
+    calibration: bool = False
+
+
+@dataclass
+class ServerAnalysis:
+    """The whole analysis: per prompt outcomes, the fitted cost, the machine's noise, and its wall time:
+    ``seconds`` up to the predictions (servers started, generation, calibration), ``validation_seconds``
+    after, against ``plain_generation_seconds``, the plain generation of the same prompts alone.
+    ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the passes
+    validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured)."""
+
+    drafters: list[ServerDrafter]
+    prompts: list[PromptOutcome]
+    costs: dict[str, ServerCost]  # per drafter family (ServerDrafter.family)
+    n_predict: int
+    threads: int
+    seconds: float
+    plain_generation_seconds: float
+    calibration_prompts: int
+    validation_seconds: float = 0.0
+    n_ctx: int = 0
+    noise: NoiseFloor | None = None
+    withheld: str | None = None
+    validation_repeats: int = 0
+    calibration_passes: int = 1
+    fit_bound: float | None = None
+
+    def cost_of(self, drafter: ServerDrafter) -> ServerCost:
+        """The step costs that price ``drafter``: its family's."""
+        return self.costs[drafter.family]
