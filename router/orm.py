@@ -123,8 +123,9 @@ class TaskPolicy(Base):
     # the llama-server drafter setting it speculates with ("ngram-mod 16 2-16"; None: off, or a set
     # published from an analysis run, whose decision is a gamma): the router names the pool by it
     setting: Mapped[Optional[str]] = mapped_column(String(64))
-    # its curve over the llama-server analysis' settings (analyzer/pricing/option_curve.py OptionCurve.as_dict):
-    # the prior feedback moves; None: a run's policy (its curve is speedup_curve, over gamma)
+    # its curve over its analysis' options (analyzer/pricing/option_curve.py OptionCurve.as_dict): a llama-server
+    # analysis' settings (the prior feedback moves), or a run's gammas (router/policies/policy.py
+    # gamma_option_curve; the router adapts its speedup_curve); None: a run's set published before session 23
     option_curve: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")

@@ -39,6 +39,17 @@ def test_publish_builds_per_task_policies_and_a_fallback_and_keeps_one_active(se
         assert len(code.speedup_curve) == 8 and max(code.speedup_curve) == pytest.approx(
             code.expected_speedup
         )
+        # the same curve over options as a llama-server set's policy: one per gamma, the interval at g*
+        curve = code.option_curve
+        assert [o["label"] for o in curve["options"]] == [f"gamma {g}" for g in range(1, 9)]
+        assert [o["speedup"] for o in curve["options"]] == code.speedup_curve
+        assert curve["chosen"] == f"gamma {code.gamma}" and qa.option_curve["chosen"] is None
+        at_best = curve["options"][code.gamma - 1]
+        assert (at_best["low"], at_best["high"]) == (code.speedup_low, code.speedup_high)
+        assert at_best["low"] is not None and all(
+            o["low"] is None for g, o in enumerate(curve["options"], 1) if g != code.gamma
+        )
+        assert (curve["code"], curve["basis"]) == ("clears", "task")
         publish_policies(session, run.id, notes="again")
     with session.begin():
         assert [

@@ -4,12 +4,13 @@ type plus a workload-wide fallback), keep every set, and keep exactly one active
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from analyzer.advice.option_rows import gamma_option
 from analyzer.advice.report import run_advice_withheld
 from analyzer.advice.summary import AnalysisSummary, GroupSummary, cost_for_run
 from analyzer.advice.summary_store import run_summary
@@ -149,7 +150,33 @@ def _policy(task: str, summary: GroupSummary, workload: GroupSummary, fallback: 
         or None,
         decision_basis=summary.decision_basis,
         decision_reason=summary.decision_reason,
+        option_curve=gamma_option_curve(summary, decided),
     )
+
+
+def gamma_option_curve(summary: GroupSummary, decided: GroupSummary) -> dict[str, Any]:
+    """A run's policy as a curve over its options, in the shape a llama-server set's policy has
+    (:meth:`analyzer.pricing.option_curve.OptionCurve.as_dict`), so that every policy set shows one curve:
+    per gamma the option its rows are labelled by (``gamma 3``, :func:`analyzer.advice.option_rows.gamma_option`),
+    S(g) at batch 1, and the interval where the analysis has one (at g*); the option chosen (None: off); the
+    rule's code and basis. ``decided`` is the group whose numbers decide (the workload's for a task with
+    too few prompts), ``summary`` the task's own."""
+    low, high = (v if v is not None and np.isfinite(v) else None for v in decided.speedup_interval)
+    best = decided.best_gamma
+    return {
+        "options": [
+            {
+                "label": gamma_option(g),
+                "speedup": speedup,
+                "low": low if g == best else None,
+                "high": high if g == best else None,
+            }
+            for g, speedup in enumerate(decided.speedup_curve, start=1)
+        ],
+        "chosen": gamma_option(best) if decided.speculate and best is not None else None,
+        "code": summary.decision_code,
+        "basis": summary.decision_basis,
+    }
 
 
 def publish_policies(
@@ -268,7 +295,9 @@ class PolicySnapshot:
     decision_basis: str | None = None
     lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
     setting: str | None = None  # the llama-server drafter setting (router/policies/server_policy.py)
-    option_curve: Mapping | None = None  # its curve over a llama-server analysis' settings (None: a run's)
+    option_curve: Mapping | None = (
+        None  # its curve over its analysis' options (None: published before runs' had one)
+    )
 
     @classmethod
     def of(cls, policy: TaskPolicy) -> "PolicySnapshot":

@@ -183,9 +183,10 @@ class Policy(Answer):
     )
     option_curve: dict[str, Any] | None = Field(
         None,
-        description="A set published from a llama-server analysis: the task's curve over the analysis' "
-        "settings ({options: [{label, speedup, low, high}], chosen, code, basis}), decided by the one rule; "
-        "the prior its online estimate moves. null: a run's policy (its curve is over gamma).",
+        description="The task's curve over its analysis' options, the same shape for every policy set "
+        "({options: [{label, speedup, low, high}], chosen, code, basis}), decided by the one rule: a llama-server "
+        "analysis' drafter settings (the prior its online estimate moves), or a run's gammas (labels 'gamma 1' "
+        "..., S(g) at batch 1, the interval at g*). null: a run's policy published before runs' had one.",
     )
     by_batch: dict[str, BatchDecision] | None = Field(
         None,
