@@ -389,7 +389,7 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
     for policy in policy_set.policies:
         if policy.speculate:
             pool = policy_set.pools[policy.setting]
-            shown = f'<code class="setting">{policy.setting}</code> → <code class="pool">{pool}</code>'
+            shown = f'<code class="option">{policy.setting}</code> → <code class="pool">{pool}</code>'
         else:
             shown = f'off → <code class="pool">{policy_set.pools["off"]}</code>'
         assert shown in page, policy.task_type
@@ -531,7 +531,7 @@ def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, clie
     assert estimates["extraction"]["setting"] != published
     row = next(r for r in client.get("/policies").get_data(as_text=True).split("<tr>") if ">extraction<" in r)
     in_force = estimates["extraction"]["setting"] or "off"
-    assert f'<strong><code class="setting">{in_force}</code>' in row or (
+    assert f'<strong><code class="option">{in_force}</code>' in row or (
         in_force == "off" and "<strong>off → " in row
     )
     assert "changed from the published decision" in row and "after 40 feedback events" in row

@@ -412,7 +412,9 @@ def test_every_page_has_security_headers_and_no_inline_script(web, session):
 def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
     with session.begin():
         run = make_done_run(session, {"code": 0.95, "qa": 0.9}, per_task=4)
-        publish_policies(session, run.id)
+        published = publish_policies(session, run.id)
+        code = next(p for p in published.policies if p.task_type == "code")
+        gamma, pool = code.gamma, published.pools[f"k{code.gamma}"]
     before = web.get("/policies").get_data(as_text=True)
     assert (
         "in force now (router)" in before and before.count("as published (no feedback yet)") == 3
@@ -426,7 +428,8 @@ def test_policies_page_shows_what_the_router_does_now_per_task(web, session):
     assert not estimate["speculate"] and estimate["events"] == 30 and estimate["decision_since"]
     page = web.get("/policies").get_data(as_text=True)
     row = page[page.index("<td>code</td>") :].split("</tr>")[0]
-    assert "<td>speculate</td>" in row  # the published decision ...
+    # the published decision, as every set shows it: the option (a run's gamma) and the pool it publishes ...
+    assert f'<td><code class="option">gamma {gamma}</code> → <code class="pool">{pool}</code></td>' in row
     assert "<strong>off</strong>" in row and "after 30 feedback events" in row  # ... and the one in force now
     assert (
         f"since {estimate['decision_since'].replace('T', ' ').replace('+00:00', '')} UTC" in row
