@@ -31,7 +31,6 @@ from router.decide.contract import (
     read_batch,
     read_route,
 )
-from router.decide.decision import RouteRequest
 from router.serve.front_door import forward, pool_url, route_request, stream_timings, timings_of
 from router.serve.openapi import openapi_document
 from router.serve.service import RouterService
@@ -117,11 +116,10 @@ def _parse_json(raw: bytes) -> Any:
         raise InvalidJson(exc.message, **exc.details) from None
 
 
-def _object(value: Any, where: str) -> dict:
+def _object(value: Any) -> dict:
+    """A body that must be a JSON object before its model reads it (feedback, the front door's bodies)."""
     if not isinstance(value, dict):
-        raise ApiError(
-            f"{where or 'the body'} must be a JSON object, got {_kind(value)}", field=where or None
-        )
+        raise ApiError(f"the body must be a JSON object, got {_kind(value)}", field=None)
     return value
 
 
@@ -137,12 +135,6 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def parse_route_request(body: Any, max_chars: int) -> RouteRequest:
-    """A RouteRequest from one JSON value (router/decide/contract.py); ApiError naming the field for
-    anything wrong."""
-    return read_route(body, max_chars)
-
-
 # ---------------------------------------------------------------- views
 
 
@@ -150,7 +142,7 @@ def answer_route(raw: bytes, router_service: RouterService) -> dict[str, Any]:
     """The decision for one raw /v1/route body (a SpecrouteError for anything wrong: ApiError for the
     body, ClassifierError when the stored classifier cannot be used); shared by the view and the
     fast path."""
-    parsed = parse_route_request(_parse_json(raw), router_service.settings.max_prompt_chars)
+    parsed = read_route(_parse_json(raw), router_service.settings.max_prompt_chars)
     return router_service.route([parsed])[0].as_dict()
 
 
@@ -171,7 +163,7 @@ def route_batch():
 @bp.post("/v1/feedback")
 def feedback():
     """POST /v1/feedback: store one feedback event; the task's estimate right after it."""
-    estimate = service().feedback(_object(_json_body(), ""))  # FeedbackError's classes carry 400/404/409
+    estimate = service().feedback(_object(_json_body()))  # FeedbackError's classes carry 400/404/409
     return jsonify({"estimate": estimate})
 
 
@@ -193,10 +185,10 @@ def _front_door(path: str) -> Response:
     streamed as it comes when the body asks for a stream; the decision rides in X-Specroute-* headers, and
     the pool's timings are stored as the decision's feedback (router/serve/front_door.py)."""
     router_service = service()
-    body = _object(_json_body(), "")
+    body = _object(_json_body())
     wanted = route_request(path, body)
     limit = wanted.max_new_tokens
-    checked = parse_route_request(
+    checked = read_route(
         {
             "prompt": wanted.prompt,
             "messages": wanted.messages,
