@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +41,23 @@ ANSWERS = {"extraction": "copy", "code": "chunks"}  # how the synthetic analysis
 COPY_TASKS = set(ANSWERS)
 ROUTED = ("extraction", "code", "general")  # the classifier's tasks: two settings and off
 DRAFTERS = ("ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod 16 2-16")
+
+
+def _free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports nobody listens on, below the kernel's ephemeral
+    range, so that no outgoing connection of this run takes one of them before its server binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        ephemeral_low = int(ports.read().split()[0])
+    for _ in range(200):
+        first = random.randrange(10_000, ephemeral_low - count)
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports below {ephemeral_low}")
 
 
 def _texts(prompt_set: PromptSet, task: str) -> list[str]:
@@ -329,7 +348,7 @@ def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(ll
     from analyzer.engine.llamacpp_engine import gguf_file
     from analyzer.models.specs import parse_spec
 
-    data_dir, port = tmp_path / "data", free_port()
+    data_dir, port = tmp_path / "data", _free_port_run(3)
     env = {
         **os.environ,
         "SPECROUTE_DATA_DIR": str(data_dir),
