@@ -442,7 +442,8 @@ SERVER_JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 class ServerAnalysisJob(Base):
     """An analysis in llama-server as queued work (analyzer/analysis/server_jobs.py): the prompt set and the
     parameters asked, its status (queued -> running -> done | failed | cancelled), the worker holding it and its
-    heartbeat, progress, the plain generations made so far (kept for a resume on the same machine), why it
+    heartbeat, progress, the plain generations and passes through the servers made so far (kept for a resume on
+    the same machine), why it
     failed (a message and a code) and, once done, the analysis it stored."""
 
     __tablename__ = "server_analysis_jobs"

@@ -91,7 +91,13 @@ def test_a_server_ends_with_the_process_that_started_it_even_when_killed(tmp_pat
     )  # fmt: skip
     try:
         child = int(_wait_for(pid_file))
-        assert _alive(child)
+        # setpriv arms the parent-death signal and then becomes the command: kill the starter after that, as a
+        # worker is killed while its server runs (before it, a busy machine could let the kill come first)
+        comm = Path(f"/proc/{child}/comm")
+        deadline = time.monotonic() + 10
+        while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert comm.read_text().strip() == "sleep" and _alive(child)
         os.kill(starter.pid, signal.SIGKILL)  # no finally, no atexit: only the kernel can stop the child
         starter.wait(10)
         deadline = time.monotonic() + 10

@@ -1,7 +1,8 @@
 """Analyses in llama-server as queued work (analyzer/analysis/server_jobs.py): checked parameters, claims (and
 claims of a job whose worker died), cancel and resume, the web form and job page, and, with real servers, a
-job whose server dies mid-analysis failing with its code and resuming with its plain generations kept, and a
-prompt longer than the context refused with its code."""
+job whose server dies mid-analysis failing with its code and resuming with its plain generations kept, one
+that dies mid-validation resuming from the pass it did not finish, and a prompt longer than the context refused
+with its code."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from analyzer.analysis import server_generation
+from analyzer.analysis import server_generation, server_passes
 from analyzer.analysis.server_jobs import (
     ServerJobError,
     ServerJobParams,
@@ -189,3 +190,78 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
         failed.error_code == "prompt_too_long"
         and "with 200 new tokens it exceeds the servers' context of 256" in failed.error
     )
+
+
+@pytest.mark.slow
+def test_a_job_that_dies_mid_validation_resumes_from_the_pass_it_did_not_finish(
+    llama_server_binary, engine, session, tmp_path, monkeypatch
+):
+    """The calibration passes and the validation passes a failed attempt finished are kept on this machine: the
+    resumed attempt generates nothing, runs no calibration pass again, and makes only the passes left."""
+    sessions = make_session_factory(engine)
+    prompt_set, _ = import_sample(session)
+    params = ServerJobParams(
+        drafters=("ngram-simple 2/4",),
+        n_predict=24,
+        limit=6,
+        calibration=3,
+        validate=True,
+        validate_repeats=1,
+    )
+    job_id = create_server_job(session, prompt_set, params).id
+    session.commit()
+    lines: list[str] = []
+    real = server_passes.timed_complete
+    calls = {"n": 0}
+
+    def dies_after_the_first_validated_prompt(server, ids, n_predict):
+        if any(line.startswith("validated 1/3") for line in lines):
+            raise LlamaServerError(
+                "llama-server at http://127.0.0.1:1 did not answer /completion: connection refused"
+            )
+        calls["n"] += 1
+        return real(server, ids, n_predict)
+
+    monkeypatch.setattr(server_passes, "timed_complete", dies_after_the_first_validated_prompt)
+    run = dict(worker_id="w", cache_dir=tmp_path, llama_server=str(llama_server_binary), echo=lines.append)
+    assert claim_server_job(sessions, "w") == job_id
+    assert execute_server_job(sessions, job_id, **run) is None
+    session.expire_all()
+    job = get_server_job(session, job_id)
+    assert (job.status, job.error_code) == ("failed", "llama_server_error")
+    calibrated = [line for line in lines if line.startswith(("calibrated ", "re-measured "))]
+    assert len(calibrated) in (3, 6)  # three calibration prompts, measured once or twice
+    stored = job.generated["passes"]
+    # every finished pass is stored in order: the calibration passes, then the first validation pass
+    assert len(stored) == len(calibrated) + 1 and list(stored)[-1].startswith("validation 1 ")
+    assert all(len(p["measured"]) == 1 and len(p["plain"]["tokens"]) >= 1 for p in stored.values())
+    assert calls["n"] == 3 * len(stored)  # plain, the setting's server, plain again per pass
+    first_calibration = stored[next(iter(stored))]
+    # resumed: nothing generated, no calibration pass run again, the two validation passes left made
+    calls["n"] = 0
+    lines.clear()
+    monkeypatch.setattr(server_passes, "timed_complete", lambda server, ids, n_predict: (
+        calls.__setitem__("n", calls["n"] + 1), real(server, ids, n_predict))[1])  # fmt: skip
+    resume_server_job(session, job_id)
+    session.commit()
+    assert claim_server_job(sessions, "w") == job_id
+    analysis_id = execute_server_job(sessions, job_id, **run)
+    assert analysis_id is not None, lines
+    assert "kept 6 plain generations of an earlier attempt" in lines
+    assert f"kept {len(stored)} passes through the servers of an earlier attempt" in lines
+    assert not any(line.startswith("generated ") for line in lines)
+    again = [line for line in lines if line.startswith(("calibrated ", "re-measured "))]
+    assert len(again) == len(calibrated) and all(line.endswith(" (kept)") for line in again)
+    validated = [line for line in lines if line.startswith("validated ")]
+    assert [line.endswith(" (kept)") for line in validated] == [True, False, False]
+    assert calls["n"] == 3 * 2  # the two validation passes left, nothing else
+    record = session.get_one(ServerAnalysisRecord, analysis_id)
+    held_out = [p for p in record.prompts if not p["calibration"]]
+    assert len(held_out) == 3 and all(len(p["settings"][0]["passes"]) == 1 for p in held_out)
+    # the kept calibration pass is the earlier attempt's own run, timings and all
+    key = next(iter(stored)).split()[-1]
+    kept = next(p for p in record.prompts if str(p["prompt_id"]) == key)
+    assert kept["calibration"] and kept["settings"][0]["passes"][0]["ms"] == pytest.approx(
+        first_calibration["measured"][0]["timings"]["predicted_ms"]
+    )
+    assert get_server_job(session, job_id).generated["passes"].keys() >= stored.keys()

@@ -147,7 +147,7 @@ def server_job_status(job_id: int):
 
 @bp.post("/llama-server/jobs/<int:job_id>/<action>")
 def change_server_job(job_id: int, action: str):
-    """Resume (a failed or cancelled job, its plain generations kept) or cancel (a queued or running one)."""
+    """Resume (a failed or cancelled job, where it was) or cancel (a queued or running one)."""
     change = {"resume": resume_server_job, "cancel": cancel_server_job}.get(action)
     if change is None:
         abort(404)

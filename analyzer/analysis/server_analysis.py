@@ -35,7 +35,7 @@ them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from analyzer.analysis.server_calibration import (
     FALLBACK_RUN_ERROR,
@@ -45,7 +45,6 @@ from analyzer.analysis.server_calibration import (
 )
 from analyzer.analysis.server_generation import ServerSetup, generate
 from analyzer.analysis.server_outcomes import (
-    Generated,
     Progress,
     PromptOutcome,
     PromptTooLong,
@@ -56,7 +55,7 @@ from analyzer.analysis.server_outcomes import (
     TimedCompletion,
     Trial,
 )
-from analyzer.analysis.server_passes import ServerHistory, served_replay, validate_held_out
+from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, served_replay, validate_held_out
 from analyzer.analysis.server_replay import replay_settings
 from analyzer.measuring.noise import repeats_for_aggregate
 from analyzer.measuring.server_drafting import ServerDrafter
@@ -94,20 +93,20 @@ def analyze_in_llama_server(
     validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
     validation_half_width: float = VALIDATION_HALF_WIDTH,
     say: Progress = lambda line: None,
-    generated: Generated | None = None,
-    on_generated: Callable[[ServerPrompt, list[int], TimedCompletion], None] | None = None,
+    attempt: Attempt | None = None,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
     ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not validated;
     validation makes at most ``validate_repeats`` passes, fewer where run noise already leaves each
-    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``). ``generated``:
-    plain generations an earlier attempt made (by prompt key), kept instead of generating again;
-    ``on_generated`` is told each new one (a queued analysis stores them, so a resume keeps them).
-    :class:`PromptTooLong` where a prompt and ``n_predict`` do not fit the context."""
+    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``). ``attempt``: what an
+    earlier attempt made (kept instead of made again) and whom to tell what this one makes (a queued analysis
+    stores it, so that a resume keeps it). :class:`PromptTooLong` where a prompt and ``n_predict`` do not fit the
+    context."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
         raise ServerAnalysisError("a draft-simple setting needs the draft model (its GGUF file)")
+    attempt = attempt or Attempt()
     started = time.perf_counter()
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
@@ -115,14 +114,17 @@ def analyze_in_llama_server(
         for server in servers:
             server.start()
         outcomes, plain_seconds = generate(
-            servers[0], prompts, n_predict, say, setup.n_ctx, generated or {}, on_generated
+            servers[0], prompts, n_predict, say, setup.n_ctx, attempt.generated, attempt.on_generated
         )
         replay_settings(setup, outcomes, drafters, n_predict, say)
         chosen = calibration_choice(outcomes, calibration_prompts)
         for outcome in chosen:
             outcome.calibration = True
         history = ServerHistory(n_predict, setup.n_ctx)
-        calibration = calibrate(servers, outcomes, chosen, history, say)
+        pass_log = PassLog(history, attempt.passes, attempt.on_pass)
+        if attempt.passes:
+            say(f"kept {len(attempt.passes)} passes through the servers of an earlier attempt")
+        calibration = calibrate(servers, outcomes, chosen, history, say, pass_log)
         for outcome in outcomes:
             for setting in outcome.settings:
                 setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
@@ -135,7 +137,7 @@ def analyze_in_llama_server(
             repeats = repeats_for_aggregate(
                 run_error, weights, validation_half_width, at_most=validate_repeats
             )
-            validate_held_out(servers, held_out, history, repeats, say)
+            validate_held_out(servers, held_out, history, repeats, say, pass_log)
     finally:
         for server in servers:
             server.stop()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.analysis.server_outcomes import Progress, PromptOutcome, ServerAnalysisError
-from analyzer.analysis.server_passes import ServerHistory, run_pass
+from analyzer.analysis.server_passes import PassLog, ServerHistory
 from analyzer.engine.llama_server_process import Server
 from analyzer.measuring.calibration_choice import spanning_choice
 from analyzer.measuring.noise import NoiseFloor, noise_floor
@@ -76,15 +76,17 @@ def calibrate(
     chosen: Sequence[PromptOutcome],
     history: ServerHistory,
     say: Progress,
+    pass_log: PassLog | None = None,
 ) -> Calibration:
     """Run the chosen prompts on every server (checking first that each server runs its setting,
     :func:`_check_settings`), fit each drafter family's costs and check them on prompts they were not fitted
     on (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the pass measured); a family
     that misses its bound is measured once more (every chosen prompt again) and refitted on both passes; one
-    that still misses it withholds the advice."""
+    that still misses it withholds the advice. ``pass_log``: the earlier attempt's passes, kept."""
+    pass_log = pass_log or PassLog(history)
     for number, outcome in enumerate(chosen, 1):
-        run_pass(servers, outcome, history)
-        say(f"calibrated {number}/{len(chosen)} ({outcome.prompt.key})")
+        kept = pass_log.run(servers, outcome, history, "calibration", 1)
+        say(f"calibrated {number}/{len(chosen)} ({outcome.prompt.key}){' (kept)' if kept else ''}")
     _check_settings(servers, chosen)
     noise = measured_noise(chosen)
     bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
@@ -94,9 +96,10 @@ def calibrate(
     if failing:
         passes = 2
         for number, outcome in enumerate(chosen, 1):
-            run_pass(servers, outcome, history)
+            kept = pass_log.run(servers, outcome, history, "calibration", 2)
             say(
                 f"re-measured {number}/{len(chosen)} ({outcome.prompt.key}): the {', '.join(failing)} fit missed"
+                + (" (kept)" if kept else "")
             )
         noise = measured_noise(chosen)
         bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)

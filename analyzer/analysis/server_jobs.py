@@ -7,9 +7,11 @@ queued job, or a running one whose heartbeat is older than ``stale_after_s`` (it
 running and executes it: every progress line renews the heartbeat and is stored, every plain generation is
 stored as it is made, and the analysis is stored with the job marked done in one transaction. A job that
 fails keeps its message and code (:class:`ServerJobFailed`'s); ``resume`` queues a failed, cancelled or stale
-job again. A resumed job on the machine that made its plain generations keeps them and generates only the
-rest; calibration and validation, which time the servers against each other, run again whole (a resume on
-another machine starts over: its outputs and timings would not be that machine's).
+job again. A resumed job on the machine that made its plain generations and passes keeps them: it generates
+only the rest, and calibration and validation go on from the first pass through the servers the earlier
+attempt did not finish (a pass is one prompt on the plain server, every setting's server and the plain server
+again, the unit in which the servers are timed against each other). A resume on another machine starts over:
+its outputs and timings would not be that machine's.
 """
 
 from __future__ import annotations
@@ -283,10 +285,9 @@ def cancel_server_job(session: Session, job_id: int) -> ServerAnalysisJob:
     return job
 
 
-def _completion_json(ids: list[int], run: Any) -> dict[str, Any]:
+def _timed_json(run: Any) -> dict[str, Any]:
     completion = run.completion
     return {
-        "ids": ids,
         "tokens": completion.tokens,
         "stop_type": completion.stop_type,
         "timings": completion.timings,
@@ -297,26 +298,42 @@ def _completion_json(ids: list[int], run: Any) -> dict[str, Any]:
     }
 
 
-def _kept(job: ServerAnalysisJob, host: str) -> dict[str, tuple[list[int], Any]]:
-    """The plain generations an earlier attempt on this machine stored (empty on another machine)."""
+def _timed(value: Mapping[str, Any]) -> Any:
     from analyzer.analysis.server_outcomes import TimedCompletion
     from analyzer.engine.llama_server_process import Completion
 
+    return TimedCompletion(
+        Completion(list(value["tokens"]), value["stop_type"], dict(value["timings"]), value["text"]),
+        value["others_cpu"],
+        value["steal"],
+        value["mhz"],
+    )
+
+
+def _pass_json(runs: Any) -> dict[str, Any]:
+    return {
+        "plain": _timed_json(runs.plain),
+        "measured": [_timed_json(run) for run in runs.measured],
+        "plain_after": _timed_json(runs.plain_after),
+    }
+
+
+def _kept(job: ServerAnalysisJob, host: str) -> tuple[dict[str, tuple[list[int], Any]], dict[str, Any]]:
+    """The plain generations and the passes through the servers an earlier attempt on this machine stored
+    (both empty on another machine)."""
+    from analyzer.analysis.server_passes import PassRuns
+
     stored = job.generated or {}
     if stored.get("host") != host:
-        return {}
-    return {
-        key: (
-            list(value["ids"]),
-            TimedCompletion(
-                Completion(list(value["tokens"]), value["stop_type"], dict(value["timings"]), value["text"]),
-                value["others_cpu"],
-                value["steal"],
-                value["mhz"],
-            ),
+        return {}, {}
+    outputs = {key: (list(value["ids"]), _timed(value)) for key, value in stored.get("outputs", {}).items()}
+    passes = {
+        key: PassRuns(
+            _timed(value["plain"]), [_timed(run) for run in value["measured"]], _timed(value["plain_after"])
         )
-        for key, value in stored.get("outputs", {}).items()
+        for key, value in stored.get("passes", {}).items()
     }
+    return outputs, passes
 
 
 class _Reporter:
@@ -373,6 +390,7 @@ def execute_server_job(
     transaction. Returns the analysis' id; None when the job failed (its message and code stored) or stopped
     (cancelled, or taken over by another worker). ``llama_server``: SPECROUTE_LLAMA_SERVER."""
     from analyzer.analysis.server_analysis import analyze_in_llama_server
+    from analyzer.analysis.server_passes import Attempt
     from analyzer.analysis.server_store import first_per_task, server_prompts, store_server_analysis
     from analyzer.measuring.server_drafting import parse_drafter
 
@@ -383,16 +401,23 @@ def execute_server_job(
         params = ServerJobParams.from_json(job.params)
         prompts = server_prompts(job.prompt_set)
         set_id = job.prompt_set_id
-        kept = _kept(job, host)
+        kept, kept_passes = _kept(job, host)
         outputs = dict((job.generated or {}).get("outputs", {})) if kept else {}
+        stored_passes = dict((job.generated or {}).get("passes", {})) if kept else {}
+    passes: dict[str, Any] = {}  # this attempt's passes in order, the kept ones first
     if params.per_task is not None:
         prompts = first_per_task(prompts, params.per_task)
     if params.limit is not None:
         prompts = prompts[: params.limit]
 
     def generated(prompt: Any, ids: list[int], run: Any) -> None:
-        outputs[prompt.key] = _completion_json(ids, run)
-        report.store(generated={"host": host, "outputs": outputs})
+        outputs[prompt.key] = {"ids": ids, **_timed_json(run)}
+        report.store(generated={"host": host, "outputs": outputs, "passes": passes or stored_passes})
+
+    def passed(key: str, runs: Any, new: bool) -> None:
+        passes[key] = _pass_json(runs) if new else stored_passes[key]
+        if new:
+            report.store(generated={"host": host, "outputs": outputs, "passes": passes})
 
     try:
         drafters = [parse_drafter(text) for text in params.drafters]
@@ -407,7 +432,8 @@ def execute_server_job(
         analysis = analyze_in_llama_server(
             setup, prompts, drafters,
             n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
-            validate_repeats=params.validate_repeats, say=report, generated=kept, on_generated=generated,
+            validate_repeats=params.validate_repeats, say=report,
+            attempt=Attempt(kept, kept_passes, generated, passed),
         )  # fmt: skip
     except ServerJobStopped:
         return None

@@ -2,15 +2,28 @@
 pass of a prompt (the plain server, each setting's server, the plain server again, :func:`run_pass`), the replay
 of what each setting's server did with its history (:class:`ServerHistory`, :func:`served_replay`), and
 validation's passes over the held-out prompts (:func:`validate_held_out`).
+
+A queued analysis keeps its passes as it makes them (:class:`PassLog`), so that a resumed attempt on the same
+machine takes the passes the earlier one finished instead of running them again and goes on from the first it
+did not: the earlier passes are replayed through their own history (the earlier attempt's servers), the new
+ones through the new servers' history, which starts empty as those servers do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from analyzer.analysis.server_generation import timed_complete
-from analyzer.analysis.server_outcomes import Progress, PromptOutcome, SettingOutcome, Trial
+from analyzer.analysis.server_outcomes import (
+    Generated,
+    Progress,
+    PromptOutcome,
+    ServerPrompt,
+    SettingOutcome,
+    TimedCompletion,
+    Trial,
+)
 from analyzer.engine.llama_server_process import Completion, Server
 from analyzer.measuring.server_drafting import (
     DRAFT_SIMPLE,
@@ -77,7 +90,74 @@ def served_replay(
     )
 
 
-def run_pass(servers: Sequence[Server], outcome: PromptOutcome, history: ServerHistory) -> None:
+@dataclass(frozen=True)
+class PassRuns:
+    """One pass of one prompt as the servers ran it: the plain server, each setting's server in order, the
+    plain server again."""
+
+    plain: TimedCompletion
+    measured: list[TimedCompletion]
+    plain_after: TimedCompletion
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What an earlier attempt of a queued analysis made, kept instead of made again (``generated``: plain
+    generations by prompt key; ``passes``: the calibration and validation passes it finished, by
+    :func:`pass_key`), and whom to tell what this attempt makes: ``on_generated`` each new plain generation,
+    ``on_pass`` every pass in order with whether it ran anew."""
+
+    generated: Generated = field(default_factory=dict)
+    passes: Mapping[str, PassRuns] = field(default_factory=dict)
+    on_generated: Callable[[ServerPrompt, list[int], TimedCompletion], None] | None = None
+    on_pass: Callable[[str, PassRuns, bool], None] | None = None
+
+
+def pass_key(stage: str, number: int, outcome: PromptOutcome) -> str:
+    """A pass's name in a :class:`PassLog`: ``calibration 1 <prompt key>``, ``validation 2 <prompt key>``."""
+    return f"{stage} {number} {outcome.prompt.key}"
+
+
+class PassLog:
+    """The passes an earlier attempt made (``kept``, by :func:`pass_key`), taken instead of running them again
+    while they are the ones asked for in order, and ``on_pass``, told every pass in order with whether it ran
+    anew (a queued analysis stores the new ones). Once one pass is run anew the rest of ``kept`` is dropped: a
+    resume goes on from the first pass the earlier attempt did not finish, never back to a later one."""
+
+    def __init__(
+        self,
+        history: ServerHistory,
+        kept: Mapping[str, PassRuns] | None = None,
+        on_pass: Callable[[str, PassRuns, bool], None] | None = None,
+    ):
+        self.kept, self.on_pass = dict(kept or {}), on_pass
+        self.earlier = ServerHistory(history.n_predict, history.n_ctx)  # the earlier attempt's servers
+        self.taken = 0
+
+    def run(
+        self,
+        servers: Sequence[Server],
+        outcome: PromptOutcome,
+        history: ServerHistory,
+        stage: str,
+        number: int,
+    ) -> bool:
+        """One pass of ``outcome`` (:func:`run_pass`); True where it was the earlier attempt's, kept."""
+        key = pass_key(stage, number, outcome)
+        runs = self.kept.pop(key, None)
+        new = runs is None
+        if runs is None:
+            self.kept.clear()
+            runs = run_pass(servers, outcome, history)
+        else:
+            _add_pass(outcome, runs, self.earlier)
+            self.taken += 1
+        if self.on_pass is not None:
+            self.on_pass(key, runs, new)
+        return not new
+
+
+def run_pass(servers: Sequence[Server], outcome: PromptOutcome, history: ServerHistory) -> PassRuns:
     """One pass of a prompt: the plain server, each setting's server, the plain server again; each setting
     gets a :class:`Trial` bracketed by the two plain runs (with the replay of its server's history where
     that matters), and the prompt the plain pair."""
@@ -85,12 +165,18 @@ def run_pass(servers: Sequence[Server], outcome: PromptOutcome, history: ServerH
     plain = timed_complete(servers[0], outcome.prompt_ids, n_predict)
     measured = [timed_complete(server, outcome.prompt_ids, n_predict) for server in servers[1:]]
     plain_after = timed_complete(servers[0], outcome.prompt_ids, n_predict)
-    for index, (setting, run) in enumerate(zip(outcome.settings, measured, strict=True)):
+    runs = PassRuns(plain, measured, plain_after)
+    _add_pass(outcome, runs, history)
+    return runs
+
+
+def _add_pass(outcome: PromptOutcome, runs: PassRuns, history: ServerHistory) -> None:
+    for index, (setting, run) in enumerate(zip(outcome.settings, runs.measured, strict=True)):
         setting.trials.append(
-            Trial(plain, run, plain_after, history.replay(index, setting, outcome, run.completion))
+            Trial(runs.plain, run, runs.plain_after, history.replay(index, setting, outcome, run.completion))
         )
         setting.calibration = outcome.calibration
-    outcome.plain_pairs.append((plain, plain_after))
+    outcome.plain_pairs.append((runs.plain, runs.plain_after))
 
 
 def validate_held_out(
@@ -99,10 +185,13 @@ def validate_held_out(
     history: ServerHistory,
     repeats: int,
     say: Progress,
+    pass_log: PassLog | None = None,
 ) -> None:
-    """``repeats`` passes over the held-out prompts, interleaved (every prompt once per pass)."""
+    """``repeats`` passes over the held-out prompts, interleaved (every prompt once per pass); ``pass_log``:
+    the earlier attempt's passes, kept."""
+    pass_log = pass_log or PassLog(history)
     for repeat in range(1, repeats + 1):
         for number, outcome in enumerate(outcomes, 1):
-            run_pass(servers, outcome, history)
+            kept = pass_log.run(servers, outcome, history, "validation", repeat)
             of = f", pass {repeat}/{repeats}" if repeats > 1 else ""
-            say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key}){of}")
+            say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key}){of}{' (kept)' if kept else ''}")

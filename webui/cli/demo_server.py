@@ -122,7 +122,9 @@ def analyze_sample_in_llama_server(
             None,
         )
         if stopped is not None and not again:
-            job_id = resume_server_job(session, stopped.id).id  # its plain generations are kept
+            job_id = resume_server_job(
+                session, stopped.id
+            ).id  # where it was: its generations and passes kept
             click.echo(f"      resuming the stopped analysis job #{job_id}")
         else:
             prompt_set = session.get_one(PromptSet, prompt_set_id)

@@ -264,7 +264,8 @@ def execute_here(state: CliState, job_id: int) -> int:
             lock_for_write(session)
             cancel_server_job(session, job_id)
         click.echo(
-            f"\ninterrupted; its plain generations are kept. Resume with: specroute llama-server resume {job_id}",
+            f"\ninterrupted; its plain generations and finished passes are kept. Resume with: "
+            f"specroute llama-server resume {job_id}",
             err=True,
         )
         sys.exit(130)
@@ -299,8 +300,8 @@ def jobs(state: CliState) -> None:
 @click.option("--queue", "queue_only", is_flag=True, help="Only queue it again, for the workers.")
 @click.pass_obj
 def resume(state: CliState, job_id: int, queue_only: bool) -> None:
-    """Resume a failed or cancelled analysis job: queued again with the plain generations it made on this
-    machine kept, and executed here (--queue: by the workers)."""
+    """Resume a failed or cancelled analysis job: queued again with the plain generations and the passes
+    through the servers it finished on this machine kept, and executed here (--queue: by the workers)."""
     with state.sessions()() as session, session.begin():
         lock_for_write(session)
         resume_server_job(session, job_id)
