@@ -37,7 +37,7 @@ from analyzer.prompts.prompt_sets import import_sample
             ServerJobParams(validate_repeats=21),
             "validate_repeats must be a whole number from 1 to 20, got 21",
         ),
-        (ServerJobParams(limit=0), "limit must be a whole number from 1 to 100000, got 0"),
+        (ServerJobParams(limit=0), "limit must be a whole number from 1 to 10000000, got 0"),
         (ServerJobParams(drafters=("ngram-cache",)), "drafters: drafter 'ngram-cache': start with one of"),
         (ServerJobParams(drafters=("ngram-mod", "ngram-mod")), "drafters: a setting is named twice"),
         (
@@ -265,3 +265,21 @@ def test_a_job_that_dies_mid_validation_resumes_from_the_pass_it_did_not_finish(
         first_calibration["measured"][0]["timings"]["predicted_ms"]
     )
     assert get_server_job(session, job_id).generated["passes"].keys() >= stored.keys()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--max-new-tokens", "1", "--max-new-tokens: must be a whole number from 2 to 4096, got '1'"),
+        ("--max-new-tokens", "4097", "--max-new-tokens: must be a whole number from 2 to 4096, got '4097'"),
+        ("--limit", "10000001", "--limit: must be a whole number from 1 to 10000000, got '10000001'"),
+        ("--limit", "ten", "--limit: must be a whole number from 1 to 10000000, got 'ten'"),
+    ],
+)
+def test_analyze_in_llama_server_takes_the_runs_limits_and_names_the_option(runner, option, value, message):
+    """`specroute analyze --engine llama-server` checks the options it shares with a run against the run's
+    limits (analyzer/run_params.py; a job needs two new tokens at least), naming the option the user typed."""
+    from webui.cli import cli
+
+    result = runner.invoke(cli, ["analyze", "--engine", "llama-server", "--prompts", "sample", option, value])
+    assert result.exit_code == 2 and message in result.stderr, result.output

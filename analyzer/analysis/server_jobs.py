@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
+from analyzer.run_params import LIMITS as RUN_LIMITS
 from analyzer.settings import STALE_AFTER_S
 
 HEARTBEAT_EVERY_S = 5.0  # a job stores its progress and renews its heartbeat at most this often
@@ -53,14 +54,16 @@ class ServerJobStopped(SpecrouteError, RuntimeError):
     status, code = 409, "server_job_stopped"
 
 
-# the bounds every surface shares (the command line's options, the web form's inputs)
+# the bounds every surface shares (the command line's options, the web form's inputs); new tokens and the
+# prompts to analyze are a run's (analyzer/run_params.py LIMITS), but for a job's two new tokens at least (a
+# speculative round needs a step after the first token)
 LIMITS: dict[str, tuple[int, int]] = {
-    "n_predict": (2, 4096),
+    "n_predict": (2, int(RUN_LIMITS["max_new_tokens"].high or 0)),
     "threads": (1, 256),
     "n_ctx": (256, 131072),
     "calibration": (1, 1000),
     "per_task": (1, 100000),
-    "limit": (1, 100000),
+    "limit": (int(RUN_LIMITS["limit"].low), int(RUN_LIMITS["limit"].high or 0)),
     "validate_repeats": (1, 20),
 }
 

@@ -23,6 +23,7 @@ from analyzer.run_params import (
     BLANK_MEANS,
     DEFAULT_VALIDATE,
     LIMITS,
+    Limit,
     RunInputError,
     RunParams,
     range_words,
@@ -231,6 +232,7 @@ def _analyze_in_llama_server(
     """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set`` (a job executed
     here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
     prints it, or as JSON."""
+    from analyzer.analysis.server_jobs import LIMITS as JOB_LIMITS
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
     from analyzer.measuring.server_drafting import parse_drafter
     from webui.cli.server_analysis import DEFAULT_DRAFTERS, run_server_analysis, server_analysis_text
@@ -246,7 +248,12 @@ def _analyze_in_llama_server(
         )
     drafters = [parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)]
     values = {}
-    for field, low in (("max_new_tokens", 2), ("limit", 1), ("validate_n", 0)):
+    bounds = {  # a job's own bounds (at least two new tokens), the run's words
+        "max_new_tokens": JOB_LIMITS["n_predict"],
+        "limit": JOB_LIMITS["limit"],
+        "validate_n": (int(LIMITS["validate"].low), int(LIMITS["validate"].high or 0)),
+    }
+    for field, (low, high) in bounds.items():
         text = run_inputs[field]
         if text is None:
             continue
@@ -254,10 +261,10 @@ def _analyze_in_llama_server(
             values[field] = int(text)
         except ValueError:
             values[field] = low - 1
-        if values[field] < low:
+        if not low <= values[field] <= high:
             hint = "--validate" if field == "validate_n" else option_name(field)
             raise click.BadParameter(
-                f"must be a whole number of at least {low}, got {text!r}", param_hint=hint
+                f"must be a whole number {range_words(Limit(low, high))}, got {text!r}", param_hint=hint
             )
     record_id = run_server_analysis(
         state,
