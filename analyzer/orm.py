@@ -443,8 +443,7 @@ class ServerAnalysisJob(Base):
     """An analysis in llama-server as queued work (analyzer/analysis/server_jobs.py): the prompt set and the
     parameters asked, its status (queued -> running -> done | failed | cancelled), the worker holding it and its
     heartbeat, progress, the plain generations and passes through the servers made so far (kept for a resume on
-    the same machine), why it
-    failed (a message and a code) and, once done, the analysis it stored."""
+    the same machine), why it failed (a message and a code) and, once done, the analysis it stored."""
 
     __tablename__ = "server_analysis_jobs"
 
@@ -457,7 +456,8 @@ class ServerAnalysisJob(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # {"phase", "done", "total", "line"}: the analysis' last progress line
     progress: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
-    # {"host": the machine, "outputs": {prompt key: the plain generation as server_jobs stores it}}
+    # {"host": the machine, "outputs": {prompt key: the plain generation as server_jobs stores it},
+    #  "passes": {"calibration 1 <prompt key>", "validation 2 <prompt key>", ...: the pass's runs}}
     generated: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
     error: Mapped[Optional[str]] = mapped_column(Text)
     error_code: Mapped[Optional[str]] = mapped_column(String(64))
