@@ -164,13 +164,90 @@ def test_one_report_command_and_one_listing_for_both_kinds_of_analysis(runner, t
     assert missing.exit_code == 1 and "99" in missing.output
 
     listed = json.loads(runner.invoke(cli, ["runs", "list", "--json"]).stdout)
-    assert [(r["kind"], r["id"], r["job"], r["status"]) for r in listed] == [
-        ("llama-server", None, job_id, "queued"),
-        ("llama-server", analysis_id, None, "done"),
-        ("run", run_id, None, "done"),
+    assert [(r["kind"], r["ref"], r["id"], r["job"], r["status"]) for r in listed] == [
+        ("llama-server", f"llama-server-job:{job_id}", None, job_id, "queued"),
+        ("llama-server", f"llama-server:{analysis_id}", analysis_id, None, "done"),
+        ("run", str(run_id), run_id, None, "done"),
     ]
-    shown = runner.invoke(cli, ["runs", "list"]).stdout
-    assert f"job {job_id}" in shown and "specroute report --llama-server-analysis ID" in shown
+    shown = runner.invoke(cli, ["runs", "list"]).stdout.splitlines()
+    assert [line.split()[0] for line in shown[:3]] == [r["ref"] for r in listed]
+    assert (
+        shown[3]
+        == "report: 'specroute report ANALYSIS'; resume or cancel: 'specroute runs resume|cancel ANALYSIS'"
+    )
+    # every reference the listing prints is what the report takes: the same output as the kind's own option
+    assert table(f"llama-server:{analysis_id}", "--format", "options-csv") == server_rows
+    assert table(f"run:{run_id}", "--format", "options-csv") == run_rows
+    not_yet = runner.invoke(cli, ["report", f"llama-server-job:{job_id}"])
+    assert not_yet.exit_code == 1 and (
+        f"llama-server-job:{job_id} has stored no analysis yet: it waits for a worker" in not_yet.stderr
+    )
+    for bad in ("llama:1", "0", "run:x", "llama-server:"):
+        refused = runner.invoke(cli, ["report", bad])
+        assert (
+            refused.exit_code == 2
+            and "names no analysis" in refused.stderr
+            and "llama-server:3" in refused.stderr
+        )
+
+
+def test_runs_resume_cancel_and_publish_take_any_analysis_by_its_reference(runner, tmp_path):
+    """``specroute runs cancel``, ``runs resume --queue`` and ``policies publish --analysis`` act on a run, an
+    analysis in llama-server or its job by the reference ``runs list`` prints; a finished analysis has nothing to
+    cancel or resume, and a job publishes the analysis it stored."""
+    import json
+
+    from analyzer.analysis.server_jobs import ServerJobParams, create_server_job, get_server_job
+    from analyzer.db import make_engine
+    from analyzer.orm import AnalysisRun
+    from webui.cli import cli
+
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'specroute.db'}")
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+        record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+        job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
+        done_job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
+        done_job.status, done_job.analysis_id = "done", record.id
+        run_id, analysis_id, job_id, done_id = run.id, record.id, job.id, done_job.id
+
+    cancelled = runner.invoke(cli, ["runs", "cancel", f"llama-server-job:{job_id}"])
+    assert cancelled.exit_code == 0 and cancelled.stdout == f"llama-server-job:{job_id}: cancelled\n"
+    for verb in ("cancel", "resume"):
+        finished = runner.invoke(cli, ["runs", verb, f"llama-server:{analysis_id}"])
+        assert (
+            finished.exit_code == 1 and f"llama-server:{analysis_id} is a stored analysis" in finished.stderr
+        )
+    resumed = runner.invoke(cli, ["runs", "resume", f"llama-server-job:{job_id}", "--queue", "--json"])
+    assert resumed.exit_code == 0 and json.loads(resumed.stdout) == {"job_id": job_id, "status": "queued"}
+    with sessions() as session:
+        assert get_server_job(session, job_id).status == "queued"
+    # a failed run queued again for the workers, its error cleared; a finished one refused
+    with sessions() as session, session.begin():
+        failed = session.get_one(AnalysisRun, run_id)
+        failed.status, failed.error = "failed", "the disk was full"
+    requeued = runner.invoke(cli, ["runs", "resume", str(run_id), "--queue", "--json"])
+    assert requeued.exit_code == 0 and json.loads(requeued.stdout) == {"run_id": run_id, "status": "queued"}
+    with sessions() as session, session.begin():
+        again = session.get_one(AnalysisRun, run_id)
+        assert (again.status, again.error) == ("queued", None)
+        again.status = "done"
+    done = runner.invoke(cli, ["runs", "resume", str(run_id), "--queue"])
+    assert done.exit_code == 1 and f"run {run_id} is done: there is nothing to resume" in done.stderr
+    # publishing by reference: a run, and a job through the analysis it stored
+    by_run = json.loads(
+        runner.invoke(cli, ["policies", "publish", "--analysis", str(run_id), "--json"]).stdout
+    )
+    by_job = runner.invoke(
+        cli, ["policies", "publish", "--analysis", f"llama-server-job:{done_id}", "--json"]
+    )
+    assert by_job.exit_code == 0, by_job.output
+    assert (by_run["run_id"], json.loads(by_job.stdout)["server_analysis_id"]) == (run_id, analysis_id)
+    both = runner.invoke(cli, ["policies", "publish", "--analysis", str(run_id), "--run", str(run_id)])
+    assert both.exit_code == 2 and "give one of --analysis, --run or --llama-server-analysis" in both.stderr
+    engine.dispose()
 
 
 def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_columns(session, client):

@@ -302,7 +302,7 @@ def test_pools_plan_prints_each_pools_command_and_the_mapping(runner, tmp_path):
     engine.dispose()
     assert runner.invoke(cli, ["pools", "plan"]).stderr == "Error: no active policy set\n"
     both = runner.invoke(cli, ["policies", "publish", "--run", "1", "--llama-server-analysis", "1"])
-    assert both.exit_code == 2 and "give one of --run or --llama-server-analysis" in both.stderr
+    assert both.exit_code == 2 and "give one of --analysis, --run or --llama-server-analysis" in both.stderr
     published = runner.invoke(
         cli, ["policies", "publish", "--llama-server-analysis", str(record.id), "--first-port", "9100"]
     )

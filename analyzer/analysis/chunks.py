@@ -27,10 +27,10 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Update, and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.analysis.run_records import selected_prompts
+from analyzer.analysis.run_records import get_run, selected_prompts
 from analyzer.db import lock_for_write, utcnow
 from analyzer.orm import AnalysisRun, PromptResult, RunChunk
-from analyzer.run_params import RunInputError
+from analyzer.run_params import RunError, RunInputError
 from analyzer.settings import STALE_AFTER_S
 
 
@@ -247,6 +247,22 @@ def take_over(session: Session, run_id: int) -> None:
         .where(RunChunk.run_id == run_id, RunChunk.status == "claimed")
         .values(status="pending", worker_id=None)
     )
+
+
+def requeue_run(session: Session, run_id: int) -> AnalysisRun:
+    """Queue a failed or cancelled run again for the workers (``specroute runs resume RUN --queue``): its
+    finished prompts are kept, the rest planned in chunks as a resume does; a queued run, or a running one
+    (an interrupted one's chunks are claimed again once their heartbeat is stale), stays as it is. RunError
+    for a finished run."""
+    run = get_run(session, run_id)
+    if run.status == "done":
+        raise RunError(f"run {run_id} is done: there is nothing to resume")
+    if run.status in ("failed", "cancelled"):
+        run.status, run.finished_at = "queued", None
+        run.error, run.cancel_requested = None, False
+        plan_chunks(session, run)
+        take_over(session, run_id)
+    return run
 
 
 # a profile or validation chunk renews its heartbeat at most this often while it reports progress

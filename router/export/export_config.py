@@ -95,7 +95,7 @@ class Export:
             return f"{mapping} specroute policies publish --run {self.plan.run_id}"
         if self.plan.server_analysis_id is not None:
             return (
-                f"{mapping} specroute policies publish --llama-server-analysis {self.plan.server_analysis_id}"
+                f"{mapping} specroute policies publish --analysis llama-server:{self.plan.server_analysis_id}"
             )
         return mapping
 

@@ -208,7 +208,7 @@ def policy_set_plan(session: Session, version: int | None = None) -> PoolPlan:
         raise PolicyError(
             f"policy set v{policy_set.version} was published from analysis run {policy_set.run_id}, not from a "
             "llama-server analysis, so it names no llama-server pools: publish one with 'specroute policies "
-            "publish --llama-server-analysis ID'"
+            "publish --analysis llama-server:ID'"
         )
     record = get_server_analysis(session, policy_set.server_analysis_id)
     published = dict(policy_set.pools or {})

@@ -6,6 +6,7 @@ from typing import Callable
 
 import click
 
+from analyzer.analysis.analysis_ref import AnalysisRef
 from analyzer.analysis.run_inputs import read_inputs
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.engine.engines import (
@@ -30,7 +31,7 @@ from analyzer.run_params import (
     whole_number,
 )
 from router import strict_json
-from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli
+from webui.cli.base import ANALYSIS, CliState, _cache_dir, _TqdmProgress, cli
 
 # ---------------------------------------------------------------- analysis
 
@@ -216,7 +217,7 @@ def analyze(
             click.echo("\ninterrupted before the run was stored; see 'specroute runs list'", err=True)
         else:
             click.echo(
-                f"\ninterrupted; finished prompts are kept. Resume with: specroute analyze --resume {run_id}",
+                f"\ninterrupted; finished prompts are kept. Resume with: specroute runs resume {run_id}",
                 err=True,
             )
         sys.exit(130)
@@ -404,12 +405,12 @@ def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] |
 
 
 @cli.command("report")
-@click.argument("run_id", type=click.IntRange(1, MAX_ID), required=False)
+@click.argument("analysis", type=ANALYSIS, required=False)
 @click.option(
     "--llama-server-analysis",
     "server_analysis_id",
     type=click.IntRange(1, MAX_ID),
-    help="A stored llama-server analysis instead of a run ('specroute runs list' lists both).",
+    help="A stored llama-server analysis by its id (the same as ANALYSIS llama-server:ID).",
 )
 @click.option(
     "--format",
@@ -428,26 +429,34 @@ def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] |
 )
 @click.pass_obj
 def report(
-    state: CliState, run_id: int | None, server_analysis_id: int | None, fmt: str, output: Path | None
+    state: CliState,
+    analysis: AnalysisRef | None,
+    server_analysis_id: int | None,
+    fmt: str,
+    output: Path | None,
 ) -> None:
-    """Print the report of an analysis run RUN_ID, or of a llama-server analysis (--llama-server-analysis ID), as
-    text, JSON or CSV."""
+    """Print the report of ANALYSIS as 'specroute runs list' names it (7: a run; llama-server:3: an analysis in
+    llama-server; llama-server-job:2: the analysis that job stored), as text, JSON or CSV."""
     from analyzer.advice.option_rows import options_csv
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_csv, report_text
+    from analyzer.analysis.analysis_ref import SERVER, resolve_analysis
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
     from webui.cli.server_analysis import server_analysis_text
 
-    if (run_id is None) == (server_analysis_id is None):
-        raise click.UsageError("name one analysis: RUN_ID, or --llama-server-analysis ID")
+    if (analysis is None) == (server_analysis_id is None):
+        raise click.UsageError(
+            "name one analysis: ANALYSIS (see 'specroute runs list'), or --llama-server-analysis ID"
+        )
     with state.sessions()() as session, session.begin():  # a summary computed here is kept
         lock_for_write(session)
-        if server_analysis_id is not None:
-            record = get_server_analysis(session, server_analysis_id)
+        ref = resolve_analysis(session, analysis or AnalysisRef(SERVER, server_analysis_id or 0))
+        if ref.kind == SERVER:
+            record = get_server_analysis(session, ref.id)
             data = server_analysis_json(session, record)
             as_text, as_csv = (lambda: server_analysis_text(record)), (lambda: options_csv(data["prompts"]))
-        elif run_id is not None:
-            data = build_report(session, run_id)
+        else:
+            data = build_report(session, ref.id)
             as_text, as_csv = (lambda: report_text(data)), (lambda: report_csv(data))
         text = {
             "json": lambda: strict_json.dumps(data),
@@ -464,17 +473,20 @@ def report(
 
 @cli.group()
 def runs() -> None:
-    """List every analysis (runs and llama-server analyses); cancel a run."""
+    """Every analysis (runs and analyses in llama-server), each by the reference the other commands take;
+    resume or cancel one."""
 
 
 @runs.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def runs_list(state: CliState, as_json: bool) -> None:
-    """Every analysis, newest first: analysis runs (transformers, llama.cpp) and llama-server analyses, with
-    status, engine and progress. A llama-server analysis still queued, running or stopped shows as its job."""
+    """Every analysis, newest first, by its reference (7: a run in transformers or llama.cpp; llama-server:3: an
+    analysis in llama-server; llama-server-job:2: one still queued, running or stopped), with status, engine
+    and progress."""
     from sqlalchemy import select
 
+    from analyzer.analysis.analysis_ref import RUN
     from analyzer.analysis.run_records import shown_status
     from analyzer.orm import AnalysisRun
 
@@ -482,6 +494,7 @@ def runs_list(state: CliState, as_json: bool) -> None:
         rows = [
             {
                 "kind": "run",
+                "ref": str(AnalysisRef(RUN, r.id)),
                 "id": r.id,
                 "job": None,
                 "status": shown_status(r, stale_after_s=state.settings.stale_after_s),
@@ -503,29 +516,30 @@ def runs_list(state: CliState, as_json: bool) -> None:
         return
     if not rows:
         click.echo("no analyses yet; start one with 'specroute analyze --prompts NAME'")
+    width = max((len(r["ref"]) for r in rows), default=4)
     for r in rows:
         error = f"  error: {r['error']}" if r["error"] else ""
-        shown = r["id"] if r["id"] is not None else f"job {r['job']}"
         click.echo(
-            f"{shown:>4}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
+            f"{r['ref']:>{width}}  {r['status']:<9} {r['engine']:<12} {r['done']:>4}/{r['total']:<4} "
             f"{r['prompt_set']}  {r['target']} + {r['draft']}{error}"
         )
-    if any(r["kind"] != "run" for r in rows):
+    if rows:
         click.echo(
-            "a llama-server analysis' report: 'specroute report --llama-server-analysis ID'; "
-            "a job's: 'specroute llama-server jobs'"
+            "report: 'specroute report ANALYSIS'; resume or cancel: 'specroute runs resume|cancel ANALYSIS'"
         )
 
 
 def _server_rows(session) -> list[dict]:
     """The llama-server analyses as ``runs list`` rows: each stored analysis, and each job that has not stored
     one (queued, running, failed or cancelled)."""
+    from analyzer.analysis.analysis_ref import SERVER, SERVER_JOB
     from analyzer.analysis.server_jobs import listed_analyses
     from analyzer.engine.engines import LLAMA_SERVER
 
     return [
         {
             "kind": "llama-server",
+            "ref": str(AnalysisRef(SERVER, a.id) if a.kind == "server" else AnalysisRef(SERVER_JOB, a.id)),
             "id": a.id if a.kind == "server" else None,
             "job": a.id if a.kind == "job" else None,
             "status": a.status,
@@ -544,15 +558,51 @@ def _server_rows(session) -> list[dict]:
 
 
 @runs.command("cancel")
-@click.argument("run_id", type=click.IntRange(1, MAX_ID))
+@click.argument("analysis", type=ANALYSIS)
 @click.pass_obj
-def runs_cancel(state: CliState, run_id: int) -> None:
-    """Cancel a queued run, or ask a running one to stop after its current prompt."""
+def runs_cancel(state: CliState, analysis: AnalysisRef) -> None:
+    """Cancel ANALYSIS: a queued run, or ask a running one to stop after its current prompt; a queued or
+    running analysis in llama-server (llama-server-job:ID), which stops at its next progress line."""
+    from analyzer.analysis.analysis_ref import RUN, SERVER_JOB, AnalysisRefError
     from analyzer.analysis.run_records import request_cancel
+    from analyzer.analysis.server_jobs import cancel_server_job
 
     with state.sessions()() as session, session.begin():
         lock_for_write(session)
-        status = request_cancel(session, run_id).status
-    click.echo(
-        f"run {run_id}: {status}" + (" (stopping after the current prompt)" if status == "running" else "")
-    )
+        if analysis.kind == RUN:
+            status = request_cancel(session, analysis.id).status
+        elif analysis.kind == SERVER_JOB:
+            status = cancel_server_job(session, analysis.id).status
+        else:
+            raise AnalysisRefError(
+                f"{analysis} is a stored analysis: it is finished, there is nothing to cancel"
+            )
+    stopping = " (stopping after the current prompt)" if analysis.kind == RUN and status == "running" else ""
+    click.echo(f"{'run ' if analysis.kind == RUN else ''}{analysis}: {status}{stopping}")
+
+
+@runs.command("resume")
+@click.argument("analysis", type=ANALYSIS)
+@click.option("--queue", "queue_only", is_flag=True, help="Only queue it again, for the workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def runs_resume(ctx: click.Context, analysis: AnalysisRef, queue_only: bool, as_json: bool) -> None:
+    """Resume ANALYSIS where it stopped (an interrupted, failed or cancelled run keeps its finished prompts; an
+    analysis in llama-server, llama-server-job:ID, its plain generations and finished passes on this machine)
+    and execute it here (--queue: by the workers), printing its report."""
+    from analyzer.analysis.analysis_ref import RUN, SERVER_JOB, AnalysisRefError
+    from analyzer.analysis.chunks import requeue_run
+    from webui.cli.server_analysis import resume as resume_server
+
+    state: CliState = ctx.obj
+    if analysis.kind == SERVER_JOB:
+        ctx.invoke(resume_server, job_id=analysis.id, queue_only=queue_only, as_json=as_json)
+    elif analysis.kind != RUN:
+        raise AnalysisRefError(f"{analysis} is a stored analysis: it is finished, there is nothing to resume")
+    elif queue_only:
+        with state.sessions()() as session, session.begin():
+            lock_for_write(session)
+            status = requeue_run(session, analysis.id).status
+        click.echo(strict_json.dumps({"run_id": analysis.id, "status": status}) if as_json else str(analysis))
+    else:
+        ctx.invoke(analyze, resume_run=analysis.id, as_json=as_json)

@@ -95,6 +95,26 @@ def run_param_range(name: str) -> click.ParamType:
     return click.FloatRange(limit.low, limit.high, min_open=limit.low_open)
 
 
+class AnalysisParam(click.ParamType):
+    """An analysis as ``specroute runs list`` prints it (:mod:`analyzer.analysis.analysis_ref`): ``7``,
+    ``llama-server:3``, ``llama-server-job:2``."""
+
+    name = "analysis"
+
+    def convert(self, value, param, ctx):
+        from analyzer.analysis.analysis_ref import AnalysisRef, parse_analysis_ref
+
+        if isinstance(value, AnalysisRef):
+            return value
+        try:
+            return parse_analysis_ref(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+ANALYSIS = AnalysisParam()
+
+
 class _TqdmProgress:
     """A tqdm bar per phase (profiling, measuring, validating) on stderr."""
 

@@ -3,9 +3,10 @@
 import click
 from sqlalchemy import select
 
+from analyzer.analysis.analysis_ref import AnalysisRef
 from analyzer.db import MAX_ID, lock_for_write
 from router import strict_json
-from webui.cli.base import CliState, cli
+from webui.cli.base import ANALYSIS, CliState, cli
 
 # ---------------------------------------------------------------- task classifier
 
@@ -262,20 +263,28 @@ def _print_policy_set(data: dict) -> None:
 
 
 @policies.command("publish")
-@click.option("--run", "run_id", type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
+@click.option(
+    "--analysis",
+    type=ANALYSIS,
+    help="The analysis as 'specroute runs list' names it: 7 (a run), llama-server:3 (an analysis in "
+    "llama-server, each task's policy naming its drafter setting and the pool that runs it), "
+    "llama-server-job:2 (the analysis that job stored).",
+)
+@click.option(
+    "--run", "run_id", type=click.IntRange(1, MAX_ID), help="A finished analysis run (--analysis 7)."
+)
 @click.option(
     "--llama-server-analysis",
     "server_analysis_id",
     type=click.IntRange(1, MAX_ID),
-    help="A stored llama-server analysis ('specroute llama-server analyze'): each task's policy names its "
-    "drafter setting and the pool that runs it.",
+    help="A stored llama-server analysis (--analysis llama-server:ID).",
 )
 @click.option(
     "--first-port",
     type=click.IntRange(1, 65000),
     default=8081,
     show_default=True,
-    help="With --llama-server-analysis: the pools SPECROUTE_ROUTER_POOLS does not name serve on this "
+    help="For an analysis in llama-server: the pools SPECROUTE_ROUTER_POOLS does not name serve on this "
     "machine at http://127.0.0.1:<port>, the plain one at this port and each setting at the next.",
 )
 @click.option("--notes", help="A note stored with the policy set.")
@@ -284,6 +293,7 @@ def _print_policy_set(data: dict) -> None:
 @click.pass_obj
 def policies_publish(
     state: CliState,
+    analysis: AnalysisRef | None,
     run_id: int | None,
     server_analysis_id: int | None,
     first_port: int,
@@ -291,22 +301,26 @@ def policies_publish(
     no_activate: bool,
     as_json: bool,
 ) -> None:
-    """Turn an analysis run (--run), or a llama-server analysis (--llama-server-analysis), into a new,
+    """Turn an analysis (--analysis; or --run, --llama-server-analysis) into a new,
     versioned policy set (active unless --no-activate, or unless the run's advice is withheld because its
     cost profile was measured on a busy machine: then 'specroute policies activate VERSION' activates it if
     you trust it anyway). 'specroute pools plan' prints the llama-server pools a set from a llama-server
     analysis needs."""
     from analyzer.advice.report import run_advice_withheld
+    from analyzer.analysis.analysis_ref import RUN, resolve_analysis
     from analyzer.analysis.server_store import get_server_analysis
     from analyzer.orm import AnalysisRun
     from router.policies.policy import publish_policies
     from router.policies.records import policy_set_dict
     from router.policies.server_policy import publish_server_policies
 
-    if (run_id is None) == (server_analysis_id is None):
-        raise click.UsageError("give one of --run or --llama-server-analysis")
+    if sum(x is not None for x in (analysis, run_id, server_analysis_id)) != 1:
+        raise click.UsageError("give one of --analysis, --run or --llama-server-analysis")
     with state.sessions()() as session, session.begin():
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
+        if analysis is not None:
+            ref = resolve_analysis(session, analysis)
+            run_id, server_analysis_id = (ref.id, None) if ref.kind == RUN else (None, ref.id)
         if server_analysis_id is not None:
             policy_set = publish_server_policies(
                 session,

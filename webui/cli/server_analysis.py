@@ -31,6 +31,7 @@ from analyzer.analysis.server_jobs import (
 from analyzer.analysis.server_store import (
     get_server_analysis,
     pool_plan_text,
+    server_analysis_json,
 )
 from analyzer.analysis.server_text import (
     cost_text,
@@ -50,6 +51,7 @@ from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample
 from analyzer.run_params import DEFAULT_MARGIN
+from router import strict_json
 from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
 
@@ -265,7 +267,7 @@ def execute_here(state: CliState, job_id: int) -> int:
             cancel_server_job(session, job_id)
         click.echo(
             f"\ninterrupted; its plain generations and finished passes are kept. Resume with: "
-            f"specroute llama-server resume {job_id}",
+            f"specroute runs resume llama-server-job:{job_id}",
             err=True,
         )
         sys.exit(130)
@@ -277,7 +279,8 @@ def execute_here(state: CliState, job_id: int) -> int:
                 + (
                     ""
                     if job.error_code in ANALYSIS_MISTAKES
-                    else f"; 'specroute llama-server resume {job_id}' tries again, keeping its greedy outputs"
+                    else f"; 'specroute runs resume llama-server-job:{job_id}' tries again, keeping its greedy "
+                    "outputs and passes"
                 )
                 + ")"
             )
@@ -298,19 +301,26 @@ def jobs(state: CliState) -> None:
 @llama_server.command("resume")
 @click.argument("job_id", type=click.IntRange(1, MAX_ID))
 @click.option("--queue", "queue_only", is_flag=True, help="Only queue it again, for the workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
 @click.pass_obj
-def resume(state: CliState, job_id: int, queue_only: bool) -> None:
+def resume(state: CliState, job_id: int, queue_only: bool, as_json: bool = False) -> None:
     """Resume a failed or cancelled analysis job: queued again with the plain generations and the passes
-    through the servers it finished on this machine kept, and executed here (--queue: by the workers)."""
+    through the servers it finished on this machine kept, and executed here (--queue: by the workers).
+    The same as 'specroute runs resume llama-server-job:JOB_ID'."""
     with state.sessions()() as session, session.begin():
         lock_for_write(session)
-        resume_server_job(session, job_id)
+        status = resume_server_job(session, job_id).status
     if queue_only:
-        click.echo(str(job_id))
+        click.echo(strict_json.dumps({"job_id": job_id, "status": status}) if as_json else str(job_id))
         return
     analysis_id = execute_here(state, job_id)
     with state.sessions()() as session:
-        click.echo(server_analysis_text(get_server_analysis(session, analysis_id)))
+        record = get_server_analysis(session, analysis_id)
+        click.echo(
+            strict_json.dumps(server_analysis_json(session, record))
+            if as_json
+            else server_analysis_text(record)
+        )
 
 
 def _servers(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:
