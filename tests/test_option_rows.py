@@ -230,12 +230,19 @@ def test_runs_resume_cancel_and_publish_take_any_analysis_by_its_reference(runne
         failed.status, failed.error = "failed", "the disk was full"
     requeued = runner.invoke(cli, ["runs", "resume", str(run_id), "--queue", "--json"])
     assert requeued.exit_code == 0 and json.loads(requeued.stdout) == {"run_id": run_id, "status": "queued"}
-    with sessions() as session, session.begin():
+    with sessions() as session:
         again = session.get_one(AnalysisRun, run_id)
         assert (again.status, again.error) == ("queued", None)
+    # without --queue it is executed here, as 'analyze --resume' does (this run's models are not on disk)
+    here = runner.invoke(cli, ["runs", "resume", str(run_id)])
+    assert here.exit_code == 1 and "model folder /models/target does not exist" in here.stderr
+    with sessions() as session, session.begin():
+        again = session.get_one(AnalysisRun, run_id)
+        assert again.status == "failed" and "/models/target" in again.error
         again.status = "done"
-    done = runner.invoke(cli, ["runs", "resume", str(run_id), "--queue"])
-    assert done.exit_code == 1 and f"run {run_id} is done: there is nothing to resume" in done.stderr
+    for queue in ([], ["--queue"]):
+        done = runner.invoke(cli, ["runs", "resume", str(run_id), *queue])
+        assert done.exit_code == 1 and f"run {run_id} is done: there is nothing to resume" in done.stderr
     # publishing by reference: a run, and a job through the analysis it stored
     by_run = json.loads(
         runner.invoke(cli, ["policies", "publish", "--analysis", str(run_id), "--json"]).stdout

@@ -592,17 +592,22 @@ def runs_resume(ctx: click.Context, analysis: AnalysisRef, queue_only: bool, as_
     and execute it here (--queue: by the workers), printing its report."""
     from analyzer.analysis.analysis_ref import RUN, SERVER_JOB, AnalysisRefError
     from analyzer.analysis.chunks import requeue_run
+    from analyzer.analysis.run_records import RunError, get_run
     from webui.cli.server_analysis import resume as resume_server
 
     state: CliState = ctx.obj
     if analysis.kind == SERVER_JOB:
         ctx.invoke(resume_server, job_id=analysis.id, queue_only=queue_only, as_json=as_json)
-    elif analysis.kind != RUN:
+        return
+    if analysis.kind != RUN:
         raise AnalysisRefError(f"{analysis} is a stored analysis: it is finished, there is nothing to resume")
-    elif queue_only:
+    if queue_only:
         with state.sessions()() as session, session.begin():
             lock_for_write(session)
             status = requeue_run(session, analysis.id).status
         click.echo(strict_json.dumps({"run_id": analysis.id, "status": status}) if as_json else str(analysis))
     else:
+        with state.sessions()() as session:
+            if get_run(session, analysis.id).status == "done":
+                raise RunError(f"run {analysis.id} is done: there is nothing to resume")
         ctx.invoke(analyze, resume_run=analysis.id, as_json=as_json)
