@@ -3,6 +3,7 @@ every command group on ``cli``."""
 
 from webui.cli import (  # noqa: F401  (register the commands)
     analysis,
+    runs,
     costs,
     data,
     demo,
