@@ -501,7 +501,7 @@ def test_a_set_from_a_llama_server_analysis_exports_its_pools_for_llama_server_o
 def test_the_command_line_checks_what_it_is_asked(session, run, runner, monkeypatch, db_url, tmp_path):
     monkeypatch.setenv("SPECROUTE_DATABASE_URL", db_url)
     both = runner.invoke(cli, ["export", "--run", str(run.id), "--policies", "1", "--for", "vllm"])
-    assert both.exit_code == 2 and "give --run or --policies, not both" in both.stderr
+    assert both.exit_code == 2 and "give one of --analysis, --run or --policies" in both.stderr
     wrong = runner.invoke(cli, ["export", "--run", str(run.id), "--for", "vllm", "--format", "yaml"])
     assert wrong.exit_code == 1 and "vLLM exports as flags, json, not 'yaml'" in wrong.stderr
     none = runner.invoke(cli, ["export", "--for", "vllm"])
@@ -557,3 +557,33 @@ def test_the_policies_page_takes_any_version_argument(client, session, run):
         text = page.get_data(as_text=True)
         assert ("no policy set version 2" in text) == (asked == "2")
         assert ('id="export-text"' in text) == (asked != "2")  # out of range or not a number: the active set
+
+
+def test_an_analysis_exports_by_its_reference_as_publishing_it_would_route_it(
+    session, runner, monkeypatch, db_url
+):
+    """``specroute export --analysis llama-server:ID`` writes what the set published from that analysis
+    exports (the same pools, flags and tasks), and ``--analysis RUN`` what ``--run RUN`` does."""
+    monkeypatch.setenv("SPECROUTE_DATABASE_URL", db_url)
+    with session.begin():
+        prompt_set, _ = import_sample(session)
+        record = make_server_analysis(session, prompt_set, {"extraction": "copy", "code": "chunks"})
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+    args = ["--for", "llama-server", "--format", "json"]
+
+    def exported(*given: str) -> dict:
+        result = runner.invoke(cli, ["export", *given, *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    before = exported("--analysis", f"llama-server:{record.id}")
+    with session.begin():
+        version = publish_server_policies(session, record.id).version
+    published = exported("--policies", str(version))
+    assert before["per_task"] == published["per_task"] and before["per_task"]["pools"]
+    assert before["single_server"] == published["single_server"]
+    assert exported("--analysis", str(run.id)) == exported("--run", str(run.id))
+    both = runner.invoke(cli, ["export", "--analysis", str(run.id), "--run", str(run.id), *args])
+    assert both.exit_code == 2 and "give one of --analysis, --run or --policies" in both.stderr
+    missing = runner.invoke(cli, ["export", "--analysis", "llama-server:99", *args])
+    assert missing.exit_code == 1 and "no llama-server analysis #99" in missing.stderr

@@ -29,7 +29,7 @@ from analyzer.analysis.server_store import get_server_analysis
 from analyzer.engine.engines import pricing_entry
 from analyzer.errors import SpecrouteError
 from analyzer.models.specs import parse_spec
-from analyzer.orm import AnalysisRun
+from analyzer.orm import AnalysisRun, ServerAnalysisRecord
 from analyzer.settings import load_settings
 from router.decide.decision import Router, RouterConfig, RouteRequest
 from router.orm import PolicySet
@@ -40,6 +40,7 @@ from router.policies.policy import (
     find_policy_set,
     run_policy_set,
 )
+from router.policies.server_policy import server_policy_set
 
 Interval = tuple[float | None, float | None]
 
@@ -190,6 +191,14 @@ def plan_for_run(session: Session, run_id: int) -> ExportPlan:
     if run is None:
         raise ExportError(f"no analysis run {run_id}")
     return _plan(session, run_policy_set(session, run), run, f"run {run_id}")
+
+
+def plan_for_server_analysis(session: Session, analysis_id: int) -> ExportPlan:
+    """The plan of llama-server analysis ``analysis_id``'s decisions, as publishing it would route them."""
+    record = session.get(ServerAnalysisRecord, analysis_id)
+    if record is None:
+        raise ExportError(f"no llama-server analysis #{analysis_id}")
+    return _plan(session, server_policy_set(session, record), None, f"llama-server analysis #{analysis_id}")
 
 
 def plan_for_policy_set(session: Session, version: int | None) -> ExportPlan:

@@ -148,24 +148,16 @@ def _gamma(label: str | None) -> int:
     return NO_GAMMA if label is None else parse_drafter(label).max_draft
 
 
-def publish_server_policies(
-    session: Session,
-    analysis_id: int,
-    *,
-    notes: str | None = None,
-    activate: bool | None = None,
-    pools: Mapping[str, str] | None = None,
+def server_policy_set(
+    session: Session, record: ServerAnalysisRecord, pools: Mapping[str, str] | None = None,
     first_port: int = DEFAULT_FIRST_PORT,
-) -> PolicySet:
-    """A new policy set from llama-server analysis ``analysis_id``: a policy per task as the analysis
-    chose, a fallback ("*") from the whole workload (:func:`workload_choice`), and the pools
-    (:func:`server_pools`; ``pools`` None: SPECROUTE_ROUTER_POOLS in force). ``activate`` None (the
-    default) activates it unless the analysis' advice is withheld (a step-cost fit that missed its bound, or
-    a machine too noisy to time on: every task is off there, and the set is stored, not activated); True or
-    False decide regardless."""
-    record = get_server_analysis(session, analysis_id)
+) -> PolicySet:  # fmt: skip
+    """The policy set llama-server analysis ``record`` publishes, built and not stored (no version yet): a
+    policy per task as the analysis chose, a fallback ("*") from the whole workload (:func:`workload_choice`),
+    and the pools (:func:`server_pools`; ``pools`` None: SPECROUTE_ROUTER_POOLS in force). What publishing
+    stores and what ``specroute export --analysis llama-server:ID`` writes, as ``run_policy_set`` is for a run."""
     if not record.tasks:
-        raise PolicyError(f"llama-server analysis #{analysis_id} has no tasks to publish")
+        raise PolicyError(f"llama-server analysis #{record.id} has no tasks to publish")
     rows_of: dict[str, list[dict[str, Any]]] = {}
     for row in record.prompts:
         rows_of.setdefault(row["task"], []).append(row)
@@ -173,9 +165,7 @@ def publish_server_policies(
     policies = [_policy(record, task, rows_of[task], curve, False) for task, curve in curves.items()]
     policies.append(_policy(record, FALLBACK_TASK, record.prompts, workload, True))
     keys = pool_keys([p.setting for p in policies])
-    latest = session.scalar(select(func.max(PolicySet.version))) or 0
     policy_set = PolicySet(
-        version=latest + 1,
         run_id=None,
         server_analysis_id=record.id,
         measured_by=LLAMA_SERVER,
@@ -187,9 +177,28 @@ def publish_server_policies(
         cost=None,
         plain_cost=plain_cost(record),
         pools=server_pools(keys, router_pools(load_settings()) if pools is None else pools, first_port),
-        notes=notes,
     )
     policy_set.policies = policies
+    return policy_set
+
+
+def publish_server_policies(
+    session: Session,
+    analysis_id: int,
+    *,
+    notes: str | None = None,
+    activate: bool | None = None,
+    pools: Mapping[str, str] | None = None,
+    first_port: int = DEFAULT_FIRST_PORT,
+) -> PolicySet:
+    """A new policy set from llama-server analysis ``analysis_id`` (:func:`server_policy_set`), stored with the
+    next version. ``activate`` None (the default) activates it unless the analysis' advice is withheld (a
+    step-cost fit that missed its bound, or a machine too noisy to time on: every task is off there, and the set
+    is stored, not activated); True or False decide regardless."""
+    record = get_server_analysis(session, analysis_id)
+    policy_set = server_policy_set(session, record, pools, first_port)
+    policy_set.version = (session.scalar(select(func.max(PolicySet.version))) or 0) + 1
+    policy_set.notes = notes
     session.add(policy_set)
     session.flush()
     if activate is None:

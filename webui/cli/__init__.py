@@ -3,7 +3,6 @@ every command group on ``cli``."""
 
 from webui.cli import (  # noqa: F401  (register the commands)
     analysis,
-    runs,
     costs,
     data,
     demo,
@@ -11,6 +10,7 @@ from webui.cli import (  # noqa: F401  (register the commands)
     llama_server,
     pools,
     routing,
+    runs,
     server_analysis,
     serving,
 )

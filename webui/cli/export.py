@@ -7,20 +7,29 @@ from pathlib import Path
 
 import click
 
+from analyzer.analysis.analysis_ref import AnalysisRef
 from analyzer.db import MAX_ID
-from webui.cli.base import CliState, cli
+from webui.cli.base import ANALYSIS, CliState, cli
 
 ENGINE_NAMES = ("vllm", "sglang", "trtllm", "llama-server", "transformers")
 FORMATS = ("flags", "json", "yaml", "python")
 
 
 @cli.command("export")
-@click.option("--run", "run_id", type=click.IntRange(1, MAX_ID), help="A finished analysis run.")
+@click.option(
+    "--analysis",
+    type=ANALYSIS,
+    help="A finished analysis as 'specroute runs list' names it (7: a run; llama-server:3: an analysis in "
+    "llama-server), its decisions as publishing it would route them.",
+)
+@click.option(
+    "--run", "run_id", type=click.IntRange(1, MAX_ID), help="A finished analysis run (--analysis 7)."
+)
 @click.option(
     "--policies",
     "version",
     type=click.IntRange(1, MAX_ID),
-    help="A policy set's version (without --run or --policies: the active set).",
+    help="A policy set's version (without --analysis, --run or --policies: the active set).",
 )
 @click.option(
     "--for",
@@ -54,6 +63,7 @@ FORMATS = ("flags", "json", "yaml", "python")
 @click.pass_obj
 def export(
     state: CliState,
+    analysis: AnalysisRef | None,
     run_id: int | None,
     version: int | None,
     engine: str,
@@ -62,19 +72,35 @@ def export(
     first_port: int | None,
     output: Path | None,
 ) -> None:
-    """Write the decisions of an analysis run (--run) or a policy set (--policies; default: the active
-    one) as ENGINE's own config: one server for the whole workload (per batch size where the engine has
+    """Write the decisions of an analysis (--analysis, or --run) or a policy set (--policies; default: the
+    active one) as ENGINE's own config: one server for the whole workload (per batch size where the engine has
     per-batch knobs: vLLM's num_speculative_tokens_per_batch_size, TensorRT-LLM's draft_len_schedule or
     max_concurrency), the pools a per-task deployment needs with the command that starts each, and the
     SPECROUTE_ROUTER_POOLS mapping that sends each task to its pool. Every value says where it came from;
     the first line warns when another engine priced the decisions. See docs/export.md."""
-    from router.export.export_plan import ExportError, plan_for_policy_set, plan_for_run
+    from analyzer.analysis.analysis_ref import RUN, resolve_analysis
+    from router.export.export_plan import (
+        ExportError,
+        plan_for_policy_set,
+        plan_for_run,
+        plan_for_server_analysis,
+    )
     from router.export.serving import render_export
 
-    if run_id is not None and version is not None:
-        raise click.UsageError("give --run or --policies, not both")
+    if sum(x is not None for x in (analysis, run_id, version)) > 1:
+        raise click.UsageError("give one of --analysis, --run or --policies")
     with state.sessions()() as session:
-        plan = plan_for_run(session, run_id) if run_id is not None else plan_for_policy_set(session, version)
+        if analysis is not None:
+            ref = resolve_analysis(session, analysis)
+            plan = (
+                plan_for_run(session, ref.id)
+                if ref.kind == RUN
+                else plan_for_server_analysis(session, ref.id)
+            )
+        elif run_id is not None:
+            plan = plan_for_run(session, run_id)
+        else:
+            plan = plan_for_policy_set(session, version)
     text = render_export(plan, engine, fmt, strict=strict, first_port=first_port)
     if output is None:
         click.echo(text, nl=False)
