@@ -98,6 +98,7 @@ def test_every_ui_form_needs_a_signed_in_session(make, session, published):
         ("/prompts/x/delete", {}),
         ("/runs", {"prompt_set": "x"}),
         (f"/runs/{published.id}/cancel", {}),
+        (f"/runs/{published.id}/resume", {}),
         ("/classifier/train", {}),
         ("/classifier/1/activate", {}),
         ("/policies/publish", {"run_id": published.id}),

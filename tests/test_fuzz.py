@@ -256,6 +256,7 @@ def test_new_run_form(surfaces, fields):
             "/classifier/train",
             "/playground",
             "/runs/1/cancel",
+            "/runs/1/resume",
             "/prompts/x/delete",
             "/policies/77/activate",
             "/classifier/77/activate",

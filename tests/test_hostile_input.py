@@ -238,6 +238,7 @@ FORMS = {
     "/prompts/sample/delete": ("confirm",),
     "/runs": ("prompt_set", "target", "draft", "max_new_tokens", "gamma_max", "temperature", "validate"),
     "/runs/1/cancel": ("next",),
+    "/runs/1/resume": ("next",),
     "/runs/1/reprice": ("profile_id",),
     "/costs": ("run_id",),
     "/classifier/train": ("prompt_sets", "source", "notes"),

@@ -268,10 +268,11 @@ def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_
     job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
     session.commit()
     page = client.get("/runs").get_data(as_text=True)
-    assert f'href="/runs/{run.id}">#{run.id}<' in page
-    assert f'href="/llama-server/{record.id}">#{record.id}<' in page
-    assert f'href="/llama-server/jobs/{job.id}">job #{job.id}<' in page
-    assert page.index(f"job #{job.id}") < page.index(f'href="/runs/{run.id}"')  # newest first
+    # each analysis by the reference the command line takes
+    assert f'href="/runs/{run.id}">{run.id}<' in page
+    assert f'href="/llama-server/{record.id}">llama-server:{record.id}<' in page
+    assert f'href="/llama-server/jobs/{job.id}">llama-server-job:{job.id}<' in page
+    assert page.index(f"llama-server-job:{job.id}") < page.index(f'href="/runs/{run.id}"')  # newest first
 
     def rows(url: str) -> list[dict]:
         answer = client.get(url)
@@ -294,3 +295,55 @@ def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_
     assert data["analysis_id"] == record.id and len(data["prompts"]) == 6
     assert client.get("/llama-server/99/options.csv").status_code == 404
     assert client.get("/llama-server/99/report.json").status_code == 404
+
+
+def test_the_runs_page_cancels_and_resumes_every_kind_of_analysis(session, client):
+    """One row per analysis, one way to stop and go on: a queued llama-server job and a queued run are
+    cancelled, and each resumes (queued again for the workers, finished work kept); a finished one offers
+    neither, and a finished run's resume is refused with a message."""
+    import re
+
+    from analyzer.analysis.server_jobs import ServerJobParams, create_server_job, get_server_job
+    from analyzer.orm import AnalysisRun
+
+    run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+    record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+    job = create_server_job(session, run.prompt_set, ServerJobParams(limit=2))
+    run.status = "queued"
+    session.commit()
+
+    def actions() -> dict[str, str | None]:
+        page = client.get("/runs").get_data(as_text=True)
+        found = {}
+        for ref in (str(run.id), f"llama-server:{record.id}", f"llama-server-job:{job.id}"):
+            row = page.split(f'data-ref="{ref}"')[1].split("</tr>")[0]
+            action = re.search(r'data-action="(\w+)"', row)
+            found[ref] = action.group(1) if action else None
+        return found
+
+    page = client.get("/runs").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    assert actions() == {
+        str(run.id): "cancel",
+        f"llama-server:{record.id}": None,
+        f"llama-server-job:{job.id}": "cancel",
+    }
+    assert client.post(f"/runs/{run.id}/cancel", data={"csrf_token": token}).status_code == 302
+    assert client.post(f"/llama-server/jobs/{job.id}/cancel", data={"csrf_token": token}).status_code == 302
+    assert actions() == {
+        str(run.id): "resume",
+        f"llama-server:{record.id}": None,
+        f"llama-server-job:{job.id}": "resume",
+    }
+    resumed = client.post(f"/runs/{run.id}/resume", data={"csrf_token": token})
+    assert resumed.status_code == 302
+    assert client.post(f"/llama-server/jobs/{job.id}/resume", data={"csrf_token": token}).status_code == 302
+    session.expire_all()
+    assert session.get_one(AnalysisRun, run.id).status == "queued"
+    assert get_server_job(session, job.id).status == "queued"
+    assert "queued again, its finished prompts kept" in client.get("/runs").get_data(as_text=True)
+    session.get_one(AnalysisRun, run.id).status = "done"
+    session.commit()
+    client.post(f"/runs/{run.id}/resume", data={"csrf_token": token})
+    assert f"run {run.id} is done: there is nothing to resume" in client.get("/runs").get_data(as_text=True)
+    assert client.post("/runs/999/resume", data={"csrf_token": token}).status_code == 404

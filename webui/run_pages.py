@@ -19,7 +19,8 @@ from analyzer.advice.report import build_report
 from analyzer.advice.report_text import recommendation, report_csv
 from analyzer.advice.summary import UNLABELLED
 from analyzer.advice.summary_store import run_summary
-from analyzer.analysis.chunks import chunk_progress
+from analyzer.analysis.analysis_ref import RUN, SERVER, SERVER_JOB, AnalysisRef
+from analyzer.analysis.chunks import chunk_progress, requeue_run
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
 from analyzer.analysis.run_records import RunParams, create_run, get_run, request_cancel, shown_status
@@ -34,6 +35,7 @@ from analyzer.run_params import (
     AUTO_ENGINE,
     DEFAULT_VALIDATE,
     LIMITS,
+    RunError,
     RunInputError,
 )
 from router import strict_json
@@ -105,6 +107,7 @@ def _run_row(run: AnalysisRun) -> dict:
     return {
         "kind": "run",
         "id": run.id,
+        "ref": str(AnalysisRef(RUN, run.id)),
         "status": status,
         "engine": run.priced_by,
         "measured_by": run.measured_by,
@@ -146,6 +149,7 @@ def server_rows(session) -> list[tuple[datetime, dict]]:
             {
                 "kind": a.kind,
                 "id": a.id,
+                "ref": str(AnalysisRef(SERVER if a.kind == "server" else SERVER_JOB, a.id)),
                 "status": a.status,
                 "engine": LLAMA_SERVER,
                 "prompt_set": a.prompt_set,
@@ -272,6 +276,25 @@ def run_status(run_id: int):
         if run is None:
             return jsonify(error_payload("not_found", f"no analysis run {run_id}")), 404
         return jsonify(_run_row(run))
+
+
+@bp.post("/runs/<int:run_id>/resume")
+def resume_run(run_id: int):
+    """Queue a failed or cancelled run again for the workers, its finished prompts kept
+    (``specroute runs resume RUN --queue``)."""
+    with sessions()() as session, session.begin():
+        lock_for_write(session)
+        try:
+            status = requeue_run(session, run_id).status
+        except RunError as exc:
+            if exc.status == 404:
+                raise  # the app's 404 page
+            flash(str(exc))
+            return redirect(request.referrer or url_for("ui.runs"))
+    flash(
+        f"run {run_id}: {'queued again, its finished prompts kept' if status == 'queued' else f'already {status}'}"
+    )
+    return redirect(request.referrer or url_for("ui.runs"))
 
 
 @bp.post("/runs/<int:run_id>/cancel")
