@@ -385,7 +385,7 @@ def test_the_web_form_offers_the_engines_and_queues_a_llama_cpp_run(web_app):
             ("transformers", "transformers"),
         ]
     listing = client.get("/runs").get_data(as_text=True)
-    assert re.search(r"#1</a></td>\s*<td>llama\.cpp</td>", listing)
+    assert re.search(r">1</a></td>\s*<td>llama\.cpp</td>", listing)
     assert client.get(f"/runs/{runs[0].id}/status.json").get_json()["engine"] == "llama.cpp"
     assert 'id="run-engine" title="engine">llama.cpp<' in client.get(f"/runs/{runs[0].id}").get_data(
         as_text=True

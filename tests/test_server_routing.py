@@ -34,6 +34,7 @@ from router.decide.decision import router_from_database
 from router.decide.feedback import FeedbackError, parse_feedback, record_feedback
 from router.decide.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
 from router.policies.policy import PolicyError, publish_policies, router_pools
+from router.policies.records import policy_set_dict
 from router.policies.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from tests.factories import make_done_run, make_server_analysis
 
@@ -274,6 +275,15 @@ def test_a_set_from_a_run_keeps_its_gamma_pools_and_has_no_llama_server_plan(ses
     run = make_done_run(session, {"code": 0.9, "qa": 0.2})
     policy_set = publish_policies(session, run.id, pools={})
     assert policy_set.pools["off"] == "spec-off" and "llama-server" not in json.dumps(policy_set.pools)
+    # the option and its pool, in the terms a llama-server set uses: "gamma g" (its pool k<g>), or off
+    listed = policy_set_dict(policy_set)
+    assert listed["analysis"] == str(run.id)
+    options = {p["task_type"]: (p["option"], p["pool"]) for p in listed["policies"]}
+    assert options == {
+        p.task_type: (f"gamma {p.gamma}", f"spec-k{p.gamma}") if p.speculate else (None, "spec-off")
+        for p in policy_set.policies
+    }
+    assert options["code"][0] is not None and options["qa"] == (None, "spec-off")
     decision = router_from_database(session).route("def f(x): return x", max_new_tokens=64)
     assert "llama-server" not in decision.engine and "transformers" in decision.engine
     with pytest.raises(PolicyError, match=f"published from analysis run {run.id}, not from a llama-server"):
@@ -414,8 +424,16 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
         assert shown in page, policy.task_type
     listed = client.get("/v1/policies").get_json()["active"]
     assert listed["server_analysis_id"] == record.id and listed["run_id"] is None
+    assert listed["analysis"] == f"llama-server:{record.id}"
     assert {p["task_type"]: p["setting"] for p in listed["policies"]} == {
         p.task_type: p.setting for p in policy_set.policies
+    }
+    # the option and its pool, in the terms every set uses: the setting, or off
+    assert {p["task_type"]: (p["option"], p["pool"]) for p in listed["policies"]} == {
+        p.task_type: (p.setting, policy_set.pools[p.setting])
+        if p.speculate
+        else (None, policy_set.pools["off"])
+        for p in policy_set.policies
     }
     routed = client.post(
         "/v1/route", json={"prompt": texts["extraction"][0], "max_new_tokens": 64}

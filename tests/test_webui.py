@@ -209,7 +209,7 @@ def test_new_run_offers_only_the_operator_models_and_queues_a_run(web, session):
     status = web.get(f"/runs/{run.id}/status.json").get_json()
     assert status["status"] == "queued" and status["total"] == 1 and status["percent"] == 0
     runs_page = web.get("/runs").get_data(as_text=True)
-    assert f"#{run.id}" in runs_page and "queued" in runs_page
+    assert f'data-ref="{run.id}"' in runs_page and "queued" in runs_page
     web.post(f"/runs/{run.id}/cancel", data={"csrf_token": tok})
     assert web.get(f"/runs/{run.id}/status.json").get_json()["status"] == "cancelled"
 

@@ -7,7 +7,6 @@ from flask import current_app, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import func, select
 
-from analyzer.advice.option_rows import gamma_option
 from analyzer.advice.report import run_advice_withheld
 from analyzer.analysis.run_records import get_run
 from analyzer.db import MAX_ID, lock_for_write
@@ -24,7 +23,6 @@ from router.policies.policy import (
     PolicyError,
     activate_policy_set,
     list_policy_sets,
-    pool_name,
     publish_policies,
 )
 from router.policies.records import policy_set_dict
@@ -233,16 +231,6 @@ def playground():
     ), 400 if errors else 200
 
 
-def _published(policy_set: dict, policy: dict) -> tuple[str | None, str | None]:
-    """A policy's published decision as one option and its pool, the same for every policy set: the
-    llama-server setting or the run's gamma it speculates with (None: off), and the pool the set publishes
-    for it (None: a set published before sets carried their pools)."""
-    speculate, gamma, setting = policy["speculate"], policy["gamma"], policy["setting"]
-    option = (setting or gamma_option(gamma)) if speculate else None
-    pools = policy_set["pools"]
-    return option, pool_name(pools, speculate, gamma, setting) if pools is not None else None
-
-
 @bp.get("/policies")
 def policies():
     """The policies page: every policy set, the finished runs to publish from (a noisy one never
@@ -275,9 +263,6 @@ def policies():
         asked = request.args.get("version", type=int)
         chosen = asked if asked is not None and 1 <= asked <= MAX_ID else active  # another number: the active
         export = export_card(session, version=chosen) if chosen is not None else None
-    for policy_set in sets:
-        for policy in policy_set["policies"]:
-            policy["published_option"], policy["published_pool"] = _published(policy_set, policy)
     estimates = {
         e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
     }

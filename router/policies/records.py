@@ -6,13 +6,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.advice.option_rows import gamma_option
+from analyzer.analysis.analysis_ref import RUN, SERVER, AnalysisRef
 from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
-from router.policies.policy import NO_GAMMA, PolicyContract, PolicySnapshot
+from router.policies.policy import NO_GAMMA, PolicyContract, PolicySnapshot, pool_name
 
 
-def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> dict[str, Any]:
+def published_option(policy: TaskPolicy) -> str | None:
+    """The option a policy speculates with, named as its analysis names its options, the same for every
+    policy set: a llama-server drafter setting ("ngram-simple 2/4") or a run's gamma ("gamma 4"); None: off."""
+    if not policy.speculate:
+        return None
+    return policy.setting or gamma_option(policy.gamma)
+
+
+def analysis_ref(policy_set: PolicySet) -> str | None:
+    """The analysis a set was published from, as ``specroute runs list`` names it (None: its run is gone)."""
+    if policy_set.server_analysis_id is not None:
+        return str(AnalysisRef(SERVER, policy_set.server_analysis_id))
+    return str(AnalysisRef(RUN, policy_set.run_id)) if policy_set.run_id is not None else None
+
+
+def policy_dict(
+    policy: TaskPolicy, contract: PolicyContract | None = None, pools: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A TaskPolicy, with the best gamma, speedup and decision at each profiled batch size, as its
-    policy curve decides them under the set's contract (the router's rule)."""
+    policy curve decides them under the set's contract (the router's rule); ``option`` and ``pool``, the
+    option it publishes and the pool of the set's ``pools`` that runs it, in the same terms for every set."""
     curve = PolicySnapshot.of(policy).curve(contract or PolicyContract())
     by_batch = {}
     for batch in curve.batch_sizes:
@@ -38,13 +58,18 @@ def policy_dict(policy: TaskPolicy, contract: PolicyContract | None = None) -> d
         "decision_basis": policy.decision_basis,
         "decision_reason": policy.decision_reason,
         "setting": policy.setting,
+        "option": published_option(policy),
+        "pool": pool_name(pools, policy.speculate, policy.gamma, policy.setting)
+        if pools is not None
+        else None,
         "option_curve": policy.option_curve,
         "by_batch": by_batch,
     }
 
 
 def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dict[str, Any]:
-    """A policy set: version, whether active, its run (or llama-server analysis), the engines that
+    """A policy set: version, whether active, its analysis (``analysis``, as ``specroute runs list`` names it;
+    ``run_id`` or ``server_analysis_id`` by kind), the engines that
     measured and priced it, its margin, gamma_max, draft and batch-1 cost (the contract the router
     decides under), a llama-server set's plain step cost (what its feedback is priced against), notes, times
     and (``with_policies``) its policies, the fallback ("*") last.
@@ -52,6 +77,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
     data: dict[str, Any] = {
         "version": policy_set.version,
         "active": policy_set.is_active,
+        "analysis": analysis_ref(policy_set),
         "run_id": policy_set.run_id,
         "server_analysis_id": policy_set.server_analysis_id,
         "engine": policy_set.priced_by,
@@ -72,7 +98,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
     }
     if with_policies:
         contract = PolicyContract.of(policy_set)
-        data["policies"] = [policy_dict(p, contract) for p in policy_set.policies]
+        data["policies"] = [policy_dict(p, contract, policy_set.pools) for p in policy_set.policies]
     return data
 
 

@@ -181,6 +181,17 @@ class Policy(Answer):
         description="The llama-server drafter setting the task speculates with (a set published from a "
         "llama-server analysis: its pool is keyed by it); null: off, or a set published from a run.",
     )
+    option: str | None = Field(
+        None,
+        description="The option the task speculates with, named as its analysis names its options, the same "
+        "for every policy set: a llama-server drafter setting ('ngram-simple 2/4') or a run's gamma "
+        "('gamma 4'); null: off.",
+    )
+    pool: str | None = Field(
+        None,
+        description="The pool of the set's pools that runs that option (or plain decoding); null: a set "
+        "published before sets carried their pools.",
+    )
     option_curve: dict[str, Any] | None = Field(
         None,
         description="The task's curve over its analysis' options, the same shape for every policy set "
@@ -201,6 +212,11 @@ class PolicySet(Answer):
 
     version: int
     active: bool
+    analysis: str | None = Field(
+        None,
+        description="The analysis the set was published from, as 'specroute runs list' names it: '7' (a run), "
+        "'llama-server:3' (an analysis in llama-server); null: its run is gone.",
+    )
     run_id: int | None
     server_analysis_id: int | None = Field(
         None, description="The llama-server analysis the set was published from (run_id is then null)."

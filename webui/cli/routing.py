@@ -249,13 +249,7 @@ def _print_policy_set(data: dict) -> None:
     )
     for p in data["policies"]:
         label = "* (fallback)" if p["fallback"] else p["task_type"]
-        decision = (
-            "off"
-            if not p["speculate"]
-            else f"{p['setting']}"
-            if p.get("setting")
-            else f"speculate, gamma {p['gamma']}"
-        )
+        decision = p["option"] or "off"  # a run's gamma ("gamma 4") or a llama-server setting, the same way
         click.echo(
             f"  {label:<18} {decision:<20} S={p['expected_speedup']:.2f}x  alpha={p['alpha_mean']:.2f}"
             f"  n={p['n_prompts']}  {p['tier']}"
