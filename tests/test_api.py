@@ -249,6 +249,7 @@ def test_route_feedback_adaptation_and_decision_log(app, client, session, publis
         json={"route_id": code["route_id"], "rounds": 40, "drafted": 40 * code["gamma"], "accepted": 2},
     ).get_json()["estimate"]
     assert first["task_type"] == "code" and first["events"] == 1
+    assert first["option"] == (f"gamma {first['gamma']}" if first["speculate"] else None)
     for _ in range(20):
         estimate = client.post(
             "/v1/feedback",
@@ -274,6 +275,7 @@ def test_route_feedback_adaptation_and_decision_log(app, client, session, publis
     policies = client.get("/v1/policies").get_json()
     assert policies["active"]["version"] == 1
     assert [e["task_type"] for e in policies["active"]["estimates"]] == ["code"]
+    assert policies["active"]["estimates"][0]["option"] is None  # off now, named as a policy's option is
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'specroute_route_decisions_total{task="code",outcome="speculate"} 1' in metrics
     assert 'specroute_route_decisions_total{task="code",outcome="off"} 2' in metrics

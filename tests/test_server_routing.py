@@ -566,6 +566,7 @@ def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, clie
         assert client.post("/v1/feedback", json=body).status_code == 200
     estimates = {e["task_type"]: e for e in client.get("/v1/policies").get_json()["active"]["estimates"]}
     assert estimates["extraction"]["setting"] != published
+    assert estimates["extraction"]["option"] == estimates["extraction"]["setting"]  # the same name either way
     row = next(r for r in client.get("/policies").get_data(as_text=True).split("<tr>") if ">extraction<" in r)
     in_force = estimates["extraction"]["setting"] or "off"
     assert f'<strong><code class="option">{in_force}</code>' in row or (

@@ -103,7 +103,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
 
 
 def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
-    """A TaskEstimate (alpha is the posterior mean)."""
+    """A TaskEstimate (alpha is the posterior mean; ``option`` the option in force, named as a policy's is)."""
     return {
         "task_type": estimate.task_type,
         "alpha": estimate.beta_a / (estimate.beta_a + estimate.beta_b),
@@ -119,6 +119,7 @@ def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
         else None,
         "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None,
         "setting": estimate.setting,
+        "option": (estimate.setting or gamma_option(estimate.gamma)) if estimate.speculate else None,
         "options": {
             label: {"plain_ms": values[0], "served_ms": values[1], "events": int(values[2])}
             for label, values in estimate.options.items()

@@ -134,6 +134,11 @@ class TaskEstimate(Answer):
         description="A llama-server set: the setting in force (its pool takes the task); null: off, or a "
         "run's set.",
     )
+    option: str | None = Field(
+        None,
+        description="The option in force, the same for every set: a run's gamma ('gamma 4') or a llama-server "
+        "setting; null: off.",
+    )
     options: dict[str, Any] | None = Field(
         None,
         description="A llama-server set: per setting that served the task, the decayed plain and served "
