@@ -21,6 +21,7 @@ from analyzer.analysis.server_jobs import (
     create_server_job,
     execute_server_job,
     get_server_job,
+    job_view,
     resume_server_job,
 )
 from analyzer.db import make_session_factory, utcnow
@@ -116,7 +117,12 @@ def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_i
         and 'data-job-url="/llama-server/jobs/1/status.json"' in shown
     )
     status = client.get("/llama-server/jobs/1/status.json").get_json()
-    assert (status["status"], status["kept"], status["analysis_id"]) == ("queued", 0, None)
+    assert (status["status"], status["kept"], status["passes"], status["analysis_id"]) == (
+        "queued",
+        0,
+        0,
+        None,
+    )
     assert client.post("/llama-server/jobs/1/cancel", data={"csrf_token": token}).status_code == 302
     assert client.get("/llama-server/jobs/1/status.json").get_json()["status"] == "cancelled"
     assert client.post("/llama-server/jobs/1/resume", data={"csrf_token": token}).status_code == 302
@@ -236,6 +242,7 @@ def test_a_job_that_dies_mid_validation_resumes_from_the_pass_it_did_not_finish(
     assert len(stored) == len(calibrated) + 1 and list(stored)[-1].startswith("validation 1 ")
     assert all(len(p["measured"]) == 1 and len(p["plain"]["tokens"]) >= 1 for p in stored.values())
     assert calls["n"] == 3 * len(stored)  # plain, the setting's server, plain again per pass
+    assert (job_view(job).kept, job_view(job).passes) == (6, len(stored))  # as the job's page shows them
     first_calibration = stored[next(iter(stored))]
     # resumed: nothing generated, no calibration pass run again, the two validation passes left made
     calls["n"] = 0

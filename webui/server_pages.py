@@ -140,8 +140,9 @@ def server_job_status(job_id: int):
     with sessions()() as session:
         view = job_view(get_server_job(session, job_id))
     return jsonify(
-        {"id": view.id, "status": view.status, "progress": view.progress, "kept": view.kept, "error": view.error,
-         "error_code": view.error_code, "analysis_id": view.analysis_id, "attempts": view.attempts}
+        {"id": view.id, "status": view.status, "progress": view.progress, "kept": view.kept, "passes": view.passes,
+         "error": view.error, "error_code": view.error_code, "analysis_id": view.analysis_id,
+         "attempts": view.attempts}
     )  # fmt: skip
 
 

@@ -138,12 +138,13 @@ class JobView:
     status: str
     params: dict[str, Any]
     progress: dict[str, Any] | None
-    kept: int
+    kept: int  # plain generations stored
     error: str | None
     error_code: str | None
     analysis_id: int | None
     worker_id: str | None
     attempts: int
+    passes: int = 0  # passes through the servers stored (calibration and validation)
 
     @property
     def line(self) -> str:
@@ -157,7 +158,7 @@ def job_view(job: ServerAnalysisJob) -> JobView:
     return JobView(
         job.id, job.prompt_set.name, job.status, dict(job.params), job.progress,
         len((job.generated or {}).get("outputs", {})), job.error, job.error_code, job.analysis_id, job.worker_id,
-        job.attempts,
+        job.attempts, len((job.generated or {}).get("passes", {})),
     )  # fmt: skip
 
 
@@ -270,8 +271,8 @@ def claim_server_job(
 
 
 def resume_server_job(session: Session, job_id: int) -> ServerAnalysisJob:
-    """Queue a failed or cancelled job again (its plain generations kept); ServerJobError for one that is
-    queued, running or done."""
+    """Queue a failed or cancelled job again (its plain generations and passes kept, on the machine that made
+    them); ServerJobError for one that is queued, running or done."""
     job = get_server_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
         raise ServerJobError(f"job #{job_id} is {job.status}: only a failed or cancelled job resumes")

@@ -47,13 +47,14 @@
     }, false);
   });
 
-  // A llama-server analysis job: its status, progress line and stored generations; the page reloads when it stops.
+  // A llama-server analysis job: its status, progress line, stored generations and passes; the page reloads when it stops.
   var job = document.querySelector("#server-job[data-job-url]");
   if (job) {
     follow(job, job.dataset.jobUrl, function (s) {
       job.querySelector(".status").textContent = s.status;
       job.querySelector(".progress").textContent = (s.progress && s.progress.line) || (s.status === "queued" ? "waiting for a worker" : "");
       job.querySelector(".kept").textContent = s.kept;
+      job.querySelector(".passes").textContent = s.passes;
     }, true);
   }
 
