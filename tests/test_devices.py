@@ -594,7 +594,9 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(
         cli_db.invoke(cli, ["report", str(first["run_id"] + 1), "--format", "json"]).stdout
     )
     quiet = second_report["cost_profiles"]["1"]
-    assert quiet["quality"] in ("clean", "remeasured") and "NOISY" not in second.stdout
+    # the new profile is not noisy (the run's validation may still judge this machine too noisy to time advice
+    # on: a virtual machine's neighbours, which that check exists to catch, not the profile's quality)
+    assert quiet["quality"] in ("clean", "remeasured") and "NOISY profile (" not in second.stdout
     third = json.loads(_analyze(cli_db, *args).stdout)
     assert (
         third["cost_profiles"]["1"] == quiet and _count(CostProfile) == 2
