@@ -19,7 +19,7 @@ from analyzer.advice.report import build_report
 from analyzer.advice.report_text import recommendation, report_csv
 from analyzer.advice.summary import UNLABELLED
 from analyzer.advice.summary_store import run_summary
-from analyzer.analysis.analysis_ref import RUN, SERVER, SERVER_JOB, AnalysisRef
+from analyzer.analysis.analysis_ref import RUN, AnalysisRef
 from analyzer.analysis.chunks import chunk_progress, requeue_run
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
@@ -149,7 +149,7 @@ def server_rows(session) -> list[tuple[datetime, dict]]:
             {
                 "kind": a.kind,
                 "id": a.id,
-                "ref": str(AnalysisRef(SERVER if a.kind == "server" else SERVER_JOB, a.id)),
+                "ref": a.ref,
                 "status": a.status,
                 "engine": LLAMA_SERVER,
                 "prompt_set": a.prompt_set,

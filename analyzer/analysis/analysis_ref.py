@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.db import MAX_ID
 from analyzer.errors import SpecrouteError
+from analyzer.orm import ServerAnalysisJob
 
 RUN, SERVER, SERVER_JOB = "run", "llama-server", "llama-server-job"
 KINDS = (RUN, SERVER, SERVER_JOB)
@@ -25,6 +26,12 @@ class AnalysisRefError(SpecrouteError, ValueError):
     """A reference that names no analysis this command can act on; the message says which forms exist."""
 
     status, code = 400, "invalid_analysis"
+
+
+class AnalysisNotFound(AnalysisRefError, LookupError):
+    """A reference whose analysis (here: a job) does not exist."""
+
+    status, code = 404, "analysis_not_found"
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,13 @@ def parse_analysis_ref(text: str) -> AnalysisRef:
 
 def resolve_analysis(session: Session, ref: AnalysisRef) -> AnalysisRef:
     """``ref``, or for a job that stored its analysis that analysis; AnalysisRefError for a job that has not
-    (saying what it is and how to go on), and the kind's not-found error for an id that does not exist."""
+    (saying what it is and how to go on), AnalysisNotFound for a job that does not exist; a run's or a stored
+    analysis' id is checked where it is read (its own not-found error)."""
     if ref.kind != SERVER_JOB:
         return ref
-    from analyzer.analysis.server_jobs import get_server_job
-
-    job = get_server_job(session, ref.id)
+    job = session.get(ServerAnalysisJob, ref.id)
+    if job is None:
+        raise AnalysisNotFound(f"no llama-server analysis job #{ref.id}")
     if job.analysis_id is not None:
         return AnalysisRef(SERVER, job.analysis_id)
     advice = {

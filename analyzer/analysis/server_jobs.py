@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from analyzer.analysis.analysis_ref import SERVER, SERVER_JOB, AnalysisRef
 from analyzer.db import lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
@@ -198,6 +199,11 @@ class ListedAnalysis:
     error: str | None
     created_at: datetime
     seconds: float | None
+
+    @property
+    def ref(self) -> str:
+        """How ``specroute runs list`` names it (:mod:`analyzer.analysis.analysis_ref`)."""
+        return str(AnalysisRef(SERVER if self.kind == "server" else SERVER_JOB, self.id))
 
 
 def listed_analyses(session: Session, limit: int = 1000) -> list[ListedAnalysis]:

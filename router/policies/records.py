@@ -12,12 +12,11 @@ from router.orm import ClassifierVersion, PolicySet, TaskEstimate, TaskPolicy
 from router.policies.policy import NO_GAMMA, PolicyContract, PolicySnapshot, pool_name
 
 
-def published_option(policy: TaskPolicy) -> str | None:
-    """The option a policy speculates with, named as its analysis names its options, the same for every
-    policy set: a llama-server drafter setting ("ngram-simple 2/4") or a run's gamma ("gamma 4"); None: off."""
-    if not policy.speculate:
-        return None
-    return policy.setting or gamma_option(policy.gamma)
+def option_name(speculate: bool, gamma: int, setting: str | None) -> str | None:
+    """The option a policy (or an estimate) speculates with, named as its analysis names its options, the
+    same for every policy set: a llama-server drafter setting ("ngram-simple 2/4") or a run's gamma
+    ("gamma 4"); None: off."""
+    return (setting or gamma_option(gamma)) if speculate else None
 
 
 def analysis_ref(policy_set: PolicySet) -> str | None:
@@ -58,7 +57,7 @@ def policy_dict(
         "decision_basis": policy.decision_basis,
         "decision_reason": policy.decision_reason,
         "setting": policy.setting,
-        "option": published_option(policy),
+        "option": option_name(policy.speculate, policy.gamma, policy.setting),
         "pool": pool_name(pools, policy.speculate, policy.gamma, policy.setting)
         if pools is not None
         else None,
@@ -119,7 +118,7 @@ def estimate_dict(estimate: TaskEstimate) -> dict[str, Any]:
         else None,
         "updated_at": estimate.updated_at.isoformat(timespec="seconds") if estimate.updated_at else None,
         "setting": estimate.setting,
-        "option": (estimate.setting or gamma_option(estimate.gamma)) if estimate.speculate else None,
+        "option": option_name(estimate.speculate, estimate.gamma, estimate.setting),
         "options": {
             label: {"plain_ms": values[0], "served_ms": values[1], "events": int(values[2])}
             for label, values in estimate.options.items()

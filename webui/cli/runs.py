@@ -8,7 +8,14 @@ from pathlib import Path
 
 import click
 
-from analyzer.analysis.analysis_ref import AnalysisRef
+from analyzer.analysis.analysis_ref import (
+    RUN,
+    SERVER,
+    SERVER_JOB,
+    AnalysisRef,
+    AnalysisRefError,
+    resolve_analysis,
+)
 from analyzer.db import MAX_ID, lock_for_write
 from router import strict_json
 from webui.cli.analysis import analyze
@@ -51,7 +58,6 @@ def report(
     from analyzer.advice.option_rows import options_csv
     from analyzer.advice.report import build_report
     from analyzer.advice.report_text import report_csv, report_text
-    from analyzer.analysis.analysis_ref import SERVER, resolve_analysis
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
     from webui.cli.server_analysis import server_analysis_text
 
@@ -97,7 +103,6 @@ def runs_list(state: CliState, as_json: bool) -> None:
     and progress."""
     from sqlalchemy import select
 
-    from analyzer.analysis.analysis_ref import RUN
     from analyzer.analysis.run_records import shown_status
     from analyzer.orm import AnalysisRun
 
@@ -143,14 +148,13 @@ def runs_list(state: CliState, as_json: bool) -> None:
 def _server_rows(session) -> list[dict]:
     """The llama-server analyses as ``runs list`` rows: each stored analysis, and each job that has not stored
     one (queued, running, failed or cancelled)."""
-    from analyzer.analysis.analysis_ref import SERVER, SERVER_JOB
     from analyzer.analysis.server_jobs import listed_analyses
     from analyzer.engine.engines import LLAMA_SERVER
 
     return [
         {
             "kind": "llama-server",
-            "ref": str(AnalysisRef(SERVER, a.id) if a.kind == "server" else AnalysisRef(SERVER_JOB, a.id)),
+            "ref": a.ref,
             "id": a.id if a.kind == "server" else None,
             "job": a.id if a.kind == "job" else None,
             "status": a.status,
@@ -174,7 +178,6 @@ def _server_rows(session) -> list[dict]:
 def runs_cancel(state: CliState, analysis: AnalysisRef) -> None:
     """Cancel ANALYSIS: a queued run, or ask a running one to stop after its current prompt; a queued or
     running analysis in llama-server (llama-server-job:ID), which stops at its next progress line."""
-    from analyzer.analysis.analysis_ref import RUN, SERVER_JOB, AnalysisRefError
     from analyzer.analysis.run_records import request_cancel
     from analyzer.analysis.server_jobs import cancel_server_job
 
@@ -201,7 +204,6 @@ def runs_resume(ctx: click.Context, analysis: AnalysisRef, queue_only: bool, as_
     """Resume ANALYSIS where it stopped (an interrupted, failed or cancelled run keeps its finished prompts; an
     analysis in llama-server, llama-server-job:ID, its plain generations and finished passes on this machine)
     and execute it here (--queue: by the workers), printing its report."""
-    from analyzer.analysis.analysis_ref import RUN, SERVER_JOB, AnalysisRefError
     from analyzer.analysis.chunks import requeue_run
     from analyzer.analysis.run_records import RunError, get_run
     from webui.cli.server_analysis import resume as resume_server
