@@ -187,3 +187,51 @@ def llama_server_binary() -> Path:
         return find_llama_server(os.environ.get("SPECROUTE_LLAMA_SERVER", ""), cache).path
     except LlamaServerMissing:
         return build_llama_server(cache, say=lambda line: print(line, flush=True))
+
+
+@pytest.fixture(scope="session")
+def _cold_start_classifier(tmp_path_factory, _migrated_template) -> dict:
+    """The bundled corpus' task classifier as the demo's step [4/6] trains it (cross-validated, with the
+    settings' feature set and fold jobs), trained once per session: its row's columns."""
+    from analyzer.db import make_session_factory as sessions_on
+    from analyzer.settings import Settings
+    from router.classify.pipeline import fold_jobs
+    from router.classify.training import train_classifier_apart
+    from router.classify.training_data import cold_start_data
+    from router.orm import ClassifierVersion
+
+    path = tmp_path_factory.mktemp("cold-start") / "specroute.db"
+    shutil.copyfile(_migrated_template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    settings = Settings()
+    try:
+        version = train_classifier_apart(
+            sessions_on(engine),
+            cold_start_data(),
+            features=settings.classifier_features,
+            jobs=fold_jobs(settings.classifier_jobs, settings.classifier_features),
+        )
+        return {column: getattr(version, column) for column in ClassifierVersion.__table__.columns.keys()}
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def cold_start_classifier_trained(_cold_start_classifier, _migrated_template, runner) -> None:
+    """The test's data folder holds a database at head with the session's cold-start classifier active, as a
+    demo that ran before would have left it: the demo then reuses it (``classifier v1 already trained``).
+    For the demos of other engines, whose step [4/6] is the same code as the one tests/test_cli.py's demo
+    runs, trains and checks; a minute of cross-validation each otherwise."""
+    from analyzer.settings import load_settings
+    from router.orm import ClassifierVersion
+
+    url = load_settings().resolved_database_url()
+    path = Path(url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_migrated_template, path)
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session, session.begin():
+            session.add(ClassifierVersion(**_cold_start_classifier))
+    finally:
+        engine.dispose()

@@ -145,6 +145,7 @@ def upload_set(session):
 
 @needs_encoder
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained_on(upload_set):
     session = upload_set
     with session.begin():
@@ -195,6 +196,7 @@ def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained
 
 @needs_encoder
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_cli_import_suggests_and_accept_and_train_adapt(runner, tmp_path, monkeypatch):
     """Beside another process's writer: the teacher and the classifier train outside any transaction,
     their results stored under the write lock (one transaction around the training failed with
@@ -428,6 +430,7 @@ def test_a_good_adaptation_is_activated_and_the_first_one_needs_no_comparison(se
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_cli_and_web_withhold_a_worse_adaptation_and_activate_forces_it(
     runner, tmp_path, monkeypatch, engine, db_url
 ):

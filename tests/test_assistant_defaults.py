@@ -47,6 +47,7 @@ def _replay(target, draft, prompt, settings, adapt=True):
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: s.label)
 @pytest.mark.parametrize("noise", [0.001, 0.004])
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_the_replayed_rounds_and_drafts_are_what_real_assisted_generation_does(target, settings, noise):
     draft = make_noisy_copy(target, noise_std=noise, seed=1)
     rng = np.random.default_rng(3)

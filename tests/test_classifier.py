@@ -71,6 +71,7 @@ def test_structural_features_shape_and_values():
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subset):
     scores = evaluate(subset, seed=0)
     assert scores["folds"] == 5 and scores["grouped"] is None  # the subset has no sources: no grouped CV
@@ -86,6 +87,7 @@ def test_cross_validated_scores_beat_the_keyword_baseline_by_a_wide_margin(subse
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_train_persists_versions_with_their_record_and_predicts(session, subset):
     with session.begin():
         first = train_classifier(session, subset)
@@ -112,6 +114,7 @@ def test_train_persists_versions_with_their_record_and_predicts(session, subset)
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_a_version_with_another_library_version_or_a_bad_hash_is_refused(session, subset):
     with session.begin():
         record = train_classifier(session, subset)
@@ -173,6 +176,7 @@ def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(se
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session, subset):
     lines = [
         {"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"},

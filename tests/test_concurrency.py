@@ -107,6 +107,7 @@ def server(engine, db_url, session, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_eight_processes_of_feedback_lose_nothing(server, session):
     queue = multiprocessing.get_context("spawn").Queue()
     clients = [
@@ -143,6 +144,7 @@ def test_eight_processes_of_feedback_lose_nothing(server, session):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_feedback_finds_a_decision_made_by_the_other_process(server):
     connections = [http.client.HTTPConnection("127.0.0.1", server, timeout=30) for _ in range(4)]
     for i in range(40):  # separate connections land on either process

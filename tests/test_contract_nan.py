@@ -137,6 +137,7 @@ def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_a
 @given(gamma_max=st.integers(1, 40), acceptance=st.floats(0.05, 0.995), events=st.integers(0, 3))
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_no_response_contains_nan_or_infinity_for_any_gamma_max(
     tmp_path_factory, monkeypatch, gamma_max, acceptance, events
 ):

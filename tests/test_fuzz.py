@@ -286,6 +286,7 @@ def test_new_run_form(surfaces, fields):
     with_token=st.booleans(),
 )
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_other_forms(surfaces, form, fields, with_token):
     client, sessions, app, token = surfaces
     before = _counts(sessions, app)

@@ -87,6 +87,7 @@ def test_arbitrary_bytes_only_raise_the_documented_error(data, fmt):
 )
 @settings(max_examples=400, deadline=None)
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_corrupted_valid_files_only_raise_the_documented_error(rows, fmt, cuts):
     data = bytearray({"txt": to_txt, "jsonl": to_jsonl, "csv": to_csv}[fmt](rows))
     for position, replacement in cuts:  # splice random bytes into a valid file

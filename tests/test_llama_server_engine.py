@@ -440,7 +440,7 @@ def test_an_analysis_through_servers_the_user_runs(
 
 
 def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses_it(
-    runner, llama_server_binary, monkeypatch
+    runner, llama_server_binary, monkeypatch, cold_start_classifier_trained
 ):
     """The main job under SPECROUTE_ENGINE's default (auto): the sample analyzed in llama-server (3 prompts
     per task, cut to 14 here, 24 new tokens), validated through speculating servers, its policy set published
@@ -460,6 +460,9 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     assert first.exit_code == 0, first.output
     assert "[3/6] analyzing 14 sample prompts (3 per task) in llama-server" in first.output
     assert "validated through speculating servers" in first.output
+    assert (
+        "[4/6] classifier v1 already trained (reused)" in first.output
+    )  # trained by tests/test_cli.py's demo
     assert "llama-server analysis #1 of prompt set #1: 14 prompts, 24 new tokens, 2 threads" in first.output
     assert (
         "[6/6] not serving (--no-serve); 'specroute serve' shows the report at /llama-server/1"

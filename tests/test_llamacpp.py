@@ -210,7 +210,7 @@ def test_a_worker_without_llama_cpp_python_fails_the_run_with_the_install_hint(c
 
 
 @pytest.mark.slow
-def test_the_demo_analyses_in_llama_cpp_when_asked(runner, smollm2):
+def test_the_demo_analyses_in_llama_cpp_when_asked(runner, smollm2, cold_start_classifier_trained):
     quick = (
         "demo",
         "--no-serve",
@@ -226,6 +226,7 @@ def test_the_demo_analyses_in_llama_cpp_when_asked(runner, smollm2):
     first = runner.invoke(cli, list(quick), catch_exceptions=False)
     assert first.exit_code == 0, first.output
     assert "with ngram drafting in llama.cpp" in first.output and "llama.cpp engine" in first.output
+    assert "[4/6] classifier v1 already trained (reused)" in first.output
     runs = json.loads(runner.invoke(cli, ["runs", "list", "--json"]).stdout)
     assert [(r["engine"], r["status"], r["done"]) for r in runs] == [("llama.cpp", "done", 3)]
     policies = json.loads(runner.invoke(cli, ["policies", "list", "--json"]).stdout)

@@ -336,6 +336,7 @@ def test_cache_write_is_all_or_nothing(target_folder, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_builtin_model_is_cached_as_safetensors_and_reloads_identically(tmp_path, monkeypatch):
     ref = parse_spec("builtin:smollm2-135m-instruct")
     first = load_model(ref, cache_dir=tmp_path)
@@ -372,6 +373,7 @@ def test_builtin_model_is_cached_as_safetensors_and_reloads_identically(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_builtin_model_loads_in_half_precision_from_its_float32_cache(tmp_path, monkeypatch):
     from analyzer.models.devices import resolve
 

@@ -254,6 +254,7 @@ def _database_at(tmp_path, revision: str):
 
 
 @pytest.mark.slow  # 28 databases migrated from each revision: about 20 s
+@pytest.mark.parallel
 @pytest.mark.parametrize("revision", _revisions_oldest_first()[:-1])
 def test_rows_stored_at_an_earlier_revision_survive_the_upgrade(tmp_path, revision):
     old, old_tables = _database_at(tmp_path, revision)

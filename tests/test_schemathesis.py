@@ -93,6 +93,7 @@ schema = schemathesis.openapi.from_dict(openapi_document("0"))
     ],
 )
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_every_operation_conforms_to_the_openapi_document(case, api_app):
     case.call_and_validate(app=api_app, checks=CHECKS)
 

@@ -51,6 +51,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_serving_pages_and_the_api_loads_neither_torch_nor_transformers(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / 'serve.db'}", str(tmp_path / "data")],
