@@ -108,11 +108,12 @@ def _replay(session, task: str) -> list:
     context = policy_context(session)
     policy, config = context.policy(task), AdaptationConfig()
     state = initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
+    curve = policy.curve(context.contract, context.cost)  # the policy's own curve, priced by the set's cost
     states = []
     for e in session.scalars(
         select(FeedbackEvent).where(FeedbackEvent.task_type == task).order_by(FeedbackEvent.id)
     ):
-        state = apply_feedback(state, e.rounds, e.drafted, e.accepted, context.curve(task), config)
+        state = apply_feedback(state, e.rounds, e.drafted, e.accepted, curve, config)
         states.append(state)
     return states
 

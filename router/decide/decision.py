@@ -9,7 +9,6 @@ touches no database; ``observe`` takes a task's new estimate after feedback."""
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
@@ -18,25 +17,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.engine.engines import SERVING
-from analyzer.pricing.policy_curve import BASE, CurvePoint, PolicyCurve
+from analyzer.pricing.policy_curve import CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
 from analyzer.prompts.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence
 from router.classify.task_classifier import TaskClassifier
 from router.classify.version_store import load_active
-from router.decide.adaptation import AdaptationConfig, TaskState, initial_state, next_request
+from router.decide.adaptation import AdaptationConfig, TaskState, next_request
+from router.decide.estimators import Chosen, estimator_of
 from router.decide.feedback import estimate_state
 from router.decide.reasons import Reason, reason
 from router.decide.route_ids import PROCESS_KEY, new_route_id, route_key
-from router.decide.server_adaptation import (
-    PlainCost,
-    choose_setting,
-    estimate,
-    initial_server_state,
-    option_priors,
-    prior_weight_ms,
-    setting_gamma,
-)
 from router.orm import TaskEstimate
 from router.policies.policy import (
     FALLBACK_TASK,
@@ -181,21 +172,14 @@ class Router:
         self.contract = contract or PolicyContract()
         self.adaptation = adaptation or AdaptationConfig()
         self.curves = {task: p.curve(self.contract, cost) for task, p in policies.items()}
+        # where the set's costs come from, so how its tasks' estimates decide and move (None: no feedback)
+        self.estimator = estimator_of(self.contract, policies, cost)
         self.states: dict[str, TaskState] = {}
-        if cost is not None:  # every policy starts from its published decision, the analysis as prior
+        if (
+            self.estimator is not None
+        ):  # every policy starts from its published decision, the analysis as prior
             for task, p in policies.items():
-                self.states[task] = initial_state(p.alpha_mean, p.speculate, p.gamma, self.adaptation)
-        elif self.contract.by_setting:  # a llama-server set: each task starts on its published setting
-            for task, p in policies.items():
-                setting = p.setting if p.speculate else None
-                self.states[task] = initial_server_state(p.alpha_mean, setting, self.adaptation)
-        # a llama-server set's published settings per task and the prior's weight, read once per loaded set
-        self.option_priors = {
-            task: option_priors(p.option_curve, self.contract.published_settings)
-            for task, p in policies.items()
-        }
-        plain_cost = PlainCost.from_json(self.contract.plain_cost)
-        self.prior_weight_ms = prior_weight_ms(plain_cost, self.adaptation) if plain_cost is not None else 0.0
+                self.states[task] = self.estimator.initial_state(p, self.adaptation)
         self.states.update(states or {})
         self._lock = threading.Lock()
 
@@ -281,10 +265,7 @@ class Router:
             self._policy_reasons(task, confidence, key, policy),
             policy.setting if policy else None,
         )
-        if self.contract.by_setting:
-            state = self._follow_setting(key, policy, choice)
-        else:
-            state = self._follow_estimate(key, policy, choice)
+        state = self._follow_estimate(key, choice)
         self._request_rules(request, policy, state, choice)
         gamma = choice.gamma if choice.speculate else NO_GAMMA
         return Decision(
@@ -355,20 +336,24 @@ class Router:
             )
         return found
 
-    def _follow_estimate(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
-        """The online estimate of ``key`` decides where there is one (probes included); the expected
-        speedup is its policy curve's at the chosen gamma under the estimate's alpha."""
+    def _follow_estimate(self, key: str, choice: _Choice) -> TaskState | None:
+        """The online estimate of ``key`` decides where there is one (probes included), as the set's estimator
+        says (:mod:`router.decide.estimators`): the gamma or setting in force and the speedup it expects."""
         state = self.states.get(key)
         if state is None:
             return None
         with self._lock:
-            state, choice.speculate, choice.gamma = next_request(self.states[key], self.adaptation)
+            state, speculate, gamma = next_request(self.states[key], self.adaptation)
             self.states[key] = state
-        choice.alpha = state.alpha
-        curve = self.curve_of(key)
-        if self.cost is not None and curve is not None:
-            expected = curve.speedup(choice.gamma, BASE, state.alpha, state.prior_alpha)
-            choice.expected = expected if math.isfinite(expected) else choice.expected
+        chosen = (
+            self.estimator.choose(key, state, speculate, gamma, self.adaptation)
+            if self.estimator is not None
+            else Chosen(speculate, gamma, None, state.alpha, None)  # estimates given to a set without a cost
+        )
+        choice.speculate, choice.gamma, choice.setting = chosen.speculate, chosen.gamma, chosen.setting
+        choice.alpha = chosen.alpha
+        if chosen.expected is not None:
+            choice.expected = chosen.expected
         self._estimate_reason(state, choice)
         if choice.speculate and not state.speculate:
             choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
@@ -387,31 +372,6 @@ class Router:
                     speculate=state.speculate,
                 )
             )
-
-    def _follow_setting(self, key: str, policy: PolicySnapshot | None, choice: _Choice) -> TaskState | None:
-        """A llama-server set: the setting the task's estimate has in force (:mod:`router.decide.server_adaptation`),
-        or while off, every ``probe_every``-th request to the published setting with the highest estimate."""
-        state = self.states.get(key)
-        if state is None or policy is None:
-            return None
-        priors = self.option_priors[policy.task_type]
-        with self._lock:
-            state, speculate, _ = next_request(self.states[key], self.adaptation)
-            self.states[key] = state
-        weight = self.prior_weight_ms
-        setting = state.setting if state.speculate else None
-        if speculate and not state.speculate:  # a probe: the published setting with the highest estimate
-            setting = choose_setting(priors, state, self.margin, self.adaptation, weight).probe
-        choice.speculate, choice.setting = setting is not None, setting
-        choice.gamma = setting_gamma(setting)
-        choice.alpha = state.alpha
-        prior = next((p for p in priors if p.label == setting), None)
-        if prior is not None:
-            choice.expected = estimate(prior, state, weight)[0]
-        self._estimate_reason(state, choice)
-        if setting is not None and not state.speculate:
-            choice.reasons.append(reason("probe", probe_every=self.adaptation.probe_every))
-        return state
 
     def _request_rules(
         self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None, choice: _Choice

@@ -40,24 +40,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from analyzer.db import utcnow
-from analyzer.pricing.policy_curve import PolicyCurve
 from analyzer.pricing.speedup import Cost
-from router.decide.adaptation import AdaptationConfig, TaskState, apply_feedback, count_event, initial_state
+from router.decide.adaptation import AdaptationConfig, TaskState
+from router.decide.estimators import TaskEstimator, estimator_of
 from router.decide.feedback_body import read_feedback
 from router.decide.feedback_formats import FeedbackCounts, FeedbackError
 from router.decide.route_ids import PROCESS_KEY, parse_route_id
-from router.decide.server_adaptation import (
-    OptionPrior,
-    PlainCost,
-    apply_server_feedback,
-    choose_setting,
-    initial_server_state,
-    option_priors,
-    prior_weight_ms,
-)
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, TaskEstimate
 from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
-from router.policies.records import estimate_dict
+from router.policies.records import analysis_ref, estimate_dict
 
 
 class UnknownRouteId(FeedbackError):
@@ -183,9 +174,15 @@ class PolicyContext:
     policy_set_id: int
     version: int
     policies: Mapping[str, PolicySnapshot]  # task type (and FALLBACK_TASK) -> its published policy
-    cost: Cost | None  # None: a llama-server set (contract.by_setting), priced by its plain cost
+    cost: Cost | None  # the run's cost profile (None: a llama-server set, priced by its plain step cost)
     classifier_labels: frozenset[str] = frozenset()  # the active classifier's task types
     contract: PolicyContract = PolicyContract()  # the set's gamma_max, margin, engines, draft and cost
+    # how its tasks' estimates start and move (router/decide/estimators.py); None: from the policies and cost
+    estimator: TaskEstimator | None = None
+
+    def __post_init__(self) -> None:
+        if self.estimator is None:
+            object.__setattr__(self, "estimator", estimator_of(self.contract, self.policies, self.cost))
 
     @property
     def known_tasks(self) -> frozenset[str]:
@@ -196,22 +193,10 @@ class PolicyContext:
         """The policy that decides for ``task`` (the fallback where it has none)."""
         return self.policies.get(task) or self.policies[FALLBACK_TASK]
 
-    def curve(self, task: str) -> PolicyCurve:
-        """The policy curve that ``task``'s estimate moves."""
-        return self.policy(task).curve(self.contract, self.cost)
-
-    def priors(self, task: str) -> tuple[OptionPrior, ...]:
-        """A llama-server set: ``task``'s published settings as its analysis priced them."""
-        return option_priors(self.policy(task).option_curve, self.contract.published_settings)
-
     def initial_state(self, task: str, config: AdaptationConfig) -> TaskState:
         """``task``'s state before any feedback: its published decision, its analysis as the prior."""
-        policy = self.policy(task)
-        if self.contract.by_setting:
-            return initial_server_state(
-                policy.alpha_mean, policy.setting if policy.speculate else None, config
-            )
-        return initial_state(policy.alpha_mean, policy.speculate, policy.gamma, config)
+        assert self.estimator is not None  # policy_context gives none for a set that takes no feedback
+        return self.estimator.initial_state(self.policy(task), config)
 
 
 def active_classifier_labels(session: Session) -> frozenset[str]:
@@ -228,10 +213,10 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
         if version is None
         else query.where(PolicySet.version == version)
     )
-    contract = PolicyContract.of(policy_set)
-    if policy_set is None or (contract.cost is None and not contract.by_setting):
+    if policy_set is None:
         return None
-    return PolicyContext(
+    contract = PolicyContract.of(policy_set)
+    context = PolicyContext(
         policy_set.id,
         policy_set.version,
         {p.task_type: PolicySnapshot.of(p) for p in policy_set.policies},
@@ -239,6 +224,7 @@ def policy_context(session: Session, version: int | None = None) -> PolicyContex
         active_classifier_labels(session),
         contract,
     )
+    return context if context.estimator is not None else None
 
 
 @dataclass(frozen=True)
@@ -254,23 +240,19 @@ class Recorded:
 
 
 def _check_adaptive(session: Session, version: int | None) -> None:
-    """PolicyNotAdaptive where policy set ``version`` (None: the active one) exists but has no cost."""
-    query = select(PolicySet.version, PolicySet.server_analysis_id)
-    found = session.execute(
+    """PolicyNotAdaptive where policy set ``version`` (None: the active one) exists but has nothing to price
+    feedback with."""
+    query = select(PolicySet)
+    found = session.scalar(
         query.where(PolicySet.is_active.is_(True))
         if version is None
         else query.where(PolicySet.version == version)
-    ).first()
+    )
     if found is not None:
-        source = (
-            "a llama-server analysis before feedback adapted such sets (it has no curve over the settings: "
-            "publish it again)"
-            if found[1]
-            else "a run without a cost profile"
-        )
         raise PolicyNotAdaptive(
-            f"policy set v{found[0]} was published from {source}: it has no cost to adapt with, so it takes no "
-            "feedback"
+            f"policy set v{found.version} was published from analysis {analysis_ref(found) or '(deleted)'} without a "
+            "cost to adapt with (a run without a cost profile, or a llama-server analysis published before feedback "
+            "adapted such sets: publish it again), so it takes no feedback"
         )
 
 
@@ -346,18 +328,10 @@ def _apply(
     config: AdaptationConfig,
 ) -> Recorded:
     """Move ``estimate`` by one checked event and add the event's row."""
-    counts = request.counts
-    if context.contract.by_setting:
-        state = _apply_to_setting(request, context, estimate_state(estimate), config)
-    else:
-        state = apply_feedback(
-            estimate_state(estimate),
-            counts.rounds,
-            counts.drafted,
-            counts.accepted,
-            context.curve(request.task),
-            config,
-        )
+    assert context.estimator is not None  # policy_context gives none for a set that takes no feedback
+    state = context.estimator.apply(
+        request.task, estimate_state(estimate), request.counts, request.setting, config, context.version
+    )
     now = utcnow()
     if estimate.decision_since is None or (state.speculate, state.gamma, state.setting) != (
         estimate.speculate,
@@ -369,66 +343,6 @@ def _apply(
     estimate.updated_at = now
     session.add(request.event(context.policy_set_id))
     return Recorded(estimate, state, context.policy_set_id, estimate_dict(estimate))
-
-
-class UnknownSetting(FeedbackError):
-    """Feedback names a llama-server setting the policy set publishes no pool for."""
-
-    code = "unknown_setting"
-
-
-def _apply_to_setting(
-    request: FeedbackRequest, context: PolicyContext, state: TaskState, config: AdaptationConfig
-) -> TaskState:
-    """A llama-server set's estimate after one pool request (:func:`apply_server_feedback`): its setting is
-    the one the payload names, else the one in force (while off: the one a probe goes to, where the request
-    drafted something; one that drafted nothing ran on the off pool). A request on the off pool is counted and
-    moves no setting; one on a setting moves that setting's estimate, even where it drafted nothing."""
-    counts = request.counts
-    priors = context.priors(request.task)
-    cost = PlainCost.from_json(context.contract.plain_cost)
-    assert cost is not None  # contract.by_setting
-    weight = prior_weight_ms(cost, config)
-    setting = request.setting
-    if setting is None:
-        setting = state.setting if state.speculate else choose_setting(priors, state, context.contract.margin,
-                                                                       config, weight).probe  # fmt: skip
-    elif setting == "off" or setting not in {p.label for p in priors}:
-        if setting != "off":
-            raise UnknownSetting(
-                f"unknown setting {setting!r}: policy set v{context.version} publishes pools for "
-                f"{', '.join(sorted(p.label for p in priors)) or 'no setting'} (and off) for task {request.task!r}"
-            )
-        setting = None
-    if setting is None or counts.drafted == 0 and request.setting is None and not state.speculate:
-        # a plain request: it says nothing about a setting; it is counted
-        return count_event(state, counts.rounds, 0, 0)
-    missing = next(
-        (name for name, value in (("predicted_ms", counts.decode_ms), ("prompt_n", counts.prompt_tokens),
-                                  ("predicted_n", counts.output_tokens)) if value is None),
-        None,
-    )  # fmt: skip
-    if missing is not None:
-        raise FeedbackError(
-            f"field 'timings.{missing}' is missing: feedback to a llama-server policy set (v{context.version}) is "
-            "the pool's 'timings' as the server reports them"
-        )
-    assert (
-        counts.decode_ms is not None and counts.prompt_tokens is not None and counts.output_tokens is not None
-    )
-    return apply_server_feedback(
-        state,
-        setting=setting,
-        drafted=counts.drafted,
-        accepted=counts.accepted,
-        rounds=counts.rounds,
-        plain_ms=cost.plain_ms(counts.prompt_tokens, counts.output_tokens),
-        served_ms=counts.decode_ms,
-        priors=priors,
-        margin=context.contract.margin,
-        weight_ms=weight,
-        config=config,
-    )
 
 
 def record_feedback_batch(

@@ -146,8 +146,8 @@ class RouterService:
         """Store a pool's ``timings`` for a forwarded request (router/serve/front_door.py) as the decision's
         feedback: through :meth:`feedback` where its policy set adapts, as the event alone where the set
         takes no feedback; a payload feedback refuses is logged, never the client's failure."""
-        contract = self.router.contract
-        payload = feedback_of(decision, timings, contract.pools if contract.by_setting else None)
+        estimator = self.router.estimator
+        payload = feedback_of(decision, timings, estimator.option_pools if estimator is not None else None)
         if payload is None:
             return
         try:
@@ -172,7 +172,7 @@ class RouterService:
         if (
             router.policy_set_id is None
             or router.policy_version is None  # set with policy_set_id (router_from_database)
-            or (router.cost is None and not router.contract.by_setting)
+            or router.estimator is None  # the set takes no feedback
             or router.fallback is None
         ):
             return None
@@ -184,6 +184,7 @@ class RouterService:
             router.cost,
             labels,
             router.contract,
+            router.estimator,
         )
 
     def policies(self) -> dict[str, Any]:
