@@ -175,10 +175,8 @@ class Router:
         # where the set's costs come from, so how its tasks' estimates decide and move (None: no feedback)
         self.estimator = estimator_of(self.contract, policies, cost)
         self.states: dict[str, TaskState] = {}
-        if (
-            self.estimator is not None
-        ):  # every policy starts from its published decision, the analysis as prior
-            for task, p in policies.items():
+        if self.estimator is not None:
+            for task, p in policies.items():  # its published decision, its analysis as the prior
                 self.states[task] = self.estimator.initial_state(p, self.adaptation)
         self.states.update(states or {})
         self._lock = threading.Lock()
