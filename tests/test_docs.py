@@ -67,6 +67,9 @@ def test_readme_opens_with_the_two_fresh_machine_commands_and_ci_runs_the_test_o
     assert "pytest" in tests
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text("utf-8").splitlines()]
     assert tests.strip() in ci_lines
+    # `set -e` does not stop at a failure before the last command of an && list: CI checks the list's status
+    at = ci_lines.index(tests.strip())
+    assert ci_lines[at - 1 : at + 4] == ["if ! {", tests.strip(), "}; then", ci_lines[at + 2], "exit 1"]
 
 
 def test_the_docs_overview_shows_the_readme_s_two_commands():
