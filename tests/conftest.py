@@ -1,6 +1,6 @@
 """Shared fixtures: a migrated temporary SQLite file (a copy of one migrated once per session), sessions on
-it, a CLI runner pointed at it,
-and (once per session) a throw-away PostgreSQL server for the portability tests."""
+it, a CLI runner pointed at it, (once per session) a throw-away PostgreSQL server for the portability tests
+and the bundled corpus' classifier as the demo trains it."""
 
 from __future__ import annotations
 
@@ -193,7 +193,6 @@ def llama_server_binary() -> Path:
 def _cold_start_classifier(tmp_path_factory, _migrated_template) -> dict:
     """The bundled corpus' task classifier as the demo's step [4/6] trains it (cross-validated, with the
     settings' feature set and fold jobs), trained once per session: its row's columns."""
-    from analyzer.db import make_session_factory as sessions_on
     from analyzer.settings import Settings
     from router.classify.pipeline import fold_jobs
     from router.classify.training import train_classifier_apart
@@ -206,7 +205,7 @@ def _cold_start_classifier(tmp_path_factory, _migrated_template) -> dict:
     settings = Settings()
     try:
         version = train_classifier_apart(
-            sessions_on(engine),
+            make_session_factory(engine),
             cold_start_data(),
             features=settings.classifier_features,
             jobs=fold_jobs(settings.classifier_jobs, settings.classifier_features),
