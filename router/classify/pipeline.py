@@ -78,5 +78,7 @@ def build_pipeline(seed: int = 0, features: str = "tfidf", c: float | None = Non
         from router.classify.encoder import EmbeddingFeatures
 
         parts.append(("embedding", EmbeddingFeatures()))
-    model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced", random_state=seed)
+    model = LogisticRegression(
+        C=c, solver="newton-cg", max_iter=3000, class_weight="balanced", random_state=seed
+    )
     return Pipeline([("features", FeatureUnion(parts)), ("model", model)])
