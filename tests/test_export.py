@@ -250,6 +250,8 @@ def test_every_tasks_pool_runs_the_gamma_the_router_sends_it_with(session, run):
     pools = {p["key"]: p for p in exported["per_task"]["pools"]}
     assert exported["per_task"]["router_pools"] == {k: p["url"] for k, p in pools.items()}
     assert [p["url"] for p in pools.values()] == [f"http://127.0.0.1:{9100 + i}" for i in range(len(pools))]
+    assert exported["provenance"]["analysis"] == str(run.id)  # a run's reference is its number
+    assert exported["per_task"]["publish"].endswith(f"specroute policies publish --analysis {run.id}")
     for group in plan.groups:
         for batch in range(1, 40):
             decision = router.decide_task(group.task, RouteRequest(batch_size=batch))
@@ -493,8 +495,11 @@ def test_a_set_from_a_llama_server_analysis_exports_its_pools_for_llama_server_o
         assert set(pools[key]["tasks"]) == {
             p.task_type for p in policy_set.policies if p.setting == key and p.speculate
         }
+    analysis = f"llama-server:{record.id}"
+    assert exported["provenance"]["analysis"] == analysis
+    assert exported["per_task"]["publish"].endswith(f"specroute policies publish --analysis {analysis}")
     for engine in ("vllm", "sglang", "trtllm", "transformers"):
-        with pytest.raises(ExportError, match="export it --for llama-server"):
+        with pytest.raises(ExportError, match=f"analysis {analysis}: .* export it --for llama-server"):
             render_export(plan, engine)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
+from analyzer.analysis.analysis_ref import parse_analysis_ref
 from analyzer.db import make_session_factory
 from analyzer.engine.llama_server_process import LlamaServerClient, free_port
 from analyzer.measuring.server_drafting import parse_drafter
@@ -34,6 +35,7 @@ from router.decide.decision import router_from_database
 from router.decide.feedback import FeedbackError, parse_feedback, record_feedback
 from router.decide.server_adaptation import PlainCost, estimate, option_priors, prior_weight_ms
 from router.policies.policy import PolicyError, publish_policies, router_pools
+from router.policies.publishing import publish_analysis
 from router.policies.records import policy_set_dict
 from router.policies.server_policy import policy_set_plan, publish_server_policies, workload_choice
 from tests.factories import make_done_run, make_server_analysis
@@ -141,6 +143,11 @@ def test_an_analysis_whose_advice_is_withheld_advises_nothing_and_publishes_inac
     assert publish_server_policies(
         session, record.id, pools={}, activate=True
     ).is_active  # an explicit choice
+    # published by its reference, as 'specroute policies publish --analysis' does: inactive, saying why
+    published = publish_analysis(session, parse_analysis_ref(f"llama-server:{record.id}"))
+    assert not published.policy_set.is_active and published.withheld == f"Advice withheld: {reason}."
+    forced = publish_analysis(session, parse_analysis_ref(f"llama-server:{record.id}"), activate=True)
+    assert forced.policy_set.is_active and forced.withheld is None
     # the routing numbers are stored from the same replays: the oracle is the ceiling of any router
     overall = record.routing[-1]
     assert overall["group"] == "all" and overall["oracle"] >= overall["by_task"] >= 1.0
@@ -317,7 +324,7 @@ def test_pools_plan_prints_each_pools_command_and_the_mapping(runner, tmp_path):
         cli, ["policies", "publish", "--llama-server-analysis", str(record.id), "--first-port", "9100"]
     )
     assert published.exit_code == 0, published.output
-    assert published.stdout.startswith(f"policy set v1 (active) from llama-server analysis #{record.id}")
+    assert published.stdout.startswith(f"policy set v1 (active) from analysis llama-server:{record.id}")
     plan = runner.invoke(cli, ["pools", "plan"])
     assert plan.exit_code == 0, plan.output
     lines = plan.stdout.splitlines()

@@ -91,13 +91,9 @@ class Export:
         """The command that publishes the decisions with these pools (SPECROUTE_ROUTER_POOLS is read when
         a set is published)."""
         mapping = "SPECROUTE_ROUTER_POOLS=" + shlex.quote(json.dumps(self.router_pools))
-        if self.plan.run_id is not None:
-            return f"{mapping} specroute policies publish --run {self.plan.run_id}"
-        if self.plan.server_analysis_id is not None:
-            return (
-                f"{mapping} specroute policies publish --analysis llama-server:{self.plan.server_analysis_id}"
-            )
-        return mapping
+        if self.plan.analysis is None:
+            return mapping
+        return f"{mapping} specroute policies publish --analysis {self.plan.analysis}"
 
     def document(self) -> dict[str, Any]:
         """The export as JSON-ready data (``--format json``)."""
@@ -154,11 +150,19 @@ class Exporter:
     doc_url = ""
     default_port = 8000
     per_batch_knobs = False  # whether one server can follow the per-batch decisions (vLLM, TensorRT-LLM)
+    runs_settings = False  # whether it runs the drafter settings an analysis in it decided (llama-server)
 
     # ---------------------------------------------------------------- what an engine says
 
     def check(self, plan: ExportPlan) -> None:
-        """Raise ExportError where this engine cannot run the plan's decisions at all."""
+        """Raise ExportError where this engine cannot run the plan's decisions at all: drafter settings
+        (:attr:`ExportPlan.decides_settings`) for an engine that runs only a gamma."""
+        if plan.decides_settings and not self.runs_settings:
+            raise ExportError(
+                f"{plan.source} was published from analysis {plan.analysis}: its decisions are "
+                f"{plan.measured_by}'s drafter settings, which {self.title} does not run; export it "
+                f"--for {plan.measured_by}"
+            )
 
     def server_values(
         self, plan: ExportPlan, group: GroupPlan | None, gamma: int, setting: str | None = None
@@ -173,7 +177,7 @@ class Exporter:
         llama-server analysis has one pool per drafter setting (keyed by its label, as the router names
         them); any other, one per distinct gamma (keyed "k<gamma>")."""
         specs: list[tuple[str, int, str | None, list[str]]] = [(OFF, 0, None, plan.tasks_with(0))]
-        if plan.server is not None:
+        if plan.decides_settings:
             settings = sorted({g.setting for g in plan.groups if g.setting})
             for setting in settings:
                 chosen = [g for g in plan.groups if g.setting == setting]
@@ -399,18 +403,6 @@ def model_draft(plan: ExportPlan, *, gguf: bool = False) -> str | None:
 
 def served_target(plan: ExportPlan, *, gguf: bool = False) -> str:
     return served_model(plan.target, gguf=gguf) if plan.target else "<target>"
-
-
-class ModelRunExporter(Exporter):
-    """An engine that runs a run's decisions (a gamma) and not a llama-server analysis' (a drafter setting)."""
-
-    def check(self, plan: ExportPlan) -> None:
-        if plan.server is not None:
-            raise ExportError(
-                f"{plan.source} was published from llama-server analysis #{plan.server_analysis_id}: its "
-                f"decisions are llama-server drafter settings, which {self.title} does not run; export it "
-                f"--for llama-server"
-            )
 
 
 def rule_differs(plan: ExportPlan, engine: str, how: str) -> str:

@@ -19,7 +19,6 @@ from analyzer.pricing.policy_curve import decision_rule
 from router.export.export_config import (
     Export,
     Exporter,
-    ModelRunExporter,
     Value,
     comment,
     gamma_source,
@@ -39,6 +38,7 @@ class LlamaServerExporter(Exporter):
     formats = ("flags", "json")
     doc_url = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
     default_port = 8081
+    runs_settings = True
 
     def server_values(
         self, plan: ExportPlan, group: GroupPlan | None, gamma: int, setting: str | None = None
@@ -100,7 +100,7 @@ class LlamaServerExporter(Exporter):
         return notes
 
 
-class TransformersExporter(ModelRunExporter):
+class TransformersExporter(Exporter):
     name, title = "transformers", "transformers"
     aliases = ("transformers",)
     formats = ("python", "json")

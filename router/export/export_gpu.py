@@ -17,7 +17,7 @@ from typing import Any
 
 from router.export.export_config import (
     Export,
-    ModelRunExporter,
+    Exporter,
     Value,
     comment,
     gamma_source,
@@ -35,7 +35,7 @@ from router.export.export_plan import ExportPlan, GroupPlan
 TABLE_END = 1024
 
 
-class VllmExporter(ModelRunExporter):
+class VllmExporter(Exporter):
     name, title = "vllm", "vLLM"
     aliases = ("vllm",)
     formats = ("flags", "json")
@@ -98,7 +98,7 @@ class VllmExporter(ModelRunExporter):
         return notes
 
 
-class SglangExporter(ModelRunExporter):
+class SglangExporter(Exporter):
     name, title = "sglang", "SGLang"
     aliases = ("sglang",)
     formats = ("flags", "json")
@@ -154,7 +154,7 @@ class SglangExporter(ModelRunExporter):
         return notes
 
 
-class TrtllmExporter(ModelRunExporter):
+class TrtllmExporter(Exporter):
     name, title = "trtllm", "TensorRT-LLM"
     aliases = ("trtllm", "tensorrt-llm", "tensorrtllm", "trt-llm")
     formats = ("yaml", "json")

@@ -40,6 +40,7 @@ from router.policies.policy import (
     find_policy_set,
     run_policy_set,
 )
+from router.policies.records import analysis_ref
 from router.policies.server_policy import server_policy_set
 
 Interval = tuple[float | None, float | None]
@@ -135,9 +136,10 @@ class ExportPlan:
     """A run's or policy set's decisions for an engine's config (module docstring)."""
 
     source: str  # "run 12" or "policy set v3"
-    run_id: int | None
+    analysis: (
+        str | None
+    )  # the analysis the decisions came from, as ``specroute runs list`` names it (None: gone)
     policy_version: int | None
-    server_analysis_id: int | None
     target: str
     draft: str
     draft_kind: str  # "ngram" (prompt lookup), "llama-server" (a llama-server drafter setting), or a model's spec kind
@@ -156,6 +158,13 @@ class ExportPlan:
     server: dict[str, Any] | None = None
 
     @property
+    def decides_settings(self) -> bool:
+        """Whether the decisions are drafter settings of the engine that measured them (an analysis in
+        llama-server: ``--spec-type`` settings), which only an engine that runs them can export, rather
+        than a gamma, which every engine takes."""
+        return self.server is not None
+
+    @property
     def groups(self) -> tuple[GroupPlan, ...]:
         """The tasks, then the workload."""
         return (*self.tasks, self.workload)
@@ -168,9 +177,8 @@ class ExportPlan:
         """Where the plan's numbers came from, as JSON (every export carries it)."""
         return {
             "source": self.source,
-            "run": self.run_id,
+            "analysis": self.analysis,
             "policy_version": self.policy_version,
-            "llama_server_analysis": self.server_analysis_id,
             "target": self.target,
             "draft": self.draft,
             "measured_by": self.measured_by,
@@ -249,9 +257,8 @@ def _plan(session: Session, policy_set: PolicySet, run: AnalysisRun | None, sour
         }
     return ExportPlan(
         source=source,
-        run_id=policy_set.run_id,
+        analysis=analysis_ref(policy_set),
         policy_version=policy_set.version,
-        server_analysis_id=policy_set.server_analysis_id,
         target=run.pair.target.spec if run is not None else str(server["model"]) if server else "",
         draft=run.pair.draft.spec if run is not None else ", ".join(record.drafters) if server else "",
         draft_kind=contract.draft_kind,

@@ -238,11 +238,7 @@ def policies() -> None:
 
 def _print_policy_set(data: dict) -> None:
     state = "active" if data["active"] else "inactive"
-    source = (
-        f"llama-server analysis #{data['server_analysis_id']}"
-        if data.get("server_analysis_id")
-        else f"run {data['run_id']}"
-    )
+    source = f"analysis {data['analysis']}" if data.get("analysis") else "an analysis that is gone"
     click.echo(
         f"policy set v{data['version']} ({state}) from {source}, priced in {data['engine']}, "
         f"margin {data['margin']}"
@@ -300,39 +296,23 @@ def policies_publish(
     cost profile was measured on a busy machine: then 'specroute policies activate VERSION' activates it if
     you trust it anyway). 'specroute pools plan' prints the llama-server pools a set from a llama-server
     analysis needs."""
-    from analyzer.advice.report import run_advice_withheld
-    from analyzer.analysis.analysis_ref import RUN, resolve_analysis
-    from analyzer.analysis.server_store import get_server_analysis
-    from analyzer.orm import AnalysisRun
-    from router.policies.policy import publish_policies
+    from analyzer.analysis.analysis_ref import RUN, SERVER, AnalysisRef
+    from router.policies.publishing import publish_analysis
     from router.policies.records import policy_set_dict
-    from router.policies.server_policy import publish_server_policies
 
     if sum(x is not None for x in (analysis, run_id, server_analysis_id)) != 1:
         raise click.UsageError("give one of --analysis, --run or --llama-server-analysis")
+    if run_id is not None:  # the two older spellings of a reference
+        analysis = AnalysisRef(RUN, run_id)
+    elif server_analysis_id is not None:
+        analysis = AnalysisRef(SERVER, server_analysis_id)
+    assert analysis is not None  # one of the three, checked above
     with state.sessions()() as session, session.begin():
         lock_for_write(session)  # read-then-write: a serving process's decision log waits, not fails
-        if analysis is not None:
-            ref = resolve_analysis(session, analysis)
-            run_id, server_analysis_id = (ref.id, None) if ref.kind == RUN else (None, ref.id)
-        if server_analysis_id is not None:
-            policy_set = publish_server_policies(
-                session,
-                server_analysis_id,
-                notes=notes,
-                activate=False if no_activate else None,
-                first_port=first_port,
-            )
-            withheld = (
-                None if no_activate else get_server_analysis(session, server_analysis_id).advice_withheld
-            )
-            withheld = f"Advice withheld: {withheld}." if withheld else None
-        elif run_id is not None:
-            policy_set = publish_policies(
-                session, run_id, notes=notes, activate=False if no_activate else None
-            )
-            run = session.get(AnalysisRun, run_id)  # there: publishing found it
-            withheld = None if no_activate or run is None else run_advice_withheld(run)
+        published = publish_analysis(
+            session, analysis, notes=notes, activate=False if no_activate else None, first_port=first_port
+        )
+        policy_set, withheld = published.policy_set, published.withheld
         data = policy_set_dict(policy_set)
     if as_json:
         click.echo(strict_json.dumps(data))
