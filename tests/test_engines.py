@@ -292,7 +292,8 @@ def test_policies_list_names_the_engine(runner):
         ("llama.cpp", "llama.cpp"),
     ]
     assert (
-        "policy set v1 (inactive) from analysis 1, priced in llama.cpp" in _cli(runner, "policies", "list").stdout
+        "policy set v1 (inactive) from analysis 1, priced in llama.cpp"
+        in _cli(runner, "policies", "list").stdout
     )
 
 
