@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from analyzer.advice.summary import GroupSummary
 from analyzer.advice.summary_store import run_summary
+from analyzer.analysis.analysis_ref import RUN, AnalysisRef, resolve_analysis
 from analyzer.analysis.server_store import get_server_analysis
 from analyzer.engine.engines import pricing_entry
 from analyzer.errors import SpecrouteError
@@ -207,6 +208,13 @@ def plan_for_server_analysis(session: Session, analysis_id: int) -> ExportPlan:
     if record is None:
         raise ExportError(f"no llama-server analysis #{analysis_id}")
     return _plan(session, server_policy_set(session, record), None, f"llama-server analysis #{analysis_id}")
+
+
+def plan_for_analysis(session: Session, ref: AnalysisRef) -> ExportPlan:
+    """The plan of the decisions of the analysis ``ref`` names (a job's: the analysis it stored), as publishing
+    it would route them, whatever measured it."""
+    ref = resolve_analysis(session, ref)
+    return plan_for_run(session, ref.id) if ref.kind == RUN else plan_for_server_analysis(session, ref.id)
 
 
 def plan_for_policy_set(session: Session, version: int | None) -> ExportPlan:

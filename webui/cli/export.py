@@ -78,25 +78,14 @@ def export(
     max_concurrency), the pools a per-task deployment needs with the command that starts each, and the
     SPECROUTE_ROUTER_POOLS mapping that sends each task to its pool. Every value says where it came from;
     the first line warns when another engine priced the decisions. See docs/export.md."""
-    from analyzer.analysis.analysis_ref import RUN, resolve_analysis
-    from router.export.export_plan import (
-        ExportError,
-        plan_for_policy_set,
-        plan_for_run,
-        plan_for_server_analysis,
-    )
+    from router.export.export_plan import ExportError, plan_for_analysis, plan_for_policy_set, plan_for_run
     from router.export.serving import render_export
 
     if sum(x is not None for x in (analysis, run_id, version)) > 1:
         raise click.UsageError("give one of --analysis, --run or --policies")
     with state.sessions()() as session:
         if analysis is not None:
-            ref = resolve_analysis(session, analysis)
-            plan = (
-                plan_for_run(session, ref.id)
-                if ref.kind == RUN
-                else plan_for_server_analysis(session, ref.id)
-            )
+            plan = plan_for_analysis(session, analysis)
         elif run_id is not None:
             plan = plan_for_run(session, run_id)
         else:
