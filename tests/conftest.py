@@ -220,7 +220,7 @@ def cold_start_classifier_trained(_cold_start_classifier, _migrated_template, ru
     """The test's data folder holds a database at head with the session's cold-start classifier active, as a
     demo that ran before would have left it: the demo then reuses it (``classifier v1 already trained``).
     For the demos of other engines, whose step [4/6] is the same code as the one tests/test_cli.py's demo
-    runs, trains and checks; a minute of cross-validation each otherwise."""
+    runs, trains and checks; half a minute of cross-validation each otherwise."""
     from analyzer.settings import load_settings
     from router.orm import ClassifierVersion
 

@@ -254,7 +254,7 @@ FORMS = {
 @pytest.mark.parallel
 def test_every_form_answers_hostile_values_without_a_server_error(tmp_path):
     # an app of its own: a hostile value the training form accepts starts training on the bundled corpus in
-    # the background (a minute of cross-validation), which closing the app stops at its next fold instead of
+    # the background (half a minute of cross-validation), which closing the app stops at its next fold instead of
     # leaving it to compete with the module's later tests
     app, client, sessions, token, engine, _ = routing_test_app(tmp_path)
     try:

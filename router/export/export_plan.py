@@ -137,9 +137,8 @@ class ExportPlan:
     """A run's or policy set's decisions for an engine's config (module docstring)."""
 
     source: str  # "run 12" or "policy set v3"
-    analysis: (
-        str | None
-    )  # the analysis the decisions came from, as ``specroute runs list`` names it (None: gone)
+    # the analysis the decisions came from, as ``specroute runs list`` names it (None: its run is gone)
+    analysis: str | None
     policy_version: int | None
     target: str
     draft: str
