@@ -269,6 +269,7 @@ def test_new_run_form(surfaces, fields):
     fields=st.dictionaries(
         st.sampled_from(
             [
+                "analysis",
                 "run_id",
                 "notes",
                 "prompt_sets",

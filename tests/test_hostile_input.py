@@ -244,7 +244,7 @@ FORMS = {
     "/classifier/train": ("prompt_sets", "source", "notes"),
     "/classifier/1/activate": ("next",),
     "/playground": ("prompt", "max_new_tokens", "batch_size"),
-    "/policies/publish": ("run_id", "notes"),
+    "/policies/publish": ("analysis", "run_id", "notes"),
     "/policies/1/activate": ("next",),
     "/login": ("token", "next"),
 }

@@ -551,17 +551,38 @@ def test_the_front_door_says_when_a_pool_is_a_name_or_does_not_answer(session, c
 def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, client):
     import re
 
+    from markupsafe import escape
+
     prompt_set, _ = import_sample(session)
     record = make_server_analysis(session, prompt_set, ANSWERS, DRAFTERS)
     session.commit()
     page = client.get(f"/llama-server/{record.id}").get_data(as_text=True)
-    assert f'action="/llama-server/{record.id}/publish"' in page
+    form = (
+        page.split('id="publish-server-analysis"')[0].rsplit("<form", 1)[1]
+        + page.split('id="publish-server-analysis"')[1].split("</form>")[0]
+    )
+    # the page's button posts to the one publish form every analysis uses, naming this analysis
+    assert (
+        'action="/policies/publish"' in form and f'name="analysis" value="llama-server:{record.id}"' in form
+    )
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
-    assert client.post(f"/llama-server/{record.id}/publish").status_code == 400  # no CSRF token: refused
-    done = client.post(f"/llama-server/{record.id}/publish", data={"csrf_token": token})
+    assert client.post("/policies/publish").status_code == 400  # no CSRF token: refused
+    listed = client.get("/policies").get_data(as_text=True)  # the policies page offers it too
+    assert f'<option value="llama-server:{record.id}" selected>llama-server analysis #{record.id}' in listed
+    done = client.post(
+        "/policies/publish", data={"csrf_token": token, "analysis": f"llama-server:{record.id}"}
+    )
     assert done.status_code == 302 and done.headers["Location"].endswith("/policies")
     shown = client.get("/policies").get_data(as_text=True)
-    assert f"policy set v1 published from llama-server analysis #{record.id} and active" in shown
+    assert (
+        str(
+            escape(
+                f"policy set v1 published from analysis llama-server:{record.id} and active: start its pools with "
+                "'specroute pools start'"
+            )
+        )
+        in shown
+    )
     assert "as published (no feedback yet)" in shown and "nothing adapts" not in shown
     active = client.get("/v1/policies").get_json()["active"]
     assert active["version"] == 1 and active["server_analysis_id"] == record.id
@@ -581,6 +602,17 @@ def test_the_analysis_page_publishes_its_choices_as_the_active_set(session, clie
     )
     assert "changed from the published decision" in row and "after 40 feedback events" in row
     assert client.post("/llama-server/99/publish", data={"csrf_token": token}).status_code == 404
+    # the address earlier pages posted to publishes the same way
+    again = client.post(f"/llama-server/{record.id}/publish", data={"csrf_token": token})
+    assert again.status_code == 302 and f"policy set v2 published from analysis llama-server:{record.id}" in (
+        client.get("/policies").get_data(as_text=True)
+    )
+    unknown = client.post("/policies/publish", data={"csrf_token": token, "analysis": "llama-server:99"})
+    assert unknown.status_code == 404  # a reference to nothing: not found, as the analysis page says
+    wrong = client.post("/policies/publish", data={"csrf_token": token, "analysis": "last week's"})
+    assert wrong.status_code == 302 and "choose a finished analysis" in client.get("/policies").get_data(
+        as_text=True
+    )
 
 
 def test_the_route_command_prints_a_llama_server_decision_in_each_serving_engines_terms(

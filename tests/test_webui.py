@@ -475,7 +475,9 @@ def test_the_publish_form_never_preselects_a_run_measured_on_a_busy_machine(web,
     with session.begin():
         session.get(AnalysisRun, run_id).batch_profiles[0].cost_profile.quality = "noisy"
     page = web.get("/policies").get_data(as_text=True)
-    assert "<option disabled selected>(choose a run)</option>" in page  # nothing clean: no default at all
+    assert (
+        "<option disabled selected>(choose an analysis)</option>" in page
+    )  # nothing clean: no default at all
     assert re.search(rf'<option value="{run_id}">run #{run_id} [^<]* · noisy cost profile', page)
 
 

@@ -8,7 +8,9 @@ from markupsafe import Markup
 from sqlalchemy import func, select
 
 from analyzer.advice.report import run_advice_withheld
+from analyzer.analysis.analysis_ref import RUN, SERVER, AnalysisRef, AnalysisRefError, parse_analysis_ref
 from analyzer.analysis.run_records import get_run
+from analyzer.analysis.server_store import list_server_analyses
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
@@ -19,12 +21,8 @@ from router.classify.training_request import check_training_request
 from router.classify.version_store import activate_version, rarely_reached
 from router.decide.decision import RouteRequest
 from router.orm import ClassifierVersion
-from router.policies.policy import (
-    PolicyError,
-    activate_policy_set,
-    list_policy_sets,
-    publish_policies,
-)
+from router.policies.policy import PolicyContract, PolicyError, activate_policy_set, list_policy_sets
+from router.policies.publishing import publish_analysis
 from router.policies.records import policy_set_dict
 from webui.export_pages import export_card
 from webui.prompt_pages import PAGE_SIZE
@@ -233,20 +231,29 @@ def playground():
 
 @bp.get("/policies")
 def policies():
-    """The policies page: every policy set, the finished runs to publish from (a noisy one never
-    preselected), the live estimates, why advice was withheld and the task types rarely reached."""
+    """The policies page: every policy set, the finished analyses to publish from, runs and analyses in
+    llama-server by reference (one whose advice is withheld never preselected), the live estimates, why advice
+    was withheld and the task types rarely reached."""
     with sessions()() as session:
         sets = [policy_set_dict(p) for p in list_policy_sets(session)]
         runs = [
             {
-                "id": r.id,
-                "prompt_set": r.prompt_set.name,
-                "draft": r.pair.draft.spec,
-                "noisy": any(link.cost_profile.quality == "noisy" for link in r.batch_profiles),
+                "ref": str(AnalysisRef(RUN, r.id)),
+                "label": f"run #{r.id} · {r.prompt_set.name} · {r.pair.draft.spec}",
+                "withheld": "noisy cost profile: measured on a busy machine"
+                if any(link.cost_profile.quality == "noisy" for link in r.batch_profiles)
+                else None,
             }
             for r in session.scalars(
                 select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc())
             )
+        ] + [
+            {
+                "ref": str(AnalysisRef(SERVER, a.id)),
+                "label": f"llama-server analysis #{a.id} · {a.prompt_set.name} · {', '.join(a.drafters)}",
+                "withheld": f"advice withheld: {a.advice_withheld}" if a.advice_withheld else None,
+            }
+            for a in list_server_analyses(session)
         ]
         classifier_version, rarely = rarely_reached(session)
         withheld = {
@@ -270,7 +277,9 @@ def policies():
         "policies.html",
         sets=sets,
         runs=runs,
-        preselected=next((r["id"] for r in runs if not r["noisy"]), None),  # never a noisy run by default
+        preselected=next(
+            (r["ref"] for r in runs if not r["withheld"]), None
+        ),  # never a withheld one by default
         estimates=estimates,
         withheld=withheld,
         cost_modes=cost_modes,
@@ -283,29 +292,40 @@ def policies():
 
 @bp.post("/policies/publish")
 def publish():
-    """Publish a new policy set from the chosen finished run; it becomes active (and the router
-    reloads) unless the run's advice is withheld, which the page then says."""
+    """Publish a new policy set from the chosen finished analysis (``analysis``: its reference, as the runs page
+    names it; ``run_id``: a run's number, the form's older field); it becomes active (and the router reloads)
+    unless the analysis' advice is withheld, which the page then says."""
     try:
-        run_id = int(request.form.get("run_id", ""))
-        if not 1 <= run_id <= MAX_ID:
-            raise ValueError(run_id)
+        typed = request.form.get("analysis") or request.form.get("run_id", "")
+        ref = parse_analysis_ref(typed)
+    except AnalysisRefError:
+        flash("choose a finished analysis", "error")
+        return redirect(url_for("ui.policies"))
+    return publish_page(ref, request.form.get("notes") or None)
+
+
+def publish_page(ref: AnalysisRef, notes: str | None = None):
+    """Publish analysis ``ref`` (:func:`router.policies.publishing.publish_analysis`) and show the policies page
+    with what became of it: every publish form of the UI ends here."""
+    try:
         with sessions()() as session, session.begin():
             lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
-            published = publish_policies(session, run_id, notes=request.form.get("notes") or None)
-            version, active = published.version, published.is_active
-            withheld = run_advice_withheld(get_run(session, run_id))
-    except (ValueError, PolicyError) as exc:
-        flash(str(exc) if isinstance(exc, PolicyError) else "choose a finished run", "error")
+            published = publish_analysis(session, ref, notes=notes)
+            version, active = published.policy_set.version, published.policy_set.is_active
+            pools = PolicyContract.of(published.policy_set).published_settings
+    except (AnalysisRefError, PolicyError) as exc:
+        flash(str(exc), "error")
         return redirect(url_for("ui.policies"))
     if not active:
         flash(
-            f"policy set v{version} published from run {run_id} but NOT activated. {withheld} "
+            f"policy set v{version} published from analysis {ref} but NOT activated. {published.withheld} "
             "Activate it below only if you trust it anyway.",
             "error",
         )
         return redirect(url_for("ui.policies"))
     _router_service().reload()
-    flash(f"policy set v{version} published from run {run_id} and active")
+    start = ": start its pools with 'specroute pools start'" if pools else ""
+    flash(f"policy set v{version} published from analysis {ref} and active{start}")
     return redirect(url_for("ui.policies"))
 
 

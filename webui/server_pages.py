@@ -6,10 +6,11 @@ its exports and publishing it as the active policy set."""
 
 from __future__ import annotations
 
-from flask import Response, abort, current_app, jsonify, redirect, render_template, request, url_for
+from flask import Response, abort, jsonify, redirect, render_template, request, url_for
 from sqlalchemy import select
 
 from analyzer.advice.option_rows import options_csv
+from analyzer.analysis.analysis_ref import SERVER, AnalysisRef
 from analyzer.analysis.server_jobs import (
     DEFAULT_DRAFTERS,
     DEFAULT_MODEL,
@@ -36,9 +37,8 @@ from analyzer.db import lock_for_write
 from analyzer.orm import PromptSet
 from analyzer.prompts.prompt_sets import PromptSetError, get_prompt_set
 from router import strict_json
-from router.policies.policy import PolicyError
-from router.policies.server_policy import publish_server_policies
 from webui.report_page import Link, render_report, server_page
+from webui.router_pages import publish_page
 from webui.run_pages import model_choices
 from webui.ui import bp, flash, sessions
 
@@ -220,27 +220,7 @@ def server_analysis_options_csv(analysis_id: int):
 
 @bp.post("/llama-server/<int:analysis_id>/publish")
 def publish_server_analysis(analysis_id: int):
-    """Publish the analysis' choices as the active policy set (its pools on this machine from port 8081, or
-    where SPECROUTE_ROUTER_POOLS names them) and reload the router; then the policies page."""
-    try:
-        with sessions()() as session, session.begin():
-            lock_for_write(session)  # read-then-write: wait for the decision log instead of failing
-            policy_set = publish_server_policies(session, analysis_id)
-            version, active = policy_set.version, policy_set.is_active
-    except PolicyError as exc:
-        flash(str(exc), "error")
-        return redirect(url_for("ui.server_analysis", analysis_id=analysis_id))
-    current_app.extensions["specroute.router"].reload()
-    if not active:
-        flash(
-            f"policy set v{version} published from llama-server analysis #{analysis_id} but NOT activated: its "
-            f"advice is withheld (see the analysis page); 'specroute policies activate {version}' routes with it "
-            "anyway",
-            "error",
-        )
-        return redirect(url_for("ui.policies"))
-    flash(
-        f"policy set v{version} published from llama-server analysis #{analysis_id} and active: start its pools "
-        "with 'specroute pools start'"
-    )
-    return redirect(url_for("ui.policies"))
+    """Publish the analysis' choices (its pools on this machine from port 8081, or where SPECROUTE_ROUTER_POOLS
+    names them), as the policies page's form publishes any analysis (``/policies/publish``, where the analysis
+    page's button posts); kept for the address earlier pages posted to."""
+    return publish_page(AnalysisRef(SERVER, analysis_id))
