@@ -277,9 +277,7 @@ def policies():
         "policies.html",
         sets=sets,
         runs=runs,
-        preselected=next(
-            (r["ref"] for r in runs if not r["withheld"]), None
-        ),  # never a withheld one by default
+        preselected=next((r["ref"] for r in runs if not r["withheld"]), None),  # never a withheld one
         estimates=estimates,
         withheld=withheld,
         cost_modes=cost_modes,
