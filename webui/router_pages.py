@@ -10,9 +10,8 @@ from sqlalchemy import func, select
 from analyzer.advice.report import run_advice_withheld
 from analyzer.analysis.analysis_ref import RUN, SERVER, AnalysisRef, AnalysisRefError, parse_analysis_ref
 from analyzer.analysis.run_records import get_run
-from analyzer.analysis.server_store import list_server_analyses
 from analyzer.db import MAX_ID, lock_for_write
-from analyzer.orm import AnalysisRun, Prompt, PromptSet
+from analyzer.orm import AnalysisRun, Prompt, PromptSet, ServerAnalysisRecord
 from analyzer.prompts.prompt_checks import prompt_text
 from router.classify.encoder import encoder_available
 from router.classify.pipeline import FEATURE_SETS, regularisation
@@ -250,10 +249,19 @@ def policies():
         ] + [
             {
                 "ref": str(AnalysisRef(SERVER, a.id)),
-                "label": f"llama-server analysis #{a.id} · {a.prompt_set.name} · {', '.join(a.drafters)}",
+                "label": f"llama-server analysis #{a.id} · {a.name} · {', '.join(a.drafters)}",
                 "withheld": f"advice withheld: {a.advice_withheld}" if a.advice_withheld else None,
             }
-            for a in list_server_analyses(session)
+            for a in session.execute(  # the columns the choice shows, not each analysis' rows of JSON
+                select(
+                    ServerAnalysisRecord.id,
+                    PromptSet.name,
+                    ServerAnalysisRecord.drafters,
+                    ServerAnalysisRecord.advice_withheld,
+                )
+                .join(PromptSet, PromptSet.id == ServerAnalysisRecord.prompt_set_id)
+                .order_by(ServerAnalysisRecord.id.desc())
+            )
         ]
         classifier_version, rarely = rarely_reached(session)
         withheld = {
