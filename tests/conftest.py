@@ -234,3 +234,18 @@ def cold_start_classifier_trained(_cold_start_classifier, _migrated_template, ru
             session.add(ClassifierVersion(**_cold_start_classifier))
     finally:
         engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def small_gguf(tmp_path_factory) -> Path:
+    """The embedded SmolLM2 GGUF cut to its first layers (tests/small_gguf.py): its tokenizer, chat template
+    and drafting as the embedded model's, each step ~6x quicker. For the llama-server tests of machinery
+    (draft counts against the replay, fits, validation, jobs); the demos run the embedded model itself."""
+    from analyzer.engine.llamacpp_engine import gguf_file
+    from analyzer.models.specs import parse_spec
+    from tests.small_gguf import first_layers_of
+
+    folder = tmp_path_factory.mktemp("small-gguf")
+    return first_layers_of(
+        gguf_file(parse_spec("builtin:smollm2-135m-instruct")), folder / "smollm2-4-layers.gguf"
+    )

@@ -4,7 +4,8 @@ rules replayed, step costs fitted from the servers' timings, and validation thro
 The exactness test: a model-free speculating server's own ``draft_n`` and ``draft_n_accepted`` must equal
 the replay of the output it served (plain greedy's, or its own where speculation changed it), for
 ngram-simple at two sizes and for ngram-mod with its table carried across requests. Runs on the embedded
-SmolLM2 GGUF; no timing is asserted."""
+SmolLM2 GGUF's first layers (tests/small_gguf.py: its tokenizer, template and drafting, steps ~6x quicker); the
+demo's test runs the embedded model itself. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from analyzer.analysis.server_figures import ceilings, task_choices, validation_
 from analyzer.analysis.server_generation import ServerSetup
 from analyzer.analysis.server_outcomes import ServerPrompt
 from analyzer.engine.llama_server_process import LlamaServerError, LlamaServerProcess
-from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import parse_drafter
-from analyzer.models.specs import parse_spec
+from tests.small_gguf import gguf_spec
 
 pytestmark = pytest.mark.slow  # llama-server end to end: the quick tier leaves it out
 
@@ -37,8 +37,8 @@ def _prompts(per_task: int) -> list[ServerPrompt]:
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    return gguf_file(parse_spec("builtin:smollm2-135m-instruct"))
+def model_path(small_gguf) -> Path:
+    return small_gguf
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
 
 
 def test_calibration_prompts_that_draft_nothing_fail_with_advice_and_store_nothing(
-    runner, llama_server_binary, monkeypatch
+    runner, llama_server_binary, model_path, monkeypatch
 ):
     from webui.cli import cli
 
@@ -179,6 +179,8 @@ def test_calibration_prompts_that_draft_nothing_fail_with_advice_and_store_nothi
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
     # ngram-mod at its defaults needs 48 tokens found in a row: one short chat prompt never gets there
     args = [
+        "--model",
+        gguf_spec(model_path),
         "--drafter",
         "ngram-mod",
         "--per-task",
@@ -207,7 +209,7 @@ def test_a_server_that_cannot_start_says_why(llama_server_binary, tmp_path):
 
 
 def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_shows_it(
-    runner, llama_server_binary, monkeypatch, tmp_path
+    runner, llama_server_binary, model_path, monkeypatch, tmp_path
 ):
     from markupsafe import escape
     from sqlalchemy import func, select
@@ -228,6 +230,8 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         and "drafter 'ngram-cache': start with one of ngram-simple, ngram-mod" in bad.stderr
     )
     args = [
+        "--model",
+        gguf_spec(model_path),
         "--per-task",
         "1",
         "--drafter",
@@ -329,7 +333,17 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
     )
     assert refused.exit_code == 2 and "do not apply to --engine llama-server" in refused.stderr
     assert "--gamma-max" in refused.stderr and "--dtype" in refused.stderr
-    quick = ["--prompts", "sample", "--limit", "8", "--max-new-tokens", "24", "--validate", "0", "--json"]
+    quick = [
+        "--prompts",
+        "sample",
+        "--target",
+        gguf_spec(model_path),
+        "--limit",
+        "8",
+        "--max-new-tokens",
+        "24",
+    ]
+    quick += ["--validate", "0", "--json"]
     as_json = runner.invoke(cli, ["analyze", "--engine", "llama-server", *quick])
     assert as_json.exit_code == 0, as_json.output
     report = json.loads(as_json.stdout)

@@ -28,6 +28,7 @@ from analyzer.db import make_session_factory, utcnow
 from analyzer.engine.llama_server_process import LlamaServerError
 from analyzer.orm import ServerAnalysisJob, ServerAnalysisRecord
 from analyzer.prompts.prompt_sets import import_sample
+from tests.small_gguf import gguf_spec
 
 
 @pytest.mark.parametrize(
@@ -135,12 +136,17 @@ def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_i
 
 @pytest.mark.slow
 def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_generations(
-    llama_server_binary, engine, session, tmp_path, monkeypatch
+    llama_server_binary, small_gguf, engine, session, tmp_path, monkeypatch
 ):
     sessions = make_session_factory(engine)
     prompt_set, _ = import_sample(session)
     params = ServerJobParams(
-        drafters=("ngram-simple 2/4",), n_predict=24, limit=6, calibration=3, validate=False
+        model=gguf_spec(small_gguf),
+        drafters=("ngram-simple 2/4",),
+        n_predict=24,
+        limit=6,
+        calibration=3,
+        validate=False,
     )
     job_id = create_server_job(session, prompt_set, params).id
     session.commit()
@@ -185,7 +191,9 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
     long_job = create_server_job(
         session,
         prompt_set,
-        ServerJobParams(drafters=("ngram-simple 2/4",), n_predict=200, n_ctx=256, limit=3),
+        ServerJobParams(
+            model=gguf_spec(small_gguf), drafters=("ngram-simple 2/4",), n_predict=200, n_ctx=256, limit=3
+        ),
     ).id
     session.commit()
     assert claim_server_job(sessions, "w") == long_job
@@ -200,13 +208,14 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
 
 @pytest.mark.slow
 def test_a_job_that_dies_mid_validation_resumes_from_the_pass_it_did_not_finish(
-    llama_server_binary, engine, session, tmp_path, monkeypatch
+    llama_server_binary, small_gguf, engine, session, tmp_path, monkeypatch
 ):
     """The calibration passes and the validation passes a failed attempt finished are kept on this machine: the
     resumed attempt generates nothing, runs no calibration pass again, and makes only the passes left."""
     sessions = make_session_factory(engine)
     prompt_set, _ = import_sample(session)
     params = ServerJobParams(
+        model=gguf_spec(small_gguf),
         drafters=("ngram-simple 2/4",),
         n_predict=24,
         limit=6,
