@@ -190,37 +190,49 @@ def llama_server_binary() -> Path:
 
 
 @pytest.fixture(scope="session")
-def _cold_start_classifier(tmp_path_factory, _migrated_template) -> dict:
-    """The bundled corpus' task classifier as the demo's step [4/6] trains it (cross-validated, with the
-    settings' feature set and fold jobs), trained once per session: its row's columns."""
+def _cold_start_classifier(tmp_path_factory) -> tuple[dict, str]:
+    """The bundled corpus' task classifier trained once per session by the demo's own steps, on an empty
+    database: [1/6] migrates it, [4/6] cross-validates and trains (the settings' feature set and fold jobs).
+    Returns the version row's columns and what the two steps printed (tests/test_cli.py's demo checks it)."""
+    import contextlib
+    import io
+
     from analyzer.settings import Settings
-    from router.classify.pipeline import fold_jobs
-    from router.classify.training import train_classifier_apart
-    from router.classify.training_data import cold_start_data
     from router.orm import ClassifierVersion
+    from webui.cli.base import CliState
+    from webui.cli.demo_steps import train_classifier_once, upgrade_database
 
     path = tmp_path_factory.mktemp("cold-start") / "specroute.db"
-    shutil.copyfile(_migrated_template, path)
-    engine = make_engine(f"sqlite:///{path}")
-    settings = Settings()
+    state = CliState(Settings(database_url=f"sqlite:///{path}"))
+    printed = io.StringIO()
     try:
-        version = train_classifier_apart(
-            make_session_factory(engine),
-            cold_start_data(),
-            features=settings.classifier_features,
-            jobs=fold_jobs(settings.classifier_jobs, settings.classifier_features),
-        )
-        return {column: getattr(version, column) for column in ClassifierVersion.__table__.columns.keys()}
+        with contextlib.redirect_stdout(printed):
+            upgrade_database(state)
+            train_classifier_once(state, state.sessions())
+        with state.sessions()() as session:
+            version = session.query(ClassifierVersion).one()
+            columns = {
+                column: getattr(version, column) for column in ClassifierVersion.__table__.columns.keys()
+            }
     finally:
-        engine.dispose()
+        state.close()
+    return columns, printed.getvalue()
+
+
+@pytest.fixture
+def cold_start_training_printed(_cold_start_classifier) -> str:
+    """What the demo's steps [1/6] and [4/6] printed as they migrated an empty database and trained the
+    session's cold-start classifier."""
+    return _cold_start_classifier[1]
 
 
 @pytest.fixture
 def cold_start_classifier_trained(_cold_start_classifier, _migrated_template, runner) -> None:
     """The test's data folder holds a database at head with the session's cold-start classifier active, as a
     demo that ran before would have left it: the demo then reuses it (``classifier v1 already trained``).
-    For the demos of other engines, whose step [4/6] is the same code as the one tests/test_cli.py's demo
-    runs, trains and checks; half a minute of cross-validation each otherwise."""
+    For every demo's test (transformers, llama.cpp, llama-server): step [4/6] trains once per session, in
+    ``_cold_start_classifier``, and tests/test_cli.py's demo checks what it printed; half a minute of
+    cross-validation per demo otherwise."""
     from analyzer.settings import load_settings
     from router.orm import ClassifierVersion
 
@@ -231,7 +243,7 @@ def cold_start_classifier_trained(_cold_start_classifier, _migrated_template, ru
     engine = make_engine(url)
     try:
         with make_session_factory(engine)() as session, session.begin():
-            session.add(ClassifierVersion(**_cold_start_classifier))
+            session.add(ClassifierVersion(**_cold_start_classifier[0]))
     finally:
         engine.dispose()
 

@@ -88,11 +88,15 @@ def test_import_usage_errors(runner, tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
+def test_demo_runs_the_main_job_and_reuses_it(
+    runner, monkeypatch, cold_start_training_printed, cold_start_classifier_trained
+):
     """The whole main job on the embedded model, cut short: 3 prompts, 8 new tokens, no serving (in
     transformers here; llama.cpp is tested in tests/test_llamacpp.py, the default, llama-server, in
-    tests/test_llama_server_engine.py); then again
-    with --reprofile on a busy machine."""
+    tests/test_llama_server_engine.py); then again with --reprofile on a busy machine. The demo's steps [1/6]
+    (an empty database migrated) and [4/6] (the classifier cross-validated and trained) ran once for the
+    session's demos (tests/conftest.py): what they printed is checked here, and the demo reuses the
+    classifier."""
     import itertools
 
     from analyzer.measuring import interference
@@ -109,19 +113,24 @@ def test_demo_runs_the_main_job_and_reuses_it(runner, monkeypatch):
         "--engine",
         "transformers",
     )
+    steps = cold_start_training_printed
+    assert (
+        steps.startswith("[1/6] database sqlite:///")
+        and f": empty -> {migrations.head_revision()}\n" in steps
+    )
+    assert "[4/6] training the task classifier on the bundled corpus" in steps
+    assert "cross-validating (leave-one-source-out): fold 16/16" in steps and "keyword baseline" in steps
     first = run(runner, *quick)
     assert first.exit_code == 0, first.output
-    assert "database" in first.output and f"empty -> {migrations.head_revision()}" in first.output
+    head = migrations.head_revision()
+    assert "[1/6] database sqlite:///" in first.output and f": {head} -> {head}\n" in first.output
     assert "imported the bundled sample prompts as 'sample'" in first.output
     assert "64 prompts over 13 task types" in first.output
     assert (
         "[3/6] analysis run 1 (new): builtin:smollm2-135m-instruct with ngram drafting in transformers"
         in first.output
     )
-    assert (
-        "[4/6] training the task classifier on the bundled corpus" in first.output
-        and "keyword baseline" in first.output
-    )
+    assert "[4/6] classifier v1 already trained (reused)" in first.output
     assert "[5/6] published policy set v1 from run 1 (active)" in first.output
     assert "Advice withheld" not in first.output
     assert "run 1" in first.output and "[6/6] not serving" in first.output
