@@ -83,6 +83,24 @@ def test_a_bad_json_file_names_each_problem_with_its_line_and_field():
     ]
 
 
+def test_each_key_is_named_at_its_own_line_however_many_keys_and_however_written():
+    """The line of a field is where its key stands as a key: not where the same text stands as a value, a key
+    written with escapes found as well, and a file of many keys read in one pass (it searched the whole file
+    once per key before, minutes for a hostile file at the size limit)."""
+    text = (
+        '[{"engine": "vllm",\n "device": "\\"dtype\\":",\n "dtype": "bfloat16",\n'
+        ' "target_step_ms": [4.0, 4.1],\n "draft_step_ms": 0,\n "b\\u0061tch": 1}]'
+    )
+    assert json.loads(text)[0]["batch"] == 1
+    problems = _problems(text, "escaped.json")
+    assert [p for p in problems if "'batch'" in p][0].startswith("line 6, field 'batch': unknown field")
+    many = {**VLLM, "target_step_ms": [4.0, 4.1], "draft_step_ms": 0} | {f"k{i}": i for i in range(20_000)}
+    with pytest.raises(CostFileError, match="20000 problems; nothing was imported") as caught:
+        parse_cost_file(json.dumps([many], indent=0).encode(), "many.json")  # "[", "{", 10 lines, then k0
+    listed = [re.match(r"line (\d+), field 'k(\d+)': unknown field", p) for p in caught.value.problems]
+    assert len(listed) == 50 and all(m is not None and int(m[1]) == int(m[2]) + 12 for m in listed)
+
+
 def test_a_bad_csv_file_names_each_problem_with_its_line_and_field():
     text = (
         "engine,device,dtype,batch_size,draft_step_ms,t1_ms,t2_ms,t3_ms\n"

@@ -5,6 +5,7 @@ fields, then checked (:mod:`analyzer.analysis.cost_import_checks`); :func:`parse
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
@@ -17,6 +18,8 @@ from analyzer.json_input import JsonInputError, loads_untrusted
 
 MAX_FILE_BYTES = 2_000_000
 LIST_COLUMN = re.compile(r"^(t|round)(\d+)_ms$")
+# a JSON string token (escapes included) and, where it is a key, the colon after it
+STRING_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*")(\s*:)?', re.DOTALL)
 
 
 def parse_cost_file(data: bytes, filename: str) -> list[ImportedProfile]:
@@ -72,18 +75,38 @@ def _json_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int]
         problems.append("line 1, field 'profiles': expected a list of profile objects")
         return []
     spans = _element_spans(text, start) if start is not None else [(text.index("{"), len(text))]
+    newlines = [found.start() for found in re.finditer("\n", text)]
     rows = []
     for number, (obj, (begin, end)) in enumerate(zip(objects, spans), start=1):
-        line = text.count("\n", 0, begin) + 1
+        line = bisect.bisect_left(newlines, begin) + 1
         if not isinstance(obj, dict):
             problems.append(f"line {line}: profile {number} is not an object")
             continue
-        key_lines = {}
-        for key in obj:
-            found = re.compile(r'"' + re.escape(str(key)) + r'"\s*:').search(text, begin, end)
-            key_lines[key] = text.count("\n", 0, found.start()) + 1 if found else line
+        found = _key_offsets(text, begin, end, set(obj))
+        key_lines = {
+            key: bisect.bisect_left(newlines, found[key]) + 1 if key in found else line for key in obj
+        }
         rows.append((line, key_lines, obj))
     return rows
+
+
+def _key_offsets(text: str, begin: int, end: int, keys: set[str]) -> dict[str, int]:
+    """Where each of ``keys`` first stands as a key (``"key":``) in ``text[begin:end]``: one pass over the
+    span's strings, so a file of many keys is read in time linear in its size (searching each key from the
+    start took minutes for a hostile file of the size limit)."""
+    found: dict[str, int] = {}
+    for match in STRING_TOKEN.finditer(text, begin, end):
+        if match.group(2) is None:  # a string that is not followed by a colon: a value
+            continue
+        try:
+            key = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if key in keys and key not in found:
+            found[key] = match.start()
+            if len(found) == len(keys):
+                break
+    return found
 
 
 def _after(text: str, pattern: str) -> int | None:
