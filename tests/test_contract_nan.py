@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 import urllib.request
 from pathlib import Path
@@ -51,20 +52,20 @@ def _call(base: str, path: str, body: dict | None = None) -> tuple[int, object]:
 
 
 @contextlib.contextmanager
-def serving(folder: Path):
-    """A real HTTP server (werkzeug's WSGI server on a socket) on a new migrated SQLite file in
-    ``folder``; yields (base URL, session factory)."""
-    import migrations
+def serving(folder: Path, template: Path):
+    """A real HTTP server (werkzeug's WSGI server on a socket) on a new SQLite file in ``folder``, a copy of
+    the session's migrated ``template``; yields (base URL, session factory)."""
     from analyzer.db import make_engine, make_session_factory
 
+    shutil.copyfile(template, folder / "specroute.db")
     url = f"sqlite:///{folder / 'specroute.db'}"
     engine = make_engine(url)
-    migrations.upgrade(engine)
     app = create_app({"database_url": url, "router_refresh_s": 0, "ui_worker": False})
     server = make_server(
         "127.0.0.1", 0, app, threaded=True
     )  # shutdown() is thread-safe, unlike waitress' close()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() returns once the loop looks again: every 50 ms, not the default half second per server
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", make_session_factory(engine)
@@ -122,9 +123,9 @@ def _route_and_feed(base: str, events: int) -> list[dict]:
 
 
 def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_after_feedback(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, _migrated_template
 ):
-    with serving(tmp_path) as (base, sessions):
+    with serving(tmp_path, _migrated_template) as (base, sessions):
         _publish(sessions, 24, 0.99, seed=1, monkeypatch=monkeypatch)
         first, *_, after, policies, _, _ = _route_and_feed(base, events=3)
     assert first["speculate"] and first["gamma"] > 16  # the analysis chose beyond 16
@@ -139,9 +140,9 @@ def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_a
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_no_response_contains_nan_or_infinity_for_any_gamma_max(
-    tmp_path_factory, monkeypatch, gamma_max, acceptance, events
+    tmp_path_factory, monkeypatch, _migrated_template, gamma_max, acceptance, events
 ):
-    with serving(tmp_path_factory.mktemp("nan")) as (base, sessions):
+    with serving(tmp_path_factory.mktemp("nan"), _migrated_template) as (base, sessions):
         _publish(sessions, gamma_max, acceptance, seed=gamma_max * 1000 + events, monkeypatch=monkeypatch)
         for answer in _route_and_feed(base, events):
             text = json.dumps(answer, allow_nan=False)  # raises on a NaN that parse_constant let through
