@@ -99,6 +99,16 @@ def _upload(driver, base: str, path: Path, name: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "form.upload button").click()
 
 
+def _present(browser, by: str, value: str) -> list:
+    """The elements the page has now: ``find_elements`` under the driver's implicit wait (10 s) waits that
+    long for an element that is not there, which made each poll of a page without it take 10 s."""
+    browser.implicitly_wait(0)
+    try:
+        return browser.find_elements(by, value)
+    finally:
+        browser.implicitly_wait(10)
+
+
 def _wait(predicate, timeout_s: float = 120.0, what: str = "condition"):
     """Poll ``predicate`` until it returns something true; a page that is reloading meanwhile
     (stale or missing elements) just means "not yet"."""
@@ -221,12 +231,10 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
 
     def finished():
         status = browser.find_element(By.ID, "run-status").text
-        browser.implicitly_wait(0)
-        bars = browser.find_elements(By.ID, "run-progress")
-        browser.implicitly_wait(10)
+        bars = _present(browser, By.ID, "run-progress")
         if bars:
             seen.add(int(float(bars[0].get_attribute("value"))))
-        return status == "done" and browser.find_elements(By.ID, "task-table")
+        return status == "done" and _present(browser, By.ID, "task-table")
 
     _wait(finished, what="the analysis to finish and the report to load")
     assert max(seen, default=100) <= 100
@@ -311,7 +319,7 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
 
     def suggested():
         browser.get(base + "/prompts/traffic")
-        failed = browser.find_elements(By.ID, "suggest-error")
+        failed = _present(browser, By.ID, "suggest-error")
         assert not failed, failed[0].text  # the job failed: say why at once
         return "12 unlabelled prompts have a suggested task" in browser.page_source
 
