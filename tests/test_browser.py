@@ -11,16 +11,15 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import traceback
 import urllib.request
 from pathlib import Path
 
 import pytest
-import waitress
 
 from tests.tiny_tokenizer import save_tiny_model_folder
+from tests.waitress_thread import waitress_in_a_thread
 from webui.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -79,14 +78,10 @@ def site(engine, db_url, tmp_path):
             "sqlite_busy_timeout_ms": LOCK_WAIT_MS,
         }
     )
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{server.effective_port}", tmp_path
+        with waitress_in_a_thread(app) as base:
+            yield base, tmp_path
     finally:
-        server.close()
-        thread.join(timeout=5)
         app.extensions["specroute.close"]()
 
 
@@ -284,14 +279,10 @@ def adapt_site(engine, db_url, tmp_path):
             "suggest_tasks": True,
         }
     )
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{server.effective_port}", tmp_path
+        with waitress_in_a_thread(app) as base:
+            yield base, tmp_path
     finally:
-        server.close()
-        thread.join(timeout=5)
         app.extensions["specroute.close"]()
 
 

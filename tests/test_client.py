@@ -5,11 +5,9 @@ back as feedback."""
 from __future__ import annotations
 
 import copy
-import threading
 
 import pytest
 import torch
-import waitress
 from sqlalchemy import func, select
 
 from analyzer.measuring.prompt_encoding import encode_prompt
@@ -19,6 +17,7 @@ from router.orm import FeedbackEvent, TaskEstimate
 from router.policies.policy import publish_policies
 from tests.factories import make_done_run
 from tests.tiny_tokenizer import _seeded_tiny_model, build_tiny_tokenizer, tiny_llama_config
+from tests.waitress_thread import waitress_in_a_thread
 from webui.app import create_app
 
 
@@ -33,14 +32,10 @@ def tiny():
 def served(engine, db_url):
     """A real waitress server on a free port; yields (client, app)."""
     app = create_app({"database_url": db_url, "router_refresh_s": 0, "ui_worker": False})
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=4)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        yield RouterClient(f"http://127.0.0.1:{server.effective_port}"), app
+        with waitress_in_a_thread(app) as base:
+            yield RouterClient(base), app
     finally:
-        server.close()
-        thread.join(timeout=5)
         app.extensions["specroute.close"]()
 
 
