@@ -18,13 +18,16 @@ that parsing and validating specs (web forms, the router) stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from analyzer.models.devices import (
     ModelTooLarge,
@@ -143,7 +146,44 @@ def _load_pair(
 def _load_gguf(folder: str, gguf_file: str, *, allow_network: bool, placement: Placement = CPU_FLOAT32):
     if Path(folder).is_dir() and not (Path(folder) / gguf_file).is_file():
         raise SpecError(f"GGUF file {gguf_file!r} not found in folder {folder}")
-    return _load_pair(folder, allow_network=allow_network, gguf_file=gguf_file, placement=placement)
+    with gguf_parsed_once():
+        return _load_pair(folder, allow_network=allow_network, gguf_file=gguf_file, placement=placement)
+
+
+_GGUF_LOADS = threading.Lock()
+
+
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Inside the block, transformers parses each GGUF file once: its tokenizer, its config and its weights
+    each open their own ``gguf.GGUFReader`` over the file (three reads of every vocabulary string: 12 of the
+    embedded model's 27 s first load on two cores), and its weight-name map is rebuilt for each of ~400
+    modules (5 s more). Both are functions of their arguments alone, so the block's calls share one reader
+    per file and one map per (architecture, layers). gguf's two names are swapped for the block, one load at
+    a time (transformers imports them from gguf as it calls them)."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+    maps: dict[tuple[Any, int], Any] = {}
+
+    def reader(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = real_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    with _GGUF_LOADS:
+        vars(gguf).update(GGUFReader=reader, get_tensor_name_map=name_map)
+        try:
+            yield
+        finally:
+            vars(gguf).update(GGUFReader=real_reader, get_tensor_name_map=real_map)
 
 
 def _builtin_gguf_path() -> Path:
