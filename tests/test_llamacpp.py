@@ -43,13 +43,18 @@ def chat_ids(smollm2, tmp_path_factory):
     from analyzer.engine.llamacpp_engine import load_tokenizer
     from analyzer.models.specs import parse_spec
 
-    tokenizer = load_tokenizer(parse_spec(BUILTIN), tmp_path_factory.mktemp("cache"))
+    cache = tmp_path_factory.mktemp("cache")
+    tokenizer = load_tokenizer(parse_spec(BUILTIN), cache)  # read from the GGUF file, a copy saved
+    again = load_tokenizer(parse_spec(BUILTIN), cache)  # from that copy
     texts = [
         "Write a Python function that reverses a list.",
         "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
     ]
-    return tokenizer, [
-        tokenizer.apply_chat_template(
+    for text in texts:
+        assert again(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert len(list((cache / "tokenizers").iterdir())) == 1
+    return again, [  # the copy, which later runs read: the test below checks its ids against llama.cpp's
+        again.apply_chat_template(
             [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
         for t in texts

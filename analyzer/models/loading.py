@@ -229,17 +229,20 @@ def _remove_stale_temporaries(folder: Path, older_than_s: float = STALE_TEMPORAR
             continue
 
 
-def write_cache_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
-    """Save ``model`` and ``tokenizer`` (safetensors) into ``folder`` so that the folder either does
-    not exist or is complete: everything goes into a temporary sibling folder that is renamed into
-    place at the end. If another process finished first, its copy is kept and ours is discarded;
-    temporary folders more than an hour old, left by killed processes, are removed."""
+def write_cache_atomically(
+    model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, folder: Path
+) -> Path:
+    """Save ``model`` (safetensors; None: the tokenizer alone) and ``tokenizer`` into ``folder`` so that the
+    folder either does not exist or is complete: everything goes into a temporary sibling folder that is
+    renamed into place at the end. If another process finished first, its copy is kept and ours is
+    discarded; temporary folders more than an hour old, left by killed processes, are removed."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(folder)
     temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
-        model.save_pretrained(temporary)
+        if model is not None:
+            model.save_pretrained(temporary)
         tokenizer.save_pretrained(temporary)
         try:
             os.rename(temporary, folder)
