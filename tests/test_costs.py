@@ -85,8 +85,8 @@ def test_a_bad_json_file_names_each_problem_with_its_line_and_field():
 
 def test_each_key_is_named_at_its_own_line_however_many_keys_and_however_written():
     """The line of a field is where its key stands as a key: not where the same text stands as a value, a key
-    written with escapes found as well, and a file of many keys read in one pass (it searched the whole file
-    once per key before, minutes for a hostile file at the size limit)."""
+    written with escapes found as well, and a file of many keys read in one pass (it searched the file once
+    per key before)."""
     text = (
         '[{"engine": "vllm",\n "device": "\\"dtype\\":",\n "dtype": "bfloat16",\n'
         ' "target_step_ms": [4.0, 4.1],\n "draft_step_ms": 0,\n "b\\u0061tch": 1}]'

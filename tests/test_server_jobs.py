@@ -134,20 +134,20 @@ def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_i
     assert '<tr data-job="1">' in listing
 
 
+def _short_job(model, **given) -> ServerJobParams:
+    """A job of 6 sample prompts (3 of them calibrating), 24 new tokens and one drafter, on GGUF file ``model``."""
+    return ServerJobParams(
+        model=gguf_spec(model), drafters=("ngram-simple 2/4",), n_predict=24, limit=6, calibration=3, **given
+    )
+
+
 @pytest.mark.slow
 def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_generations(
     llama_server_binary, small_gguf, engine, session, tmp_path, monkeypatch
 ):
     sessions = make_session_factory(engine)
     prompt_set, _ = import_sample(session)
-    params = ServerJobParams(
-        model=gguf_spec(small_gguf),
-        drafters=("ngram-simple 2/4",),
-        n_predict=24,
-        limit=6,
-        calibration=3,
-        validate=False,
-    )
+    params = _short_job(small_gguf, validate=False)
     job_id = create_server_job(session, prompt_set, params).id
     session.commit()
     real = server_generation.timed_complete
@@ -214,15 +214,7 @@ def test_a_job_that_dies_mid_validation_resumes_from_the_pass_it_did_not_finish(
     resumed attempt generates nothing, runs no calibration pass again, and makes only the passes left."""
     sessions = make_session_factory(engine)
     prompt_set, _ = import_sample(session)
-    params = ServerJobParams(
-        model=gguf_spec(small_gguf),
-        drafters=("ngram-simple 2/4",),
-        n_predict=24,
-        limit=6,
-        calibration=3,
-        validate=True,
-        validate_repeats=1,
-    )
+    params = _short_job(small_gguf, validate=True, validate_repeats=1)
     job_id = create_server_job(session, prompt_set, params).id
     session.commit()
     lines: list[str] = []
