@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 # In a pytest-xdist worker (the test command runs the quick tier in two), torch and its math libraries get
@@ -22,6 +23,12 @@ import migrations
 from analyzer.db import make_engine, make_session_factory
 from benchmarks.pg_server import pg_bin, throwaway_postgres
 from tests.stop_on_sigterm import pytest_configure  # noqa: F401  (a run stopped with SIGTERM tears down as Ctrl-C)
+
+# Keep the bytecode of what the tests import, pytest's assertion-rewritten test modules included, even where
+# the environment sets PYTHONDONTWRITEBYTECODE (this machine's does): each pytest process, each xdist worker and
+# the pytest runs some tests start otherwise rewrote and compiled all 77 test modules anew, 6 s of collection
+# each (17.5 s -> 11.4 s; benchmarks/RESULTS.md, session 28). The files land in __pycache__ (git ignores them).
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)

@@ -287,6 +287,7 @@ def adapt_site(engine, db_url, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing (training and suggestions): it runs beside the quick tier
 def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_site):
     """Upload unlabelled prompts; the teacher's suggestions appear beside them; one click on the
     classifier page retrains adapted to them; the page lists what it learned per class and the prompts

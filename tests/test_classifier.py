@@ -51,6 +51,76 @@ def subset() -> TrainingData:
     return make_training_data(texts, labels, "test subset")
 
 
+@pytest.mark.parametrize(
+    "rules",
+    [
+        {},  # the pipeline's own: min_df 2, no max_features binding
+        {"words__max_features": 300, "chars__max_features": 2000, "chars__min_df": 0.01},  # both rules bind
+        {
+            "words__max_df": 0.2,
+            "words__min_df": 0.0,
+            "chars__max_df": 40,
+            "words__sublinear_tf": False,
+            "chars__norm": "l1",
+        },
+    ],
+    ids=["the pipeline's", "max_features and a fraction min_df", "max_df, min_df 0 and other idf rules"],
+)
+def test_fold_features_from_terms_counted_once_are_the_pipelines_own(subset, rules):
+    """Cross-validation counts every prompt's terms once (router.classify.fold_features): each fold's
+    TF-IDF matrices equal the feature union's own fit on the training rows and transform of the held-out
+    ones, the same vocabulary (pruned by min_df, max_df and max_features on the training rows) to a last
+    bit's rounding, and so do the out-of-fold decision values (the pipeline's own rules)."""
+    import numpy as np
+
+    from router.classify.evaluation import grouped_folds, out_of_fold, stratified_folds
+    from router.classify.fold_features import FoldFeatures
+    from router.classify.pipeline import build_pipeline
+
+    def build():
+        pipeline = build_pipeline(0, "tfidf")
+        pipeline.named_steps["features"].set_params(**rules)
+        return pipeline
+
+    texts = np.asarray(subset.texts[::2], dtype=object)  # 12-13 prompts per task
+    task_labels = list(subset.labels[::2])
+    groups = [f"g{i % 3}" for i in range(len(texts))]
+    folds = stratified_folds(task_labels, 2, 0) + grouped_folds(groups)
+    counted = FoldFeatures.of(build(), texts)
+    assert counted is not None and set(counted.counted) == {"words", "chars"}
+    for train, test in folds:
+        fitted, held_out = counted.fold(train, test)
+        union = build().named_steps["features"]
+        own_fitted = union.fit_transform(list(texts[train]))
+        own_held_out = union.transform(list(texts[test]))
+        for name, part in union.transformer_list[:2]:
+            if f"{name}__max_features" in rules:  # the rule binds
+                assert len(part.vocabulary_) == rules[f"{name}__max_features"]
+        for ours, theirs in ((fitted, own_fitted), (held_out, own_held_out)):
+            ours, theirs = ours.tocsr(), theirs.tocsr()
+            ours.sort_indices()
+            theirs.sort_indices()
+            assert ours.shape == theirs.shape
+            assert np.array_equal(ours.indptr, theirs.indptr) and np.array_equal(ours.indices, theirs.indices)
+            assert np.allclose(ours.data, theirs.data, rtol=1e-12, atol=1e-15)
+    if rules:
+        return
+    labels = sorted(set(task_labels))
+    values, learnable = out_of_fold(build, list(texts), task_labels, folds, labels)
+    own = FoldFeatures.of  # each fold fitted by the whole pipeline, as before terms were counted once
+    try:
+        FoldFeatures.of = classmethod(lambda cls, pipeline, texts: None)  # type: ignore[method-assign]
+        own_values, own_learnable = out_of_fold(build, list(texts), task_labels, folds, labels)
+    finally:
+        FoldFeatures.of = own  # type: ignore[method-assign]
+    assert np.array_equal(learnable, own_learnable) and np.array_equal(
+        np.isfinite(values), np.isfinite(own_values)
+    )
+    finite = np.isfinite(own_values)
+    assert np.allclose(values[finite], own_values[finite], rtol=1e-9, atol=1e-9)
+    assert np.array_equal(values.argmax(axis=1), own_values.argmax(axis=1))
+
+
 def test_keyword_baseline_rules():
     assert keyword_baseline("```python\nx = 1\n```") == "code"
     assert keyword_baseline('Return JSON like {"a": 1}') == "structured_output"

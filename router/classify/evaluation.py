@@ -28,6 +28,8 @@ from sklearn.metrics import accuracy_score, classification_report, confusion_mat
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
 
+from router.classify.fold_features import FoldFeatures
+
 MIN_FOLLOWED = 10  # a task the router followed fewer times than this on unseen sources is not judged
 MIN_SOURCES = 3  # ... nor one with prompts from fewer sources (its right predictions could hardly show)
 MIN_REACH_RECALL = 0.3  # a task predicted for fewer of its prompts (unseen sources) is "rarely reached"
@@ -58,12 +60,18 @@ def softmax(scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 def decision_matrix(model, texts: Sequence[str], labels: Sequence[str]) -> np.ndarray:
     """A fitted linear classifier's decision values as a (n, len(labels)) matrix over ``labels``;
     a label the model was not trained on gets -inf. Two classes become [0, d] (softmax = logistic)."""
-    values = np.asarray(model.decision_function(list(texts)), dtype=np.float64)
+    return _over_labels(model.decision_function(list(texts)), model.classes_, labels)
+
+
+def _over_labels(decision, classes: Sequence[str], labels: Sequence[str]) -> np.ndarray:
+    """A linear model's ``decision`` values for its ``classes`` as a (n, len(labels)) matrix over ``labels``
+    (-inf for the labels it was not trained on; two classes' one column becomes [0, d])."""
+    values = np.asarray(decision, dtype=np.float64)
     if values.ndim == 1:
         values = np.column_stack([np.zeros_like(values), values])
-    out = np.full((len(texts), len(labels)), -np.inf)
+    out = np.full((len(values), len(labels)), -np.inf)
     column = {label: i for i, label in enumerate(labels)}
-    for j, label in enumerate(model.classes_):
+    for j, label in enumerate(classes):
         out[:, column[label]] = values[:, j]
     return out
 
@@ -82,12 +90,19 @@ def out_of_fold(
     step is "model", with ``weights`` as its sample weights when given), and whether its own task was
     among that model's training labels (it can only be predicted if so). A prompt in no test fold
     keeps -inf. ``progress`` is told (folds done, folds) after each fold but the last. ``jobs`` > 1
-    fits that many folds at once in worker processes (joblib): the same models, the same values."""
+    fits that many folds at once in worker processes (joblib): the same models, the same values. The TF-IDF
+    parts of the pipeline's features count every prompt's terms once for all folds
+    (:class:`router.classify.fold_features.FoldFeatures`: the same features to a last bit's rounding)."""
     text_array, label_array = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(text_array), len(all_labels)), -np.inf)
     learnable = np.zeros(len(text_array), dtype=bool)
+    counted = FoldFeatures.of(build(), text_array) if folds else None
     tasks = (
-        delayed(_fold_values)(
+        delayed(_counted_fold_values)(
+            build, counted, train, test, label_array[train], all_labels, _part(weights, train)
+        )
+        if counted is not None
+        else delayed(_fold_values)(
             build, text_array[train], label_array[train], text_array[test], all_labels, _part(weights, train)
         )
         for train, test in folds
@@ -132,6 +147,25 @@ def _fold_values(
     fit_params = {} if weights is None else {"model__sample_weight": weights}
     model = build().fit(list(train_texts), list(train_labels), **fit_params)
     return decision_matrix(model, list(test_texts), all_labels)
+
+
+def _counted_fold_values(
+    build: Callable[[], Pipeline],
+    counted: FoldFeatures,
+    train: np.ndarray,
+    test: np.ndarray,
+    train_labels: np.ndarray,
+    all_labels: list[str],
+    weights: np.ndarray | None,
+) -> np.ndarray | None:
+    """:func:`_fold_values` with the fold's features from the terms counted once: the pipeline's model
+    step fitted on them."""
+    if len(set(train_labels)) < 2:
+        return None
+    fitted, held_out = counted.fold(train, test)
+    model = build().named_steps["model"]
+    model.fit(fitted, list(train_labels), **({} if weights is None else {"sample_weight": weights}))
+    return _over_labels(model.decision_function(held_out), model.classes_, all_labels)
 
 
 def stratified_folds(labels: Sequence[str], folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
