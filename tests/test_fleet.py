@@ -113,6 +113,7 @@ def _route(base: str, prompt: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # its workers' profiles may be marked busy, which it handles (the set is then activated)
 def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path):
     url = _fresh_database(postgres_url)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)

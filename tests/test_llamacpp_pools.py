@@ -63,6 +63,7 @@ def _templated(text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: which pool answers, and their outputs
 def test_each_prompt_reaches_the_pool_its_decision_names_and_both_pools_agree(pools, session, monkeypatch):
     plain, spec = pools["plain"], pools[f"spec{GAMMA}"]
     monkeypatch.setenv("SPECROUTE_ROUTER_POOLS", f'{{"off": "{plain.url}", "k{GAMMA}": "{spec.url}"}}')

@@ -168,6 +168,7 @@ def _assert_gone(pids: set[int]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: gunicorn's workers, their replacement and the queue's claims
 def test_each_worker_answers_a_killed_one_is_replaced_and_sigterm_stops_all(served):
     first = served.wait_for_workers(lambda w: True)
     for answering in first:  # the other paused: every answer comes from this process
@@ -205,6 +206,7 @@ def test_each_worker_answers_a_killed_one_is_replaced_and_sigterm_stops_all(serv
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: gunicorn's workers, their replacement and the queue's claims
 def test_after_a_reload_one_new_worker_runs_the_analysis_thread(served):
     old = served.wait_for_workers(lambda w: True)
     assert len(set(served.claimed_by(served.queue_runs(1)))) == 1
@@ -218,6 +220,7 @@ def test_after_a_reload_one_new_worker_runs_the_analysis_thread(served):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: gunicorn's workers, their replacement and the queue's claims
 def test_a_chunked_body_is_measured_like_one_with_a_length(served):
     # gunicorn streams a chunked body; without webui.prefork.ChunkedBodyLimit the app would read it
     # up to its limit and answer 400 (a JSON document cut short) instead of 413

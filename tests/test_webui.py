@@ -345,14 +345,12 @@ def test_secret_key_rules(tmp_path):
 def test_processes_starting_together_agree_on_one_generated_key(tmp_path):
     import multiprocessing
 
+    from tests.secret_key_child import generated_key
+
     with multiprocessing.get_context("spawn").Pool(6) as pool:
-        keys = pool.map(_generated_key, [str(tmp_path)] * 12)
+        keys = pool.map(generated_key, [str(tmp_path)] * 12)
     assert len(set(keys)) == 1 and (tmp_path / "secret_key").read_text() == keys[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret_key"]  # no temporary file left
-
-
-def _generated_key(folder: str) -> str:
-    return resolve_secret_key(load_settings({"data_dir": folder}, environ={}))
 
 
 def test_upload_over_the_size_limit_gets_a_friendly_page(engine, db_url, tmp_path):
