@@ -107,12 +107,10 @@ def test_fold_features_from_terms_counted_once_are_the_pipelines_own(subset, rul
         return
     labels = sorted(set(task_labels))
     values, learnable = out_of_fold(build, list(texts), task_labels, folds, labels)
-    own = FoldFeatures.of  # each fold fitted by the whole pipeline, as before terms were counted once
-    try:
-        FoldFeatures.of = classmethod(lambda cls, pipeline, texts: None)  # type: ignore[method-assign]
-        own_values, own_learnable = out_of_fold(build, list(texts), task_labels, folds, labels)
-    finally:
-        FoldFeatures.of = own  # type: ignore[method-assign]
+    # each fold fitted by the whole pipeline, as before terms were counted once
+    own_values, own_learnable = out_of_fold(
+        build, list(texts), task_labels, folds, labels, count_terms_once=False
+    )
     assert np.array_equal(learnable, own_learnable) and np.array_equal(
         np.isfinite(values), np.isfinite(own_values)
     )

@@ -85,6 +85,7 @@ def out_of_fold(
     weights: np.ndarray | None = None,
     progress: Callable[[int, int], None] | None = None,
     jobs: int = 1,
+    count_terms_once: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decision values of every prompt from a model fitted on the other folds (a Pipeline whose last
     step is "model", with ``weights`` as its sample weights when given), and whether its own task was
@@ -92,11 +93,12 @@ def out_of_fold(
     keeps -inf. ``progress`` is told (folds done, folds) after each fold but the last. ``jobs`` > 1
     fits that many folds at once in worker processes (joblib): the same models, the same values. The TF-IDF
     parts of the pipeline's features count every prompt's terms once for all folds
-    (:class:`router.classify.fold_features.FoldFeatures`: the same features to a last bit's rounding)."""
+    (:class:`router.classify.fold_features.FoldFeatures`: the same features to a last bit's rounding);
+    ``count_terms_once=False`` fits each fold's whole pipeline instead (tests and benchmarks compare)."""
     text_array, label_array = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(text_array), len(all_labels)), -np.inf)
     learnable = np.zeros(len(text_array), dtype=bool)
-    counted = FoldFeatures.of(build(), text_array) if folds else None
+    counted = FoldFeatures.of(build(), text_array) if folds and count_terms_once else None
     tasks = (
         delayed(_counted_fold_values)(
             build, counted, train, test, label_array[train], all_labels, _part(weights, train)
