@@ -19,6 +19,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from sklearn.metrics import f1_score  # noqa: E402
 
 from router.classify.evaluation import grouped_folds, out_of_fold, predictions, stratified_folds  # noqa: E402
 from router.classify.pipeline import build_pipeline  # noqa: E402
-from router.classify.training_data import cold_start_data  # noqa: E402
+from router.classify.training_data import TrainingData, cold_start_data  # noqa: E402
 
 SOLVERS = ("lbfgs", "newton-cg")  # the baseline first
 
@@ -46,10 +47,30 @@ def macro_f1(truth: np.ndarray, scores: np.ndarray, labels: list[str], rows: np.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    def way(solver: str) -> Fit:
+        def fit(data: TrainingData, folds: Folds, labels: list[str], jobs: int) -> np.ndarray:
+            def build():
+                return build_pipeline(0, "tfidf").set_params(model__solver=solver)
+
+            return out_of_fold(build, data.texts, data.labels, folds, labels, jobs=jobs)[0]
+
+        return fit
+
+    compare(__doc__ or "", "solver", {solver: way(solver) for solver in SOLVERS})
+
+
+Folds = list[tuple[np.ndarray, np.ndarray]]
+Fit = Callable[[TrainingData, Folds, list[str], int], np.ndarray]
+
+
+def compare(doc: str, column: str, ways: dict[str, Fit]) -> None:
+    """The command line of a comparison of ways to cross-validate the bundled corpus (``ways``: name -> the
+    out-of-fold values of (data, folds, labels, jobs), the baseline first): --repeats runs of each, interleaved,
+    on the 5 stratified and the leave-one-source-out folds, then :func:`print_comparison`'s table."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help=f"runs of each {column}, interleaved (default 3)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each solver, interleaved (default 3)")
     parser.add_argument(
         "--jobs", type=int, default=2, help="folds fitted at once, as SPECROUTE_CLASSIFIER_JOBS"
     )
@@ -65,43 +86,52 @@ def main() -> None:
         f"CPU {cpu_model()}, {os.cpu_count()} cores, {args.jobs} fold jobs",
         flush=True,
     )
-    times: dict[str, list[float]] = {s: [] for s in SOLVERS}
+    names = list(ways)
+    times: dict[str, list[float]] = {name: [] for name in names}
     values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for repeat in range(args.repeats):
-        for solver in SOLVERS if repeat % 2 == 0 else SOLVERS[::-1]:
-
-            def build(solver: str = solver):
-                return build_pipeline(0, "tfidf").set_params(model__solver=solver)
-
+        for name in names if repeat % 2 == 0 else names[::-1]:
             started = time.perf_counter()
-            on_stratified, _ = out_of_fold(build, data.texts, data.labels, stratified, labels, jobs=args.jobs)
-            on_grouped, _ = out_of_fold(build, data.texts, data.labels, grouped, labels, jobs=args.jobs)
-            times[solver].append(time.perf_counter() - started)
-            values[solver] = (on_stratified, on_grouped)
-            print(f"  repeat {repeat + 1} {solver}: {times[solver][-1]:.1f} s", flush=True)
+            on_stratified = ways[name](data, stratified, labels, args.jobs)
+            on_grouped = ways[name](data, grouped, labels, args.jobs)
+            times[name].append(time.perf_counter() - started)
+            values[name] = (on_stratified, on_grouped)
+            print(f"  repeat {repeat + 1} {name}: {times[name][-1]:.1f} s", flush=True)
+    print_comparison(column, times, values, truth, labels)
 
+
+def print_comparison(
+    column: str,
+    times: dict[str, list[float]],
+    values: dict[str, tuple[np.ndarray, np.ndarray]],
+    truth: np.ndarray,
+    labels: list[str],
+) -> None:
+    """The table of ways to cross-validate (``times`` and ``values`` per way, the baseline first): median wall
+    time, its ratio to the baseline's, the stratified and grouped macro-F1 of the out-of-fold values, the share
+    of predictions equal to the baseline's and the largest difference of a decision value."""
     every = np.arange(len(truth))
-    base = SOLVERS[0]
-    base_time = float(np.median(times[base]))
+    names = list(times)
+    base_time = float(np.median(times[names[0]]))
     print()
     print(
-        "| solver | folds' wall time (median) | ratio | stratified macro-F1 | grouped macro-F1 | same predictions "
+        f"| {column} | folds' wall time (median) | ratio | stratified macro-F1 | grouped macro-F1 | same predictions "
         "| max decision diff |"
     )
     print("|---|---|---|---|---|---|---|")
-    for solver in SOLVERS:
-        median = float(np.median(times[solver]))
+    for name in names:
+        median = float(np.median(times[name]))
         same, diffs = [], []
-        for mine, theirs in zip(values[solver], values[base]):
+        for mine, theirs in zip(values[name], values[names[0]]):
             same.append(
                 np.mean(np.asarray(predictions(mine, labels)) == np.asarray(predictions(theirs, labels)))
             )
             finite = np.isfinite(mine) & np.isfinite(theirs)
             diffs.append(float(np.abs(mine[finite] - theirs[finite]).max()))
         print(
-            f"| {solver} | {median:.1f} s | {median / base_time:.2f} | "
-            f"{macro_f1(truth, values[solver][0], labels, every):.4f} | "
-            f"{macro_f1(truth, values[solver][1], labels, every):.4f} | {np.mean(same):.4f} | {max(diffs):.4f} |"
+            f"| {name} | {median:.1f} s | {median / base_time:.2f} | "
+            f"{macro_f1(truth, values[name][0], labels, every):.4f} | "
+            f"{macro_f1(truth, values[name][1], labels, every):.4f} | {np.mean(same):.4f} | {max(diffs):.1e} |"
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import current_app, redirect, render_template, request, url_for
 from markupsafe import Markup
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from analyzer.advice.report import run_advice_withheld
 from analyzer.analysis.analysis_ref import RUN, SERVER, AnalysisRef, AnalysisRefError, parse_analysis_ref
@@ -235,34 +236,7 @@ def policies():
     was withheld and the task types rarely reached."""
     with sessions()() as session:
         sets = [policy_set_dict(p) for p in list_policy_sets(session)]
-        runs = [
-            {
-                "ref": str(AnalysisRef(RUN, r.id)),
-                "label": f"run #{r.id} · {r.prompt_set.name} · {r.pair.draft.spec}",
-                "withheld": "noisy cost profile: measured on a busy machine"
-                if any(link.cost_profile.quality == "noisy" for link in r.batch_profiles)
-                else None,
-            }
-            for r in session.scalars(
-                select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc())
-            )
-        ] + [
-            {
-                "ref": str(AnalysisRef(SERVER, a.id)),
-                "label": f"llama-server analysis #{a.id} · {a.name} · {', '.join(a.drafters)}",
-                "withheld": f"advice withheld: {a.advice_withheld}" if a.advice_withheld else None,
-            }
-            for a in session.execute(  # the columns the choice shows, not each analysis' rows of JSON
-                select(
-                    ServerAnalysisRecord.id,
-                    PromptSet.name,
-                    ServerAnalysisRecord.drafters,
-                    ServerAnalysisRecord.advice_withheld,
-                )
-                .join(PromptSet, PromptSet.id == ServerAnalysisRecord.prompt_set_id)
-                .order_by(ServerAnalysisRecord.id.desc())
-            )
-        ]
+        runs = _publishable(session)
         classifier_version, rarely = rarely_reached(session)
         withheld = {
             s["run_id"]: reason
@@ -294,6 +268,40 @@ def policies():
         export=export,
         export_version=chosen,
     )
+
+
+def _publishable(session: Session) -> list[dict]:
+    """The finished analyses a set can be published from, newest first (runs, then analyses in llama-server):
+    each one's reference, label and why its advice is withheld (None: it is not)."""
+    runs = [
+        {
+            "ref": str(AnalysisRef(RUN, r.id)),
+            "label": f"run #{r.id} · {r.prompt_set.name} · {r.pair.draft.spec}",
+            "withheld": "noisy cost profile: measured on a busy machine"
+            if any(link.cost_profile.quality == "noisy" for link in r.batch_profiles)
+            else None,
+        }
+        for r in session.scalars(
+            select(AnalysisRun).where(AnalysisRun.status == "done").order_by(AnalysisRun.id.desc())
+        )
+    ]
+    return runs + [
+        {
+            "ref": str(AnalysisRef(SERVER, a.id)),
+            "label": f"llama-server analysis #{a.id} · {a.name} · {', '.join(a.drafters)}",
+            "withheld": f"advice withheld: {a.advice_withheld}" if a.advice_withheld else None,
+        }
+        for a in session.execute(  # the columns the choice shows, not each analysis' rows of JSON
+            select(
+                ServerAnalysisRecord.id,
+                PromptSet.name,
+                ServerAnalysisRecord.drafters,
+                ServerAnalysisRecord.advice_withheld,
+            )
+            .join(PromptSet, PromptSet.id == ServerAnalysisRecord.prompt_set_id)
+            .order_by(ServerAnalysisRecord.id.desc())
+        )
+    ]
 
 
 @bp.post("/policies/publish")
