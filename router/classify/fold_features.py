@@ -1,6 +1,7 @@
 """Cross-validation's features with each prompt's terms counted once: the TF-IDF parts of a fold's feature
 union built from one count matrix of every prompt, instead of each fold re-reading its prompts' words and
-character n-grams: 0.9 of a fold's 3.3 s on the bundled corpus; its 21 folds 30.9 s -> 23.5 s on two cores).
+character n-grams (0.9 s of a fold's 3.3 s on the bundled corpus; its 21 folds 32.3 s -> 23.9 s on two cores,
+benchmarks/bench_fold_features.py).
 The pipeline's own ``fit_transform`` on the fold's training prompts and ``transform`` on its held-out ones
 give the same matrices: the fold's vocabulary is the terms its training prompts hold, pruned by the
 vectorizer's own ``min_df``, ``max_df`` and ``max_features`` rules on the training rows' counts, in the
