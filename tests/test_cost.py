@@ -346,6 +346,86 @@ def test_a_busy_machine_makes_the_profile_noisy(target, clock, monkeypatch):
     _, quality = _profile_with(target, clock, stall)
     assert quality.verdict == "noisy" and quality.others_cpu == pytest.approx(1.0, abs=0.02)
     assert quality.notes[-1] == "other processes used 100% of the machine's CPU while profiling"
+    # the machine was quiet a moment after the starved round (the jiffies move only with the forwards), so
+    # every point was measured again, and taken again by the load
+    assert quality.remeasured == [1, 2, 3, 4, 5, 6] and not any(
+        "not measured again" in n for n in quality.notes
+    )
+
+
+def test_a_round_starved_by_a_load_still_there_a_moment_later_is_not_measured_again(
+    target, clock, monkeypatch
+):
+    import itertools
+
+    busy = itertools.count(0, 10**6)  # /proc/stat as on a machine whose other processes take every core
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
+    calls = []
+    _, quality = _profile_with(target, clock, lambda call, k: calls.append(k) or (None, 0))
+    assert len(calls) == 6 * 5  # the first round's 5 repeats of k = 1..6 and nothing more
+    assert quality.verdict == "noisy" and quality.remeasured == []
+    assert quality.notes == [
+        "5 repeats dropped: another process held the CPU (our process got less than 85% of its best repeats' "
+        "CPU time, or others used more than 15% of the machine)",
+        "k = 1, 2, 3, 4, 5, 6 not measured again: other processes still used 100% of the machine's CPU after "
+        "the starved repeats",
+        "other processes used 100% of the machine's CPU while profiling",
+    ]
+
+
+class StepJiffies:
+    """/proc/stat's busy jiffies moving by ``steps[i]`` at the i-th reading (the last step repeats)."""
+
+    def __init__(self, steps):
+        self.steps, self.value, self.reads = list(steps), 0, 0
+
+    def __call__(self):
+        self.value += self.steps[min(self.reads, len(self.steps) - 1)]
+        self.reads += 1
+        return self.value
+
+
+def _overhead(attempt: int):
+    from analyzer.engine.overhead import MachineryOverhead
+
+    return MachineryOverhead(decode_s=0.001 * attempt, round_s=0.002 * attempt, new_tokens=8, repeats=3)
+
+
+def test_a_busy_overhead_attempt_is_measured_again_once_the_machine_is_quiet(monkeypatch):
+    from analyzer.engine.overhead import retried_while_busy
+
+    # readings: before attempt 1, after it (busy), the probe's two (quiet), before and after attempt 2 (quiet)
+    jiffies = StepJiffies([0, 10**6, 0])
+    monkeypatch.setattr(interference, "_busy_jiffies", jiffies)
+    attempts = []
+    measured = retried_while_busy(lambda attempt: attempts.append(attempt) or _overhead(attempt))
+    assert attempts == [1, 2] and measured == _overhead(2) and measured.busy is None and jiffies.reads == 6
+
+
+def test_a_load_that_goes_on_stops_the_overhead_after_its_first_attempt(monkeypatch):
+    import itertools
+
+    from analyzer.engine.overhead import retried_while_busy
+
+    busy = itertools.count(0, 10**6)
+    monkeypatch.setattr(interference, "_busy_jiffies", lambda: next(busy))
+    attempts = []
+    measured = retried_while_busy(lambda attempt: attempts.append(attempt) or _overhead(attempt))
+    assert attempts == [1] and measured.decode_s == _overhead(1).decode_s
+    assert measured.busy == (
+        "machinery overhead: other processes used 100% of the machine's CPU in 1 attempt; still 100% right "
+        "after, so not measured again"
+    )
+    # busy in every attempt but quiet each time right after one: all three attempts, as before
+    jiffies = StepJiffies([0, 10**6, 0, 0] * 2 + [0, 10**6])
+    monkeypatch.setattr(interference, "_busy_jiffies", jiffies)
+    attempts.clear()
+    measured = retried_while_busy(lambda attempt: attempts.append(attempt) or _overhead(attempt))
+    assert attempts == [1, 2, 3] and measured.decode_s == _overhead(3).decode_s
+    assert (
+        measured.busy
+        == "machinery overhead: other processes used 100% of the machine's CPU in each of 3 attempts"
+    )
 
 
 # ------------------------------------------------------------------ implausible ratios (issue 25, point 4)

@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from analyzer.engine.graph_cost import GraphDecoder
 
 from analyzer.measuring.cost import _synchronize
-from analyzer.measuring.interference import EXTRA_ROUNDS, MAX_OTHERS_CPU, machine_reading, others_busy_s
+from analyzer.measuring.interference import (
+    EXTRA_ROUNDS,
+    MAX_OTHERS_CPU,
+    machine_reading,
+    others_busy_s,
+    still_busy,
+)
 
 # called after every timed generate() call of an overhead measurement, with the attempt's number (from 1)
 GenerateCallback = Callable[[int], None]
@@ -244,9 +250,12 @@ def overhead_of(
 
 def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> MachineryOverhead:
     """``measure_once(attempt)`` (attempt 1, 2, ...), measured again while other processes use more
-    than MAX_OTHERS_CPU of the machine (/proc/stat), up to EXTRA_ROUNDS more times; the last result
-    notes it in ``busy`` when they always did. Shared by every engine's overhead measurement."""
+    than MAX_OTHERS_CPU of the machine (/proc/stat), up to EXTRA_ROUNDS more times, and only where they
+    no longer do a moment after the busy attempt (:func:`analyzer.measuring.interference.still_busy`: under
+    a load that goes on, another attempt would be spoilt as well); the last result notes it in ``busy``
+    when they always did. Shared by every engine's overhead measurement."""
     shares: list[float] = []  # what other processes used during each attempt found too busy
+    after: float | None = None  # what they used right after the last one, where that stopped the retries
     for attempt in range(1, 2 + EXTRA_ROUNDS):
         before, started = machine_reading(), perf_counter()
         measured = measure_once(attempt)
@@ -259,10 +268,13 @@ def retried_while_busy(measure_once: Callable[[int], MachineryOverhead]) -> Mach
         if share is None or share <= MAX_OTHERS_CPU:
             return measured
         shares.append(share)
+        if attempt <= EXTRA_ROUNDS and (after := still_busy()) is not None:
+            break
+    attempts = f"each of {len(shares)} attempts" if len(shares) > 1 else "1 attempt"
     return replace(
         measured,
-        busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU "
-        f"in each of {len(shares)} attempts",
+        busy=f"machinery overhead: other processes used {min(shares):.0%} of the machine's CPU in {attempts}"
+        + (f"; still {after:.0%} right after, so not measured again" if after is not None else ""),
     )
 
 

@@ -33,6 +33,7 @@ MIN_RATIO = 0.9
 MAX_RATIO_PER_TOKEN = 1.5
 QUIET_WINDOW_S = 2.0  # the window over which the machine's load is judged while waiting for quiet
 QUIET_REPORT_EVERY_S = 10.0  # how often a wait for quiet says how it goes
+BUSY_PROBE_S = 1.0  # how long the machine is watched before measuring again what its load spoilt
 QUALITY_ORDER = ("clean", "remeasured", "noisy")
 
 
@@ -182,17 +183,21 @@ def checked_timings(
     whose repeats spread more than SPREAD_TOLERANCE, or that kept fewer than half their repeats, are
     measured again (up to EXTRA_ROUNDS more rounds, only those k, keeping the cleaner round); so are
     the points whose T(k)/T(1) is physically implausible (:func:`implausible_ratios`), with k = 1,
-    taking the new round's values. The verdict is noisy when a point is still hit after that, when a
-    ratio is still implausible, or when other processes used more than MAX_OTHERS_CPU of the machine
-    during the repeats kept; remeasured when interference was seen and measured around; clean
-    otherwise, with notes in words.
+    taking the new round's values. After a round in which most repeats were starved, the next is measured
+    only where the machine is no longer taken a moment later (:func:`still_busy`): under a load that goes
+    on, another round would be starved as well and only take longer to say so. The verdict is noisy when
+    a point is still hit after that, when a ratio is still implausible, or when other processes used more
+    than MAX_OTHERS_CPU of the machine during the repeats kept; remeasured when interference was seen and
+    measured around; clean otherwise, with notes in words.
     """
     ks = list(range(1, k_max + 1))
     points = judge(*measure(ks, warmup), threads, on_cpu)
     medians, spread = points.medians, points.spread
     hit = (spread > SPREAD_TOLERANCE) | points.too_few
     first_odd = implausible_ratios(medians)
-    remeasured, new_rounds = _remeasure_hit_points(measure, ks, medians, spread, hit, threads, on_cpu)
+    remeasured, new_rounds, busy_after = _remeasure_hit_points(
+        measure, ks, points, medians, spread, hit, threads, on_cpu
+    )
     rounds = [points, *new_rounds]
     starved = sum(p.starved for p in rounds)
     odd_after = implausible_ratios(medians)
@@ -200,7 +205,7 @@ def checked_timings(
     still = [k for k in ks if hit[k - 1]]
     busy = others_share is not None and others_share > MAX_OTHERS_CPU
     notes = _timing_notes(
-        starved, first_odd, remeasured, odd_after, still, spread, others_share if busy else None
+        starved, first_odd, remeasured, odd_after, still, spread, others_share if busy else None, busy_after
     )
     verdict = "noisy" if still or busy or odd_after else "remeasured" if remeasured or starved else "clean"
     judged = [p.share for p in rounds if p.share is not None]
@@ -218,16 +223,20 @@ def checked_timings(
 def _remeasure_hit_points(
     measure: TimingMatrix,
     ks: list[int],
+    first: Points,
     medians: np.ndarray,
     spread: np.ndarray,
     hit: np.ndarray,
     threads: int,
     on_cpu: bool,
-) -> tuple[set[int], list[Points]]:
+) -> tuple[set[int], list[Points], float | None]:
     """Measure hit and implausible points again, updating ``medians``, ``spread`` and ``hit`` in place;
-    returns the k values measured again and the new rounds."""
+    returns the k values measured again, the new rounds, and other processes' share of the machine where
+    it stopped because they still took it after a round (``first`` or a new one) whose repeats were mostly
+    starved (None otherwise)."""
     remeasured: set[int] = set()
     rounds: list[Points] = []
+    last = first
     for _ in range(EXTRA_ROUNDS):
         odd = set(implausible_ratios(medians))
         if odd:
@@ -235,15 +244,18 @@ def _remeasure_hit_points(
         again = [k for k in ks if hit[k - 1] or k in odd]
         if not again:
             break
+        if last.too_few and (busy := still_busy()) is not None:
+            return remeasured, rounds, busy
         remeasured.update(again)
         new = judge(*measure(again, 0), threads, on_cpu)
         rounds.append(new)
+        last = new
         for i, k in enumerate(again):
             new_hit = bool(new.spread[i] > SPREAD_TOLERANCE or new.too_few)
             # an implausible point is replaced whatever its spread: a steady disturbance spreads little
             if k in odd or (new_hit, new.spread[i]) <= (bool(hit[k - 1]), spread[k - 1]):
                 medians[k - 1], spread[k - 1], hit[k - 1] = new.medians[i], new.spread[i], new_hit
-    return remeasured, rounds
+    return remeasured, rounds, None
 
 
 def _others_share(rounds: list[Points]) -> float | None:
@@ -263,8 +275,10 @@ def _timing_notes(
     still: list[int],
     spread: np.ndarray,
     busy_share: float | None,
+    busy_after: float | None = None,
 ) -> list[str]:
-    """What :func:`checked_timings` saw, in words (``busy_share``: others' share when above the bar)."""
+    """What :func:`checked_timings` saw, in words (``busy_share``: others' share when above the bar;
+    ``busy_after``: their share after a starved round, where re-measuring stopped for it)."""
     notes = []
     if starved:
         notes.append(
@@ -285,7 +299,12 @@ def _timing_notes(
         )
     if odd_after:
         notes.append(f"T_t(k)/T_t(1) = {_ratios(odd_after)} still implausible after re-measuring")
-    if still:
+    if still and busy_after is not None:
+        notes.append(
+            f"k = {_ks(still)} not measured again: other processes still used {busy_after:.0%} of the "
+            "machine's CPU after the starved repeats"
+        )
+    elif still:
         notes.append(
             f"k = {_ks(still)} still spread up to {100 * max(spread[k - 1] for k in still):.0f}% across "
             "repeats after re-measuring"
@@ -348,6 +367,16 @@ def others_share_over(
     sleep(seconds)
     used = others_busy_s(before, reading())
     return None if used is None else min(1.0, used / (seconds * (os.cpu_count() or 1)))
+
+
+def still_busy(seconds: float = BUSY_PROBE_S) -> float | None:
+    """Other processes' share of the machine's CPU over the next ``seconds``
+    (:func:`others_share_over`) where it is above MAX_OTHERS_CPU: the machine is still taken, and what is
+    measured at once would be disturbed as well. None where it is not, or where /proc/stat cannot be
+    read. Asked before measuring again what a busy machine spoilt (a profile's starved round, the
+    machinery overhead's busy attempt)."""
+    share = others_share_over(seconds)
+    return share if share is not None and share > MAX_OTHERS_CPU else None
 
 
 def wait_for_quiet(
