@@ -119,6 +119,30 @@ def test_fold_features_from_terms_counted_once_are_the_pipelines_own(subset, rul
     assert np.array_equal(values.argmax(axis=1), own_values.argmax(axis=1))
 
 
+def test_a_training_counts_its_prompts_terms_once_for_all_its_cross_validations(subset, monkeypatch):
+    """An adapted training's stratified folds and the active recipe's comparison on the same folds take
+    their features from one count of every prompt's terms (pseudo-labelled ones included, each fold's
+    vocabulary from its training rows alone): the scores equal those with the terms counted anew for each."""
+    from router.classify import cross_validation
+    from router.classify.fold_features import FoldFeatures
+    from router.classify.training_data import PseudoLabel, with_pseudo_labels
+
+    counts = []
+    of = FoldFeatures.of.__func__
+    monkeypatch.setattr(FoldFeatures, "of", classmethod(lambda cls, *a: counts.append(1) or of(cls, *a)))
+    pseudo = [
+        PseudoLabel(f"pretend you are a pirate captain number {i}", "roleplay", 0.9, "up") for i in range(6)
+    ]
+    adapted = with_pseudo_labels(subset, pseudo, min_confidence=0.5)
+    once = evaluate(adapted, folds=3, compare_with=("tfidf", 2.0))
+    assert len(counts) == 1 and once["comparison"]["on"] == "stratified" and once["comparison"]["folds"] == 3
+    counts.clear()
+    monkeypatch.setattr(cross_validation, "counted_terms", lambda build, texts: None)
+    each = evaluate(adapted, folds=3, compare_with=("tfidf", 2.0))
+    assert len(counts) == 2  # the folds', then the comparison's
+    assert json.dumps(once, sort_keys=True) == json.dumps(each, sort_keys=True)
+
+
 def test_keyword_baseline_rules():
     assert keyword_baseline("```python\nx = 1\n```") == "code"
     assert keyword_baseline('Return JSON like {"a": 1}') == "structured_output"

@@ -6,7 +6,6 @@ route_id decided by the other server process is found."""
 from __future__ import annotations
 
 import http.client
-import json
 import multiprocessing
 import os
 import socket
@@ -22,46 +21,16 @@ from sqlalchemy import func, select
 from router.orm import FeedbackEvent, TaskEstimate
 from router.policies.policy import publish_policies
 from tests.factories import make_done_run
+from tests.feedback_client import POSTS, TASKS, feedback_writer, post
 
 ROOT = Path(__file__).resolve().parent.parent
-TASKS = ("code", "qa", "summarization", "translation")
-CLIENTS, POSTS = 8, 1000
+CLIENTS = 8
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _post(connection: http.client.HTTPConnection, path: str, payload: dict) -> tuple[int, dict]:
-    connection.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    return response.status, json.loads(response.read())
-
-
-def _client(port: int, seed: int, out) -> None:
-    """One writer: POSTS feedback events with seeded random counts; reports per-task sums and errors."""
-    rng = np.random.default_rng(seed)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    sums = {t: [0, 0, 0, 0] for t in TASKS}  # events, rounds, drafted, accepted
-    errors = []
-    for _ in range(POSTS):
-        task = TASKS[int(rng.integers(len(TASKS)))]
-        rounds = int(rng.integers(1, 40))
-        drafted = int(rng.integers(0, 4 * rounds + 1))
-        accepted = int(rng.integers(0, drafted + 1))
-        status, body = _post(
-            connection,
-            "/v1/feedback",
-            {"task_type": task, "rounds": rounds, "drafted": drafted, "accepted": accepted},
-        )
-        if status != 200:
-            errors.append((status, body))
-            continue
-        for i, value in enumerate((1, rounds, drafted, accepted)):
-            sums[task][i] += value
-    out.put((sums, errors[:5], len(errors)))
 
 
 @pytest.fixture
@@ -111,7 +80,7 @@ def server(engine, db_url, session, tmp_path):
 def test_eight_processes_of_feedback_lose_nothing(server, session):
     queue = multiprocessing.get_context("spawn").Queue()
     clients = [
-        multiprocessing.get_context("spawn").Process(target=_client, args=(server, seed, queue))
+        multiprocessing.get_context("spawn").Process(target=feedback_writer, args=(server, seed, queue))
         for seed in range(CLIENTS)
     ]
     for c in clients:
@@ -148,11 +117,11 @@ def test_eight_processes_of_feedback_lose_nothing(server, session):
 def test_feedback_finds_a_decision_made_by_the_other_process(server):
     connections = [http.client.HTTPConnection("127.0.0.1", server, timeout=30) for _ in range(4)]
     for i in range(40):  # separate connections land on either process
-        status, decision = _post(
+        status, decision = post(
             connections[i % 4], "/v1/route", {"prompt": f"question {i}: what is {i} + {i}?"}
         )
         assert status == 200
-        status, body = _post(
+        status, body = post(
             connections[(i + 1) % 4],
             "/v1/feedback",
             {"route_id": decision["route_id"], "rounds": 3, "drafted": 6, "accepted": 4},

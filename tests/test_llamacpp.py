@@ -62,6 +62,7 @@ def chat_ids(smollm2, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: beside the greedy test below, which shares its two fixtures
 def test_the_huggingface_tokenizer_of_the_gguf_gives_llama_cpps_own_ids(smollm2, chat_ids):
     tokenizer, prompts = chat_ids
     for ids in prompts:

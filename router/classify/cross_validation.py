@@ -18,6 +18,7 @@ from router.classify.evaluation import (
     MIN_SOURCES,
     calibration,
     catch_all_tasks,
+    counted_terms,
     grouped_folds,
     out_of_fold,
     predictions,
@@ -26,6 +27,7 @@ from router.classify.evaluation import (
     stratified_folds,
 )
 from router.classify.features import keyword_baseline
+from router.classify.fold_features import FoldFeatures
 from router.classify.pipeline import build_pipeline, fold_jobs, regularisation
 from router.classify.teacher import Progress
 from router.classify.training_data import ClassifierError, TrainingData
@@ -76,9 +78,9 @@ def _evaluate(
     kinds = data.kind_list()
     scored = np.asarray([i for i, k in enumerate(kinds) if k != "pseudo"], dtype=int)
     pseudo = np.asarray([i for i, k in enumerate(kinds) if k == "pseudo"], dtype=int)
-    oof = _scored_out_of_fold(
-        data, labels, scored, pseudo, lambda: build_pipeline(seed, features, c), progress, jobs
-    )
+    build = lambda: build_pipeline(seed, features, c)  # noqa: E731
+    counted = counted_terms(build, data.texts)  # once for every cross-validation below
+    oof = _scored_out_of_fold(data, labels, scored, pseudo, build, progress, jobs, counted)
     texts = [data.texts[i] for i in scored]
     truth_all = [data.labels[i] for i in scored]
     split = stratified_folds(truth_all, folds, seed)
@@ -108,7 +110,15 @@ def _evaluate(
     scores["reachability"] = _reachability(scores, data.labels)
     if compare_with is not None and len(pseudo):
         scores["comparison"] = _comparison(
-            data, labels, scored, compared_on, compare_with, seed, progress, jobs
+            data,
+            labels,
+            scored,
+            compared_on,
+            compare_with,
+            seed,
+            progress,
+            jobs,
+            counted if compare_with[0] == features else None,
         )
     return scores
 
@@ -121,9 +131,11 @@ def _scored_out_of_fold(
     build: Callable[[], Pipeline],
     progress: Progress | None,
     jobs: int,
+    counted: FoldFeatures | None = None,
 ) -> Callable[[_Folds, str], tuple[np.ndarray, np.ndarray]]:
     """A function of (folds of the scored rows, what they are) to the scored rows' out-of-fold decision
-    values and learnability, every fold trained with the pseudo-labelled rows too."""
+    values and learnability, every fold trained with the pseudo-labelled rows too (``counted``: the
+    terms of every row, counted once, :func:`router.classify.evaluation.counted_terms`)."""
     weights = data.weight_array() if data.weights else None
 
     def oof(split: _Folds, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +147,9 @@ def _scored_out_of_fold(
 
         said(0, len(split))
         on_all = [(np.concatenate([scored[train], pseudo]), scored[test]) for train, test in split]
-        values, learnable = out_of_fold(build, data.texts, data.labels, on_all, labels, weights, said, jobs)
+        values, learnable = out_of_fold(
+            build, data.texts, data.labels, on_all, labels, weights, said, jobs, counted=counted
+        )
         return values[scored], learnable[scored]
 
     return oof
@@ -216,9 +230,11 @@ def _comparison(
     seed: int,
     progress: Progress | None,
     jobs: int,
+    counted: FoldFeatures | None = None,
 ) -> dict | None:
     """The adapted classifier against the ``compare_with`` recipe on the first of ``compared_on`` (folds,
-    adapted values, name) where two tasks or more could be learnt; its problem when it cannot be fitted."""
+    adapted values, name) where two tasks or more could be learnt; its problem when it cannot be fitted.
+    ``counted``: the rows' terms counted with that recipe's feature set already (None: counted anew)."""
     other_features, other_c = compare_with
     other = lambda: build_pipeline(seed, other_features, other_c)  # noqa: E731
     try:
@@ -233,6 +249,7 @@ def _comparison(
                 what,
                 progress,
                 fold_jobs(jobs, other_features),
+                counted,
             )
             if comparison is not None:
                 return comparison | {"features": other_features, "C": other_c}
@@ -251,6 +268,7 @@ def _same_fold_comparison(
     what: str,
     progress: Progress | None,
     jobs: int = 1,
+    counted: FoldFeatures | None = None,
 ) -> dict | None:
     """The adapted classifier against another recipe (the active version's) on the same held-out
     prompts: ``build`` is fitted on exactly the training side of each of ``split``'s folds (indices
@@ -258,7 +276,9 @@ def _same_fold_comparison(
     that recipe could learn (their task was among its training labels; the pseudo-labels may make
     more learnable for the adapted one, which then counts for neither). ``adapted_values`` are the
     adapted classifier's out-of-fold decision values on the scored rows, (len(scored), len(labels)).
-    Macro-F1 and per-task recall of both, or None when fewer than two tasks could be learnt."""
+    Macro-F1 and per-task recall of both, or None when fewer than two tasks could be learnt.
+    ``counted``: every row's terms counted once already with this recipe's feature set (None: counted
+    here); a fold's vocabulary comes from its training rows' counts alone, the pseudo-labelled rows' never."""
 
     def said(done: int, total: int) -> None:  # the fold being fitted, 1/n to n/n (as in _evaluate)
         if progress is not None:
@@ -269,7 +289,9 @@ def _same_fold_comparison(
     weights = data.weight_array() if data.weights else None
     folds_ = [(scored[train], scored[test]) for train, test in split]
     said(0, len(folds_))
-    values, learnable = out_of_fold(build, data.texts, data.labels, folds_, labels, weights, said, jobs)
+    values, learnable = out_of_fold(
+        build, data.texts, data.labels, folds_, labels, weights, said, jobs, counted=counted
+    )
     values, learnable = values[scored], learnable[scored]
     kept = np.nonzero(learnable)[0]
     truth_all = [data.labels[i] for i in scored]

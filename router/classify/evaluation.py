@@ -86,6 +86,7 @@ def out_of_fold(
     progress: Callable[[int, int], None] | None = None,
     jobs: int = 1,
     count_terms_once: bool = True,
+    counted: FoldFeatures | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decision values of every prompt from a model fitted on the other folds (a Pipeline whose last
     step is "model", with ``weights`` as its sample weights when given), and whether its own task was
@@ -94,11 +95,14 @@ def out_of_fold(
     fits that many folds at once in worker processes (joblib): the same models, the same values. The TF-IDF
     parts of the pipeline's features count every prompt's terms once for all folds
     (:class:`router.classify.fold_features.FoldFeatures`: the same features to a last bit's rounding);
-    ``count_terms_once=False`` fits each fold's whole pipeline instead (tests and benchmarks compare)."""
+    ``count_terms_once=False`` fits each fold's whole pipeline instead (tests and benchmarks compare);
+    ``counted``: those counts, taken over ``texts`` with the same feature union already (a training's
+    other cross-validations reuse them; :func:`counted_terms`)."""
     text_array, label_array = np.asarray(texts, dtype=object), np.asarray(labels, dtype=object)
     scores = np.full((len(text_array), len(all_labels)), -np.inf)
     learnable = np.zeros(len(text_array), dtype=bool)
-    counted = FoldFeatures.of(build(), text_array) if folds and count_terms_once else None
+    if counted is None:
+        counted = FoldFeatures.of(build(), text_array) if folds and count_terms_once else None
     tasks = (
         delayed(_counted_fold_values)(
             build, counted, train, test, label_array[train], all_labels, _part(weights, train)
@@ -127,6 +131,12 @@ def out_of_fold(
             warnings.filterwarnings("ignore", ".*tasks which were still being processed", UserWarning)
             fitted.close()
     return scores, learnable
+
+
+def counted_terms(build: Callable[[], Pipeline], texts: Sequence[str]) -> FoldFeatures | None:
+    """The terms of ``texts`` counted once for every cross-validation of ``build()``'s feature union over
+    them (:meth:`FoldFeatures.of`; None where they cannot be), for :func:`out_of_fold`'s ``counted``."""
+    return FoldFeatures.of(build(), np.asarray(texts, dtype=object))
 
 
 def _part(weights: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
