@@ -48,6 +48,7 @@ def _results(sessions, run_id: int) -> dict[int, tuple]:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel  # times nothing: it kills after the 10th of 120 prompts and checks what was kept
 def test_kill_9_mid_analysis_then_resume(engine, db_url, tmp_path):
     sessions = make_session_factory(engine)
     target = save_tiny_model_folder(tmp_path / "tiny", seed=2)
