@@ -208,51 +208,6 @@ def test_a_server_that_cannot_start_says_why(llama_server_binary, tmp_path):
         LlamaServerProcess(llama_server_binary, broken, threads=1, n_ctx=256).start(timeout_s=60)
 
 
-def test_servers_started_side_by_side_all_serve_and_one_that_cannot_start_says_why(
-    llama_server_binary, model_path, tmp_path
-):
-    """start_all launches every server before waiting for any: all of them serve; with a broken model among
-    them, its error (exit at start, with its log) is raised and stopping them all leaves no process."""
-    from analyzer.engine.llama_server_process import start_all
-
-    def server(model, flags=()):
-        return LlamaServerProcess(llama_server_binary, model, threads=1, n_ctx=512, flags=list(flags))
-
-    servers = [
-        server(model_path),
-        server(
-            model_path,
-            [
-                "--spec-type",
-                "ngram-simple",
-                "--spec-ngram-simple-size-n",
-                "2",
-                "--spec-ngram-simple-size-m",
-                "4",
-            ],
-        ),
-        server(model_path),
-    ]
-    try:
-        start_all(servers)
-        assert all(s.client.ready() for s in servers) and len({s.port for s in servers}) == 3
-        assert all(s.cpu_seconds() is not None for s in servers)
-    finally:
-        for s in servers:
-            s.stop()
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"not a model")
-    servers = [server(model_path), server(broken), server(model_path)]
-    try:
-        with pytest.raises(LlamaServerError, match="exited with .* at start"):
-            start_all(servers, timeout_s=60)
-        assert servers[2].cpu_seconds() is not None  # launched before the broken one was waited for
-    finally:
-        for s in servers:
-            s.stop()
-    assert all(s.cpu_seconds() is None for s in servers)  # none left running
-
-
 def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_shows_it(
     runner, llama_server_binary, model_path, monkeypatch, tmp_path
 ):

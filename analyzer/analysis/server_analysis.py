@@ -57,7 +57,6 @@ from analyzer.analysis.server_outcomes import (
 )
 from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, served_replay, validate_held_out
 from analyzer.analysis.server_replay import replay_settings
-from analyzer.engine.llama_server_process import start_all
 from analyzer.measuring.noise import repeats_for_aggregate
 from analyzer.measuring.server_drafting import ServerDrafter
 from analyzer.run_params import DEFAULT_MARGIN
@@ -112,7 +111,8 @@ def analyze_in_llama_server(
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
     try:
-        start_all(servers)
+        for server in servers:
+            server.start()
         outcomes, plain_seconds = generate(
             servers[0], prompts, n_predict, say, setup.n_ctx, attempt.generated, attempt.on_generated
         )

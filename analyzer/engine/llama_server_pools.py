@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analyzer.engine.llama_server_process import LlamaServerProcess, server_command, start_all
+from analyzer.engine.llama_server_process import LlamaServerProcess, server_command
 from analyzer.measuring.server_drafting import parse_drafter
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
@@ -100,14 +100,12 @@ def plan_text(plan: PoolPlan, *, first_port: int = 8081) -> str:
 def start_pools(
     plan: PoolPlan, binary: Path, *, say: Callable[[str], None] = lambda line: None
 ) -> list[LlamaServerProcess]:
-    """Start every pool of ``plan`` whose URL is on this machine, side by side, and wait until each serves
-    (:func:`analyzer.engine.llama_server_process.start_all`; a pool elsewhere is named through ``say`` and
-    skipped). One that fails stops them all, and its
+    """Start every pool of ``plan`` whose URL is on this machine and wait until each serves (a pool
+    elsewhere is named through ``say`` and skipped). One that fails stops those already started, and its
     :class:`analyzer.engine.llama_server_process.LlamaServerError` (with the server's log) propagates. The
     caller stops the returned servers."""
     started: list[LlamaServerProcess] = []
     try:
-        local = []
         for pool in plan.pools:
             port = pool.local_port
             if port is None:
@@ -116,10 +114,7 @@ def start_pools(
             process = LlamaServerProcess(
                 binary, Path(plan.model), threads=plan.threads, n_ctx=plan.n_ctx, flags=pool.flags, port=port
             )
-            started.append(process)
-            local.append(pool)
-        start_all(started)  # every pool's model loads side by side
-        for pool in local:
+            started.append(process.start())
             say(f"{pool.key}: serving at {pool.url}")
     except BaseException:
         stop_pools(started)

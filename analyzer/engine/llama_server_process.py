@@ -17,7 +17,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -183,17 +182,7 @@ class LlamaServerProcess:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> LlamaServerProcess:
         """Start the server and wait until it serves; raise :class:`LlamaServerError` with its log
         when it exits or is not ready within ``timeout_s``."""
-        self.launch()
-        return self.wait_ready(timeout_s)
-
-    def launch(self) -> None:
-        """Start the server's process and return at once (:meth:`wait_ready` waits until it serves)."""
         self._process = spawn(self.command, self._log)
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> LlamaServerProcess:
-        """Wait until the launched server serves; raise :class:`LlamaServerError` with its log when it exits
-        or is not ready within ``timeout_s``."""
-        assert self._process is not None, "launch() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -246,13 +235,6 @@ class RemoteServer:
             raise LlamaServerError(f"no llama-server answers /health with ok at {self.url}")
         return self
 
-    def launch(self) -> None:
-        """Nothing: the user started it."""
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> RemoteServer:
-        """:meth:`start`: it serves already, or it is an error."""
-        return self.start(timeout_s)
-
     def stop(self) -> None:
         """Nothing: the user's server keeps running."""
 
@@ -277,13 +259,3 @@ def server_version(binary: Path) -> str:
 
 # a server an analysis asks: one it started, or one the user runs
 Server = LlamaServerProcess | RemoteServer
-
-
-def start_all(servers: Sequence[Server], timeout_s: float = START_TIMEOUT_S) -> None:
-    """Launch every server, then wait until each serves: their models load side by side (six servers of the
-    embedded model ready in about the time of two started one after another). The first that fails raises
-    :class:`LlamaServerError` as its :meth:`~LlamaServerProcess.start` would; the caller stops them all."""
-    for server in servers:
-        server.launch()
-    for server in servers:
-        server.wait_ready(timeout_s)
