@@ -33,7 +33,9 @@ def main() -> None:
             def build():
                 pipeline = build_pipeline(0, "tfidf")
                 if double:
-                    pipeline.set_params(model=LogisticRegression(**pipeline.named_steps["model"].get_params()))
+                    pipeline.set_params(
+                        model=LogisticRegression(**pipeline.named_steps["model"].get_params())
+                    )
                 return pipeline
 
             return out_of_fold(build, data.texts, data.labels, folds, labels, jobs=jobs)[0]

@@ -365,6 +365,32 @@ def test_fast_scorer_equals_the_pipeline_probabilities(subset):
     assert abs(FastScorer(two).predict_proba(texts) - two.predict_proba(texts)).max() < 1e-9
 
 
+def test_the_model_is_solved_in_single_precision_and_predicts_in_double(subset):
+    """The pipeline's logistic regression solves on a float32 copy of its features (the coefficients
+    scikit-learn's own LogisticRegression finds on that copy, bit for bit) and keeps them as float64, so the
+    pipeline predicts in double precision; against the double-precision solve, the same predictions."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from router.classify.pipeline import build_pipeline
+
+    pipeline = build_pipeline().fit(subset.texts, subset.labels)
+    model = pipeline.named_steps["model"]
+    features = pipeline.named_steps["features"].transform(subset.texts)
+    assert features.dtype == np.float64
+    assert model.coef_.dtype == model.intercept_.dtype == np.float64
+    assert pipeline.decision_function(subset.texts[:5]).dtype == np.float64
+    params = model.get_params()
+    single = LogisticRegression(**params).fit(features.astype(np.float32), subset.labels)
+    assert single.coef_.dtype == np.float32  # what scikit-learn solves in, given float32
+    assert np.array_equal(model.coef_, single.coef_.astype(np.float64))
+    assert np.array_equal(model.intercept_, single.intercept_.astype(np.float64))
+    double = LogisticRegression(**params).fit(features, subset.labels)
+    assert double.coef_.dtype == np.float64 and not np.array_equal(model.coef_, double.coef_)
+    assert np.abs(model.decision_function(features) - double.decision_function(features)).max() < 1e-3
+    assert list(model.predict(features)) == list(double.predict(features))
+
+
 def test_a_run_started_from_the_web_ui_labels_its_unlabelled_prompts_like_the_cli(engine, db_url, subset):
     """The web server's worker thread tells the one labelling code path (label_finished_run) when a
     run stops, as ``specroute analyze`` and ``specroute worker`` do: its unlabelled results get the
