@@ -40,6 +40,9 @@ class SinglePrecisionLogisticRegression(LogisticRegression):
     precision (2.4 s -> 1.1 s on the bundled corpus' 53,612 columns; a training fits 22 of them) and reaches
     the same optimum to 2e-4 in a decision value, the same predictions (benchmarks/bench_precision.py)."""
 
+    coef_: np.ndarray
+    intercept_: np.ndarray
+
     def fit(self, X, y, sample_weight=None):
         super().fit(X.astype(np.float32), y, sample_weight=sample_weight)
         self.coef_ = self.coef_.astype(np.float64)
