@@ -457,8 +457,9 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     runner, llama_server_binary, monkeypatch, cold_start_classifier_trained
 ):
     """The main job under SPECROUTE_ENGINE's default (auto): the sample analyzed in llama-server (3 prompts
-    per task, cut to 14 here, 24 new tokens), validated through speculating servers, its policy set published
-    with a pool per chosen setting, the analysis printed; a rerun reuses both."""
+    per task, cut to 10 here: three tasks of 3 and one of 1, which takes the workload's decision; 24 new
+    tokens), validated through speculating servers, its policy set published with a pool per chosen setting,
+    the analysis printed; a rerun reuses both."""
     from sqlalchemy import select
 
     from analyzer.analysis.server_text import divergence_text
@@ -469,15 +470,15 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     from webui.cli import cli
 
     monkeypatch.setenv("SPECROUTE_LLAMA_SERVER", str(llama_server_binary))
-    quick = ("demo", "--no-serve", "--limit", "14", "--max-new-tokens", "24")
+    quick = ("demo", "--no-serve", "--limit", "10", "--max-new-tokens", "24")
     first = runner.invoke(cli, list(quick))
     assert first.exit_code == 0, first.output
-    assert "[3/6] analyzing 14 sample prompts (3 per task) in llama-server" in first.output
+    assert "[3/6] analyzing 10 sample prompts (3 per task) in llama-server" in first.output
     assert "validated through speculating servers" in first.output
     assert (
         "[4/6] classifier v1 already trained (reused)" in first.output
     )  # trained by tests/test_cli.py's demo
-    assert "llama-server analysis #1 of prompt set #1: 14 prompts, 24 new tokens, 2 threads" in first.output
+    assert "llama-server analysis #1 of prompt set #1: 10 prompts, 24 new tokens, 2 threads" in first.output
     assert (
         "[6/6] not serving (--no-serve); 'specroute serve' shows the report at /llama-server/1"
         in first.output
@@ -491,8 +492,9 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
         ).all()  # the demo's analysis went through the queue
     engine.dispose()
     assert (job.status, job.analysis_id, job.attempts) == ("done", record.id, 1)
-    assert len(record.prompts) == 14 and sum(p["calibration"] for p in record.prompts) == 4
-    assert record.validation_repeats >= 1 and all(f["runs"] == 10 for f in record.validation)
+    assert len(record.prompts) == 10 and sum(p["calibration"] for p in record.prompts) == 3
+    assert record.validation_repeats >= 1 and all(f["runs"] == 7 for f in record.validation)
+    assert [t["prompts"] for t in record.tasks] == [3, 3, 3, 1]
     assert divergence_text(record.validation) in first.output
     assert policy_set.server_analysis_id == record.id and policy_set.is_active == (not record.advice_withheld)
     # a pool per chosen setting, and the plain one (which serves the tasks left off)
