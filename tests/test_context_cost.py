@@ -150,6 +150,31 @@ def test_the_fit_stays_physical_when_the_data_say_otherwise():
     assert cost.round_ms_at(4, 500) >= cost.round_ms_at(1, 500) >= cost.step_ms + cost.per_context_ms * 500
 
 
+def test_a_term_no_request_has_is_not_fitted_and_costs_nothing():
+    """Calibration runs in which every drafted token was accepted time no rejected token: its cost is not
+    fitted (0, not the arbitrary point of its bounds scipy's solver left it at, with a RuntimeWarning about
+    an invalid value), and the other terms are the fit without that term."""
+    import warnings
+
+    all_accepted = StepCost(
+        step_ms=10.0, per_context_ms=0.0, round_ms=3.0, per_draft_ms=1.5, per_accepted_ms=0.4
+    )
+    plain, spec = [], []
+    for index, prompt in enumerate([20, 60, 150]):
+        work = plain_work(prompt, 64)
+        plain.append((index, work, all_accepted.plain_ms(work)))
+        for rounds, drafted in ((4, 3), (10, 2), (2, 1)):
+            work = _spec_work(prompt, 64, rounds, drafted, drafted)  # every drafted token accepted
+            spec.append((index, work, all_accepted.request_ms(work) * (1.03 if rounds == 10 else 1.0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's RuntimeWarning fails the test
+        cost = fit_rounds(fit_plain(plain)[0], spec)
+    assert cost.per_draft_ms == 0.0  # a rejected token's cost: no request had one
+    # an accepted token's cost (per_draft_ms + per_accepted_ms) and the round's are fitted from the rest
+    assert cost.per_accepted_ms > 0 and cost.round_ms > 0
+    assert cost.per_draft_ms + cost.per_accepted_ms <= cost.step_ms
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     step=st.floats(1.0, 50.0),

@@ -149,13 +149,19 @@ def _bounded_fit(
 ) -> np.ndarray:
     """Least squares on relative error: each row divided by its request's measured time (``measured``,
     default ``target``; a residual target, the time beyond a known part, can be near 0 or negative, and
-    dividing by it let one such request outweigh all the others); coefficients in [0, upper]."""
+    dividing by it let one such request outweigh all the others); coefficients in [0, upper]. A term that no
+    request has (an all-zero column: no rejected token among the calibration runs, say) is not fitted and
+    costs 0: scipy's solver left it at an arbitrary point of its bounds (0.1) and warned of an invalid value."""
     total = target if measured is None else measured
     scale = 1.0 / np.where(total > 0, total, 1.0)
-    if design.shape[1] == 0:
-        return np.zeros(0)
-    result = lsq_linear(design * scale[:, None], target * scale, bounds=(np.zeros(len(upper)), upper))
-    return np.clip(result.x, 0.0, upper)
+    coef = np.zeros(design.shape[1])
+    present = np.flatnonzero(np.any(design != 0, axis=0))
+    if len(present) == 0:
+        return coef
+    scaled = design[:, present] * scale[:, None]
+    result = lsq_linear(scaled, target * scale, bounds=(np.zeros(len(present)), upper[present]))
+    coef[present] = np.clip(result.x, 0.0, upper[present])
+    return coef
 
 
 def fit_plain(samples: Sequence[Sample]) -> tuple[StepCost, bool]:
