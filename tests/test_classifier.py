@@ -220,6 +220,20 @@ def test_a_version_with_another_library_version_or_a_bad_hash_is_refused(session
         record.artifact = record.artifact[:-1] + b"x"
     with pytest.raises(ClassifierError, match="corrupted"):
         load_version(record)
+    # stored by a specroute whose model class this one does not have (its artifact names another class)
+    import hashlib
+
+    with session.begin():
+        stored = train_classifier(session, subset)
+        name = b"SinglePrecisionLogisticRegression"
+        assert stored.artifact.count(name) == 1
+        stored.artifact = stored.artifact.replace(name, b"DoublePrecisionLogisticRegression")
+        stored.artifact_sha256 = hashlib.sha256(stored.artifact).hexdigest()
+    with pytest.raises(
+        ClassifierError,
+        match=r"stored by another version of specroute \(.*DoublePrecisionLogisticRegression.*\); run: specroute train",
+    ):
+        load_version(stored)
 
 
 def test_training_data_from_the_database_dedupes_and_drops_rare_labels(session):

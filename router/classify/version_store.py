@@ -108,7 +108,13 @@ def load_version(record: ClassifierVersion) -> TaskClassifier:
         raise ClassifierError(
             f"classifier version {record.version} was trained with {detail}; run: specroute train"
         )
-    pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above
+    try:
+        pipeline = pickle.loads(record.artifact)  # specroute's own artifact, hash-checked above
+    except (AttributeError, ImportError) as exc:  # a class this specroute does not have (another version's)
+        raise ClassifierError(
+            f"classifier version {record.version} was stored by another version of specroute ({exc}); "
+            "run: specroute train"
+        ) from None
     calibrated = scores.get("calibration") or {}
     rarely = {
         label: row["reason"]
