@@ -175,6 +175,24 @@ def test_a_term_no_request_has_is_not_fitted_and_costs_nothing():
     assert cost.per_draft_ms + cost.per_accepted_ms <= cost.step_ms
 
 
+def test_a_fit_of_collinear_terms_warns_of_nothing():
+    """Three runs for four terms, two of them collinear (drafted and accepted counts that move together): scipy's
+    solver computed 0 * inf in a step it then discarded, and numpy's RuntimeWarning ("invalid value
+    encountered in multiply") reached the user's console (a CI run of session 30); the fit is finite and warns
+    of nothing."""
+    import warnings
+
+    from analyzer.pricing.context_cost import _bounded_fit
+
+    design = np.array([[0.06, 0.12, 0.97, 0.84], [0.01, 0.02, 0.59, 0.89], [0.5, 1.0, 0.93, 0.95]])
+    target = np.array([0.05, 0.84, 0.74])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coef = _bounded_fit(design, target, np.full(4, np.inf), np.ones(3))
+    assert np.all(np.isfinite(coef)) and np.all(coef >= 0)
+    assert np.linalg.norm(design @ coef - target) < np.linalg.norm(target)  # it fits: better than all zeros
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     step=st.floats(1.0, 50.0),

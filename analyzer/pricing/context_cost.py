@@ -151,7 +151,7 @@ def _bounded_fit(
     default ``target``; a residual target, the time beyond a known part, can be near 0 or negative, and
     dividing by it let one such request outweigh all the others); coefficients in [0, upper]. A term that no
     request has (an all-zero column: no rejected token among the calibration runs, say) is not fitted and
-    costs 0: scipy's solver left it at an arbitrary point of its bounds (0.1) and warned of an invalid value."""
+    costs 0 (scipy's solver left it at an arbitrary point of its bounds: 0.1)."""
     total = target if measured is None else measured
     scale = 1.0 / np.where(total > 0, total, 1.0)
     coef = np.zeros(design.shape[1])
@@ -159,7 +159,10 @@ def _bounded_fit(
     if len(present) == 0:
         return coef
     scaled = design[:, present] * scale[:, None]
-    result = lsq_linear(scaled, target * scale, bounds=(np.zeros(len(present)), upper[present]))
+    # scipy's trust-region step multiplies 0 by an infinite distance to a bound it cannot reach (collinear
+    # terms, fewer runs than terms) and numpy warns of the NaN, which its step selection then discards
+    with np.errstate(invalid="ignore"):
+        result = lsq_linear(scaled, target * scale, bounds=(np.zeros(len(present)), upper[present]))
     coef[present] = np.clip(result.x, 0.0, upper[present])
     return coef
 
