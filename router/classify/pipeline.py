@@ -44,7 +44,8 @@ class SinglePrecisionLogisticRegression(LogisticRegression):
     intercept_: np.ndarray
 
     def fit(self, X, y, sample_weight=None):
-        super().fit(X.astype(np.float32), y, sample_weight=sample_weight)
+        single = X.astype(np.float32) if hasattr(X, "astype") else np.asarray(X, dtype=np.float32)  # sparse too
+        super().fit(single, y, sample_weight=sample_weight)
         self.coef_ = self.coef_.astype(np.float64)
         self.intercept_ = self.intercept_.astype(np.float64)
         return self
