@@ -44,7 +44,8 @@ class SinglePrecisionLogisticRegression(LogisticRegression):
     intercept_: np.ndarray
 
     def fit(self, X, y, sample_weight=None):
-        single = X.astype(np.float32) if hasattr(X, "astype") else np.asarray(X, dtype=np.float32)  # sparse too
+        # a sparse matrix or an array keeps its kind; a list of rows becomes an array
+        single = X.astype(np.float32) if hasattr(X, "astype") else np.asarray(X, dtype=np.float32)
         super().fit(single, y, sample_weight=sample_weight)
         self.coef_ = self.coef_.astype(np.float64)
         self.intercept_ = self.intercept_.astype(np.float64)
