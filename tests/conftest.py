@@ -12,6 +12,8 @@ from pathlib import Path
 # In a pytest-xdist worker (the test command runs the quick tier in two), torch and its math libraries get
 # one thread each: two processes of two threads each on a 2-core machine stall each other's matmuls (the
 # quick tier took 268 s so, 98 s with one thread each, 165 s in one process). Set before torch is imported.
+# llama.cpp's default threads follow OMP_NUM_THREADS too (analyzer.engine.llamacpp_engine.default_threads: a
+# greedy generation of the embedded model took 9.5 s beside the other worker with two threads, 1.4 s alone).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")

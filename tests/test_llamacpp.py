@@ -195,6 +195,20 @@ def test_llama_cpp_profiles_are_reused_by_llama_cpp_runs_only(cli_db, smollm2, s
     engine.dispose()
 
 
+@pytest.mark.parametrize(
+    ("omp", "expected"), [(None, 2), ("1", 1), ("2", 2), ("8", 2), ("0", 2), ("", 2), ("two", 2), ("-1", 2)]
+)
+def test_llama_cpp_decodes_on_every_core_or_as_many_as_omp_num_threads_says(monkeypatch, omp, expected):
+    from analyzer.engine import llamacpp_engine
+
+    monkeypatch.setattr(llamacpp_engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert llamacpp_engine.default_threads() == expected
+
+
 def test_without_llama_cpp_python_the_engine_is_a_clear_error(cli_db, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
     result = _analyze(cli_db)
