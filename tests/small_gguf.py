@@ -15,9 +15,11 @@ def first_layers_of(source: Path, target: Path, layers: int = LAYERS) -> Path:
     """Write ``target``: the GGUF model ``source`` cut to its first ``layers`` transformer blocks (the
     metadata's block count set to match, its name saying so); every other tensor and key copied byte for
     byte, quantized ones included."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFValueType, GGUFWriter
 
-    reader = GGUFReader(source)
+    from analyzer.models.gguf_fields import QuickGGUFReader
+
+    reader = QuickGGUFReader(source)  # gguf's own reader's fields (tests/test_gguf_fields.py), 2.5 s quicker
     arch = reader.fields["general.architecture"].contents()
     if not 1 <= layers <= reader.fields[f"{arch}.block_count"].contents():
         raise ValueError(f"{source.name} has no {layers} layers to keep")

@@ -340,27 +340,29 @@ def test_cache_write_is_all_or_nothing(target_folder, tmp_path, monkeypatch):
 def test_builtin_model_is_cached_as_safetensors_and_reloads_identically_in_either_precision(
     tmp_path, monkeypatch
 ):
-    """The real GGUF dequantized once (about 10 s on two cores): its float32 safetensors copy reloads the same
+    """The real GGUF dequantized once (about 4 s on two cores): its float32 safetensors copy reloads the same
     weights, and loads in bfloat16 too; both answer. The first use in another precision is
     test_a_first_use_in_bfloat16_writes_the_float32_cache_and_returns_bfloat16, on a tiny model."""
     import gguf
     from safetensors import safe_open
 
+    from analyzer.models import gguf_fields
     from analyzer.models.devices import resolve
 
     parses = []
 
-    class CountedReader(gguf.GGUFReader):
+    class CountedReader(gguf_fields.QuickGGUFReader):
         def __init__(self, path, mode="r"):
             parses.append(str(path))
             super().__init__(path, mode)
 
-    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    real_reader = gguf.GGUFReader
+    monkeypatch.setattr(gguf_fields, "QuickGGUFReader", CountedReader)
     ref = parse_spec("builtin:smollm2-135m-instruct")
     first = load_model(ref, cache_dir=tmp_path)
-    # the tokenizer, the config and the weights read the file once between them (loading.gguf_parsed_once),
-    # and gguf's own reader is back afterwards
-    assert len(parses) == 1 and parses[0].endswith(".gguf") and gguf.GGUFReader is CountedReader
+    # the tokenizer, the config and the weights read the file once between them (loading.gguf_parsed_once,
+    # with the quick reader), and gguf's own reader is back afterwards
+    assert len(parses) == 1 and parses[0].endswith(".gguf") and gguf.GGUFReader is real_reader
     cached = tmp_path / "models" / "smollm2-135m-instruct"
     expected_files = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"}
     assert expected_files <= set(os.listdir(cached))

@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from analyzer.engine.engine_base import EngineUnavailable
-from analyzer.models.loading import _builtin_gguf_path, builtin_cache_folder, write_cache_atomically
+from analyzer.models.loading import (
+    _builtin_gguf_path,
+    builtin_cache_folder,
+    gguf_parsed_once,
+    write_cache_atomically,
+)
 from analyzer.models.specs import ModelSpecRef, SpecError
 
 if TYPE_CHECKING:
@@ -100,8 +105,8 @@ def gguf_file(ref: ModelSpecRef) -> Path:
 def load_tokenizer(ref: ModelSpecRef, cache_dir: Path) -> "PreTrainedTokenizerBase":
     """The Hugging Face tokenizer of a GGUF model: the builtin model's cached copy when there is one, else
     the copy under ``cache_dir / "tokenizers"`` this file's first use saved (:func:`tokenizer_cache_folder`),
-    else read from the GGUF file itself (its vocabulary parsed, ~4 s for the embedded model's) and saved
-    there. Never trusts remote code."""
+    else read from the GGUF file itself (parsed once, :func:`analyzer.models.loading.gguf_parsed_once`) and
+    saved there. Never trusts remote code."""
     from transformers import AutoTokenizer
 
     if (
@@ -115,7 +120,10 @@ def load_tokenizer(ref: ModelSpecRef, cache_dir: Path) -> "PreTrainedTokenizerBa
     copy = tokenizer_cache_folder(cache_dir, path)
     if (copy / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(copy), local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True
+        )
     write_cache_atomically(None, tokenizer, copy)
     return tokenizer
 

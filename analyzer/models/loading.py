@@ -160,8 +160,12 @@ def gguf_parsed_once() -> Iterator[None]:
     embedded model's 27 s first load on two cores), and its weight-name map is rebuilt for each of ~400
     modules (5 s more). Both are functions of their arguments alone, so the block's calls share one reader
     per file and one map per (architecture, layers). gguf's two names are swapped for the block, one load at
-    a time (transformers imports them from gguf as it calls them)."""
+    a time (transformers imports them from gguf as it calls them). The one reader is
+    :class:`analyzer.models.gguf_fields.QuickGGUFReader` (the same fields, its metadata read in 0.2 s instead
+    of 2.3 s)."""
     import gguf
+
+    from analyzer.models import gguf_fields
 
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
@@ -170,7 +174,7 @@ def gguf_parsed_once() -> Iterator[None]:
     def reader(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
         key = (os.fspath(path), mode)
         if key not in readers:
-            readers[key] = real_reader(path, mode)
+            readers[key] = gguf_fields.QuickGGUFReader(path, mode)
         return readers[key]
 
     def name_map(arch: Any, n_blocks: int) -> Any:
