@@ -80,6 +80,23 @@ def test_an_empty_array_reads_as_ggufs_own_reader_reads_it(tmp_path):
     assert QuickGGUFReader(path).fields["test.empty"].types == [GGUFValueType.ARRAY]
 
 
+def test_an_array_longer_than_the_file_is_refused(tmp_path):
+    path = tmp_path / "long.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_key_value("test.values", [1, 2], GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    whole = path.read_bytes()
+    count_at = (
+        whole.index(b"test.values") + len(b"test.values") + 4 + 4
+    )  # after the key, its type, the element type
+    assert int.from_bytes(whole[count_at : count_at + 8], "little") == 2
+    path.write_bytes(whole[:count_at] + (2**62).to_bytes(8, "little") + whole[count_at + 8 :])
+    with pytest.raises(ValueError, match="runs past the end of the file"):
+        QuickGGUFReader(path)
+
+
 def test_a_string_that_runs_past_the_end_of_the_file_is_refused(tmp_path):
     path = tmp_path / "cut.gguf"
     writer = GGUFWriter(path, "llama")

@@ -3,10 +3,10 @@ of its key-value fields (a vocabulary of ~50,000 strings, its merges, its token 
 instead of one memory-mapped slice per element, giving the same fields, parts and tensors.
 
 gguf's reader slices its ``numpy.memmap`` three to five times per array element, and a memmap's slice costs
-~10 us of Python: the embedded model's 147,000 elements took 3.3 s before transformers converted a single
+~10 us of Python: the embedded model's 147,000 elements took 2.5 s before transformers converted a single
 token (every first load of a GGUF tokenizer or model; a 150,000-token vocabulary more). Here a string
 array's lengths are read from the file's bytes and its parts sliced from a plain array over the same mapped
-memory (no copy), a scalar array is one view sliced per element: 0.3 s for the same fields
+memory (no copy), a scalar array is one view sliced per element: 0.15 s for the same fields
 (benchmarks/bench_gguf_read.py).
 """
 
@@ -39,8 +39,13 @@ class QuickGGUFReader(GGUFReader):
             indices = list(range(3, 2 + 2 * count, 2))  # each string's data, after its length
         elif (scalar := self.gguf_scalar_to_np.get(element)) is not None:
             size = np.dtype(scalar).itemsize
-            values = self.data.view(np.ndarray)[start : start + size * count].view(scalar)
-            parts, end = [values[i : i + 1] for i in range(count)], start + size * count
+            end = start + size * count
+            if end > len(self.data):
+                raise ValueError(
+                    f"a GGUF array of {count} values at byte {orig_offs} runs past the end of the file"
+                )
+            values = self.data.view(np.ndarray)[start:end].view(scalar)
+            parts = [values[i : i + 1] for i in range(count)]
             indices = list(range(2, 2 + count))
         else:  # an array of arrays: gguf's own element walk
             return super()._get_field_parts(orig_offs, raw_type)
