@@ -11,7 +11,6 @@ Interleaved, the median of ``--repeats`` runs each, in this process (libraries i
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import tempfile
 import time
@@ -28,15 +27,9 @@ import transformers  # noqa: E402, F401  (imported before timing)
 
 from analyzer.engine.llamacpp_engine import load_tokenizer  # noqa: E402
 from analyzer.models import gguf_fields  # noqa: E402
+from analyzer.models.devices import cpu_model_name  # noqa: E402
 from analyzer.models.loading import load_model  # noqa: E402
 from analyzer.models.specs import SMOLLM2_BUILTIN, builtin_gguf_file, parse_spec  # noqa: E402
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -74,7 +67,9 @@ def main() -> None:
         for task, run in tasks.items():
             for way, reader in ways.items():
                 times[task, way].append(run(reader))
-    print(f"{path.name}: {cpu_model()}, {torch.get_num_threads()} torch threads, median of {args.repeats}")
+    print(
+        f"{path.name}: {cpu_model_name()}, {torch.get_num_threads()} torch threads, median of {args.repeats}"
+    )
     print("| what | read by | median (s) | ratio |")
     print("|---|---|---|---|")
     for task in tasks:
