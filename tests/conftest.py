@@ -38,6 +38,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     """Every test gets its own SPECROUTE_DATA_DIR, so nothing (a generated secret key, a model cache)
     lands in the user's real data folder."""
     monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
+    # and its own build cache: a test finds llama-server only where it puts it (or names it)
+    monkeypatch.setenv("SPECROUTE_BUILD_CACHE", str(tmp_path / "build-cache"))
     # the teacher's suggestions on import take seconds; tests/test_adapt.py turns them on where it tests them
     monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "false")
     # tests that fake a busy machine must not wait minutes for it to quiet down (tests of the wait set it)
@@ -156,9 +158,10 @@ def client(app):
     return app.test_client()
 
 
-# the user's own data folder as it was before the autouse fixture above gives each test a private one:
-# llama-server is built there once per machine (and once per CI run, on a fresh machine)
+# the user's own data folder and build cache as they are before the autouse fixture above gives each test
+# private ones: llama-server is built in the build cache once per machine (once per CI run, on a fresh machine)
 _USER_DATA_DIR = os.environ.get("SPECROUTE_DATA_DIR", "")
+_USER_BUILD_CACHE = os.environ.get("SPECROUTE_BUILD_CACHE", "")
 
 
 def _binding_loads_the_cached_llama_cpp() -> None:
@@ -175,7 +178,8 @@ def _binding_loads_the_cached_llama_cpp() -> None:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None or os.environ.get(LIBRARY_PATH_VARIABLE):
         return
-    libraries = library_dir(Settings(data_dir=_USER_DATA_DIR).resolved_data_dir() / "cache")
+    user = Settings(data_dir=_USER_DATA_DIR, build_cache=_USER_BUILD_CACHE)
+    libraries = library_dir(user.resolved_data_dir() / "cache", build_cache=user.resolved_build_cache())
     if libraries is not None and not _binding_has_own_library(Path(spec.origin).parent):
         os.environ[LIBRARY_PATH_VARIABLE] = str(libraries)
 
@@ -191,11 +195,14 @@ def llama_server_binary() -> Path:
     from analyzer.engine.llama_server import LlamaServerMissing, build_llama_server, find_llama_server
     from analyzer.settings import Settings
 
-    cache = Settings(data_dir=_USER_DATA_DIR).resolved_data_dir() / "cache"
+    user = Settings(data_dir=_USER_DATA_DIR, build_cache=_USER_BUILD_CACHE)
+    cache, build_cache = user.resolved_data_dir() / "cache", user.resolved_build_cache()
     try:
-        return find_llama_server(os.environ.get("SPECROUTE_LLAMA_SERVER", ""), cache).path
+        return find_llama_server(
+            os.environ.get("SPECROUTE_LLAMA_SERVER", ""), cache, build_cache=build_cache
+        ).path
     except LlamaServerMissing:
-        return build_llama_server(cache, say=lambda line: print(line, flush=True))
+        return build_llama_server(build_cache, also=[cache], say=lambda line: print(line, flush=True))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
-"""Finding llama.cpp's own server (issue 33, point 1): SPECROUTE_LLAMA_SERVER, then PATH, then the build
-cache; where none holds it, an error that names the build command; a build of a cached version is reused.
-(The build itself, 4 to 14 minutes on 2 cores, is measured in benchmarks/RESULTS.md; the binding loading its
-libraries runs against the build the tests find.)"""
+"""Finding llama.cpp's own server: SPECROUTE_LLAMA_SERVER, then PATH, then the data folder's cache, then the
+machine's build cache that every data folder shares; where none holds it, an error that names the build
+command and every place looked in; a build of a version cached in either is reused. (The build itself, 4 to 14
+minutes on 2 cores, is timed in benchmarks/; the binding loading its libraries runs against the build the
+tests find.)"""
 
 from __future__ import annotations
 
@@ -31,31 +32,64 @@ def _executable(path, text="#!/bin/sh\necho llama-server\n"):
 
 
 def test_the_setting_then_path_then_the_cache_and_an_error_naming_the_build(tmp_path):
-    cache, bin_dir = tmp_path / "cache", tmp_path / "bin"
+    cache, bin_dir, machine = tmp_path / "cache", tmp_path / "bin", tmp_path / "machine"
     bin_dir.mkdir()
     with pytest.raises(LlamaServerMissing) as missing:
-        find_llama_server("", cache, path=str(bin_dir))
-    assert f"build it with '{BUILD_COMMAND}'" in str(missing.value) and str(cache / "llama-server") in str(
+        find_llama_server("", cache, path=str(bin_dir), build_cache=machine)
+    assert f"build it with '{BUILD_COMMAND}'" in str(missing.value)
+    assert str(cache / "llama-server") in str(missing.value) and str(machine / "llama-server") in str(
         missing.value
     )
-    cached = _executable(cached_binary(cache))
-    assert cached == cache / "llama-server" / LLAMA_CPP_PYTHON_VERSION / "llama-server"
-    assert find_llama_server("", cache, path=str(bin_dir)) == (cached, "cache")
+    built = _executable(cached_binary(machine))
+    assert built == machine / "llama-server" / LLAMA_CPP_PYTHON_VERSION / "llama-server"
+    assert find_llama_server("", cache, path=str(bin_dir), build_cache=machine) == (built, "cache")
+    cached = _executable(cached_binary(cache))  # the data folder's own build comes first where there is one
+    assert find_llama_server("", cache, path=str(bin_dir), build_cache=machine) == (cached, "cache")
     on_path = _executable(bin_dir / "llama-server")
-    assert find_llama_server("", cache, path=str(bin_dir)) == (on_path, "PATH")  # PATH before the cache
+    assert find_llama_server("", cache, path=str(bin_dir), build_cache=machine) == (on_path, "PATH")
     chosen = _executable(tmp_path / "mine" / "server")
-    assert find_llama_server(str(chosen), cache, path=str(bin_dir)) == (chosen, "SPECROUTE_LLAMA_SERVER")
+    assert find_llama_server(str(chosen), cache, path=str(bin_dir), build_cache=machine) == (
+        chosen,
+        "SPECROUTE_LLAMA_SERVER",
+    )
     # a setting that names no executable is an error, never a silent fallback to another binary
     (tmp_path / "plain").write_text("not executable")
     for wrong in (tmp_path / "nowhere", tmp_path / "plain", tmp_path):
         with pytest.raises(LlamaServerMissing, match="SPECROUTE_LLAMA_SERVER is .* not an executable file"):
-            find_llama_server(str(wrong), cache, path=str(bin_dir))
+            find_llama_server(str(wrong), cache, path=str(bin_dir), build_cache=machine)
+
+
+def test_one_build_per_machine_is_found_from_every_data_folder(runner, tmp_path, monkeypatch):
+    """A build in the machine's build cache serves a second data folder: the command line finds the server
+    there, the binding's libraries are found there, and a build command run from the new data folder reuses
+    it instead of compiling again."""
+    from analyzer.engine import llama_server
+
+    machine = tmp_path / "machine"
+    built = _executable(cached_binary(machine))
+    (built.parent / "libllama.so").write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("SPECROUTE_BUILD_CACHE", str(machine))
+
+    def offline(work, version, say):
+        raise AssertionError("nothing is compiled where a build exists")
+
+    monkeypatch.setattr(llama_server, "_vendored_source", offline)
+    for folder in ("first", "second"):
+        monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / folder))
+        where = runner.invoke(cli, ["llama-server", "where"])
+        assert where.exit_code == 0 and where.stdout.strip() == f"{built} (from cache)"
+        assert llama_server.library_dir(tmp_path / folder / "cache") == built.parent
+        build = runner.invoke(cli, ["llama-server", "build"])
+        assert build.exit_code == 0 and build.stdout.strip() == str(built)
+        assert "already built" in build.stderr
 
 
 def test_a_build_of_a_cached_version_is_reused_without_building(tmp_path, monkeypatch):
     from analyzer.engine import llama_server
 
     cached = _executable(cached_binary(tmp_path))
+    monkeypatch.setenv("SPECROUTE_BUILD_CACHE", str(tmp_path))
 
     # a binary cached without llama.cpp's shared libraries (a build from before the binding loaded them) is
     # built again; a build that fails leaves the cache as it was

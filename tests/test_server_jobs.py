@@ -6,7 +6,9 @@ with its code."""
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -187,22 +189,82 @@ def test_a_job_whose_server_dies_fails_with_its_code_and_resumes_keeping_its_gen
     assert (job.status, job.analysis_id, job.attempts, job.error) == ("done", analysis_id, 2, None)
     record = session.get_one(ServerAnalysisRecord, analysis_id)
     assert len(record.prompts) == 6 and record.drafters == ["ngram-simple 2/4"]
-    # a prompt that does not fit the context with its new tokens is refused with its code, naming it
-    long_job = create_server_job(
-        session,
-        prompt_set,
-        ServerJobParams(
-            model=gguf_spec(small_gguf), drafters=("ngram-simple 2/4",), n_predict=200, n_ctx=256, limit=3
-        ),
-    ).id
+
+
+# a question in Chinese of about 2,400 characters: far more tokens than characters with the embedded model's
+# tokenizer, as long non-English prompts are
+LONG_CHINESE = (
+    "请仔细阅读下面关于城市交通规划的材料，然后回答问题。"
+    + "城市的公共交通系统需要兼顾效率、公平与可持续发展，"
+    "规划者必须在地铁、公交、自行车道和步行空间之间取得平衡。"
+    * 40
+    + "问题：根据材料，规划者应当如何安排预算？"
+)
+
+
+@pytest.mark.slow
+def test_prompts_the_context_cannot_hold_are_counted_first_and_left_out_or_refused(
+    llama_server_binary, small_gguf, engine, session, tmp_path
+):
+    """Every prompt is counted before anything is generated: by default a prompt that does not fit the context
+    with its new tokens is left out, named in the stored analysis with its token count, and the others are
+    analyzed; with long_prompts "refuse" the job fails at once, naming every such prompt, having generated
+    nothing."""
+    from analyzer.analysis.server_store import server_analysis_json
+    from analyzer.prompts.prompt_sets import import_prompt_file
+
+    sessions = make_session_factory(engine)
+    rows = [
+        {"prompt": "Write a haiku about the sea.", "task": "creative_writing"},
+        {"prompt": LONG_CHINESE, "task": "qa"},
+        {"prompt": "Repeat after me: one two three four, one two three four.", "task": "general"},
+        {"prompt": "List the planets of the solar system.", "task": "qa"},
+    ]
+    data = "\n".join(json.dumps(row, ensure_ascii=False) for row in rows).encode()
+    prompt_set, _ = import_prompt_file(session, "long", data, "long.jsonl")
     session.commit()
-    assert claim_server_job(sessions, "w") == long_job
-    assert execute_server_job(sessions, long_job, **run) is None
+    long_key = str(prompt_set.prompts[1].id)
+    run = dict(worker_id="w", cache_dir=tmp_path, llama_server=str(llama_server_binary), echo=[].append)
+    params = ServerJobParams(
+        model=gguf_spec(small_gguf), drafters=("ngram-simple 2/4",), n_predict=16, n_ctx=512, calibration=2,
+        validate=False,
+    )  # fmt: skip
+    refused = create_server_job(session, prompt_set, replace(params, long_prompts="refuse")).id
+    session.commit()
+    assert claim_server_job(sessions, "w") == refused
+    assert execute_server_job(sessions, refused, **run) is None
     session.expire_all()
-    failed = get_server_job(session, long_job)
-    assert (
-        failed.error_code == "prompt_too_long"
-        and "with 200 new tokens it exceeds the servers' context of 256" in failed.error
+    failed = get_server_job(session, refused)
+    assert failed.error_code == "prompt_too_long" and failed.generated is None
+    tokens = int(re.search(rf"prompt {long_key} \(qa\) has (\d+) tokens", failed.error).group(1))
+    assert tokens > 512 and failed.error.startswith(
+        "1 of 4 prompts do not fit the servers' context of 512 with 16 new tokens"
+    )
+    left = create_server_job(session, prompt_set, params).id
+    session.commit()
+    assert claim_server_job(sessions, "w") == left
+    analysis_id = execute_server_job(sessions, left, **run)
+    assert analysis_id is not None
+    record = session.get_one(ServerAnalysisRecord, analysis_id)
+    assert [row["prompt_id"] for row in record.prompts] == [
+        int(p.id) for p in prompt_set.prompts if str(p.id) != long_key
+    ]
+    assert record.left_out == {
+        "settings": {},
+        "prompts": [
+            {
+                "prompt_id": long_key,
+                "task": "qa",
+                "tokens": tokens,
+                "why": f"{tokens} tokens and 16 new ones exceed the context of 512",
+            }
+        ],
+    }
+    assert server_analysis_json(session, record)["left_out"] == record.left_out
+    from webui.cli.server_analysis import server_analysis_text
+
+    assert f"Left out prompt {long_key} (qa): {tokens} tokens and 16 new ones exceed the context of 512" in (
+        server_analysis_text(record).splitlines()
     )
 
 

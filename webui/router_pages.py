@@ -15,7 +15,7 @@ from analyzer.db import MAX_ID, lock_for_write
 from analyzer.orm import AnalysisRun, Prompt, PromptSet, ServerAnalysisRecord
 from analyzer.prompts.prompt_checks import prompt_text
 from router.classify.encoder import encoder_available
-from router.classify.pipeline import FEATURE_SETS, regularisation
+from router.classify.pipeline import FEATURE_SETS, regularisation, resolve_features
 from router.classify.training_data import ClassifierError
 from router.classify.training_request import check_training_request
 from router.classify.version_store import activate_version, rarely_reached
@@ -63,7 +63,7 @@ def classifier():
         plot=plot,
         prompt_sets=prompt_sets,
         feature_sets=FEATURE_SETS,
-        default_features=settings().classifier_features,
+        default_features=resolve_features(settings().classifier_features)[0],
         encoder=encoder_available(),
         unlabelled=unlabelled,
         least_sure=least_sure,
@@ -140,7 +140,9 @@ def train():
     adapt = [n for n in request.form.getlist("adapt") if n]
     force_activate = bool(adapt) and request.form.get("activate") == "1"
     source = request.form.get("source", "both")
-    features = request.form.get("features") or settings().classifier_features
+    features, fallback = resolve_features(request.form.get("features") or settings().classifier_features)
+    if fallback:
+        flash(fallback)
     sessions_, service = sessions(), _router_service()
     try:  # what can be refused at once is refused before anything starts
         regularisation(features)  # an unknown feature set

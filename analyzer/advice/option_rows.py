@@ -144,7 +144,9 @@ def run_option_rows(session: Session, run_id: int, prompts: Sequence[Any]) -> li
 
 def server_option_rows(prompts: Sequence[Mapping[str, Any]]) -> list[OptionRow]:
     """A llama-server analysis' rows from its stored prompt rows (``ServerAnalysisRecord.prompts``): per prompt
-    and setting, in the analysis' order of settings."""
+    and setting, in the analysis' order of settings; the measured speedup is the one the advice's prediction is
+    compared with (``advised_speedup``: the first pass for a drafter whose state carries across requests; an
+    analysis stored without it has only the mean over every pass)."""
     return [
         OptionRow(
             int(row["prompt_id"]),
@@ -155,7 +157,7 @@ def server_option_rows(prompts: Sequence[Mapping[str, Any]]) -> list[OptionRow]:
             s["draft_n"],
             s["draft_n_accepted"],
             s["predicted_speedup"],
-            s.get("measured_speedup"),
+            s["advised_speedup"] if "advised_speedup" in s else s.get("measured_speedup"),
         )
         for row in prompts
         for position, s in enumerate(row["settings"], start=1)

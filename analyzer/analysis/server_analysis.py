@@ -43,7 +43,7 @@ from analyzer.analysis.server_calibration import (
     calibration_choice,
     measured_noise,
 )
-from analyzer.analysis.server_generation import ServerSetup, generate
+from analyzer.analysis.server_generation import LEAVE_OUT, ServerSetup, generate
 from analyzer.analysis.server_outcomes import (
     Progress,
     PromptOutcome,
@@ -94,14 +94,16 @@ def analyze_in_llama_server(
     validation_half_width: float = VALIDATION_HALF_WIDTH,
     say: Progress = lambda line: None,
     attempt: Attempt | None = None,
+    long_prompts: str = LEAVE_OUT,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
     ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not validated;
     validation makes at most ``validate_repeats`` passes, fewer where run noise already leaves each
     setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``). ``attempt``: what an
     earlier attempt made (kept instead of made again) and whom to tell what this one makes (a queued analysis
-    stores it, so that a resume keeps it). :class:`PromptTooLong` where a prompt and ``n_predict`` do not fit the
-    context."""
+    stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit the context are
+    counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`, named in the
+    analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`)."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
@@ -113,8 +115,15 @@ def analyze_in_llama_server(
     try:
         for server in servers:
             server.start()
-        outcomes, plain_seconds = generate(
-            servers[0], prompts, n_predict, say, setup.n_ctx, attempt.generated, attempt.on_generated
+        outcomes, plain_seconds, long = generate(
+            servers[0],
+            prompts,
+            n_predict,
+            say,
+            setup.n_ctx,
+            attempt.generated,
+            attempt.on_generated,
+            long_prompts,
         )
         replay_settings(setup, outcomes, drafters, n_predict, say)
         chosen = calibration_choice(outcomes, calibration_prompts)
@@ -124,7 +133,10 @@ def analyze_in_llama_server(
         pass_log = PassLog(history, attempt.passes, attempt.on_pass)
         if attempt.passes:
             say(f"kept {len(attempt.passes)} passes through the servers of an earlier attempt")
-        calibration = calibrate(servers, outcomes, chosen, history, say, pass_log)
+        calibration = calibrate(
+            servers, outcomes, chosen, history, say, pass_log, started_here=setup.urls is None
+        )
+        drafters = [d for d in drafters if d.label not in calibration.left_out]
         for outcome in outcomes:
             for setting in outcome.settings:
                 setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
@@ -146,5 +158,5 @@ def analyze_in_llama_server(
     return ServerAnalysis(
         list(drafters), outcomes, calibration.costs, n_predict, setup.threads, analysed - started, plain_seconds,
         len(chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld, repeats, calibration.passes,
-        calibration.bound,
+        calibration.bound, calibration.left_out, [p.as_json() for p in long],
     )  # fmt: skip

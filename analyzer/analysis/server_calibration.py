@@ -7,11 +7,17 @@ they were not fitted on, measured again once where a fit misses its bound (:func
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer.analysis.server_outcomes import Progress, PromptOutcome, ServerAnalysisError
+from analyzer.analysis.server_outcomes import (
+    Progress,
+    PromptOutcome,
+    ServerAnalysisError,
+    SettingOutcome,
+    Trial,
+)
 from analyzer.analysis.server_passes import PassLog, ServerHistory
 from analyzer.engine.llama_server_process import Server
 from analyzer.measuring.calibration_choice import spanning_choice
@@ -60,34 +66,49 @@ def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
 @dataclass(frozen=True)
 class Calibration:
     """What calibration found: the step costs per drafter family, the machine's noise over its passes, the
-    bound the fits were checked against, how many passes it made, and why advice is withheld (None: it is
-    not)."""
+    bound the fits were checked against, how many passes it made, why advice is withheld (None: it is
+    not), and the settings left out because their servers disagreed with their replays (label: why)."""
 
     costs: dict[str, ServerCost]
     noise: NoiseFloor
     bound: float
     passes: int
     withheld: str | None
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 def calibrate(
-    servers: Sequence[Server],
+    servers: list[Server],
     outcomes: Sequence[PromptOutcome],
     chosen: Sequence[PromptOutcome],
     history: ServerHistory,
     say: Progress,
     pass_log: PassLog | None = None,
+    *,
+    started_here: bool = True,
 ) -> Calibration:
-    """Run the chosen prompts on every server (checking first that each server runs its setting,
-    :func:`_check_settings`), fit each drafter family's costs and check them on prompts they were not fitted
-    on (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the pass measured); a family
-    that misses its bound is measured once more (every chosen prompt again) and refitted on both passes; one
-    that still misses it withholds the advice. ``pass_log``: the earlier attempt's passes, kept."""
+    """Run the chosen prompts on every server, then check that each setting's server did what its replay
+    says (:func:`disagreeing_settings`): a setting whose server disagrees is left out of the analysis (its
+    server stopped and removed from ``servers``, its outcome from every prompt's ``settings``) with the reason,
+    and the others go on. Fit each drafter family's costs and check them on prompts they were not fitted on
+    (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the pass measured); a family that
+    misses its bound is measured once more (every chosen prompt again) and refitted on both passes; one that
+    still misses it withholds the advice. ``pass_log``: the earlier attempt's passes, kept; ``started_here``:
+    whether specroute started the servers (the reasons say what to check on a user's own)."""
     pass_log = pass_log or PassLog(history)
     for number, outcome in enumerate(chosen, 1):
         kept = pass_log.run(servers, outcome, history, "calibration", 1)
         say(f"calibrated {number}/{len(chosen)} ({outcome.prompt.key}){' (kept)' if kept else ''}")
-    _check_settings(servers, chosen)
+    left_out = disagreeing_settings(servers, chosen, started_here=started_here)
+    if left_out:
+        _leave_out(servers, outcomes, left_out)
+        for label, why in left_out.items():
+            say(f"left out {label}: {why}")
+        if not outcomes[0].settings:
+            raise ServerAnalysisError(
+                "every setting's server disagreed with its replay, so nothing is left to analyze: "
+                + "; ".join(f"{label}: {why}" for label, why in left_out.items())
+            )
     noise = measured_noise(chosen)
     bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
     costs = fit_costs(chosen)
@@ -109,7 +130,7 @@ def calibrate(
         for family, cost in costs.items()
         if (problem := fit_problem(cost.checked_error, bound, family, heldout=cost.heldout_mare is not None))
     ]
-    return Calibration(costs, noise, bound, passes, "; ".join(problems) or None)
+    return Calibration(costs, noise, bound, passes, "; ".join(problems) or None, left_out)
 
 
 def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
@@ -153,22 +174,70 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
     return costs
 
 
-def _check_settings(servers: Sequence[Server], outcomes: Sequence[PromptOutcome]) -> None:
-    """ServerAnalysisError where a server's own draft counts over the calibration prompts show it does not
-    run the setting it stands for: a plain server that drafted, or a setting's server that drafted nothing
-    where the replay drafted (a user's server started without the setting's flags, say)."""
+def disagreeing_settings(
+    servers: Sequence[Server], outcomes: Sequence[PromptOutcome], *, started_here: bool = True
+) -> dict[str, str]:
+    """The settings whose servers did not do on the calibration prompts what their replays say (label: why):
+    a model-free setting's server whose draft counts differ from the replay of the output it served, with
+    the history that server had (ngram-mod's table holds only the requests that server got, not the whole
+    workload's), or any setting's server that drafted nothing where that replay drafted. Raises
+    ServerAnalysisError where the plain server drafted: no setting can be measured against it."""
     if any(o.plain.completion.timings.get("draft_n", 0) for o in outcomes):
         raise ServerAnalysisError(
-            f"the plain server at {servers[0].client.url} drafted: start it without --spec-type"
+            f"the plain server at {servers[0].client.url} drafted: "
+            + ("start it without --spec-type" if not started_here else "report this with the server's build")
         )
+    left_out = {}
     for index, server in enumerate(servers[1:]):
-        settings = [o.settings[index] for o in outcomes if o.settings[index].measured is not None]
-        replayed = sum(s.replay.draft_n for s in settings)
-        served = sum(s.measured.completion.timings.get("draft_n", 0) for s in settings if s.measured)
-        if replayed > 0 and served == 0:
-            drafter = settings[0].drafter
-            raise ServerAnalysisError(
-                f"the server at {server.client.url} for {drafter.label} drafted nothing on the calibration "
-                f"prompts, where the replay drafted {replayed} tokens: start it with "
-                f"{' '.join(drafter.server_flags())}"
+        settings = [o.settings[index] for o in outcomes if o.settings[index].trials]
+        if not settings:
+            continue
+        drafter = settings[0].drafter
+        pairs = [
+            (_served_counts(t), _replayed_counts(s, t))
+            for s in settings
+            for t in s.trials[:1]
+            if s.replayed_as_served(t)
+        ]
+        served = tuple(sum(p[0][i] for p in pairs) for i in (0, 1))
+        replayed = tuple(sum(p[1][i] for p in pairs) for i in (0, 1))
+        differ = sum(1 for got, expected in pairs if got != expected)
+        silent = replayed[0] > 0 and served[0] == 0
+        if not silent and (drafter.needs_draft_model or differ == 0):
+            continue
+        found = (
+            f"its server drafted {served[0]} tokens ({served[1]} accepted) on the {len(settings)} calibration "
+            f"prompts where the replay of what it served drafted {replayed[0]} ({replayed[1]} accepted); "
+            f"{differ} of {len(pairs)} requests differ"
+        )
+        if started_here:
+            advice = (
+                f"specroute started that server itself with {' '.join(drafter.server_flags())}, so its replay "
+                "of this setting does not match this llama-server build: left out, the other settings analyzed"
             )
+        else:
+            advice = (
+                f"check that the server at {server.client.url} runs {' '.join(drafter.server_flags())}, one slot "
+                "(-np 1), and that no other client sends it requests while the analysis runs"
+            )
+        left_out[drafter.label] = f"{found}; {advice}"
+    return left_out
+
+
+def _served_counts(trial: Trial) -> tuple[int, int]:
+    timings = trial.measured.completion.timings
+    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+
+
+def _replayed_counts(setting: SettingOutcome, trial: Trial) -> tuple[int, int]:
+    replay = setting.trial_replay(trial)
+    return replay.draft_n, replay.draft_n_accepted
+
+
+def _leave_out(servers: list[Server], outcomes: Sequence[PromptOutcome], left_out: dict[str, str]) -> None:
+    """Stop and remove the servers of the settings ``left_out`` names, and their outcomes from every prompt."""
+    labels = [s.drafter.label for s in outcomes[0].settings]
+    for index in sorted((labels.index(label) for label in left_out), reverse=True):
+        servers.pop(index + 1).stop()
+        for outcome in outcomes:
+            outcome.settings.pop(index)

@@ -120,7 +120,14 @@ class ValidationFigures:
     (``aggregate_noise``); ``within_noise``, the share of prompts whose error is within their noise floor
     (the machine's floor for that many passes) plus PER_PROMPT_MARGIN; ``correlation``, Pearson's r of
     predicted and measured speedup over the ``drafting`` prompts the replay drafted on; and ``controls``,
-    prompts where neither replay nor server drafted (the same work as plain): their mean |measured - 1|."""
+    prompts where neither replay nor server drafted (the same work as plain): their mean |measured - 1|.
+
+    The aggregate above prices the work each server served; the advice a user follows is priced on plain
+    greedy output's replay and compared with the passes that measured what it predicts
+    (:attr:`SettingOutcome.advice_trials`: the first pass for a drafter whose state carries across requests,
+    every pass otherwise): ``advice_predicted``, ``advice_measured`` and their relative error
+    ``advice_error``. ``per_pass`` holds the work served's aggregate pass by pass (``pass``, ``prompts``,
+    ``predicted``, ``measured``, ``error``)."""
 
     setting: str
     runs: int
@@ -139,9 +146,58 @@ class ValidationFigures:
     drafting: int
     controls: int
     control_error: float | None
+    advice_predicted: float | None = None
+    advice_measured: float | None = None
+    advice_error: float | None = None
+    per_pass: tuple[dict[str, object], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def _advice_totals(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[float | None, float | None]:
+    """(predicted, measured) aggregate speedup of the advice: each setting outcome's prediction from plain
+    greedy output's replay against its :attr:`SettingOutcome.advice_trials`, time-weighted, each weighted by
+    those trials."""
+    pred_plain = pred_spec = meas_plain = meas_spec = 0.0
+    for setting in settings:
+        for trial in setting.advice_trials:
+            pred_plain += cost.plain_ms(setting.replay)
+            pred_spec += cost.speculative_ms(setting.replay)
+            meas_plain += trial.plain_step_ms * trial.measured.steps
+            meas_spec += trial.measured.completion.predicted_ms
+    return _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
+
+
+def _per_pass(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[dict[str, object], ...]:
+    """The work served's aggregate pass by pass: per pass number its undisturbed prompts, predicted and
+    measured speedup and their relative error."""
+    passes = max((len(s.trials) for s in settings), default=0)
+    rows = []
+    for number in range(passes):
+        pred_plain = pred_spec = meas_plain = meas_spec = 0.0
+        prompts = 0
+        for setting in settings:
+            if number >= len(setting.trials) or setting.trials[number].disturbed:
+                continue
+            trial, replay = setting.trials[number], setting.trial_replay(setting.trials[number])
+            prompts += 1
+            pred_plain += cost.plain_ms(replay)
+            pred_spec += cost.speculative_ms(replay)
+            meas_plain += trial.plain_step_ms * trial.measured.steps
+            meas_spec += trial.measured.completion.predicted_ms
+        predicted, measured = _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
+        error = abs(predicted / measured - 1.0) if predicted and measured else None
+        rows.append(
+            {
+                "pass": number + 1,
+                "prompts": prompts,
+                "predicted": predicted,
+                "measured": measured,
+                "error": error,
+            }
+        )
+    return tuple(rows)
 
 
 def _pairs(cost: ServerCost, settings: Sequence[SettingOutcome]) -> list[tuple[float, float, int]]:
@@ -203,6 +259,7 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
         ]
         control_errors = [abs(m - 1.0) for s in controls if (m := s.measured_speedup) is not None]
         drafting = [s for s in quiet if any(s.trial_replay(t).draft_n > 0 for t in s.quiet_trials)]
+        advice_predicted, advice_measured = _advice_totals(cost, quiet)
         figures.append(
             ValidationFigures(
                 drafter.label,
@@ -222,6 +279,12 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
                 len(drafting),
                 len(controls),
                 float(np.mean(control_errors)) if control_errors else None,
+                advice_predicted,
+                advice_measured,
+                abs(advice_predicted / advice_measured - 1.0)
+                if advice_predicted and advice_measured
+                else None,
+                _per_pass(cost, runs),
             )
         )
     return figures

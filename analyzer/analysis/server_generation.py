@@ -26,6 +26,9 @@ from analyzer.engine.llama_server_process import LlamaServerProcess, RemoteServe
 from analyzer.measuring.interference import machine_reading, others_busy_s
 from analyzer.measuring.noise import machine_sample, steal_share
 from analyzer.measuring.server_drafting import ServerDrafter
+from analyzer.run_params import LEAVE_OUT, LONG_PROMPT_RULES, LONG_PROMPTS_HELP, REFUSE
+
+__all__ = ["LEAVE_OUT", "LONG_PROMPT_RULES", "LONG_PROMPTS_HELP", "REFUSE"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,33 @@ def timed_complete(server: Server, prompt_ids: list[int], n_predict: int) -> Tim
     return TimedCompletion(completion, others / (wall * (os.cpu_count() or 1)), steal, mhz)
 
 
+@dataclass(frozen=True)
+class LeftOutPrompt:
+    """A prompt the analysis could not take: its key, task, token count and why."""
+
+    key: str
+    task: str
+    tokens: int
+    why: str
+
+    def as_json(self) -> dict[str, str | int]:
+        return {"prompt_id": self.key, "task": self.task, "tokens": self.tokens, "why": self.why}
+
+
+def too_long(
+    plain: Server, prompts: Sequence[ServerPrompt], n_predict: int, n_ctx: int
+) -> tuple[dict[str, list[int]], list[LeftOutPrompt]]:
+    """Every prompt's ids under the server's chat template, and the prompts whose ids and ``n_predict`` new
+    tokens do not fit ``n_ctx`` (0: not checked), counted before anything is generated."""
+    ids, long = {}, []
+    for prompt in prompts:
+        ids[prompt.key] = plain.client.tokenize(plain.client.chat_prompt(prompt.messages))
+        if n_ctx and len(ids[prompt.key]) + n_predict > n_ctx:
+            why = f"{len(ids[prompt.key])} tokens and {n_predict} new ones exceed the context of {n_ctx}"
+            long.append(LeftOutPrompt(prompt.key, prompt.task, len(ids[prompt.key]), why))
+    return ids, long
+
+
 def generate(
     plain: Server,
     prompts: Sequence[ServerPrompt],
@@ -78,31 +108,47 @@ def generate(
     n_ctx: int = 0,
     generated: Generated | None = None,
     on_generated: Callable[[ServerPrompt, list[int], TimedCompletion], None] | None = None,
-) -> tuple[list[PromptOutcome], float]:
+    long_prompts: str = LEAVE_OUT,
+) -> tuple[list[PromptOutcome], float, list[LeftOutPrompt]]:
     """Each prompt's ids under the server's chat template and its plain greedy completion (``generated``'s
-    where an earlier attempt made it); PromptTooLong where a prompt and ``n_predict`` exceed ``n_ctx`` (0: not
-    checked)."""
+    where an earlier attempt made it), with the prompts left out. Every prompt is counted first
+    (:func:`too_long`): where a prompt and ``n_predict`` exceed ``n_ctx`` (0: not checked), ``long_prompts``
+    :data:`LEAVE_OUT` leaves it out (and the others are analyzed), :data:`REFUSE` raises :class:`PromptTooLong`
+    naming every such prompt before anything is generated."""
     outcomes, seconds = [], 0.0
     generated = generated or {}
     kept = sum(1 for p in prompts if p.key in generated)
     if kept:
         say(f"kept {kept} plain generations of an earlier attempt")
+    ids, long = too_long(plain, [p for p in prompts if p.key not in generated], n_predict, n_ctx)
+    if long and long_prompts == REFUSE:
+        raise PromptTooLong(
+            f"{len(long)} of {len(prompts)} prompts do not fit the servers' context of {n_ctx} with {n_predict} new "
+            f"tokens: {'; '.join(f'prompt {p.key} ({p.task}) has {p.tokens} tokens' for p in long)}. Give a larger "
+            "--ctx or fewer --max-new-tokens, or --long-prompts leave-out to analyze the others"
+        )
+    if long:
+        say(
+            f"left out {len(long)} prompts too long for the context of {n_ctx}: {', '.join(p.key for p in long)}"
+        )
+    left_out = {p.key for p in long}
     for number, prompt in enumerate(prompts, 1):
         if prompt.key in generated:
-            ids, completion = generated[prompt.key]
-            outcomes.append(PromptOutcome(prompt, list(ids), completion))
+            kept_ids, completion = generated[prompt.key]
+            outcomes.append(PromptOutcome(prompt, list(kept_ids), completion))
             continue
-        ids = plain.client.tokenize(plain.client.chat_prompt(prompt.messages))
-        if n_ctx and len(ids) + n_predict > n_ctx:
-            raise PromptTooLong(
-                f"prompt {prompt.key} ({prompt.task}) has {len(ids)} tokens: with {n_predict} new tokens it exceeds "
-                f"the servers' context of {n_ctx}; give a larger --ctx or fewer new tokens, or leave the prompt out"
-            )
+        if prompt.key in left_out:
+            continue
         wall = time.perf_counter()
-        completion = timed_complete(plain, ids, n_predict)
-        outcomes.append(PromptOutcome(prompt, ids, completion))
+        completion = timed_complete(plain, ids[prompt.key], n_predict)
+        outcomes.append(PromptOutcome(prompt, ids[prompt.key], completion))
         seconds += time.perf_counter() - wall
         if on_generated is not None:
-            on_generated(prompt, ids, completion)
+            on_generated(prompt, ids[prompt.key], completion)
         say(f"generated {number}/{len(prompts)} ({prompt.key})")
-    return outcomes, seconds
+    if not outcomes:
+        raise PromptTooLong(
+            f"none of the {len(prompts)} prompts fits the servers' context of {n_ctx} with {n_predict} new tokens: "
+            "give a larger --ctx or fewer --max-new-tokens"
+        )
+    return outcomes, seconds, long

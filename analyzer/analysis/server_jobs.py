@@ -74,7 +74,8 @@ class ServerJobParams:
     """What a job analyzes with (``specroute llama-server analyze``'s options): the model, the drafter settings
     by label, the draft model of draft-simple settings, new tokens per prompt, threads and context per server,
     calibration prompts, at most ``per_task`` prompts per task and the first ``limit`` prompts, validation and
-    its passes, and ``urls``: servers the user runs ({"off" or a setting's label: URL}; None: start our own)."""
+    its passes, ``urls``: servers the user runs ({"off" or a setting's label: URL}; None: start our own), and
+    ``long_prompts``: what to do with prompts the context cannot hold ("leave-out" or "refuse")."""
 
     model: str = DEFAULT_MODEL
     drafters: tuple[str, ...] = DEFAULT_DRAFTERS
@@ -88,10 +89,12 @@ class ServerJobParams:
     validate: bool = True
     validate_repeats: int = 3
     urls: Mapping[str, str] | None = field(default=None)
+    long_prompts: str = "leave-out"
 
     def checked(self) -> "ServerJobParams":
         """These parameters, or ServerJobError naming the first bad field."""
         from analyzer.measuring.server_drafting import parse_drafter
+        from analyzer.run_params import LONG_PROMPT_RULES
 
         for name, (low, high) in LIMITS.items():
             value = getattr(self, name)
@@ -111,6 +114,10 @@ class ServerJobParams:
             raise ServerJobError("drafters: a setting is named twice")
         if self.draft_model is None and any(parse_drafter(t).needs_draft_model for t in self.drafters):
             raise ServerJobError("draft_model: a draft-simple setting needs the draft model")
+        if self.long_prompts not in LONG_PROMPT_RULES:
+            raise ServerJobError(
+                f"long_prompts must be one of {', '.join(LONG_PROMPT_RULES)}, got {self.long_prompts!r}"
+            )
         if not isinstance(self.model, str) or not self.model.strip():
             raise ServerJobError("model: give a GGUF spec (gguf:<folder>#<file.gguf> or builtin:<name>)")
         return self
@@ -443,7 +450,7 @@ def execute_server_job(
             setup, prompts, drafters,
             n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
             validate_repeats=params.validate_repeats, say=report,
-            attempt=Attempt(kept, kept_passes, generated, passed),
+            attempt=Attempt(kept, kept_passes, generated, passed), long_prompts=params.long_prompts,
         )  # fmt: skip
     except ServerJobStopped:
         return None

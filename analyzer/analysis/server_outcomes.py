@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -218,7 +219,8 @@ class ServerAnalysis:
     ``seconds`` up to the predictions (servers started, generation, calibration), ``validation_seconds``
     after, against ``plain_generation_seconds``, the plain generation of the same prompts alone.
     ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the passes
-    validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured)."""
+    validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured);
+    ``left_out_settings`` and ``left_out_prompts`` what the analysis could not take, and why."""
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
@@ -235,6 +237,10 @@ class ServerAnalysis:
     validation_repeats: int = 0
     calibration_passes: int = 1
     fit_bound: float | None = None
+    # settings left out because their servers disagreed with their replays (label: why), and prompts left out
+    # because the context cannot hold them ({"prompt_id", "task", "tokens", "why"})
+    left_out_settings: dict[str, str] = field(default_factory=dict)
+    left_out_prompts: list[dict[str, Any]] = field(default_factory=list)
 
     def cost_of(self, drafter: ServerDrafter) -> ServerCost:
         """The step costs that price ``drafter``: its family's."""

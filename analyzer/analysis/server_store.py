@@ -89,6 +89,9 @@ def _setting_dict(setting: SettingOutcome, cost: ServerCost) -> dict[str, Any]:
         "measured": _run_dict(setting.measured),
         "paired_plain": _run_dict(setting.plain),
         "measured_speedup": setting.measured_speedup,
+        # what the advice's prediction is compared with: the first pass for a drafter whose state carries
+        # across requests (ngram-mod), every undisturbed pass otherwise
+        "advised_speedup": setting.advised_speedup,
         "passes": [
             {
                 "plain_step_ms": t.plain_step_ms,
@@ -166,6 +169,11 @@ def store_server_analysis(
         advice_withheld=analysis.withheld,
         validation_repeats=analysis.validation_repeats,
         routing=[c.as_dict() for c in ceilings(analysis)],
+        left_out=(
+            {"settings": analysis.left_out_settings, "prompts": analysis.left_out_prompts}
+            if analysis.left_out_settings or analysis.left_out_prompts
+            else None
+        ),
     )
     session.add(record)
     session.flush()
@@ -241,6 +249,7 @@ def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict
         "machine": record.machine,
         "n_predict": record.n_predict,
         "advice_withheld": record.advice_withheld,
+        "left_out": record.left_out or {"settings": {}, "prompts": []},
         "prompts": [
             {
                 "prompt_id": row["prompt_id"],

@@ -1,14 +1,16 @@
 """Finding or building llama.cpp's own C++ server, ``llama-server``, from the llama.cpp source that the
 pinned llama-cpp-python sdist vendors (so the binding and the server share one llama.cpp), and compiling
-that llama.cpp once for both.
+that llama.cpp once per machine and version for both.
 
 Where it is looked for, in order: ``SPECROUTE_LLAMA_SERVER`` (a path), then ``llama-server`` on PATH, then
-the build cache (``<data_dir>/cache/llama-server/<llama-cpp-python version>/llama-server``). Where none
-holds it, :class:`LlamaServerMissing` names the command that builds it, ``specroute llama-server build``,
-which downloads the pinned sdist with pip, configures llama.cpp with CMake for the same instruction sets
-for every x86-64 CPU of the last ten years, builds the ``llama-server`` target with llama.cpp's shared
-libraries (``libllama``, ``libggml*``) beside it, and keeps them in the cache; a second build of the same
-version reuses it.
+the data folder's cache (``<data_dir>/cache/llama-server/<llama-cpp-python version>/llama-server``, honoured
+where a build lies there), then the machine's build cache (``SPECROUTE_BUILD_CACHE``, by default the per-user
+cache folder such as ``~/.cache/specroute``: ``llama-server/<version>/llama-server``), which every data folder
+on the machine shares. Where none holds it, :class:`LlamaServerMissing` names the command that builds it,
+``specroute llama-server build``, which downloads the pinned sdist with pip, configures llama.cpp with CMake
+for the same instruction sets for every x86-64 CPU of the last ten years, builds the ``llama-server`` target
+with llama.cpp's shared libraries (``libllama``, ``libggml*``) beside it, and keeps them in the build cache; a
+second build of the same version reuses whichever of the two caches holds it.
 
 The README installs llama-cpp-python without compiling anything (``CMAKE_ARGS=-DLLAMA_BUILD=OFF``): its
 Python binding then loads those same libraries from the cache (:func:`library_dir`; llama-cpp-python reads
@@ -23,7 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -68,20 +70,44 @@ class Found(NamedTuple):
 
 
 def cached_binary(cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    """Where the build of ``version`` keeps its binary under ``cache_root`` (``<data_dir>/cache``)."""
+    """Where the build of ``version`` keeps its binary under ``cache_root`` (a data folder's ``cache`` or the
+    machine's build cache)."""
     return cache_root / BINARY / version / BINARY
 
 
-def library_dir(cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path | None:
-    """The cache folder holding the build's llama.cpp shared libraries, or None when the cached build
-    (if any) has none (a build older than this layout, or no build)."""
-    folder = cached_binary(cache_root, version).parent
-    return folder if (folder / LIBRARY).is_file() else None
+def machine_build_cache() -> Path:
+    """The machine's build cache as the settings in force name it (SPECROUTE_BUILD_CACHE, else the per-user
+    cache folder)."""
+    from analyzer.settings import load_settings
+
+    return load_settings().resolved_build_cache()
 
 
-def find_llama_server(setting: str, cache_root: Path, *, path: str | None = None) -> Found:
+def build_roots(cache_root: Path, build_cache: Path | None = None) -> list[Path]:
+    """Where a build is looked for, in order: the data folder's cache ``cache_root``, then the machine's build
+    cache (``build_cache``; None: :func:`machine_build_cache`)."""
+    machine = build_cache if build_cache is not None else machine_build_cache()
+    return [cache_root] if machine == cache_root else [cache_root, machine]
+
+
+def library_dir(
+    cache_root: Path, version: str = LLAMA_CPP_PYTHON_VERSION, *, build_cache: Path | None = None
+) -> Path | None:
+    """The folder holding the build's llama.cpp shared libraries, in the data folder's cache or else the
+    machine's build cache (:func:`build_roots`), or None when neither holds a build with them."""
+    for root in build_roots(cache_root, build_cache):
+        folder = cached_binary(root, version).parent
+        if (folder / LIBRARY).is_file():
+            return folder
+    return None
+
+
+def find_llama_server(
+    setting: str, cache_root: Path, *, path: str | None = None, build_cache: Path | None = None
+) -> Found:
     """The llama-server binary: ``setting`` (SPECROUTE_LLAMA_SERVER) when given, which must then be an
-    executable file; else ``llama-server`` on ``path`` (default: PATH); else the build cache. Raises
+    executable file; else ``llama-server`` on ``path`` (default: PATH); else the data folder's cache
+    ``cache_root``; else the machine's build cache (``build_cache``; None: :func:`machine_build_cache`). Raises
     :class:`LlamaServerMissing` naming each place and the build command."""
     if setting:
         given = Path(setting).expanduser()
@@ -94,37 +120,44 @@ def find_llama_server(setting: str, cache_root: Path, *, path: str | None = None
     on_path = shutil.which(BINARY, path=path)
     if on_path:
         return Found(Path(on_path), "PATH")
-    cached = cached_binary(cache_root)
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return Found(cached, "cache")
+    roots = build_roots(cache_root, build_cache)
+    for root in roots:
+        cached = cached_binary(root)
+        if cached.is_file() and os.access(cached, os.X_OK):
+            return Found(cached, "cache")
+    places = " or ".join(str(cached_binary(root).parent) for root in roots)
     raise LlamaServerMissing(
         f"llama-server was not found (SPECROUTE_LLAMA_SERVER is unset, none is on PATH, none is in "
-        f"{cached.parent}); build it with '{BUILD_COMMAND}' (llama.cpp from the pinned llama-cpp-python "
+        f"{places}); build it with '{BUILD_COMMAND}' (llama.cpp from the pinned llama-cpp-python "
         f"{LLAMA_CPP_PYTHON_VERSION} sdist, with the libraries llama-cpp-python loads; 4 to 14 minutes on "
         "2 cores, once per version)"
     )
 
 
 def build_llama_server(
-    cache_root: Path,
+    build_cache: Path,
     *,
     version: str = LLAMA_CPP_PYTHON_VERSION,
     jobs: int | None = None,
     say: Callable[[str], None] = print,
     force: bool = False,
+    also: Sequence[Path] = (),
 ) -> Path:
     """Build llama-server and llama.cpp's shared libraries from the vendored llama.cpp of llama-cpp-python
-    ``version``'s sdist into the cache and return the binary; reuse the cached build unless ``force``, or
-    unless it lacks the libraries (a build from before llama-cpp-python loaded them). ``say`` gets a line
-    per stage, each compile step as ``step N of M: ...``, and the time it took. Nothing is left in the
-    cache when a step fails (the build happens in a temporary folder; the finished folder is moved in
-    last)."""
-    target = cached_binary(cache_root, version)
-    if target.is_file() and not force:
-        if library_dir(cache_root, version) is not None:
-            say(f"llama-server {version} already built: {target} (reused; --force builds it again)")
-            return target
-        say(f"llama-server {version} is cached without llama.cpp's shared libraries: building it again")
+    ``version``'s sdist into ``build_cache`` (the machine's build cache) and return the binary; unless
+    ``force``, reuse a build of that version with its libraries found in one of the caches ``also`` (a data
+    folder's) or in ``build_cache``. ``say`` gets a line per stage, each compile step as ``step N of M: ...``,
+    and the time it took. Nothing is left in the cache when a step fails (the build happens in a temporary
+    folder; the finished folder is moved in last)."""
+    target = cached_binary(build_cache, version)
+    if not force:
+        for root in [*also, build_cache]:
+            found = cached_binary(root, version)
+            if found.is_file() and (found.parent / LIBRARY).is_file():
+                say(f"llama-server {version} already built: {found} (reused; --force builds it again)")
+                return found
+        if target.is_file():
+            say(f"llama-server {version} is cached without llama.cpp's shared libraries: building it again")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="specroute-llama-server-") as work:
         source = _vendored_source(Path(work), version, say)

@@ -66,16 +66,20 @@ def require_llama_cpp(cache_root: Path | None = None) -> Any:
         if not os.environ.get(LIBRARY_PATH_VARIABLE) and not _binding_has_own_library(
             Path(spec.origin).parent
         ):
-            from analyzer.engine.llama_server import BUILD_COMMAND, library_dir
+            from analyzer.engine.llama_server import BINARY, BUILD_COMMAND, build_roots, library_dir
             from analyzer.settings import load_settings
 
-            cache = cache_root if cache_root is not None else load_settings().resolved_data_dir() / "cache"
-            libraries = library_dir(cache)
+            settings = load_settings()
+            cache = cache_root if cache_root is not None else settings.resolved_data_dir() / "cache"
+            build_cache = settings.resolved_build_cache()
+            libraries = library_dir(cache, build_cache=build_cache)
             if libraries is None:
+                places = " nor ".join(str(root / BINARY) for root in build_roots(cache, build_cache))
                 raise EngineUnavailable(
                     "llama-cpp-python is installed without llama.cpp's library (CMAKE_ARGS=-DLLAMA_BUILD=OFF, as "
-                    f"the README installs it), and {cache / 'llama-server'} holds no build of it: run "
-                    f"'{BUILD_COMMAND}' once (it compiles llama.cpp for llama-server and this binding)"
+                    f"the README installs it), and neither {places} holds a build of it: run "
+                    f"'{BUILD_COMMAND}' once (it compiles llama.cpp for llama-server and this binding, once per "
+                    "machine)"
                 )
             os.environ[LIBRARY_PATH_VARIABLE] = str(libraries)
     try:

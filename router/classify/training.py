@@ -8,6 +8,7 @@ one on the same held-out folds and had enough confident pseudo-labels to learn f
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -150,8 +151,10 @@ def _fit_and_settle(
     progress: Progress | None,
     jobs: int,
 ) -> tuple[Pipeline, dict[str, Any], bool]:
-    """The fitted pipeline, its scores and whether it becomes active; touches no database."""
+    """The fitted pipeline, its scores (with ``training_seconds``, the cross-validations and the final fit
+    together) and whether it becomes active; touches no database."""
     c = regularisation(features, c)
+    started = time.perf_counter()
     pipeline, scores = _cross_validate_and_fit(
         data,
         seed=seed,
@@ -162,6 +165,7 @@ def _fit_and_settle(
         cross_validate=cross_validate,
         jobs=jobs,
     )
+    scores["training_seconds"] = round(time.perf_counter() - started, 1)
     if activate and data.adapting():
         activate = settle_activation(data, scores, active, force_activate)
     return pipeline, scores, activate

@@ -7,6 +7,7 @@ from typing import Callable
 import click
 
 from analyzer.analysis.run_inputs import read_inputs
+from analyzer.analysis.server_jobs import LIMITS as SERVER_LIMITS
 from analyzer.db import MAX_ID, lock_for_write
 from analyzer.engine.engines import (
     COST_MODES,
@@ -22,7 +23,10 @@ from analyzer.run_params import (
     AUTO_ENGINE,
     BLANK_MEANS,
     DEFAULT_VALIDATE,
+    LEAVE_OUT,
     LIMITS,
+    LONG_PROMPT_RULES,
+    LONG_PROMPTS_HELP,
     Limit,
     RunInputError,
     RunParams,
@@ -150,6 +154,20 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     "'specroute costs import', or an older measurement) instead of measuring one; repeat it, one per "
     "batch size. A finished run is re-priced with 'specroute reprice'.",
 )
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(*SERVER_LIMITS["n_ctx"]),
+    default=None,
+    help="Context size of each server, with --engine llama-server (default: 4096). The other engines keep "
+    "each prompt's end where it does not fit their model's context with the new tokens.",
+)
+@click.option(
+    "--long-prompts",
+    type=click.Choice(LONG_PROMPT_RULES),
+    default=None,
+    help="With --engine llama-server (default: leave-out): " + LONG_PROMPTS_HELP,
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(
@@ -163,6 +181,8 @@ def analyze(
     queue_only,
     resume_run,
     cost_profiles,
+    n_ctx,
+    long_prompts,
     as_json,
     **run_inputs,
 ) -> None:
@@ -189,8 +209,16 @@ def analyze(
                 f"{', '.join(given)} do not apply to --engine llama-server: "
                 "it analyzes llama-server's own drafting settings (see 'specroute llama-server analyze --help')"
             )
-        _analyze_in_llama_server(state, prompt_set, target, draft, run_inputs, as_json, queue_only)
+        server_options = {"n_ctx": n_ctx or 4096, "long_prompts": long_prompts or LEAVE_OUT}
+        _analyze_in_llama_server(
+            state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options
+        )
         return
+    if n_ctx is not None or long_prompts is not None:
+        raise click.UsageError(
+            "--ctx and --long-prompts apply to --engine llama-server; the other engines keep each prompt's end "
+            "where it does not fit their model's context with the new tokens"
+        )
     sessions = state.sessions()
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
         raise click.UsageError(
@@ -227,7 +255,14 @@ SERVER_RUN_INPUTS = ("max_new_tokens", "limit", "validate_n")  # the run options
 
 
 def _analyze_in_llama_server(
-    state: CliState, prompt_set, target, draft, run_inputs: dict, as_json: bool, queue_only: bool
+    state: CliState,
+    prompt_set,
+    target,
+    draft,
+    run_inputs: dict,
+    as_json: bool,
+    queue_only: bool,
+    server_options: dict,
 ) -> None:
     """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set`` (a job executed
     here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
@@ -276,6 +311,7 @@ def _analyze_in_llama_server(
         limit=values.get("limit"),
         validate=values.get("validate_n", 1) > 0,
         queue_only=queue_only,
+        **server_options,
     )
     if record_id is None:
         return

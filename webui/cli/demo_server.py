@@ -35,7 +35,9 @@ def require_llama_server(state: CliState) -> Path:
     from analyzer.engine.llama_server import LlamaServerMissing, find_llama_server
 
     try:
-        return find_llama_server(state.settings.llama_server, _cache_dir(state)).path
+        return find_llama_server(
+            state.settings.llama_server, _cache_dir(state), build_cache=state.settings.resolved_build_cache()
+        ).path
     except LlamaServerMissing as exc:
         raise EngineUnavailable(
             f"{exc}; or run the demo in transformers: specroute demo --engine transformers"

@@ -196,7 +196,7 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classify.pipeline import fold_jobs
+    from router.classify.pipeline import fold_jobs, resolve_features
     from router.classify.training import train_classifier_apart
     from router.classify.training_data import ClassifierError, cold_start_data
     from router.classify.version_store import load_active
@@ -213,19 +213,22 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
         "[4/6] training the task classifier on the bundled corpus (stratified and "
         "leave-one-source-out cross-validation, a line per fold)"
     )
+    features, fallback = resolve_features(state.settings.classifier_features)
+    if fallback:
+        click.echo(f"      {fallback}")
     version = train_classifier_apart(
         sessions,
         cold_start_data(),
-        features=state.settings.classifier_features,
+        features=features,
         progress=lambda line: click.echo(f"      {line}"),
-        jobs=fold_jobs(state.settings.classifier_jobs, state.settings.classifier_features),
+        jobs=fold_jobs(state.settings.classifier_jobs, features),
     )
     scores = version.scores
     click.echo(
-        f"      classifier v{version.version} ({scores['features']}): "
-        f"macro-F1 {scores['macro_f1']:.3f} stratified, {scores['grouped']['macro_f1']:.3f} on "
-        f"unseen sources; keyword baseline {scores['baseline']['macro_f1']:.3f}; "
-        f"routing threshold {scores['calibration']['threshold']:.2f}"
+        f"      classifier v{version.version}, features {scores['features']}, trained in "
+        f"{scores['training_seconds']:.0f} s: macro-F1 {scores['macro_f1']:.3f} stratified, "
+        f"{scores['grouped']['macro_f1']:.3f} on unseen sources; keyword baseline "
+        f"{scores['baseline']['macro_f1']:.3f}; routing threshold {scores['calibration']['threshold']:.2f}"
     )
 
 

@@ -20,7 +20,9 @@ def llama_server() -> None:
 def where(state: CliState) -> None:
     """Print the llama-server binary specroute uses and where it was found (SPECROUTE_LLAMA_SERVER,
     PATH or the build cache); exit 1 with the build command when there is none."""
-    found = find_llama_server(state.settings.llama_server, _cache_dir(state))
+    found = find_llama_server(
+        state.settings.llama_server, _cache_dir(state), build_cache=state.settings.resolved_build_cache()
+    )
     click.echo(f"{found.path} (from {found.source})")
 
 
@@ -33,10 +35,15 @@ def where(state: CliState) -> None:
 def build(state: CliState, force: bool, jobs: int | None) -> None:
     """Compile llama.cpp once: llama-server and the shared libraries llama-cpp-python loads, from the
     llama.cpp that the pinned llama-cpp-python version's sdist vendors (pip downloads the sdist; needs
-    CMake, Ninja and a C++ compiler), into the cache, printing each compile step (step N of M) and the
-    time taken; reuse the cached build of the same version unless --force. About 4 minutes on 2 cores
-    the first time."""
+    CMake, Ninja and a C++ compiler), into the machine's build cache (SPECROUTE_BUILD_CACHE, by default the
+    per-user cache folder), which every data folder shares, printing each compile step (step N of M) and the
+    time taken; reuse a build of the same version (there or in the data folder's cache) unless --force. About
+    4 minutes on 2 cores the first time."""
     path = build_llama_server(
-        _cache_dir(state), jobs=jobs, force=force, say=lambda line: click.echo(line, err=True)
+        state.settings.resolved_build_cache(),
+        also=[_cache_dir(state)],
+        jobs=jobs,
+        force=force,
+        say=lambda line: click.echo(line, err=True),
     )
     click.echo(str(path))

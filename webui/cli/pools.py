@@ -51,7 +51,9 @@ def start(state: CliState, version: int | None) -> None:
 
     with state.sessions()() as session:
         chosen = policy_set_plan(session, version)
-    binary = find_llama_server(state.settings.llama_server, _cache_dir(state)).path
+    binary = find_llama_server(
+        state.settings.llama_server, _cache_dir(state), build_cache=state.settings.resolved_build_cache()
+    ).path
     stopping = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     servers = start_pools(chosen, binary, say=lambda line: click.echo(line, err=True))

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from analyzer.analysis.analysis_ref import AnalysisRef
 from analyzer.db import MAX_ID, lock_for_write
 from router import strict_json
+from router.classify.pipeline import resolve_features
 from webui.cli.base import ANALYSIS, CliState, cli
 
 # ---------------------------------------------------------------- task classifier
@@ -30,9 +31,10 @@ from webui.cli.base import ANALYSIS, CliState, cli
 @click.option("--cold-start", is_flag=True, help="Same as --data corpus.")
 @click.option(
     "--features",
-    type=click.Choice(["tfidf", "minilm", "tfidf+minilm"]),
+    type=click.Choice(["auto", "tfidf", "minilm", "tfidf+minilm"]),
     default=None,
-    help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES).",
+    help="Feature set (default: SPECROUTE_CLASSIFIER_FEATURES, auto: tfidf+minilm where the sentence encoder is "
+    "installed, else tfidf).",
 )
 @click.option(
     "--adapt",
@@ -85,7 +87,9 @@ def train(
     if cold_start:
         source = "corpus"
     _check_adapt_options(adapt, min_confidence, force_activate)
-    features = features or state.settings.classifier_features
+    features, fallback = resolve_features(features or state.settings.classifier_features)
+    if fallback:
+        click.echo(fallback, err=True)
     record, verdict = _train_new_version(
         state, source, prompt_sets, features, adapt, min_confidence, force_activate, seed
     )
@@ -163,6 +167,7 @@ def _print_training_report(record: dict) -> None:
         f"classifier v{record['version']} {state_word} ({scores['features']}): stratified {scores['folds']}-fold CV "
         f"macro-F1 {scores['macro_f1']:.3f}, accuracy {scores['accuracy']:.3f}; keyword baseline macro-F1 "
         f"{scores['baseline']['macro_f1']:.3f}"
+        + (f"; trained in {scores['training_seconds']:.0f} s" if "training_seconds" in scores else "")
     )
     _print_per_class_scores(scores)
     calibration = scores["calibration"]

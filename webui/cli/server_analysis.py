@@ -50,7 +50,7 @@ from analyzer.models.specs import parse_spec
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample
-from analyzer.run_params import DEFAULT_MARGIN
+from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT, LONG_PROMPT_RULES, LONG_PROMPTS_HELP
 from router import strict_json
 from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
@@ -111,7 +111,15 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     type=click.IntRange(256, 131072),
     default=4096,
     show_default=True,
-    help="Context size of each server; a prompt longer than it fails the analysis.",
+    help="Context size of each server; prompts that do not fit it with their new tokens are left out or "
+    "refused (--long-prompts).",
+)
+@click.option(
+    "--long-prompts",
+    type=click.Choice(LONG_PROMPT_RULES),
+    default=LEAVE_OUT,
+    show_default=True,
+    help=LONG_PROMPTS_HELP,
 )
 @click.option(
     "--calibration",
@@ -173,6 +181,7 @@ def analyze(
     validate: bool,
     validate_repeats: int,
     queue_only: bool,
+    long_prompts: str = LEAVE_OUT,
 ) -> None:
     """Analyze a prompt set in llama-server: one plain greedy generation per prompt, llama-server's own
     drafting rules replayed on it for every drafter setting, step costs fitted from the servers' timings,
@@ -184,7 +193,7 @@ def analyze(
     record_id = run_server_analysis(
         state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
         calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
-        queue_only=queue_only,
+        queue_only=queue_only, long_prompts=long_prompts,
     )  # fmt: skip
     if record_id is None:
         return
@@ -209,13 +218,14 @@ def run_server_analysis(
     validate: bool = True,
     validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
     queue_only: bool = False,
+    long_prompts: str = LEAVE_OUT,
 ) -> int | None:
     """Queue an analysis of prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and
     ``specroute analyze --engine llama-server`` alike) and execute it here, progress on stderr (``queue_only``:
     leave it to the workers and print its job id); the stored analysis' id (None: only queued)."""
     params = ServerJobParams(
         model, tuple(d.label for d in drafters), draft_model, n_predict, threads, n_ctx, calibration, per_task,
-        limit, validate, validate_repeats, urls,
+        limit, validate, validate_repeats, urls, long_prompts,
     )  # fmt: skip
     try:
         params.checked()
@@ -224,7 +234,9 @@ def run_server_analysis(
     if urls is not None:
         _remote_setup(urls)  # every server answers and runs one model and context, before anything is queued
     else:
-        find_llama_server(state.settings.llama_server, _cache_dir(state))
+        find_llama_server(
+            state.settings.llama_server, _cache_dir(state), build_cache=state.settings.resolved_build_cache()
+        )
         gguf_file(parse_spec(model))
     if draft_model:
         gguf_file(parse_spec(draft_model))
@@ -407,6 +419,17 @@ def pools(state: CliState, analysis_id: int, first_port: int) -> None:
         click.echo(pool_plan_text(record, first_port))
 
 
+def left_out_lines(left_out: dict | None) -> list[str]:
+    """What an analysis could not take, a line each: the settings whose servers disagreed with their replays
+    and the prompts the context could not hold."""
+    left_out = left_out or {}
+    lines = [f"Left out {label}: {why}" for label, why in (left_out.get("settings") or {}).items()]
+    lines += [
+        f"Left out prompt {p['prompt_id']} ({p['task']}): {p['why']}" for p in left_out.get("prompts") or []
+    ]
+    return lines
+
+
 def server_analysis_text(record: ServerAnalysisRecord) -> str:
     """The stored analysis as the CLI prints it."""
     lines = [
@@ -417,6 +440,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
     ]
     if record.advice_withheld:
         lines.append(f"Advice withheld: {record.advice_withheld}. Every task is off.")
+    lines += left_out_lines(record.left_out)
     lines += [
         f"cost from the servers' timings, {family} settings: {cost_text(cost)}"
         for family, cost in record.cost.items()
@@ -432,22 +456,37 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
         ),
         "",
         "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "
-        "(the work served / the advice) | within noise + 3 pts | aggregate predicted / measured (error, noise) | "
-        "correlation (prompts drafting) | controls' |speedup - 1|",
+        "(the work served / the advice) | within noise + 3 pts | the work served: aggregate predicted / measured "
+        "(error, noise) | the advice: aggregate predicted / measured (error) | correlation (prompts drafting) | "
+        "controls' |speedup - 1|",
     ]
     for f in record.validation:
-        aggregate = (
+        served = (
             f"{num(f.get('aggregate_predicted'), '{:.3f}')} / {num(f.get('aggregate_measured'), '{:.3f}')} "
             f"({num(f.get('aggregate_error'), '{:.1%}')}, ±{num(f.get('aggregate_noise'), '{:.1%}')})"
+        )
+        advice = (
+            f"{num(f.get('advice_predicted'), '{:.3f}')} / {num(f.get('advice_measured'), '{:.3f}')} "
+            f"({num(f.get('advice_error'), '{:.1%}')})"
         )
         lines.append(
             f"{f['setting']} | {f['runs']} ({f.get('trials', f['runs'])}, {f['disturbed']}) | "
             f"{num(f['output_equal'], '{:.0%}')} | {num(f['counts_equal'], '{:.0%}')} | "
             f"{num(f['mare'], '{:.1%}')} / {num(f.get('advice_mare'), '{:.1%}')} | "
-            f"{num(f.get('within_noise'), '{:.0%}')} | "
-            f"{aggregate} | {num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
+            f"{num(f.get('within_noise'), '{:.0%}')} | {served} | {advice} | "
+            f"{num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
             f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
         )
+        passes = f.get("per_pass") or []
+        if len(passes) > 1:
+            lines.append(
+                "  the work served, pass by pass: "
+                + "; ".join(
+                    f"pass {p['pass']} ({p['prompts']} prompts) {num(p['predicted'], '{:.3f}')} / "
+                    f"{num(p['measured'], '{:.3f}')} ({num(p['error'], '{:.1%}')})"
+                    for p in passes
+                )
+            )
     lines.append(divergence_text(record.validation))
     lines += [
         "",
