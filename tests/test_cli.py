@@ -217,3 +217,19 @@ def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
         assert sorted(session.scalars(select(RouteDecision.route_id))) == ["r-0", "r-1"]
     assert "deleted 0" in run(runner, "decisions", "prune", "--older-than-days", "1", "--yes").output
     engine.dispose()
+
+
+def test_the_context_size_and_the_long_prompt_rule_are_refused_where_the_engine_has_neither(runner):
+    """``--ctx`` and ``--long-prompts`` belong to the engine that starts servers; a run in the other engines is
+    refused naming both (their prompts keep their end where the model's context cannot hold them), and a bad
+    rule is refused naming the choices."""
+    for engine in ("transformers", "llama.cpp"):
+        refused = runner.invoke(cli, ["analyze", "--prompts", "sample", "--engine", engine, "--ctx", "2048"])
+        assert refused.exit_code == 2
+        assert "--ctx and --long-prompts apply to --engine llama-server" in refused.stderr
+    bad = runner.invoke(
+        cli, ["analyze", "--prompts", "sample", "--engine", "llama-server", "--long-prompts", "cut"]
+    )
+    assert bad.exit_code == 2 and "'leave-out', 'refuse'" in bad.stderr
+    small = runner.invoke(cli, ["analyze", "--prompts", "sample", "--engine", "llama-server", "--ctx", "100"])
+    assert small.exit_code == 2 and "100 is not in the range 256<=x<=131072" in small.stderr

@@ -85,6 +85,36 @@ def test_one_build_per_machine_is_found_from_every_data_folder(runner, tmp_path,
         assert "already built" in build.stderr
 
 
+def test_a_data_folders_build_is_shared_through_the_build_cache(runner, tmp_path, monkeypatch):
+    """A build that lies in one data folder only is reused by the build command and copied, binary and
+    libraries, to the machine's build cache, where another data folder then finds it."""
+    from analyzer.engine import llama_server
+
+    machine, first = tmp_path / "machine", tmp_path / "first"
+    old = _executable(cached_binary(first / "cache"))
+    (old.parent / "libllama.so").write_bytes(b"library")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("SPECROUTE_BUILD_CACHE", str(machine))
+    monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "second"))
+    assert runner.invoke(cli, ["llama-server", "where"]).exit_code == 1  # not in the second data folder yet
+
+    def offline(work, version, say):
+        raise AssertionError("nothing is compiled where a build exists")
+
+    monkeypatch.setattr(llama_server, "_vendored_source", offline)
+    monkeypatch.setenv("SPECROUTE_DATA_DIR", str(first))
+    build = runner.invoke(cli, ["llama-server", "build"])
+    shared = cached_binary(machine)
+    assert build.exit_code == 0 and build.stdout.strip() == str(shared)
+    assert f"copied it to {shared.parent}" in build.stderr
+    assert (
+        shared.read_text() == old.read_text() and (shared.parent / "libllama.so").read_bytes() == b"library"
+    )
+    monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "second"))
+    where = runner.invoke(cli, ["llama-server", "where"])
+    assert where.exit_code == 0 and where.stdout.strip() == f"{shared} (from cache)"
+
+
 def test_a_build_of_a_cached_version_is_reused_without_building(tmp_path, monkeypatch):
     from analyzer.engine import llama_server
 

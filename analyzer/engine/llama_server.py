@@ -151,10 +151,14 @@ def build_llama_server(
     folder; the finished folder is moved in last)."""
     target = cached_binary(build_cache, version)
     if not force:
-        for root in [*also, build_cache]:
+        for root in [build_cache, *also]:
             found = cached_binary(root, version)
             if found.is_file() and (found.parent / LIBRARY).is_file():
                 say(f"llama-server {version} already built: {found} (reused; --force builds it again)")
+                if found != target:  # a data folder's build, shared from now on through the build cache
+                    _stage_and_replace(target.parent, lambda staged: _copy_build(found.parent, staged))
+                    say(f"copied it to {target.parent}, where every data folder on this machine finds it")
+                    return target
                 return found
         if target.is_file():
             say(f"llama-server {version} is cached without llama.cpp's shared libraries: building it again")
@@ -168,14 +172,24 @@ def build_llama_server(
         _run(
             ["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs or os.cpu_count() or 1)], say
         )
-        target.parent.parent.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent.parent))
-        staged.chmod(0o755)  # mkdtemp's folder is the owner's alone; a cache other users may read
-        for built in [build / "bin" / BINARY, *sorted((build / "bin").glob("lib*.so*"))]:
-            shutil.copy2(built, staged / built.name, follow_symlinks=False)
-        _replace_folder(staged, target.parent)
+        _stage_and_replace(target.parent, lambda staged: _copy_build(build / "bin", staged))
     say(f"built {target} and llama.cpp's libraries beside it in {_minutes(time.monotonic() - started)}")
     return target
+
+
+def _copy_build(source: Path, staged: Path) -> None:
+    """The binary and llama.cpp's shared libraries of the build in ``source`` into ``staged``."""
+    for built in [source / BINARY, *sorted(source.glob("lib*.so*"))]:
+        shutil.copy2(built, staged / built.name, follow_symlinks=False)
+
+
+def _stage_and_replace(folder: Path, fill: Callable[[Path], None]) -> None:
+    """A new ``folder``, filled by ``fill`` in a staging folder beside it and then put in its place whole."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    staged.chmod(0o755)  # mkdtemp's folder is the owner's alone; a cache other users may read
+    fill(staged)
+    _replace_folder(staged, folder)
 
 
 def _replace_folder(staged: Path, folder: Path) -> None:
