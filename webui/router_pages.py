@@ -309,7 +309,7 @@ def _publishable(session: Session) -> list[dict]:
 @bp.post("/policies/publish")
 def publish():
     """Publish a new policy set from the chosen finished analysis (``analysis``: its reference, as the runs page
-    names it; ``run_id``: a run's number, the form's older field); it becomes active (and the router reloads)
+    names it; ``run_id``: a run's number, the form's other field); it becomes active (and the router reloads)
     unless the analysis' advice is withheld, which the page then says."""
     try:
         typed = request.form.get("analysis") or request.form.get("run_id", "")

@@ -10,6 +10,7 @@ from flask import Response, abort, jsonify, redirect, render_template, request, 
 from sqlalchemy import select
 
 from analyzer.advice.option_rows import options_csv
+from analyzer.advice.verdict import server_verdict
 from analyzer.analysis.analysis_ref import SERVER, AnalysisRef
 from analyzer.analysis.server_jobs import (
     DEFAULT_DRAFTERS,
@@ -189,6 +190,7 @@ def server_analysis(analysis_id: int):
             cost_lines={family: cost_text(cost) for family, cost in record.cost.items()},
             noise_line=noise_text(record.noise),
             divergence_line=divergence_text(record.validation),
+            verdict_lines=server_verdict(record).lines(),
         )
 
 

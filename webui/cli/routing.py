@@ -307,7 +307,7 @@ def policies_publish(
 
     if sum(x is not None for x in (analysis, run_id, server_analysis_id)) != 1:
         raise click.UsageError("give one of --analysis, --run or --llama-server-analysis")
-    if run_id is not None:  # the two older spellings of a reference
+    if run_id is not None:  # the two other spellings of a reference
         analysis = AnalysisRef(RUN, run_id)
     elif server_analysis_id is not None:
         analysis = AnalysisRef(SERVER, server_analysis_id)

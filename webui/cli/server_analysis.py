@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from analyzer.advice.verdict import server_verdict
 from analyzer.analysis.server_analysis import (
     DEFAULT_VALIDATE_REPEATS,
     VALIDATION_HALF_WIDTH,
@@ -431,8 +432,10 @@ def left_out_lines(left_out: dict | None) -> list[str]:
 
 
 def server_analysis_text(record: ServerAnalysisRecord) -> str:
-    """The stored analysis as the CLI prints it."""
-    lines = [
+    """The stored analysis as the CLI prints it: the verdict first (:mod:`analyzer.advice.verdict`), then the
+    analysis' setup, costs, validation, tasks and routing."""
+    lines = server_verdict(record).lines() + [
+        "",
         f"llama-server analysis #{record.id} of prompt set #{record.prompt_set_id}: {len(record.prompts)} prompts, "
         f"{record.n_predict} new tokens, {record.threads} threads, llama-server {record.server_build}, {record.model}"
         + (f" (draft {record.draft_model})" if record.draft_model else ""),
