@@ -125,7 +125,7 @@ class TaskPolicy(Base):
     setting: Mapped[Optional[str]] = mapped_column(String(64))
     # its curve over its analysis' options (analyzer/pricing/option_curve.py OptionCurve.as_dict): a llama-server
     # analysis' settings (the prior feedback moves), or a run's gammas (router/policies/policy.py
-    # gamma_option_curve; the router adapts its speedup_curve); None: a run's set published before session 23
+    # gamma_option_curve; the router adapts its speedup_curve); None: a set stored before revision 0026
     option_curve: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")
@@ -157,7 +157,7 @@ class TaskEstimate(Base):
     total_drafted: Mapped[int] = mapped_column(BigInteger, default=0)
     total_accepted: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # when the decision in force (speculate, gamma) last changed; None: before this was recorded
+    # when the decision in force (speculate, gamma) last changed; None: not recorded for this estimate
     decision_since: Mapped[Optional[datetime]] = mapped_column()
     # under a llama-server set: the setting in force (None: off) and, per setting, the decayed plain and
     # served milliseconds and the events of its feedback ({label: [plain_ms, served_ms, events]})

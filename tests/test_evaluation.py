@@ -318,3 +318,28 @@ def test_the_router_sends_a_catch_all_task_to_the_workload_policy():
     assert "catch-all" in [r.text for r in decision.reasons if r.code == "workload_policy"][0]
     decision = Router(sink, {**policies, "*": fallback}, policy_version=1).route("What is 12 * 7?")
     assert decision.task_type == "math" and decision.speculate
+
+
+def test_the_routed_share_is_the_share_of_predictions_confident_enough_to_follow():
+    """Rows of decision values: a confident row clears the threshold, a flat one does not, and a row no fold
+    scored (all -inf) counts as uniform; the share follows the threshold and the temperature."""
+    from router.classify.evaluation import routed_share
+
+    scores = np.array([[5.0, 0.0, 0.0], [0.1, 0.0, 0.0], [-np.inf, -np.inf, -np.inf], [3.0, 2.9, 0.0]])
+    assert routed_share(scores, 1.0, 0.9) == 0.25  # only the first row's confidence (0.987) clears 0.9
+    assert routed_share(scores, 1.0, 0.0) == 1.0
+    assert routed_share(scores, 10.0, 0.9) == 0.0  # a high temperature flattens every row below 0.9
+    assert routed_share(scores[:0], 1.0, 0.5) == 0.0
+
+
+def test_a_training_reports_the_share_of_traffic_it_routes_and_how_to_raise_it():
+    from router.classify.pipeline import routing_reach_text
+
+    scores = {"routed_share": {"like_training": 0.92, "unseen_sources": 0.41}}
+    assert routing_reach_text(scores) == (
+        "the router routes by task 92% of traffic like the training data and 41% of traffic like none of it (the "
+        "rest takes the workload's policy); to route more of yours by task, import your prompts with their task "
+        "labels and run 'specroute train', or run 'specroute train --adapt NAME' on a prompt set of your "
+        "unlabelled traffic"
+    )
+    assert routing_reach_text({}) is None

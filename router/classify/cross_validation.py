@@ -23,6 +23,7 @@ from router.classify.evaluation import (
     out_of_fold,
     predictions,
     reachability,
+    routed_share,
     scores_of,
     stratified_folds,
 )
@@ -103,6 +104,11 @@ def _evaluate(
         scores["grouped"], calibrate_on, truth = grouped_learnt
     scores["calibration"] = calibration(calibrate_on, truth, labels) | {
         "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    }
+    temperature, threshold = scores["calibration"]["temperature"], scores["calibration"]["threshold"]
+    scores["routed_share"] = {  # what share of traffic the router routes by task, at the chosen threshold
+        "like_training": routed_share(stratified, temperature, threshold),
+        "unseen_sources": routed_share(calibrate_on, temperature, threshold) if scores["grouped"] else None,
     }
     scores["following"] = _following(
         calibrate_on, truth, labels, scores["calibration"], scored_groups, truth_all

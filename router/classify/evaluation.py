@@ -287,6 +287,17 @@ def choose_threshold(confidence: np.ndarray, correct: np.ndarray) -> dict:
     return {"threshold": threshold, "coverage": float(kept.mean()), "precision": float(correct[kept].mean())}
 
 
+def routed_share(scores: np.ndarray, temperature: float, threshold: float) -> float:
+    """The share of these out-of-fold predictions (rows of decision values) whose calibrated confidence clears
+    the routing ``threshold``: the share of such traffic the router routes by its task rather than by the
+    workload's policy."""
+    if len(scores) == 0:
+        return 0.0
+    scored = np.isfinite(scores).any(axis=1, keepdims=True)
+    confidence = softmax(np.where(scored, scores, 0.0), temperature).max(axis=1)
+    return float(np.mean(confidence >= threshold))
+
+
 def calibration(scores: np.ndarray, labels: Sequence[str], all_labels: list[str]) -> dict:
     """Temperature, ECE and reliability table before and after, and the routing threshold."""
     index = {label: i for i, label in enumerate(all_labels)}

@@ -43,6 +43,25 @@ def resolve_features(features: str) -> tuple[str, str | None]:
     )
 
 
+def routing_reach_text(scores: dict) -> str | None:
+    """What a classifier version's scores mean for routing, in a line a user can act on: the share of traffic
+    like its training data, and like none of it (its leave-one-source-out folds), that the router routes by
+    task (the rest gets the workload's policy), and the command that raises it. None for scores without it."""
+    share = scores.get("routed_share")
+    if not share:
+        return None
+    unseen = share.get("unseen_sources")
+    text = f"the router routes by task {share['like_training']:.0%} of traffic like the training data"
+    if unseen is not None:
+        text += f" and {unseen:.0%} of traffic like none of it"
+    return (
+        text
+        + " (the rest takes the workload's policy); to route more of yours by task, import your prompts with "
+        "their task labels and run 'specroute train', or run 'specroute train --adapt NAME' on a prompt set of "
+        "your unlabelled traffic"
+    )
+
+
 def regularisation(features: str, c: float | None = None) -> float:
     """``c``, or the feature set's default C; a ClassifierError for an unknown feature set."""
     if features not in FEATURE_SETS:

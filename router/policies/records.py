@@ -72,7 +72,7 @@ def policy_set_dict(policy_set: PolicySet, *, with_policies: bool = True) -> dic
     measured and priced it, its margin, gamma_max, draft and batch-1 cost (the contract the router
     decides under), a llama-server set's plain step cost (what its feedback is priced against), notes, times
     and (``with_policies``) its policies, the fallback ("*") last.
-    ``engine`` repeats ``priced_by`` for clients of earlier versions."""
+    ``engine`` repeats ``priced_by`` for clients that read that name."""
     data: dict[str, Any] = {
         "version": policy_set.version,
         "active": policy_set.is_active,

@@ -196,7 +196,7 @@ def _execute_run_with_progress(state: CliState, sessions: sessionmaker[Session],
 def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> None:
     """[4/6] Train the task classifier on the bundled corpus unless an active one loads; prints its
     cross-validated scores."""
-    from router.classify.pipeline import fold_jobs, resolve_features
+    from router.classify.pipeline import fold_jobs, resolve_features, routing_reach_text
     from router.classify.training import train_classifier_apart
     from router.classify.training_data import ClassifierError, cold_start_data
     from router.classify.version_store import load_active
@@ -230,6 +230,9 @@ def train_classifier_once(state: CliState, sessions: sessionmaker[Session]) -> N
         f"{scores['grouped']['macro_f1']:.3f} on unseen sources; keyword baseline "
         f"{scores['baseline']['macro_f1']:.3f}; routing threshold {scores['calibration']['threshold']:.2f}"
     )
+    reach = routing_reach_text(scores)
+    if reach:
+        click.echo(f"      {reach}")
 
 
 def publish_policies_and_print_report(sessions: sessionmaker[Session], run_id: int) -> None:

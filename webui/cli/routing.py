@@ -6,7 +6,7 @@ from sqlalchemy import select
 from analyzer.analysis.analysis_ref import AnalysisRef
 from analyzer.db import MAX_ID, lock_for_write
 from router import strict_json
-from router.classify.pipeline import resolve_features
+from router.classify.pipeline import resolve_features, routing_reach_text
 from webui.cli.base import ANALYSIS, CliState, cli
 
 # ---------------------------------------------------------------- task classifier
@@ -170,6 +170,9 @@ def _print_training_report(record: dict) -> None:
         + (f"; trained in {scores['training_seconds']:.0f} s" if "training_seconds" in scores else "")
     )
     _print_per_class_scores(scores)
+    reach = routing_reach_text(scores)
+    if reach:
+        click.echo(reach[0].upper() + reach[1:])
     calibration = scores["calibration"]
     click.echo(
         f"calibration ({calibration['on']} folds): temperature {calibration['temperature']:.2f}, ECE "
