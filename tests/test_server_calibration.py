@@ -1,7 +1,8 @@
 """Calibration's check that each setting's server did what its replay says, on synthetic greedy outputs and
 server runs (no server): the server's counts are compared with the replay of the history that server had, not
 with the workload's replay; a setting whose server disagrees is left out with a reason that says what to check
-(a user's server) or what went wrong (one specroute started), and the other settings go on."""
+(a user's server) or what went wrong (one specroute started), and the other settings go on. Validation compares
+the advice with the passes that measured what it predicts, apart from the work the servers served."""
 
 from __future__ import annotations
 
@@ -145,3 +146,51 @@ def test_a_plain_server_that_drafted_stops_the_analysis():
         ServerAnalysisError, match="the plain server at http://plain drafted: start it without"
     ):
         disagreeing_settings(servers, [second], started_here=False)
+
+
+def _validated(outcome: PromptOutcome, speedups: list[float]) -> None:
+    """Validation passes of ``outcome``'s only setting, served as plain greedy output, each at a given speedup:
+    the plain runs take 10 ms a step, the speculating run 10 / speedup ms."""
+    tokens = outcome.plain.completion.tokens
+    setting = outcome.settings[0]
+    history = ServerHistory(N_PREDICT, N_CTX)
+    for speedup in speedups:
+        timings = {"predicted_ms": 10.0 * (len(tokens) - 1) / speedup, "predicted_n": len(tokens)}
+        replay = setting.replay
+        if replay.draft_n:
+            timings |= {"draft_n": replay.draft_n, "draft_n_accepted": replay.draft_n_accepted}
+        served = TimedCompletion(Completion(tokens, "limit", timings, ""), 0.0)
+        _add_pass(outcome, PassRuns(outcome.plain, [served], outcome.plain), history)
+
+
+@pytest.mark.parametrize(
+    "label, advised, per_prompt",
+    [("ngram-mod 16 8-32", 1.0, 1.0), ("ngram-simple 2/4", 2 / (1 + 1 / 1.96), 1.4)],
+)
+def test_the_advice_is_compared_with_the_passes_that_measured_what_it_predicts(label, advised, per_prompt):
+    """For ngram-mod, whose table carries each pass's outputs into the next, the advice is compared with the
+    first pass alone (a second pass finds the prompt's own output in the table and runs far faster); for a
+    stateless setting with every pass. Each prompt's option row (what --json prints per prompt) carries that
+    speedup, the validation figures give the advice's aggregate apart from the work served's, and the work
+    served's aggregate is given pass by pass. Aggregates are time-weighted; a prompt's speedup over its passes is
+    their geometric mean."""
+    from analyzer.advice.option_rows import server_option_rows
+    from analyzer.analysis.server_figures import validation_figures
+    from analyzer.analysis.server_outcomes import ServerAnalysis
+    from analyzer.analysis.server_store import _setting_dict
+    from analyzer.pricing.server_cost import ServerCost
+
+    outcomes = _workload((label,), repeating=True)
+    for outcome in outcomes:
+        _validated(outcome, [1.0, 1.96])
+    cost = ServerCost(10.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0, 6, 0.02, 0.03, 6, 0.01, 0.02, False)
+    for outcome in outcomes:
+        outcome.settings[0].predicted_speedup = cost.speedup(outcome.settings[0].replay)
+    analysis = ServerAnalysis([parse_drafter(label)], outcomes, {"n-gram": cost}, N_PREDICT, 2, 1.0, 0.5, 0)
+    (figures,) = validation_figures(analysis)
+    assert figures.advice_measured == pytest.approx(advised, rel=1e-9)
+    assert [p["pass"] for p in figures.per_pass] == [1, 2]
+    assert [p["measured"] for p in figures.per_pass] == pytest.approx([1.0, 1.96])
+    assert figures.aggregate_measured == pytest.approx(2 / (1 + 1 / 1.96))  # the work served: both passes
+    rows = [{"prompt_id": 1, "task": "math", "settings": [_setting_dict(outcomes[0].settings[0], cost)]}]
+    assert server_option_rows(rows)[0].measured_speedup == pytest.approx(per_prompt, rel=1e-9)
