@@ -258,7 +258,9 @@ def test_bfloat16_analysis_end_to_end_reports_fidelity_and_honest_guarantees(cli
         and profile["dtype"] == "bfloat16"
         and profile["batch_size"] == 1
     )
-    assert profile["round_overhead_s"] >= 0 and profile["decode_overhead_s"] >= 0
+    # generate() spends time outside the forwards on every step (its Python loop, logits processing, stopping
+    # criteria): the machinery overhead the profile keeps is that time, above 0 (one that lost it clamps at 0)
+    assert profile["round_overhead_s"] > 0 and profile["decode_overhead_s"] > 0
     fidelity = report["workload"]["fidelity"]
     assert fidelity["prompts"] == 4 and fidelity["positions"] == sum(
         p["output_tokens"] for p in report["prompts"]
@@ -281,7 +283,8 @@ def test_bfloat16_analysis_end_to_end_reports_fidelity_and_honest_guarantees(cli
         )
         assert isinstance(row["replay_identical"], bool) and row["task"] in report["tasks"]
     summary = report["validation_summary"]["run"]
-    assert summary["validated"] == 3 and 0 <= summary["identical"] <= 3 and summary["passes_error_pct"] >= 0
+    assert summary["validated"] == 3 and summary["identical"] == sum(r["outputs_identical"] for r in rows)
+    assert summary["passes_error_pct"] == pytest.approx(sum(abs(r["passes_error_pct"]) for r in rows) / 3)
     assert sum(t["validated"] for t in report["validation_summary"]["tasks"].values()) == 3
     assert summary["speedup_error_pct"] == pytest.approx(
         100
@@ -561,7 +564,9 @@ def test_a_noisy_profile_is_flagged_in_the_report_and_never_reused_silently(
         "machinery overhead: other processes used 100%"
     )
     text = cli_db.invoke(cli, ["report", str(first["run_id"])]).stdout
-    assert text.startswith("Advice withheld: measured on a busy machine (")  # it leads the report
+    verdict = text.split("\n\n")[0].splitlines()  # the verdict leads the report, and says it
+    assert verdict[0].endswith("every task off: the advice is withheld") and len(verdict) <= 8
+    assert any(line.startswith("Advice withheld: measured on a busy machine (") for line in verdict)
     assert "NOISY profile (" in text and "specroute analyze ... --reprofile" in text
     published = cli_db.invoke(cli, ["policies", "publish", "--run", str(first["run_id"])])
     assert published.exit_code == 0 and "policy set v1 NOT activated. Advice withheld" in published.stderr

@@ -198,7 +198,7 @@ def test_the_report_names_the_engine_in_json_text_and_html(session, engine, db_u
         report = build_report(session, run_id)
     assert report["engine"] == "llama.cpp" and report["params"]["engine"] == "llama.cpp"
     assert {b: p["engine"] for b, p in report["cost_profiles"].items()} == {"1": "llama.cpp"}
-    assert "llama.cpp engine" in report_text(report).splitlines()[0]
+    assert "llama.cpp engine" in report_text(report).split("\n\n")[1].splitlines()[0]  # after the verdict
     app = create_app({"database_url": db_url, "ui_worker": False, "TESTING": True})
     try:
         page = app.test_client().get(f"/runs/{run_id}").get_data(as_text=True)

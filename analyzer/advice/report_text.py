@@ -8,6 +8,7 @@ import csv
 import io
 
 from analyzer.advice.report import ADVICE_WITHHELD, withheld_notes
+from analyzer.advice.verdict import run_verdict
 from analyzer.engine.engines import DEFAULT_ENGINE, pricing_entry
 
 CSV_COLUMNS = [
@@ -53,9 +54,10 @@ def _fmt(value) -> str:
 
 
 def report_text(report: dict) -> str:
-    """A plain-text summary: the recommendation in words, then the per-task table. A run whose
-    advice is withheld (a noisy cost profile) leads with that."""
-    lines = [report["advice_withheld"], ""] if report.get("advice_withheld") else []
+    """A plain-text summary: the verdict first (:mod:`analyzer.advice.verdict`: per task the decision, the
+    workload routed, off and at its best single gamma, withheld or not, the machine), then the run, its cost,
+    the per-task table, routing and validation."""
+    lines = run_verdict(report).lines() + [""]
     lines.append(_run_line(report))
     lines.extend(_cost_lines(report))
     if report.get("guarantee"):

@@ -60,7 +60,12 @@ class Verdict:
             label, value, low, high = self.best_single
             workload.append(f"the best single setting ({label}) {_speedup(value, low, high)}")
         lines.append("The workload, predicted (95% interval over prompts): " + "; ".join(workload))
-        lines.append(f"Advice withheld: {self.withheld}" if self.withheld else "Advice: not withheld")
+        withheld = self.withheld or ""
+        lines.append(
+            (withheld if withheld.startswith("Advice withheld") else f"Advice withheld: {withheld}")
+            if withheld
+            else "Advice: not withheld"
+        )
         lines.append(f"Machine: {self.machine}; {self.noise}")
         if self.left_out:
             lines.append(f"Left out: {self.left_out} (below)")
@@ -135,4 +140,40 @@ def server_verdict(record: Any) -> Verdict:
         f"{record.machine}, {record.threads} threads",
         noise_words(record.noise),
         ", ".join(counts) or None,
+    )
+
+
+def run_verdict(report: Mapping[str, Any]) -> Verdict:
+    """The verdict of a run's report (:func:`analyzer.advice.report.build_report`'s dict): each task at its
+    best gamma where it speculates, the workload routed by task, and the workload's best single gamma."""
+    tasks = tuple(
+        TaskVerdict(
+            task,
+            f"gamma {group['best_gamma']}" if group.get("speculate") and group.get("best_gamma") else None,
+            _finite(group.get("predicted_speedup")),
+            *(_finite(v) for v in (group.get("speedup_interval") or [None, None])),
+        )
+        for task, group in (report.get("tasks") or {}).items()
+    )
+    overall = (report.get("routing") or [None])[-1]
+    routed = (overall["by_task"], *overall["by_task_interval"]) if overall else None
+    workload = report.get("workload") or {}
+    best_single = None
+    if workload.get("best_gamma") and workload.get("predicted_speedup") is not None:
+        low, high = workload.get("speedup_interval") or [None, None]
+        best_single = (f"gamma {workload['best_gamma']}", workload["predicted_speedup"], low, high)
+    profile = report.get("cost_profile") or {}
+    noise = (
+        f"its cost profile {profile['quality']}"
+        if profile.get("quality")
+        else "its cost profile's noise not known"
+    )
+    return Verdict(
+        tasks,
+        routed,
+        best_single,
+        report.get("advice_withheld"),
+        f"{report.get('device') or 'device not known'}, {report.get('dtype') or 'float32'}",
+        noise,
+        None,
     )
