@@ -74,3 +74,28 @@ def test_withheld_advice_and_left_out_work_are_said_in_the_verdict(sessions):
     assert lines[1] == "  off: code, qa"
     assert "Advice withheld: the fit missed by 12%" in lines
     assert lines[-1] == "Left out: 1 setting, 1 prompt (below)" and len(lines) <= 8
+
+
+def test_the_report_page_opens_with_the_same_verdict(sessions, engine, db_url):
+    """The report page of a llama-server analysis and of a run show the verdict's lines, in order."""
+    from markupsafe import escape
+
+    from analyzer.advice.report import build_report
+    from analyzer.advice.verdict import run_verdict
+    from webui.app import create_app
+
+    with sessions() as session, session.begin():
+        run = make_done_run(session, {"code": 0.8, "qa": 0.3}, per_task=3)
+        record = make_server_analysis(session, run.prompt_set, {"code": "copy"})
+        server_lines = server_verdict(record).lines()
+        run_lines = run_verdict(build_report(session, run.id)).lines()
+        pages = {f"/llama-server/{record.id}": server_lines, f"/runs/{run.id}": run_lines}
+    app = create_app({"database_url": db_url, "ui_worker": False, "TESTING": True})
+    try:
+        client = app.test_client()
+        for path, lines in pages.items():
+            page = client.get(path).get_data(as_text=True)
+            verdict = page.split('id="verdict"')[1].split("</section>")[0]
+            assert re.findall(r"<p[^>]*>(.*?)</p>", verdict) == [str(escape(line)) for line in lines]
+    finally:
+        app.extensions["specroute.close"]()

@@ -19,6 +19,7 @@ from analyzer.advice.report import build_report
 from analyzer.advice.report_text import recommendation, report_csv
 from analyzer.advice.summary import UNLABELLED
 from analyzer.advice.summary_store import run_summary
+from analyzer.advice.verdict import run_verdict
 from analyzer.analysis.analysis_ref import RUN, AnalysisRef
 from analyzer.analysis.chunks import chunk_progress, requeue_run
 from analyzer.analysis.repricing import price_comparison
@@ -347,6 +348,7 @@ def run(run_id: int):
         report=report,
         run=row,
         verdict=recommendation(report),
+        verdict_lines=run_verdict(report).lines(),
         rarely=rarely,
         classifier_version=classifier_version,
         comparison=comparison,
