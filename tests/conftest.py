@@ -28,8 +28,8 @@ from tests.stop_on_sigterm import pytest_configure  # noqa: F401  (a run stopped
 
 # Keep the bytecode of what the tests import, pytest's assertion-rewritten test modules included, even where
 # the environment sets PYTHONDONTWRITEBYTECODE (this machine's does): each pytest process, each xdist worker and
-# the pytest runs some tests start otherwise rewrote and compiled all 77 test modules anew, 6 s of collection
-# each (17.5 s -> 11.4 s; benchmarks/RESULTS.md, session 28). The files land in __pycache__ (git ignores them).
+# the pytest runs some tests start would otherwise rewrite and compile every test module anew, seconds of
+# collection each (benchmarks/RESULTS.md). The files land in __pycache__ (git ignores them).
 sys.dont_write_bytecode = False
 
 
@@ -40,6 +40,9 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROUTE_DATA_DIR", str(tmp_path / "data"))
     # and its own build cache: a test finds llama-server only where it puts it (or names it)
     monkeypatch.setenv("SPECROUTE_BUILD_CACHE", str(tmp_path / "build-cache"))
+    # classifiers trained in tests use TF-IDF features unless a test asks for the encoder: the default (auto:
+    # the encoder where installed) is tested on its own, and embedding the corpus would slow every training
+    monkeypatch.setenv("SPECROUTE_CLASSIFIER_FEATURES", "tfidf")
     # the teacher's suggestions on import take seconds; tests/test_adapt.py turns them on where it tests them
     monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "false")
     # tests that fake a busy machine must not wait minutes for it to quiet down (tests of the wait set it)
@@ -219,7 +222,7 @@ def _cold_start_classifier(tmp_path_factory) -> tuple[dict, str]:
     from webui.cli.demo_steps import train_classifier_once, upgrade_database
 
     path = tmp_path_factory.mktemp("cold-start") / "specroute.db"
-    state = CliState(Settings(database_url=f"sqlite:///{path}"))
+    state = CliState(Settings(database_url=f"sqlite:///{path}", classifier_features="tfidf"))
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):

