@@ -228,7 +228,7 @@ def cost_from_profile(profile: CostProfile, draft_kind: str, *, with_context: bo
     workload of short and long prompts (33 prompts, 39-2,156 tokens, the embedded SmolLM2 with prompt
     lookup on a 2-core Xeon, ``benchmarks/transformers_transfer.py --workload mixed``) each k's own
     slope (:func:`analyzer.measuring.cost.with_context_slopes`) missed the measured aggregate by
-    0.5 / 2.2 / 3.1% at gamma 1, 3, 6, against 4.6 / 4.8 / 5.6% priced at one context (benchmarks/RESULTS.md).
+    0.5 / 2.2 / 3.1% at gamma 1, 3, 6, against 4.6 / 4.8 / 5.6% priced at one context (benchmarks/README.md).
     ``with_context=False``: at the profiled context alone (that comparison's baseline)."""
     tokens = max(profile.context_tokens, 1)
     return Cost(

@@ -26,7 +26,7 @@ The parts are laid out by concept: server_outcomes.py (the prompts, runs and out
 errors), server_generation.py (the servers and the plain generation), server_replay.py (the drafting rules
 replayed), server_passes.py (the passes through the servers, validation's included) and server_calibration.py
 (the choice, the noise and the fit); this module runs them in order (:func:`analyze_in_llama_server`).
-The analysis' errors and ``served_replay`` (which benchmarks/RESULTS.md names here) are importable from here too,
+The analysis' errors and ``served_replay`` (which benchmarks/README.md names here) are importable from here too,
 as are the classes of :class:`ServerAnalysis` that benchmarks/results/cost_transfer_*.pickle name here (pickle
 finds a class by the module it was saved from), so that ``benchmarks/cost_transfer.py --reprice`` still loads
 them.

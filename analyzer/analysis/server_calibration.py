@@ -15,8 +15,8 @@ from analyzer.analysis.server_outcomes import (
     Progress,
     PromptOutcome,
     ServerAnalysisError,
-    SettingOutcome,
-    Trial,
+    replay_counts,
+    served_counts,
 )
 from analyzer.analysis.server_passes import PassLog, ServerHistory
 from analyzer.engine.llama_server_process import Server
@@ -194,7 +194,7 @@ def disagreeing_settings(
             continue
         drafter = settings[0].drafter
         pairs = [
-            (_served_counts(t), _replayed_counts(s, t))
+            (served_counts(t.measured), replay_counts(s.trial_replay(t)))
             for s in settings
             for t in s.trials[:1]
             if s.replayed_as_served(t)
@@ -222,16 +222,6 @@ def disagreeing_settings(
             )
         left_out[drafter.label] = f"{found}; {advice}"
     return left_out
-
-
-def _served_counts(trial: Trial) -> tuple[int, int]:
-    timings = trial.measured.completion.timings
-    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
-
-
-def _replayed_counts(setting: SettingOutcome, trial: Trial) -> tuple[int, int]:
-    replay = setting.trial_replay(trial)
-    return replay.draft_n, replay.draft_n_accepted
 
 
 def _leave_out(servers: list[Server], outcomes: Sequence[PromptOutcome], left_out: dict[str, str]) -> None:

@@ -182,20 +182,21 @@ class SettingOutcome:
         served = [t for t in self.trials if self.replayed_as_served(t)]
         if not served:
             return None
-        return all(_counts(t.measured) == _counts_of(self.trial_replay(t)) for t in served)
+        return all(served_counts(t.measured) == replay_counts(self.trial_replay(t)) for t in served)
 
 
 def _geometric_speedup(trials: Sequence[Trial]) -> float | None:
     return float(np.exp(np.mean([np.log(t.speedup) for t in trials]))) if trials else None
 
 
-def _counts(run: TimedCompletion) -> tuple[int, int]:
+def served_counts(run: TimedCompletion) -> tuple[int, int]:
     """A server run's (draft_n, draft_n_accepted): a server that drafted nothing leaves both out of timings."""
     timings = run.completion.timings
     return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
 
 
-def _counts_of(replay: ServerReplay) -> tuple[int, int]:
+def replay_counts(replay: ServerReplay) -> tuple[int, int]:
+    """A replay's (draft_n, draft_n_accepted), as a server's timings would give them."""
     return replay.draft_n, replay.draft_n_accepted
 
 

@@ -35,7 +35,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the pinned version of pyproject.toml's ll
 BINARY = "llama-server"
 BUILD_COMMAND = "specroute llama-server build"
 # the README's build: for any x86-64 CPU of the last ten years, not the build machine's own (a native
-# build on a CPU with AMX crashed in llama.cpp's AMX kernels; benchmarks/RESULTS.md)
+# build on a CPU with AMX crashed in llama.cpp's AMX kernels; benchmarks/README.md)
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=OFF",

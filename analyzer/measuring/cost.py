@@ -70,7 +70,7 @@ def calibrated_to_generate(
     The profile times each k's forward in turn over one cache (k = 1..k_max interleaved, so that drift hits
     every k alike); generation runs the same shapes back to back. On a 2-core Xeon with SmolLM2-135M the
     plain step inside ``generate()`` took 0.956 of the timed T_t(1) and a gamma-6 round's 7-token forward
-    1.00 of T_t(7) (8 prompts, 64 tokens; benchmarks/RESULTS.md), so plain decoding was priced 4.5% dear
+    1.00 of T_t(7) (8 prompts, 64 tokens; benchmarks/README.md), so plain decoding was priced 4.5% dear
     against speculation and gamma 6 was over-predicted by 3.6-4.5%. ``forward_s`` are those forwards'
     medians by k (:attr:`analyzer.engine.overhead.MachineryOverhead.forward_s`), taken over a cache of
     about ``context_tokens`` (the timed T_t(k) is moved there along the profile's slopes first). Each k seen

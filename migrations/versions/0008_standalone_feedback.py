@@ -37,7 +37,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # route_ids of this revision do not fit the old column (nor mean anything to the old code)
+    # route_ids longer than 36 characters do not fit revision 0007's column (nor mean anything to its code)
     op.execute("DELETE FROM route_decisions WHERE length(route_id) > 36")
     op.execute("UPDATE feedback_events SET route_id = NULL WHERE length(route_id) > 36")
     with op.batch_alter_table("task_estimates", schema=None) as batch_op:

@@ -1,7 +1,7 @@
 """A cost profile keeps how its T_t(k) were scaled to the target's own forwards in real generation
 (``generate_ratio``: for each k seen there, their median over the timed T_t(k) at the same context). Timed one
 k after another, the plain step came out 4.5% dearer than inside ``generate()`` on a 2-core Xeon, which
-over-predicted gamma 6 by 3.6-4.5% (benchmarks/RESULTS.md).
+over-predicted gamma 6 by 3.6-4.5% (benchmarks/README.md).
 
 Existing rows keep NULL: their T_t(k) were timed alone, as before.
 

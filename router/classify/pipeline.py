@@ -18,7 +18,7 @@ from router.classify.training_data import ClassifierError
 
 FEATURE_SETS = ("tfidf", "minilm", "tfidf+minilm")
 # The logistic regression's inverse regularisation strength per feature set, chosen by
-# leave-one-source-out macro-F1 on the bundled corpus (benchmarks/bench_classifier.py; RESULTS.md).
+# leave-one-source-out macro-F1 on the bundled corpus (benchmarks/bench_classifier.py; benchmarks/README.md).
 DEFAULT_C = {"tfidf": 1.0, "minilm": 5.0, "tfidf+minilm": 20.0}
 
 

@@ -27,13 +27,13 @@ from router.classify.evaluation import USER_GROUP, source_group
 CORPUS_FILE = "corpus.jsonl"
 MIN_PER_LABEL = 2
 # Pseudo-labels below this teacher confidence are not trained on; the others are weighted by it. Chosen
-# by leave-one-source-out macro-F1 after adapting (benchmarks/bench_adapt.py, RESULTS.md: bars 0.1 /
+# by leave-one-source-out macro-F1 after adapting (benchmarks/bench_adapt.py, benchmarks/README.md: bars 0.1 /
 # 0.2 / 0.3 / 0.5 gave 0.653 / 0.619 / 0.486 / 0.287): the teacher's spread probabilities are spread
 # over 13 tasks, so even its right labels are often below 0.5, and weighting already discounts doubt.
 DEFAULT_PSEUDO_CONFIDENCE = 0.1
 # An adapted version is not activated with fewer than MIN_CONFIDENT_PSEUDO_LABELS pseudo-labels at teacher
 # confidence CONFIDENT_PSEUDO_LABEL or more: too few to learn from. From 0.3 the teacher is mostly right
-# (RESULTS.md: 0.2-0.3 54% right, 0.3-0.4 76%); below it, pseudo-labels are nearly a coin toss.
+# (benchmarks/README.md: 0.2-0.3 54% right, 0.3-0.4 76%); below it, pseudo-labels are nearly a coin toss.
 CONFIDENT_PSEUDO_LABEL = 0.3
 MIN_CONFIDENT_PSEUDO_LABELS = 10
 
