@@ -1,6 +1,6 @@
 """Untrusted JSON in: the one parser for every JSON document a user sends (API bodies, cost files).
 
-``json.loads`` accepts four things specroute cannot use and that used to surface as server errors
+``json.loads`` accepts four things specroute cannot use and that would surface as server errors
 further in: arrays or objects nested past the interpreter's recursion limit (a ``RecursionError``), lone
 UTF-16 surrogates from a ``\\ud800`` escape (a ``str`` that no UTF-8 or UTF-32 encoder, and no database,
 takes), the same key twice in one object (which of the two values counts is left to the parser), and

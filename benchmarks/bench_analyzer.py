@@ -287,6 +287,9 @@ def main() -> None:
             )
         )
     print_table(results, vars(args), peak_mib)
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 def run_real_pair(prompts: list, args) -> dict:

@@ -1,13 +1,14 @@
 """Do chat-form requests reach their task's policy as often as the same text sent as ``prompt``?
 
-Issue 25, point 1: the classifier used to read a chat request as "role: content" lines, so a single user
-message ("user: Translate into German: ...") was classified differently from the same text as
-``prompt``. It now reads :func:`analyzer.prompts.prompt_checks.request_text` (the contents without role
-prefixes, system messages apart). This measures, on sources the classifier never saw (the bundled
+The classifier reads a chat request through :func:`analyzer.prompts.prompt_checks.request_text` (the
+contents without role prefixes, system messages apart, rows "now"); the reading it is compared with, rows
+"before", is :func:`analyzer.prompts.prompt_checks.prompt_text`'s "role: content" lines, which make a single
+user message ("user: Translate into German: ...") a different text from the same words sent as ``prompt``.
+This measures, on sources the classifier never saw (the bundled
 corpus's leave-one-source-out folds stand in for hidden sources: each source is predicted by a serving
 classifier trained on the others), the share of prompts that reach their own task's policy (predicted
-task right, calibrated confidence at or above the routing threshold), for each request form, as the
-classifier read it before and as it reads it now. The threshold and temperature are the ones training
+task right, calibrated confidence at or above the routing threshold), for each request form, under each
+of the two readings. The threshold and temperature are the ones training
 chooses from the same out-of-fold decision values of the ``prompt`` form.
 
     python benchmarks/bench_chat_form.py [--out benchmarks/results/chat_form.json]
@@ -41,7 +42,8 @@ def _with_system(text: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
 
-# what the classifier read for each request form: before (prompt_text: "role: content" lines) and now
+# what the classifier reads for each request form: "before" (prompt_text: "role: content" lines) and "now"
+# (request_text, the classifier's own reading)
 FORMS = {
     "prompt": lambda text: text,
     "one user message, before": lambda text: prompt_text(messages=_user(text)),

@@ -48,8 +48,8 @@ def parse_option(option: str) -> tuple[str, float]:
 
 
 def before(data, seed: int) -> dict:
-    """The classifier as it was before this change, on the same leave-one-source-out folds and the
-    same scored prompts as the others: TF-IDF with C = 20, trained on the dev.jsonl rows only (each
+    """The baseline classifier, on the same leave-one-source-out folds and the same scored prompts as the
+    others: TF-IDF with C = 20, trained on the dev.jsonl rows only (each
     fold's training rows restricted to them; the held-out source's prompts scored whole)."""
     labels = sorted(set(data.labels))
     folds = grouped_folds(data.groups)
@@ -173,6 +173,9 @@ def main() -> None:
                 indent=1,
             )
         )
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 def print_tables(results: dict, timing: dict, corpus: dict) -> None:

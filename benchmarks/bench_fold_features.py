@@ -1,6 +1,6 @@
-"""The task classifier's cross-validation with each fold's whole pipeline fitted (before session 28) and with
-every prompt's terms counted once for all folds (now, router/classify/fold_features.py): the time of every fold
-a training fits, and whether the two give the same out-of-fold values.
+"""The task classifier's cross-validation with each fold's whole pipeline fitted (the baseline) and with every
+prompt's terms counted once for all folds (what training does, router/classify/fold_features.py): the time of every
+fold a training fits, and whether the two give the same out-of-fold values.
 
 On the bundled corpus (router/data/corpus.jsonl), the folds ``specroute train`` fits: 5 stratified and one per
 source (leave one source out), each through ``router.classify.evaluation.out_of_fold`` with the training's

@@ -1,7 +1,8 @@
-"""Reading a GGUF file's metadata with gguf's own ``GGUFReader`` (before session 31) and with
-``analyzer.models.gguf_fields.QuickGGUFReader`` (now), and what it does to a first load: the Hugging Face
-tokenizer of the GGUF file (``analyzer.engine.llamacpp_engine.load_tokenizer``, the llama.cpp engine's) and the
-transformers model dequantized from it (``analyzer.models.loading.load_model``, each into a new cache folder).
+"""Reading a GGUF file's metadata with gguf's own ``GGUFReader`` (the baseline, "before" in the table) and
+with ``analyzer.models.gguf_fields.QuickGGUFReader`` (what specroute reads with, "now"), and what it does to a first
+load: the Hugging Face tokenizer of the GGUF file (``analyzer.engine.llamacpp_engine.load_tokenizer``, the llama.cpp
+engine's) and the transformers model dequantized from it (``analyzer.models.loading.load_model``, each into a new
+cache folder).
 Interleaved, the median of ``--repeats`` runs each, in this process (libraries imported before timing).
 
     python benchmarks/bench_gguf_read.py --repeats 5

@@ -1,5 +1,5 @@
 """The task classifier's cross-validation with its logistic regression fitted in double precision (scikit-learn's
-LogisticRegression on the float64 features, before session 30) and in single precision (now:
+LogisticRegression on the float64 features, the baseline) and in single precision (what training fits:
 ``router.classify.pipeline.SinglePrecisionLogisticRegression``, a float32 copy of the features, the coefficients
 kept as float64): the time of every fold a training fits, and whether the two give the same classifier.
 

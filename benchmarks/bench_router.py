@@ -555,6 +555,9 @@ def main() -> None:
             )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 if __name__ == "__main__":

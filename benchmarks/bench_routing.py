@@ -257,6 +257,9 @@ def main() -> None:
     if args.engine == "llama.cpp":
         rows = run_llamacpp_modes(url, target_spec, held_out, workload_gamma, args)
         summarize_llamacpp(rows, workload_gamma, args)
+        from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+        write_readme()
         return
     port = free_port()
     env = {
@@ -346,6 +349,9 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=30)
     summarize(rows, workload_gamma, args)
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 def summarize(rows: list[dict], workload_gamma: int, args) -> None:

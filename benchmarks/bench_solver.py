@@ -1,5 +1,6 @@
-"""The task classifier's cross-validation with L-BFGS (the solver before session 26) and Newton-CG
-(now): the time of every fold a training fits, and whether the two give the same classifier.
+"""The task classifier's cross-validation with L-BFGS (scikit-learn's default solver, the baseline) and
+Newton-CG (the solver training uses): the time of every fold a training fits, and whether the two give the same
+classifier.
 
 On the bundled corpus (router/data/corpus.jsonl), the folds ``specroute train`` fits: 5 stratified and
 one per source (leave one source out), each through ``router.classify.evaluation.out_of_fold`` with

@@ -1,11 +1,11 @@
 """What the run-to-router contract produces, as one canonical JSON document, so that two versions of
-the code can be compared (issue 23: "behaviour stays the same"): simulated analysis runs (real walk,
+the code can be compared (a change meant to keep the behaviour must leave it equal): simulated analysis runs (real walk,
 fixed cost profiles, several batch sizes and acceptance rates), their published policy sets
 (``policy_set_dict``, timestamps and versions dropped) and the router's decision for a grid of requests
 per task (task, speculate, gamma, expected speedup to 6 digits), before and after feedback events.
 
     python benchmarks/contract_snapshot.py > after.json
-    PYTHONPATH=<checkout of the old code> python benchmarks/contract_snapshot.py > before.json
+    PYTHONPATH=<checkout of the other version> python benchmarks/contract_snapshot.py > before.json
     diff before.json after.json
 
 Only stable entry points are used (create_simulated_run, publish_policies, policy_set_dict,
@@ -21,14 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-if "PYTHONPATH" not in os.environ:  # else: the checkout PYTHONPATH names (the old code, to compare)
+if "PYTHONPATH" not in os.environ:  # else: the checkout PYTHONPATH names (the version to compare)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import migrations  # noqa: E402
 
 try:
     from analyzer.analysis.simulated_run import create_simulated_run  # noqa: E402
-except ImportError:  # the code before analyzer/ was split into subpackages (issue 32)
+except ImportError:  # a checkout whose analyzer/ has no subpackages
     from analyzer.simulated_run import create_simulated_run  # type: ignore[no-redef]  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from router.decide.decision import RouteRequest, router_from_database  # noqa: E402

@@ -1,7 +1,6 @@
 """The cost modes side by side, for benchmarks/gpu_check.py: one prompt validated cold and warm in
 each mode (eager ``generate()`` and the cuda-graphs harness), and one analysis's eager and
-cuda-graphs profiles, decisions and validations printed next to each other, with markdown tables
-for benchmarks/RESULTS.md.
+cuda-graphs profiles, decisions and validations printed next to each other, with markdown tables.
 
 "Cold" is the first timed run of its kind after the models are loaded, without an untimed run first
 (the cuda-graphs one includes capturing its graphs); "warm" is what the analyzer does on a GPU: one

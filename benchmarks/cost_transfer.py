@@ -1,8 +1,8 @@
-"""Does the advice hold on prompts the project does not ship (issue 42)? An analysis in llama-server of a
+"""Does the advice hold on prompts the project does not ship? An analysis in llama-server of a
 workload from sources the bundled corpus does not contain, validated through the servers, priced twice from
 the same measurements:
 
-- **before**: the cost model the analysis had until issue 42: the first 6 prompts in set order calibrate, the
+- **before** (a simpler baseline): the first 6 prompts in set order calibrate, the
   plain step is their median time per step, and the rounds are a non-negative least squares over (rounds,
   drafted, accepted) with no context term and no bound on what an accepted token costs;
 - **after**: the analysis' own model: calibration prompts chosen to span context lengths and draft rates, a
@@ -141,7 +141,7 @@ def long_prompts() -> list[ServerPrompt]:
 
 
 def legacy_price(analysis: ServerAnalysis) -> tuple[Price, dict[str, float], set[str]]:
-    """The cost model before issue 42, fitted on the first LEGACY_CALIBRATION prompts' first passes (n-gram
+    """The baseline cost model ("before"), fitted on the first LEGACY_CALIBRATION prompts' first passes (n-gram
     family): its price, its fit and the prompts it calibrated on."""
     first = analysis.prompts[:LEGACY_CALIBRATION]
     per_step = [
@@ -500,6 +500,9 @@ def main() -> None:
         )
     )
     print(f"wrote {out}")
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ each worker writes its own file (the worker's name appended).
     python -m pytest -q -p benchmarks.cpu_per_test -m "slow and not parallel"
     CPU_PER_TEST_OUT=/tmp/par.txt python -m pytest -q -n 2 -p benchmarks.cpu_per_test -m "not slow or parallel"
 
-Session 28 used it to find that the suite is bound by CPU, not by waiting: benchmarks/RESULTS.md.
+It shows whether the suite is bound by CPU or by waiting; the suite's times are in benchmarks/README.md,
+"The build and the test suite".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Do the profile's timed T_t(k) match the target's forwards inside real ``generate()``? (issue 42: gamma 6
-over-predicted by 3.6-4.5% in transformers.) For each prompt (the unseen workload's first of each task), the
-embedded SmolLM2 runs plain greedy and prompt-lookup assisted generation at gamma 1, 4 and 6 for 64 tokens
+"""Do the profile's timed T_t(k) match the target's forwards inside real ``generate()``? (Where they do not,
+a gamma's predicted speedup in transformers is off by as much.) For each prompt (the unseen workload's first of each
+task), the embedded SmolLM2 runs plain greedy and prompt-lookup assisted generation at gamma 1, 4 and 6 for 64 tokens
 (EOS ignored), every target forward timed by the tokens it verified (k), against T_t(k) timed as the profile
 times it (:func:`analyzer.measuring.cost.time_target_forwards`, k = 1..8 interleaved, over the prompt plus
 half the new tokens). Prints per prompt and gamma the rounds, the ratio of the real forwards' sum to the

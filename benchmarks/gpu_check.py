@@ -22,7 +22,7 @@ run after loading, no untimed run first) and warm (the analyzer's way) in each m
 T_t(k)/T_t(1) for k = 1..9, draft step, machinery overheads), the workload's best gamma and S(g*) per
 batch size, replay fidelity, validation (predicted vs measured speedup, target passes vs replayed
 rounds, identical outputs) and the report's guarantee sentence; per pair, the two modes side by side;
-then markdown tables for benchmarks/RESULTS.md, and writes everything as JSON to ``--out``.
+then markdown tables, and writes everything as JSON to ``--out``.
 
     python benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
 

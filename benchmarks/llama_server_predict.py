@@ -1,4 +1,4 @@
-"""Predicted against measured through llama-server (issue 33, point 6): an analysis in llama-server of the
+"""Predicted against measured through llama-server: an analysis in llama-server of the
 bundled sample prompts with the embedded SmolLM2-135M-Instruct Q4_1, for several n-gram drafter settings,
 validated through the servers themselves.
 
@@ -217,6 +217,9 @@ def main() -> None:
         )
     )
     print(f"wrote {out}")
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 if __name__ == "__main__":

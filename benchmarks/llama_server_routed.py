@@ -1,4 +1,4 @@
-"""Routed through specroute against every static choice, end to end in llama-server (issue 33, points 4 to 6).
+"""Routed through specroute against every static choice, end to end in llama-server.
 
 A user's path: analyze a labelled sample in llama-server (`analyze_in_llama_server`, no validation), publish
 the policy set (a drafter setting per task), train the task classifier on the user's other labelled prompts,
@@ -263,6 +263,9 @@ def main() -> None:
         k: v / 1000 for k, v in totals.items()}, "per_task_s": per_task, "chosen": chosen,
         "classified_right": right, "held_out": len(held)}, indent=1))  # fmt: skip
     print(f"\nwrote {out}")
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 if __name__ == "__main__":

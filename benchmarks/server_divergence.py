@@ -1,5 +1,5 @@
 """How often a speculating llama-server's greedy output leaves plain greedy's, and with which flash-attention
-setting (issue 42: what is guaranteed where outputs diverge).
+setting: what is guaranteed where outputs diverge.
 
 For each ``-fa`` value, one plain server and one ``ngram-simple 2/4`` server (both otherwise as the analysis
 starts them: one slot, the given threads, context 4096) complete the same prompts of ``cost_transfer.py``'s

@@ -1,4 +1,4 @@
-"""Feedback from live llama-server pools moving a task between the pools of its policy set (issue 43, point 3).
+"""Feedback from live llama-server pools moving a task between the pools of its policy set.
 
 From a stored llama-server analysis (the demo's, in ``--data-dir``), publish its policy set, start its pools as
 ``specroute pools start`` does, and send one task's traffic through the router in process: each request is

@@ -1,5 +1,5 @@
 """transformers' assisted generation as people run it, on a finished transformers run with a draft model
-(issue 34, point 5): for each of the run's prompts, real greedy decoding, real assisted generation under
+: for each of the run's prompts, real greedy decoding, real assisted generation under
 transformers' defaults (20 assistant tokens, "constant", confidence threshold 0.4 moved by its ROC rule)
 and under the fixed gamma the report chose for the prompt's task, interleaved, median of --repeats. It
 compares
@@ -195,6 +195,9 @@ def report(
             json.dumps({"threads": threads, "repeats": repeats, "tasks": lines, "prompts": rows}, indent=1)
         )
         print(f"wrote {out}")
+        from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+        write_readme()
 
 
 if __name__ == "__main__":

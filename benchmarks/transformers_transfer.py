@@ -1,12 +1,11 @@
-"""Does the advice hold in transformers on prompts the project does not ship (issue 42, point 4)? One
+"""Does the advice hold in transformers on prompts the project does not ship? One
 analysis of a workload from sources the bundled corpus does not contain (`specroute analyze`'s own pipeline:
 the embedded SmolLM2-135M-Instruct with prompt lookup, in transformers, on this CPU), then every prompt
 validated at several gammas with the product's own validation (plain greedy and assisted generation, two
 runs each, alternated), priced twice from the same analysis:
 
 - **before**: its cost profile at one context (the median prompt's), every prompt priced alike
-  (:func:`analyzer.advice.summary.cost_from_profile` with ``with_context=False``), as runs were priced until
-  session 19;
+  (:func:`analyzer.advice.summary.cost_from_profile` with ``with_context=False``), the baseline;
 - **after**: the same profile with its context slopes (measured again over the longest request's context),
   each prompt priced at its own mean context, as runs are priced.
 
@@ -268,6 +267,9 @@ def main() -> None:
         )
     )
     print(f"wrote {out}")
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    write_readme()
 
 
 if __name__ == "__main__":

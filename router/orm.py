@@ -125,7 +125,7 @@ class TaskPolicy(Base):
     setting: Mapped[Optional[str]] = mapped_column(String(64))
     # its curve over its analysis' options (analyzer/pricing/option_curve.py OptionCurve.as_dict): a llama-server
     # analysis' settings (the prior feedback moves), or a run's gammas (router/policies/policy.py
-    # gamma_option_curve; the router adapts its speedup_curve); None: a set stored before revision 0026
+    # gamma_option_curve; the router adapts its speedup_curve); None: a run's set stored without one
     option_curve: Mapped[Optional[dict[str, Any]]] = mapped_column()
 
     policy_set: Mapped[PolicySet] = relationship(back_populates="policies")

@@ -1,4 +1,4 @@
-"""What issue 32 measures of the code's architecture, for any checkout (the "before" and "after" of
+"""Measures of the code's architecture, for any checkout (two checkouts compared side by side in
 benchmarks/RESULTS.md): engine- or cost-mode-name comparisons outside the engines' own modules (the scan
 of tests/test_engine_registry.py), import cycles with imports inside functions counted (the scan of
 tests/test_import_cycles.py), product functions over 60 lines, modules per package, and the files mypy

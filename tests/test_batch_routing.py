@@ -13,7 +13,7 @@ from analyzer.pricing.speedup import best_gamma
 from router.decide.adaptation import TaskState
 from router.decide.decision import Router, RouterConfig, router_from_database
 from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot, publish_policies
-from tests.factories import COST_CURVE, make_done_run
+from tests.factories import make_done_run
 
 FLAT_16 = [0.100 * (1 + 0.02 * (k - 1)) for k in range(1, 10)]  # T(k, 16): a GPU-like batch
 STEEP_16 = [0.100 * k for k in range(1, 10)]  # T(k, 16): every verified token costs a full step
@@ -44,7 +44,8 @@ def test_the_policy_curve_interpolates_linearly_between_measured_sizes_and_not_o
 def test_published_policies_carry_one_curve_per_profiled_batch_size(session):
     _, curves = _router(session, {16: FLAT_16})
     assert set(curves) == {"1", "16"} and len(curves["1"]) == len(curves["16"]) == 8
-    # the flat batch-16 cost makes every gamma cheaper to verify than on the CPU-like batch-1 curve
+    # the flat batch-16 cost makes every gamma cheaper to verify than on the CPU-like batch-1 curve (the simulated
+    # run's, where verifying 3 tokens costs 1.75 steps): a larger g* there
     assert best_gamma(curves["16"])[0] > best_gamma(curves["1"])[0]
 
 
@@ -136,11 +137,6 @@ def test_the_batch_curve_follows_the_online_alpha_after_feedback():
     ]
     better = recovered.route("x", batch_size=16)
     assert (better.speculate, better.gamma) == (True, 4) and better.expected_speedup == pytest.approx(max(up))
-
-
-def test_cost_curve_of_the_factory_is_cpu_like():
-    # the batch-1 curve the tests above compare against: verifying 3 tokens costs 1.75x a step
-    assert COST_CURVE[2] / COST_CURVE[0] == pytest.approx(1.75)
 
 
 def test_the_batch_rule_also_needs_the_published_lower_end_above_break_even():

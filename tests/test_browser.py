@@ -200,7 +200,7 @@ def test_the_ui_end_to_end_in_chromium(browser, site):
         and "general 1" not in browser.find_element(By.TAG_NAME, "main").text
     )
 
-    # issue 35, point 8e: the classifier form's training-data choices read one under the other
+    # the classifier form's training-data choices read one under the other
     browser.get(base + "/classifier")
     tops = [
         e.location["y"]
@@ -388,7 +388,7 @@ MIXED_PROMPTS = [
 def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium(
     browser, site, db_url, monkeypatch
 ):
-    """Issue 25, point 4: the report's headline, first on the page, says the advice is withheld; the
+    """The report's headline, first on the page, says the advice is withheld; the
     policies page publishes the run without activating it and says why."""
     import itertools
 
@@ -414,7 +414,7 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
     )
     browser.get(f"{base}/runs/{run_id}")
     headline = browser.find_element(By.ID, "advice-withheld")
-    # issue 35, point 8f: a short bold headline, then what was seen as a list
+    # a short bold headline, then what was seen as a list
     assert headline.is_displayed() and headline.text == "Advice withheld: measured on a busy machine."
     assert int(headline.value_of_css_property("font-weight")) >= 600
     assert headline.location["y"] < 400  # above the fold: the first thing the report says
@@ -444,7 +444,7 @@ def test_a_run_measured_on_a_busy_machine_leads_with_advice_withheld_in_chromium
 def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_chromium(
     browser, site, db_url
 ):
-    """Issue 22, point 3: the report prices the run's acceptance on every stored profile of its pair,
+    """The report prices the run's acceptance on every stored profile of its pair,
     side by side, and one click re-prices it with an engine's imported step times: another g* and
     another decision, without measuring again."""
     from selenium.webdriver.common.by import By
@@ -472,7 +472,7 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     imported = runner.invoke(cli, ["costs", "import", str(costs), "--for-run", "1"], env=env)
     assert imported.exit_code == 0, imported.output
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    # issue 35, point 8d: the cost profiles table (long model paths, device strings) fits a 1280 px window
+    # the cost profiles table (long model paths, device strings) fits a 1280 px window
     browser.get(f"{base}/costs")
     overflow = browser.execute_script(
         "const t = document.getElementById('cost-profiles').getBoundingClientRect();"
@@ -508,7 +508,7 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
 def test_a_run_priced_in_the_cuda_graphs_mode_says_so_beside_the_eager_price_in_chromium(
     browser, site, db_url, monkeypatch
 ):
-    """Issue 22, point 2: the report says which cost mode priced the advice, and prices the same
+    """The report says which cost mode priced the advice, and prices the same
     acceptance on the other mode's profile side by side. The cuda-graphs steps run uncaptured here (a
     CPU); on a GPU they are replayed CUDA graphs."""
     from selenium.webdriver.common.by import By

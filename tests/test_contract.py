@@ -1,4 +1,4 @@
-"""The API's typed contract (issue 44, point 1): the bodies are pydantic models validated once in strict
+"""The API's typed contract: the bodies are pydantic models validated once in strict
 mode, the feedback body is a discriminated union over the engines' sections, the OpenAPI document is
 generated from the models, and every refusal names the field with what the schema accepts there."""
 

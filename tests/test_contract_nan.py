@@ -1,7 +1,7 @@
-"""Regression (issue 23): a policy set from a run with any gamma_max routes, over real HTTP, with
-finite numbers only. A run analysed up to gamma 24 once made the router answer ``expected_speedup:
-NaN`` (its online estimate priced gamma 24 on a curve cut at a fixed 16) and cap gamma at 16 after
-the first feedback event. No response may contain NaN or Infinity, which are not JSON."""
+"""A policy set from a run with any gamma_max routes, over real HTTP, with finite numbers only: a run
+analysed up to gamma 24 gets an online estimate priced over its whole curve (gamma 24 on a curve that
+reaches 24, so ``expected_speedup`` is a number), and feedback may move gamma above 16. No response may
+contain NaN or Infinity, which are not JSON."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_a_policy_at_gamma_24_routes_with_a_finite_speedup_and_keeps_its_gamma_a
     assert first["speculate"] and first["gamma"] > 16  # the analysis chose beyond 16
     assert 1.0 < first["expected_speedup"] < 100
     assert policies["active"]["gamma_max"] == 24
-    assert after["speculate"] and after["gamma"] > 16  # feedback no longer caps gamma at 16
+    assert after["speculate"] and after["gamma"] > 16  # feedback does not cap gamma at 16
     assert 1.0 < after["expected_speedup"] < 100
 
 

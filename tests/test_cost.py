@@ -428,7 +428,7 @@ def test_a_load_that_goes_on_stops_the_overhead_after_its_first_attempt(monkeypa
     )
 
 
-# ------------------------------------------------------------------ implausible ratios (issue 25, point 4)
+# ------------------------------------------------------------------ implausible ratios
 
 
 def test_a_ratio_below_one_that_persists_makes_the_profile_noisy(target, clock):
@@ -551,7 +551,7 @@ def test_a_quiet_machine_an_unreadable_one_or_no_bound_are_not_waited_for():
     assert unknown.quiet and unknown.others_cpu is None and slept == []
 
 
-# ------------------------------------------------------------------ neighbouring batch sizes (issue 22, point 1)
+# ------------------------------------------------------------------ neighbouring batch sizes
 
 
 class ScriptedModels:

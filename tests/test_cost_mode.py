@@ -1,8 +1,8 @@
-"""The cost mode (issue 22, point 2): ``--cost-mode eager|cuda-graphs``, the SPECROUTE_COST_MODE setting
+"""The cost mode: ``--cost-mode eager|cuda-graphs``, the SPECROUTE_COST_MODE setting
 and the web form's select; cuda-graphs refused on a CPU with a clear error, before anything is stored;
-and the plumbing end to end on the CPU with the graph harness's steps run uncaptured (a GPU captures
-them): the profile stored and reused in its own mode only, validation over the harness's loops,
-the mode shown in the report, its text and the price comparison."""
+the plumbing end to end on a CPU stand-in with the graph harness's steps run uncaptured: the profile stored and
+reused in its own mode only, validation over the harness's loops, the mode shown in the report, its text and the
+price comparison; and, on a CUDA GPU, the steps captured as CUDA graphs and replayed."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+import torch
 from sqlalchemy import select
 
 from analyzer import run_params
@@ -102,13 +103,17 @@ def uncaptured_graphs(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_cuda_graphs_run_prices_validates_and_says_so_and_reuses_only_its_own_mode(
+def test_the_cuda_graphs_mode_on_a_cpu_stand_in_prices_validates_words_the_mode_and_reuses_only_its_own(
     cli_db, model_folders, uncaptured_graphs
 ):
+    """The cuda-graphs mode's plumbing on a CPU stand-in, its graph harness's static-cache steps run uncaptured:
+    the run prices and validates over the harness's loops, the progress line, report, page and policy set use
+    the mode's wording (what a GPU makes true: the GPU test below captures for real), and its profile prices
+    only runs of its own mode."""
     pair = ["--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"]
     graphs = _analyze(cli_db, *pair, "--cost-mode", "cuda-graphs", "--validate", "2")
     assert graphs.exit_code == 0, graphs.stderr
-    assert "(steps timed as replayed CUDA graphs)" in graphs.stderr
+    assert "(steps timed as replayed CUDA graphs)" in graphs.stderr  # the mode's wording, uncaptured here
     report = json.loads(graphs.stdout)
     assert report["cost_mode"] == "cuda-graphs" and report["params"]["cost_mode"] == "cuda-graphs"
     profile = report["cost_profile"]
@@ -152,6 +157,48 @@ def test_a_cuda_graphs_run_prices_validates_and_says_so_and_reuses_only_its_own_
         assert "engine, <code>cuda-graphs</code> cost mode)" in policies
     finally:
         app.extensions["specroute.close"]()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs: needs a CUDA GPU")
+def test_a_cuda_graphs_run_on_a_gpu_captures_its_steps_and_replays_them(cli_db, model_folders, monkeypatch):
+    """On a CUDA GPU the cuda-graphs mode captures a graph per verify step and replays it: the profile is timed
+    from replayed graphs (captures and replays counted), stored in its mode, and validation over the
+    harness's loops reproduces the walked rounds exactly (float32)."""
+    from analyzer.engine import graph_cost
+
+    captured, replayed = [], []
+    capture = graph_cost.StaticModel._captured
+
+    def counted_capture(self, input_ids):
+        graph, logits = capture(self, input_ids)
+        captured.append(int(input_ids.shape[-1]))
+        replay = graph.replay
+
+        def counted_replay():
+            replayed.append(1)
+            return replay()
+
+        graph.replay = counted_replay
+        return graph, logits
+
+    monkeypatch.setattr(graph_cost.StaticModel, "_captured", counted_capture)
+    pair = ["--target", f"hf:{model_folders['target']}", "--draft", f"hf:{model_folders['draft']}"]
+    args = ["--cost-mode", "cuda-graphs", "--device", "cuda", "--dtype", "float32", "--validate", "2"]
+    graphs = _analyze(cli_db, *pair, *args)
+    assert graphs.exit_code == 0, graphs.stderr
+    assert "(steps timed as replayed CUDA graphs)" in graphs.stderr
+    assert captured and len(replayed) > len(captured)  # graphs captured once per shape, then replayed
+    report = json.loads(graphs.stdout)
+    assert report["cost_mode"] == "cuda-graphs" and report["device"].startswith("cuda")
+    profile = report["cost_profile"]
+    assert profile["cost_mode"] == "cuda-graphs" and len(profile["target_k_s"]) == 21
+    assert all(t > 0 for t in profile["target_k_s"]) and profile["draft_s"] > 0
+    assert len(report["validation"]) == 2
+    for validation in report["validation"]:
+        assert validation["outputs_identical"] is True
+        prompt = next(p for p in report["prompts"] if p["prompt_id"] == validation["prompt_id"])
+        assert validation["target_forward_passes"] == prompt["per_gamma"][str(validation["gamma"])]["rounds"]
 
 
 def test_the_web_form_offers_the_cost_modes_and_refuses_cuda_graphs_on_a_cpu(web_app):

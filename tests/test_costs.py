@@ -1,7 +1,7 @@
-"""Cost profiles from an engine's own benchmark (issue 22, point 3): a JSON or CSV file checked line by
+"""Cost profiles from an engine's own benchmark: a JSON or CSV file checked line by
 line (nothing stored when any line is bad, a physically implausible profile refused), stored for a
 run's pair, and a finished run re-priced with it, without measuring again, in the CLI and the web UI:
-another gamma and another decision from the same stored acceptance. Issue 35, point 3: times out of
+another gamma and another decision from the same stored acceptance. Times out of
 range (seconds typed as milliseconds), duplicates and pairs no run knows are refused, the last unless
 the import is told it is a new pair."""
 
@@ -85,8 +85,8 @@ def test_a_bad_json_file_names_each_problem_with_its_line_and_field():
 
 def test_each_key_is_named_at_its_own_line_however_many_keys_and_however_written():
     """The line of a field is where its key stands as a key: not where the same text stands as a value, a key
-    written with escapes found as well, and a file of many keys read in one pass (it searched the file once
-    per key before)."""
+    written with escapes found as well, and a file of many keys read in one pass (not one search of the file
+    per key)."""
     text = (
         '[{"engine": "vllm",\n "device": "\\"dtype\\":",\n "dtype": "bfloat16",\n'
         ' "target_step_ms": [4.0, 4.1],\n "draft_step_ms": 0,\n "b\\u0061tch": 1}]'

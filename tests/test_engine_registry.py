@@ -1,4 +1,4 @@
-"""One engine interface (issue 32, point 1): every engine is an object of the registry
+"""One engine interface: every engine is an object of the registry
 (analyzer/engine/engines.py) implementing analyzer.engine.engine_base.Engine, and code outside the registry and the
 engines' own modules asks it rather than comparing engine names. The scan below fails on a comparison
 with an engine's name or a cost mode's, in Python (any ``==``, ``!=``, ``in`` or ``not in`` with such a
@@ -240,7 +240,7 @@ def test_each_engine_says_a_routing_decision_in_its_own_terms():
 
 
 def test_each_serving_engine_has_its_decision_terms_export_and_feedback_where_it_has_them():
-    """router/export/serving.py: one entry per serving engine with only the capabilities it has (issue 43, point 4);
+    """router/export/serving.py: one entry per serving engine with only the capabilities it has;
     the export pages and ``--for`` offer its exporters, feedback reads its sections, and a decision's terms are
     read through the entry, not by name."""
     from router.decide.feedback import FeedbackError, normalise

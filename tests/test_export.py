@@ -1,4 +1,4 @@
-"""``specroute export`` (issue 34): a run's or a policy set's decisions written in each engine's own terms.
+"""``specroute export``: a run's or a policy set's decisions written in each engine's own terms.
 Each export parses, names only the fields its engine documents (tests/data/engine_docs/: fields and
 examples copied from the engines' documentation, with their sources), and round-trips the decisions it
 was made from: the per-batch tables give, at every batch size, the gamma the router decides there and

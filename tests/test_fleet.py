@@ -106,6 +106,14 @@ def _form_token(web: requests.Session, url: str) -> str:
     return TOKEN.search(web.get(url, timeout=30).text).group(1)
 
 
+def _until(condition, timeout_s: float = 30.0):
+    """Call ``condition`` every 0.1 s until it returns something true or ``timeout_s`` pass; its last value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
 def _route(base: str, prompt: str) -> dict:
     response = requests.post(f"{base}/v1/route", json={"prompt": prompt, "max_new_tokens": 64}, timeout=30)
     assert response.status_code == 200, response.text
@@ -291,7 +299,9 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
                 f"{a}/policies/1/activate", data={"csrf_token": _form_token(web, f"{a}/policies")}, timeout=60
             )
             assert "policy set v1 is active" in activated.text
-        time.sleep(1.0)  # both replicas reload within SPECROUTE_ROUTER_REFRESH_S
+        # both replicas reload the active set within SPECROUTE_ROUTER_REFRESH_S (0.3 s)
+        versions = _until(lambda: [_route(r, "hello there")["policy_version"] for r in (a, b)] == [1, 1])
+        assert versions, "a replica still routes without policy set v1 after 30 s"
         prompts = [
             "def g(y): return y * 2  # fix this python function and explain it",
             "question 99: say the numbers from 99 to 108, then again",
@@ -312,15 +322,19 @@ def test_two_replicas_and_two_workers_share_one_database(postgres_url, tmp_path)
             )
             assert response.status_code == 200, response.text
         task = response.json()["estimate"]["task_type"]
-        time.sleep(1.0)
-        estimates = {
-            e["task_type"]: e
-            for e in requests.get(f"{b}/v1/policies", timeout=30).json()["active"]["estimates"]
-        }
-        assert estimates[task]["events"] == 3 and estimates[task]["total_drafted"] == 480
-        after = _route(b, prompts[0])
-        assert [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"] == [3], after[
-            "reasons"
-        ]
+
+        def b_estimate() -> dict:
+            listed = requests.get(f"{b}/v1/policies", timeout=30).json()["active"]["estimates"]
+            return {e["task_type"]: e for e in listed}[task]
+
+        def b_online_events() -> list[int]:
+            after = _route(b, prompts[0])
+            return [r["events"] for r in after["reason_codes"] if r["code"] == "online_estimate"]
+
+        # b reads the estimate from the database and its router reloads it within SPECROUTE_ROUTER_REFRESH_S
+        _until(lambda: b_estimate()["events"] == 3 and b_online_events() == [3])
+        estimate = b_estimate()
+        assert estimate["events"] == 3 and estimate["total_drafted"] == 480, estimate
+        assert b_online_events() == [3]
     finally:
         fleet.stop()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from analyzer.orm import AnalysisRun, Prompt, PromptSet
+from analyzer.prompts.ingest import IngestLimits, parse_prompt_file
 from router.orm import ClassifierVersion, FeedbackEvent, PolicySet, RouteDecision
 from tests.factories import routing_test_app
 
@@ -217,8 +218,13 @@ def test_upload_form(surfaces, name, content, filename):
     after = _counts(sessions, app)
     if response.status_code >= 400:
         assert after == before
-    else:  # one whole set, never part of one
-        assert after[2] in (before[2], before[2] + 1)
+    else:  # one whole set: every prompt the file holds (duplicates merged), and nothing else
+        assert response.status_code == 302
+        limits = IngestLimits.from_settings(app.config["SPECROUTE_SETTINGS"])
+        parsed = parse_prompt_file(content, filename, limits=limits)
+        assert len(parsed.prompts) >= 1
+        assert after[2] == before[2] + 1 and after[3] == before[3] + len(parsed.prompts)
+        assert after[:2] + after[4:] == before[:2] + before[4:]
 
 
 @FUZZ

@@ -152,7 +152,7 @@ def graphs_played_on_the_cpu(monkeypatch):
 
 def test_captured_steps_replayed_decode_exactly_as_transformers(target, noisy, graphs_played_on_the_cpu):
     """Capturing runs warm-ups that write into the cache: they must write what the step will, where
-    it will, or they corrupt the context (they once wrote at the previous step's position)."""
+    it will, or they corrupt the context (a warm-up writing at the previous step's position, say)."""
     drafted = GraphDecoder(target, noisy, ngram_max=None, eos_ids=[EOS_ID], capture=True)
     lookup = GraphDecoder(target, None, ngram_max=2, eos_ids=[EOS_ID], capture=True)
     for prompt in PROMPTS + [EOS_PROMPT, [7]]:

@@ -15,6 +15,7 @@ import functools
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -390,5 +391,30 @@ def test_the_command_line_imports_answer_hostile_files_with_a_message(surfaces, 
                 failures.append((command, name, repr(result.exception)[:200]))
             elif result.exit_code not in (0, 1):
                 failures.append((command, name, result.exit_code, result.output[-200:]))
+            elif (problem := _import_message_problem(command, filename, result)) is not None:
+                failures.append((command, name, problem, result.output[-200:]))
     _record("cli imports", tried, failures)
     assert tried >= 100
+
+
+def _import_message_problem(command: str, filename: str, result) -> str | None:
+    """What is wrong with the words an import printed: None when a stored file says what it stored and a
+    refused one says why on stderr (the file's summary with each problem on its own line below, or one
+    ``Error: ...`` line), never with a traceback."""
+    if "Traceback" in result.output:
+        return "a traceback"
+    if result.exit_code == 0:
+        stored = (
+            r"imported [1-9]\d* prompts as 'hostile\d+'"
+            if command == "prompts"
+            else r"stored [1-9]\d* cost profile"
+        )
+        return None if re.search(stored, result.stdout) else "stored, but the output does not say what"
+    first, *rest = result.stderr.splitlines() or [""]
+    noun = "errors?" if command == "prompts" else "problems?"
+    if re.fullmatch(rf"{re.escape(filename)}: (\d+) {noun}; nothing was imported", first):
+        listed = [line for line in rest if line.startswith("  ")]
+        return None if listed and all(line.strip() for line in listed) else "refused, no problem listed"
+    if re.fullmatch(r"Error: \S.*", first) and not rest:
+        return None
+    return f"refused without a message: {first[:80]!r}"

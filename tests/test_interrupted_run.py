@@ -1,4 +1,4 @@
-"""A test run that is interrupted leaves nothing behind (issue 44, point 6): one stopped with SIGTERM tears its
+"""A test run that is interrupted leaves nothing behind: one stopped with SIGTERM tears its
 fixtures down as Ctrl-C does (a throw-away server's teardown runs), and a llama-server whose starter is killed
 with SIGKILL ends with it (the kernel's parent-death signal)."""
 

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from analyzer.orm import Prompt
 from analyzer.prompts.prompt_sets import (
+    PromptSetNotFound,
     UnknownTaskType,
     get_prompt_set,
     import_prompt_file,
@@ -89,7 +90,7 @@ def test_an_unknown_task_is_refused_and_nothing_changes(mine):
         with session.begin():
             relabel_prompts(session, get_prompt_set(session, "mine"), "transaltion")
     assert labels(session) == ["translation", None, "general", "general", "my_poems"]
-    with pytest.raises(Exception, match="has no prompt #9"):
+    with pytest.raises(PromptSetNotFound, match="prompt set 'mine' has no prompt #9"):
         with session.begin():
             set_prompt_task(session, get_prompt_set(session, "mine"), 9, "code")
 

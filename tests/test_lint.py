@@ -1,5 +1,5 @@
 """The linters CI runs after the tests, run by the quick tier too: a change that ruff would refuse fails
-`pytest -m "not slow"` in seconds instead of failing CI after the whole suite (session 30's last change did)."""
+`pytest -m "not slow"` in seconds instead of failing CI after the whole suite."""
 
 from __future__ import annotations
 

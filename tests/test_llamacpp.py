@@ -152,10 +152,22 @@ def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
     profile = report["cost_profiles"]["1"]
     assert set(report["cost_profiles"]) == {"1"} and profile["engine"] == "llama.cpp"
     assert len(profile["target_k_s"]) == 5 and all(t > 0 for t in profile["target_k_s"])
-    assert profile["draft_s"] > 0 and profile["round_overhead_s"] >= 0 and profile["decode_overhead_s"] >= 0
-    # the verdict depends on this machine's noise; whichever it is, its notes say why (none where clean)
-    assert profile["quality"] in ("clean", "remeasured", "noisy")
-    assert (profile["quality"] == "clean") == (profile["quality_notes"] == []), profile["quality_notes"]
+    # Llama.generate spends time outside the decodes on every step (sampling, its Python loop): the machinery
+    # overhead the profile keeps is that time, above 0 (a measurement that lost it would clamp at 0)
+    assert profile["draft_s"] > 0 and profile["round_overhead_s"] > 0 and profile["decode_overhead_s"] > 0
+    # the verdict is the one its notes imply: noisy where a note says a point still spread or stayed implausible
+    # after re-measuring, or other processes held the machine; remeasured where the notes say only what was
+    # measured again; clean where there is nothing to note
+    notes = profile["quality_notes"]
+    still = (
+        "still spread",
+        "still implausible",
+        "not measured again",
+        "of the machine's CPU while profiling",
+        "machinery overhead: other processes used",
+    )
+    implied = "noisy" if any(s in n for n in notes for s in still) else "remeasured" if notes else "clean"
+    assert profile["quality"] == implied, notes
     for prompt in report["prompts"]:  # the first token comes from the prompt's pass: a round with no drafts
         for gamma, counts in prompt["per_gamma"].items():
             assert counts["drafted_histogram"][0] >= 1 and counts["rounds"] >= 1

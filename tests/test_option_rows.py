@@ -1,4 +1,4 @@
-"""Per prompt and drafting option, one table for every engine's analysis (issue 43, point 1): a run stores its
+"""Per prompt and drafting option, one table for every engine's analysis: a run stores its
 gamma rows with its summary and a llama-server analysis its setting rows when stored; both print them per
 prompt in one shape (``options``), and the rows follow the run as its summary changes."""
 

@@ -1,8 +1,8 @@
-"""One decision rule (issue 32, point 3): for every task and every profiled batch size of several runs,
-the decision the report shows is the one published and the one the router routes: the same on/off and
-the same gamma. The runs cover what used to split them: a task too small to decide (the report showed
-its own gamma, the router the workload's), a two-prompt workload (the report ignored its interval, the
-router applied it), batch sizes where speculation pays and where it does not."""
+"""One decision rule: for every task and every profiled batch size of several runs, the decision the
+report shows is the one published and the one the router routes: the same on/off and the same gamma.
+The runs cover the cases two rules could decide differently: a task too small to decide on its own (whose
+gamma, its own or the workload's), a two-prompt workload (whether its wide interval counts), batch sizes
+where speculation pays and where it does not."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A re-priced run's report says what measured and what priced, each with its own machine (issue 35,
-point 2): the acceptance's engine, device and dtype are its source run's; the cost's engine, version,
-device, dtype and threads are the imported profile's. Nothing is mixed, and no "None" is printed."""
+"""A re-priced run's report says what measured and what priced, each with its own machine: the acceptance's
+engine, device and dtype are its source run's; the cost's engine, version, device, dtype and threads are the
+imported profile's. Nothing is mixed, and no "None" is printed."""
 
 from __future__ import annotations
 

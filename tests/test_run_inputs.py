@@ -1,4 +1,4 @@
-"""One reader of a run's inputs (issue 32, item 5) and one set of defaults (issue 35, point 5).
+"""One reader of a run's inputs and one set of defaults.
 
 The same bad inputs go to every surface that takes them: ``RunParams.from_inputs`` itself (what an API
 would call), ``specroute analyze``, ``specroute demo`` (the inputs it has options for) and the web form's
@@ -247,8 +247,8 @@ def test_the_worker_reads_stored_params_whose_types_are_wrong_as_the_inputs_are_
 
 
 def test_stored_params_are_not_checked_against_todays_limits_again():
-    """A run stored under older, wider limits (or before sampling runs refused validation) still reads
-    back: its report must open; it was checked when it was created."""
+    """A stored run whose values today's limits refuse (a gamma_max above them, a sampling run with
+    validation) still reads back: its report must open; it was checked when it was created."""
     old = RunParams.from_json({**RunParams().to_json(), "gamma_max": 100, "temperature": 0.7, "validate": 2})
     assert (old.gamma_max, old.validate) == (100, 2)
     assert [p.field for p in old.problems()] == ["gamma_max", "validate"]  # a new run like it is refused

@@ -1,4 +1,4 @@
-"""Routing to llama-server pools (issue 33, point 4): a policy set published from a llama-server analysis
+"""Routing to llama-server pools: a policy set published from a llama-server analysis
 names per task the drafter setting and its pool, the router's decision names that pool and its flags,
 ``specroute pools plan`` prints each pool's command line and the SPECROUTE_ROUTER_POOLS mapping, and
 ``specroute pools start`` runs them; requests routed to live pools reach the server running their setting.

@@ -1,5 +1,5 @@
-"""A stored llama-server analysis in words: what its validation guarantees where speculation changed the
-served output (issue 42: say exactly what is guaranteed there)."""
+"""A stored llama-server analysis in words: exactly what its validation guarantees where speculation changed
+the served output."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One report page for every analysis (issue 43): a run and a llama-server analysis render through one template
+"""One report page for every analysis: a run and a llama-server analysis render through one template
 and one view code path (webui/report_page.py), each with its options, per task the curve over them with the
 interval and the decision, and per prompt its options: the values its own report JSON holds."""
 

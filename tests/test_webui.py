@@ -239,7 +239,7 @@ def test_report_page_table_plots_exports_and_drill_down(web, session):
         "At gamma 3:" in detail and "measured before specroute stored token ids" in detail
     )  # simulated: no ids
     code_best = data["tasks"][data["prompts"][0]["task"]]["best_gamma"]
-    assert code_best != 4  # so that opening at the task's g* is told apart from the old default
+    assert code_best != 4  # so that opening at the task's g* is told apart from opening at gamma 4
     opened = web.get(f"/runs/{run_id}/prompts/{prompt_id}").get_data(as_text=True)
     assert f"At gamma {code_best}:" in opened  # without ?gamma the drill-down opens at the task's best gamma
     assert f'/prompts/{prompt_id}?gamma={code_best}"' in text  # and the report links there
@@ -519,7 +519,7 @@ def _busy_run(web, session) -> tuple[int, list[int]]:
 
 
 def test_a_busy_run_numbers_plots_and_withholds_as_its_tables_do(web, session):
-    """Issue 35, point 8 b, c, f: the busy-machine note numbers prompts as the Prompts table does (not
+    """The busy-machine note numbers prompts as the Prompts table does (not
     by database id); the predicted-vs-measured plot shows only what the validation table counts, on a
     range chosen from the data; the advice-withheld box is a short headline and a list that gives the
     k list once."""
@@ -555,8 +555,8 @@ def test_a_busy_run_numbers_plots_and_withholds_as_its_tables_do(web, session):
 
 
 def test_the_classifier_fold_counter_reaches_the_last_fold():
-    """Issue 35, point 8g: the progress line the classifier page shows while training counts the fold
-    being fitted, from 1/n to n/n (it stopped at n-1/n)."""
+    """The progress line the classifier page shows while training counts the fold being fitted, from
+    1/n to n/n."""
     from router.classify.cross_validation import evaluate
     from router.classify.training_data import make_training_data
 
@@ -570,7 +570,7 @@ def test_the_classifier_fold_counter_reaches_the_last_fold():
 
 
 def test_the_prompt_set_page_says_why_nothing_is_suggested_without_the_encoder(web, monkeypatch):
-    """Issue 35, point 8a: without the sentence encoder the "suggested" column stays empty and the page
+    """Without the sentence encoder the "suggested" column stays empty and the page
     says why, as `specroute prompts suggest` does; with it (or with nothing unlabelled) no such note."""
     from router.classify.encoder import EncoderUnavailable
     from webui import prompt_pages

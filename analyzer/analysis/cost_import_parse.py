@@ -93,7 +93,7 @@ def _json_rows(text: str, problems: list[str]) -> list[tuple[int, dict[str, int]
 def _key_offsets(text: str, begin: int, end: int, keys: set[str]) -> dict[str, int]:
     """Where each of ``keys`` first stands as a key (``"key":``) in ``text[begin:end]``: one pass over the
     span's strings, so a file is read in time linear in its size (a search per key, each counting lines from
-    the file's start, took time growing with keys times size: the hostile-upload test's files 22 s, 5 s now)."""
+    the file's start, would take time growing with keys times size)."""
     found: dict[str, int] = {}
     for match in STRING_TOKEN.finditer(text, begin, end):
         if match.group(2) is None:  # a string that is not followed by a colon: a value

@@ -146,7 +146,7 @@ def measure_machinery_overhead(
     is taken out of the round overhead so that it is not counted twice. Leaving this overhead out made
     GPU predictions for prompt lookup about 20% too optimistic. While other processes use more than
     MAX_OTHERS_CPU of the machine (/proc/stat) it is measured again, up to EXTRA_ROUNDS more times;
-    if they still do, the result says so in ``busy`` (a busy machine once made it 92 ms per round
+    if they still do, the result says so in ``busy`` (a busy machine can make it 92 ms per round
     against 6.5 ms quiet) and the profile that uses it counts as noisy. ``on_generate(attempt)`` is
     called after every timed generate() call (progress; ``attempt`` counts from 1).
     """

@@ -319,7 +319,7 @@ def time_prefill(
 
 
 # untimed rounds of every timed shape before timing on a GPU: CUDA work that runs for the first time
-# (kernel selection, allocator growth, new shapes) once made a cold batch-1 step 24.8 ms against 16.9 ms
+# (kernel selection, allocator growth, new shapes) can make a cold batch-1 step 24.8 ms against 16.9 ms
 # warm at batch 4, and a first validation 0.65x against 1.01x in a later run of the same process
 GPU_WARMUP_ROUNDS = 3
 

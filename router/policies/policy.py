@@ -48,7 +48,7 @@ class PolicyContract:
     ngram_max: int = NGRAM_DEFAULT_MAX
     cost: Cost | None = None
     pools: Mapping[str, str] | None = (
-        None  # None: published before pools were (the server's setting names them)
+        None  # None: a set stored without pools (the serving process's setting names them)
     )
     plain_cost: Mapping[str, float] | None = None  # a llama-server set's plain step cost (None: a run's set)
 
@@ -296,7 +296,7 @@ class PolicySnapshot:
     lows_by_batch: Mapping[int, float | None] = field(default_factory=dict)
     setting: str | None = None  # the llama-server drafter setting (router/policies/server_policy.py)
     option_curve: Mapping | None = (
-        None  # its curve over its analysis' options (None: published before runs' had one)
+        None  # its curve over its analysis' options (None: a run's set stored without one)
     )
 
     @classmethod

@@ -1,0 +1,143 @@
+"""benchmarks/README.md is exactly what benchmarks/readme_tables.py renders from benchmarks/results/, so a hand
+edit or a table left behind by a newer result fails; every claim has its section, and every table in it names the
+result it reads, the machine and the command; a figure changed in a result changes its table; and every script
+whose result the README reads rewrites the README after writing it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import readme_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+PROVENANCE = re.compile(r"^- `results/([^`]+)`\. Machine: (.+?)\. Command: (`.+`)$", re.M)
+
+
+def _sections(text: str) -> dict[str, str]:
+    """The text under each ``## heading``, by heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def _copied_results(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    shutil.copytree(readme_tables.RESULTS, results, ignore=shutil.ignore_patterns("*.pickle", "screenshots"))
+    return results
+
+
+def test_the_readme_on_disk_is_the_one_its_results_render():
+    on_disk = readme_tables.README.read_text(encoding="utf-8")
+    assert on_disk == readme_tables.render(), (
+        "benchmarks/README.md is not what benchmarks/results/ renders: run `python -m benchmarks.readme_tables` "
+        "(and change benchmarks/readme_tables.py, not the README, for its text)"
+    )
+
+
+def test_every_claim_has_a_section_whose_tables_name_their_machine_and_command():
+    sections = _sections(readme_tables.render())
+    assert list(sections) == [title for title, _ in readme_tables.SECTIONS]
+    for title, body in sections.items():
+        tables = len(re.findall(r"^\|---", body, flags=re.M))
+        named = PROVENANCE.findall(body)
+        assert tables and named, f"{title}: no table, or no result named with its machine and command"
+        for name, machine, command in named:
+            assert (readme_tables.RESULTS / name).is_file(), f"{title}: results/{name} does not exist"
+            assert machine.strip() and command.strip("`").strip(), f"{title}: results/{name}"
+        # every line after a table up to the next paragraph is a result's machine and command
+        for table_end in re.finditer(r"^\|.*\|\n\n(?!\|)", body, flags=re.M):
+            following = body[table_end.end() :].split("\n\n", 1)[0]
+            assert PROVENANCE.match(following), f"{title}: a table without its result, machine and command"
+
+
+def test_the_numbers_are_formatted_to_three_significant_digits():
+    assert readme_tables.num(0.0923025) == "0.0923"
+    assert readme_tables.num(19.435353) == "19.4"
+    assert readme_tables.num(1645.8) == "1,646"
+    assert readme_tables.num(44269) == "44,269"
+    assert readme_tables.num(None) == "-"
+    assert readme_tables.pct(0.010523) == "1.1%"
+    assert readme_tables.duration(424) == "7 min 4 s"
+
+
+def test_a_command_is_rebuilt_from_the_arguments_a_result_records():
+    args = {
+        "per_task": "2",
+        "pair": "True",
+        "before": "False",
+        "tasks": "None",
+        "cache_dir": "/tmp/c",
+        "out": "x",
+    }
+    command = readme_tables.command_from_args("bench_routing.py", args, "routing_pair.json")
+    assert (
+        command
+        == "python benchmarks/bench_routing.py --per-task 2 --pair --out benchmarks/results/routing_pair.json"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "row_start", "cell"),
+    [
+        (
+            "classifier.json",
+            lambda d: d["latency"]["tfidf:1"].update(p99_ms=0.123456),
+            "| tfidf C=1 |",
+            "| 0.123 |",
+        ),
+        (
+            "cost_transfer_unseen.json",
+            lambda d: d["advice"]["settings"][0].update(aggregate_error=0.0777),
+            "| unseen | ngram-simple 12/48 |",
+            "| 7.8% |",
+        ),
+        (
+            "router_http.json",
+            lambda d: d["http"]["rows"]["sqlite | specroute, 2 processes | /v1/route"].update(
+                requests_per_s=4321.0
+            ),
+            "| router_http | sqlite | specroute, 2 processes | /v1/route |",
+            "| 4,321 |",
+        ),
+        (
+            "suite.json",
+            lambda d: d["tests"]["runs"][-1].update(tests_s=400),
+            "| the test command, run 6 of 6",
+            "| 6 min 40 s |",
+        ),
+    ],
+)
+def test_a_figure_changed_in_a_result_changes_its_table(tmp_path, name, change, row_start, cell):
+    results = _copied_results(tmp_path)
+    rendered = readme_tables.render(results)
+    assert rendered == readme_tables.render()
+    data = json.loads((results / name).read_text(encoding="utf-8"))
+    change(data)
+    (results / name).write_text(json.dumps(data), encoding="utf-8")
+    changed = readme_tables.render(results)
+    row = next(line for line in changed.splitlines() if line.startswith(row_start))
+    assert cell in row and cell not in next(
+        line for line in rendered.splitlines() if line.startswith(row_start)
+    )
+    assert [line for line in changed.splitlines() if line not in rendered.splitlines()] == [row]
+
+
+def test_write_readme_writes_what_render_returns(tmp_path):
+    results = _copied_results(tmp_path)
+    written = readme_tables.write_readme(results, tmp_path / "README.md")
+    assert written.read_text(encoding="utf-8") == readme_tables.render(results)
+
+
+def test_every_script_whose_result_the_readme_reads_rewrites_the_readme():
+    commands = " ".join(command for _, _, command in PROVENANCE.findall(readme_tables.render()))
+    scripts = set(re.findall(r"python benchmarks/(\w+\.py)", commands)) - {"real_pair.py"}  # a setup step
+    assert scripts
+    for script in sorted(scripts):
+        source = (ROOT / "benchmarks" / script).read_text(encoding="utf-8")
+        assert "write_readme()" in source, (
+            f"benchmarks/{script} writes a result but does not rewrite the README"
+        )
