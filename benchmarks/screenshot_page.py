@@ -4,6 +4,7 @@ items, e.g. a llama-server analysis' report after ``specroute llama-server analy
 
     python benchmarks/screenshot_page.py --database sqlite:////tmp/x/specroute.db /llama-server/1 out.png
     python benchmarks/screenshot_page.py --database ... --element '#export' '/runs/2?export=vllm' out.png
+    python benchmarks/screenshot_page.py --database ... --height 1100 /llama-server/1 docs/report_page.png
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def main() -> None:
     parser.add_argument(
         "--element", help="a CSS selector: screenshot that element only (e.g. '#export'), else the whole page"
     )
+    parser.add_argument(
+        "--height",
+        type=int,
+        help="the window's height: screenshot the page's first screen only (default: all of it)",
+    )
     parser.add_argument("path", help="the page, e.g. /llama-server/1")
     parser.add_argument("out", help="the PNG file to write")
     args = parser.parse_args()
@@ -47,8 +53,8 @@ def main() -> None:
     driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
     try:
         driver.get(f"http://127.0.0.1:{args.port}{args.path}")
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(args.width, height + 40)
+        height = args.height or driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(args.width, height + (0 if args.height else 40))
         if args.element:
             driver.find_element("css selector", args.element).screenshot(args.out)
             print(f"wrote {args.out} ({args.element} of {args.path})")
