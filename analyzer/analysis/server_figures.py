@@ -9,7 +9,7 @@ the same prompts, each prompt weighted by its undisturbed passes, so an error co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -18,7 +18,7 @@ from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
 from analyzer.analysis.server_analysis import MIN_SPEEDUP
 from analyzer.analysis.server_outcomes import ServerAnalysis, SettingOutcome, Trial
 from analyzer.measuring.noise import PER_PROMPT_MARGIN, aggregate_half_width
-from analyzer.measuring.server_drafting import ServerDrafter
+from analyzer.measuring.server_drafting import ServerDrafter, ServerReplay
 from analyzer.pricing.option_curve import OptionCurve, task_option_curves
 from analyzer.pricing.server_cost import ServerCost
 
@@ -40,22 +40,30 @@ class TaskChoice:
     curve: OptionCurve
 
 
+def _totals(
+    cost: ServerCost, runs: Iterable[tuple[ServerReplay, Trial]]
+) -> tuple[float, float, float, float]:
+    """(predicted plain, predicted speculative, measured plain, measured speculative) summed over ``runs``, each a
+    trial with the replay that prices it; a trial's measured plain time is its bracketing plain runs' time per
+    step times the speculative run's steps."""
+    pred_plain = pred_spec = meas_plain = meas_spec = 0.0
+    for replay, trial in runs:
+        pred_plain += cost.plain_ms(replay)
+        pred_spec += cost.speculative_ms(replay)
+        meas_plain += trial.plain_step_ms * trial.measured.steps
+        meas_spec += trial.measured.completion.predicted_ms
+    return pred_plain, pred_spec, meas_plain, meas_spec
+
+
 def _paired_totals(
     cost: ServerCost, settings: Sequence[SettingOutcome], advice: bool = False
 ) -> tuple[float, float, float, float]:
-    """(predicted plain, predicted speculative, measured plain, measured speculative) summed over the
-    undisturbed trials of ``settings`` (``advice``: their :attr:`SettingOutcome.advice_trials`), each priced
-    from the replay of the output its server served; a trial's measured plain time is its bracketing plain
-    runs' time per step times the speculative run's steps."""
-    pred_plain = pred_spec = meas_plain = meas_spec = 0.0
-    for setting in settings:
-        for trial in setting.advice_trials if advice else setting.quiet_trials:
-            replay = setting.trial_replay(trial)
-            pred_plain += cost.plain_ms(replay)
-            pred_spec += cost.speculative_ms(replay)
-            meas_plain += trial.plain_step_ms * trial.measured.steps
-            meas_spec += trial.measured.completion.predicted_ms
-    return pred_plain, pred_spec, meas_plain, meas_spec
+    """:func:`_totals` over the undisturbed trials of ``settings`` (``advice``: their
+    :attr:`SettingOutcome.advice_trials`), each priced from the replay of the output its server served."""
+    return _totals(
+        cost,
+        ((s.trial_replay(t), t) for s in settings for t in (s.advice_trials if advice else s.quiet_trials)),
+    )
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -157,41 +165,30 @@ class ValidationFigures:
 
 def _advice_totals(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[float | None, float | None]:
     """(predicted, measured) aggregate speedup of the advice: each setting outcome's prediction from plain
-    greedy output's replay against its :attr:`SettingOutcome.advice_trials`, time-weighted, each weighted by
-    those trials."""
-    pred_plain = pred_spec = meas_plain = meas_spec = 0.0
-    for setting in settings:
-        for trial in setting.advice_trials:
-            pred_plain += cost.plain_ms(setting.replay)
-            pred_spec += cost.speculative_ms(setting.replay)
-            meas_plain += trial.plain_step_ms * trial.measured.steps
-            meas_spec += trial.measured.completion.predicted_ms
+    greedy output's replay against its :attr:`SettingOutcome.advice_trials`, time-weighted."""
+    pred_plain, pred_spec, meas_plain, meas_spec = _totals(
+        cost, ((s.replay, t) for s in settings for t in s.advice_trials)
+    )
     return _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
 
 
 def _per_pass(cost: ServerCost, settings: Sequence[SettingOutcome]) -> tuple[dict[str, object], ...]:
     """The work served's aggregate pass by pass: per pass number its undisturbed prompts, predicted and
     measured speedup and their relative error."""
-    passes = max((len(s.trials) for s in settings), default=0)
-    rows = []
-    for number in range(passes):
-        pred_plain = pred_spec = meas_plain = meas_spec = 0.0
-        prompts = 0
-        for setting in settings:
-            if number >= len(setting.trials) or setting.trials[number].disturbed:
-                continue
-            trial, replay = setting.trials[number], setting.trial_replay(setting.trials[number])
-            prompts += 1
-            pred_plain += cost.plain_ms(replay)
-            pred_spec += cost.speculative_ms(replay)
-            meas_plain += trial.plain_step_ms * trial.measured.steps
-            meas_spec += trial.measured.completion.predicted_ms
+    rows: list[dict[str, object]] = []
+    for number in range(max((len(s.trials) for s in settings), default=0)):
+        runs = [
+            (s.trial_replay(s.trials[number]), s.trials[number])
+            for s in settings
+            if number < len(s.trials) and not s.trials[number].disturbed
+        ]
+        pred_plain, pred_spec, meas_plain, meas_spec = _totals(cost, runs)
         predicted, measured = _ratio(pred_plain, pred_spec), _ratio(meas_plain, meas_spec)
         error = abs(predicted / measured - 1.0) if predicted and measured else None
         rows.append(
             {
                 "pass": number + 1,
-                "prompts": prompts,
+                "prompts": len(runs),
                 "predicted": predicted,
                 "measured": measured,
                 "error": error,
