@@ -782,15 +782,17 @@ def classifier_section(results: Path = RESULTS) -> str:
 
 
 def suite_section(results: Path = RESULTS) -> str:
-    """The llama.cpp build and the test command's times, from the last recorded runs."""
+    """The llama.cpp build and the test command's times, as benchmarks/suite_times.py records them."""
     name = "suite.json"
     data = load(results, name)
-    build, tests, quick = data["build"], data["tests"], data["quick_tier"]
+    build, tests, quick = data["build"], data["tests"], data.get("quick_tier")
     rows = [
         [
             f"`{build['command']}`",
             "-",
-            f"{duration(build['seconds_min'])} to {duration(build['seconds_max'])}",
+            duration(build["seconds_min"])
+            if build["seconds_min"] == build["seconds_max"]
+            else f"{duration(build['seconds_min'])} to {duration(build['seconds_max'])}",
             "-",
         ]
     ]
@@ -802,21 +804,23 @@ def suite_section(results: Path = RESULTS) -> str:
                 + (" (the latest)" if number == len(runs) else ""),
                 num(run["tests"]),
                 duration(run["tests_s"]),
-                duration(run["ci_s"]),
+                duration(run["ci_s"]) if run.get("ci_s") is not None else "-",
             ]
         )
-    rows.append(
-        [
-            f"quick tier, `{quick['command']}`",
-            num(quick["tests"]),
-            f"{duration(quick['seconds_min'])} to {duration(quick['seconds_max'])}",
-            "-",
-        ]
-    )
+    if quick:
+        rows.append(
+            [
+                f"quick tier, `{quick['command']}`",
+                num(quick["tests"]),
+                f"{duration(quick['seconds_min'])} to {duration(quick['seconds_max'])}",
+                "-",
+            ]
+        )
     text = (
         f"Taken from {data['recorded']}. The build is {build['what']}; the tests are {tests['what']}, timed by "
         f"`{tests['ci_command']}` on a clean clone with the build cached (it runs the install, the test command, "
-        "the docs build and the linters); the quick tier is every test not marked slow."
+        "the docs build and the linters)"
+        + ("; the quick tier is every test not marked slow." if quick else ".")
     )
     entries = [(name, recorded_machine(data), [build["command"], tests["command"], tests["ci_command"]])]
     return block(text, ["what", "tests", "time", "`.ci/run` in all"], rows, entries)

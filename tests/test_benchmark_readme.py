@@ -106,7 +106,7 @@ def test_a_command_is_rebuilt_from_the_arguments_a_result_records():
         (
             "suite.json",
             lambda d: d["tests"]["runs"][-1].update(tests_s=400),
-            "| the test command, run 6 of 6",
+            "| the test command, run 1 of 1",
             "| 6 min 40 s |",
         ),
     ],
@@ -141,3 +141,21 @@ def test_every_script_whose_result_the_readme_reads_rewrites_the_readme():
         assert "write_readme()" in source, (
             f"benchmarks/{script} writes a result but does not rewrite the README"
         )
+
+
+def test_the_suite_s_times_are_read_from_a_ci_log_and_a_build_log():
+    """The two pytest passes' closing lines (with or without other counts beside "passed") and the build's own
+    closing line give the suite's figures."""
+    from benchmarks.suite_times import build_seconds, pytest_passes
+
+    log = (
+        "........ [100%]\n1017 passed, 3 warnings in 262.25s (0:04:22)\n...\n"
+        "====== 27 passed in 318.80s (0:05:18) ======\nCI_WALL 700.5\n"
+    )
+    assert pytest_passes(log) == [(1017, 262.25), (27, 318.8)]
+    assert (
+        build_seconds("step 212 of 212: Linking\nbuilt /x/llama-server and its libraries in 12 min 40 s\n")
+        == 760
+    )
+    with pytest.raises(ValueError, match="no 'built"):
+        build_seconds("llama-server 0.3.36 already built: /x (reused)")

@@ -94,7 +94,7 @@ def test_flags_refuse_other_spellings(spelling):
 def test_every_setting_has_a_type_a_default_and_a_description_from_the_model():
     described = describe_settings()
     assert [row["name"] for row in described] == list(Settings.model_fields)
-    assert len(described) == 29
+    assert len(described) == 30
     for row in described:
         assert row["env"] == "SPECROUTE_" + row["name"].upper()
         assert row["type"] in {"str", "int", "float", "bool"}, row
