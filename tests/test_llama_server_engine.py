@@ -10,6 +10,7 @@ demo's test runs the embedded model itself. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -259,7 +260,9 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
     )
     assert done.exit_code == 0, done.output
     assert "analyzing 13 prompts in llama-server" in done.stderr and "validated 10/10" in done.stderr
-    lines = done.stdout.splitlines()
+    verdict, body = done.stdout.split("\n\n", 1)  # the verdict first, at most eight lines
+    assert verdict.startswith("Verdict: speculate on ") and len(verdict.splitlines()) <= 8
+    lines = body.splitlines()
     assert lines[0].startswith(
         "llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens, 2 threads"
     )
@@ -455,16 +458,23 @@ def test_an_analysis_through_servers_the_user_runs(
         wrong = runner.invoke(
             cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={plain_url}"]
         )
+        # the plain server named as the setting's drafts nothing: the setting is left out, and with no other
+        # setting the analysis stops, saying what to check on the user's server
         assert wrong.exit_code == 1
         assert (
-            f"the server at {plain_url} for ngram-simple 2/4 drafted nothing on the calibration prompts"
-            in wrong.stderr
+            "every setting's server disagreed with its replay, so nothing is left to analyze" in wrong.stderr
         )
-        assert "start it with --spec-type ngram-simple --spec-ngram-simple-size-n 2" in wrong.stderr
+        assert re.search(
+            r"ngram-simple 2/4: its server drafted 0 tokens \(0 accepted\) on the 3 calibration", wrong.stderr
+        )
+        assert (
+            f"check that the server at {plain_url} runs --spec-type ngram-simple --spec-ngram-simple-size-n 2 "
+            "--spec-ngram-simple-size-m 4, one slot (-np 1)" in " ".join(wrong.stderr.split())
+        )
         done = runner.invoke(cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={spec_url}"])
         assert done.exit_code == 0, done.output
         assert f"analyzing 13 prompts in llama-server (the servers at {plain_url}, {spec_url})" in done.stderr
-        first = done.stdout.splitlines()[0]
+        first = done.stdout.split("\n\n", 1)[1].splitlines()[0]  # after the verdict
         assert first.startswith("llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens")
         assert "llama-server b1-" in first and first.endswith(model_path.name)
         rows = [line for line in done.stdout.splitlines() if line.startswith("ngram-simple 2/4 | 10 (")]

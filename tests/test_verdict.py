@@ -95,7 +95,7 @@ def test_the_report_page_opens_with_the_same_verdict(sessions, engine, db_url):
         client = app.test_client()
         for path, lines in pages.items():
             page = client.get(path).get_data(as_text=True)
-            verdict = page.split('id="verdict"')[1].split("</section>")[0]
+            verdict = page.split('id="verdict-lines">')[1].split("</div>")[0]
             assert re.findall(r"<p[^>]*>(.*?)</p>", verdict) == [str(escape(line)) for line in lines]
     finally:
         app.extensions["specroute.close"]()
