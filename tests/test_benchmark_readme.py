@@ -105,8 +105,8 @@ def test_a_command_is_rebuilt_from_the_arguments_a_result_records():
         ),
         (
             "suite.json",
-            lambda d: d["tests"]["runs"][-1].update(tests_s=400),
-            "| the test command, run 1 of 1",
+            lambda d: d["tests"]["runs"][0].update(tests_s=400),
+            "| the test command, run 1 of ",
             "| 6 min 40 s |",
         ),
     ],
