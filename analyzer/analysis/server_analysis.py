@@ -43,7 +43,7 @@ from analyzer.analysis.server_calibration import (
     calibration_choice,
     measured_noise,
 )
-from analyzer.analysis.server_generation import LEAVE_OUT, ServerSetup, generate
+from analyzer.analysis.server_generation import ServerSetup, generate
 from analyzer.analysis.server_outcomes import (
     Progress,
     PromptOutcome,
@@ -59,7 +59,7 @@ from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, ser
 from analyzer.analysis.server_replay import replay_settings
 from analyzer.measuring.noise import repeats_for_aggregate
 from analyzer.measuring.server_drafting import ServerDrafter
-from analyzer.run_params import DEFAULT_MARGIN
+from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT
 
 __all__ = [
     "DEFAULT_VALIDATE_REPEATS",

@@ -26,9 +26,7 @@ from analyzer.engine.llama_server_process import LlamaServerProcess, RemoteServe
 from analyzer.measuring.interference import machine_reading, others_busy_s
 from analyzer.measuring.noise import machine_sample, steal_share
 from analyzer.measuring.server_drafting import ServerDrafter
-from analyzer.run_params import LEAVE_OUT, LONG_PROMPT_RULES, LONG_PROMPTS_HELP, REFUSE
-
-__all__ = ["LEAVE_OUT", "LONG_PROMPT_RULES", "LONG_PROMPTS_HELP", "REFUSE"]
+from analyzer.run_params import LEAVE_OUT, REFUSE
 
 
 @dataclass(frozen=True)
