@@ -241,6 +241,9 @@ class AnalysisRun(Base):
     # the run's acceptance priced on other stored profiles of its pair, by profile id (the report's
     # comparison, computed once per profile; dropped whenever the summary is computed anew)
     price_comparisons: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # what the run could not take: {"prompts": [{prompt_id, position, task, tokens, why}]}, the prompts whose
+    # tokens and new tokens the context cannot hold (None: it took every prompt)
+    left_out: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()

@@ -150,6 +150,8 @@ LIMITS: dict[str, Limit] = {
     "margin": Limit(0.0, 1.0),
     "chunk_size": Limit(1, 100_000),
 }
+# the context of an engine that has one (llama.cpp; llama-server's --ctx takes the same range): not a form input
+N_CTX_LIMIT = Limit(256, 131_072)
 
 
 LEAVE_OUT, REFUSE = "leave-out", "refuse"
@@ -159,6 +161,11 @@ LONG_PROMPTS_HELP = (
     "generated: leave-out analyzes the others and names them in the report (the default: one outlier in a "
     "sample costs none of the work done on the rest); refuse stops before generating, listing every such prompt."
 )
+
+
+def long_prompts_text(raw: object) -> str:
+    """``must be one of leave-out, refuse, got 'drop'``."""
+    return f"must be one of {', '.join(LONG_PROMPT_RULES)}, got {shown(raw)}"
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,10 @@ class RunParams:
     seed: int = 0
     reprofile: bool = False
     max_prompt_tokens: int | None = None
+    # the context an engine with one holds (llama.cpp; None: 4096, or the model's trained context if shorter)
+    n_ctx: int | None = None
+    # what to do with prompts whose tokens and new tokens the context cannot hold (LONG_PROMPT_RULES)
+    long_prompts: str = LEAVE_OUT
     # transformers | llama.cpp (analyzer/engine/engines.py): what measures and prices the run
     engine: str = DEFAULT_ENGINE
     # eager | cuda-graphs (analyzer/engine/engines.py): how the transformers engine times its steps
@@ -207,6 +218,10 @@ class RunParams:
             if getattr(self, name) is not None and not limit.admits(getattr(self, name))
         ]
         found += greedy_only(self.temperature, self.batch_size, self.validate)
+        if self.n_ctx is not None and not N_CTX_LIMIT.admits(self.n_ctx):
+            found.append(InputProblem("n_ctx", number_text("n_ctx", self.n_ctx)))
+        if self.long_prompts not in LONG_PROMPT_RULES:
+            found.append(InputProblem("long_prompts", long_prompts_text(self.long_prompts)))
         for name, check in (
             ("device", check_device_name),
             ("dtype", check_dtype_name),
@@ -278,7 +293,7 @@ NUMBER_INPUTS = (
 )
 FLAG_INPUTS = ("chat_template", "reprofile")
 NAME_INPUTS = ("engine", "cost_mode", "device", "dtype", "batch_sizes")
-BLANK_MEANS = {"limit": "all"}  # an optional input: what leaving it blank means
+BLANK_MEANS = {"limit": "all", "n_ctx": "the engine's"}  # an optional input: what leaving it blank means
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -306,7 +321,7 @@ def number_text(name: str, raw: object) -> str:
     """``must be a whole number from 1 to 4096, got '0'``: what a numeric input must be."""
     kind = "a whole number" if whole_number(name) else "a number"
     blank = f"blank ({BLANK_MEANS[name]}) or " if name in BLANK_MEANS else ""
-    limit = LIMITS.get(name)
+    limit = N_CTX_LIMIT if name == "n_ctx" else LIMITS.get(name)
     bounds = f" {range_words(limit)}" if limit else ""
     return f"must be {blank}{kind}{bounds}, got {shown(raw)}"
 

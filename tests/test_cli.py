@@ -222,14 +222,17 @@ def test_decisions_prune_deletes_only_old_decisions(runner, tmp_path):
     engine.dispose()
 
 
-def test_the_context_size_and_the_long_prompt_rule_are_refused_where_the_engine_has_neither(runner):
-    """``--ctx`` and ``--long-prompts`` belong to the engine that starts servers; a run in the other engines is
-    refused naming both (their prompts keep their end where the model's context cannot hold them), and a bad
-    rule is refused naming the choices."""
-    for engine in ("transformers", "llama.cpp"):
-        refused = runner.invoke(cli, ["analyze", "--prompts", "sample", "--engine", engine, "--ctx", "2048"])
-        assert refused.exit_code == 2
-        assert "--ctx and --long-prompts apply to --engine llama-server" in refused.stderr
+def test_a_context_size_is_refused_where_the_engine_has_none_and_a_bad_rule_names_the_choices(runner):
+    """``--ctx`` sizes the context of the engines that have one (llama.cpp, llama-server); the transformers
+    engine, which holds each model's own, refuses it naming those engines, before a run is stored; a bad
+    ``--long-prompts`` rule is refused naming the choices."""
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    refused = runner.invoke(
+        cli, ["analyze", "--prompts", "sample", "--engine", "transformers", "--ctx", "2048"]
+    )
+    assert refused.exit_code == 1
+    assert "a context size (--ctx) applies to the llama.cpp and llama-server engines" in refused.stderr
+    assert json.loads(runner.invoke(cli, ["runs", "list", "--json"]).stdout) == []
     bad = runner.invoke(
         cli, ["analyze", "--prompts", "sample", "--engine", "llama-server", "--long-prompts", "cut"]
     )

@@ -19,7 +19,7 @@ from analyzer.orm import AnalysisRun, CostProfile, PromptResult
 from analyzer.settings import load_settings
 from tests.conftest import require_modules
 from tests.small_gguf import gguf_spec
-from tests.test_runs import cli_db  # noqa: F401 (fixture)
+from tests.test_runs import LONG_RUSSIAN, cli_db  # noqa: F401 (fixture)
 from webui.cli import cli
 
 BUILTIN = "builtin:smollm2-135m-instruct"
@@ -188,6 +188,34 @@ def test_a_llama_cpp_analysis_end_to_end(cli_db, smollm2):
         assert (profile.measured_by, profile.priced_by) == ("llama.cpp", "llama.cpp")
         assert len(session.scalars(select(PromptResult)).all()) == 4
     engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_llama_cpp_run_takes_a_context_size_and_leaves_out_what_it_cannot_hold(cli_db, smollm2, tmp_path):
+    """``--ctx 256`` sizes llama.cpp's context: the long Russian prompt does not fit with 12 new tokens and is
+    left out, named with its token count in the embedded model's tokenizer; the other prompt is measured."""
+    from analyzer.engine.llamacpp_engine import load_tokenizer
+    from analyzer.models.specs import parse_spec
+
+    source = tmp_path / "long.jsonl"
+    rows = [{"prompt": "translate hello world to French", "task": "translation"}, {"prompt": LONG_RUSSIAN}]
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    assert cli_db.invoke(cli, ["prompts", "import", str(source), "--name", "long"]).exit_code == 0
+    tokenizer = load_tokenizer(parse_spec(BUILTIN), tmp_path)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": LONG_RUSSIAN}], add_generation_prompt=True, tokenize=True
+    )
+    tokens = len(chat["input_ids"] if hasattr(chat, "keys") else chat)
+    result = _analyze(cli_db, "--prompts", "long", "--ctx", "256", "--validate", "0")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["params"]["n_ctx"] == 256 and len(report["prompts"]) == 1
+    # 256 less 12 new tokens, gamma 4 and 16 spare
+    why = f"{tokens} tokens, where the context holds 224 prompt tokens beside 12 new ones"
+    assert report["left_out"]["prompts"] == [
+        {"prompt_id": report["left_out"]["prompts"][0]["prompt_id"], "position": 2, "task": "unlabelled",
+         "tokens": tokens, "why": why}
+    ]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -542,3 +542,73 @@ def test_an_analysis_finishes_while_another_process_writes_the_database(cli_db, 
             assert done.exit_code == 0, done.output
             assert json.loads(done.stdout)["status"] == "done"
     assert commits[0] > 100  # the other writer was busy throughout
+
+
+# a long question in Russian, its words apart so the tiny tokenizer gives each a token: 6 + 120 * 7 words
+LONG_RUSSIAN = (
+    "Прочитайте текст и ответьте на вопрос. "
+    + "Городской транспорт должен быть быстрым удобным и доступным. " * 120
+    + "Вопрос: как распределить бюджет?"
+)
+
+
+@pytest.fixture
+def long_prompt_db(runner, tmp_path):
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    source = tmp_path / "long.jsonl"
+    rows = [*PROMPTS[:2], {"prompt": LONG_RUSSIAN, "task": "qa", "id": "ru"}, *PROMPTS[2:]]
+    source.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in rows))
+    assert runner.invoke(cli, ["prompts", "import", str(source), "--name", "long"]).exit_code == 0
+    return runner
+
+
+def _analyze_long(runner, folders, *args):
+    return runner.invoke(
+        cli,
+        ["analyze", "--prompts", "long", "--target", f"hf:{folders['target']}", "--draft", "ngram",
+         "--max-new-tokens", "12", "--gamma-max", "4", "--validate", "0", *args],
+    )  # fmt: skip
+
+
+def test_a_prompt_the_context_cannot_hold_is_left_out_and_named_and_the_others_measured(
+    long_prompt_db, model_folders
+):
+    """The tiny target holds 512 positions: with 12 new tokens, 500 prompt tokens. The long prompt (third in
+    the file) is counted before anything is generated, left out with its count in the report's text and JSON,
+    and the other four are measured; none of its tokens is stored."""
+    from transformers import AutoTokenizer
+
+    chat = AutoTokenizer.from_pretrained(model_folders["target"]).apply_chat_template(
+        [{"role": "user", "content": LONG_RUSSIAN}], add_generation_prompt=True, tokenize=True
+    )
+    tokens = len(chat["input_ids"])
+    assert tokens > 500
+    analyzed = _analyze_long(long_prompt_db, model_folders, "--json")
+    assert analyzed.exit_code == 0, analyzed.stderr
+    report = json.loads(analyzed.stdout)
+    why = f"{tokens} tokens, where the context holds 500 prompt tokens beside 12 new ones"
+    text = long_prompt_db.invoke(cli, ["report", str(report["run_id"])])
+    assert f"Left out prompt 3 (qa): {why}" in text.stdout.splitlines()
+    assert "Left out: 1 prompt (below)" in text.stdout
+    assert report["status"] == "done" and report["progress"] == {"done": 4, "total": 4}
+    [left] = report["left_out"]["prompts"]
+    assert left == {"prompt_id": left["prompt_id"], "position": 3, "task": "qa", "tokens": tokens, "why": why}
+    assert len(report["prompts"]) == 4 and all(p["prompt_id"] != left["prompt_id"] for p in report["prompts"])
+
+
+def test_refuse_stops_before_generating_and_names_every_long_prompt(long_prompt_db, model_folders):
+    """``--long-prompts refuse`` fails the run before its first generation, naming each prompt too long and
+    what to change; no prompt's result is stored."""
+    result = _analyze_long(long_prompt_db, model_folders, "--long-prompts", "refuse")
+    assert result.exit_code == 1
+    assert "1 of the 5 prompts do not fit the run's context" in result.stderr
+    assert "prompt 3 (qa) has" in result.stderr and "--long-prompts leave-out" in result.stderr
+    [run] = json.loads(long_prompt_db.invoke(cli, ["runs", "list", "--json"]).stdout)
+    assert run["status"] == "failed" and run["done"] == 0 and "1 of the 5 prompts" in run["error"]
+
+
+def test_a_context_size_is_refused_for_the_transformers_engine(long_prompt_db, model_folders):
+    """transformers holds each model's own context: ``--ctx`` names the engines it applies to."""
+    result = _analyze_long(long_prompt_db, model_folders, "--ctx", "1024", "--engine", "transformers")
+    assert result.exit_code != 0
+    assert "a context size (--ctx) applies to the llama.cpp and llama-server engines" in result.stderr

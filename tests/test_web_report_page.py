@@ -202,3 +202,15 @@ def test_a_run_not_measured_yet_shows_its_progress_on_the_same_page(app, session
         "target hf:/models/target · draft ngram:max_ngram=2 · machine not yet known · prompt set later, 0 of 3 prompts"
         in header
     )
+
+
+def test_a_run_page_names_the_prompts_the_run_left_out_and_why(session, client):
+    run = make_done_run(session, {"code": 0.9, "qa": 0.2}, per_task=3)
+    why = "4313 tokens, where the context holds 4080 prompt tokens beside 16 new ones"
+    run.left_out = {"prompts": [{"prompt_id": 99, "position": 7, "task": "qa", "tokens": 4313, "why": why}]}
+    session.commit()
+    page = client.get(f"/runs/{run.id}").get_data(as_text=True)
+    section = page[page.index('id="run-left-out"') :].split("</section>")[0]
+    assert f"<li>prompt 7 (qa): {why}</li>" in section
+    assert "Left out: 1 prompt (below)" in page
+    assert client.get(f"/runs/{run.id}/report.json").get_json()["left_out"] == run.left_out

@@ -290,6 +290,7 @@ def _run_fields(run: AnalysisRun, summary: AnalysisSummary, validation_rows: lis
         "status": run.status,
         "error": run.error,
         "progress": {"done": run.progress_done, "total": run.progress_total},
+        "left_out": run.left_out,
         "prompt_set": run.prompt_set.name,
         "target": run.pair.target.spec,
         "draft": run.pair.draft.spec,

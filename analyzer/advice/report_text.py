@@ -8,7 +8,7 @@ import csv
 import io
 
 from analyzer.advice.report import ADVICE_WITHHELD, withheld_notes
-from analyzer.advice.verdict import run_verdict
+from analyzer.advice.verdict import left_out_lines, run_verdict
 from analyzer.engine.engines import DEFAULT_ENGINE, pricing_entry
 
 CSV_COLUMNS = [
@@ -59,6 +59,7 @@ def report_text(report: dict) -> str:
     the per-task table, routing and validation."""
     lines = run_verdict(report).lines() + [""]
     lines.append(_run_line(report))
+    lines.extend(left_out_lines(report.get("left_out")))
     lines.extend(_cost_lines(report))
     if report.get("guarantee"):
         lines.append(report["guarantee"])

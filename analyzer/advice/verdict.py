@@ -123,7 +123,20 @@ def server_verdict(record: Any) -> Verdict:
         if curve.best is not None:
             low, high = curve.interval_of(curve.best)
             best_single = (curve.best, curve.speedup_of(curve.best), low, high)
-    left_out = record.left_out or {}
+    return Verdict(
+        task_verdicts(record.tasks),
+        routed,
+        best_single,
+        record.advice_withheld,
+        f"{record.machine}, {record.threads} threads",
+        noise_words(record.noise),
+        left_out_count(record.left_out),
+    )
+
+
+def left_out_count(left_out: Mapping[str, Any] | None) -> str | None:
+    """``2 settings, 1 prompt``: how much an analysis left out (None: nothing)."""
+    left_out = left_out or {}
     counts = [
         f"{n} {word}{'s' if n > 1 else ''}"
         for n, word in (
@@ -132,15 +145,19 @@ def server_verdict(record: Any) -> Verdict:
         )
         if n
     ]
-    return Verdict(
-        task_verdicts(record.tasks),
-        routed,
-        best_single,
-        record.advice_withheld,
-        f"{record.machine}, {record.threads} threads",
-        noise_words(record.noise),
-        ", ".join(counts) or None,
-    )
+    return ", ".join(counts) or None
+
+
+def left_out_lines(left_out: Mapping[str, Any] | None) -> list[str]:
+    """What an analysis could not take, a line each: the settings whose servers disagreed with their replays
+    and the prompts the context could not hold (a run's named by their position in the set)."""
+    left_out = left_out or {}
+    lines = [f"Left out {label}: {why}" for label, why in (left_out.get("settings") or {}).items()]
+    lines += [
+        f"Left out prompt {p.get('position', p['prompt_id'])} ({p['task']}): {p['why']}"
+        for p in left_out.get("prompts") or []
+    ]
+    return lines
 
 
 def run_verdict(report: Mapping[str, Any]) -> Verdict:
@@ -175,5 +192,5 @@ def run_verdict(report: Mapping[str, Any]) -> Verdict:
         report.get("advice_withheld"),
         f"{report.get('device') or 'device not known'}, {report.get('dtype') or 'float32'}",
         noise,
-        None,
+        left_out_count(report.get("left_out")),
     )

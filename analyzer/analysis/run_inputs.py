@@ -25,6 +25,8 @@ from analyzer.names import AUTO_ENGINE, AUTO_ENGINE_ORDER, DEFAULT_VALIDATE
 from analyzer.run_params import (
     FLAG_INPUTS,
     LIMITS,
+    LONG_PROMPT_RULES,
+    N_CTX_LIMIT,
     NUMBER_INPUTS,
     InputProblem,
     Refused,
@@ -33,6 +35,7 @@ from analyzer.run_params import (
     RunParams,
     clipped,
     greedy_only,
+    long_prompts_text,
     number_text,
     read_flag,
     read_number,
@@ -83,6 +86,7 @@ def read_inputs(
     values: dict[str, Any] = {}
     _read_number_inputs(raw, values, problems)
     _read_flag_inputs(raw, values, problems)
+    _read_engine_context(raw, values, problems)
     asked_engine, asked_mode = _given(raw, "engine"), _given(raw, "cost_mode")
     for name, read in (
         ("engine", lambda: check_engine_input(str(asked_engine or settings.engine).strip())),
@@ -135,6 +139,30 @@ def _read_number_inputs(
             problems.append(InputProblem(name, number_text(name, given)))
             continue
         values[name] = number
+
+
+def _read_engine_context(
+    raw: Mapping[str, object], values: dict[str, Any], problems: list[InputProblem]
+) -> None:
+    """Read ``n_ctx`` (the context of an engine that has one; the command line's ``--ctx``) and ``long_prompts``
+    (what to do with prompts it cannot hold) into ``values``, or their problems into ``problems``."""
+    given = _given(raw, "n_ctx")
+    if given is not None:
+        try:
+            number = read_number("n_ctx", given)
+        except Refused as refused:
+            problems.append(refused.problem)
+        else:
+            if N_CTX_LIMIT.admits(number):
+                values["n_ctx"] = number
+            else:
+                problems.append(InputProblem("n_ctx", number_text("n_ctx", given)))
+    rule = _given(raw, "long_prompts")
+    if rule is not None:
+        if str(rule).strip() in LONG_PROMPT_RULES:
+            values["long_prompts"] = str(rule).strip()
+        else:
+            problems.append(InputProblem("long_prompts", long_prompts_text(rule)))
 
 
 def _read_flag_inputs(

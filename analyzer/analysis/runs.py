@@ -70,6 +70,7 @@ from analyzer.orm import (
 )
 from analyzer.pricing.run_costs import profile_run_costs
 from analyzer.progress import ProgressCallback
+from analyzer.run_params import REFUSE, RunError
 from analyzer.settings import load_settings
 
 # the prompts longest in characters whose tokens are counted to find the longest request (the context slopes)
@@ -398,6 +399,9 @@ def execute_chunk(
             prompts = [p for p in selected_prompts(session, run)]
         loaded_models = model_cache.load(pair, params, progress)
         _record_machine(session_factory, run_id, loaded_models, params)
+        prompts = _fitting_prompts(
+            session_factory, run_id, model_cache, loaded_models, prompts, params, progress
+        )
         quiet_wait_s = load_settings().quiet_wait_s
         if chunk.kind != "measure":  # long work between batches: the heartbeat is renewed as it goes
             progress = renewing_heartbeat(session_factory, chunk, worker_id, progress)
@@ -433,6 +437,78 @@ def execute_chunk(
     except BaseException as exc:
         finish(session_factory, run_id, "failed", error=error_text(exc))
         raise
+
+
+class PromptsTooLong(RunError):
+    """Prompts whose tokens and new tokens the run's context cannot hold (every one named)."""
+
+    code = "prompt_too_long"
+
+
+def _fitting_prompts(
+    session_factory: sessionmaker,
+    run_id: int,
+    model_cache: LoadedModelCache,
+    loaded_models: LoadedPair,
+    prompts: list[Prompt],
+    params: RunParams,
+    progress: ProgressCallback | None,
+) -> list[Prompt]:
+    """The run's prompts whose tokens and new tokens its context holds, every prompt counted before anything
+    is generated (once per worker). A run that sets ``max_prompt_tokens`` keeps each prompt's last tokens
+    instead: it leaves nothing out. The others are left out (``long_prompts`` leave-out: stored on the run,
+    which counts the rest) or refuse the run, every one named (refuse), as for an analysis in llama-server.
+    A prompt with a stored result is not counted again."""
+    if params.max_prompt_tokens:
+        return prompts
+    limit = loaded_models.prompt_limit(params)
+    with session_factory() as session:  # a prompt measured already fits (a resumed run reuses its stored ids)
+        stored = set(session.scalars(select(PromptResult.prompt_id).where(PromptResult.run_id == run_id)))
+    long = []
+    for prompt in prompts:
+        if prompt.id in stored:
+            continue
+        encoded = model_cache.encode(prompt, params)
+        if encoded.truncated:
+            long.append((prompt, encoded.original_tokens))
+    if not long:
+        return prompts
+    room = f"the context holds {limit} prompt tokens beside {params.max_new_tokens} new ones"
+    named = "; ".join(
+        f"prompt {p.position + 1} ({p.task or UNLABELLED}) has {tokens} tokens" for p, tokens in long
+    )
+    if params.long_prompts == REFUSE or len(long) == len(prompts):
+        head = (
+            f"none of the {len(prompts)} prompts fits"
+            if len(long) == len(prompts)
+            else f"{len(long)} of the {len(prompts)} prompts do not fit"
+        )
+        others = "" if len(long) == len(prompts) else ", or --long-prompts leave-out to analyze the others"
+        raise PromptsTooLong(
+            f"{head} the run's context: {room}; {named}. Give fewer --max-new-tokens, or a larger --ctx where "
+            f"the engine has one (llama.cpp, llama-server){others}"
+        )
+    entries = [
+        {
+            "prompt_id": p.id,
+            "position": p.position + 1,
+            "task": p.task or UNLABELLED,
+            "tokens": tokens,
+            "why": f"{tokens} tokens, where {room}",
+        }
+        for p, tokens in long
+    ]
+    with session_factory() as session, session.begin():
+        lock_for_write(session)
+        run = session.get(AnalysisRun, run_id)
+        first = run.left_out != {"prompts": entries}
+        if first:
+            run.left_out = {"prompts": entries}
+            run.progress_total = len(prompts) - len(long)
+    if first and progress:
+        progress(0, 0, f"left out {len(long)} prompts too long for the context: {named}")
+    kept = {p.id for p, _ in long}
+    return [p for p in prompts if p.id not in kept]
 
 
 def _prompt_chars(prompt: Prompt) -> int:

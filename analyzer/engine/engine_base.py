@@ -211,8 +211,13 @@ class LoadedPair(Protocol):
         """The target's and a model draft's tokenizers (None for prompt lookup), for fingerprints."""
         ...
 
+    def prompt_limit(self, params: RunParams) -> int:
+        """The most prompt tokens a run of ``params`` keeps: its ``max_prompt_tokens``, else what the
+        context holds beside the new tokens (a longer prompt does not fit)."""
+        ...
+
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
-        """The prompt's token ids under the run's chat template and prompt limit."""
+        """The prompt's token ids under the run's chat template and :meth:`prompt_limit`."""
         ...
 
     def token_texts(self, token_ids: list[int]) -> list[str]:

@@ -84,7 +84,7 @@ class LlamaCppEngine:
         return f"engine {self.name} on the CPU, the GGUF files' own quantization"
 
     def load_key(self, params: RunParams) -> tuple[Any, ...]:
-        return ("in llama.cpp on the CPU", params.gamma_max)
+        return ("in llama.cpp on the CPU", params.gamma_max, params.n_ctx)
 
     def load(self, pair: ModelPair, cache_dir: Path, params: RunParams, *, allow_network: bool) -> LoadedPair:
         from analyzer.engine.llamacpp_run import load_llamacpp_models  # llama_cpp is optional

@@ -39,7 +39,13 @@ class TransformersEngine:
         return TRANSFORMERS_RULE
 
     def check_params(self, params: RunParams) -> None:
-        """Refuses cuda-graphs on an explicit CPU device (``auto`` is checked where it is resolved)."""
+        """Refuses cuda-graphs on an explicit CPU device (``auto`` is checked where it is resolved), and a
+        context size: a transformers model holds its own (``max_position_embeddings``)."""
+        if params.n_ctx is not None:
+            raise RunError(
+                "the transformers engine holds each model's own context (its max_position_embeddings); "
+                "a context size (--ctx) applies to the llama.cpp and llama-server engines"
+            )
         if params.device == "cpu":
             try:
                 check_cost_mode_device(params.cost_mode, "cpu")

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from analyzer.engine.llamacpp_speculative import SpeculativePair
     from analyzer.engine.overhead import GenerateCallback
 
-MAX_CONTEXT_TOKENS = 4096  # the longest prompt + budget a llama.cpp run holds (its KV cache is sized for it)
+MAX_CONTEXT_TOKENS = (
+    4096  # the context a llama.cpp run holds unless it sets n_ctx (its KV cache is sized for it)
+)
 
 
 class LlamaCppRunError(SpecrouteError, ValueError):
@@ -66,17 +68,20 @@ class LlamaCppRunModels:
     def ngram_max(self) -> int | None:
         return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
 
-    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
-        """The prompt's ids under the run's rule (chat template, truncation to what the context holds)."""
-        limit = params.max_prompt_tokens or max(
+    def prompt_limit(self, params: RunParams) -> int:
+        """``max_prompt_tokens``, else the context less the new tokens, a draft's lookahead and 16 spare."""
+        return params.max_prompt_tokens or max(
             16, self.target.n_ctx - params.max_new_tokens - params.gamma_max - 16
         )
+
+    def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
+        """The prompt's ids under the run's rule (chat template, at most :meth:`prompt_limit` ids)."""
         return encode_prompt(
             self.tokenizer,
             text=prompt.text,
             messages=prompt.messages,
             use_chat_template=params.chat_template,
-            max_prompt_tokens=limit,
+            max_prompt_tokens=self.prompt_limit(params),
         )
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
@@ -201,7 +206,14 @@ def load_llamacpp_models(pair: ModelPair, cache_dir: Path, params: RunParams) ->
     require_llama_cpp()
     target_ref, draft_ref = parse_spec(pair.target.spec), parse_spec(pair.draft.spec)
     tokenizer = load_tokenizer(target_ref, cache_dir)
-    target = LlamaCppModel(gguf_file(target_ref), n_ctx=MAX_CONTEXT_TOKENS)
+    asked = params.n_ctx or MAX_CONTEXT_TOKENS
+    target = LlamaCppModel(gguf_file(target_ref), n_ctx=asked)
+    if params.n_ctx is not None and target.trained_context < asked:
+        trained = target.trained_context
+        target.close()
+        raise LlamaCppRunError(
+            f"n_ctx {asked} exceeds the {trained} tokens {pair.target.spec} was trained for; give at most {trained}"
+        )
     if target.trained_context < MAX_CONTEXT_TOKENS:
         target.close()
         target = LlamaCppModel(gguf_file(target_ref), n_ctx=target.trained_context)

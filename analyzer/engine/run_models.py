@@ -74,18 +74,20 @@ class RunModels:
         """The prompt-lookup n-gram size (None for a model draft)."""
         return int(self.draft_ref.options.get("max_ngram", 2)) if self.draft_ref.kind == "ngram" else None
 
+    def prompt_limit(self, params: RunParams) -> int:
+        """:func:`prompt_token_limit`: ``max_prompt_tokens``, else the model's context less the new tokens."""
+        return prompt_token_limit(self.target.model, params.max_new_tokens, params.max_prompt_tokens)
+
     def encode(self, prompt: Prompt, params: RunParams) -> EncodedPrompt:
         """The prompt's token ids under the run's rule: the chat template unless the run turned it off,
-        and at most :func:`prompt_token_limit` ids (the last ones). One tokenizer call; a run calls
+        and at most :meth:`prompt_limit` ids (the last ones). One tokenizer call; a run calls
         this once per prompt and reuses the ids everywhere (they are stored with the result)."""
         return encode_prompt(
             self.target.tokenizer,
             text=prompt.text,
             messages=prompt.messages,
             use_chat_template=params.chat_template,
-            max_prompt_tokens=prompt_token_limit(
-                self.target.model, params.max_new_tokens, params.max_prompt_tokens
-            ),
+            max_prompt_tokens=self.prompt_limit(params),
         )
 
     def token_texts(self, token_ids: list[int]) -> list[str]:

@@ -40,8 +40,8 @@ from webui.cli.base import CliState, _cache_dir, _TqdmProgress, cli
 
 
 def option_name(field: str) -> str:
-    """The option a run input is given with: ``max_new_tokens`` -> ``--max-new-tokens``."""
-    return "--" + field.replace("_", "-")
+    """The option a run input is given with: ``max_new_tokens`` -> ``--max-new-tokens``, ``n_ctx`` -> ``--ctx``."""
+    return "--ctx" if field == "n_ctx" else "--" + field.replace("_", "-")
 
 
 def run_input_option(field: str, help_text: str, dest: str | None = None) -> Callable:
@@ -159,14 +159,15 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     "n_ctx",
     type=click.IntRange(*SERVER_LIMITS["n_ctx"]),
     default=None,
-    help="Context size of each server, with --engine llama-server (default: 4096). The other engines keep "
-    "each prompt's end where it does not fit their model's context with the new tokens.",
+    help="Context size, for the engines that have one: each server's with --engine llama-server, the model's "
+    "with --engine llama.cpp (default: 4096, or what the model was trained for where that is less). The "
+    "transformers engine holds each model's own context.",
 )
 @click.option(
     "--long-prompts",
     type=click.Choice(LONG_PROMPT_RULES),
     default=None,
-    help="With --engine llama-server (default: leave-out): " + LONG_PROMPTS_HELP,
+    help=LONG_PROMPTS_HELP,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
@@ -214,12 +215,9 @@ def analyze(
             state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options
         )
         return
-    if n_ctx is not None or long_prompts is not None:
-        raise click.UsageError(
-            "--ctx and --long-prompts apply to --engine llama-server; the other engines keep each prompt's end "
-            "where it does not fit their model's context with the new tokens"
-        )
     sessions = state.sessions()
+    if resume_run is not None and (n_ctx is not None or long_prompts is not None):
+        raise click.UsageError("--ctx and --long-prompts set a new run: a resumed run keeps its own")
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
         raise click.UsageError(
             "--cost-profile prices a new run: not with --resume, --batch-sizes or --reprofile"
@@ -231,6 +229,7 @@ def analyze(
                 raise click.UsageError("give --prompts NAME (or --resume RUN)")
             batch_sizes = batch_sizes or _batch_sizes_of(sessions, cost_profiles)
             raw = _new_run_inputs(run_inputs, target, draft, reprofile, engine, batch_sizes)
+            raw.update(n_ctx=n_ctx, long_prompts=long_prompts)
             run_id = _create_new_run(state, sessions, prompt_set, raw, queue_only, cost_profiles)
             if queue_only:
                 click.echo(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from analyzer.advice.verdict import server_verdict
+from analyzer.advice.verdict import left_out_lines, server_verdict
 from analyzer.analysis.server_analysis import (
     DEFAULT_VALIDATE_REPEATS,
     VALIDATION_HALF_WIDTH,
@@ -418,17 +418,6 @@ def pools(state: CliState, analysis_id: int, first_port: int) -> None:
     with state.sessions()() as session:
         record = get_server_analysis(session, analysis_id)
         click.echo(pool_plan_text(record, first_port))
-
-
-def left_out_lines(left_out: dict | None) -> list[str]:
-    """What an analysis could not take, a line each: the settings whose servers disagreed with their replays
-    and the prompts the context could not hold."""
-    left_out = left_out or {}
-    lines = [f"Left out {label}: {why}" for label, why in (left_out.get("settings") or {}).items()]
-    lines += [
-        f"Left out prompt {p['prompt_id']} ({p['task']}): {p['why']}" for p in left_out.get("prompts") or []
-    ]
-    return lines
 
 
 def server_analysis_text(record: ServerAnalysisRecord) -> str:
