@@ -434,6 +434,9 @@ class ServerAnalysisRecord(Base):
     # what the analysis could not take: {"settings": {label: why}, "prompts": [{"prompt_id", "task", "tokens",
     # "why"}]} (None: it took everything)
     left_out: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # the sample validation took of the held-out prompts: {validated, held_out, budget_s, estimated_s, why}
+    # (analyzer/measuring/validation_plan.py; None: not validated, or every held-out prompt)
+    validation_plan: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
 

@@ -31,6 +31,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -55,6 +56,7 @@ from router.classify.pipeline import build_pipeline  # noqa: E402
 from router.classify.task_classifier import TaskClassifier  # noqa: E402
 from router.classify.training_data import cold_start_data  # noqa: E402
 from router.decide.decision import Router  # noqa: E402
+from router.decide.route_ids import new_route_id, route_key  # noqa: E402
 from router.policies.policy import PolicySnapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,6 +302,7 @@ def server_env(root: Path, url: str, folder: str) -> dict:
         "SPECROUTE_DATA_DIR": folder,
         "SPECROUTE_UI_WORKER": "false",
         "OMP_NUM_THREADS": "1",
+        "SPECROUTE_SECRET_KEY": SECRET_KEY,  # the route ids of feedback_bodies verify on every server
     }
 
 
@@ -329,9 +332,14 @@ def databases(kinds: list[str], folder: str, name: str):
         yield urls
 
 
+# every server's SPECROUTE_SECRET_KEY in one run, so that the route ids of feedback_bodies verify
+SECRET_KEY = secrets.token_hex(32)
+
+
 def feedback_bodies(count: int, seed: int = 0) -> list[bytes]:
     """Feedback as an engine sends it: counts for the 13 tasks, half by task_type, half by a route_id of
-    policy set version 1 (the only one: feedback does not look a decision up)."""
+    policy set version 1 (the only one: feedback does not look a decision up), signed with the servers' key
+    as a decision's is."""
     rng = np.random.default_rng(seed)
     bodies = []
     for i in range(count):
@@ -339,7 +347,7 @@ def feedback_bodies(count: int, seed: int = 0) -> list[bytes]:
         rounds = int(rng.integers(1, 31))
         drafted = int(rng.integers(0, 4 * rounds + 1))
         counts = {"rounds": rounds, "drafted": drafted, "accepted": int(rng.integers(0, drafted + 1))}
-        named = {"route_id": f"v1-{rng.bytes(16).hex()}-{task}"} if i % 2 else {"task_type": task}
+        named = {"route_id": new_route_id(1, task, route_key(SECRET_KEY))} if i % 2 else {"task_type": task}
         bodies.append(json.dumps({**named, **counts}).encode())
     return bodies
 
@@ -437,6 +445,7 @@ def http(prompts: list[str], args) -> dict:
                 "p50_ms": float(np.median([r["p50_ms"] for r in measured])),
                 "p99_ms": float(np.median([r["p99_ms"] for r in measured])),
                 "errors": int(sum(r["errors"] for r in measured)),
+                "error_examples": [e for r in measured for e in r["error_examples"]][:3],
             }
         stored = {
             kind: {

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from analyzer.analysis.server_analysis import analyze_in_llama_server
+from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
 from analyzer.analysis.server_calibration import fit_costs
 from analyzer.analysis.server_figures import ceilings
 from analyzer.analysis.server_generation import ServerSetup
@@ -404,7 +404,9 @@ def main() -> None:
     else:
         analysis = analyze_in_llama_server(
             setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=args.n_predict,
-            calibration_prompts=args.calibration, validate=True, validate_repeats=args.repeats,
+            calibration_prompts=args.calibration, validate=True,
+            # every held-out prompt: the accuracy is judged on all of them
+            validation=ValidationAsk(args.repeats, budget_share=None),
             say=lambda line: print(f"  {line}", flush=True),
         )  # fmt: skip
         saved.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis.server_analysis import MIN_SPEEDUP, analyze_in_llama_server
+from analyzer.analysis.server_analysis import MIN_SPEEDUP, ValidationAsk, analyze_in_llama_server
 from analyzer.analysis.server_calibration import measured_noise
 from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
 from analyzer.analysis.server_generation import ServerSetup
@@ -51,8 +51,8 @@ def analysis(llama_server_binary, model_path):
     lines: list[str] = []
     # two validation passes whatever the machine's noise: ngram-mod's server then sees every prompt twice
     result = analyze_in_llama_server(
-        setup, _prompts(2), drafters, n_predict=48, calibration_prompts=3, validate=True, validate_repeats=2,
-        validation_half_width=0.0, say=lines.append,
+        setup, _prompts(2), drafters, n_predict=48, calibration_prompts=3, validate=True,
+        validation=ValidationAsk(repeats=2, half_width=0.0), say=lines.append,
     )  # fmt: skip
     return result, lines
 
@@ -256,10 +256,11 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         "24",
     ]
     done = runner.invoke(
-        cli, ["llama-server", "analyze", *args, "--calibration", "3", "--validate-repeats", "1"]
+        cli, ["llama-server", "analyze", *args, "--calibration", "3", "--validate-repeats", "1", "--validate-all"]
     )
     assert done.exit_code == 0, done.output
     assert "analyzing 13 prompts in llama-server" in done.stderr and "validated 10/10" in done.stderr
+    assert "validated every held-out prompt (10), with no validation budget" in done.stdout.splitlines()
     verdict, body = done.stdout.split("\n\n", 1)  # the verdict first, at most eight lines
     assert verdict.startswith("Verdict: speculate on ") and len(verdict.splitlines()) <= 8
     lines = body.splitlines()
@@ -397,7 +398,13 @@ def test_draft_simple_counts_mostly_equal_the_replay_with_and_without_the_confid
     drafters = [parse_drafter(d) for d in ("draft-simple 0-3 p0", "draft-simple 0-5 p0.6")]
     setup = ServerSetup(llama_server_binary, model_path, threads=2, n_ctx=4096, draft_model=model_path)
     result = analyze_in_llama_server(
-        setup, _prompts(1), drafters, n_predict=32, calibration_prompts=2, validate=True, validate_repeats=1
+        setup,
+        _prompts(1),
+        drafters,
+        n_predict=32,
+        calibration_prompts=2,
+        validate=True,
+        validation=ValidationAsk(repeats=1),
     )
     equal = [
         s
@@ -477,7 +484,13 @@ def test_an_analysis_through_servers_the_user_runs(
         first = done.stdout.split("\n\n", 1)[1].splitlines()[0]  # after the verdict
         assert first.startswith("llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens")
         assert "llama-server b1-" in first and first.endswith(model_path.name)
-        rows = [line for line in done.stdout.splitlines() if line.startswith("ngram-simple 2/4 | 10 (")]
+        sample = re.search(r"^validated (\d+) of 10 held-out prompts, chosen across tasks", done.stdout, re.M)
+        assert sample is not None and 4 <= int(sample.group(1)) < 10  # what the budget pays for, at least 4
+        rows = [
+            line
+            for line in done.stdout.splitlines()
+            if line.startswith(f"ngram-simple 2/4 | {sample.group(1)} (")
+        ]
         assert len(rows) == 1  # validated through the user's servers
         assert plain.client.ready() and spec.client.ready()  # still running: not ours to stop
     gone = runner.invoke(cli, [*args, "--server", plain_url, "--server", f"ngram-simple 2/4={spec_url}"])
@@ -524,7 +537,10 @@ def test_the_demo_analyzes_in_llama_server_by_default_publishes_pools_and_reuses
     engine.dispose()
     assert (job.status, job.analysis_id, job.attempts) == ("done", record.id, 1)
     assert len(record.prompts) == 10 and sum(p["calibration"] for p in record.prompts) == 3
-    assert record.validation_repeats >= 1 and all(f["runs"] == 7 for f in record.validation)
+    # validated: the sample its budget pays for, at least 4 of the 7 held out, chosen across tasks
+    validated = record.validation_plan["validated"]
+    assert record.validation_plan["held_out"] == 7 and 4 <= validated <= 7
+    assert record.validation_repeats >= 1 and all(f["runs"] == validated for f in record.validation)
     assert [t["prompts"] for t in record.tasks] == [3, 3, 3, 1]
     assert divergence_text(record.validation) in first.output
     assert policy_set.server_analysis_id == record.id and policy_set.is_active == (not record.advice_withheld)

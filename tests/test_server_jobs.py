@@ -353,3 +353,54 @@ def test_analyze_in_llama_server_takes_the_runs_limits_and_names_the_option(runn
 
     result = runner.invoke(cli, ["analyze", "--engine", "llama-server", "--prompts", "sample", option, value])
     assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("validate_all", [False, True])
+def test_validation_takes_the_sample_its_budget_pays_for_or_every_held_out_prompt_when_asked(
+    llama_server_binary, small_gguf, engine, session, tmp_path, validate_all
+):
+    """10 prompts, 2 calibrating: one pass over a held-out prompt (plain twice and the setting) costs more than
+    the plain generation of several, so the budget (half of the whole plain generation) pays for fewer than the
+    8 held out and validation takes the minimum, 4, chosen across tasks; ``validate_all`` takes all 8. Only the
+    chosen prompts are run through the servers, and the record says how many of how many and why."""
+    from analyzer.measuring.validation_plan import MIN_VALIDATED
+    from webui.cli.server_analysis import server_analysis_text
+
+    sessions = make_session_factory(engine)
+    prompt_set, _ = import_sample(session)
+    params = replace(
+        _short_job(small_gguf, validate=True, validate_repeats=1),
+        limit=10,
+        calibration=2,
+        validate_all=validate_all,
+    )
+    job_id = create_server_job(session, prompt_set, params).id
+    session.commit()
+    lines: list[str] = []
+    assert claim_server_job(sessions, "w") == job_id
+    analysis_id = execute_server_job(
+        sessions,
+        job_id,
+        worker_id="w",
+        cache_dir=tmp_path,
+        llama_server=str(llama_server_binary),
+        echo=lines.append,
+    )
+    assert analysis_id is not None
+    session.expire_all()
+    record = session.get_one(ServerAnalysisRecord, analysis_id)
+    plan = record.validation_plan
+    expected = 8 if validate_all else MIN_VALIDATED
+    assert (plan["validated"], plan["held_out"], record.validation_repeats) == (expected, 8, 1)
+    validated = [line for line in lines if line.startswith("validated ")]
+    assert len(validated) == expected and validated[-1].startswith(f"validated {expected}/{expected} ")
+    if validate_all:
+        assert plan["why"] == "every held-out prompt (8), with no validation budget"
+    else:
+        assert plan["why"].startswith(f"{MIN_VALIDATED} of 8 held-out prompts, chosen across tasks")
+        tasks = {p["task"] for p in record.prompts if not p["calibration"]}
+        sampled = {p["task"] for p in record.prompts if not p["calibration"] and p["settings"][0]["passes"]}
+        assert len(sampled) == min(MIN_VALIDATED, len(tasks))
+    shown = server_analysis_text(record)
+    assert f"validated {plan['why']}" in shown.splitlines()

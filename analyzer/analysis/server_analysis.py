@@ -14,9 +14,11 @@ fitted on; a fit whose held-out error exceeds its bound is measured again once, 
 machine is too noisy, the analysis is kept but its advice is withheld (every task off) and ``withheld`` says
 why, with the numbers.
 
-Validation repeats the passes over the held-out prompts, interleaved, until each setting's time-weighted
-speedup has a 95% interval from run noise of at most :data:`VALIDATION_HALF_WIDTH` (at most the repeats
-asked). It reports predicted against measured speedup (from ``timings``), and whether the server's own
+Validation takes a sample of the held-out prompts, across tasks and predicted speedups, that its budget
+pays for (:mod:`analyzer.measuring.validation_plan`: by default passes costing half the plain generation),
+and repeats the passes over it, interleaved, until each setting's time-weighted speedup has a 95% interval
+from run noise of at most :data:`VALIDATION_HALF_WIDTH` (at most the repeats asked, and what the budget pays
+for). It reports predicted against measured speedup (from ``timings``), and whether the server's own
 ``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the speculative output equals
 plain greedy output (the exactness test). Every server request also records how much CPU other processes took
 meanwhile, and the hypervisor's steal; a request over
@@ -36,6 +38,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from analyzer.analysis.server_calibration import (
     FALLBACK_RUN_ERROR,
@@ -59,12 +64,14 @@ from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, ser
 from analyzer.analysis.server_replay import replay_settings
 from analyzer.measuring.noise import repeats_for_aggregate
 from analyzer.measuring.server_drafting import ServerDrafter
+from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE, ValidationPlan, plan_validation
 from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT
 
 __all__ = [
     "DEFAULT_VALIDATE_REPEATS",
     "MIN_SPEEDUP",
     "VALIDATION_HALF_WIDTH",
+    "ValidationAsk",
     "PromptOutcome",
     "PromptTooLong",
     "ServerAnalysis",
@@ -82,6 +89,17 @@ VALIDATION_HALF_WIDTH = 0.015  # validation repeats until run noise leaves each 
 DEFAULT_VALIDATE_REPEATS = 3  # ... or this many passes over the validated prompts
 
 
+@dataclass(frozen=True)
+class ValidationAsk:
+    """What validation is asked for: passes until run noise leaves each setting's aggregate within
+    ``half_width`` (95%; 0: always ``repeats``), at most ``repeats``, over the sample of held-out prompts whose
+    passes cost at most ``budget_share`` of the plain generation (None: every held-out prompt)."""
+
+    repeats: int = DEFAULT_VALIDATE_REPEATS
+    half_width: float = VALIDATION_HALF_WIDTH
+    budget_share: float | None = DEFAULT_BUDGET_SHARE
+
+
 def analyze_in_llama_server(
     setup: ServerSetup,
     prompts: Sequence[ServerPrompt],
@@ -90,20 +108,21 @@ def analyze_in_llama_server(
     n_predict: int,
     calibration_prompts: int,
     validate: bool,
-    validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
-    validation_half_width: float = VALIDATION_HALF_WIDTH,
+    validation: ValidationAsk = ValidationAsk(),
     say: Progress = lambda line: None,
     attempt: Attempt | None = None,
     long_prompts: str = LEAVE_OUT,
 ) -> ServerAnalysis:
-    """Generate, replay, calibrate, predict and (when ``validate``) validate; see the module docstring.
-    ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not validated;
-    validation makes at most ``validate_repeats`` passes, fewer where run noise already leaves each
-    setting's aggregate within ``validation_half_width`` (0: always ``validate_repeats``). ``attempt``: what an
-    earlier attempt made (kept instead of made again) and whom to tell what this one makes (a queued analysis
-    stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit the context are
-    counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`, named in the
-    analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`)."""
+    """Generate, replay, calibrate, predict and (when ``validate``) validate as ``validation`` asks; see the
+    module docstring. ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not
+    validated; validation takes a sample of the others across tasks and predicted speedups whose passes cost at
+    most ``validation.budget_share`` of the plain generation (at least
+    :data:`~analyzer.measuring.validation_plan.MIN_VALIDATED`), and makes at most ``validation.repeats`` passes
+    over it, fewer where run noise already leaves each setting's aggregate within ``validation.half_width``.
+    ``attempt``: what an earlier attempt made (kept instead of made again) and whom to tell what this one makes
+    (a queued analysis stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit
+    the context are counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`,
+    named in the analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`)."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
@@ -142,14 +161,19 @@ def analyze_in_llama_server(
                 setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
         analysed = time.perf_counter()
         held_out = [o for o in outcomes if not o.calibration]
-        repeats = 0
+        repeats, plan = 0, None
         if validate and held_out:
+            plan = _validation_plan(outcomes, held_out, validation.budget_share)
+            sample = [held_out[i] for i in plan.chosen]
+            say(f"validating {plan.why}")
             run_error = calibration.noise.run_error or FALLBACK_RUN_ERROR
-            weights = [o.plain.completion.predicted_ms for o in held_out]
+            weights = [o.plain.completion.predicted_ms for o in sample]
             repeats = repeats_for_aggregate(
-                run_error, weights, validation_half_width, at_most=validate_repeats
+                run_error, weights, validation.half_width, at_most=validation.repeats
             )
-            validate_held_out(servers, held_out, history, repeats, say, pass_log)
+            if plan.estimated_s > 0 and plan.budget_s < float("inf"):  # the budget pays for whole passes only
+                repeats = max(1, min(repeats, int(plan.budget_s // plan.estimated_s)))
+            validate_held_out(servers, sample, history, repeats, say, pass_log)
     finally:
         for server in servers:
             server.stop()
@@ -159,4 +183,26 @@ def analyze_in_llama_server(
         list(drafters), outcomes, calibration.costs, n_predict, setup.threads, analysed - started, plain_seconds,
         len(chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld, repeats, calibration.passes,
         calibration.bound, calibration.left_out, [p.as_json() for p in long],
+        plan.as_json() if plan is not None else None,
     )  # fmt: skip
+
+
+def _pass_seconds(outcome: PromptOutcome) -> float:
+    """One validation pass of ``outcome`` estimated from its plain generation: two plain runs and one run per
+    setting at its predicted speedup."""
+    plain_s = outcome.plain.completion.predicted_ms / 1000.0
+    return plain_s * (2.0 + sum(1.0 / max(s.predicted_speedup or 1.0, 0.1) for s in outcome.settings))
+
+
+def _validation_plan(
+    outcomes: Sequence[PromptOutcome], held_out: Sequence[PromptOutcome], budget_share: float | None
+) -> ValidationPlan:
+    """The held-out prompts validation takes (:func:`analyzer.measuring.validation_plan.plan_validation`):
+    across tasks and predicted speedups, while one pass over them costs at most ``budget_share`` of the plain
+    generation of every prompt (None: every held-out prompt)."""
+    generation_s = sum(o.plain.completion.predicted_ms for o in outcomes) / 1000.0
+    budget_s = float("inf") if budget_share is None else budget_share * generation_s
+    predicted = np.array([[s.predicted_speedup or 1.0 for s in o.settings] for o in held_out])
+    return plan_validation(
+        [o.prompt.task for o in held_out], predicted, [_pass_seconds(o) for o in held_out], budget_s
+    )

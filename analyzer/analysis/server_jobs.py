@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.analysis.analysis_ref import SERVER, SERVER_JOB, AnalysisRef
 from analyzer.db import lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
+from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE
 from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
 from analyzer.run_params import LIMITS as RUN_LIMITS
 from analyzer.settings import STALE_AFTER_S
@@ -90,6 +91,7 @@ class ServerJobParams:
     validate_repeats: int = 3
     urls: Mapping[str, str] | None = field(default=None)
     long_prompts: str = "leave-out"
+    validate_all: bool = False  # every held-out prompt, not the sample the validation budget pays for
 
     def checked(self) -> "ServerJobParams":
         """These parameters, or ServerJobError naming the first bad field."""
@@ -406,7 +408,7 @@ def execute_server_job(
     its progress and plain generations stored as they come, then the analysis stored and the job done in one
     transaction. Returns the analysis' id; None when the job failed (its message and code stored) or stopped
     (cancelled, or taken over by another worker). ``llama_server``: SPECROUTE_LLAMA_SERVER."""
-    from analyzer.analysis.server_analysis import analyze_in_llama_server
+    from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
     from analyzer.analysis.server_passes import Attempt
     from analyzer.analysis.server_store import first_per_task, server_prompts, store_server_analysis
     from analyzer.measuring.server_drafting import parse_drafter
@@ -449,8 +451,10 @@ def execute_server_job(
         analysis = analyze_in_llama_server(
             setup, prompts, drafters,
             n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
-            validate_repeats=params.validate_repeats, say=report,
-            attempt=Attempt(kept, kept_passes, generated, passed), long_prompts=params.long_prompts,
+            validation=ValidationAsk(
+                params.validate_repeats, budget_share=None if params.validate_all else DEFAULT_BUDGET_SHARE
+            ),
+            say=report, attempt=Attempt(kept, kept_passes, generated, passed), long_prompts=params.long_prompts,
         )  # fmt: skip
     except ServerJobStopped:
         return None

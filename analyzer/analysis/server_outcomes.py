@@ -221,7 +221,8 @@ class ServerAnalysis:
     after, against ``plain_generation_seconds``, the plain generation of the same prompts alone.
     ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the passes
     validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured);
-    ``left_out_settings`` and ``left_out_prompts`` what the analysis could not take, and why."""
+    ``left_out_settings`` and ``left_out_prompts`` what the analysis could not take, and why;
+    ``validation_plan`` the sample validation took of the held-out prompts and its budget."""
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
@@ -242,6 +243,8 @@ class ServerAnalysis:
     # because the context cannot hold them ({"prompt_id", "task", "tokens", "why"})
     left_out_settings: dict[str, str] = field(default_factory=dict)
     left_out_prompts: list[dict[str, Any]] = field(default_factory=list)
+    # which held-out prompts validation took and why (analyzer/measuring/validation_plan.py; None: none)
+    validation_plan: dict[str, Any] | None = None
 
     def cost_of(self, drafter: ServerDrafter) -> ServerCost:
         """The step costs that price ``drafter``: its family's."""

@@ -174,6 +174,7 @@ def store_server_analysis(
             if analysis.left_out_settings or analysis.left_out_prompts
             else None
         ),
+        validation_plan=analysis.validation_plan,
     )
     session.add(record)
     session.flush()
@@ -250,6 +251,7 @@ def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict
         "n_predict": record.n_predict,
         "advice_withheld": record.advice_withheld,
         "left_out": record.left_out or {"settings": {}, "prompts": []},
+        "validation_plan": record.validation_plan,
         "prompts": [
             {
                 "prompt_id": row["prompt_id"],

@@ -5,7 +5,8 @@ The first N prompts of a set are whatever order the user uploaded: six short cha
 fit nothing about long contexts or long drafts, and a cost fitted on them prices the rest of the workload
 outside its range. :func:`spanning_choice` picks prompts by farthest-point sampling over their features,
 each scaled to its rank in [0, 1]: first the prompt nearest the middle, then each time the prompt farthest
-from every prompt chosen so far, so the extremes of every feature and the space between are covered.
+from every prompt chosen so far, so the extremes of every feature and the space between are covered
+(:func:`spanning_order` gives every prompt in that order: validation's sample takes its prefixes).
 """
 
 from __future__ import annotations
@@ -27,25 +28,31 @@ def _ranks(column: np.ndarray) -> np.ndarray:
     return ranks / (n - 1)
 
 
-def spanning_choice(features: np.ndarray, count: int) -> list[int]:
-    """``count`` row indices of ``features`` (shape (n, d): one row per prompt, e.g. log context length and
-    draft rate) that span them: farthest-point sampling over the rank-scaled features, starting from the row
-    nearest the middle; ties go to the earlier row. Returned in the rows' order. All rows when ``count`` >= n."""
+def spanning_order(features: np.ndarray) -> list[int]:
+    """Every row index of ``features`` (shape (n, d)) in farthest-point order over the rank-scaled features:
+    first the row nearest the middle, then each time the row farthest from every row taken so far (ties: the
+    earlier row), so any prefix spans the rows as well as that many can."""
     rows = np.asarray(features, dtype=np.float64)
     if rows.ndim != 2:
         raise ValueError("features must be a (prompts, features) matrix")
     n = rows.shape[0]
-    if count >= n:
-        return list(range(n))
-    if count <= 0:
+    if n == 0:
         return []
     scaled = np.column_stack([_ranks(rows[:, j]) for j in range(rows.shape[1])]) if rows.shape[1] else rows
-    chosen = [int(np.argmin(np.linalg.norm(scaled - 0.5, axis=1)))]
-    nearest = np.linalg.norm(scaled - scaled[chosen[0]], axis=1)
-    nearest[chosen[0]] = -1.0
-    while len(chosen) < count:
+    taken = [int(np.argmin(np.linalg.norm(scaled - 0.5, axis=1)))]
+    nearest = np.linalg.norm(scaled - scaled[taken[0]], axis=1)
+    nearest[taken[0]] = -1.0
+    while len(taken) < n:
         candidate = int(np.argmax(nearest))  # argmax takes the first of equal distances
-        chosen.append(candidate)
+        taken.append(candidate)
         nearest = np.minimum(nearest, np.linalg.norm(scaled - scaled[candidate], axis=1))
-        nearest[chosen] = -1.0  # a chosen row is never chosen again, even among identical rows
-    return sorted(chosen)
+        nearest[taken] = -1.0  # a taken row is never taken again, even among identical rows
+    return taken
+
+
+def spanning_choice(features: np.ndarray, count: int) -> list[int]:
+    """``count`` row indices of ``features`` that span them (the first ``count`` of :func:`spanning_order`),
+    in the rows' order; all rows when ``count`` >= n."""
+    if count <= 0:
+        return []
+    return sorted(spanning_order(features)[:count])

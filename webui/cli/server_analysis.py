@@ -47,6 +47,7 @@ from analyzer.engine.llama_server import find_llama_server
 from analyzer.engine.llama_server_process import RemoteServer
 from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
+from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE, MIN_VALIDATED
 from analyzer.models.specs import parse_spec
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
@@ -149,7 +150,14 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     "--validate/--no-validate",
     default=True,
     show_default=True,
-    help="Run every other prompt on the plain and every setting's server, and store predicted vs measured.",
+    help="Run a sample of the prompts calibration did not use, across tasks and predicted speedups, on the plain "
+    "and every setting's server, and store predicted vs measured; the sample is what passes costing "
+    f"{DEFAULT_BUDGET_SHARE:.0%} of the plain generation pay for, at least {MIN_VALIDATED} prompts.",
+)
+@click.option(
+    "--validate-all",
+    is_flag=True,
+    help="Validate every prompt calibration did not use, not a sample (the cost of a sweep of the settings).",
 )
 @click.option(
     "--validate-repeats",
@@ -180,6 +188,7 @@ def analyze(
     per_task: int | None,
     server_texts: tuple[str, ...],
     validate: bool,
+    validate_all: bool,
     validate_repeats: int,
     queue_only: bool,
     long_prompts: str = LEAVE_OUT,
@@ -194,7 +203,7 @@ def analyze(
     record_id = run_server_analysis(
         state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
         calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
-        queue_only=queue_only, long_prompts=long_prompts,
+        queue_only=queue_only, long_prompts=long_prompts, validate_all=validate_all,
     )  # fmt: skip
     if record_id is None:
         return
@@ -220,13 +229,14 @@ def run_server_analysis(
     validate_repeats: int = DEFAULT_VALIDATE_REPEATS,
     queue_only: bool = False,
     long_prompts: str = LEAVE_OUT,
+    validate_all: bool = False,
 ) -> int | None:
     """Queue an analysis of prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and
     ``specroute analyze --engine llama-server`` alike) and execute it here, progress on stderr (``queue_only``:
     leave it to the workers and print its job id); the stored analysis' id (None: only queued)."""
     params = ServerJobParams(
         model, tuple(d.label for d in drafters), draft_model, n_predict, threads, n_ctx, calibration, per_task,
-        limit, validate, validate_repeats, urls, long_prompts,
+        limit, validate, validate_repeats, urls, long_prompts, validate_all,
     )  # fmt: skip
     try:
         params.checked()
@@ -446,6 +456,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
             if record.validation_repeats
             else ""
         ),
+        *([f"validated {record.validation_plan['why']}"] if record.validation_plan else []),
         "",
         "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "
         "(the work served / the advice) | within noise + 3 pts | the work served: aggregate predicted / measured "
