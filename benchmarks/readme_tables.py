@@ -18,6 +18,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -509,6 +511,87 @@ def analysis_cost_section(results: Path = RESULTS) -> str:
     header = (
         "engine | drafter / workload | prompts | analysis s | plain s | analysis / plain | "
         "median per prompt | naive sweep / analysis"
+    )
+    extra = [part for part in (_analysis_vs_sweep(results), _parallel_slots(results)) if part]
+    return "\n\n".join([block(text, header, rows, entries), *extra])
+
+
+def _parallel_slots(results: Path) -> str:
+    """The plain generation in one llama-server slot against several given as many requests at once
+    (benchmarks/parallel_slots.py): its wall time and the outputs that differ."""
+    name = "parallel_slots.json"
+    if not (results / name).exists():
+        return ""
+    data = load(results, name)
+    one, many = data["medians"]["1 slot"], data["medians"][f"{data['slots']} slots"]
+    rows = [
+        [
+            num(data["prompts"]),
+            num(data["slots"]),
+            num(one),
+            num(many),
+            ratio(one / many),
+            ", ".join(f"{d} of {data['prompts']}" for d in data["differing_outputs"]),
+        ]
+    ]
+    text = (
+        "Parallel slots for the generation the analysis replays: one plain llama-server with one slot against one "
+        "with several slots given as many requests at once, medians of interleaved repetitions, and per repetition "
+        "the prompts whose greedy output differs from the one-slot server's. The analysis generates with one slot: "
+        "a differing output would be replayed and priced as if one slot had served it."
+    )
+    header = "prompts | slots | 1 slot s | slots s | speedup | outputs that differ"
+    return block(text, header, rows, [(name, recorded_machine(data), data["command"])])
+
+
+def _analysis_vs_sweep(results: Path) -> str:
+    """The analysis in llama-server with its defaults beside a sweep of its settings and one plain generation,
+    side by side in one run (benchmarks/analysis_vs_sweep.py); with each analysis' advice accuracy."""
+    rows, entries = [], []
+    for name in sorted(p.name for p in results.glob("analysis_vs_sweep_*.json")):
+        data = load(results, name)
+        medians = data["medians"]
+        errors = [
+            abs(s["advice_error"])
+            for a in data["analyses"]
+            for s in a["settings"].values()
+            if s["advice_error"] is not None
+        ]
+        halves = [
+            s["noise_half_width"]
+            for a in data["analyses"]
+            for s in a["settings"].values()
+            if s["noise_half_width"] is not None
+        ]
+        validated = [a["validation_plan"]["validated"] for a in data["analyses"] if a["validation_plan"]]
+        held_out = [a["validation_plan"]["held_out"] for a in data["analyses"] if a["validation_plan"]]
+        rows.append(
+            [
+                num(data["prompts"]),
+                num(medians["plain"]),
+                num(medians["sweep"]),
+                num(medians["analysis"]),
+                ratio(medians["analysis"] / medians["plain"]),
+                ratio(medians["analysis"] / medians["sweep"]),
+                f"{min(validated)}-{max(validated)} of {max(held_out)}" if validated else "-",
+                pct(max(errors)) if errors else "-",
+                pct(float(np.median(halves))) if halves else "-",
+                num(sum(1 for a in data["analyses"] if a["withheld"])) + f" of {len(data['analyses'])}",
+            ]
+        )
+        entries.append((name, recorded_machine(data), data["command"]))
+    if not rows:
+        return ""
+    text = (
+        "The analysis in llama-server with its defaults (the five n-gram settings, 8 calibration prompts, the "
+        "validation sample its budget pays for, one pass) against a sweep of the same settings (a plain server "
+        "and each setting's server over every prompt) and one plain generation, each from starting its servers to "
+        "stopping them, interleaved in one run, medians of the repetitions; the advice's largest aggregate error "
+        "per setting on the prompts each analysis validated, and the median noise half-width beside it."
+    )
+    header = (
+        "prompts | plain s | sweep s | analysis s | analysis / plain | analysis / sweep | validated | "
+        "advice error, largest | noise half-width | advice withheld"
     )
     return block(text, header, rows, entries)
 

@@ -256,7 +256,8 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
         "24",
     ]
     done = runner.invoke(
-        cli, ["llama-server", "analyze", *args, "--calibration", "3", "--validate-repeats", "1", "--validate-all"]
+        cli,
+        ["llama-server", "analyze", *args, "--calibration", "3", "--validate-repeats", "1", "--validate-all"],
     )
     assert done.exit_code == 0, done.output
     assert "analyzing 13 prompts in llama-server" in done.stderr and "validated 10/10" in done.stderr

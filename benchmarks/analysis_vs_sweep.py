@@ -1,0 +1,179 @@
+"""What an analysis in llama-server costs against what it replaces: a sweep of the same settings (each
+setting's server over every prompt, and a plain one), and one plain generation of the same prompts, side by
+side in one run, interleaved (the arms' order rotates each repetition), medians of ``--repeats``.
+
+Arms, each from stopped servers to stopped servers (a server's start is part of what a user pays):
+
+- ``plain``: one plain llama-server generating every prompt once (the generation the analysis cannot avoid);
+- ``sweep``: the plain server and each setting's server in turn, each generating every prompt once (what
+  llama.cpp's speed-bench client or a sweep over settings costs: one pass of the workload per setting);
+- ``analysis``: ``analyze_in_llama_server`` with its defaults (generation, replay, calibration, the validation
+  sample its budget pays for, one validation pass as the demo makes).
+
+Beside the times, each analysis' advice accuracy on the prompts it validated: per setting the advice's
+aggregate error (predicted from plain greedy output against the measured time-weighted speedup) and the noise
+half-width, and the correlation of predicted and measured among prompts that draft. Writes
+benchmarks/results/analysis_vs_sweep_<prompts>.json and rewrites benchmarks/README.md.
+
+    python benchmarks/analysis_vs_sweep.py [--per-task 3] [--n-predict 64] [--repeats 3]
+
+Run it with nothing else on the machine; every figure is for the CPU model and thread count it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
+from analyzer.analysis.server_figures import validation_figures
+from analyzer.analysis.server_generation import ServerSetup, timed_complete
+from analyzer.analysis.server_outcomes import ServerPrompt
+from analyzer.engine.llama_server import find_llama_server
+from analyzer.engine.llamacpp_engine import gguf_file
+from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
+from analyzer.models.devices import cpu_model_name
+from analyzer.models.specs import parse_spec
+from analyzer.settings import load_settings
+
+HERE = Path(__file__).resolve().parent
+SAMPLE = HERE.parent / "analyzer" / "sample_data" / "sample_prompts.jsonl"
+DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
+ARMS = ("plain", "sweep", "analysis")
+
+
+def sample_prompts(per_task: int) -> list[ServerPrompt]:
+    """The bundled sample's first ``per_task`` prompts of each task, in file order (the demo's choice)."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    counts: dict[str, int] = {}
+    chosen = []
+    for row in rows:
+        if counts.get(row["task"], 0) < per_task:
+            counts[row["task"]] = counts.get(row["task"], 0) + 1
+            chosen.append(ServerPrompt(row["id"], row["task"], [{"role": "user", "content": row["prompt"]}]))
+    return chosen
+
+
+def one_pass(
+    setup: ServerSetup, drafter: ServerDrafter | None, prompts: list[ServerPrompt], n_predict: int
+) -> float:
+    """Seconds for a server of ``drafter`` (None: plain) to start, generate every prompt once and stop."""
+    started = time.perf_counter()
+    server = setup.server(drafter)
+    server.start()
+    try:
+        for prompt in prompts:
+            ids = server.client.tokenize(server.client.chat_prompt(prompt.messages))
+            timed_complete(server, ids, n_predict)
+    finally:
+        server.stop()
+    return time.perf_counter() - started
+
+
+def analysis_arm(setup: ServerSetup, prompts: list[ServerPrompt], n_predict: int, calibration: int) -> dict:
+    """One analysis with its defaults (one validation pass, as the demo): its seconds and advice accuracy."""
+    started = time.perf_counter()
+    analysis = analyze_in_llama_server(
+        setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=n_predict,
+        calibration_prompts=calibration, validate=True, validation=ValidationAsk(repeats=1),
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    figures = validation_figures(analysis)
+    return {
+        "seconds": seconds,
+        "phases": {
+            "up to the predictions": analysis.seconds,
+            "validation": analysis.validation_seconds,
+            "plain generation inside": analysis.plain_generation_seconds,
+        },
+        "validation_plan": analysis.validation_plan,
+        "withheld": analysis.withheld,
+        "noise": analysis.noise.as_dict() if analysis.noise else None,
+        "settings": {
+            f.setting: {
+                "validated": f.runs,
+                "advice_error": f.advice_error,
+                "noise_half_width": f.aggregate_noise,
+                "correlation": f.correlation,
+                "drafting": f.drafting,
+            }
+            for f in figures
+        },
+    }
+
+
+def machine() -> str:
+    return f"{cpu_model_name()}, {os.cpu_count()} CPUs"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--per-task", type=int, default=3, help="sample prompts per task (default 3: 39 prompts)"
+    )
+    parser.add_argument("--n-predict", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--calibration", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions of the three arms (medians)")
+    args = parser.parse_args()
+    settings = load_settings()
+    binary = find_llama_server(
+        settings.llama_server,
+        settings.resolved_data_dir() / "cache",
+        build_cache=settings.resolved_build_cache(),
+    ).path
+    setup = ServerSetup(binary, gguf_file(parse_spec("builtin:smollm2-135m-instruct")), args.threads, 4096)
+    prompts = sample_prompts(args.per_task)
+    print(
+        f"{len(prompts)} prompts, {args.n_predict} new tokens, {args.threads} threads, {machine()}",
+        flush=True,
+    )
+    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    analyses = []
+    for repeat in range(args.repeats):
+        order = ARMS[repeat % 3 :] + ARMS[: repeat % 3]
+        for arm in order:
+            if arm == "plain":
+                seconds[arm].append(one_pass(setup, None, prompts, args.n_predict))
+            elif arm == "sweep":
+                runs = [one_pass(setup, None, prompts, args.n_predict)]
+                runs += [one_pass(setup, parse_drafter(d), prompts, args.n_predict) for d in DRAFTERS]
+                seconds[arm].append(sum(runs))
+            else:
+                analyses.append(analysis_arm(setup, prompts, args.n_predict, args.calibration))
+                seconds[arm].append(analyses[-1]["seconds"])
+            print(f"repeat {repeat + 1}/{args.repeats}: {arm} {seconds[arm][-1]:.1f} s", flush=True)
+    medians = {arm: float(np.median(values)) for arm, values in seconds.items()}
+    for arm in ARMS:
+        print(
+            f"{arm}: median {medians[arm]:.1f} s, {medians[arm] / medians['plain']:.2f}x plain, "
+            f"{medians[arm] / medians['sweep']:.2f}x the sweep"
+        )
+    result = {
+        "machine": machine(),
+        "threads": args.threads,
+        "prompts": len(prompts),
+        "n_predict": args.n_predict,
+        "settings": list(DRAFTERS),
+        "repeats": args.repeats,
+        "seconds": seconds,
+        "medians": medians,
+        "analyses": analyses,
+        "command": f"python benchmarks/analysis_vs_sweep.py --per-task {args.per_task} --n-predict "
+        f"{args.n_predict} --repeats {args.repeats}",
+    }
+    out = HERE / "results" / f"analysis_vs_sweep_{len(prompts)}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+    from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)
+
+    print(f"rewrote {write_readme()}")
+
+
+if __name__ == "__main__":
+    main()
