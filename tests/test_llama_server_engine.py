@@ -52,7 +52,7 @@ def analysis(llama_server_binary, model_path):
     # two validation passes whatever the machine's noise: ngram-mod's server then sees every prompt twice
     result = analyze_in_llama_server(
         setup, _prompts(2), drafters, n_predict=48, calibration_prompts=3, validate=True,
-        validation=ValidationAsk(repeats=2, half_width=0.0), say=lines.append,
+        validation=ValidationAsk(repeats=2, half_width=0.0, budget_share=None), say=lines.append,
     )  # fmt: skip
     return result, lines
 
