@@ -434,9 +434,11 @@ class ServerAnalysisRecord(Base):
     # what the analysis could not take: {"settings": {label: why}, "prompts": [{"prompt_id", "task", "tokens",
     # "why"}]} (None: it took everything)
     left_out: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
-    # the sample validation took of the held-out prompts: {validated, held_out, budget_s, estimated_s, why}
-    # (analyzer/measuring/validation_plan.py; None: not validated, or every held-out prompt)
+    # what validation took of the held-out prompts and what stopped it: {validated, held_out, budget_s,
+    # spent_s, passes, target, half_width, stopped, why} (analyzer/measuring/validation_plan.py; None: not
+    # validated); what stopped calibration where it did (None: stored before it stopped by its rule)
     validation_plan: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    calibration_why: Mapped[Optional[str]] = mapped_column(Text)
 
     prompt_set: Mapped[PromptSet] = relationship()
 

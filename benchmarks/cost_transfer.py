@@ -207,12 +207,16 @@ def reprice(analysis: ServerAnalysis) -> None:
     """Fit the analysis' costs anew on its own measurements with this code's model, and predict again. Each
     run is first replayed as served, as the analysis now does while it measures: the servers' requests
     replayed in the order they got them (the calibration passes over the calibration prompts, then the
-    validation passes over the others, each in workload order), ngram-mod's tables fed the output each
+    validation passes over the others, as ``pass_order`` records them), ngram-mod's tables fed the output each
     server served."""
     history = ServerHistory(analysis.n_predict, analysis.n_ctx)
     chosen = [o for o in analysis.prompts if o.calibration]
-    held_out = [o for o in analysis.prompts if not o.calibration]
-    order = chosen * analysis.calibration_passes + held_out * analysis.validation_repeats
+    by_key = {o.prompt.key: o for o in analysis.prompts}
+    if getattr(analysis, "pass_order", None):
+        order = [by_key[key.split(" ", 2)[2]] for key in analysis.pass_order]
+    else:  # an analysis measured with a fixed count: its calibration passes, then validation's, in workload order
+        held_out = [o for o in analysis.prompts if not o.calibration]
+        order = chosen * getattr(analysis, "calibration_passes", 1) + held_out * analysis.validation_repeats
     done: dict[str, int] = {}
     for outcome in order:
         index = done[outcome.prompt.key] = done.get(outcome.prompt.key, -1) + 1
@@ -420,9 +424,8 @@ def main() -> None:
         f"({os.cpu_count()} cores); llama-server {binary}; {wall:.0f} s"
     )
     print(noise_text(analysis.noise.as_dict() if analysis.noise else None))
-    print(
-        f"validation passes: {analysis.validation_repeats}; calibration passes: {analysis.calibration_passes}"
-    )
+    calibrated = getattr(analysis, "calibration_why", None)  # None in a pickle that does not carry it
+    print(f"validation passes: {analysis.validation_repeats}; calibration: {calibrated}")
     if analysis.withheld:
         print(f"ADVICE WITHHELD: {analysis.withheld}")
     runs = [(s, t) for o in analysis.prompts for s in o.settings for t in s.trials if s.replayed_as_served(t)]

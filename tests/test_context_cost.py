@@ -17,8 +17,7 @@ from analyzer.measuring.noise import (
     MAX_NOISE_FLOOR,
     aggregate_half_width,
     noise_floor,
-    repeats_for,
-    repeats_for_aggregate,
+    sampled_half_width,
 )
 from analyzer.measuring.request_work import RequestWork, plain_work, round_rows_context
 from analyzer.measuring.server_drafting import parse_drafter, replay_request
@@ -283,18 +282,20 @@ def test_the_noise_floor_of_identical_runs():
     assert noise_floor([1.0], [1.1]).verdict == "unknown"
 
 
-def test_repeats_bring_the_interval_to_the_width_asked():
-    # one run's error 2% (sigma 2.5%): a pair's log ratio has sd 3.5%; a 95% half-width of 2% needs 12 pairs
-    sigma = 0.025
-    assert repeats_for(sigma * math.sqrt(2 / math.pi), 0.02, at_most=50) == math.ceil(
-        2 * (1.959964 * sigma / 0.02) ** 2
-    )
-    assert repeats_for(0.02, 0.02, at_most=3) == 3 and repeats_for(0.0, 0.02, at_most=3) == 1
+def test_the_aggregate_interval_narrows_with_the_square_root_of_passes_and_of_even_prompts():
+    # one run's error 2% (sigma 2.5%): a pair's log ratio has sd 3.5%, 95%: 1.96 x 3.5% = 6.93% for one prompt
+    sigma = 0.02 * math.sqrt(math.pi / 2)
+    assert aggregate_half_width(0.02, [1.0], 1) == pytest.approx(1.959964 * math.sqrt(2) * sigma)
     weights = [1.0] * 25
     one = aggregate_half_width(0.02, weights, 1)
+    assert one == pytest.approx(aggregate_half_width(0.02, [1.0], 1) / 5)
     assert aggregate_half_width(0.02, weights, 4) == pytest.approx(one / 2)
-    assert repeats_for_aggregate(0.02, weights, one / 2, at_most=10) == 4
-    assert repeats_for_aggregate(0.02, weights, 0.0, at_most=3) == 3
+    assert sampled_half_width(0.02, weights, [4] * 25) == pytest.approx(one / 2)
+    # one prompt of three carrying most of the time decides the width; its extra passes narrow it most
+    uneven = [8.0, 1.0, 1.0]
+    assert sampled_half_width(0.02, uneven, [1, 1, 1]) == pytest.approx(aggregate_half_width(0.02, uneven, 1))
+    assert sampled_half_width(0.02, uneven, [4, 1, 1]) < sampled_half_width(0.02, uneven, [1, 4, 4])
+    assert sampled_half_width(0.02, [], []) == math.inf
 
 
 def test_calibration_prompts_span_lengths_and_draft_rates():

@@ -22,7 +22,7 @@ from analyzer.analysis.server_figures import ceilings, task_choices, validation_
 from analyzer.analysis.server_generation import ServerSetup
 from analyzer.analysis.server_outcomes import ServerPrompt
 from analyzer.engine.llama_server_process import LlamaServerError, LlamaServerProcess
-from analyzer.measuring.noise import aggregate_half_width
+from analyzer.measuring.noise import sampled_half_width
 from analyzer.measuring.server_drafting import parse_drafter
 from tests.small_gguf import gguf_spec
 
@@ -59,13 +59,16 @@ def analysis(llama_server_binary, model_path):
 
 def test_server_draft_counts_equal_the_replay_of_the_output_it_served(analysis):
     result, lines = analysis
-    assert lines[0] == f"generated 1/10 ({result.prompts[0].prompt.key})"
-    assert lines[-1].startswith("validated 7/7") and lines[-1].endswith(", pass 2/2")
+    assert lines[0].startswith(f"generated 1/10 ({result.prompts[0].prompt.key})")
+    assert lines[-1].startswith("validation: ") and not lines[-1].endswith(" left")  # step lines only
+    assert lines[-2].startswith("validated 7/7") and ", pass 2/2" in lines[-2]
+    assert re.search(r", about \d+ (s|min) left$", lines[-2])  # the time left, told from the passes so far
+    assert lines[-1].startswith("validation: every held-out prompt (7) in 2 passes, as asked")
     compared = drafted = history = 0
     for outcome in result.prompts:
         for setting in outcome.settings:
-            # calibration prompts ran once (or twice where the fit was re-measured), the others twice
-            assert len(setting.trials) == (result.calibration_passes if outcome.calibration else 2)
+            # calibration prompts ran once, the others twice
+            assert len(setting.trials) == (1 if outcome.calibration else 2)
             for trial in setting.trials:
                 assert setting.replayed_as_served(trial)  # model-free: every run is replayed as served
                 left_plain = trial.measured.completion.tokens != trial.plain.completion.tokens
@@ -81,7 +84,7 @@ def test_server_draft_counts_equal_the_replay_of_the_output_it_served(analysis):
                 drafted += replay.draft_n > 0
                 history += trial.replay is not None and trial.replay != setting.replay
     # every run compared, and most of them drafted: the comparison is not vacuous
-    assert compared == 3 * (3 * result.calibration_passes + 7 * 2) and drafted >= 30
+    assert compared == 3 * (3 + 7 * 2) and drafted >= 30
     # ngram-mod's server drafts from its history: a repeated prompt finds its own earlier output, which the
     # workload-order replay never sees; the exactness above holds only because each run is replayed on the
     # server's own history
@@ -108,7 +111,7 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
     # every pass ran the plain server before and after the settings: one pair of identical runs each (the
     # disturbed ones left out of the noise floor)
     pairs = sum(len(o.plain_pairs) for o in result.prompts)
-    assert pairs == 3 * result.calibration_passes + 7 * 2
+    assert pairs == 3 + 7 * 2
     assert result.noise is not None and 2 <= result.noise.pairs <= pairs and result.noise.floor is not None
     # the bound: 5 points beyond one run's noise as the calibration passes measured it (how large that noise
     # is depends on the machine, so it is checked against the measured noise, not against a range)
@@ -166,11 +169,9 @@ def test_costs_predictions_and_task_choices_come_from_the_servers(analysis):
         settings = [o.settings[index] for o in result.prompts]
         quiet = [s for s in settings if not s.calibration and s.quiet_trials]
         assert quiet and result.noise.run_error is not None
-        repeats = round(sum(len(s.quiet_trials) for s in quiet) / len(quiet))
         weights = [result.cost_of(result.drafters[index]).plain_ms(s.replay) for s in quiet]
-        assert f.aggregate_noise == pytest.approx(
-            aggregate_half_width(result.noise.run_error, weights, repeats)
-        )
+        passes = [len(s.quiet_trials) for s in quiet]
+        assert f.aggregate_noise == pytest.approx(sampled_half_width(result.noise.run_error, weights, passes))
         assert f.within_noise is not None and 0 <= f.within_noise <= 1
     routing = ceilings(result)
     assert [c.group for c in routing] == [*sorted(TASKS), "all"]
@@ -261,7 +262,10 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
     )
     assert done.exit_code == 0, done.output
     assert "analyzing 13 prompts in llama-server" in done.stderr and "validated 10/10" in done.stderr
-    assert "validated every held-out prompt (10), with no validation budget" in done.stdout.splitlines()
+    shown = [
+        line for line in done.stdout.splitlines() if line.startswith("validated every held-out prompt (10)")
+    ]
+    assert len(shown) == 1 and shown[0].endswith("(target ±5.0%), no budget")
     verdict, body = done.stdout.split("\n\n", 1)  # the verdict first, at most eight lines
     assert verdict.startswith("Verdict: speculate on ") and len(verdict.splitlines()) <= 8
     lines = body.splitlines()
@@ -485,7 +489,9 @@ def test_an_analysis_through_servers_the_user_runs(
         first = done.stdout.split("\n\n", 1)[1].splitlines()[0]  # after the verdict
         assert first.startswith("llama-server analysis #1 of prompt set #1: 13 prompts, 24 new tokens")
         assert "llama-server b1-" in first and first.endswith(model_path.name)
-        sample = re.search(r"^validated (\d+) of 10 held-out prompts, chosen across tasks", done.stdout, re.M)
+        sample = re.search(
+            r"^validated (\d+) of 10 held-out prompts \(chosen across tasks", done.stdout, re.M
+        )
         assert sample is not None and 4 <= int(sample.group(1)) < 10  # what the budget pays for, at least 4
         rows = [
             line

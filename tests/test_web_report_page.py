@@ -143,6 +143,12 @@ def test_a_run_and_a_llama_server_analysis_render_through_one_template_with_thei
     assert (
         f'href="/runs/{run.id}/report.html"' in run_page and f'href="/runs/{run.id}/prompts.csv"' in run_page
     )
+    # what stopped calibration, on the page and in the JSON
+    said = _text(server_page.split('id="calibration-why">', 1)[1].split("</span>")[0])
+    assert (
+        said == f"Calibrated: {record.calibration_why}."
+        and server_data["calibration"] == record.calibration_why
+    )
 
 
 def test_a_task_the_workload_decides_shows_no_interval_of_its_own(session, client):

@@ -4,24 +4,24 @@ servers' own ``timings`` on calibration prompts chosen to span the workload, the
 the predicted speedup of every setting per prompt and per task, the best setting per task (or off), and,
 when asked, validation through the servers themselves.
 
-Calibration: the prompts that fit the cost are chosen after the replay, to span the workload's context
-lengths and draft rates (:func:`analyzer.measuring.calibration_choice.spanning_choice`), not the first N.
+Calibration: the prompts that fit the cost are taken after the replay, to span the workload's context
+lengths and draft rates (:func:`analyzer.measuring.calibration_choice.spanning_order`), not the first N.
 Each calibration and validation pass runs a prompt on the plain server, on every setting's server, and on the
 plain server again: the two plain runs bracket the settings' (each setting's measured speedup is over their
 mean) and are a pair of identical runs, from which :func:`analyzer.measuring.noise.noise_floor` measures the
-machine's run-to-run noise. The fit (:mod:`analyzer.pricing.context_cost`) is checked on prompts it was not
-fitted on; a fit whose held-out error exceeds its bound is measured again once, and if it still fails, or the
-machine is too noisy, the analysis is kept but its advice is withheld (every task off) and ``withheld`` says
-why, with the numbers.
+machine's run-to-run noise. Calibration stops by a rule, not a count: a few prompts first, then one more at a
+time, the one nearest the prompt the fit missed most, until the fit (:mod:`analyzer.pricing.context_cost`)
+holds on prompts it was not fitted on, or the most asked (``calibration_prompts``) are measured; a fit that
+still misses, or a machine too noisy, keeps the analysis but withholds its advice (every task off) and
+``withheld`` says why, with the numbers and the prompt missed most.
 
-Validation takes a sample of the held-out prompts, across tasks and predicted speedups, that its budget
-pays for (:mod:`analyzer.measuring.validation_plan`: by default passes costing half the plain generation),
-and repeats the passes over it, interleaved, until each setting's time-weighted speedup has a 95% interval
-from run noise of at most :data:`VALIDATION_HALF_WIDTH` (at most the repeats asked, and what the budget pays
-for). It reports predicted against measured speedup (from ``timings``), and whether the server's own
-``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the speculative output equals
-plain greedy output (the exactness test). Every server request also records how much CPU other processes took
-meanwhile, and the hypervisor's steal; a request over
+Validation takes the held-out prompts one at a time, across tasks and predicted speedups
+(:mod:`analyzer.measuring.validation_plan`), until each setting's time-weighted speedup has a 95% interval
+from run noise of at most :data:`VALIDATION_HALF_WIDTH`, or its budget (by default half the plain generation's
+time) is spent, and says which stopped it. It reports predicted against measured speedup (from ``timings``),
+and whether the server's own ``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the
+speculative output equals plain greedy output (the exactness test). Every server request also records how much
+CPU other processes took meanwhile, and the hypervisor's steal; a request over
 :data:`analyzer.measuring.interference.MAX_OTHERS_CPU` is marked disturbed and left out of the error figures.
 
 The parts are laid out by concept: server_outcomes.py (the prompts, runs and outcomes, the analysis and its
@@ -43,9 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.analysis.server_calibration import (
-    FALLBACK_RUN_ERROR,
+    MIN_CALIBRATION,
     calibrate,
-    calibration_choice,
     measured_noise,
 )
 from analyzer.analysis.server_generation import ServerSetup, generate
@@ -59,12 +58,21 @@ from analyzer.analysis.server_outcomes import (
     SettingOutcome,
     TimedCompletion,
     Trial,
+    aggregate_noise,
 )
-from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, served_replay, validate_held_out
+from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, served_replay
 from analyzer.analysis.server_replay import replay_settings
-from analyzer.measuring.noise import repeats_for_aggregate
+from analyzer.engine.llama_server_process import Server
 from analyzer.measuring.server_drafting import ServerDrafter
-from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE, ValidationPlan, plan_validation
+from analyzer.measuring.time_left import TimeLeft
+from analyzer.measuring.validation_plan import (
+    DEFAULT_BUDGET_SHARE,
+    DEFAULT_TARGET,
+    ValidationPlan,
+    run_validation,
+    validation_order,
+)
+from analyzer.pricing.server_cost import ServerCost
 from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT
 
 __all__ = [
@@ -85,15 +93,17 @@ __all__ = [
 ]
 
 MIN_SPEEDUP = 1 + DEFAULT_MARGIN  # a setting is advised for a task only where it predicts more than this
-VALIDATION_HALF_WIDTH = 0.015  # validation repeats until run noise leaves each setting's speedup this close
-DEFAULT_VALIDATE_REPEATS = 3  # ... or this many passes over the validated prompts
+VALIDATION_HALF_WIDTH = (
+    DEFAULT_TARGET  # validation stops once run noise leaves each setting's aggregate this close
+)
+DEFAULT_VALIDATE_REPEATS = 3  # ... or this many passes over every held-out prompt
 
 
 @dataclass(frozen=True)
 class ValidationAsk:
-    """What validation is asked for: passes until run noise leaves each setting's aggregate within
-    ``half_width`` (95%; 0: always ``repeats``), at most ``repeats``, over the sample of held-out prompts whose
-    passes cost at most ``budget_share`` of the plain generation (None: every held-out prompt)."""
+    """What validation is asked for: held-out prompts one at a time until run noise leaves each setting's
+    aggregate within ``half_width`` (95%; 0: never stop for it) or the passes have cost ``budget_share`` of the
+    plain generation; with ``budget_share`` None every held-out prompt, in up to ``repeats`` passes."""
 
     repeats: int = DEFAULT_VALIDATE_REPEATS
     half_width: float = VALIDATION_HALF_WIDTH
@@ -114,11 +124,10 @@ def analyze_in_llama_server(
     long_prompts: str = LEAVE_OUT,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate as ``validation`` asks; see the
-    module docstring. ``calibration_prompts`` prompts, chosen to span the workload, fit the cost and are not
-    validated; validation takes a sample of the others across tasks and predicted speedups whose passes cost at
-    most ``validation.budget_share`` of the plain generation (at least
-    :data:`~analyzer.measuring.validation_plan.MIN_VALIDATED`), and makes at most ``validation.repeats`` passes
-    over it, fewer where run noise already leaves each setting's aggregate within ``validation.half_width``.
+    module docstring. At most ``calibration_prompts`` prompts, taken to span the workload, fit the cost and
+    are not validated; validation takes the others one at a time across tasks and predicted speedups (at least
+    :data:`~analyzer.measuring.validation_plan.MIN_VALIDATED`) until each setting's aggregate is within
+    ``validation.half_width`` or its passes have cost ``validation.budget_share`` of the plain generation.
     ``attempt``: what an earlier attempt made (kept instead of made again) and whom to tell what this one makes
     (a queued analysis stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit
     the context are counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`,
@@ -130,6 +139,8 @@ def analyze_in_llama_server(
     attempt = attempt or Attempt()
     started = time.perf_counter()
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
+    eta = _time_left(prompts, len(drafters), calibration_prompts, validate, validation, attempt)
+    say = _told(say, eta)
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
     try:
         for server in servers:
@@ -145,15 +156,24 @@ def analyze_in_llama_server(
             long_prompts,
         )
         replay_settings(setup, outcomes, drafters, n_predict, say)
-        chosen = calibration_choice(outcomes, calibration_prompts)
-        for outcome in chosen:
-            outcome.calibration = True
         history = ServerHistory(n_predict, setup.n_ctx)
         pass_log = PassLog(history, attempt.passes, attempt.on_pass)
         if attempt.passes:
             say(f"kept {len(attempt.passes)} passes through the servers of an earlier attempt")
+        first = min(MIN_CALIBRATION, calibration_prompts)
+        eta.start("calibration", first)
+        say(
+            f"calibrating: {first} prompts that span the workload, then one at a time until the fit holds (at most "
+            f"{calibration_prompts}), each run on the plain server twice and on {len(drafters)} settings' servers"
+        )
         calibration = calibrate(
-            servers, outcomes, chosen, history, say, pass_log, started_here=setup.urls is None
+            servers,
+            outcomes,
+            history,
+            say,
+            pass_log,
+            at_most=calibration_prompts,
+            started_here=setup.urls is None,
         )
         drafters = [d for d in drafters if d.label not in calibration.left_out]
         for outcome in outcomes:
@@ -161,19 +181,11 @@ def analyze_in_llama_server(
                 setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
         analysed = time.perf_counter()
         held_out = [o for o in outcomes if not o.calibration]
-        repeats, plan = 0, None
+        plan = None
         if validate and held_out:
-            plan = _validation_plan(outcomes, held_out, validation.budget_share)
-            sample = [held_out[i] for i in plan.chosen]
-            say(f"validating {plan.why}")
-            run_error = calibration.noise.run_error or FALLBACK_RUN_ERROR
-            weights = [o.plain.completion.predicted_ms for o in sample]
-            repeats = repeats_for_aggregate(
-                run_error, weights, validation.half_width, at_most=validation.repeats
+            plan = _validate(
+                servers, outcomes, held_out, history, calibration.costs, validation, say, pass_log, eta
             )
-            if plan.estimated_s > 0 and plan.budget_s < float("inf"):  # the budget pays for whole passes only
-                repeats = max(1, min(repeats, int(plan.budget_s // plan.estimated_s)))
-            validate_held_out(servers, sample, history, repeats, say, pass_log)
     finally:
         for server in servers:
             server.stop()
@@ -181,28 +193,118 @@ def analyze_in_llama_server(
     withheld = calibration.withheld or ("; ".join(noise.notes) if noise.verdict == "noisy" else None)
     return ServerAnalysis(
         list(drafters), outcomes, calibration.costs, n_predict, setup.threads, analysed - started, plain_seconds,
-        len(chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld, repeats, calibration.passes,
-        calibration.bound, calibration.left_out, [p.as_json() for p in long],
-        plan.as_json() if plan is not None else None,
+        len(calibration.chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld,
+        plan.passes if plan is not None else 0, calibration.bound, calibration.left_out,
+        [p.as_json() for p in long], plan.as_json() if plan is not None else None, calibration.why,
+        pass_log.order,
     )  # fmt: skip
+
+
+def _time_left(
+    prompts: Sequence[ServerPrompt],
+    settings: int,
+    calibration_prompts: int,
+    validate: bool,
+    validation: ValidationAsk,
+    attempt: Attempt,
+) -> TimeLeft:
+    """The analysis' phases for its progress lines (:class:`analyzer.measuring.time_left.TimeLeft`), in
+    prompt generations: generation first (the prompts an earlier attempt did not generate), then calibration
+    (its first prompts, each a pass of two plain runs and one per setting), then validation (its budget's share
+    of the generation, or one pass over every held-out prompt per repeat where it has no budget)."""
+    runs = 2 + settings
+    later = {"calibration": float(min(MIN_CALIBRATION, calibration_prompts) * runs)}
+    if validate:
+        held_out = len(prompts) - calibration_prompts
+        share = validation.budget_share
+        later["validation"] = (
+            share * len(prompts) if share is not None else held_out * runs * validation.repeats
+        )
+    eta = TimeLeft(later=later)
+    eta.start("generation", sum(1 for p in prompts if p.key not in attempt.generated))
+    return eta
+
+
+def _told(say: Progress, eta: TimeLeft) -> Progress:
+    """``say`` with the time left at the end of each step's line (a prompt generated, calibrated or
+    validated); a generated or calibrated prompt is a step of its phase (validation counts its own)."""
+
+    def told(line: str) -> None:
+        if line.startswith(("generated ", "calibrated ")):
+            eta.step()
+        say(line + eta.words() if line.startswith(("generated ", "calibrated ", "validated ")) else line)
+
+    return told
 
 
 def _pass_seconds(outcome: PromptOutcome) -> float:
     """One validation pass of ``outcome`` estimated from its plain generation: two plain runs and one run per
-    setting at its predicted speedup."""
+    setting at its predicted speedup (what the budget checks before it runs the pass)."""
     plain_s = outcome.plain.completion.predicted_ms / 1000.0
     return plain_s * (2.0 + sum(1.0 / max(s.predicted_speedup or 1.0, 0.1) for s in outcome.settings))
 
 
-def _validation_plan(
-    outcomes: Sequence[PromptOutcome], held_out: Sequence[PromptOutcome], budget_share: float | None
+def _validate(
+    servers: Sequence[Server],
+    outcomes: Sequence[PromptOutcome],
+    held_out: Sequence[PromptOutcome],
+    history: ServerHistory,
+    costs: dict[str, ServerCost],
+    validation: ValidationAsk,
+    say: Progress,
+    pass_log: PassLog,
+    eta: TimeLeft,
 ) -> ValidationPlan:
-    """The held-out prompts validation takes (:func:`analyzer.measuring.validation_plan.plan_validation`):
-    across tasks and predicted speedups, while one pass over them costs at most ``budget_share`` of the plain
-    generation of every prompt (None: every held-out prompt)."""
+    """Validate the held-out prompts with the stopping rule of
+    :func:`analyzer.measuring.validation_plan.run_validation`: in :func:`validation_order` (across tasks and
+    predicted speedups), one prompt at a time, until every setting's aggregate interval from run noise (the
+    noise of every pass so far) is within ``validation.half_width`` or the next pass would overrun the budget,
+    ``validation.budget_share`` of the plain generation of every prompt (None: every held-out prompt, up to
+    ``validation.repeats`` passes)."""
     generation_s = sum(o.plain.completion.predicted_ms for o in outcomes) / 1000.0
-    budget_s = float("inf") if budget_share is None else budget_share * generation_s
+    share = validation.budget_share
+    budget_s = float("inf") if share is None else share * generation_s
     predicted = np.array([[s.predicted_speedup or 1.0 for s in o.settings] for o in held_out])
-    return plan_validation(
-        [o.prompt.task for o in held_out], predicted, [_pass_seconds(o) for o in held_out], budget_s
+    order = validation_order([o.prompt.task for o in held_out], predicted)
+    taken: list[int] = []
+    eta.start("validation", len(held_out) * validation.repeats, budget_s=None if share is None else budget_s)
+    say(
+        f"validating {len(held_out)} held-out prompts in turn across tasks and predicted speedups, until every "
+        f"setting's aggregate is within ±{validation.half_width:.1%}"
+        + (
+            f" or the budget of {budget_s:.0f} s ({share:.0%} of the plain generation) is spent"
+            if share
+            else ""
+        )
     )
+
+    def validate(index: int, number: int) -> float:
+        outcome = held_out[index]
+        kept = pass_log.run(servers, outcome, history, "validation", number)
+        if number == 1:
+            taken.append(index)
+        position = len(taken) if number == 1 else taken.index(index) + 1
+        runs = [*outcome.plain_pairs[-1], *(s.trials[-1].measured for s in outcome.settings)]
+        ms = sum(r.completion.predicted_ms + float(r.completion.timings.get("prompt_ms", 0.0)) for r in runs)
+        eta.step(spent_s=ms / 1000)
+        of = f", pass {number}/{validation.repeats}" if validation.repeats > 1 else ""
+        say(f"validated {position}/{len(held_out)} ({outcome.prompt.key}){of}{' (kept)' if kept else ''}")
+        return ms / 1000
+
+    def widest() -> float | None:
+        run_error = measured_noise(outcomes).run_error
+        if run_error is None:
+            return None
+        checked = [held_out[i] for i in taken]
+        widths = [
+            aggregate_noise(costs[setting.drafter.family], [o.settings[k] for o in checked], run_error)
+            for k, setting in enumerate(held_out[0].settings)
+        ]
+        return max((w for w in widths if w is not None), default=None)
+
+    plan = run_validation(
+        order, [_pass_seconds(o) for o in held_out], validate, widest,
+        budget_s=budget_s, target=validation.half_width, passes=validation.repeats,
+    )  # fmt: skip
+    say(f"validation: {plan.why}")
+    return plan

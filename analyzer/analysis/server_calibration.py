@@ -1,7 +1,8 @@
-"""Calibration of an analysis in llama-server: the prompts chosen to span the workload
-(:func:`calibration_choice`), the machine's noise from each pass's pair of plain runs (:func:`measured_noise`),
+"""Calibration of an analysis in llama-server: prompts taken to span the workload (by
+:func:`calibration_features`), the machine's noise from each pass's pair of plain runs (:func:`measured_noise`),
 the step costs per drafter family fitted from the servers' ``timings`` (:func:`fit_costs`) and checked on prompts
-they were not fitted on, measured again once where a fit misses its bound (:func:`calibrate`).
+they were not fitted on, with a stopping rule: a few prompts first, then one more at a time, nearest the prompt
+the fit missed, until the fit holds or the most asked are measured (:func:`calibrate`).
 """
 
 from __future__ import annotations
@@ -15,24 +16,25 @@ from analyzer.analysis.server_outcomes import (
     Progress,
     PromptOutcome,
     ServerAnalysisError,
+    ServerPrompt,
     replay_counts,
     served_counts,
 )
 from analyzer.analysis.server_passes import PassLog, ServerHistory
 from analyzer.engine.llama_server_process import Server
-from analyzer.measuring.calibration_choice import spanning_choice
+from analyzer.measuring.calibration_choice import nearest_untaken, spanning_order
 from analyzer.measuring.noise import NoiseFloor, noise_floor
 from analyzer.measuring.request_work import plain_work
-from analyzer.pricing.context_cost import fit_error_bound, fit_problem
+from analyzer.pricing.context_cost import fit_error_bound, fit_problem, heldout_errors
 from analyzer.pricing.server_cost import Sample, ServerCost, fit_server_cost
 
+MIN_CALIBRATION = 4  # prompts calibration measures before it fits: three to check each one left out on
 FALLBACK_RUN_ERROR = 0.05  # one run's relative noise assumed where the calibration pairs could not tell
 
 
-def calibration_choice(outcomes: Sequence[PromptOutcome], count: int) -> list[PromptOutcome]:
-    """``count`` prompts that span the workload: by the log of their mean context (prompt plus half the
-    output), the share of their output the settings draft and the share they accept (means over the
-    settings' replays); in the workload's order."""
+def calibration_features(outcomes: Sequence[PromptOutcome]) -> np.ndarray:
+    """Per prompt what calibration spans: the log of its mean context (prompt plus half the output), the
+    share of its output the settings draft and the share they accept (means over the settings' replays)."""
     features = []
     for outcome in outcomes:
         output = max(len(outcome.plain.completion.tokens), 1)
@@ -44,7 +46,7 @@ def calibration_choice(outcomes: Sequence[PromptOutcome], count: int) -> list[Pr
             else 0.0
         )
         features.append([np.log(context), drafted, accepted])
-    return [outcomes[i] for i in spanning_choice(np.asarray(features), count)]
+    return np.asarray(features, dtype=np.float64).reshape(len(outcomes), 3)
 
 
 def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
@@ -65,41 +67,62 @@ def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What calibration found: the step costs per drafter family, the machine's noise over its passes, the
-    bound the fits were checked against, how many passes it made, why advice is withheld (None: it is
-    not), and the settings left out because their servers disagreed with their replays (label: why)."""
+    """What calibration found: the step costs per drafter family, the prompts it measured (``chosen``, in the
+    order it measured them), the machine's noise over their passes, the bound the fits were checked against,
+    why advice is withheld (None: it is not), the settings left out because their servers disagreed with
+    their replays (label: why), and ``why`` it stopped where it did, in words."""
 
     costs: dict[str, ServerCost]
+    chosen: list[PromptOutcome]
     noise: NoiseFloor
     bound: float
-    passes: int
     withheld: str | None
     left_out: dict[str, str] = field(default_factory=dict)
+    why: str = ""
 
 
 def calibrate(
     servers: list[Server],
     outcomes: Sequence[PromptOutcome],
-    chosen: Sequence[PromptOutcome],
     history: ServerHistory,
     say: Progress,
     pass_log: PassLog | None = None,
     *,
+    at_most: int,
     started_here: bool = True,
 ) -> Calibration:
-    """Run the chosen prompts on every server, then check that each setting's server did what its replay
-    says (:func:`disagreeing_settings`): a setting whose server disagrees is left out of the analysis (its
-    server stopped and removed from ``servers``, its outcome from every prompt's ``settings``) with the reason,
-    and the others go on. Fit each drafter family's costs and check them on prompts they were not fitted on
-    (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the pass measured); a family that
-    misses its bound is measured once more (every chosen prompt again) and refitted on both passes; one that
-    still misses it withholds the advice. ``pass_log``: the earlier attempt's passes, kept; ``started_here``:
-    whether specroute started the servers (the reasons say what to check on a user's own)."""
+    """Measure prompts one pass each on every server, :data:`MIN_CALIBRATION` of them first (in
+    :func:`~analyzer.measuring.calibration_choice.spanning_order` over :func:`calibration_features`), then
+    check that each setting's server did what its replay says (:func:`disagreeing_settings`): a setting whose
+    server disagrees is left out of the analysis (its server stopped and removed from ``servers``, its outcome
+    from every prompt's ``settings``) with the reason, and the others go on. Then fit each drafter family's
+    costs and check them on prompts they were not fitted on
+    (:func:`analyzer.pricing.context_cost.fit_error_bound`, from the noise the passes measured); the stopping
+    rule: while a family misses its bound (or has too few prompts to be checked) and fewer than ``at_most``
+    prompts are measured, measure one more, the prompt nearest the one the fit missed most
+    (:func:`~analyzer.measuring.calibration_choice.nearest_untaken`; the next of the spanning order where the
+    miss names no prompt), and fit again. A family that still misses at ``at_most`` withholds the advice.
+    ``pass_log``: the earlier attempt's passes, kept; ``started_here``: whether specroute started the servers
+    (the reasons say what to check on a user's own)."""
     pass_log = pass_log or PassLog(history)
-    for number, outcome in enumerate(chosen, 1):
+    at_most = max(1, min(at_most, len(outcomes)))
+    features = calibration_features(outcomes)
+    order = spanning_order(features)
+    taken: list[int] = []
+
+    def measure(index: int, reason: str = "") -> None:
+        outcome = outcomes[index]
+        outcome.calibration = True
+        taken.append(index)
         kept = pass_log.run(servers, outcome, history, "calibration", 1)
-        say(f"calibrated {number}/{len(chosen)} ({outcome.prompt.key}){' (kept)' if kept else ''}")
-    left_out = disagreeing_settings(servers, chosen, started_here=started_here)
+        say(
+            f"calibrated {len(taken)} (at most {at_most}): {outcome.prompt.key}{reason}"
+            + (" (kept)" if kept else "")
+        )
+
+    for index in order[: min(MIN_CALIBRATION, at_most)]:
+        measure(index)
+    left_out = disagreeing_settings(servers, [outcomes[i] for i in taken], started_here=started_here)
     if left_out:
         _leave_out(servers, outcomes, left_out)
         for label, why in left_out.items():
@@ -109,28 +132,89 @@ def calibrate(
                 "every setting's server disagreed with its replay, so nothing is left to analyze: "
                 + "; ".join(f"{label}: {why}" for label, why in left_out.items())
             )
-    noise = measured_noise(chosen)
-    bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
-    costs = fit_costs(chosen)
-    failing = [family for family, cost in costs.items() if cost.checked_error > bound]
-    passes = 1
-    if failing:
-        passes = 2
-        for number, outcome in enumerate(chosen, 1):
-            kept = pass_log.run(servers, outcome, history, "calibration", 2)
-            say(
-                f"re-measured {number}/{len(chosen)} ({outcome.prompt.key}): the {', '.join(failing)} fit missed"
-                + (" (kept)" if kept else "")
-            )
+    while True:
+        chosen = [outcomes[i] for i in taken]
         noise = measured_noise(chosen)
         bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
-        costs = fit_costs(chosen)
+        fitted = _fit_or_none(chosen)
+        miss = _first_miss(chosen, fitted, bound)
+        if miss is None or len(taken) >= at_most:
+            break
+        near = [i for i, o in enumerate(outcomes) if o.prompt is miss.prompt]
+        following = nearest_untaken(features, taken, near[0]) if near else None
+        if following is None:
+            following = next(i for i in order if i not in taken)
+        measure(following, f": {miss.text}")
+    if fitted is None:
+        fit_costs(chosen)  # raises the error that says which settings drafted nothing
+    assert fitted is not None  # for mypy: fit_costs raised where nothing could be fitted
     problems = [
-        f"{problem}, measured {passes} times"
-        for family, cost in costs.items()
+        problem
+        for family, cost in fitted.items()
         if (problem := fit_problem(cost.checked_error, bound, family, heldout=cost.heldout_mare is not None))
     ]
-    return Calibration(costs, noise, bound, passes, "; ".join(problems) or None, left_out)
+    if problems and miss is not None and miss.prompt is not None:
+        problems.append(f"missed most: {miss.text}")
+    why = _calibration_why(fitted, bound, len(taken), at_most, miss, bool(problems))
+    say(f"calibration: {why}")
+    return Calibration(fitted, chosen, noise, bound, "; ".join(problems) or None, left_out, why)
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """Why a fit does not hold yet: the prompt it missed most (None: it cannot be checked yet, too few
+    prompts drafted) and the words for it."""
+
+    prompt: ServerPrompt | None
+    text: str
+
+
+def _fit_or_none(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost] | None:
+    try:
+        return fit_costs(chosen)
+    except ServerAnalysisError:  # some family has no round yet
+        return None
+
+
+def _first_miss(
+    chosen: Sequence[PromptOutcome], fitted: dict[str, ServerCost] | None, bound: float
+) -> _Miss | None:
+    """The first family whose fit does not hold on prompts it was not fitted on (None: every one holds), with
+    the prompt it missed most: its speculating requests' held-out error where those miss, else its plain
+    requests' (the plain step and context terms)."""
+    if fitted is None:
+        return _Miss(None, "no round of some setting timed yet")
+    for family, cost in fitted.items():
+        if cost.heldout_mare is None or cost.plain_heldout_mare is None:
+            return _Miss(None, f"too few prompts drafted with the {family} settings to check their fit")
+        if cost.checked_error <= bound:
+            continue
+        plain, spec = _family_samples(chosen, family)
+        rounds = cost.heldout_mare > bound
+        errors = heldout_errors(plain, spec if rounds else [], fit_step_extra=family == "draft model")
+        if not errors:
+            return _Miss(None, f"the {family} fit could not be checked")
+        key = max(errors, key=lambda k: errors[k])
+        prompt = next(o.prompt for o in chosen if o.prompt.key == key)
+        term = "rounds" if rounds else "plain step and context terms"
+        return _Miss(
+            prompt,
+            f"the {family} fit's {term} missed {key} by {errors[key]:.1%} when fitted without it "
+            f"(bound {bound:.1%})",
+        )
+    return None
+
+
+def _calibration_why(
+    costs: dict[str, ServerCost], bound: float, measured: int, at_most: int, miss: _Miss | None, failed: bool
+) -> str:
+    worst = max(cost.checked_error for cost in costs.values())
+    errors = f"worst error {worst:.1%}, bound {bound:.1%}"
+    if miss is None:
+        return f"the fit held on prompts it was not fitted on after {measured} prompts ({errors}; at most {at_most})"
+    if failed:
+        return f"the fit still missed after {measured} prompts, the most asked ({errors})"
+    return f"{miss.text}: checked in-sample after {measured} prompts, the most asked ({errors})"
 
 
 def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
@@ -142,6 +226,26 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
     other on one server, with its weights warm in the CPU's caches, and ran 7.5% faster per step than the
     same server's runs interleaved with the other servers' (52 prompts, a 2-core Xeon), which is how every
     speculating run is timed."""
+    costs = {}
+    families = sorted({s.drafter.family for o in chosen for s in o.settings})
+    for family in families:
+        plain, samples = _family_samples(chosen, family)
+        try:
+            costs[family] = fit_server_cost(plain, samples, fit_step=family == "draft model")
+        except ValueError:
+            labels = ", ".join(
+                sorted({s.drafter.label for o in chosen for s in o.settings if s.drafter.family == family})
+            )
+            raise ServerAnalysisError(
+                f"none of the {len(chosen)} calibration prompts drafted anything with {labels}, so no round could "
+                "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits)"
+            ) from None
+    return costs
+
+
+def _family_samples(chosen: Sequence[PromptOutcome], family: str) -> tuple[list[Sample], list[Sample]]:
+    """What :func:`fit_costs` fits ``family`` on: the chosen prompts' plain runs (undisturbed) and that
+    family's settings' runs (see there), each as (prompt key, work, measured ms)."""
     plain: list[Sample] = []
     for outcome in chosen:
         runs = [run for pair in outcome.plain_pairs for run in pair]
@@ -151,27 +255,16 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
             for r in runs
             if not r.disturbed
         ]  # fmt: skip
-    costs = {}
-    families = sorted({s.drafter.family for o in chosen for s in o.settings})
-    for family in families:
-        settings = [(o.prompt.key, s) for o in chosen for s in o.settings if s.drafter.family == family]
-        trials = [(k, s, t) for k, s in settings for t in s.quiet_trials] or [
-            (k, s, t) for k, s in settings for t in s.trials
-        ]
-        served = [(k, s, t) for k, s, t in trials if s.replayed_as_served(t)]
-        samples: list[Sample] = [
-            (key, s.trial_replay(t).work(), t.measured.completion.predicted_ms)
-            for key, s, t in (served or trials)
-        ]
-        try:
-            costs[family] = fit_server_cost(plain, samples, fit_step=family == "draft model")
-        except ValueError:
-            labels = ", ".join(sorted({s.drafter.label for _, s in settings}))
-            raise ServerAnalysisError(
-                f"none of the {len(chosen)} calibration prompts drafted anything with {labels}, so no round could "
-                "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits)"
-            ) from None
-    return costs
+    settings = [(o.prompt.key, s) for o in chosen for s in o.settings if s.drafter.family == family]
+    trials = [(k, s, t) for k, s in settings for t in s.quiet_trials] or [
+        (k, s, t) for k, s in settings for t in s.trials
+    ]
+    served = [(k, s, t) for k, s, t in trials if s.replayed_as_served(t)]
+    samples: list[Sample] = [
+        (key, s.trial_replay(t).work(), t.measured.completion.predicted_ms)
+        for key, s, t in (served or trials)
+    ]
+    return plain, samples
 
 
 def disagreeing_settings(

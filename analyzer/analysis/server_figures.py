@@ -16,8 +16,8 @@ import numpy as np
 
 from analyzer.advice.routing_ceiling import Ceiling, routing_ceiling
 from analyzer.analysis.server_analysis import MIN_SPEEDUP
-from analyzer.analysis.server_outcomes import ServerAnalysis, SettingOutcome, Trial
-from analyzer.measuring.noise import PER_PROMPT_MARGIN, aggregate_half_width
+from analyzer.analysis.server_outcomes import ServerAnalysis, SettingOutcome, Trial, aggregate_noise
+from analyzer.measuring.noise import PER_PROMPT_MARGIN
 from analyzer.measuring.server_drafting import ServerDrafter, ServerReplay
 from analyzer.pricing.option_curve import OptionCurve, task_option_curves
 from analyzer.pricing.server_cost import ServerCost
@@ -246,9 +246,8 @@ def validation_figures(analysis: ServerAnalysis) -> list[ValidationFigures]:
             ]
             within = float(np.mean(hits)) if hits else None
         spread = None
-        if noise is not None and noise.run_error is not None and quiet:
-            repeats = int(round(np.mean([len(s.quiet_trials) for s in quiet])))
-            spread = aggregate_half_width(noise.run_error, [cost.plain_ms(s.replay) for s in quiet], repeats)
+        if noise is not None and noise.run_error is not None:
+            spread = aggregate_noise(cost, quiet, noise.run_error)
         controls = [
             s
             for s in quiet

@@ -15,7 +15,7 @@ import numpy as np
 from analyzer.engine.llama_server_process import Completion
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.interference import MAX_OTHERS_CPU
-from analyzer.measuring.noise import NoiseFloor
+from analyzer.measuring.noise import NoiseFloor, sampled_half_width
 from analyzer.measuring.server_drafting import NGRAM_MOD, ServerDrafter, ServerReplay
 from analyzer.pricing.server_cost import ServerCost
 
@@ -189,6 +189,18 @@ def _geometric_speedup(trials: Sequence[Trial]) -> float | None:
     return float(np.exp(np.mean([np.log(t.speedup) for t in trials]))) if trials else None
 
 
+def aggregate_noise(cost: ServerCost, settings: Sequence[SettingOutcome], run_error: float) -> float | None:
+    """The 95% half-width run noise (one run's relative error ``run_error``) leaves on the time-weighted
+    measured speedup over ``settings``' undisturbed trials: each prompt weighted by its plain time, with its
+    own number of passes (None: no undisturbed trial)."""
+    quiet = [s for s in settings if s.quiet_trials]
+    if not quiet:
+        return None
+    return sampled_half_width(
+        run_error, [cost.plain_ms(s.replay) for s in quiet], [len(s.quiet_trials) for s in quiet]
+    )
+
+
 def served_counts(run: TimedCompletion) -> tuple[int, int]:
     """A server run's (draft_n, draft_n_accepted): a server that drafted nothing leaves both out of timings."""
     timings = run.completion.timings
@@ -219,10 +231,11 @@ class ServerAnalysis:
     """The whole analysis: per prompt outcomes, the fitted cost, the machine's noise, and its wall time:
     ``seconds`` up to the predictions (servers started, generation, calibration), ``validation_seconds``
     after, against ``plain_generation_seconds``, the plain generation of the same prompts alone.
-    ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the passes
-    validation made over its prompts; ``calibration_passes`` the passes calibration made (2: re-measured);
-    ``left_out_settings`` and ``left_out_prompts`` what the analysis could not take, and why;
-    ``validation_plan`` the sample validation took of the held-out prompts and its budget."""
+    ``withheld`` says why the advice may not be used (None: it may); ``validation_repeats`` is the most
+    passes validation made over a prompt; ``left_out_settings`` and ``left_out_prompts`` what the analysis could
+    not take, and why; ``validation_plan`` the prompts validation took, its budget and what stopped it;
+    ``calibration_why`` what stopped calibration where it did; ``pass_order`` the passes in the order the
+    servers got them (``calibration 1 <key>``, ``validation 2 <key>``)."""
 
     drafters: list[ServerDrafter]
     prompts: list[PromptOutcome]
@@ -237,7 +250,6 @@ class ServerAnalysis:
     noise: NoiseFloor | None = None
     withheld: str | None = None
     validation_repeats: int = 0
-    calibration_passes: int = 1
     fit_bound: float | None = None
     # settings left out because their servers disagreed with their replays (label: why), and prompts left out
     # because the context cannot hold them ({"prompt_id", "task", "tokens", "why"})
@@ -245,6 +257,9 @@ class ServerAnalysis:
     left_out_prompts: list[dict[str, Any]] = field(default_factory=list)
     # which held-out prompts validation took and why (analyzer/measuring/validation_plan.py; None: none)
     validation_plan: dict[str, Any] | None = None
+    calibration_why: str | None = None
+    # every pass through the servers in the order they ran (analyzer/analysis/server_passes.py pass_key)
+    pass_order: list[str] = field(default_factory=list)
 
     def cost_of(self, drafter: ServerDrafter) -> ServerCost:
         """The step costs that price ``drafter``: its family's."""

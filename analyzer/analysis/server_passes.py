@@ -1,7 +1,6 @@
 """Passes through the servers of an analysis in llama-server, which calibration and validation both make: one
-pass of a prompt (the plain server, each setting's server, the plain server again, :func:`run_pass`), the replay
-of what each setting's server did with its history (:class:`ServerHistory`, :func:`served_replay`), and
-validation's passes over the held-out prompts (:func:`validate_held_out`).
+pass of a prompt (the plain server, each setting's server, the plain server again, :func:`run_pass`) and the
+replay of what each setting's server did with its history (:class:`ServerHistory`, :func:`served_replay`).
 
 A queued analysis keeps its passes as it makes them (:class:`PassLog`), so that a resumed attempt on the same
 machine takes the passes the earlier one finished instead of running them again and goes on from the first it
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from analyzer.analysis.server_generation import timed_complete
 from analyzer.analysis.server_outcomes import (
     Generated,
-    Progress,
     PromptOutcome,
     ServerPrompt,
     SettingOutcome,
@@ -133,6 +131,7 @@ class PassLog:
         self.kept, self.on_pass = dict(kept or {}), on_pass
         self.earlier = ServerHistory(history.n_predict, history.n_ctx)  # the earlier attempt's servers
         self.taken = 0
+        self.order: list[str] = []  # every pass's key in the order the servers got it
 
     def run(
         self,
@@ -144,6 +143,7 @@ class PassLog:
     ) -> bool:
         """One pass of ``outcome`` (:func:`run_pass`); True where it was the earlier attempt's, kept."""
         key = pass_key(stage, number, outcome)
+        self.order.append(key)
         runs = self.kept.pop(key, None)
         new = runs is None
         if runs is None:
@@ -177,21 +177,3 @@ def _add_pass(outcome: PromptOutcome, runs: PassRuns, history: ServerHistory) ->
         )
         setting.calibration = outcome.calibration
     outcome.plain_pairs.append((runs.plain, runs.plain_after))
-
-
-def validate_held_out(
-    servers: Sequence[Server],
-    outcomes: Sequence[PromptOutcome],
-    history: ServerHistory,
-    repeats: int,
-    say: Progress,
-    pass_log: PassLog | None = None,
-) -> None:
-    """``repeats`` passes over the held-out prompts, interleaved (every prompt once per pass); ``pass_log``:
-    the earlier attempt's passes, kept."""
-    pass_log = pass_log or PassLog(history)
-    for repeat in range(1, repeats + 1):
-        for number, outcome in enumerate(outcomes, 1):
-            kept = pass_log.run(servers, outcome, history, "validation", repeat)
-            of = f", pass {repeat}/{repeats}" if repeats > 1 else ""
-            say(f"validated {number}/{len(outcomes)} ({outcome.prompt.key}){of}{' (kept)' if kept else ''}")

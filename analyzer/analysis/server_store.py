@@ -175,6 +175,7 @@ def store_server_analysis(
             else None
         ),
         validation_plan=analysis.validation_plan,
+        calibration_why=analysis.calibration_why,
     )
     session.add(record)
     session.flush()
@@ -252,6 +253,7 @@ def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict
         "advice_withheld": record.advice_withheld,
         "left_out": record.left_out or {"settings": {}, "prompts": []},
         "validation_plan": record.validation_plan,
+        "calibration": record.calibration_why,
         "prompts": [
             {
                 "prompt_id": row["prompt_id"],

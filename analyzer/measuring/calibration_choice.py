@@ -7,6 +7,10 @@ outside its range. :func:`spanning_choice` picks prompts by farthest-point sampl
 each scaled to its rank in [0, 1]: first the prompt nearest the middle, then each time the prompt farthest
 from every prompt chosen so far, so the extremes of every feature and the space between are covered
 (:func:`spanning_order` gives every prompt in that order: validation's sample takes its prefixes).
+
+Calibration measures that order's prompts a few at a time and stops once its fit holds on prompts it was not
+fitted on; where the fit misses a prompt, the next one it measures is the one nearest the missed prompt
+(:func:`nearest_untaken`): more of what the miss points to, not the same prompts again.
 """
 
 from __future__ import annotations
@@ -28,17 +32,23 @@ def _ranks(column: np.ndarray) -> np.ndarray:
     return ranks / (n - 1)
 
 
+def _scaled(features: np.ndarray) -> np.ndarray:
+    rows = np.asarray(features, dtype=np.float64)
+    if rows.ndim != 2:
+        raise ValueError("features must be a (prompts, features) matrix")
+    if rows.shape[0] == 0 or rows.shape[1] == 0:
+        return rows
+    return np.column_stack([_ranks(rows[:, j]) for j in range(rows.shape[1])])
+
+
 def spanning_order(features: np.ndarray) -> list[int]:
     """Every row index of ``features`` (shape (n, d)) in farthest-point order over the rank-scaled features:
     first the row nearest the middle, then each time the row farthest from every row taken so far (ties: the
     earlier row), so any prefix spans the rows as well as that many can."""
-    rows = np.asarray(features, dtype=np.float64)
-    if rows.ndim != 2:
-        raise ValueError("features must be a (prompts, features) matrix")
-    n = rows.shape[0]
+    scaled = _scaled(features)
+    n = scaled.shape[0]
     if n == 0:
         return []
-    scaled = np.column_stack([_ranks(rows[:, j]) for j in range(rows.shape[1])]) if rows.shape[1] else rows
     taken = [int(np.argmin(np.linalg.norm(scaled - 0.5, axis=1)))]
     nearest = np.linalg.norm(scaled - scaled[taken[0]], axis=1)
     nearest[taken[0]] = -1.0
@@ -56,3 +66,14 @@ def spanning_choice(features: np.ndarray, count: int) -> list[int]:
     if count <= 0:
         return []
     return sorted(spanning_order(features)[:count])
+
+
+def nearest_untaken(features: np.ndarray, taken: list[int], near: int) -> int | None:
+    """The row not in ``taken`` nearest row ``near`` over the rank-scaled features (ties: the earlier row);
+    None when every row is taken."""
+    scaled = _scaled(features)
+    distance = np.linalg.norm(scaled - scaled[near], axis=1) if scaled.shape[1] else np.zeros(len(scaled))
+    distance[taken] = np.inf
+    distance[near] = np.inf
+    best = int(np.argmin(distance))
+    return None if not np.isfinite(distance[best]) else best

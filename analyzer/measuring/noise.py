@@ -13,7 +13,8 @@ clock (its frequency, where the kernel exposes it). So:
 - :func:`noise_floor` turns pairs of identical runs (plain against plain, interleaved with the runs being
   judged) into the error one single-run speedup has against the true 1.0 (``floor``), one run's relative
   noise (``run_error``) and a verdict: noisy above MAX_NOISE_FLOOR, or with steal over MAX_STEAL_SHARE;
-- :func:`repeats_for` says how many interleaved repeats bring an interval to the width asked.
+- :func:`aggregate_half_width` and :func:`sampled_half_width` say how wide an interval run noise leaves on a
+  time-weighted speedup over prompts measured in interleaved passes.
 """
 
 from __future__ import annotations
@@ -155,37 +156,19 @@ def noise_floor(
     )
 
 
-def repeats_for(run_error: float, half_width: float, *, at_most: int) -> int:
-    """Interleaved repeats of a (plain, speculative) pair that bring a speedup's 95% interval to
-    ``half_width`` (relative) when one run's mean absolute error is ``run_error``: a pair's log ratio has
-    standard deviation sqrt(2) sigma with sigma = run_error sqrt(pi / 2), so n = 2 (z sigma / w)^2, between 1
-    and ``at_most``."""
-    if half_width <= 0:
-        return at_most
-    sigma = run_error * math.sqrt(math.pi / 2.0)
-    return max(1, min(at_most, math.ceil(2.0 * (Z_95 * sigma / half_width) ** 2)))
-
-
 def aggregate_half_width(run_error: float, weights: Sequence[float], repeats: int) -> float:
     """The 95% half-width (relative) that run noise leaves on a time-weighted speedup over prompts weighted
     ``weights`` (their plain times), each measured in ``repeats`` interleaved (plain, speculative) pairs:
     z sqrt(2) sigma sqrt(sum w^2) / sum w / sqrt(n), sigma = run_error sqrt(pi / 2)."""
+    return sampled_half_width(run_error, weights, [repeats] * len(weights))
+
+
+def sampled_half_width(run_error: float, weights: Sequence[float], passes: Sequence[int]) -> float:
+    """:func:`aggregate_half_width` where each prompt has its own number of interleaved passes (``passes``,
+    by prompt, each at least 1): z sqrt(2) sigma sqrt(sum w^2 / n) / sum w."""
     w = np.asarray(weights, dtype=np.float64)
+    n = np.maximum(np.asarray(passes, dtype=np.float64), 1.0)
     if w.size == 0 or w.sum() <= 0:
         return math.inf
     sigma = run_error * math.sqrt(math.pi / 2.0)
-    concentration = float(np.sqrt(np.sum(w**2)) / np.sum(w))
-    return Z_95 * math.sqrt(2.0) * sigma * concentration / math.sqrt(max(repeats, 1))
-
-
-def repeats_for_aggregate(
-    run_error: float, weights: Sequence[float], half_width: float, *, at_most: int
-) -> int:
-    """The fewest interleaved repeats (1 .. ``at_most``) whose :func:`aggregate_half_width` is at most
-    ``half_width`` (``half_width`` 0 or less: ``at_most``, whatever the noise)."""
-    if half_width <= 0:
-        return at_most
-    for repeats in range(1, at_most + 1):
-        if aggregate_half_width(run_error, weights, repeats) <= half_width:
-            return repeats
-    return at_most
+    return Z_95 * math.sqrt(2.0) * sigma * float(np.sqrt(np.sum(w**2 / n)) / np.sum(w))

@@ -257,28 +257,37 @@ def fit_step_cost(
 def _heldout(
     plain_samples: Sequence[Sample], spec_rows: Sequence[Sample], fit_step_extra: bool
 ) -> float | None:
-    """Leave one prompt out: each prompt's speculating requests (its plain ones where ``spec_rows`` is
-    empty) priced by a fit without that prompt, their mean relative error per prompt, and the median of
-    those over the prompts (None under MIN_HELDOUT_GROUPS prompts). The median, because calibration prompts
-    are chosen to span the workload: leaving out the most extreme one makes the others extrapolate to it,
-    which the analysis never does (that prompt is in its fit), and one such prompt must not decide alone."""
-    checked = spec_rows or plain_samples
+    """The median of :func:`heldout_errors` over the prompts (None under MIN_HELDOUT_GROUPS prompts). The
+    median, because calibration prompts are chosen to span the workload: leaving out the most extreme one
+    makes the others extrapolate to it, which the analysis never does (that prompt is in its fit), and one
+    such prompt must not decide alone."""
+    errors = heldout_errors(plain_samples, spec_rows, fit_step_extra=fit_step_extra)
+    return float(np.median(list(errors.values()))) if errors else None
+
+
+def heldout_errors(
+    plain_samples: Sequence[Sample], spec_rows: Sequence[Sample], *, fit_step_extra: bool = False
+) -> dict[Hashable, float]:
+    """Leave one prompt out: per prompt (the samples' first element), the mean relative error of its
+    speculating requests (its plain ones where ``spec_rows`` is empty) priced by a fit without that prompt.
+    Empty under MIN_HELDOUT_GROUPS prompts; a prompt whose absence leaves nothing to fit is skipped."""
+    checked = [s for s in spec_rows if s[1].rounds > 0 and s[2] > 0] if spec_rows else list(plain_samples)
     groups = list(dict.fromkeys(key for key, _, _ in checked))
     if len(groups) < MIN_HELDOUT_GROUPS:
-        return None
-    errors: list[float] = []
+        return {}
+    errors: dict[Hashable, float] = {}
     for group in groups:
         mine = [s for s in checked if s[0] == group]
         try:
             refit = fit_plain([s for s in plain_samples if s[0] != group])[0]
             if spec_rows:
                 refit = fit_rounds(
-                    refit, [s for s in spec_rows if s[0] != group], fit_step_extra=fit_step_extra
+                    refit, [s for s in checked if s[0] != group], fit_step_extra=fit_step_extra
                 )
         except ValueError:  # the other prompts alone time no round (or no step): nothing to check it with
             continue
-        errors.append(float(np.mean(_mare(refit, mine, plain=not spec_rows))))
-    return float(np.median(errors)) if errors else None
+        errors[group] = float(np.mean(_mare(refit, mine, plain=not spec_rows)))
+    return errors
 
 
 def fit_error_bound(run_noise: float | None) -> float:

@@ -16,6 +16,7 @@ from analyzer.analysis.server_analysis import (
     DEFAULT_VALIDATE_REPEATS,
     VALIDATION_HALF_WIDTH,
 )
+from analyzer.analysis.server_calibration import MIN_CALIBRATION
 from analyzer.analysis.server_jobs import (
     DEFAULT_DRAFTERS,
     ServerJobError,
@@ -128,8 +129,10 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     type=click.IntRange(1, 1000),
     default=8,
     show_default=True,
-    help="How many prompts fit the step costs: chosen after the replay to span the workload's context lengths and "
-    "draft rates, run on the plain and every setting's server, and not validated.",
+    help="At most this many prompts fit the step costs: taken after the replay to span the workload's context "
+    "lengths and draft rates, run on the plain and every setting's server, and not validated. Calibration "
+    f"measures {MIN_CALIBRATION} first and adds one at a time, nearest the prompt its fit missed most, until the fit "
+    "holds on prompts it was not fitted on.",
 )
 @click.option(
     "--per-task",
@@ -150,23 +153,24 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     "--validate/--no-validate",
     default=True,
     show_default=True,
-    help="Run a sample of the prompts calibration did not use, across tasks and predicted speedups, on the plain "
-    "and every setting's server, and store predicted vs measured; the sample is what passes costing "
-    f"{DEFAULT_BUDGET_SHARE:.0%} of the plain generation pay for, at least {MIN_VALIDATED} prompts.",
+    help="Run prompts calibration did not use, one at a time across tasks and predicted speedups, on the plain "
+    "and every setting's server, and store predicted vs measured, until run noise leaves every setting's "
+    f"aggregate within ±{VALIDATION_HALF_WIDTH:.0%} (95%) or the passes have cost {DEFAULT_BUDGET_SHARE:.0%} of "
+    f"the plain generation (at least {MIN_VALIDATED} prompts).",
 )
 @click.option(
     "--validate-all",
     is_flag=True,
-    help="Validate every prompt calibration did not use, not a sample (the cost of a sweep of the settings).",
+    help="Validate every prompt calibration did not use, with no budget (the cost of a sweep of the settings).",
 )
 @click.option(
     "--validate-repeats",
     type=click.IntRange(1, 20),
     default=DEFAULT_VALIDATE_REPEATS,
     show_default=True,
-    help="At most this many interleaved passes over the validated prompts: passes are added until run noise "
-    f"leaves each setting's measured speedup within ±{VALIDATION_HALF_WIDTH:.1%} (95%), the machine's noise "
-    "measured by calibration.",
+    help="At most this many interleaved passes over the held-out prompts, where every one of them is validated "
+    f"(--validate-all, or a budget that pays for them all) and run noise still leaves a setting's aggregate wider "
+    f"than ±{VALIDATION_HALF_WIDTH:.0%} (95%).",
 )
 @click.option(
     "--queue",
@@ -456,6 +460,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
             if record.validation_repeats
             else ""
         ),
+        *([f"calibrated: {record.calibration_why}"] if record.calibration_why else []),
         *([f"validated {record.validation_plan['why']}"] if record.validation_plan else []),
         "",
         "setting | validated (passes, disturbed) | output = plain | draft counts = replay | error per prompt "

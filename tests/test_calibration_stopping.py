@@ -1,0 +1,134 @@
+"""Calibration's stopping rule (analyzer/analysis/server_calibration.py ``calibrate``), on synthetic greedy
+outputs and servers whose times a known step cost gives (no llama-server): where the times are what a fit can
+price, calibration stops at its minimum; where they are not, it measures one more prompt at a time, the one
+nearest the prompt the fit missed most, up to the most asked, and then withholds the advice naming that
+prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from analyzer.analysis import server_passes
+from analyzer.analysis.server_calibration import MIN_CALIBRATION, calibrate, calibration_features
+from analyzer.analysis.server_outcomes import PromptOutcome, ServerPrompt, SettingOutcome, TimedCompletion
+from analyzer.analysis.server_passes import PassLog, ServerHistory
+from analyzer.analysis.server_replay import replay_all
+from analyzer.engine.llama_server_process import Completion
+from analyzer.measuring.calibration_choice import nearest_untaken, spanning_order
+from analyzer.measuring.request_work import plain_work
+from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.pricing.context_cost import StepCost
+
+N_PREDICT, N_CTX = 48, 4096
+COST = StepCost(step_ms=20.0, per_context_ms=0.004, round_ms=2.0, per_draft_ms=0.5, per_accepted_ms=-0.2)
+DRAFTER = parse_drafter("ngram-simple 2/4")
+
+
+@dataclass
+class _Client:
+    url: str
+
+
+@dataclass
+class _Server:
+    """A server as calibration sees it: an address and the setting it serves (None: plain)."""
+
+    client: _Client
+    setting: int | None
+
+    def stop(self) -> None:
+        pass
+
+
+def _workload(count: int = 12) -> list[PromptOutcome]:
+    """``count`` prompts of 20 to 900 tokens whose answers repeat motifs of 3 to 48 tokens: contexts and
+    draft rates that spread."""
+    outcomes = []
+    for number in range(count):
+        ids = [100 + i for i in range(20 + (number * 73) % 880)]
+        motif = (3, 5, 8, 12, 20, 48)[number % 6]
+        output = [2000 + 50 * number + i % motif for i in range(N_PREDICT)]
+        timings = {"predicted_ms": 1.0, "predicted_n": N_PREDICT}
+        prompt = ServerPrompt(f"p{number}", "code", [{"role": "user", "content": str(number)}])
+        outcomes.append(
+            PromptOutcome(prompt, ids, TimedCompletion(Completion(output, "limit", timings, ""), 0.0))
+        )
+    for outcome, replay in zip(outcomes, replay_all(DRAFTER, outcomes, n_predict=N_PREDICT, n_ctx=N_CTX)):
+        outcome.settings.append(SettingOutcome(DRAFTER, replay))
+    return outcomes
+
+
+def _serve(monkeypatch, outcomes: list[PromptOutcome], slower: dict[str, float]) -> list[_Server]:
+    """Servers whose every request takes what COST prices (a speculating request of prompt key k that long
+    times ``slower[k]``), with the replay's draft counts."""
+    by_ids = {tuple(o.prompt_ids): o for o in outcomes}
+
+    def timed_complete(server, ids, n_predict):
+        outcome = by_ids[tuple(ids)]
+        tokens = outcome.plain.completion.tokens
+        if server.setting is None:
+            ms = COST.plain_ms(plain_work(len(ids), len(tokens)))
+            timings = {"predicted_ms": ms, "predicted_n": len(tokens)}
+        else:
+            replay = outcome.settings[server.setting].replay
+            ms = COST.request_ms(replay.work()) * slower.get(outcome.prompt.key, 1.0)
+            timings = {"predicted_ms": ms, "predicted_n": len(tokens), "draft_n": replay.draft_n}
+            timings["draft_n_accepted"] = replay.draft_n_accepted
+        return TimedCompletion(Completion(tokens, "limit", timings, ""), 0.0)
+
+    monkeypatch.setattr(server_passes, "timed_complete", timed_complete)
+    return [_Server(_Client("http://plain"), None), _Server(_Client("http://spec"), 0)]
+
+
+def test_a_fit_that_holds_stops_calibration_at_its_minimum(monkeypatch):
+    outcomes = _workload()
+    servers = _serve(monkeypatch, outcomes, {})
+    lines: list[str] = []
+    history = ServerHistory(N_PREDICT, N_CTX)
+    found = calibrate(servers, outcomes, history, lines.append, PassLog(history), at_most=8)
+    first = spanning_order(calibration_features(outcomes))[:MIN_CALIBRATION]
+    assert [o.prompt.key for o in found.chosen] == [outcomes[i].prompt.key for i in first]
+    assert sum(o.calibration for o in outcomes) == MIN_CALIBRATION and found.withheld is None
+    assert found.costs["n-gram"].checked_error < 0.01  # the times are what the model prices
+    assert found.why.startswith(
+        f"the fit held on prompts it was not fitted on after {MIN_CALIBRATION} prompts"
+    )
+    assert lines[-1] == f"calibration: {found.why}"
+
+
+def test_a_fit_that_misses_measures_the_prompt_nearest_its_miss_and_withholds_at_the_most_asked(monkeypatch):
+    outcomes = _workload()
+    # every other prompt's speculating runs take 40% longer than any step cost prices: no fit holds
+    slower = {o.prompt.key: 1.4 for o in outcomes[1::2]}
+    servers = _serve(monkeypatch, outcomes, slower)
+    lines: list[str] = []
+    history = ServerHistory(N_PREDICT, N_CTX)
+    found = calibrate(servers, outcomes, history, lines.append, PassLog(history), at_most=7)
+    assert len(found.chosen) == 7 and sum(o.calibration for o in outcomes) == 7
+    features = calibration_features(outcomes)
+    keys = [o.prompt.key for o in outcomes]
+    taken = [keys.index(o.prompt.key) for o in found.chosen[:MIN_CALIBRATION]]
+    added = [line for line in lines if line.startswith("calibrated ") and ": the n-gram fit's" in line]
+    assert len(added) == 7 - MIN_CALIBRATION
+    for line, outcome in zip(added, found.chosen[MIN_CALIBRATION:], strict=True):
+        missed = line.split(" missed ")[1].split(" by ")[0]
+        # the prompt measured next is the one nearest the prompt the fit missed most
+        assert keys.index(outcome.prompt.key) == nearest_untaken(features, taken, keys.index(missed))
+        assert line.startswith(f"calibrated {len(taken) + 1} (at most 7): {outcome.prompt.key}: ")
+        taken.append(keys.index(outcome.prompt.key))
+    assert found.withheld is not None and "the n-gram step costs miss the measured time by" in found.withheld
+    assert "missed most: the n-gram fit's rounds missed p" in found.withheld
+    assert found.why.startswith("the fit still missed after 7 prompts, the most asked")
+
+
+@pytest.mark.parametrize("at_most", [1, 3])
+def test_fewer_prompts_than_the_minimum_asked_are_all_measured_once(monkeypatch, at_most):
+    outcomes = _workload(6)
+    servers = _serve(monkeypatch, outcomes, {})
+    history = ServerHistory(N_PREDICT, N_CTX)
+    found = calibrate(servers, outcomes, history, lambda line: None, PassLog(history), at_most=at_most)
+    assert len(found.chosen) == at_most and all(len(o.plain_pairs) == 1 for o in found.chosen)
+    assert np.isfinite(found.costs["n-gram"].plain_step_ms)
