@@ -241,8 +241,9 @@ def test_sampling_mode_stores_expectations(cli_db, model_folders):
             assert counts["expected_tokens_per_round"] == pytest.approx(expected_tokens_iid(alpha, int(g)))
 
 
-def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
-    """A run summary: task -> (prompts, speculate, predicted speedup); prompts in task order."""
+def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]], curves=None):
+    """A run summary: task -> (prompts, speculate, predicted speedup); prompts in task order, each prompt's
+    predicted speedup curve ``curves[position]`` (default [1.0])."""
     from analyzer.advice.summary import AnalysisSummary, GroupSummary, PromptSummary
 
     prompts, position = [], 0
@@ -254,7 +255,7 @@ def _summary_for_sampling(tasks: dict[str, tuple[int, bool, float]]):
                     position=position,
                     task=task,
                     alpha=0.5,
-                    speedup_curve=[1.0],
+                    speedup_curve=(curves or {}).get(position, [1.0]),
                     best_gamma=1,
                     rounds={1: 10},
                 )
@@ -313,6 +314,18 @@ def test_validation_sample_covers_tasks_speculating_ones_first():
     again = validation_sample(summary, 4, already=[first[0], first[2]])
     assert tasks(again) == ["creative_writing", "qa"]
     assert len(validation_sample(summary, 100)) == 14
+
+
+def test_within_a_task_validation_takes_the_middle_prediction_then_the_extremes():
+    from analyzer.analysis.run_records import validation_sample
+
+    # five code prompts predicted 1.0, 1.5, 1.2, 2.0, 1.1 at gamma 1 and 2: the middle (1.2), then the
+    # farthest from it (1.0, then 2.0), then what lies between, as every engine's validation takes them
+    curves = {0: [1.0, 1.0], 1: [1.5, 1.6], 2: [1.2, 1.25], 3: [2.0, 2.2], 4: [1.1, 1.1]}
+    summary = _summary_for_sampling({"code": (5, True, 1.3)}, curves)
+    assert [r.position for r in validation_sample(summary, 5)] == [2, 0, 3, 1, 4]
+    first = validation_sample(summary, 2)
+    assert [r.position for r in validation_sample(summary, 3, already=first)] == [3]
 
 
 def test_validate_draws_across_tasks_and_never_calls_one_task_the_workload(cli_db, model_folders):

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,6 +20,7 @@ from analyzer.advice.summary import AnalysisSummary, PromptSummary
 from analyzer.advice.summary_store import store_summary
 from analyzer.db import lock_for_write, utcnow
 from analyzer.engine.engines import check_run, measuring_engine
+from analyzer.measuring.calibration_choice import spanning_order
 from analyzer.models.specs import ModelSpecRef, display_name, parse_spec
 from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt
 from analyzer.progress import ProgressCallback
@@ -197,8 +199,10 @@ def validation_sample(
     stratified: one prompt per task in turn, the tasks predicted to speculate first (highest
     predicted speedup first), then the others (most prompts first); within a task in file order. So
     a sample of N covers min(N, number of tasks) tasks, and the decisions that matter most (where
-    speculation is switched on) are checked first. A prompt with no predicted speedup (an empty output)
-    is never chosen."""
+    speculation is switched on) are checked first. Within a task the prompts come in
+    :func:`~analyzer.measuring.calibration_choice.spanning_order` over their predicted speedup curves (the
+    order validation takes in every engine: the extremes early). A prompt with no predicted speedup (an
+    empty output) is never chosen."""
     tasks = summary.tasks
     order = sorted(
         tasks,
@@ -209,15 +213,18 @@ def validation_sample(
         ),
     )
     done = {p.prompt_id for p in already}
-    queues = {
-        t: [
+    queues = {}
+    for t in order:
+        members = [
             p
             for p in sorted(summary.prompts, key=lambda p: p.position)
             # a prompt without a predicted S(g) (an empty output: NaN) has nothing to compare with
-            if p.task == t and p.prompt_id not in done and None not in p.speedup_curve
+            if p.task == t and None not in p.speedup_curve
         ]
-        for t in order
-    }
+        width = max((len(p.speedup_curve) for p in members), default=0)
+        curves = np.array([list(p.speedup_curve) + [1.0] * (width - len(p.speedup_curve)) for p in members])
+        spanned = [members[i] for i in spanning_order(curves.reshape(len(members), width))] if members else []
+        queues[t] = [p for p in spanned if p.prompt_id not in done]
     taken = {t: sum(1 for p in already if p.task == t) for t in order}
     chosen: list[PromptSummary] = []
     while len(chosen) + len(done) < count and any(queues.values()):
