@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from analyzer.analysis import server_passes
-from analyzer.analysis.server_calibration import MIN_CALIBRATION, calibrate, calibration_features
+from analyzer.analysis.server_calibration import (
+    MIN_CALIBRATION,
+    REUSE_CHECK,
+    PriorFit,
+    calibrate,
+    calibration_features,
+)
 from analyzer.analysis.server_outcomes import PromptOutcome, ServerPrompt, SettingOutcome, TimedCompletion
 from analyzer.analysis.server_passes import PassLog, ServerHistory
 from analyzer.analysis.server_replay import replay_all
@@ -21,6 +27,7 @@ from analyzer.measuring.calibration_choice import nearest_untaken, spanning_orde
 from analyzer.measuring.request_work import plain_work
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.pricing.context_cost import StepCost
+from analyzer.pricing.server_cost import ServerCost
 
 N_PREDICT, N_CTX = 48, 4096
 COST = StepCost(step_ms=20.0, per_context_ms=0.004, round_ms=2.0, per_draft_ms=0.5, per_accepted_ms=-0.2)
@@ -132,3 +139,80 @@ def test_fewer_prompts_than_the_minimum_asked_are_all_measured_once(monkeypatch,
     found = calibrate(servers, outcomes, history, lambda line: None, PassLog(history), at_most=at_most)
     assert len(found.chosen) == at_most and all(len(o.plain_pairs) == 1 for o in found.chosen)
     assert np.isfinite(found.costs["n-gram"].plain_step_ms)
+
+
+def _prior(scale: float = 1.0) -> PriorFit:
+    """A fit made earlier on this setup: COST's terms times ``scale`` (1.0: the servers' own)."""
+    terms = {name: getattr(COST, name) * scale for name in ("step_ms", "per_context_ms", "round_ms")}
+    terms |= {"per_draft_ms": COST.per_draft_ms * scale, "per_accepted_ms": COST.per_accepted_ms * scale}
+    cost = ServerCost(
+        terms["step_ms"], terms["per_context_ms"], terms["round_ms"], terms["per_draft_ms"],
+        terms["per_accepted_ms"], 0.0, 0.0, 30, 0.01, 0.02, 30, 0.01, 0.02, True,
+    )  # fmt: skip
+    return PriorFit({"n-gram": cost}, analysis_id=7)
+
+
+def test_an_earlier_fit_that_prices_the_first_prompts_is_reused_without_a_fit(monkeypatch):
+    outcomes = _workload()
+    servers = _serve(monkeypatch, outcomes, {})
+    lines: list[str] = []
+    history = ServerHistory(N_PREDICT, N_CTX)
+    found = calibrate(servers, outcomes, history, lines.append, PassLog(history), at_most=8, prior=_prior())
+    assert len(found.chosen) == REUSE_CHECK and found.reused_from == 7 and found.withheld is None
+    assert found.costs["n-gram"] == _prior().costs["n-gram"]  # the earlier analysis' terms, as they were
+    assert found.why.startswith(
+        f"reused the fit of llama-server analysis #7 (this machine, model, threads, context and server build), "
+        f"checked on {REUSE_CHECK} prompts of this workload: error 0.0%"
+    )
+
+
+def test_an_earlier_fit_that_misses_is_set_aside_and_the_workload_fitted_from_the_prompts_measured(
+    monkeypatch,
+):
+    outcomes = _workload()
+    servers = _serve(monkeypatch, outcomes, {})
+    lines: list[str] = []
+    history = ServerHistory(N_PREDICT, N_CTX)
+    # another machine's speed: every term 30% slower than what the servers do
+    found = calibrate(
+        servers, outcomes, history, lines.append, PassLog(history), at_most=8, prior=_prior(1.3)
+    )
+    assert found.reused_from is None and len(found.chosen) == MIN_CALIBRATION
+    first = spanning_order(calibration_features(outcomes))[:MIN_CALIBRATION]
+    assert [o.prompt.key for o in found.chosen] == [
+        outcomes[i].prompt.key for i in first
+    ]  # the checked ones kept
+    missed = [line for line in lines if line.startswith("the fit of llama-server analysis #7 missed")]
+    assert len(missed) == 1 and missed[0].endswith(": fitting anew") and " by 30.0% (bound 5.0%)" in missed[0]
+    assert found.costs["n-gram"].plain_step_ms == pytest.approx(COST.step_ms, rel=0.01)
+
+
+def test_the_fit_to_reuse_is_the_newest_on_the_same_setup_whose_advice_was_not_withheld(session):
+    from analyzer.analysis.server_store import prior_fit
+    from tests.factories import make_done_run, make_server_analysis
+
+    prompt_set = make_done_run(session, {"code": 0.9}, per_task=3).prompt_set
+    setup = dict(model="/models/target.gguf", server_build="test", threads=2, n_ctx=4096, draft_model=None)
+    assert prior_fit(session, **setup) is None  # nothing stored yet
+    first = make_server_analysis(session, prompt_set, {"code": "copy"})
+    make_server_analysis(session, prompt_set, {"code": "copy"}, withheld="the fit missed")  # never reused
+    session.flush()
+    found = prior_fit(session, **setup)
+    assert found is not None and found.analysis_id == first.id
+    stored = first.cost["n-gram"]
+    assert found.costs["n-gram"].plain_step_ms == stored["plain_step_ms"] and set(found.costs) == set(
+        first.cost
+    )
+    # a fit reused by a later analysis keeps naming the analysis that fitted it
+    later = make_server_analysis(session, prompt_set, {"code": "copy"})
+    later.cost = {family: {**cost, "fitted_in": first.id} for family, cost in later.cost.items()}
+    session.flush()
+    assert prior_fit(session, **setup).analysis_id == first.id
+    for other in (
+        {"threads": 4},
+        {"server_build": "b2"},
+        {"n_ctx": 2048},
+        {"model": "/m.gguf"},
+        {"draft_model": "/d"},
+    ):
+        assert prior_fit(session, **(setup | other)) is None, other

@@ -44,6 +44,7 @@ import numpy as np
 
 from analyzer.analysis.server_calibration import (
     MIN_CALIBRATION,
+    PriorFit,
     calibrate,
     measured_noise,
 )
@@ -122,6 +123,7 @@ def analyze_in_llama_server(
     say: Progress = lambda line: None,
     attempt: Attempt | None = None,
     long_prompts: str = LEAVE_OUT,
+    prior: PriorFit | None = None,
 ) -> ServerAnalysis:
     """Generate, replay, calibrate, predict and (when ``validate``) validate as ``validation`` asks; see the
     module docstring. At most ``calibration_prompts`` prompts, taken to span the workload, fit the cost and
@@ -131,7 +133,8 @@ def analyze_in_llama_server(
     ``attempt``: what an earlier attempt made (kept instead of made again) and whom to tell what this one makes
     (a queued analysis stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit
     the context are counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`,
-    named in the analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`)."""
+    named in the analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`). ``prior``: an
+    earlier analysis' fit on this setup, reused where it holds on this workload's first prompts."""
     if not prompts or not drafters:
         raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
     if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
@@ -174,6 +177,7 @@ def analyze_in_llama_server(
             pass_log,
             at_most=calibration_prompts,
             started_here=setup.urls is None,
+            prior=prior,
         )
         drafters = [d for d in drafters if d.label not in calibration.left_out]
         for outcome in outcomes:
@@ -196,7 +200,7 @@ def analyze_in_llama_server(
         len(calibration.chosen), time.perf_counter() - analysed, setup.n_ctx, noise, withheld,
         plan.passes if plan is not None else 0, calibration.bound, calibration.left_out,
         [p.as_json() for p in long], plan.as_json() if plan is not None else None, calibration.why,
-        pass_log.order,
+        pass_log.order, calibration.reused_from,
     )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from analyzer.pricing.context_cost import fit_error_bound, fit_problem, heldout_
 from analyzer.pricing.server_cost import Sample, ServerCost, fit_server_cost
 
 MIN_CALIBRATION = 4  # prompts calibration measures before it fits: three to check each one left out on
+REUSE_CHECK = 2  # prompts of a new workload an earlier analysis' fit is checked on before it is reused
 FALLBACK_RUN_ERROR = 0.05  # one run's relative noise assumed where the calibration pairs could not tell
 
 
@@ -66,11 +67,21 @@ def measured_noise(outcomes: Sequence[PromptOutcome]) -> NoiseFloor:
 
 
 @dataclass(frozen=True)
+class PriorFit:
+    """The step costs an earlier analysis fitted on this machine with this model, threads, context and server
+    build (per drafter family), and where they come from (``analysis_id``: the analysis that fitted them)."""
+
+    costs: dict[str, ServerCost]
+    analysis_id: int
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What calibration found: the step costs per drafter family, the prompts it measured (``chosen``, in the
     order it measured them), the machine's noise over their passes, the bound the fits were checked against,
     why advice is withheld (None: it is not), the settings left out because their servers disagreed with
-    their replays (label: why), and ``why`` it stopped where it did, in words."""
+    their replays (label: why), ``why`` it stopped where it did, in words, and ``reused_from``, the earlier
+    analysis whose fit it reused (None: fitted on this workload)."""
 
     costs: dict[str, ServerCost]
     chosen: list[PromptOutcome]
@@ -79,6 +90,7 @@ class Calibration:
     withheld: str | None
     left_out: dict[str, str] = field(default_factory=dict)
     why: str = ""
+    reused_from: int | None = None  # the analysis whose fit was reused (None: fitted here)
 
 
 def calibrate(
@@ -90,6 +102,7 @@ def calibrate(
     *,
     at_most: int,
     started_here: bool = True,
+    prior: PriorFit | None = None,
 ) -> Calibration:
     """Measure prompts one pass each on every server, :data:`MIN_CALIBRATION` of them first (in
     :func:`~analyzer.measuring.calibration_choice.spanning_order` over :func:`calibration_features`), then
@@ -103,61 +116,153 @@ def calibrate(
     (:func:`~analyzer.measuring.calibration_choice.nearest_untaken`; the next of the spanning order where the
     miss names no prompt), and fit again. A family that still misses at ``at_most`` withholds the advice.
     ``pass_log``: the earlier attempt's passes, kept; ``started_here``: whether specroute started the servers
-    (the reasons say what to check on a user's own)."""
-    pass_log = pass_log or PassLog(history)
-    at_most = max(1, min(at_most, len(outcomes)))
-    features = calibration_features(outcomes)
-    order = spanning_order(features)
-    taken: list[int] = []
+    (the reasons say what to check on a user's own). ``prior``: an earlier analysis' fit on the same setup,
+    checked first on :data:`REUSE_CHECK` prompts and reused where it prices their runs within the bound (no
+    fit made); where it misses, calibration goes on from those prompts as above and fits anew."""
+    run = _Calibrating(servers, outcomes, history, say, pass_log or PassLog(history), at_most, started_here)
+    checking = prior is not None and set(prior.costs) >= {s.drafter.family for s in outcomes[0].settings}
+    run.measure_first(REUSE_CHECK if checking else MIN_CALIBRATION)
+    left_out = run.check_settings()
+    if prior is not None and checking:
+        reused = _reuse(prior, run.chosen, left_out, say)
+        if reused is not None:
+            return reused
+        run.measure_first(MIN_CALIBRATION)
+    return run.fit(left_out)
 
-    def measure(index: int, reason: str = "") -> None:
-        outcome = outcomes[index]
+
+class _Calibrating:
+    """One calibration under way: the prompts in spanning order, those measured (``taken``, indices in the
+    order measured), and the steps of :func:`calibrate`."""
+
+    def __init__(
+        self,
+        servers: list[Server],
+        outcomes: Sequence[PromptOutcome],
+        history: ServerHistory,
+        say: Progress,
+        pass_log: PassLog,
+        at_most: int,
+        started_here: bool,
+    ):
+        self.servers, self.outcomes, self.history, self.say, self.pass_log = (
+            servers,
+            outcomes,
+            history,
+            say,
+            pass_log,
+        )
+        self.at_most = max(1, min(at_most, len(outcomes)))
+        self.started_here = started_here
+        self.features = calibration_features(outcomes)
+        self.order = spanning_order(self.features)
+        self.taken: list[int] = []
+
+    @property
+    def chosen(self) -> list[PromptOutcome]:
+        return [self.outcomes[i] for i in self.taken]
+
+    def measure(self, index: int, reason: str = "") -> None:
+        """One pass of prompt ``index`` through every server, a calibration prompt from now on."""
+        outcome = self.outcomes[index]
         outcome.calibration = True
-        taken.append(index)
-        kept = pass_log.run(servers, outcome, history, "calibration", 1)
-        say(
-            f"calibrated {len(taken)} (at most {at_most}): {outcome.prompt.key}{reason}"
+        self.taken.append(index)
+        kept = self.pass_log.run(self.servers, outcome, self.history, "calibration", 1)
+        self.say(
+            f"calibrated {len(self.taken)} (at most {self.at_most}): {outcome.prompt.key}{reason}"
             + (" (kept)" if kept else "")
         )
 
-    for index in order[: min(MIN_CALIBRATION, at_most)]:
-        measure(index)
-    left_out = disagreeing_settings(servers, [outcomes[i] for i in taken], started_here=started_here)
-    if left_out:
-        _leave_out(servers, outcomes, left_out)
-        for label, why in left_out.items():
-            say(f"left out {label}: {why}")
-        if not outcomes[0].settings:
-            raise ServerAnalysisError(
-                "every setting's server disagreed with its replay, so nothing is left to analyze: "
-                + "; ".join(f"{label}: {why}" for label, why in left_out.items())
+    def measure_first(self, count: int) -> None:
+        """The spanning order's prompts not measured yet, until ``count`` (at most ``at_most``) are."""
+        for index in [i for i in self.order if i not in self.taken]:
+            if len(self.taken) >= min(count, self.at_most):
+                break
+            self.measure(index)
+
+    def check_settings(self) -> dict[str, str]:
+        """The settings whose servers disagreed with their replays on the prompts measured (label: why), left
+        out of the analysis; ServerAnalysisError where that leaves none."""
+        left_out = disagreeing_settings(self.servers, self.chosen, started_here=self.started_here)
+        if left_out:
+            _leave_out(self.servers, self.outcomes, left_out)
+            for label, why in left_out.items():
+                self.say(f"left out {label}: {why}")
+            if not self.outcomes[0].settings:
+                raise ServerAnalysisError(
+                    "every setting's server disagreed with its replay, so nothing is left to analyze: "
+                    + "; ".join(f"{label}: {why}" for label, why in left_out.items())
+                )
+        return left_out
+
+    def fit(self, left_out: dict[str, str]) -> Calibration:
+        """Fit and check; while a family misses and fewer than ``at_most`` are measured, measure the prompt
+        nearest the one it missed most and fit again (:func:`calibrate`)."""
+        while True:
+            chosen = self.chosen
+            noise = measured_noise(chosen)
+            bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
+            fitted = _fit_or_none(chosen)
+            miss = _first_miss(chosen, fitted, bound)
+            if miss is None or len(self.taken) >= self.at_most:
+                break
+            near = [i for i, o in enumerate(self.outcomes) if o.prompt is miss.prompt]
+            following = nearest_untaken(self.features, self.taken, near[0]) if near else None
+            if following is None:
+                following = next(i for i in self.order if i not in self.taken)
+            self.measure(following, f": {miss.text}")
+        if fitted is None:
+            fit_costs(chosen)  # raises the error that says which settings drafted nothing
+        assert fitted is not None  # for mypy: fit_costs raised where nothing could be fitted
+        problems = [
+            problem
+            for family, cost in fitted.items()
+            if (
+                problem := fit_problem(
+                    cost.checked_error, bound, family, heldout=cost.heldout_mare is not None
+                )
             )
-    while True:
-        chosen = [outcomes[i] for i in taken]
-        noise = measured_noise(chosen)
-        bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
-        fitted = _fit_or_none(chosen)
-        miss = _first_miss(chosen, fitted, bound)
-        if miss is None or len(taken) >= at_most:
-            break
-        near = [i for i, o in enumerate(outcomes) if o.prompt is miss.prompt]
-        following = nearest_untaken(features, taken, near[0]) if near else None
-        if following is None:
-            following = next(i for i in order if i not in taken)
-        measure(following, f": {miss.text}")
-    if fitted is None:
-        fit_costs(chosen)  # raises the error that says which settings drafted nothing
-    assert fitted is not None  # for mypy: fit_costs raised where nothing could be fitted
-    problems = [
-        problem
-        for family, cost in fitted.items()
-        if (problem := fit_problem(cost.checked_error, bound, family, heldout=cost.heldout_mare is not None))
-    ]
-    if problems and miss is not None and miss.prompt is not None:
-        problems.append(f"missed most: {miss.text}")
-    why = _calibration_why(fitted, bound, len(taken), at_most, miss, bool(problems))
-    say(f"calibration: {why}")
-    return Calibration(fitted, chosen, noise, bound, "; ".join(problems) or None, left_out, why)
+        ]
+        if problems and miss is not None and miss.prompt is not None:
+            problems.append(f"missed most: {miss.text}")
+        why = _calibration_why(fitted, bound, len(self.taken), self.at_most, miss, bool(problems))
+        self.say(f"calibration: {why}")
+        return Calibration(fitted, chosen, noise, bound, "; ".join(problems) or None, left_out, why)
+
+
+def _reuse(
+    prior: PriorFit, chosen: list[PromptOutcome], left_out: dict[str, str], say: Progress
+) -> Calibration | None:
+    """The calibration ``prior`` gives where it prices the ``chosen`` prompts' runs within the bound (each
+    family's mean relative error over its speculating runs and over the plain runs); None where it misses,
+    said with its numbers."""
+    noise = measured_noise(chosen)
+    bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
+    families = sorted({s.drafter.family for o in chosen for s in o.settings})
+    errors = {
+        family: _prior_error(prior.costs[family], *_family_samples(chosen, family)) for family in families
+    }
+    worst = max(errors.values(), default=0.0)
+    source = f"the fit of llama-server analysis #{prior.analysis_id}"
+    if worst <= bound:
+        why = (
+            f"reused {source} (this machine, model, threads, context and server build), checked on {len(chosen)} "
+            f"prompts of this workload: error {worst:.1%} (bound {bound:.1%})"
+        )
+        say(f"calibration: {why}")
+        costs = {family: prior.costs[family] for family in families}
+        return Calibration(costs, chosen, noise, bound, None, left_out, why, prior.analysis_id)
+    say(
+        f"{source} missed {len(chosen)} prompts of this workload by {worst:.1%} (bound {bound:.1%}): fitting anew"
+    )
+    return None
+
+
+def _prior_error(cost: ServerCost, plain: list[Sample], spec: list[Sample]) -> float:
+    """The worse of ``cost``'s mean relative errors over the speculating and the plain requests."""
+    spec_errors = [abs(cost.speculative_ms_of(work) - ms) / ms for _, work, ms in spec if ms > 0]
+    plain_errors = [abs(cost.step_cost.plain_ms(work) - ms) / ms for _, work, ms in plain if ms > 0]
+    return max(float(np.mean(e)) if e else 0.0 for e in (spec_errors, plain_errors))
 
 
 @dataclass(frozen=True)

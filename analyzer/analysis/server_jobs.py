@@ -75,8 +75,9 @@ class ServerJobParams:
     """What a job analyzes with (``specroute llama-server analyze``'s options): the model, the drafter settings
     by label, the draft model of draft-simple settings, new tokens per prompt, threads and context per server,
     calibration prompts, at most ``per_task`` prompts per task and the first ``limit`` prompts, validation and
-    its passes, ``urls``: servers the user runs ({"off" or a setting's label: URL}; None: start our own), and
-    ``long_prompts``: what to do with prompts the context cannot hold ("leave-out" or "refuse")."""
+    its passes, ``urls``: servers the user runs ({"off" or a setting's label: URL}; None: start our own),
+    ``long_prompts``: what to do with prompts the context cannot hold ("leave-out" or "refuse"), and ``refit``:
+    fit the step costs on this workload even where an earlier analysis on the same setup has a fit to reuse."""
 
     model: str = DEFAULT_MODEL
     drafters: tuple[str, ...] = DEFAULT_DRAFTERS
@@ -92,6 +93,7 @@ class ServerJobParams:
     urls: Mapping[str, str] | None = field(default=None)
     long_prompts: str = "leave-out"
     validate_all: bool = False  # every held-out prompt, not the sample the validation budget pays for
+    refit: bool = False  # fit the step costs anew, not reusing an earlier analysis' fit on this setup
 
     def checked(self) -> "ServerJobParams":
         """These parameters, or ServerJobError naming the first bad field."""
@@ -448,6 +450,7 @@ def execute_server_job(
         )
         report(f"analyzing {len(prompts)} prompts in llama-server ({where})")
         report(f"job #{job_id} on {host}")
+        prior = _prior(sessions, params, setup, build, report)
         analysis = analyze_in_llama_server(
             setup, prompts, drafters,
             n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
@@ -455,6 +458,7 @@ def execute_server_job(
                 params.validate_repeats, budget_share=None if params.validate_all else DEFAULT_BUDGET_SHARE
             ),
             say=report, attempt=Attempt(kept, kept_passes, generated, passed), long_prompts=params.long_prompts,
+            prior=prior,
         )  # fmt: skip
     except ServerJobStopped:
         return None
@@ -478,6 +482,29 @@ def execute_server_job(
         job.status, job.finished_at, job.analysis_id = "done", utcnow(), record.id
         job.progress = {"phase": "done", "line": f"stored llama-server analysis #{record.id}"}
         return record.id
+
+
+def _prior(
+    sessions: sessionmaker[Session],
+    params: ServerJobParams,
+    setup: Any,
+    build: str,
+    say: Callable[[str], None],
+) -> Any:
+    """The fit an earlier analysis made on this setup (:func:`analyzer.analysis.server_store.prior_fit`), said
+    where there is one; None with ``refit`` or the user's servers (another machine's, maybe)."""
+    from analyzer.analysis.server_store import prior_fit
+
+    if params.refit or params.urls:
+        return None
+    with sessions() as session:
+        prior = prior_fit(
+            session, model=str(setup.model), server_build=build, threads=params.threads, n_ctx=setup.n_ctx,
+            draft_model=str(setup.draft_model) if setup.draft_model else None,
+        )  # fmt: skip
+    if prior is not None:
+        say(f"an earlier fit on this setup (llama-server analysis #{prior.analysis_id}) is checked first")
+    return prior
 
 
 def _setup(params: ServerJobParams, cache_dir: Path, llama_server: str) -> tuple[Any, str]:

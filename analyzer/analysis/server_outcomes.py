@@ -260,6 +260,8 @@ class ServerAnalysis:
     calibration_why: str | None = None
     # every pass through the servers in the order they ran (analyzer/analysis/server_passes.py pass_key)
     pass_order: list[str] = field(default_factory=list)
+    # the earlier analysis whose fit calibration reused (None: fitted on this workload)
+    fit_from: int | None = None
 
     def cost_of(self, drafter: ServerDrafter) -> ServerCost:
         """The step costs that price ``drafter``: its family's."""

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analyzer.advice.option_rows import prompt_options, replace_options, server_option_rows
+from analyzer.analysis.server_calibration import PriorFit
 from analyzer.analysis.server_figures import ceilings, task_choices, validation_figures
 from analyzer.analysis.server_outcomes import (
     ServerAnalysis,
@@ -150,13 +151,14 @@ def store_server_analysis(
         model=model,
         draft_model=draft_model,
         server_build=server_build,
-        machine=f"{cpu_model_name()}, {os.cpu_count()} cores"[:300],
+        machine=_machine(),
         threads=analysis.threads,
         n_ctx=analysis.n_ctx,
         n_predict=analysis.n_predict,
         drafters=[d.label for d in analysis.drafters],
         cost={
-            family: {**cost.as_dict(), "bound": analysis.fit_bound} for family, cost in analysis.costs.items()
+            family: {**cost.as_dict(), "bound": analysis.fit_bound, "fitted_in": analysis.fit_from}
+            for family, cost in analysis.costs.items()
         },
         prompts=prompts,
         tasks=tasks,
@@ -181,6 +183,40 @@ def store_server_analysis(
     session.flush()
     replace_options(session, server_option_rows(prompts), server_analysis_id=record.id)
     return record
+
+
+def prior_fit(
+    session: Session, *, model: str, server_build: str, threads: int, n_ctx: int, draft_model: str | None
+) -> PriorFit | None:
+    """The newest fit an analysis stored on this machine for this model, server build, threads, context and
+    draft model whose advice was not withheld, with the analysis that fitted it (None: there is none)."""
+    machine = _machine()
+    found = session.scalars(
+        select(ServerAnalysisRecord)
+        .where(
+            ServerAnalysisRecord.machine == machine,
+            ServerAnalysisRecord.model == model,
+            ServerAnalysisRecord.server_build == server_build,
+            ServerAnalysisRecord.threads == threads,
+            ServerAnalysisRecord.n_ctx == n_ctx,
+            ServerAnalysisRecord.draft_model.is_(None)
+            if draft_model is None
+            else ServerAnalysisRecord.draft_model == draft_model,
+            ServerAnalysisRecord.advice_withheld.is_(None),
+        )
+        .order_by(ServerAnalysisRecord.id.desc())
+        .limit(1)
+    ).first()
+    if found is None or not found.cost:
+        return None
+    costs = {family: ServerCost.from_stored(stored) for family, stored in found.cost.items()}
+    origin = next(iter(found.cost.values())).get("fitted_in") or found.id
+    return PriorFit(costs, int(origin))
+
+
+def _machine() -> str:
+    """This machine as an analysis stores it: its CPU model and cores."""
+    return f"{cpu_model_name()}, {os.cpu_count()} cores"[:300]
 
 
 def get_server_analysis(session: Session, analysis_id: int) -> ServerAnalysisRecord:

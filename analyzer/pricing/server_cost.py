@@ -21,7 +21,7 @@ model's servers add ``step_extra_ms`` (the draft decodes beside the target).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from analyzer.measuring.request_work import RequestWork, plain_work
 from analyzer.measuring.server_drafting import ServerReplay
@@ -84,6 +84,15 @@ class ServerCost:
     def plain_ms(self, replay: ServerReplay) -> float:
         """Plain decoding of the replayed request's output on the plain server (the first token is free)."""
         return self.step_cost.plain_ms(plain_work(replay.prompt_tokens, replay.output_tokens))
+
+    def speculative_ms_of(self, work: RequestWork) -> float:
+        """A request that did ``work`` on a speculating server of this family."""
+        return self.step_cost.request_ms(work)
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, object]) -> "ServerCost":
+        """The cost as an analysis stored it (its fields; other keys, such as the bound, left aside)."""
+        return cls(**{f.name: stored[f.name] for f in fields(cls) if f.name in stored})  # type: ignore[arg-type]
 
     def speculative_ms(self, replay: ServerReplay) -> float:
         """The replayed request on a speculating server of this family."""

@@ -16,7 +16,7 @@ from analyzer.analysis.server_analysis import (
     DEFAULT_VALIDATE_REPEATS,
     VALIDATION_HALF_WIDTH,
 )
-from analyzer.analysis.server_calibration import MIN_CALIBRATION
+from analyzer.analysis.server_calibration import MIN_CALIBRATION, REUSE_CHECK
 from analyzer.analysis.server_jobs import (
     DEFAULT_DRAFTERS,
     ServerJobError,
@@ -173,6 +173,13 @@ def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
     f"than ±{VALIDATION_HALF_WIDTH:.0%} (95%).",
 )
 @click.option(
+    "--refit",
+    is_flag=True,
+    help="Fit the step costs on this workload even where an earlier analysis on this machine, model, threads, "
+    f"context and server build has a fit; by default that fit is checked on {REUSE_CHECK} prompts first and reused "
+    "where it holds.",
+)
+@click.option(
     "--queue",
     "queue_only",
     is_flag=True,
@@ -194,6 +201,7 @@ def analyze(
     validate: bool,
     validate_all: bool,
     validate_repeats: int,
+    refit: bool,
     queue_only: bool,
     long_prompts: str = LEAVE_OUT,
 ) -> None:
@@ -207,7 +215,7 @@ def analyze(
     record_id = run_server_analysis(
         state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
         calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
-        queue_only=queue_only, long_prompts=long_prompts, validate_all=validate_all,
+        queue_only=queue_only, long_prompts=long_prompts, validate_all=validate_all, refit=refit,
     )  # fmt: skip
     if record_id is None:
         return
@@ -234,13 +242,14 @@ def run_server_analysis(
     queue_only: bool = False,
     long_prompts: str = LEAVE_OUT,
     validate_all: bool = False,
+    refit: bool = False,
 ) -> int | None:
     """Queue an analysis of prompt set ``set_name`` in llama-server (``specroute llama-server analyze`` and
     ``specroute analyze --engine llama-server`` alike) and execute it here, progress on stderr (``queue_only``:
     leave it to the workers and print its job id); the stored analysis' id (None: only queued)."""
     params = ServerJobParams(
         model, tuple(d.label for d in drafters), draft_model, n_predict, threads, n_ctx, calibration, per_task,
-        limit, validate, validate_repeats, urls, long_prompts, validate_all,
+        limit, validate, validate_repeats, urls, long_prompts, validate_all, refit,
     )  # fmt: skip
     try:
         params.checked()
