@@ -7,8 +7,10 @@ Arms, each from stopped servers to stopped servers (a server's start is part of 
 - ``plain``: one plain llama-server generating every prompt once (the generation the analysis cannot avoid);
 - ``sweep``: the plain server and each setting's server in turn, each generating every prompt once (what
   llama.cpp's speed-bench client or a sweep over settings costs: one pass of the workload per setting);
-- ``analysis``: ``analyze_in_llama_server`` with its defaults (generation, replay, calibration, the validation
-  sample its budget pays for, one validation pass as the demo makes).
+- ``analysis``: ``analyze_in_llama_server`` with its defaults (generation, replay, calibration until its fit
+  holds, validation until its target or budget, one pass as the demo makes);
+- ``reused``: the same, given the fit the latest ``analysis`` arm made, as a second analysis on this machine,
+  model, threads and build finds it (checked on two prompts, reused where it holds).
 
 Beside the times, each analysis' advice accuracy on the prompts it validated: per setting the advice's
 aggregate error (predicted from plain greedy output against the measured time-weighted speedup) and the noise
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
+from analyzer.analysis.server_calibration import PriorFit
 from analyzer.analysis.server_figures import validation_figures
 from analyzer.analysis.server_generation import ServerSetup, timed_complete
 from analyzer.analysis.server_outcomes import ServerPrompt
@@ -44,7 +47,7 @@ from analyzer.settings import load_settings
 HERE = Path(__file__).resolve().parent
 SAMPLE = HERE.parent / "analyzer" / "sample_data" / "sample_prompts.jsonl"
 DRAFTERS = ("ngram-simple", "ngram-simple 3/8", "ngram-simple 2/4", "ngram-mod", "ngram-mod 16 8-32")
-ARMS = ("plain", "sweep", "analysis")
+ARMS = ("plain", "sweep", "analysis", "reused")
 
 
 def sample_prompts(per_task: int) -> list[ServerPrompt]:
@@ -75,17 +78,23 @@ def one_pass(
     return time.perf_counter() - started
 
 
-def analysis_arm(setup: ServerSetup, prompts: list[ServerPrompt], n_predict: int, calibration: int) -> dict:
-    """One analysis with its defaults (one validation pass, as the demo): its seconds and advice accuracy."""
+def analysis_arm(
+    setup: ServerSetup, prompts: list[ServerPrompt], n_predict: int, calibration: int, prior: PriorFit | None
+) -> tuple[dict, PriorFit]:
+    """One analysis with its defaults (one validation pass, as the demo), given ``prior`` (None: it fits its
+    own): its seconds and advice accuracy, and its fit as the next analysis would find it."""
     started = time.perf_counter()
     analysis = analyze_in_llama_server(
         setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=n_predict,
-        calibration_prompts=calibration, validate=True, validation=ValidationAsk(repeats=1),
+        calibration_prompts=calibration, validate=True, validation=ValidationAsk(repeats=1), prior=prior,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     figures = validation_figures(analysis)
     return {
         "seconds": seconds,
+        "reused_fit": analysis.fit_from is not None,
+        "calibration_prompts": analysis.calibration_prompts,
+        "calibration": analysis.calibration_why,
         "phases": {
             "up to the predictions": analysis.seconds,
             "validation": analysis.validation_seconds,
@@ -104,7 +113,7 @@ def analysis_arm(setup: ServerSetup, prompts: list[ServerPrompt], n_predict: int
             }
             for f in figures
         },
-    }
+    }, PriorFit(analysis.costs, 0)
 
 
 def machine() -> str:
@@ -134,9 +143,9 @@ def main() -> None:
         flush=True,
     )
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    analyses = []
+    analyses, fit = [], None
     for repeat in range(args.repeats):
-        order = ARMS[repeat % 3 :] + ARMS[: repeat % 3]
+        order = ARMS[repeat % len(ARMS) :] + ARMS[: repeat % len(ARMS)]
         for arm in order:
             if arm == "plain":
                 seconds[arm].append(one_pass(setup, None, prompts, args.n_predict))
@@ -144,9 +153,14 @@ def main() -> None:
                 runs = [one_pass(setup, None, prompts, args.n_predict)]
                 runs += [one_pass(setup, parse_drafter(d), prompts, args.n_predict) for d in DRAFTERS]
                 seconds[arm].append(sum(runs))
-            else:
-                analyses.append(analysis_arm(setup, prompts, args.n_predict, args.calibration))
-                seconds[arm].append(analyses[-1]["seconds"])
+            else:  # the reused arm takes the latest fit the analysis arm made (the first repeat makes it first)
+                found, made = analysis_arm(
+                    setup, prompts, args.n_predict, args.calibration, fit if arm == "reused" else None
+                )
+                if arm == "analysis":
+                    fit = made
+                analyses.append({"arm": arm, **found})
+                seconds[arm].append(found["seconds"])
             print(f"repeat {repeat + 1}/{args.repeats}: {arm} {seconds[arm][-1]:.1f} s", flush=True)
     medians = {arm: float(np.median(values)) for arm, values in seconds.items()}
     for arm in ARMS:
