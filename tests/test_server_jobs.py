@@ -114,6 +114,14 @@ def test_the_web_form_queues_a_job_refuses_bad_values_and_the_job_page_follows_i
     assert (job.params["n_predict"], job.params["per_task"], job.params["limit"], job.params["validate"]) == (
         24, 2, None, True,
     )  # fmt: skip
+    assert (job.params["validate_all"], job.params["refit"]) == (False, False)  # boxes left unticked
+    ticked = client.post("/llama-server/jobs", data=form | {"validate_all": "on", "refit": "on"})
+    assert ticked.status_code == 302
+    session.rollback()
+    second = session.get_one(ServerAnalysisJob, 2).params
+    assert (second["validate_all"], second["refit"]) == (True, True)
+    cancel_server_job(session, 2)  # not for a worker to claim: the rest of this test follows job 1
+    session.commit()
     shown = client.get("/llama-server/jobs/1").get_data(as_text=True)
     assert (
         '<dd class="status">queued</dd>' in shown

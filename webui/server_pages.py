@@ -52,9 +52,12 @@ def _gguf_targets() -> list[str]:
     return [t for t in targets if t.startswith(("gguf:", "builtin:"))] or [DEFAULT_MODEL]
 
 
-def _form_params(values: dict[str, str], validate: bool) -> ServerJobParams:
-    """The form's values as job parameters; ServerJobError naming the field that is not a whole number (the
-    bounds are checked by :meth:`ServerJobParams.checked`, the command line's too)."""
+def _form_params(
+    values: dict[str, str], validate: bool, flags: frozenset[str] = frozenset()
+) -> ServerJobParams:
+    """The form's values as job parameters (``flags``: the checkboxes ticked of "validate_all" and "refit");
+    ServerJobError naming the field that is not a whole number (the bounds are checked by
+    :meth:`ServerJobParams.checked`, the command line's too)."""
     numbers: dict[str, int | None] = {}
     for name in ("n_predict", "per_task", "limit", "calibration", "validate_repeats"):
         text = values[name].strip()
@@ -72,7 +75,8 @@ def _form_params(values: dict[str, str], validate: bool) -> ServerJobParams:
     return ServerJobParams(
         model=values["model"], n_predict=numbers["n_predict"] or 0, per_task=numbers["per_task"],
         limit=numbers["limit"], calibration=numbers["calibration"] or 0, validate=validate,
-        validate_repeats=numbers["validate_repeats"] or 0,
+        validate_repeats=numbers["validate_repeats"] or 0, validate_all="validate_all" in flags,
+        refit="refit" in flags,
     ).checked()  # fmt: skip
 
 
@@ -118,7 +122,8 @@ def start_server_job():
     reason for a bad value."""
     values = {k: request.form.get(k, "") for k in FORM_FIELDS}
     try:
-        params = _form_params(values, request.form.get("validate") == "on")
+        flags = frozenset(name for name in ("validate_all", "refit") if request.form.get(name) == "on")
+        params = _form_params(values, request.form.get("validate") == "on", flags)
         with sessions()() as session, session.begin():
             lock_for_write(session)
             prompt_set = get_prompt_set(session, values["prompt_set"])
