@@ -79,10 +79,16 @@ def one_pass(
 
 
 def analysis_arm(
-    setup: ServerSetup, prompts: list[ServerPrompt], n_predict: int, calibration: int, prior: PriorFit | None
+    setup: ServerSetup,
+    prompts: list[ServerPrompt],
+    n_predict: int,
+    calibration: int,
+    prior: PriorFit | None,
+    number: int,
 ) -> tuple[dict, PriorFit]:
     """One analysis with its defaults (one validation pass, as the demo), given ``prior`` (None: it fits its
-    own): its seconds and advice accuracy, and its fit as the next analysis would find it."""
+    own): its seconds and advice accuracy, and its fit as the next analysis would find it, named by ``number``
+    (this run's analyses counted from 1)."""
     started = time.perf_counter()
     analysis = analyze_in_llama_server(
         setup, prompts, [parse_drafter(d) for d in DRAFTERS], n_predict=n_predict,
@@ -113,7 +119,7 @@ def analysis_arm(
             }
             for f in figures
         },
-    }, PriorFit(analysis.costs, 0)
+    }, PriorFit(analysis.costs, number)
 
 
 def machine() -> str:
@@ -155,7 +161,12 @@ def main() -> None:
                 seconds[arm].append(sum(runs))
             else:  # the reused arm takes the latest fit the analysis arm made (the first repeat makes it first)
                 found, made = analysis_arm(
-                    setup, prompts, args.n_predict, args.calibration, fit if arm == "reused" else None
+                    setup,
+                    prompts,
+                    args.n_predict,
+                    args.calibration,
+                    fit if arm == "reused" else None,
+                    len(analyses) + 1,
                 )
                 if arm == "analysis":
                     fit = made

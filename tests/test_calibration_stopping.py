@@ -216,3 +216,61 @@ def test_the_fit_to_reuse_is_the_newest_on_the_same_setup_whose_advice_was_not_w
         {"draft_model": "/d"},
     ):
         assert prior_fit(session, **(setup | other)) is None, other
+
+
+def test_validation_budgets_estimates_and_counts_a_pass_in_the_same_server_seconds(monkeypatch):
+    """The budget (a share of the plain generation), each pass's estimate and its spending all count the
+    server's seconds of reading the prompt and generating: with prompts that cost more to read than to
+    answer, the estimate before a pass is what the pass then takes, and the spending stops within the budget."""
+    from analyzer.analysis.server_analysis import ValidationAsk, _pass_seconds, _validate
+    from analyzer.measuring.time_left import TimeLeft
+    from analyzer.measuring.validation_plan import BUDGET, validation_order
+
+    outcomes = _workload(40)  # half their generation pays for more passes than the minimum
+
+    def prompt_ms(ids) -> float:
+        return 0.5 * len(ids)  # 10 to 450 ms a prompt: as much as or more than its 48 tokens' generation
+
+    for outcome in outcomes:
+        plain = COST.plain_ms(plain_work(len(outcome.prompt_ids), N_PREDICT))
+        outcome.plain.completion.timings.update(predicted_ms=plain, prompt_ms=prompt_ms(outcome.prompt_ids))
+    servers = _serve(monkeypatch, outcomes, {})
+    served = server_passes.timed_complete
+
+    def with_prompt(server, ids, n_predict):
+        timed = served(server, ids, n_predict)
+        timed.completion.timings["prompt_ms"] = prompt_ms(ids)
+        return timed
+
+    monkeypatch.setattr(server_passes, "timed_complete", with_prompt)
+    history = ServerHistory(N_PREDICT, N_CTX)
+    pass_log = PassLog(history)
+    found = calibrate(servers, outcomes, history, lambda line: None, pass_log, at_most=4)
+    for outcome in outcomes:
+        for setting in outcome.settings:
+            setting.predicted_speedup = found.costs[setting.drafter.family].speedup(setting.replay)
+    held_out = [o for o in outcomes if not o.calibration]
+    lines: list[str] = []
+    plan = _validate(
+        servers, outcomes, held_out, history, found.costs, ValidationAsk(1, half_width=0.0, budget_share=0.5),
+        lines.append, pass_log, TimeLeft(),
+    )  # fmt: skip
+    generation_s = sum(
+        (o.plain.completion.predicted_ms + o.plain.completion.timings["prompt_ms"]) / 1000 for o in outcomes
+    )
+    assert plan.budget_s == pytest.approx(0.5 * generation_s)
+    spent = []
+    for index in plan.chosen:
+        outcome = held_out[index]
+        runs = [*outcome.plain_pairs[-1], *(s.trials[-1].measured for s in outcome.settings)]
+        seconds = sum((r.completion.predicted_ms + r.completion.timings["prompt_ms"]) / 1000 for r in runs)
+        assert _pass_seconds(outcome) == pytest.approx(seconds, rel=0.02)  # the estimate is the pass
+        spent.append(seconds)
+    assert plan.spent_s == pytest.approx(sum(spent))
+    assert plan.stopped == BUDGET and len(plan.chosen) < len(held_out)
+    assert plan.spent_s <= plan.budget_s
+    predicted = np.array([[s.predicted_speedup for s in o.settings] for o in held_out])
+    order = validation_order([o.prompt.task for o in held_out], predicted)
+    assert plan.chosen == order[: len(plan.chosen)]
+    following = held_out[order[len(plan.chosen)]]  # the pass it did not run would have overrun the budget
+    assert plan.spent_s + _pass_seconds(following) > plan.budget_s

@@ -18,7 +18,8 @@ still misses, or a machine too noisy, keeps the analysis but withholds its advic
 Validation takes the held-out prompts one at a time, across tasks and predicted speedups
 (:mod:`analyzer.measuring.validation_plan`), until each setting's time-weighted speedup has a 95% interval
 from run noise of at most :data:`VALIDATION_HALF_WIDTH`, or its budget (by default half the plain generation's
-time) is spent, and says which stopped it. It reports predicted against measured speedup (from ``timings``),
+time, the server's seconds of reading and generating, the basis its spending is counted on too) is spent, and
+says which stopped it. It reports predicted against measured speedup (from ``timings``),
 and whether the server's own ``draft_n`` / ``draft_n_accepted`` equal the replay's: that must hold wherever the
 speculative output equals plain greedy output (the exactness test). Every server request also records how much
 CPU other processes took meanwhile, and the hypervisor's steal; a request over
@@ -63,7 +64,7 @@ from analyzer.analysis.server_outcomes import (
 )
 from analyzer.analysis.server_passes import Attempt, PassLog, ServerHistory, served_replay
 from analyzer.analysis.server_replay import replay_settings
-from analyzer.engine.llama_server_process import Server
+from analyzer.engine.llama_server_process import Completion, Server
 from analyzer.measuring.server_drafting import ServerDrafter
 from analyzer.measuring.time_left import TimeLeft
 from analyzer.measuring.validation_plan import (
@@ -241,11 +242,21 @@ def _told(say: Progress, eta: TimeLeft) -> Progress:
     return told
 
 
+def _server_seconds(completion: Completion) -> float:
+    """The seconds a completion took the server: its prompt and its generated tokens (the one basis of the
+    validation budget, its estimates and its spending)."""
+    return (completion.predicted_ms + float(completion.timings.get("prompt_ms", 0.0))) / 1000.0
+
+
 def _pass_seconds(outcome: PromptOutcome) -> float:
     """One validation pass of ``outcome`` estimated from its plain generation: two plain runs and one run per
-    setting at its predicted speedup (what the budget checks before it runs the pass)."""
-    plain_s = outcome.plain.completion.predicted_ms / 1000.0
-    return plain_s * (2.0 + sum(1.0 / max(s.predicted_speedup or 1.0, 0.1) for s in outcome.settings))
+    setting, each reading the prompt and generating (a setting's generation at its predicted speedup); what
+    the budget checks before it runs the pass."""
+    completion = outcome.plain.completion
+    prompt_s = float(completion.timings.get("prompt_ms", 0.0)) / 1000.0
+    decode_s = completion.predicted_ms / 1000.0
+    speedups = [max(s.predicted_speedup or 1.0, 0.1) for s in outcome.settings]
+    return prompt_s * (2 + len(speedups)) + decode_s * (2.0 + sum(1.0 / v for v in speedups))
 
 
 def _validate(
@@ -265,7 +276,7 @@ def _validate(
     noise of every pass so far) is within ``validation.half_width`` or the next pass would overrun the budget,
     ``validation.budget_share`` of the plain generation of every prompt (None: every held-out prompt, up to
     ``validation.repeats`` passes)."""
-    generation_s = sum(o.plain.completion.predicted_ms for o in outcomes) / 1000.0
+    generation_s = sum(_server_seconds(o.plain.completion) for o in outcomes)
     share = validation.budget_share
     budget_s = float("inf") if share is None else share * generation_s
     predicted = np.array([[s.predicted_speedup or 1.0 for s in o.settings] for o in held_out])
@@ -289,11 +300,11 @@ def _validate(
             taken.append(index)
         position = len(taken) if number == 1 else taken.index(index) + 1
         runs = [*outcome.plain_pairs[-1], *(s.trials[-1].measured for s in outcome.settings)]
-        ms = sum(r.completion.predicted_ms + float(r.completion.timings.get("prompt_ms", 0.0)) for r in runs)
-        eta.step(spent_s=ms / 1000)
+        seconds = sum(_server_seconds(r.completion) for r in runs)
+        eta.step(spent_s=seconds)
         of = f", pass {number}/{validation.repeats}" if validation.repeats > 1 else ""
         say(f"validated {position}/{len(held_out)} ({outcome.prompt.key}){of}{' (kept)' if kept else ''}")
-        return ms / 1000
+        return seconds
 
     def widest() -> float | None:
         run_error = measured_noise(outcomes).run_error
