@@ -244,6 +244,9 @@ class AnalysisRun(Base):
     # what the run could not take: {"prompts": [{prompt_id, position, task, tokens, why}]}, the prompts whose
     # tokens and new tokens the context cannot hold (None: it took every prompt)
     left_out: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # what validation took and what stopped it (analyzer.measuring.validation_plan.ValidationPlan.as_json;
+    # None: not validated, or validated before validation stopped by its rule)
+    validation_plan: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()

@@ -179,6 +179,9 @@ class RunParams:
     temperature: float = 0.0
     top_p: float = 1.0
     validate: int = 0  # a RunParams built in code validates nothing unless asked; inputs: DEFAULT_VALIDATE
+    # validate all ``validate`` prompts; False: at most that many, stopping once every measured aggregate is
+    # within its target or validation has cost its budget (analyzer/analysis/run_validation.py)
+    validate_all: bool = False
     limit: int | None = None
     chat_template: bool = True
     batch_size: int = 1
@@ -291,7 +294,7 @@ NUMBER_INPUTS = (
     "margin",
     "chunk_size",
 )
-FLAG_INPUTS = ("chat_template", "reprofile")
+FLAG_INPUTS = ("chat_template", "reprofile", "validate_all")
 NAME_INPUTS = ("engine", "cost_mode", "device", "dtype", "batch_sizes")
 BLANK_MEANS = {"limit": "all", "n_ctx": "the engine's"}  # an optional input: what leaving it blank means
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

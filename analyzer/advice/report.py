@@ -269,6 +269,7 @@ def build_report(session: Session, run_id: int) -> dict:
         "workload": summary.workload.as_dict() if summary.workload else None,
         "entropy_table": _entropy_table(results, run.run_params) if not summary.sampling else None,
         "validation": validation_rows,
+        "validation_plan": run.validation_plan,
         "validation_summary": {
             "run": validation_summary(validation_rows),
             "tasks": {task: validation_summary(rows) for task, rows in _rows_by_task(validation_rows)},

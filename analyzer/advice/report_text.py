@@ -226,6 +226,8 @@ def _validation_lines(report: dict) -> list[str]:
         f"target passes vs replayed rounds {_pct(summary['passes_error_pct'])} mean abs. error "
         f"({summary['passes_equal_rounds']} equal), {_timed_text(summary)}"
     ]
+    if report.get("validation_plan"):
+        lines.append(f"  validated {report['validation_plan']['why']}")
     if summary.get("aggregate_measured") is not None:
         lines.append(_noise_text(summary))
     if summary.get("aggregate_missed"):

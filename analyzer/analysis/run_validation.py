@@ -4,6 +4,7 @@ are watched, so that a validation disturbed by them is measured again or marked 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import TYPE_CHECKING
@@ -14,12 +15,24 @@ from sqlalchemy.orm import sessionmaker
 from analyzer.analysis.run_records import validation_sample
 from analyzer.db import lock_for_write
 from analyzer.engine.engine_base import LoadedPair
+from analyzer.measuring.noise import noise_floor, sampled_half_width
+from analyzer.measuring.validation_plan import (
+    DEFAULT_BUDGET_SHARE,
+    DEFAULT_TARGET,
+    MIN_VALIDATED,
+    ValidationPlan,
+    run_validation,
+)
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.progress import ProgressCallback
 from analyzer.run_params import RunParams
 
 if TYPE_CHECKING:
     from analyzer.advice.summary import AnalysisSummary, PromptSummary
+
+ASSUMED_RUNS = (
+    2.0  # each engine's greedy and speculative runs per validated prompt, until a pass says otherwise
+)
 
 
 def validate_run(
@@ -30,63 +43,124 @@ def validate_run(
     progress: ProgressCallback | None,
     *,
     quiet_wait_s: float = 0.0,
-) -> None:
+) -> ValidationPlan | None:
     """Run real speculative decoding in the run's engine at each validated prompt's task g* beside
     plain greedy, on a sample drawn across tasks (:func:`validation_sample`), from the prompt ids the
-    run measured (stored with each result). It first waits for a quiet machine (up to
-    ``quiet_wait_s`` seconds in all, :func:`analyzer.measuring.interference.wait_for_quiet`); a prompt
-    validated while other processes used more than MAX_OTHERS_CPU of the machine is validated
-    again after another wait (while the budget lasts), and the less disturbed measurement is kept
-    with its share (``others_cpu``), so that the report can mark it."""
+    run measured (stored with each result). The sample's prompts are taken one at a time by the stopping rule
+    every engine's validation shares (:func:`analyzer.measuring.validation_plan.run_validation`): all
+    ``params.validate`` of them with ``params.validate_all``, else until every measured aggregate is within
+    :data:`DEFAULT_TARGET` (95%, from the run noise of the greedy pairs so far) or validation has cost
+    :data:`DEFAULT_BUDGET_SHARE` of the run's plain generation (both counted in seconds of generating); the
+    plan is stored with the run (``validation_plan``) and returned (None: nothing to validate). It first
+    waits for a quiet machine (up to ``quiet_wait_s`` seconds in all,
+    :func:`analyzer.measuring.interference.wait_for_quiet`); a prompt validated while other processes used
+    more than MAX_OTHERS_CPU of the machine is validated again after another wait (while the budget lasts), and
+    the less disturbed measurement is kept with its share (``others_cpu``), so that the report can mark it."""
     from analyzer.measuring.interference import wait_for_quiet
-    from analyzer.measuring.noise import machine_sample, steal_share
 
-    summary, validated, stored = _stored_for_validation(session_factory, run_id)
+    summary, validated, stored, generated_s = _stored_for_validation(session_factory, run_id)
     already = [p for p in summary.prompts if p.prompt_id in validated]
     chosen = validation_sample(summary, params.validate, already=already)
+    if not chosen:
+        return None
     deadline = time.monotonic() + quiet_wait_s
-    if chosen:
-        wait_for_quiet(quiet_wait_s, progress, what="validating")
-    for number, prompt in enumerate(chosen, start=1):
+    wait_for_quiet(quiet_wait_s, progress, what="validating")
+    gammas = [summary.tasks[p.task].best_gamma or p.best_gamma or 1 for p in chosen]
+    # one pass's generating, estimated before it runs: the prompt's plain generation and its speculative one
+    # at the predicted speedup, times the runs of each an engine makes (learned from the passes run so far)
+    bases = [
+        generated_s.get(p.prompt_id, 0.0) * (1.0 + 1.0 / max(_predicted_speedup(p, g), 0.1))
+        for p, g in zip(chosen, gammas, strict=True)
+    ]
+    done: list[tuple[int, float, list[float], float]] = []  # (index, seconds, greedy times, greedy time)
+
+    def estimate(index: int) -> float:
+        taken = sum(bases[i] for i, *_ in done)
+        runs = sum(seconds for _, seconds, *_ in done) / taken if taken > 0 else ASSUMED_RUNS
+        return bases[index] * runs
+
+    def validate(index: int, number: int) -> float:
         if progress:
-            progress(number - 1, len(chosen), "validating with real speculative decoding")
-        gamma = summary.tasks[prompt.task].best_gamma or prompt.best_gamma or 1
-        prompt_ids, output_ids = stored[prompt.prompt_id]
-        before = machine_sample()
-        measured, others = _least_disturbed_validation(
-            loaded_models, prompt_ids, params, gamma, deadline, progress
-        )
-        steal = steal_share(before, machine_sample())
-        with session_factory() as session, session.begin():
-            lock_for_write(session)
-            session.add(
-                ValidationResult(
-                    run_id=run_id,
-                    prompt_id=prompt.prompt_id,
-                    gamma=gamma,
-                    greedy_time_s=measured.greedy_time_s,
-                    speculative_time_s=measured.speculative_time_s,
-                    measured_speedup=measured.measured_speedup,
-                    predicted_speedup=_predicted_speedup(prompt, gamma),
-                    outputs_identical=measured.outputs_identical,
-                    target_forward_passes=measured.target_forward_passes,
-                    replayed_rounds=prompt.rounds.get(gamma),
-                    replay_identical=measured.speculative_ids == list(output_ids or []),
-                    others_cpu=others,
-                    greedy_times_s=list(measured.greedy_times_s) or None,
-                    speculative_times_s=list(measured.speculative_times_s) or None,
-                    steal_share=steal,
-                )
+            progress(len(done), len(chosen), "validating with real speculative decoding")
+        measured = _validate_one(session_factory, run_id, loaded_models, params, chosen[index], gammas[index],
+                                 stored, deadline, progress)  # fmt: skip
+        greedy = list(measured.greedy_times_s) or [measured.greedy_time_s]
+        speculative = list(measured.speculative_times_s) or [measured.speculative_time_s]
+        seconds = float(sum(greedy) + sum(speculative))
+        done.append((index, seconds, greedy, float(measured.greedy_time_s)))
+        return seconds
+
+    def widest() -> float | None:
+        pairs = [(a, b) for _, _, greedy, _ in done for a, b in zip(greedy, greedy[1:])]
+        run_error = noise_floor([a for a, _ in pairs], [b for _, b in pairs]).run_error
+        if run_error is None:
+            return None
+        return sampled_half_width(run_error, [g for *_, g in done], [len(greedy) for _, _, greedy, _ in done])
+
+    every = params.validate_all
+    plan = run_validation(
+        range(len(chosen)), estimate, validate, widest,
+        budget_s=math.inf if every else DEFAULT_BUDGET_SHARE * sum(generated_s.values()),
+        target=0.0 if every else DEFAULT_TARGET, passes=1, at_least=MIN_VALIDATED,
+    )  # fmt: skip
+    with session_factory() as session, session.begin():
+        lock_for_write(session)
+        session.get(AnalysisRun, run_id).validation_plan = plan.as_json()
+    if progress:
+        progress(len(plan.chosen), len(plan.chosen), f"validated {plan.why}")
+    return plan
+
+
+def _validate_one(
+    session_factory: sessionmaker,
+    run_id: int,
+    loaded_models: LoadedPair,
+    params: RunParams,
+    prompt: PromptSummary,
+    gamma: int,
+    stored: dict[int, tuple[list[int], list[int] | None]],
+    deadline: float,
+    progress: ProgressCallback | None,
+):
+    """Validate ``prompt`` at ``gamma`` (again after a wait where others disturbed it) and store the result;
+    what the engine measured."""
+    from analyzer.measuring.noise import machine_sample, steal_share
+
+    prompt_ids, output_ids = stored[prompt.prompt_id]
+    before = machine_sample()
+    measured, others = _least_disturbed_validation(
+        loaded_models, prompt_ids, params, gamma, deadline, progress
+    )
+    steal = steal_share(before, machine_sample())
+    with session_factory() as session, session.begin():
+        lock_for_write(session)
+        session.add(
+            ValidationResult(
+                run_id=run_id,
+                prompt_id=prompt.prompt_id,
+                gamma=gamma,
+                greedy_time_s=measured.greedy_time_s,
+                speculative_time_s=measured.speculative_time_s,
+                measured_speedup=measured.measured_speedup,
+                predicted_speedup=_predicted_speedup(prompt, gamma),
+                outputs_identical=measured.outputs_identical,
+                target_forward_passes=measured.target_forward_passes,
+                replayed_rounds=prompt.rounds.get(gamma),
+                replay_identical=measured.speculative_ids == list(output_ids or []),
+                others_cpu=others,
+                greedy_times_s=list(measured.greedy_times_s) or None,
+                speculative_times_s=list(measured.speculative_times_s) or None,
+                steal_share=steal,
             )
-    if progress and chosen:
-        progress(len(chosen), len(chosen), "validating with real speculative decoding")
+        )
+    return measured
 
 
 def _stored_for_validation(
     session_factory: sessionmaker, run_id: int
-) -> tuple[AnalysisSummary, set[int], dict[int, tuple[list[int], list[int] | None]]]:
-    """The run's summary (stored now), the prompts already validated, and each result's stored
-    (prompt token ids, output token ids) by prompt id."""
+) -> tuple[AnalysisSummary, set[int], dict[int, tuple[list[int], list[int] | None]], dict[int, float]]:
+    """The run's summary (stored now), the prompts already validated, each result's stored (prompt token ids,
+    output token ids) and the seconds its plain generation took (``target_time_s``), by prompt id."""
     from analyzer.advice.summary_store import store_summary
 
     with session_factory() as session, session.begin():  # stored: finishing adds the validations to it
@@ -95,15 +169,16 @@ def _stored_for_validation(
         validated = set(
             session.scalars(select(ValidationResult.prompt_id).where(ValidationResult.run_id == run_id))
         )
-        stored = {
-            pid: (prompt_ids, output)
-            for pid, prompt_ids, output in session.execute(
-                select(
-                    PromptResult.prompt_id, PromptResult.prompt_token_ids, PromptResult.output_token_ids
-                ).where(PromptResult.run_id == run_id)
-            )
-        }
-    return summary, validated, stored
+        rows = session.execute(
+            select(
+                PromptResult.prompt_id,
+                PromptResult.prompt_token_ids,
+                PromptResult.output_token_ids,
+                PromptResult.target_time_s,
+            ).where(PromptResult.run_id == run_id)
+        ).all()
+    stored = {pid: (prompt_ids, output) for pid, prompt_ids, output, _ in rows}
+    return summary, validated, stored, {pid: float(seconds or 0.0) for pid, *_, seconds in rows}
 
 
 def _least_disturbed_validation(

@@ -318,7 +318,7 @@ def _validate(
         return max((w for w in widths if w is not None), default=None)
 
     plan = run_validation(
-        order, [_pass_seconds(o) for o in held_out], validate, widest,
+        order, lambda index: _pass_seconds(held_out[index]), validate, widest,
         budget_s=budget_s, target=validation.half_width, passes=validation.repeats,
     )  # fmt: skip
     say(f"validation: {plan.why}")

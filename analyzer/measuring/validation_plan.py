@@ -88,7 +88,7 @@ class ValidationPlan:
 
 def run_validation(
     order: Sequence[int],
-    pass_cost_s: Sequence[float],
+    pass_cost_s: Callable[[int], float],
     validate: Callable[[int, int], float],
     widest: Callable[[], float | None],
     *,
@@ -101,17 +101,17 @@ def run_validation(
     seconds that pass took) until the widest
     interval run noise leaves on any option's aggregate (``widest()``, None: not known yet) is within
     ``target`` (0: never stop for it) with at least ``at_least`` prompts validated, or the next prompt's
-    estimated pass (``pass_cost_s``, by index) would take the spending past ``budget_s`` (inf: no budget),
+    estimated pass (``pass_cost_s(index)``, asked just before it, so an estimate may learn from the passes
+    run so far) would take the spending past ``budget_s`` (inf: no budget),
     making up to ``passes`` passes over every prompt before giving up on the target. With no budget every
     prompt of a pass is validated before the interval is asked."""
-    costs = np.asarray(pass_cost_s, dtype=np.float64)
     chosen: list[int] = []
     spent, number, stopped = 0.0, 0, PASSES
     bounded = math.isfinite(budget_s)
     for number in range(1, max(passes, 1) + 1):
         for index in order:
             taken = len(chosen) if number == 1 else len(order)
-            if bounded and taken >= at_least and spent + costs[index] > budget_s:
+            if bounded and taken >= at_least and spent + pass_cost_s(index) > budget_s:
                 stopped = BUDGET
                 break
             spent += validate(index, number)
