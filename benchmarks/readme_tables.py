@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from analyzer.run_params import clipped
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -512,8 +514,54 @@ def analysis_cost_section(results: Path = RESULTS) -> str:
         "engine | drafter / workload | prompts | analysis s | plain s | analysis / plain | "
         "median per prompt | naive sweep / analysis"
     )
-    extra = [part for part in (_analysis_vs_sweep(results), _parallel_slots(results)) if part]
+    extra = [
+        part
+        for part in (_analysis_vs_sweep(results), _parallel_slots(results), _demo_repeat(results))
+        if part
+    ]
     return "\n\n".join([block(text, header, rows, entries), *extra])
+
+
+def _demo_repeat(results: Path) -> str:
+    """The demo run again and again in fresh data folders (benchmarks/demo_repeat.py): per run its time, the
+    machine's noise by its own verdict, whether the advice was withheld, and whether every task's decision
+    agrees with the first run's."""
+    name = "demo_repeat.json"
+    if not (results / name).exists():
+        return ""
+    data = load(results, name)
+    first = data["runs"][0]["decisions"]
+    rows = []
+    for number, run in enumerate(data["runs"], 1):
+        noise = run["noise"] or {}
+        floor = noise.get("floor")
+        same = sum(run["decisions"].get(task) == decision for task, decision in first.items())
+        rows.append(
+            [
+                num(number),
+                num(run["seconds"]),
+                f"{noise.get('verdict', '-')} ({pct(floor)})"
+                if floor is not None
+                else noise.get("verdict", "-"),
+                "no" if run["advice_withheld"] is None else f"yes: {clipped(run['advice_withheld'], 90)}",
+                f"{same} of {len(first)}",
+            ]
+        )
+    agreed = data["agreement"]
+    decided = ", ".join(f"{task} {decision}" for task, decision in sorted(first.items()))
+    text = (
+        "The first README command's analysis, said again: `specroute demo --no-serve` in a fresh data folder, run "
+        "after run, each with its own calibration and validation. "
+        + (
+            "Every run withheld nothing and gave every task the same decision"
+            if agreed["agree"]
+            else f"{agreed['withheld']} of {len(data['runs'])} runs withheld the advice and "
+            f"{len(agreed['differing'])} of {agreed['tasks']} tasks got different decisions"
+        )
+        + f"; the first run's: {decided}."
+    )
+    header = "run | seconds | noise (its own verdict, floor) | advice withheld | decisions as the first run's"
+    return block(text, header, rows, [(name, recorded_machine(data), data["command"])])
 
 
 def _parallel_slots(results: Path) -> str:

@@ -287,6 +287,7 @@ def server_analysis_json(session: Session, record: ServerAnalysisRecord) -> dict
         "machine": record.machine,
         "n_predict": record.n_predict,
         "advice_withheld": record.advice_withheld,
+        "noise": record.noise,
         "left_out": record.left_out or {"settings": {}, "prompts": []},
         "validation_plan": record.validation_plan,
         "calibration": record.calibration_why,
