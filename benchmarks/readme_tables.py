@@ -779,13 +779,35 @@ def router_section(results: Path = RESULTS) -> str:
     header_local = ["result", "decision path", "p50 ms", "p99 ms", "p99 ms, 1,500-2,000 chars", "calls"]
     header_http = ["result", "database", "server", "endpoint", "req/s", "p50 ms", "p99 ms", "errors"]
     header_load = "result | database | processes | kind | requests | per s | p50 ms | p99 ms | errors"
+    profile = _router_profile(results)
     return "\n\n".join(
         [
             block(classifier_note, header_local, local, local_entries),
             block(http_note, header_http, http, http_entries),
             block(load_note, header_load, load_rows, load_entries),
+            *([profile] if profile else []),
         ]
     )
+
+
+def _router_profile(results: Path) -> str:
+    """Where a routed request's time goes under load (benchmarks/profile_router.py): each category's share of
+    the sampling profiler's samples."""
+    name = "router_profile.json"
+    if not (results / name).exists():
+        return ""
+    data = load(results, name)
+    rows = [[category, pct(share)] for category, share in data["shares"].items()]
+    load_ = data["load"]
+    text = (
+        f"Where a routed request's time goes: one `specroute serve` process ({data['threads']} threads, SQLite) "
+        f"under {data['concurrency']} connections posting corpus prompts to `/v1/route` "
+        f"({num(load_['requests_per_s'])} requests/s, p99 {num(load_['p99_ms'])} ms while sampled), sampled by "
+        f"py-spy for {num(data['seconds'])} s ({num(data['samples'])} samples of running threads); each sample is "
+        "the first category any frame of its stack names, in the table's order. The collapsed stacks are beside "
+        "the result (`results/router_profile.stacks.txt`, for a flame graph)."
+    )
+    return block(text, "where | share of samples", rows, [(name, recorded_machine(data), data["command"])])
 
 
 # --- 4. the task classifier ---------------------------------------------------------------------------------
