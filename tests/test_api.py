@@ -18,6 +18,7 @@ from router.classify.training import train_classifier
 from router.classify.training_data import make_training_data
 from router.orm import FeedbackEvent, PolicySet, RouteDecision, TaskEstimate
 from router.policies.policy import activate_policy_set, publish_policies
+from router.serve.openapi import ROUTES
 from tests.factories import make_done_run
 from webui.app import create_app
 
@@ -340,8 +341,20 @@ def test_a_newly_activated_policy_set_is_picked_up(client, session, published):
 def test_openapi_document_matches_the_real_responses(app, client, published):
     document, validate = _validator(client)
     Draft202012Validator.check_schema({"$defs": document["components"]["schemas"]})
-    served = {rule.rule for rule in app.url_map.iter_rules() if rule.endpoint.startswith("router_api.")}
-    assert served == set(document["paths"])
+    served = {
+        (rule.rule, method.lower(), rule.endpoint)
+        for rule in app.url_map.iter_rules()
+        if rule.endpoint.startswith("router_api.")
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
+    # one table declares every endpoint: the server's rules and the document's operations are its rows
+    assert served == {(e.path, e.method, f"router_api.{e.view}") for e in ROUTES}
+    assert {(path, method) for path, item in document["paths"].items() for method in item} == {
+        (e.path, e.method) for e in ROUTES
+    }
+    for endpoint in [e for e in ROUTES if e.operation is None]:  # each error status the table declares
+        responses = document["paths"][endpoint.path][endpoint.method]["responses"]
+        assert {int(status) for status in responses if status != "200"} == set(endpoint.errors)
     decision = client.post(
         "/v1/route", json={"prompt": "def f(x): return x  # fix this python function"}
     ).get_json()

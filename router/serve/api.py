@@ -1,8 +1,10 @@
 """The routing API as a Flask blueprint: parse and check the JSON, call the RouterService, serialise.
 
 Endpoints: ``POST /v1/route``, ``POST /v1/route/batch`` (up to 1,000 requests), ``POST /v1/feedback``,
-``GET /v1/policies``, ``GET /v1/classifier``, ``GET /healthz``, ``GET /metrics`` (Prometheus text) and
-``GET /openapi.json``. Every error, including 404/405/413 on these paths and unexpected failures, has
+the front door (``POST /v1/chat/completions``, ``POST /v1/completions``), ``GET /v1/policies``,
+``GET /v1/classifier``, ``GET /healthz``, ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``, each
+registered from the one table of them (:data:`router.serve.openapi.ROUTES`) the document is generated from.
+Every error, including 404/405/413 on these paths and unexpected failures, has
 one shape: ``{"error": {"code", "message", "details"}}`` with a 4xx status for bad input. The errors
 are :class:`analyzer.errors.SpecrouteError` classes that carry their status and code (the API's own
 are below); :func:`error_response` answers any exception in that shape, and the web app's one error
@@ -32,7 +34,7 @@ from router.decide.contract import (
     read_route,
 )
 from router.serve.front_door import forward, pool_url, route_request, stream_timings, timings_of
-from router.serve.openapi import openapi_document
+from router.serve.openapi import ROUTES, openapi_document
 from router.serve.service import RouterService
 
 if TYPE_CHECKING:
@@ -146,13 +148,11 @@ def answer_route(raw: bytes, router_service: RouterService) -> dict[str, Any]:
     return router_service.route([parsed])[0].as_dict()
 
 
-@bp.post("/v1/route")
 def route_one():
     """POST /v1/route: the decision for one request."""
     return jsonify(answer_route(request.get_data(cache=False), service()))
 
 
-@bp.post("/v1/route/batch")
 def route_batch():
     """POST /v1/route/batch: the decisions for a batch of requests, in order."""
     parsed = read_batch(_json_body(), service().settings.max_prompt_chars)
@@ -160,20 +160,17 @@ def route_batch():
     return jsonify({"decisions": [d.as_dict() for d in decisions]})
 
 
-@bp.post("/v1/feedback")
 def feedback():
     """POST /v1/feedback: store one feedback event; the task's estimate right after it."""
     estimate = service().feedback(_object(_json_body()))  # FeedbackError's classes carry 400/404/409
     return jsonify({"estimate": estimate})
 
 
-@bp.post("/v1/chat/completions")
 def chat_completions():
     """POST /v1/chat/completions: decide, forward to the decision's pool, answer as the pool does."""
     return _front_door("/v1/chat/completions")
 
 
-@bp.post("/v1/completions")
 def completions():
     """POST /v1/completions: decide, forward to the decision's pool, answer as the pool does."""
     return _front_door("/v1/completions")
@@ -230,19 +227,16 @@ def _front_door(path: str) -> Response:
     return Response(relay(), status=upstream.status, content_type=upstream.content_type, headers=headers)
 
 
-@bp.get("/v1/policies")
 def policies():
     """GET /v1/policies: the active policy set, its online estimates and every version."""
     return jsonify(service().policies())
 
 
-@bp.get("/v1/classifier")
 def classifier():
     """GET /v1/classifier: the active task classifier's version record."""
     return jsonify(service().classifier())
 
 
-@bp.get("/healthz")
 def healthz():
     """GET /healthz: liveness and what is loaded; 503 ``unhealthy`` when the database does not answer."""
     try:
@@ -251,13 +245,11 @@ def healthz():
         raise Unhealthy(f"the database does not answer: {exc.__class__.__name__}: {exc}") from None
 
 
-@bp.get("/metrics")
 def metrics():
     """GET /metrics: the service's metrics in the Prometheus text format."""
     return Response(service().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
-@bp.get("/openapi.json")
 def openapi():
     """GET /openapi.json: the OpenAPI document of this API."""
     try:
@@ -265,6 +257,19 @@ def openapi():
     except PackageNotFoundError:
         own = "0"
     return jsonify(openapi_document(own))
+
+
+# every view at its method and path, as the table the document is generated from declares them
+VIEWS = {
+    view.__name__: view
+    for view in (
+        route_one, route_batch, feedback, chat_completions, completions, policies, classifier, healthz, metrics,
+        openapi,
+    )
+}  # fmt: skip
+assert set(VIEWS) == {endpoint.view for endpoint in ROUTES}, "a view without its endpoint, or one missing"
+for _endpoint in ROUTES:
+    bp.add_url_rule(_endpoint.path, view_func=VIEWS[_endpoint.view], methods=[_endpoint.method.upper()])
 
 
 # ---------------------------------------------------------------- the fast path

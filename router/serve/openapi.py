@@ -1,12 +1,19 @@
-"""The OpenAPI 3.1 document of the routing API, served at ``/openapi.json``. Its schemas are generated
-from the pydantic models the API validates its bodies with (router/decide/contract.py,
-router/decide/feedback_body.py) and builds its answers by (router/serve/responses.py), so the document
-cannot drift from what the server accepts; the tests validate every real answer against it, and
-schemathesis fuzzes the server from it."""
+"""The routing API's endpoints (:data:`ROUTES`) and its OpenAPI 3.1 document, served at ``/openapi.json``.
+
+:data:`ROUTES` is the one table of the endpoints: router/serve/api.py registers each view at its method and path
+from it, and the document's paths, request and answer schemas and error statuses are generated from it, so a
+path or a status cannot be declared twice. The schemas are generated from the pydantic models the API validates
+its bodies with (router/decide/contract.py, router/decide/feedback_body.py) and builds its answers by
+(router/serve/responses.py), so the document cannot drift from what the server accepts; the tests validate every
+real answer against it, and schemathesis fuzzes the server from it. One function over the table, not a Flask
+OpenAPI library: the table is a dozen lines, and the /v1/route fast path in front of Flask (router/serve/api.py)
+answers by the same models, which such a library would not see."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -82,7 +89,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "description": "Ask before each generation whether to speculate and with which gamma; "
             "send back what the engine saw. Every error has the Error shape.",
         },
-        "paths": _api_paths() | _document_paths(),
+        "paths": paths(),
         "components": {"schemas": schemas()},
     }
 
@@ -101,35 +108,6 @@ def _get(summary: str, response: str, *errors: int) -> dict[str, Any]:
     return {
         "summary": summary,
         "responses": {"200": _json(_ref(response), "OK"), **_errors(*errors)},
-    }
-
-
-def _api_paths() -> dict[str, Any]:
-    """The JSON endpoints: routing, feedback, policies, classifier and health."""
-    return {
-        "/v1/route": {"post": _post("Decide for one request", "RouteRequest", "Decision", 400, 413, 503)},
-        "/v1/route/batch": {
-            "post": _post(
-                f"Decide for up to {MAX_BATCH} requests", "BatchRequest", "BatchResponse", 400, 413, 503
-            )
-        },
-        "/v1/feedback": {
-            "post": _post(
-                "Report what the engine saw for one generation",
-                "FeedbackBody",
-                "FeedbackResponse",
-                400,
-                404,
-                409,
-                413,
-                503,
-            )
-        },
-        "/v1/policies": {
-            "get": _get("The active policy set, its online estimates and every version", "Policies", 503)
-        },
-        "/v1/classifier": {"get": _get("The active task classifier's version record", "Classifier", 503)},
-        "/healthz": {"get": _get("Liveness and what is loaded", "Health", 503)},
     }
 
 
@@ -159,32 +137,93 @@ def _front_door(summary: str, field: str) -> dict[str, Any]:
     }
 
 
-def _document_paths() -> dict[str, Any]:
-    """The endpoints that answer a document of their own: this one, the Prometheus metrics, and the front
-    door's pools' answers."""
+def _document() -> dict[str, Any]:
+    """GET /openapi.json: this document."""
     return {
-        "/v1/chat/completions": {"post": _front_door("Chat completion through the decided pool", "messages")},
-        "/v1/completions": {"post": _front_door("Completion through the decided pool", "prompt")},
-        "/openapi.json": {
-            "get": {
-                "summary": "This document",
-                "responses": {
-                    "200": {
-                        "description": "OpenAPI 3.1",
-                        "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics",
-                "responses": {
-                    "200": {
-                        "description": "Prometheus text format 0.0.4",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
+        "summary": "This document",
+        "responses": {
+            "200": {
+                "description": "OpenAPI 3.1",
+                "content": {"application/json": {"schema": {"type": "object"}}},
             }
         },
     }
+
+
+def _metrics() -> dict[str, Any]:
+    """GET /metrics: the Prometheus text."""
+    return {
+        "summary": "Prometheus metrics",
+        "responses": {
+            "200": {
+                "description": "Prometheus text format 0.0.4",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint: the view router/serve/api.py registers (by its function's name) at ``method`` and ``path``,
+    and what the document says of it: ``summary``, the request model (``body``), the answer's (``answer``) and
+    the error statuses (``errors``); or, for an endpoint that answers a document of its own (the front door's
+    pools, the metrics, this document), its whole operation (``operation``)."""
+
+    view: str
+    method: str
+    path: str
+    summary: str = ""
+    body: type[BaseModel] | None = None
+    answer: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    operation: Callable[[], dict[str, Any]] | None = None
+
+    def document(self) -> dict[str, Any]:
+        """This endpoint's OpenAPI operation."""
+        if self.operation is not None:
+            return self.operation()
+        assert self.answer is not None  # an endpoint without its own operation answers a model
+        if self.body is None:
+            return _get(self.summary, self.answer.__name__, *self.errors)
+        return _post(self.summary, self.body.__name__, self.answer.__name__, *self.errors)
+
+
+ROUTES: tuple[Endpoint, ...] = (
+    Endpoint("route_one", "post", "/v1/route", "Decide for one request", RouteRequest, Decision, (400, 413, 503)),
+    Endpoint(
+        "route_batch", "post", "/v1/route/batch", f"Decide for up to {MAX_BATCH} requests", BatchRequest,
+        BatchResponse, (400, 413, 503),
+    ),
+    Endpoint(
+        "feedback", "post", "/v1/feedback", "Report what the engine saw for one generation", FeedbackBody,
+        FeedbackResponse, (400, 404, 409, 413, 503),
+    ),
+    Endpoint(
+        "policies", "get", "/v1/policies", "The active policy set, its online estimates and every version",
+        answer=Policies, errors=(503,),
+    ),
+    Endpoint(
+        "classifier", "get", "/v1/classifier", "The active task classifier's version record", answer=Classifier,
+        errors=(503,),
+    ),
+    Endpoint("healthz", "get", "/healthz", "Liveness and what is loaded", answer=Health, errors=(503,)),
+    Endpoint(
+        "chat_completions", "post", "/v1/chat/completions",
+        operation=functools.partial(_front_door, "Chat completion through the decided pool", "messages"),
+    ),
+    Endpoint(
+        "completions", "post", "/v1/completions",
+        operation=functools.partial(_front_door, "Completion through the decided pool", "prompt"),
+    ),
+    Endpoint("openapi", "get", "/openapi.json", operation=_document),
+    Endpoint("metrics", "get", "/metrics", operation=_metrics),
+)  # fmt: skip
+
+
+def paths() -> dict[str, Any]:
+    """The document's paths, each endpoint of :data:`ROUTES` at its path and method."""
+    found: dict[str, Any] = {}
+    for endpoint in ROUTES:
+        found.setdefault(endpoint.path, {})[endpoint.method] = endpoint.document()
+    return found
