@@ -62,9 +62,18 @@ def test_a_noisy_validation_stops_where_its_budget_would_be_overrun_and_the_run_
     sessions, run_id, params = run
     pair = Engine(greedy_s=0.2, speculative_s=0.15, spread=0.3)  # 30% noise: never precise
     one = 0.2 + 0.2 * 1.3 + 2 * 0.15  # a prompt's pass: two greedy and two speculative runs
-    plan = validate_run(sessions, run_id, pair, replace(params, validate=PROMPTS), None)
+    told: list[str] = []
+    plan = validate_run(
+        sessions, run_id, pair, replace(params, validate=PROMPTS), lambda done, total, what: told.append(what)
+    )
     budget = DEFAULT_BUDGET_SHARE * PROMPTS * GENERATION_S
     assert plan is not None and plan.stopped == BUDGET and plan.budget_s == pytest.approx(budget)
+    # progress tells the budget unspent: 12 s before the first pass, 12 - 0.76 after it
+    assert told[:2] == [
+        f"validating with real speculative decoding, about {budget:.0f} s left",
+        f"validating with real speculative decoding, about {budget - one:.0f} s left",
+    ]
+    assert told[-1] == f"validated {plan.why}"
     # every pass's seconds learned from the first: the passes that fit the budget and not one more
     assert len(plan.chosen) == int(budget // one) and plan.spent_s == pytest.approx(one * len(plan.chosen))
     assert plan.spent_s <= budget < plan.spent_s + one

@@ -58,6 +58,7 @@ FORM_FIELDS = (
     "gamma_max",
     "temperature",
     "validate",
+    "validate_all",
     "engine",
     "cost_mode",
     "device",

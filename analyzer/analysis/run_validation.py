@@ -16,6 +16,7 @@ from analyzer.analysis.run_records import validation_sample
 from analyzer.db import lock_for_write
 from analyzer.engine.engine_base import LoadedPair
 from analyzer.measuring.noise import noise_floor, sampled_half_width
+from analyzer.measuring.time_left import TimeLeft
 from analyzer.measuring.validation_plan import (
     DEFAULT_BUDGET_SHARE,
     DEFAULT_TARGET,
@@ -30,9 +31,8 @@ from analyzer.run_params import RunParams
 if TYPE_CHECKING:
     from analyzer.advice.summary import AnalysisSummary, PromptSummary
 
-ASSUMED_RUNS = (
-    2.0  # each engine's greedy and speculative runs per validated prompt, until a pass says otherwise
-)
+# each engine's greedy and speculative runs per validated prompt, until a pass says otherwise
+ASSUMED_RUNS = 2.0
 
 
 def validate_run(
@@ -73,6 +73,11 @@ def validate_run(
         for p, g in zip(chosen, gammas, strict=True)
     ]
     done: list[tuple[int, float, list[float], float]] = []  # (index, seconds, greedy times, greedy time)
+    every = params.validate_all
+    budget_s = math.inf if every else DEFAULT_BUDGET_SHARE * sum(generated_s.values())
+    # the time left in progress: the budget unspent, or (validating every one) the pace so far over the rest
+    eta = TimeLeft(unit_s=sum(generated_s.values()) / max(len(generated_s), 1))
+    eta.start("validation", len(chosen), budget_s=None if every else budget_s)
 
     def estimate(index: int) -> float:
         taken = sum(bases[i] for i, *_ in done)
@@ -81,13 +86,14 @@ def validate_run(
 
     def validate(index: int, number: int) -> float:
         if progress:
-            progress(len(done), len(chosen), "validating with real speculative decoding")
+            progress(len(done), len(chosen), f"validating with real speculative decoding{eta.words()}")
         measured = _validate_one(session_factory, run_id, loaded_models, params, chosen[index], gammas[index],
                                  stored, deadline, progress)  # fmt: skip
         greedy = list(measured.greedy_times_s) or [measured.greedy_time_s]
         speculative = list(measured.speculative_times_s) or [measured.speculative_time_s]
         seconds = float(sum(greedy) + sum(speculative))
         done.append((index, seconds, greedy, float(measured.greedy_time_s)))
+        eta.step(spent_s=seconds)
         return seconds
 
     def widest() -> float | None:
@@ -97,10 +103,8 @@ def validate_run(
             return None
         return sampled_half_width(run_error, [g for *_, g in done], [len(greedy) for _, _, greedy, _ in done])
 
-    every = params.validate_all
     plan = run_validation(
-        range(len(chosen)), estimate, validate, widest,
-        budget_s=math.inf if every else DEFAULT_BUDGET_SHARE * sum(generated_s.values()),
+        range(len(chosen)), estimate, validate, widest, budget_s=budget_s,
         target=0.0 if every else DEFAULT_TARGET, passes=1, at_least=MIN_VALIDATED,
     )  # fmt: skip
     with session_factory() as session, session.begin():
