@@ -18,6 +18,7 @@ from analyzer.measuring.validate import ValidationMeasurement
 from analyzer.measuring.validation_plan import BUDGET, DEFAULT_BUDGET_SHARE, MIN_VALIDATED, TARGET
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from tests.factories import make_done_run
+from tests.test_engines import _form, web_app  # noqa: F401 (fixtures)
 
 PROMPTS = 24  # three tasks of eight
 GENERATION_S = 1.0  # each prompt's plain generation in the run
@@ -106,3 +107,16 @@ def test_validate_all_validates_every_prompt_asked_with_no_budget(run, asked):
     plan = validate_run(sessions, run_id, pair, replace(params, validate=asked, validate_all=True), None)
     assert plan is not None and len(plan.chosen) == asked == len(_validated(sessions, run_id))
     assert plan.as_json()["budget_s"] is None and plan.stopped == "passes"
+
+
+@pytest.mark.parametrize(("box", "expected"), [(None, False), ("true", True)])
+def test_the_new_run_forms_box_asks_to_validate_every_prompt(web_app, box, expected):
+    client = web_app.test_client()
+    page = client.get("/runs/new").get_data(as_text=True)
+    assert '<input type="checkbox" name="validate_all" value="true" >' in page
+    form = {**_form(client), "target": "hf:/models/target", "validate": "5"}
+    queued = client.post("/runs", data={**form, **({"validate_all": box} if box else {})})
+    assert queued.status_code == 302
+    with web_app.extensions["specroute.sessions"]() as session:
+        [stored] = session.scalars(select(AnalysisRun)).all()
+        assert (stored.run_params.validate, stored.run_params.validate_all) == (5, expected)
