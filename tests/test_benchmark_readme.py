@@ -159,3 +159,70 @@ def test_the_suite_s_times_are_read_from_a_ci_log_and_a_build_log():
     )
     with pytest.raises(ValueError, match="no 'built"):
         build_seconds("llama-server 0.3.36 already built: /x (reused)")
+
+
+def _demo_runs(decisions: list[dict[str, str]], withheld: list[str | None]) -> dict:
+    """A demo_repeat result of one run per entry of ``decisions``."""
+    from benchmarks.demo_repeat import agreement
+
+    runs = [
+        {
+            "seconds": 300.0 + number,
+            "printed": [],
+            "advice_withheld": why,
+            "calibration": "the fit held",
+            "validation_plan": None,
+            "noise": {"verdict": "quiet", "floor": 0.045},
+            "decisions": chosen,
+        }
+        for number, (chosen, why) in enumerate(zip(decisions, withheld, strict=True))
+    ]
+    return {
+        "machine": "AMD EPYC, 2 CPUs",
+        "runs": runs,
+        "agreement": agreement(runs),
+        "command": "python benchmarks/demo_repeat.py --runs 3",
+    }
+
+
+def test_the_demo_runs_again_get_their_table_saying_whether_they_agree(tmp_path):
+    results = _copied_results(tmp_path)
+    (results / "demo_repeat.json").unlink(missing_ok=True)
+    assert "`specroute demo --no-serve` in a fresh data folder" not in readme_tables.render(results)
+    same = {"code": "ngram-mod 24/48", "qa": "off"}
+    data = _demo_runs([same, same, same], [None, None, None])
+    assert data["agreement"] == {"withheld": 0, "tasks": 2, "differing": {}, "agree": True}
+    (results / "demo_repeat.json").write_text(json.dumps(data), encoding="utf-8")
+    rendered = readme_tables.render(results)
+    assert "Every run withheld nothing and gave every task the same decision" in rendered
+    assert "| 2 | 301 | quiet (4.5%) | no | 2 of 2 |" in rendered
+    other = {"code": "ngram-mod 24/48", "qa": "ngram-simple 2/4"}
+    data = _demo_runs([same, other, same], [None, None, "the fit missed"])
+    assert data["agreement"]["differing"] == {"qa": ["off", "ngram-simple 2/4", "off"]}
+    (results / "demo_repeat.json").write_text(json.dumps(data), encoding="utf-8")
+    rendered = readme_tables.render(results)
+    assert "1 of 3 runs withheld the advice and 1 of 2 tasks got different decisions" in rendered
+    assert "| 2 | 301 | quiet (4.5%) | no | 1 of 2 |" in rendered
+    assert "| 3 | 302 | quiet (4.5%) | yes: the fit missed | 2 of 2 |" in rendered
+
+
+def test_a_profile_sample_is_the_first_category_any_of_its_frames_names(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports its folder's bench_router
+    from benchmarks.profile_router import category, shares
+
+    request = ["Thread 1", "handle (waitress/channel.py:1)", "route_one (/r/router/serve/api.py:9)"]
+    decided = [*request, "route (/r/router/decide/decision.py:3)", "score (/r/router/classify/scorer.py:7)"]
+    logged = [
+        "Thread 2",
+        "run (/r/router/serve/batch_writer.py:1)",
+        "as_dict (/r/router/decide/reasons.py:4)",
+    ]
+    assert [category(s) for s in (request, decided, logged)] == [
+        "server and framework",
+        "deciding",
+        "decision log",
+    ]
+    found = shares([(request, 1), (decided, 2), (logged, 1)])
+    assert found["samples"] == 4
+    assert (found["shares"]["deciding"], found["shares"]["decision log"]) == (0.5, 0.25)
+    assert found["top_frames"][0] == ["score (/r/router/classify/scorer.py:7)", 0.5]
