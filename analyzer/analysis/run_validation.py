@@ -109,7 +109,9 @@ def validate_run(
     )  # fmt: skip
     with session_factory() as session, session.begin():
         lock_for_write(session)
-        session.get(AnalysisRun, run_id).validation_plan = plan.as_json()
+        run = session.get(AnalysisRun, run_id)
+        assert run is not None  # the run being validated
+        run.validation_plan = plan.as_json()
     if progress:
         progress(len(plan.chosen), len(plan.chosen), f"validated {plan.why}")
     return plan
