@@ -144,3 +144,35 @@ def test_the_worker_loop_takes_a_queued_job_when_no_run_waits(sessions, steps, t
     )  # fmt: skip
     assert steps["count"] == [0, 1] and _rows(sessions) == [("train", "done", 1)]
     assert BackgroundJobs(sessions).state("train").message == "counted to 2"
+
+
+def test_a_job_another_worker_is_claiming_is_skipped_on_postgresql(postgres_url):
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tests.factories import make_routing_database
+
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    name = f"jobs_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    url = make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    make_routing_database(url).dispose()
+    # a claim that waited on a locked row would fail here after 2 s instead of hanging the test
+    engine = create_engine(url, connect_args={"options": "-c lock_timeout=2000"})
+    try:
+        sessions = make_session_factory(engine)
+        first = queue_job(sessions, "train", "train", {}, stale_after_s=60)
+        second = queue_job(sessions, "suggest", "suggest", {}, stale_after_s=60)
+        with engine.connect() as claiming:  # another worker in the middle of claiming the oldest job
+            claiming.execute(select(BackgroundJob.id).where(BackgroundJob.id == first).with_for_update())
+            assert claim_job(sessions, "this worker", stale_after_s=60) == second
+            claiming.rollback()
+        assert claim_job(sessions, "this worker", stale_after_s=60) == first  # released: taken next
+    finally:
+        engine.dispose()
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+        admin.dispose()

@@ -123,7 +123,9 @@ def claim_job(
                 (BackgroundJob.status == "queued")
                 | ((BackgroundJob.status == "running") & (BackgroundJob.heartbeat_at < cutoff))
             )
-        job = session.scalars(query.limit(1)).first()
+        # a row another worker is claiming is skipped, not waited for or taken twice (PostgreSQL; on SQLite the
+        # write lock above already puts the claims one after the other)
+        job = session.scalars(query.limit(1).with_for_update(skip_locked=True)).first()
         if job is None:
             return None
         now = utcnow()
