@@ -112,7 +112,7 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1. llama-server: "
     "the analysis in llama.cpp's own server (as 'specroute llama-server analyze' with its defaults: the five "
     "n-gram settings for --draft ngram, draft-simple for a GGUF --draft; --max-new-tokens, --limit, --validate "
-    "0 or not, --queue, --json; the other run options do not apply and are refused).",
+    "0 or not, --validate-all, --queue, --json; the other run options do not apply and are refused).",
 )
 @click.option(
     "--cost-mode",
