@@ -137,29 +137,12 @@ def _front_door(summary: str, field: str) -> dict[str, Any]:
     }
 
 
-def _document() -> dict[str, Any]:
-    """GET /openapi.json: this document."""
-    return {
-        "summary": "This document",
-        "responses": {
-            "200": {
-                "description": "OpenAPI 3.1",
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            }
-        },
-    }
-
-
-def _metrics() -> dict[str, Any]:
-    """GET /metrics: the Prometheus text."""
-    return {
-        "summary": "Prometheus metrics",
-        "responses": {
-            "200": {
-                "description": "Prometheus text format 0.0.4",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            }
-        },
+def _own_document(summary: str, description: str, media: str, kind: str) -> Callable[[], dict[str, Any]]:
+    """A GET operation answering a document of its own (``media``, a JSON Schema ``kind``): this document, the
+    Prometheus text."""
+    return lambda: {
+        "summary": summary,
+        "responses": {"200": {"description": description, "content": {media: {"schema": {"type": kind}}}}},
     }
 
 
@@ -216,8 +199,14 @@ ROUTES: tuple[Endpoint, ...] = (
         "completions", "post", "/v1/completions",
         operation=functools.partial(_front_door, "Completion through the decided pool", "prompt"),
     ),
-    Endpoint("openapi", "get", "/openapi.json", operation=_document),
-    Endpoint("metrics", "get", "/metrics", operation=_metrics),
+    Endpoint(
+        "openapi", "get", "/openapi.json",
+        operation=_own_document("This document", "OpenAPI 3.1", "application/json", "object"),
+    ),
+    Endpoint(
+        "metrics", "get", "/metrics",
+        operation=_own_document("Prometheus metrics", "Prometheus text format 0.0.4", "text/plain", "string"),
+    ),
 )  # fmt: skip
 
 
