@@ -307,7 +307,7 @@ def main() -> None:
                     assisted_generate(model, ids, args.max_new_tokens, gamma=workload_gamma, **drafting)[0],
                     None,
                 ),
-                MODES[3]: lambda: (lambda r: (r.output_ids, r.decision))(
+                MODES[3]: lambda: (lambda r: (r.output_ids, r.decision.to_data()))(
                     generate_routed(
                         model,
                         tokenizer,

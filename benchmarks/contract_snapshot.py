@@ -31,7 +31,8 @@ try:
 except ImportError:  # a checkout whose analyzer/ has no subpackages
     from analyzer.simulated_run import create_simulated_run  # type: ignore[no-redef]  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
-from router.decide.decision import RouteRequest, router_from_database  # noqa: E402
+from router.decide.contract import RouteRequest
+from router.decide.decision import router_from_database  # noqa: E402
 from router.policies.policy import publish_policies  # noqa: E402
 from router.policies.records import policy_set_dict  # noqa: E402
 
@@ -83,7 +84,7 @@ def decisions(router, label: str) -> list[dict]:
     for task in [*TASKS, "unknown"]:
         for shape in REQUESTS:
             router.classifier = None
-            decision = router._decide(RouteRequest(prompt=f"{task} prompt", **shape), task, 1.0)
+            decision = router._decide(RouteRequest.of(f"{task} prompt", **shape), task, 1.0)
             rows.append(
                 {
                     "when": label,

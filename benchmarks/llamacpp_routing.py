@@ -103,7 +103,7 @@ def run_llamacpp_modes(
                 if mode == "routed":
                     decision = router.route(
                         prompt=prompt["text"], messages=prompt["messages"], max_new_tokens=args.max_new_tokens
-                    ).as_dict()
+                    ).to_data()
                     target = pools.get(decision_pool(decision))
                     if target is None:
                         raise RuntimeError(

@@ -36,7 +36,8 @@ from analyzer.engine.llama_server_pools import start_pools, stop_pools
 from analyzer.engine.llama_server_process import LlamaServerClient
 from analyzer.models.devices import cpu_model_name
 from analyzer.settings import load_settings
-from router.decide.decision import RouteRequest, router_from_database
+from router.decide.contract import RouteRequest
+from router.decide.decision import router_from_database
 from router.decide.feedback import parse_feedback, record_feedback
 from router.policies.server_policy import policy_set_plan, publish_server_policies
 
@@ -96,11 +97,9 @@ def main() -> None:
         router = router_from_database_in(sessions)
         for phase, source in (("as analyzed", task), ("shifted", "general")):
             for prompt in held_out(source, args.prompts, args.seed):
-                decision = router.decide_task(
-                    task, RouteRequest(prompt=prompt, max_new_tokens=args.n_predict)
-                )
-                routed_url = str(decision.engine["pool"])
-                setting = decision.engine.get("llama-server", {}).get("setting", "off")
+                decision = router.decide_task(task, RouteRequest.of(prompt, max_new_tokens=args.n_predict))
+                routed_url = decision.engine.pool
+                setting = decision.engine.llama_server.setting if decision.engine.llama_server else "off"
                 plain = completion(urls["off"], prompt, args.n_predict)
                 static = completion(static_url, prompt, args.n_predict)
                 routed = (

@@ -4,7 +4,10 @@ speculation as told, counts what the speculation did, and sends that back as fee
 
     client = RouterClient("http://127.0.0.1:8000")
     result = generate_routed(model, tokenizer, "Translate to French: good morning", router=client)
-    print(result.text, result.decision["speculate"], result.decision["gamma"])
+    print(result.text, result.decision.speculate, result.decision.gamma)
+
+The client answers with the API's own models (router/decide/contract.py's :class:`Decision`,
+router/serve/responses.py's others), the ones the server answers with and the in-process Router returns.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from analyzer.engine.engines import SERVING, TRANSFORMERS
 from analyzer.measuring.acceptance import walk_ngram
 from analyzer.measuring.prompt_encoding import context_limit, encode_prompt, eos_token_ids
 from analyzer.measuring.validate import assisted_generate, count_forward_passes, greedy_generate
+from router.decide.contract import BatchResponse, Decision
+from router.serve.responses import FeedbackResponse, Health, Policies, TaskEstimate
 
 
 class RouterClientError(RuntimeError):
@@ -66,7 +71,7 @@ class RouterClient:
         max_new_tokens: int | None = None,
         batch_size: int | None = None,
         temperature: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> Decision:
         """The decision for one request (see POST /v1/route)."""
         body = {
             "prompt": prompt,
@@ -75,23 +80,27 @@ class RouterClient:
             "batch_size": batch_size,
             "temperature": temperature,
         }
-        return self._call("POST", "/v1/route", {k: v for k, v in body.items() if v is not None})
+        answer = self._call("POST", "/v1/route", {k: v for k, v in body.items() if v is not None})
+        return Decision.model_validate(answer)
 
-    def route_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def route_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[Decision]:
         """Decisions for up to 1,000 request objects (see POST /v1/route/batch)."""
-        return self._call("POST", "/v1/route/batch", {"requests": list(requests)})["decisions"]
+        return BatchResponse.model_validate(
+            self._call("POST", "/v1/route/batch", {"requests": list(requests)})
+        ).decisions
 
-    def feedback(self, payload: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    def feedback(self, payload: Mapping[str, Any] | None = None, **fields: Any) -> TaskEstimate:
         """Send feedback (a payload mapping and/or fields); returns the task's estimate in force."""
-        return self._call("POST", "/v1/feedback", {**(payload or {}), **fields})["estimate"]
+        answer = self._call("POST", "/v1/feedback", {**(payload or {}), **fields})
+        return FeedbackResponse.model_validate(answer).estimate
 
-    def policies(self) -> dict[str, Any]:
+    def policies(self) -> Policies:
         """The active policy set, its online estimates and every version (see GET /v1/policies)."""
-        return self._call("GET", "/v1/policies")
+        return Policies.model_validate(self._call("GET", "/v1/policies"))
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """Liveness and what the router has loaded (see GET /healthz)."""
-        return self._call("GET", "/healthz")
+        return Health.model_validate(self._call("GET", "/healthz"))
 
 
 @dataclass(frozen=True)
@@ -101,16 +110,11 @@ class RoutedGeneration:
 
     text: str
     output_ids: list[int]
-    decision: dict[str, Any]
+    decision: Decision
     rounds: int
     drafted: int
     accepted: int
-    feedback: dict[str, Any] | None
-
-
-def _decide(router: Any, prompt: str | None, messages, max_new_tokens: int) -> dict[str, Any]:
-    decision = router.route(prompt, messages, max_new_tokens=max_new_tokens)
-    return decision.as_dict() if hasattr(decision, "as_dict") else dict(decision)
+    feedback: TaskEstimate | None
 
 
 def generate_routed(
@@ -135,22 +139,22 @@ def generate_routed(
         if isinstance(messages_or_prompt, str)
         else (None, [dict(m) for m in messages_or_prompt])
     )
-    decision = _decide(router, prompt, messages, max_new_tokens)
+    decision: Decision = router.route(prompt, messages, max_new_tokens=max_new_tokens)
     room = max(context_limit(model) - max_new_tokens, 1)
     ids = encode_prompt(
         tokenizer, text=prompt, messages=messages, use_chat_template=use_chat_template, max_prompt_tokens=room
     ).ids
     output, rounds, drafted, accepted = _generate(model, draft, ids, decision, max_new_tokens)
     answer = None
-    if send_feedback and decision["speculate"] and hasattr(router, "feedback") and rounds:
+    if send_feedback and decision.speculate and hasattr(router, "feedback") and rounds:
         answer = router.feedback(
             {
-                "route_id": decision["route_id"],
+                "route_id": decision.route_id,
                 "rounds": rounds,
                 "drafted": drafted,
                 "accepted": accepted,
                 "output_tokens": len(output),
-                "gamma": int(decision["gamma"]),
+                "gamma": decision.gamma,
                 "engine": TRANSFORMERS,
             }
         )
@@ -166,15 +170,15 @@ def generate_routed(
 
 
 def _generate(
-    model, draft, ids: list[int], decision: Mapping[str, Any], max_new_tokens: int
+    model, draft, ids: list[int], decision: Decision, max_new_tokens: int
 ) -> tuple[list[int], int, int, int]:
     """Generate greedily as ``decision`` says (plain, prompt lookup, or with ``draft`` as the
     assistant): the new token ids, and the rounds, drafted and accepted tokens (zeros when it did not
     speculate)."""
-    settings = SERVING[TRANSFORMERS].settings_in(decision) or {}
-    gamma = int(decision["gamma"])
+    settings = SERVING[TRANSFORMERS].settings_in(decision.to_data()) or {}
+    gamma = decision.gamma
     rounds = drafted = accepted = 0
-    if not decision["speculate"]:
+    if not decision.speculate:
         output, _ = greedy_generate(model, ids, max_new_tokens)
     elif "prompt_lookup_num_tokens" in settings:
         ngram_max = int(settings.get("max_matching_ngram_size", 2))

@@ -30,7 +30,7 @@ def _router(session, batch_curves, alpha=0.9, config=None):
 
 def _reason(decision, code: str) -> dict | None:
     """The parameters of ``decision``'s first reason with ``code`` (None when it has none)."""
-    return next((dict(r.params) for r in decision.reasons if r.code == code), None)
+    return next((dict(r.params) for r in decision.reason_codes if r.code == code), None)
 
 
 def test_the_policy_curve_interpolates_linearly_between_measured_sizes_and_not_outside():
@@ -60,7 +60,7 @@ def test_flat_cost_at_batch_16_keeps_speculating_beyond_max_batch_size(session):
     at_16 = _reason(decision, "batch_size_curve")
     assert (at_16["batch_size"], at_16["lower"], at_16["upper"], at_16["gamma"]) == (16, 16, 16, gamma)
     assert at_16["alpha"] is None and at_16["speculate"]
-    assert "batch_not_profiled" not in decision.reason_codes  # the cut-off is not used where a profile exists
+    assert "batch_not_profiled" not in decision.codes  # the cut-off is not used where a profile exists
     between = router.route("def add(a, b):", max_new_tokens=200, batch_size=8)
     weight = 7 / 15
     expected_curve = [(1 - weight) * a + weight * b for a, b in zip(curves["1"], curves["16"])]

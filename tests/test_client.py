@@ -47,22 +47,19 @@ def _publish(session, draft_spec: str) -> None:
 
 def test_client_calls_and_errors(served, session):
     client, _ = served
-    assert client.health()["status"] == "ok"
+    assert client.health().status == "ok"
     with pytest.raises(RouterClientError) as missing:
         client.feedback(task_type="code", rounds=1, drafted=1, accepted=1)
     assert missing.value.status == 409 and missing.value.code == "no_active_policy"
     _publish(session, "ngram")
     decision = client.route("please write a function", max_new_tokens=64)
-    assert (
-        decision["speculate"]
-        and decision["engine"]["transformers"]["prompt_lookup_num_tokens"] == decision["gamma"]
-    )
+    assert decision.speculate and decision.engine.transformers["prompt_lookup_num_tokens"] == decision.gamma
     batch = client.route_batch([{"prompt": "a"}, {"prompt": "b", "max_new_tokens": 3}])
-    assert [d["speculate"] for d in batch] == [True, False]
+    assert [d.speculate for d in batch] == [True, False]
     with pytest.raises(RouterClientError) as bad:
         client.route("")
     assert bad.value.status == 400 and bad.value.code == "empty_prompt"
-    assert client.policies()["active"]["version"] == 1
+    assert client.policies().active.version == 1
     with pytest.raises(RouterClientError) as down:
         RouterClient("http://127.0.0.1:9", timeout_s=1).route("x")
     assert down.value.status is None and down.value.code == "unreachable"
@@ -74,10 +71,7 @@ def test_generate_routed_with_prompt_lookup_posts_exact_counts(served, session, 
     _publish(session, "ngram:max_ngram=3")
     prompt = "hello world hello world hello world tell me a story about the cat and the dog"
     result = generate_routed(model, tokenizer, prompt, router=client, max_new_tokens=48)
-    assert (
-        result.decision["speculate"]
-        and result.decision["engine"]["transformers"]["max_matching_ngram_size"] == 3
-    )
+    assert result.decision.speculate and result.decision.engine.transformers["max_matching_ngram_size"] == 3
     ids = encode_prompt(
         tokenizer, text=prompt, max_prompt_tokens=400
     ).ids  # the chat template, as the client does
@@ -86,7 +80,7 @@ def test_generate_routed_with_prompt_lookup_posts_exact_counts(served, session, 
     # every round emits its accepted drafts plus one target token, except that a last round cut by the
     # token budget may end on an accepted draft
     assert result.rounds + result.accepted - len(plain) in (0, 1) and 0 <= result.accepted <= result.drafted
-    assert result.feedback["events"] == 1 and result.feedback["total_rounds"] == result.rounds
+    assert result.feedback.events == 1 and result.feedback.total_rounds == result.rounds
     with session.begin():
         event = session.scalar(select(FeedbackEvent))
         assert (event.engine, event.rounds, event.drafted, event.accepted) == (
@@ -95,7 +89,7 @@ def test_generate_routed_with_prompt_lookup_posts_exact_counts(served, session, 
             result.drafted,
             result.accepted,
         )
-        assert event.route_id == result.decision["route_id"]
+        assert event.route_id == result.decision.route_id
 
 
 def test_generate_routed_with_a_draft_model_and_plain(served, session, tiny):
@@ -105,8 +99,8 @@ def test_generate_routed_with_a_draft_model_and_plain(served, session, tiny):
     twin = copy.deepcopy(model)  # an identical draft: every draft the budget allows is accepted
     messages = [{"role": "user", "content": "write a short poem about the sun"}]
     result = generate_routed(model, tokenizer, messages, router=client, draft=twin, max_new_tokens=40)
-    gamma = result.decision["gamma"]
-    assert result.decision["engine"]["transformers"]["assistant_model"] is True and gamma >= 1
+    gamma = result.decision.gamma
+    assert result.decision.engine.transformers["assistant_model"] is True and gamma >= 1
     assert (
         result.accepted == result.drafted and result.rounds + result.accepted == len(result.output_ids) == 40
     )
@@ -114,7 +108,7 @@ def test_generate_routed_with_a_draft_model_and_plain(served, session, tiny):
     with pytest.raises(ValueError, match="pass draft="):
         generate_routed(model, tokenizer, messages, router=client, max_new_tokens=40)
     short = generate_routed(model, tokenizer, messages, router=client, draft=twin, max_new_tokens=8)
-    assert not short.decision["speculate"] and short.rounds == 0 and short.feedback is None
+    assert not short.decision.speculate and short.rounds == 0 and short.feedback is None
     with session.begin():
         assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 1
         assert session.scalar(select(TaskEstimate.events)) == 1

@@ -4,6 +4,8 @@ generated from the models, and every refusal names the field with what the schem
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
@@ -13,6 +15,7 @@ from router.decide.contract import (
     MAX_BATCH,
     ApiError,
     BatchTooLarge,
+    Decision,
     EmptyPrompt,
     MissingPrompt,
     PromptTooLong,
@@ -23,7 +26,7 @@ from router.decide.contract import (
 from router.decide.feedback_body import FEEDBACK_BODIES, UnknownFeedbackField, read_feedback
 from router.decide.feedback_formats import FEEDBACK_FORMATS, FeedbackError
 from router.serve.openapi import openapi_document
-from router.serve.responses import Decision, Policies
+from router.serve.responses import Policies
 
 
 def _validator(name: str) -> Draft202012Validator:
@@ -82,8 +85,9 @@ def test_a_batch_names_the_request_and_is_counted_before_it_is_read():
     read = read_batch(
         {"requests": [{"prompt": "a", "concurrency": 4}, {"messages": [{"role": "u", "content": "b"}]}]}, 9
     )
-    assert [(r.prompt, r.batch_size) for r in read] == [("a", 4), (None, None)]
-    assert read[1].messages == [{"role": "u", "content": "b"}]
+    assert [(r.prompt, r.batch) for r in read] == [("a", 4), (None, None)]
+    assert [m.model_dump() for m in read[1].messages or ()] == [{"role": "u", "content": "b"}]
+    assert read[1].classified_text() == "b"
 
 
 def test_the_feedback_body_is_one_variant_per_engine_section_plus_plain_counts():
@@ -185,3 +189,52 @@ def test_the_document_is_generated_from_the_models():
         and "Error" in schemas
         and Policies.model_fields.keys() == {"active", "versions"}
     )
+
+
+def test_one_class_per_concept_the_router_returns_what_the_api_answers():
+    """One Decision, one RouteRequest and one Reason in the whole router package: the in-process Router
+    returns the model the API answers with (the same JSON as ``to_data``) and the client reads back."""
+    import importlib
+    import pkgutil
+
+    import router
+    from router.decide.decision import Router
+    from router.decide.reasons import Reason
+    from router.policies.policy import PolicyContract, PolicySnapshot
+
+    found: dict[str, set[type]] = {}
+    for info in pkgutil.walk_packages(router.__path__, "router."):
+        module = importlib.import_module(info.name)
+        for name in ("Decision", "RouteRequest", "Reason"):
+            cls = vars(module).get(name)
+            if isinstance(cls, type):
+                found.setdefault(name, set()).add(cls)
+    assert {name: len(classes) for name, classes in found.items()} == {
+        "Decision": 1,
+        "RouteRequest": 1,
+        "Reason": 1,
+    }
+    policy = PolicySnapshot("*", True, 3, 0.8, 0.01, 10, 1.35, "RECOMMENDED", (1.1, 1.2, 1.35, 1.3))
+    router_ = Router(None, {"*": policy}, policy_version=1, contract=PolicyContract(priced_by="transformers"))
+    decision = router_.route("x", max_new_tokens=5)
+    assert isinstance(decision, Decision) and all(isinstance(r, Reason) for r in decision.reason_codes)
+    assert decision.codes == ["workload_policy", "short_output"] and not decision.speculate
+    assert json.loads(decision.to_json()) == decision.to_data()
+    assert Decision.model_validate(decision.to_data()) == decision  # what the client reads back is equal
+    assert "llama-server" not in decision.to_data()["engine"]  # an engine with no terms is left out, not null
+
+
+def test_an_answer_holding_nan_or_infinity_is_refused_naming_the_place():
+    """The one serializer writes no NaN or Infinity (not JSON): it raises naming the number's place; the words
+    inside a string are text and pass."""
+    from router.decide.decision import Router
+    from router.decide.reasons import reason
+    from router.strict_json import NonFiniteNumber
+
+    decision = Router(None, {}, policy_version=None).route("x")
+    with pytest.raises(NonFiniteNumber, match="NaN at /expected_speedup"):
+        decision.model_copy(update={"expected_speedup": float("nan")}).to_json()
+    with pytest.raises(NonFiniteNumber, match="Infinity at /reason_codes/0/speedup"):
+        decision.model_copy(update={"reason_codes": [reason("no_policy", speedup=float("inf"))]}).to_json()
+    worded = decision.model_copy(update={"task_type": "NaN and Infinity"})
+    assert json.loads(worded.to_json())["task_type"] == "NaN and Infinity"

@@ -306,12 +306,15 @@ def test_a_model_draft_speculates_in_llama_cpp_with_a_model_and_without_a_policy
         draft_kind="hf",
         contract=PolicyContract(priced_by="transformers"),
     ).route("x")
-    assert decision.engine["llama.cpp"] == {"pool": "spec-k3", "speculative": {"draft": "model", "n_max": 3}}
-    assert decision.engine["priced_by"] == "transformers"
-    copied = decision.as_dict()["engine"]
+    assert decision.to_data()["engine"]["llama.cpp"] == {
+        "pool": "spec-k3",
+        "speculative": {"draft": "model", "n_max": 3},
+    }
+    assert decision.to_data()["engine"]["priced_by"] == "transformers"
+    copied = decision.to_data()["engine"]
     copied["llama.cpp"]["speculative"]["n_max"] = 99  # the decision keeps its own settings
-    assert decision.engine["llama.cpp"]["speculative"]["n_max"] == 3
-    nothing = Router(None, {}, policy_version=None).route("x").engine
+    assert decision.to_data()["engine"]["llama.cpp"]["speculative"]["n_max"] == 3
+    nothing = Router(None, {}, policy_version=None).route("x").to_data()["engine"]
     assert nothing["llama.cpp"] == {"pool": "spec-off", "speculative": None} and nothing["priced_by"] is None
 
 

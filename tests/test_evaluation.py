@@ -183,11 +183,11 @@ def test_the_router_uses_the_classifier_threshold_and_names_rarely_reached_tasks
     decision = router.route("def h(z): return z - 1")
     assert decision.task_type == "code" and decision.speculate
     assert {"code": "rarely_reached", "classifier_version": 1, "task": "code", "detail": "recall 0.10"} in [
-        r.as_dict() for r in decision.reasons
+        r.as_dict() for r in decision.reason_codes
     ]
     strict = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.999)
     decision = Router(strict, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
-    workload = [r.params for r in decision.reasons if r.code == "workload_policy"]
+    workload = [r.params for r in decision.reason_codes if r.code == "workload_policy"]
     assert not decision.speculate and workload[0]["cause"] == "low_confidence"
     assert workload[0]["min_confidence"] == 0.999 and workload[0]["confidence"] < 0.999
     configured = Router(
@@ -313,9 +313,9 @@ def test_the_router_sends_a_catch_all_task_to_the_workload_policy():
     sink = TaskClassifier(1, 1, sorted(set(labels)), pipeline, threshold=0.0, catch_all={"code": 0.3})
     decision = Router(sink, {**policies, "*": fallback}, policy_version=1).route("def h(z): return z - 1")
     assert decision.task_type == "code" and not decision.speculate
-    workload = [r.params for r in decision.reasons if r.code == "workload_policy"]
+    workload = [r.params for r in decision.reason_codes if r.code == "workload_policy"]
     assert workload[0]["cause"] == "catch_all" and workload[0]["precision"] == 0.3
-    assert "catch-all" in [r.text for r in decision.reasons if r.code == "workload_policy"][0]
+    assert "catch-all" in [r.text for r in decision.reason_codes if r.code == "workload_policy"][0]
     decision = Router(sink, {**policies, "*": fallback}, policy_version=1).route("What is 12 * 7?")
     assert decision.task_type == "math" and decision.speculate
 

@@ -20,7 +20,8 @@ from analyzer.advice.summary_store import run_summary
 from analyzer.measuring.assistant_defaults import assistant_rounds
 from analyzer.orm import AnalysisRun, PromptResult
 from analyzer.prompts.prompt_sets import import_sample
-from router.decide.decision import Router, RouterConfig, RouteRequest, router_from_database
+from router.decide.contract import RouteRequest
+from router.decide.decision import Router, RouterConfig, router_from_database
 from router.export.export_plan import ExportError, plan_for_policy_set, plan_for_run
 from router.export.serving import EXPORTERS, render_export
 from router.orm import PolicySet, TaskPolicy
@@ -254,7 +255,7 @@ def test_every_tasks_pool_runs_the_gamma_the_router_sends_it_with(session, run):
     assert exported["per_task"]["publish"].endswith(f"specroute policies publish --analysis {run.id}")
     for group in plan.groups:
         for batch in range(1, 40):
-            decision = router.decide_task(group.task, RouteRequest(batch_size=batch))
+            decision = router.decide_task(group.task, RouteRequest.of(batch_size=batch))
             key = f"k{decision.gamma}" if decision.speculate else "off"
             config = pools[key]["config"]
             assert config.get("num_speculative_tokens", 0) == (decision.gamma if decision.speculate else 0)

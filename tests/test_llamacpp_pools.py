@@ -86,7 +86,7 @@ def test_each_prompt_reaches_the_pool_its_decision_names_and_both_pools_agree(po
 
     routed = {}
     for text, task, expected in ((TRANSLATION, "translation", spec), (CREATIVE, "creative_writing", plain)):
-        decision = router.route(text, max_new_tokens=MAX_TOKENS * 8).as_dict()
+        decision = router.route(text, max_new_tokens=MAX_TOKENS * 8).to_data()
         assert decision["task_type"] == task and decision["speculate"] == (expected is spec)
         assert decision_pool(decision) == expected.url
         assert decision["engine"]["llama.cpp"]["speculative"] == (

@@ -310,7 +310,7 @@ def test_profiles_from_before_devices_become_float32_at_batch_1_and_keep_working
     single = router.route(code, max_new_tokens=100, batch_size=4)
     assert single.task_type == "code" and single.speculate  # the batch-1 curve, under the cut-off
     batched = router.route(code, max_new_tokens=100, batch_size=16)
-    assert not batched.speculate and batched.reason_codes[-1] == "batch_not_profiled"
+    assert not batched.speculate and batched.codes[-1] == "batch_not_profiled"
     migrations.downgrade(old, "0002")  # and back, with the data in place
     with old.connect() as connection:
         assert connection.exec_driver_sql("SELECT id FROM cost_profiles").all() == [(profile_id,)]

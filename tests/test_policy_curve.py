@@ -15,7 +15,8 @@ from analyzer.measuring.acceptance import expected_tokens_iid
 from analyzer.pricing.policy_curve import BASE, PolicyCurve, acceptance_scale
 from analyzer.pricing.speedup import Cost, iid_speedup
 from router.decide.adaptation import AdaptationConfig
-from router.decide.decision import Router, RouterConfig, RouteRequest
+from router.decide.contract import RouteRequest
+from router.decide.decision import Router, RouterConfig
 from router.decide.reasons import POLICY_CODES, REASON_CODES, Reason, reason, reason_text
 from router.policies.policy import FALLBACK_TASK, PolicyContract, PolicySnapshot
 from tests.factories import COST_CURVE
@@ -89,7 +90,7 @@ def test_the_policy_sets_contract_reaches_the_router_and_its_adaptation():
     assert decision.gamma == 20 and decision.expected_speedup == pytest.approx(
         3.0
     )  # the curve's S(20), not NaN
-    assert decision.engine["priced_by"] == "llama.cpp"
+    assert decision.to_data()["engine"]["priced_by"] == "llama.cpp"
 
 
 def test_every_reason_code_renders_and_unknown_codes_are_refused():
@@ -157,14 +158,14 @@ def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_jso
     decision = router.route(
         "x", max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
     )
-    data = decision.as_dict()
+    data = decision.to_data()
     assert data["reasons"] == [
         reason_text(Reason(r["code"], {k: v for k, v in r.items() if k != "code"}))
         for r in data["reason_codes"]
     ]
     json.dumps(data, allow_nan=False)  # raises on NaN or infinity anywhere
     assert data["gamma"] == 0 if not data["speculate"] else 1 <= data["gamma"] <= 8
-    assert "workload_policy" in decision.reason_codes  # no classifier: the workload-wide policy decided
+    assert "workload_policy" in decision.codes  # no classifier: the workload-wide policy decided
 
 
 class _Classifier:
@@ -239,9 +240,11 @@ def test_exactly_one_reason_says_which_policy_decided(
         policy_version=2,
         cost=Cost(COST_CURVE, 0.004) if with_cost else None,
     )
-    for decision in router.route_many([RouteRequest("x", None, max_new_tokens, batch_size)] * len(answers)):
-        deciding = [r for r in decision.reasons if r.code in POLICY_CODES]
-        assert len(deciding) == 1, decision.reason_codes
+    for decision in router.route_many(
+        [RouteRequest.of("x", max_new_tokens=max_new_tokens, batch_size=batch_size)] * len(answers)
+    ):
+        deciding = [r for r in decision.reason_codes if r.code in POLICY_CODES]
+        assert len(deciding) == 1, decision.codes
         decided_by = decision.route_id.rsplit("-", 1)[1]  # the task whose policy decided ("*": the fallback)
         if deciding[0].code in ("task_policy", "task_too_few_prompts"):
             assert decided_by == decision.task_type and decision.task_type in published
@@ -258,5 +261,5 @@ def test_exactly_one_reason_says_which_policy_decided(
             assert (cause == "no_classifier") == (not classifier)
         else:
             assert not policies and decided_by == FALLBACK_TASK
-        rarely_said = "rarely_reached" in decision.reason_codes
+        rarely_said = "rarely_reached" in decision.codes
         assert rarely_said == (classifier and decision.task_type in rarely)

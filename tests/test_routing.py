@@ -122,24 +122,24 @@ def test_route_rules_short_outputs_batches_and_fallback():
     }
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)
-    assert (short.speculate, short.gamma, short.engine["pool"]) == (False, 0, "spec-off")
+    assert (short.speculate, short.gamma, short.to_data()["engine"]["pool"]) == (False, 0, "spec-off")
     assert [r.as_dict() for r in short.reasons if r.code == "short_output"] == [
         {"code": "short_output", "max_new_tokens": 10, "min_output_tokens": 20}
     ]
     batched = router.route("anything", batch_size=32)
-    assert not batched.speculate and batched.reason_codes[-1] == "batch_not_profiled"
-    assert batched.reasons[-1].params == {"batch_size": 32, "max_batch_size": 8}
+    assert not batched.speculate and batched.codes[-1] == "batch_not_profiled"
+    assert batched.reason_codes[-1].params == {"batch_size": 32, "max_batch_size": 8}
     assert short.route_id != batched.route_id
 
 
 def test_route_with_no_policy_is_off():
     decision = Router(None, {}, policy_version=None).route("hello")
-    assert (decision.speculate, decision.gamma, decision.engine["transformers"]) == (
+    assert (decision.speculate, decision.gamma, decision.to_data()["engine"]["transformers"]) == (
         False,
         0,
         {"assistant_model": False},
     )
-    assert decision.reason_codes == ["no_policy"]
+    assert decision.codes == ["no_policy"]
 
 
 def test_route_uses_the_task_policy_when_confident_and_model_draft_settings(session):
@@ -156,7 +156,7 @@ def test_route_uses_the_task_policy_when_confident_and_model_draft_settings(sess
     decision = router.route("Translate German to English: Guten Tag.", max_new_tokens=100)
     assert decision.task_type == "translation" and decision.confidence >= 0.5
     assert decision.speculate and decision.gamma >= 2
-    assert decision.engine["transformers"]["assistant_generation_config"] == {
+    assert decision.to_data()["engine"]["transformers"]["assistant_generation_config"] == {
         "num_assistant_tokens": decision.gamma,
         "num_assistant_tokens_schedule": "constant",
         "assistant_confidence_threshold": 0.0,

@@ -159,22 +159,28 @@ def test_the_decision_names_the_pool_running_the_tasks_setting(session):
     setting = next(p.setting for p in policy_set.policies if p.task_type == "extraction")
     copy = router.route(texts["extraction"][0], max_new_tokens=64)
     assert (copy.task_type, copy.speculate) == ("extraction", True)
-    assert copy.engine["pool"] == policy_set.pools[setting] == copy.engine["llama-server"]["pool"]
-    assert copy.engine["llama-server"]["setting"] == setting
-    assert copy.engine["llama-server"]["flags"][:2] == ["--spec-type", setting.split()[0]]
+    assert (
+        copy.to_data()["engine"]["pool"]
+        == policy_set.pools[setting]
+        == copy.to_data()["engine"]["llama-server"]["pool"]
+    )
+    assert copy.to_data()["engine"]["llama-server"]["setting"] == setting
+    assert copy.to_data()["engine"]["llama-server"]["flags"][:2] == ["--spec-type", setting.split()[0]]
     assert (
         "transformers" not in copy.engine and "llama.cpp" not in copy.engine
     )  # they cannot run this setting
     chat = router.route(texts["general"][0], max_new_tokens=64)
     assert (chat.task_type, chat.speculate, chat.gamma) == ("general", False, 0)
-    assert chat.engine["pool"] == "http://plain.internal:9000"  # the publisher's SPECROUTE_ROUTER_POOLS
-    assert chat.engine["llama-server"] == {
+    assert (
+        chat.to_data()["engine"]["pool"] == "http://plain.internal:9000"
+    )  # the publisher's SPECROUTE_ROUTER_POOLS
+    assert chat.to_data()["engine"]["llama-server"] == {
         "pool": "http://plain.internal:9000",
         "setting": "off",
         "flags": [],
     }
     short = router.route(texts["extraction"][0], max_new_tokens=4)  # a short output runs plain
-    assert not short.speculate and short.engine["pool"] == "http://plain.internal:9000"
+    assert not short.speculate and short.to_data()["engine"]["pool"] == "http://plain.internal:9000"
     # feedback prices a pool's request against plain decoding: bare counts cannot, and are refused with why
     with pytest.raises(FeedbackError, match="'timings.predicted_ms' is missing"):
         record_feedback(
@@ -212,7 +218,7 @@ def test_feedback_from_the_pools_moves_a_task_to_another_pool_and_probes_bring_i
     assert extraction.speedup_low is not None and extraction.speedup_low > 1.0
     plain_ms = cost.plain_ms(120, 64)
     decision = router_from_database(session).route(texts["extraction"][0], max_new_tokens=64)
-    assert decision.engine["llama-server"]["setting"] == first
+    assert decision.to_data()["engine"]["llama-server"]["setting"] == first
     # every pool now serves extraction slower than plain decoding (its prompts stopped repeating themselves)
     priors = option_priors(extraction.option_curve, policy_set.pools)
     assert len(priors) >= 2 and {p.label for p in priors} <= set(policy_set.pools)
@@ -251,13 +257,13 @@ def test_feedback_from_the_pools_moves_a_task_to_another_pool_and_probes_bring_i
     session.commit()
     router = router_from_database(session)
     now = router.route(texts["extraction"][0], max_new_tokens=64)
-    assert now.engine["pool"] == policy_set.pools[moved or "off"]
-    assert any(r.code == "online_estimate" for r in now.reasons)
+    assert now.to_data()["engine"]["pool"] == policy_set.pools[moved or "off"]
+    assert any(r.code == "online_estimate" for r in now.reason_codes)
     if moved is None:  # off: every probe_every-th request probes the best published setting
         routed = [router.route(texts["extraction"][0], max_new_tokens=64) for _ in range(40)]
         probes = [d for d in routed if d.speculate]
-        assert len(probes) == 2 and all(any(r.code == "probe" for r in d.reasons) for d in probes)
-        probed = probes[0].engine["llama-server"]["setting"]
+        assert len(probes) == 2 and all(any(r.code == "probe" for r in d.reason_codes) for d in probes)
+        probed = probes[0].to_data()["engine"]["llama-server"]["setting"]
         # the probes find it fast again: the task goes back to that pool under the whole rule
         for _ in range(30):
             fast = _timings(64, 48, 44, plain_ms / 2.5)
@@ -394,20 +400,20 @@ def test_requests_routed_to_live_pools_reach_the_server_running_their_setting(ll
         for task in ROUTED:
             decision = router.route(texts[task][0], max_new_tokens=32)
             assert decision.task_type == task
-            client = LlamaServerClient(decision.engine["pool"])
+            client = LlamaServerClient(decision.to_data()["engine"]["pool"])
             # the copying prompt's answer repeats its input, so an n-gram drafter drafts
             text = texts[task][0]
             ids = client.tokenize(client.chat_prompt([{"role": "user", "content": text}]))
             answer = client.complete(ids, 48)
             drafted = answer.timings.get("draft_n", 0)
             if decision.speculate:
-                setting = decision.engine["llama-server"]["setting"]
-                assert decision.engine["pool"] == mapping[setting]
+                setting = decision.to_data()["engine"]["llama-server"]["setting"]
+                assert decision.to_data()["engine"]["pool"] == mapping[setting]
                 assert drafted > 0, answer.timings
             else:
-                assert decision.engine["pool"] == mapping["off"] and drafted == 0
+                assert decision.to_data()["engine"]["pool"] == mapping["off"] and drafted == 0
         # three tasks, three pools
-        assert len({router.route(texts[t][0], max_new_tokens=32).engine["pool"] for t in ROUTED}) == 3
+        assert len({router.route(texts[t][0], max_new_tokens=32).engine.pool for t in ROUTED}) == 3
         _through_the_front_door(url, texts, mapping, engine)
     finally:
         process.send_signal(signal.SIGTERM)

@@ -146,7 +146,7 @@ def test_a_task_too_small_to_decide_takes_the_workloads_decision_everywhere(sess
     )()
     decision = router.route("What is 2 + 2?", max_new_tokens=100)
     assert decision.speculate and decision.gamma == fallback.gamma
-    first = decision.reasons[0]
+    first = decision.reason_codes[0]
     assert first.code == "task_too_few_prompts" and (first.params["task"], first.params["n_prompts"]) == (
         "math",
         2,

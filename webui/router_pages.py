@@ -19,7 +19,7 @@ from router.classify.pipeline import FEATURE_SETS, regularisation, resolve_featu
 from router.classify.training_data import ClassifierError
 from router.classify.training_request import check_training_request
 from router.classify.version_store import activate_version, rarely_reached
-from router.decide.decision import RouteRequest
+from router.decide.contract import RouteRequest
 from router.orm import ClassifierVersion
 from router.policies.policy import PolicyContract, PolicyError, activate_policy_set, list_policy_sets
 from router.policies.publishing import publish_analysis
@@ -217,13 +217,8 @@ def playground():
             errors.append("type a prompt")
         if not errors:
             try:
-                decision = (
-                    _router_service()
-                    .route([RouteRequest(prompt=values["prompt"], max_new_tokens=max_new, batch_size=batch)])[
-                        0
-                    ]
-                    .as_dict()
-                )
+                request_ = RouteRequest.of(values["prompt"], max_new_tokens=max_new, batch_size=batch)
+                decision = _router_service().route([request_])[0].to_data()
             except ClassifierError as exc:
                 errors.append(str(exc))
     return render_template(
@@ -254,9 +249,8 @@ def policies():
         asked = request.args.get("version", type=int)
         chosen = asked if asked is not None and 1 <= asked <= MAX_ID else active  # another number: the active
         export = export_card(session, version=chosen) if chosen is not None else None
-    estimates = {
-        e["task_type"]: e for e in (_router_service().policies().get("active") or {}).get("estimates", [])
-    }
+    served = _router_service().policies().active
+    estimates = {e.task_type: e.to_data() for e in (served.estimates if served is not None else [])}
     return render_template(
         "policies.html",
         sets=sets,

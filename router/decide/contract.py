@@ -1,8 +1,11 @@
-"""The routing API's request contract: pydantic models of every body the API reads, validated once.
+"""The routing API's contract: pydantic models of the bodies it reads, validated once, and of a decision, the
+answer the router gives in process and over HTTP alike.
 
-A route request (:class:`RouteRequest`), a batch of them (:class:`BatchRequest`) and a feedback body
+A route request (:class:`RouteRequest`), a batch of them (:class:`BatchRequest`), a feedback body
 (:class:`FeedbackBody`, a discriminated union over plain counts and each serving engine's own section,
-router/decide/feedback_formats.py). The models carry the types, the limits and the help that
+router/decide/feedback_formats.py), and the decision (:class:`Decision`, with its :class:`EngineTerms`); the
+other answers are router/serve/responses.py's. Every answer is serialized by :meth:`Answer.to_json`, the one
+place JSON is written. The models carry the types, the limits and the help that
 router/serve/openapi.py turns into the OpenAPI document, so what the document says and what the server
 accepts cannot drift apart. The untrusted-JSON reader (analyzer/json_input.py) parses a body first; a model
 then checks it in strict mode (no coercion: ``"3"`` is not an integer, ``true`` is not a number), and
@@ -13,7 +16,8 @@ prompt_too_long, batch_too_large, invalid_request, invalid_feedback).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -26,9 +30,14 @@ from pydantic import (
     model_validator,
 )
 
+from analyzer.engine.engines import ENGINES
 from analyzer.errors import SpecrouteError
-from router.decide import decision
+from analyzer.prompts.prompt_checks import request_text
+from router import strict_json
 from router.decide.problems import problem_of, rule_broken, value_refused
+from router.decide.reasons import Reason
+
+ENGINE_NAMES = ", ".join(ENGINES)
 
 MAX_BATCH = 1000
 MAX_NEW_TOKENS = 1 << 20  # beyond any model's context: a larger number is a client's mistake
@@ -149,15 +158,42 @@ class RouteRequest(Contract):
             )
         return self
 
-    def request(self) -> decision.RouteRequest:
-        """What the router decides for."""
-        return decision.RouteRequest(
-            prompt=self.prompt,
-            messages=[m.model_dump() for m in self.messages] if self.messages is not None else None,
-            max_new_tokens=self.max_new_tokens,
-            batch_size=self.batch_size if self.batch_size is not None else self.concurrency,
-            temperature=self.temperature,
+    @property
+    def batch(self) -> int | None:
+        """How many sequences run together with this one: batch_size, or concurrency (the same thing)."""
+        return self.batch_size if self.batch_size is not None else self.concurrency
+
+    def classified_text(self) -> str:
+        """What the task classifier reads of the request (:func:`request_text`)."""
+        if self.messages is None:
+            return self.prompt or ""
+        return request_text(self.prompt, [_message(m) for m in self.messages])
+
+    @classmethod
+    def of(
+        cls,
+        prompt: str | None = None,
+        messages: Any = None,
+        *,
+        max_new_tokens: int | None = None,
+        batch_size: int | None = None,
+        temperature: float | None = None,
+    ) -> RouteRequest:
+        """A request built in process, unchecked (the caller's values are trusted as they are; the API
+        validates what it reads with ``model_validate``)."""
+        return cls.model_construct(
+            prompt=prompt,
+            messages=messages,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            concurrency=None,
+            temperature=temperature,
         )
+
+
+def _message(message: Any) -> Mapping[str, Any]:
+    """A chat message as a mapping (validated messages are models; in-process ones may be dicts)."""
+    return message.model_dump() if isinstance(message, BaseModel) else message
 
 
 class BatchRequest(Contract):
@@ -179,18 +215,122 @@ class BatchRequest(Contract):
         return requests
 
 
-def read_route(body: Any, max_prompt_chars: int) -> decision.RouteRequest:
+def read_route(body: Any, max_prompt_chars: int) -> RouteRequest:
     """The request of one /v1/route body; an ApiError naming the field for anything wrong."""
     try:
-        return RouteRequest.model_validate(body, context={"max_prompt_chars": max_prompt_chars}).request()
+        return RouteRequest.model_validate(body, context={"max_prompt_chars": max_prompt_chars})
     except ValidationError as exc:
         raise problem_of(exc, RouteRequest, ROUTE_ERRORS, ApiError) from None
 
 
-def read_batch(body: Any, max_prompt_chars: int) -> list[decision.RouteRequest]:
+def read_batch(body: Any, max_prompt_chars: int) -> list[RouteRequest]:
     """The requests of a /v1/route/batch body ``{"requests": [...]}``, in order."""
     try:
         batch = BatchRequest.model_validate(body, context={"max_prompt_chars": max_prompt_chars})
     except ValidationError as exc:
         raise problem_of(exc, BatchRequest, ROUTE_ERRORS, ApiError) from None
-    return [r.request() for r in batch.requests]
+    return list(batch.requests)
+
+
+# ---------------------------------------------------------------- the answers
+
+
+class Answer(BaseModel):
+    """An answer's model: no field beyond those declared; written as JSON by :meth:`to_json` only."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    def to_json(self) -> bytes:
+        """The answer as the API sends it (fields by their JSON names), written by pydantic's serializer;
+        :class:`router.strict_json.NonFiniteNumber` naming the place where it holds NaN or Infinity, which
+        JSON cannot carry (they are written as those words first, then looked for where they appear)."""
+        text = self.__pydantic_serializer__.to_json(self, by_alias=True)
+        if b"NaN" in text or b"Infinity" in text:  # a non-finite number, or a string holding the word
+            strict_json.dumps(self.model_dump(by_alias=True))  # raises, naming the place, on a number
+        return text
+
+    def to_data(self) -> dict[str, Any]:
+        """The answer as JSON-ready data, the same as :meth:`to_json` writes."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+class LlamaServerTerms(Answer):
+    """llama-server fixes its drafter per server: the pool to send the request to, the drafter setting it
+    runs (off: plain) and that server's command-line flags."""
+
+    pool: str
+    setting: str
+    flags: list[str]
+
+
+class LlamaCppSpeculative(Answer):
+    draft: Literal["prompt-lookup", "model"]
+    n_max: Annotated[int, Field(ge=1)]
+
+
+class LlamaCppTerms(Answer):
+    """llama.cpp fixes speculation per server: the pool to send the request to and what that pool
+    speculates with (null: a plain pool)."""
+
+    pool: str
+    speculative: LlamaCppSpeculative | None
+
+
+class EngineTerms(Answer):
+    """The decision in each engine that can run it: transformers and llama.cpp for a set published from a
+    run (and for a plain decision of any set); llama-server for a set published from a llama-server
+    analysis."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants", populate_by_name=True)
+
+    llama_server: LlamaServerTerms | None = Field(None, alias="llama-server", exclude_if=_absent)
+    transformers: dict[str, Any] | None = Field(
+        None,
+        description="generate() settings: {assistant_model: false}, or prompt_lookup_num_tokens and "
+        "max_matching_ngram_size, or assistant_model: true with the values to set on the draft's "
+        "generation_config.",
+        exclude_if=_absent,
+    )
+    llama_cpp: LlamaCppTerms | None = Field(None, alias="llama.cpp", exclude_if=_absent)
+    pool: str = Field(description="Deployment to send the request to.")
+    priced_by: str | None = Field(
+        description="The engine whose cost priced the active policy set (null: none): "
+        f"{ENGINE_NAMES}, or an engine whose own step times were imported (vllm, sglang, ...)."
+    )
+    measured_by: str | None = Field(
+        description="The engine that measured the acceptance behind the active policy set (null: none): "
+        f"{ENGINE_NAMES}."
+    )
+
+
+class Decision(Answer):
+    """Whether to speculate for one request, with which lookahead, and why."""
+
+    route_id: str = Field(
+        description="Name this in feedback. Signed with the server's secret key: send it unchanged."
+    )
+    speculate: bool
+    gamma: Annotated[int, Field(ge=0)] = Field(description="Lookahead; 0 when not speculating.")
+    task_type: str
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    predicted_acceptance: float | None
+    expected_speedup: float
+    reasons: list[str] = Field(
+        description="Why, in words for people (reason_codes holds the same, for programs)."
+    )
+    reason_codes: list[Reason]
+    policy_version: int | None
+    engine: EngineTerms
+
+    @property
+    def codes(self) -> list[str]:
+        """The reasons' codes, in order."""
+        return [r.code for r in self.reason_codes]
+
+
+class BatchResponse(Answer):
+    decisions: list[Decision]

@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 from analyzer.engine.engines import SERVING
 from analyzer.pricing.policy_curve import CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import Cost
-from analyzer.prompts.prompt_checks import request_text
 from analyzer.settings import Settings, router_min_confidence
 from router.classify.task_classifier import TaskClassifier
 from router.classify.version_store import load_active
 from router.decide.adaptation import AdaptationConfig, TaskState, next_request
+from router.decide.contract import Decision, RouteRequest
 from router.decide.estimators import Chosen, estimator_of
 from router.decide.feedback import estimate_state
 from router.decide.reasons import Reason, reason
@@ -65,67 +65,6 @@ class RouterConfig:
             router_pools(settings),
             route_key(secret_key),
         )
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do for one request, why (structured :class:`Reason` s, rendered to text at the edge),
-    and how to do it in each engine."""
-
-    route_id: str
-    speculate: bool
-    gamma: int
-    task_type: str
-    confidence: float
-    predicted_acceptance: float | None
-    expected_speedup: float
-    reasons: tuple[Reason, ...]
-    policy_version: int | None
-    engine: dict[str, Any]
-
-    @property
-    def reason_texts(self) -> list[str]:
-        """The reasons as sentences, in order."""
-        return [r.text for r in self.reasons]
-
-    @property
-    def reason_codes(self) -> list[str]:
-        """The reasons' codes, in order."""
-        return [r.code for r in self.reasons]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The decision as JSON-ready data (engine settings copied, nested ones too): ``reasons`` as
-        text for people, ``reason_codes`` as ``{"code", **params}`` for programs."""
-        engine = _copied(self.engine)
-        return {
-            "route_id": self.route_id,
-            "speculate": self.speculate,
-            "gamma": self.gamma,
-            "task_type": self.task_type,
-            "confidence": self.confidence,
-            "predicted_acceptance": self.predicted_acceptance,
-            "expected_speedup": self.expected_speedup,
-            "reasons": self.reason_texts,
-            "reason_codes": [r.as_dict() for r in self.reasons],
-            "policy_version": self.policy_version,
-            "engine": engine,
-        }
-
-
-def _copied(value: Any) -> Any:
-    """``value`` with every dict in it copied (the decision's settings stay its own)."""
-    return {k: _copied(v) for k, v in value.items()} if isinstance(value, dict) else value
-
-
-@dataclass(frozen=True)
-class RouteRequest:
-    """One request to decide for: ``prompt`` or chat ``messages``, and what the caller knows of it."""
-
-    prompt: str | None = None
-    messages: Sequence[Mapping[str, Any]] | None = None
-    max_new_tokens: int | None = None
-    batch_size: int | None = None
-    temperature: float | None = None
 
 
 @dataclass
@@ -204,12 +143,14 @@ class Router:
         temperature: float | None = None,
     ) -> Decision:
         """Decide for one request (give ``prompt`` or chat ``messages``)."""
-        request = RouteRequest(prompt, messages, max_new_tokens, batch_size, temperature)
+        request = RouteRequest.of(
+            prompt, messages, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
+        )
         return self.route_many([request])[0]
 
     def route_many(self, requests: Sequence[RouteRequest]) -> list[Decision]:
         """Decide for many requests; the classifier sees them as one batch."""
-        classified = self._classify([request_text(r.prompt, r.messages) for r in requests])
+        classified = self._classify([r.classified_text() for r in requests])
         return [self._decide(r, task, confidence) for r, (task, confidence) in zip(requests, classified)]
 
     def decide_task(self, task: str, request: RouteRequest) -> Decision:
@@ -274,7 +215,8 @@ class Router:
             confidence=confidence,
             predicted_acceptance=choice.alpha,
             expected_speedup=float(choice.expected) if choice.speculate else 1.0,
-            reasons=tuple(choice.reasons),
+            reasons=[r.text for r in choice.reasons],
+            reason_codes=choice.reasons,
             policy_version=self.policy_version,
             engine=self._engine(choice.speculate, gamma, choice.setting),
         )
@@ -375,7 +317,8 @@ class Router:
         self, request: RouteRequest, policy: PolicySnapshot | None, state: TaskState | None, choice: _Choice
     ) -> None:
         """The request's own rules: its batch size's curve, short outputs, unprofiled batches, sampling."""
-        point = self._at_batch_size(policy, state, request.batch_size)
+        batch_size = request.batch
+        point = self._at_batch_size(policy, state, batch_size)
         if point is not None and point.gamma is None:  # the curve covers the batch size, nothing pays there
             choice.speculate, choice.gamma = False, NO_GAMMA
             choice.reasons.append(reason("no_predicted_gain"))
@@ -384,7 +327,7 @@ class Router:
             choice.reasons.append(
                 reason(
                     "batch_size_curve",
-                    batch_size=request.batch_size,
+                    batch_size=batch_size,
                     lower=point.lower_batch,
                     upper=point.upper_batch,
                     alpha=state.alpha if point.rescaled and state is not None else None,
@@ -416,14 +359,14 @@ class Router:
         if (
             point is None
             and choice.speculate
-            and request.batch_size is not None
-            and request.batch_size > self.config.max_batch_size
+            and batch_size is not None
+            and batch_size > self.config.max_batch_size
         ):
             choice.speculate = False
             choice.reasons.append(
                 reason(
                     "batch_not_profiled",
-                    batch_size=request.batch_size,
+                    batch_size=batch_size,
                     max_batch_size=self.config.max_batch_size,
                 )
             )

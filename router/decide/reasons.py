@@ -1,39 +1,20 @@
 """Why a routing decision is what it is, as data: a :class:`Reason` is a code from :data:`REASON_CODES`
 and its parameters (numbers, names), e.g. ``{"code": "below_break_even", "speedup": 0.97, "low": 0.91}``.
-Decisions carry reasons; the text people read is rendered at the edge (the API's ``reasons``, the
-playground, the command line) by :func:`reason_text`, the one place the words live. Code branches
-on codes, tests assert codes.
+Decisions carry reasons and the text people read (the API's ``reasons``, the playground, the command
+line), rendered by :func:`reason_text`, the one place the words live. Code branches
+on codes, tests assert codes. The same model is the API's schema of a reason (``reason_codes``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-
-@dataclass(frozen=True)
-class Reason:
-    """One reason: ``code`` (a key of :data:`REASON_CODES`) and its parameters."""
-
-    code: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.code not in REASON_CODES:
-            raise ValueError(f"unknown reason code {self.code!r}")
-
-    def as_dict(self) -> dict[str, Any]:
-        """``{"code": ..., **params}``, JSON-ready."""
-        return {"code": self.code, **self.params}
-
-    @property
-    def text(self) -> str:
-        return reason_text(self)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def reason(code: str, **params: Any) -> Reason:
     """A :class:`Reason` with ``params`` (keyword arguments)."""
-    return Reason(code, params)
+    return Reason(code=code, **params)
 
 
 def _predicted(p: Mapping[str, Any]) -> str:
@@ -119,6 +100,34 @@ REASON_CODES: dict[str, Callable[[Mapping[str, Any]], str]] = {
 
 # the codes that say which policy decided: exactly one of them is in every decision's reasons
 POLICY_CODES = ("task_policy", "task_too_few_prompts", "workload_policy", "no_policy")
+
+
+class Reason(BaseModel):
+    """One reason of a decision: a code and its parameters (router/decide/reasons.py lists them)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, ser_json_inf_nan="constants")  # as answers: Answer
+
+    code: str = Field(json_schema_extra={"enum": list(REASON_CODES)})
+
+    @field_validator("code")
+    @classmethod
+    def _known(cls, code: str) -> str:
+        if code not in REASON_CODES:
+            raise ValueError(f"unknown reason code {code!r}")
+        return code
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The parameters, without the code."""
+        return self.model_extra or {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"code": ..., **params}``, JSON-ready."""
+        return {"code": self.code, **self.params}
+
+    @property
+    def text(self) -> str:
+        return reason_text(self)
 
 
 def reason_text(item: Reason) -> str:

@@ -32,7 +32,8 @@ from analyzer.errors import SpecrouteError
 from analyzer.models.specs import parse_spec
 from analyzer.orm import AnalysisRun, ServerAnalysisRecord
 from analyzer.settings import load_settings
-from router.decide.decision import Router, RouterConfig, RouteRequest
+from router.decide.contract import RouteRequest
+from router.decide.decision import Router, RouterConfig
 from router.orm import PolicySet
 from router.policies.policy import (
     FALLBACK_TASK,
@@ -347,7 +348,7 @@ def _group(
 
 def _gamma(router: Router, task: str, batch: int) -> int:
     """The router's decision for ``task`` at ``batch`` (0: off), classification aside."""
-    decision = router.decide_task(task, RouteRequest(batch_size=batch))
+    decision = router.decide_task(task, RouteRequest.of(batch_size=batch))
     return decision.gamma if decision.speculate else 0
 
 

@@ -1,11 +1,13 @@
-"""The routing API as a Flask blueprint: parse and check the JSON, call the RouterService, serialise.
+"""The routing API as a Flask blueprint: parse and check the JSON, call the RouterService, answer its model.
 
 Endpoints: ``POST /v1/route``, ``POST /v1/route/batch`` (up to 1,000 requests), ``POST /v1/feedback``,
 the front door (``POST /v1/chat/completions``, ``POST /v1/completions``), ``GET /v1/policies``,
 ``GET /v1/classifier``, ``GET /healthz``, ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``, each
 registered from the one table of them (:data:`router.serve.openapi.ROUTES`) the document is generated from.
-Every error, including 404/405/413 on these paths and unexpected failures, has
-one shape: ``{"error": {"code", "message", "details"}}`` with a 4xx status for bad input. The errors
+Each view answers a pydantic model (router/decide/contract.py's decision, router/serve/responses.py's
+others), written by :func:`answer` through :meth:`Answer.to_json`, the one serializer. Every error, including
+404/405/413 on these paths and unexpected failures, has one shape, :class:`Error`:
+``{"error": {"code", "message", "details"}}`` with a 4xx status for bad input. The errors
 are :class:`analyzer.errors.SpecrouteError` classes that carry their status and code (the API's own
 are below); :func:`error_response` answers any exception in that shape, and the web app's one error
 handler (webui/app.py) calls it for these paths.
@@ -13,7 +15,6 @@ handler (webui/app.py) calls it for these paths.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -25,17 +26,21 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.errors import SpecrouteError, error_payload
 from analyzer.json_input import JsonInputError, loads_untrusted
-from router import strict_json
 from router.decide.contract import (
     MAX_NEW_TOKENS,
+    Answer,
     ApiError,
+    BatchResponse,
+    Decision,
     InvalidJson,
     read_batch,
     read_route,
 )
 from router.serve.front_door import forward, pool_url, route_request, stream_timings, timings_of
 from router.serve.openapi import ROUTES, openapi_document
+from router.serve.responses import Error, FeedbackResponse
 from router.serve.service import RouterService
+from router.strict_json import NonFiniteNumber
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -70,31 +75,30 @@ class Unhealthy(ApiError):
     status, code = 503, "unhealthy"
 
 
-def api_error(exc: BaseException, body_limit: int) -> tuple[int, dict[str, Any], Mapping[str, str]]:
-    """(status, JSON body, extra headers) of the API's answer to ``exc``: a SpecrouteError answers
+def api_error(exc: BaseException, body_limit: int) -> tuple[int, Error, Mapping[str, str]]:
+    """(status, answer, extra headers) of the API's answer to ``exc``: a SpecrouteError answers
     with its class's status and code, an HTTP error (Flask's 404, 405, 413) with its own status,
     anything else with 500 ``internal_error`` that tells nothing of the failure (the caller logs it)."""
     if isinstance(exc, HTTPException):
         if exc.code != 413:
             status = exc.code or 500
-            return (
-                status,
-                error_payload(HTTP_ERROR_CODES.get(status, "http_error"), exc.description or exc.name),
-                {},
-            )
+            payload = error_payload(HTTP_ERROR_CODES.get(status, "http_error"), exc.description or exc.name)
+            return status, Error.model_validate(payload), {}
         exc = BodyTooLarge(body_limit)
     if isinstance(exc, SpecrouteError):
-        return exc.status, exc.payload(), exc.headers
-    return 500, error_payload("internal_error", INTERNAL_ERROR), {}
+        return exc.status, Error.model_validate(exc.payload()), exc.headers
+    return 500, Error.model_validate(error_payload("internal_error", INTERNAL_ERROR)), {}
+
+
+def answer(model: Answer, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """The one way a view answers: ``model`` as JSON (:meth:`Answer.to_json`) with ``status``."""
+    return Response(model.to_json() + b"\n", status=status, headers=headers, mimetype="application/json")
 
 
 def error_response(exc: BaseException) -> Response:
     """:func:`api_error` as a Flask response (inside a request on this app)."""
-    status, payload, headers = api_error(exc, service().settings.api_max_body_bytes)
-    response = jsonify(payload)
-    response.status_code = status
-    response.headers.update(headers)
-    return response
+    status, error, headers = api_error(exc, service().settings.api_max_body_bytes)
+    return answer(error, status, headers)
 
 
 def service() -> RouterService:
@@ -140,30 +144,28 @@ def _kind(value: Any) -> str:
 # ---------------------------------------------------------------- views
 
 
-def answer_route(raw: bytes, router_service: RouterService) -> dict[str, Any]:
+def answer_route(raw: bytes, router_service: RouterService) -> Decision:
     """The decision for one raw /v1/route body (a SpecrouteError for anything wrong: ApiError for the
-    body, ClassifierError when the stored classifier cannot be used); shared by the view and the
-    fast path."""
+    body, ClassifierError when the stored classifier cannot be used); the view's, and the fast path's."""
     parsed = read_route(_parse_json(raw), router_service.settings.max_prompt_chars)
-    return router_service.route([parsed])[0].as_dict()
+    return router_service.route([parsed])[0]
 
 
 def route_one():
     """POST /v1/route: the decision for one request."""
-    return jsonify(answer_route(request.get_data(cache=False), service()))
+    return answer(answer_route(request.get_data(cache=False), service()))
 
 
 def route_batch():
     """POST /v1/route/batch: the decisions for a batch of requests, in order."""
     parsed = read_batch(_json_body(), service().settings.max_prompt_chars)
-    decisions = service().route(parsed)
-    return jsonify({"decisions": [d.as_dict() for d in decisions]})
+    return answer(BatchResponse(decisions=service().route(parsed)))
 
 
 def feedback():
     """POST /v1/feedback: store one feedback event; the task's estimate right after it."""
     estimate = service().feedback(_object(_json_body()))  # FeedbackError's classes carry 400/404/409
-    return jsonify({"estimate": estimate})
+    return answer(FeedbackResponse(estimate=estimate))
 
 
 def chat_completions():
@@ -229,20 +231,21 @@ def _front_door(path: str) -> Response:
 
 def policies():
     """GET /v1/policies: the active policy set, its online estimates and every version."""
-    return jsonify(service().policies())
+    return answer(service().policies())
 
 
 def classifier():
     """GET /v1/classifier: the active task classifier's version record."""
-    return jsonify(service().classifier())
+    return answer(service().classifier())
 
 
 def healthz():
     """GET /healthz: liveness and what is loaded; 503 ``unhealthy`` when the database does not answer."""
     try:
-        return jsonify(service().health())
+        health = service().health()
     except Exception as exc:  # any database failure means "not healthy", with the reason
         raise Unhealthy(f"the database does not answer: {exc.__class__.__name__}: {exc}") from None
+    return answer(health)
 
 
 def metrics():
@@ -277,11 +280,12 @@ for _endpoint in ROUTES:
 
 class RouteFastPath:
     """WSGI middleware that answers ``POST /v1/route`` without Flask's request machinery (which
-    costs about as much as the decision itself: ~0.5 ms a request on this machine). The answer is
-    the view's own (``answer_route``: same parsing, errors, JSON), with the app's response headers
-    and the request metrics; a request with no valid Content-Length, and every other path, goes
-    to Flask. ``authorize(environ) -> bool`` is the app's token check of a route request, the same
-    one its request hook makes (webui/access.py); None when routing needs no token."""
+    costs about as much as the decision itself: ~0.5 ms a request on this machine): an adapter over the
+    view's own code (:func:`answer_route`, :func:`api_error`, :meth:`Answer.to_json`: the same parsing,
+    decision, errors and JSON), with the app's response headers and the request metrics; a request with no
+    valid Content-Length, and every other path, goes to Flask. ``authorize(environ) -> bool`` is the app's
+    token check of a route request, the same one its request hook makes (webui/access.py); None when routing
+    needs no token."""
 
     def __init__(
         self,
@@ -315,18 +319,13 @@ class RouteFastPath:
                 raise Unauthorized()
             if length > self.body_limit:
                 raise BodyTooLarge(self.body_limit)
-            status, payload = 200, answer_route(environ["wsgi.input"].read(length), self.service)
+            status, body = 200, answer_route(environ["wsgi.input"].read(length), self.service).to_json()
         except Exception as exc:  # noqa: BLE001 - answered as the app answers it (api_error), the unexpected logged
-            if not isinstance(exc, SpecrouteError):
+            if not isinstance(exc, SpecrouteError) or isinstance(exc, NonFiniteNumber):
                 log.exception("unexpected error on POST /v1/route")
-            status, payload, extra = api_error(exc, self.body_limit)
-        try:
-            text = strict_json.dumps(payload, separators=(",", ":"))
-        except strict_json.NonFiniteNumber as exc:  # answered as the app answers it: logged, a 500 naming it
-            log.error("unexpected error on POST /v1/route", exc_info=exc)
-            status, payload, extra = api_error(exc, self.body_limit)
-            text = json.dumps(payload, separators=(",", ":"))
-        body = text.encode() + b"\n"
+            status, error, extra = api_error(exc, self.body_limit)
+            body = error.to_json()
+        body += b"\n"
         start_response(
             f"{status} {HTTP_STATUS_CODES.get(status, 'Error')}",
             [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]

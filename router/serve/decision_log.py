@@ -16,7 +16,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
-from router.decide.decision import Decision
+from router.decide.contract import Decision
 from router.orm import RouteDecision
 from router.serve.batch_writer import BatchWriter
 
@@ -65,7 +65,7 @@ class DecisionLog:
                 "speculate": d.speculate,
                 "gamma": d.gamma,
                 "expected_speedup": d.expected_speedup,
-                "reasons": [r.as_dict() for r in d.reasons],
+                "reasons": [r.as_dict() for r in d.reason_codes],
                 "created_at": now,
             }
             for d in decisions

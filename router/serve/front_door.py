@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.errors import SpecrouteError
-from router.decide.decision import Decision, RouteRequest
+from router.decide.contract import Decision, RouteRequest
 
 FORWARD_TIMEOUT_S = 600.0
 
@@ -56,15 +56,15 @@ def route_request(path: str, body: Any) -> RouteRequest:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise FrontDoorRequestError(f"field '{name}' must be a positive integer, got {limit!r}", field=name)
     if key == "messages":
-        return RouteRequest(
+        return RouteRequest.of(
             messages=body["messages"], max_new_tokens=limit, temperature=body.get("temperature")
         )
-    return RouteRequest(prompt=body["prompt"], max_new_tokens=limit, temperature=body.get("temperature"))
+    return RouteRequest.of(body["prompt"], max_new_tokens=limit, temperature=body.get("temperature"))
 
 
 def pool_url(decision: Decision) -> str:
     """The decision's pool as a URL to forward to; PoolNotAddressable when it is only a name."""
-    pool = str(decision.engine["pool"])
+    pool = decision.engine.pool
     parsed = urllib.parse.urlsplit(pool)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise PoolNotAddressable(
@@ -161,7 +161,7 @@ def feedback_of(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             counts[name] = value
     payload: dict[str, Any] = {"route_id": decision.route_id, "timings": counts}
-    served = next((key for key, url in (settings or {}).items() if url == decision.engine.get("pool")), None)
+    served = next((key for key, url in (settings or {}).items() if url == decision.engine.pool), None)
     if served is not None:
         payload["setting"] = served  # the pool's setting ("off": the plain pool)
     return payload

@@ -3,11 +3,12 @@
 :data:`ROUTES` is the one table of the endpoints: router/serve/api.py registers each view at its method and path
 from it, and the document's paths, request and answer schemas and error statuses are generated from it, so a
 path or a status cannot be declared twice. The schemas are generated from the pydantic models the API validates
-its bodies with (router/decide/contract.py, router/decide/feedback_body.py) and builds its answers by
-(router/serve/responses.py), so the document cannot drift from what the server accepts; the tests validate every
-real answer against it, and schemathesis fuzzes the server from it. One function over the table, not a Flask
+its bodies with (router/decide/contract.py, router/decide/feedback_body.py) and answers with (the decision's in
+router/decide/contract.py, the others' in router/serve/responses.py), so the document cannot drift from what
+the server accepts or answers; the tests validate every real answer against it, and schemathesis fuzzes the
+server from it. One function over the table, not a Flask
 OpenAPI library: the table is a dozen lines, and the /v1/route fast path in front of Flask (router/serve/api.py)
-answers by the same models, which such a library would not see."""
+answers by the same view code and models, which such a library would not see."""
 
 from __future__ import annotations
 
@@ -19,17 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from router.decide.contract import MAX_BATCH, BatchRequest, RouteRequest
+from router.decide.contract import MAX_BATCH, BatchRequest, BatchResponse, Decision, RouteRequest
 from router.decide.feedback_body import FeedbackBody
-from router.serve.responses import (
-    BatchResponse,
-    Classifier,
-    Decision,
-    Error,
-    FeedbackResponse,
-    Health,
-    Policies,
-)
+from router.serve.responses import Classifier, Error, FeedbackResponse, Health, Policies
 
 
 def _ref(name: str) -> dict[str, str]:

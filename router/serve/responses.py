@@ -1,25 +1,16 @@
-"""The routing API's answers as pydantic models: a decision, a batch of them, a feedback's estimate, the
-policy sets, the classifier's record, the health check and the one error shape. router/serve/openapi.py
-generates the document's response schemas from them; the views build their answers from the stores'
-records (router/policies/records.py, Decision.as_dict), and the tests validate every real answer against
-the document and these models."""
+"""The routing API's answers as pydantic models, besides the decision (router/decide/contract.py, which the router
+returns in process too): a feedback's estimate, the policy sets, the classifier's record, the health check and
+the one error shape. Each endpoint answers one of them, written by :meth:`Answer.to_json` (the views in
+router/serve/api.py, the Python client reads them back: router/client.py); router/serve/openapi.py generates
+the document's answer schemas from them, and the tests validate every real answer against the document."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from analyzer.engine.engines import ENGINES
-from router.decide.reasons import REASON_CODES
-
-ENGINE_NAMES = ", ".join(ENGINES)
-
-
-class Answer(BaseModel):
-    """An answer's model: no field beyond those declared."""
-
-    model_config = ConfigDict(extra="forbid")
+from router.decide.contract import ENGINE_NAMES, Answer
 
 
 class ErrorBody(Answer):
@@ -32,86 +23,6 @@ class Error(Answer):
     """Every error of the API has this shape, with a 4xx status for bad input."""
 
     error: ErrorBody
-
-
-class Reason(BaseModel):
-    """One reason of a decision: a code and its parameters (router/decide/reasons.py lists them)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    code: str = Field(json_schema_extra={"enum": list(REASON_CODES)})
-
-
-class LlamaServerTerms(Answer):
-    """llama-server fixes its drafter per server: the pool to send the request to, the drafter setting it
-    runs (off: plain) and that server's command-line flags."""
-
-    pool: str
-    setting: str
-    flags: list[str]
-
-
-class LlamaCppSpeculative(Answer):
-    draft: Literal["prompt-lookup", "model"]
-    n_max: Annotated[int, Field(ge=1)]
-
-
-class LlamaCppTerms(Answer):
-    """llama.cpp fixes speculation per server: the pool to send the request to and what that pool
-    speculates with (null: a plain pool)."""
-
-    pool: str
-    speculative: LlamaCppSpeculative | None
-
-
-class EngineTerms(Answer):
-    """The decision in each engine that can run it: transformers and llama.cpp for a set published from a
-    run (and for a plain decision of any set); llama-server for a set published from a llama-server
-    analysis."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    llama_server: LlamaServerTerms | None = Field(None, alias="llama-server")
-    transformers: dict[str, Any] | None = Field(
-        None,
-        description="generate() settings: {assistant_model: false}, or prompt_lookup_num_tokens and "
-        "max_matching_ngram_size, or assistant_model: true with the values to set on the draft's "
-        "generation_config.",
-    )
-    llama_cpp: LlamaCppTerms | None = Field(None, alias="llama.cpp")
-    pool: str = Field(description="Deployment to send the request to.")
-    priced_by: str | None = Field(
-        description="The engine whose cost priced the active policy set (null: none): "
-        f"{ENGINE_NAMES}, or an engine whose own step times were imported (vllm, sglang, ...)."
-    )
-    measured_by: str | None = Field(
-        description="The engine that measured the acceptance behind the active policy set (null: none): "
-        f"{ENGINE_NAMES}."
-    )
-
-
-class Decision(Answer):
-    """Whether to speculate for one request, with which lookahead, and why."""
-
-    route_id: str = Field(
-        description="Name this in feedback. Signed with the server's secret key: send it unchanged."
-    )
-    speculate: bool
-    gamma: Annotated[int, Field(ge=0)] = Field(description="Lookahead; 0 when not speculating.")
-    task_type: str
-    confidence: Annotated[float, Field(ge=0, le=1)]
-    predicted_acceptance: float | None
-    expected_speedup: float
-    reasons: list[str] = Field(
-        description="Why, in words for people (reason_codes holds the same, for programs)."
-    )
-    reason_codes: list[Reason]
-    policy_version: int | None
-    engine: EngineTerms
-
-
-class BatchResponse(Answer):
-    decisions: list[Decision]
 
 
 class TaskEstimate(Answer):

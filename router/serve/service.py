@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from analyzer.db import lock_for_write
 from analyzer.settings import Settings
 from router.decide.adaptation import AdaptationConfig
-from router.decide.decision import Decision, Router, RouterConfig, RouteRequest, router_from_database
+from router.decide.contract import Decision, RouteRequest
+from router.decide.decision import Router, RouterConfig, router_from_database
 from router.decide.feedback import (
     FeedbackError,
     FeedbackRequest,
@@ -41,6 +42,8 @@ from router.serve.decision_log import DecisionLog
 from router.serve.feedback_writer import FeedbackWriter
 from router.serve.front_door import feedback_of
 from router.serve.metrics import Metrics
+from router.serve.responses import Classifier, Health, Policies
+from router.serve.responses import TaskEstimate as EstimateAnswer
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ class RouterService:
             )
         return decisions
 
-    def feedback(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    def feedback(self, payload: Mapping[str, Any]) -> EstimateAnswer:
         """Store one feedback event, move its task's estimate, and return the estimate right after
         this event. The event is stored by the feedback writer, in one transaction with whatever other
         feedback is pending in this process (group commit); this returns when that has committed."""
@@ -140,7 +143,7 @@ class RouterService:
         self.metrics.observe_feedback(
             request.task, counts.engine, counts.drafted, counts.accepted, recorded.snapshot["alpha"]
         )
-        return recorded.snapshot
+        return EstimateAnswer.model_validate(recorded.snapshot)
 
     def observe_completion(self, decision: Decision, timings: Mapping[str, Any]) -> None:
         """Store a pool's ``timings`` for a forwarded request (router/serve/front_door.py) as the decision's
@@ -187,30 +190,32 @@ class RouterService:
             router.estimator,
         )
 
-    def policies(self) -> dict[str, Any]:
+    def policies(self) -> Policies:
         """The active policy set with its policies and online estimates, and every stored version."""
         with self.sessions() as session:
             active = active_policy_set(session)
             versions = [policy_set_dict(p, with_policies=False) for p in list_policy_sets(session)]
             if active is None:
-                return {"active": None, "versions": versions}
+                return Policies.model_validate({"active": None, "versions": versions})
             estimates = session.scalars(
                 select(TaskEstimate)
                 .where(TaskEstimate.policy_set_id == active.id)
                 .order_by(TaskEstimate.task_type)
             )
-            return {
-                "active": {**policy_set_dict(active), "estimates": [estimate_dict(e) for e in estimates]},
-                "versions": versions,
-            }
+            return Policies.model_validate(
+                {
+                    "active": {**policy_set_dict(active), "estimates": [estimate_dict(e) for e in estimates]},
+                    "versions": versions,
+                }
+            )
 
-    def classifier(self) -> dict[str, Any]:
+    def classifier(self) -> Classifier:
         """The active classifier's version record (no artifact), or null before the first training."""
         with self.sessions() as session:
             record = session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
-            return {"active": classifier_dict(record) if record is not None else None}
+            return Classifier(active=classifier_dict(record) if record is not None else None)
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """Whether the database answers, and what is loaded; raises when the database does not."""
         with self.sessions() as session:
             session.execute(text("SELECT 1"))
@@ -219,12 +224,12 @@ class RouterService:
         except Exception:  # noqa: BLE001 - a classifier that cannot load is not a dead database; routes say why
             log.exception("healthz: the active versions could not be loaded")
             router = self._router
-        return {
-            "status": "ok",
-            "database": "ok",
-            "classifier_version": router.classifier_version if router else None,
-            "policy_version": router.policy_version if router else None,
-        }
+        return Health(
+            status="ok",
+            database="ok",
+            classifier_version=router.classifier_version if router else None,
+            policy_version=router.policy_version if router else None,
+        )
 
     def close(self) -> None:
         """Store the queued feedback and decisions and stop the writers' threads."""

@@ -423,19 +423,18 @@ def route(state: CliState, prompt: str, max_new_tokens, batch_size, temperature,
     decision = router.route(
         prompt, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
     )
+    data = decision.to_data()
     if as_json:
-        click.echo(strict_json.dumps(decision.as_dict()))
+        click.echo(decision.to_json().decode())
         return
     verdict = f"speculate with gamma {decision.gamma}" if decision.speculate else "do not speculate"
     click.echo(
         f"{verdict} (task {decision.task_type}, confidence {decision.confidence:.2f}, "
         f"expected speedup {decision.expected_speedup:.2f}x, policy v{decision.policy_version})"
     )
-    for reason in decision.reason_texts:
+    for reason in decision.reasons:
         click.echo(f"  - {reason}")
-    click.echo(
-        f"  pool: {decision.engine['pool']}; priced by: {decision.engine['priced_by'] or 'no policy set'}"
-    )
-    for name, settings in decision.engine.items():  # each serving engine that can run it, in its own terms
+    click.echo(f"  pool: {decision.engine.pool}; priced by: {decision.engine.priced_by or 'no policy set'}")
+    for name, settings in data["engine"].items():  # each serving engine that can run it, in its own terms
         if name not in DECISION_KEYS:
             click.echo(f"  {name}: {strict_json.dumps(settings)}")
