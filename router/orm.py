@@ -13,12 +13,14 @@ from sqlalchemy import (
     CheckConstraint,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
     Text,
     UniqueConstraint,
     select,
+    text,
     update,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
@@ -219,12 +221,16 @@ class FeedbackEvent(Base):
 BACKGROUND_JOB_STATUSES = ("queued", "running", "done", "failed")
 
 
+ACTIVE_JOB = "status IN ('queued', 'running')"
+
+
 class BackgroundJob(Base):
     """Work the web UI starts and does not wait for (router/serve/jobs.py): classifier training (``kind``
     "train") and task suggestions for a prompt set ("suggest"), with their parameters. One job per ``key`` is
     queued or running at a time, across every server process; the process that queued it runs it at once
     and keeps its heartbeat, and any worker takes over a queued job or one whose heartbeat stopped (its
-    process died or shut down). ``progress`` is its last progress line; ``message`` or ``error`` its
+    process died or shut down); a unique index on ``key`` over the queued and running jobs keeps it so even when
+    two processes queue at once. ``progress`` is its last progress line; ``message`` or ``error`` its
     outcome."""
 
     __tablename__ = "background_jobs"
@@ -244,7 +250,17 @@ class BackgroundJob(Base):
     started_at: Mapped[Optional[datetime]] = mapped_column()
     finished_at: Mapped[Optional[datetime]] = mapped_column()
 
-    __table_args__ = (CheckConstraint(one_of("status", BACKGROUND_JOB_STATUSES), name="status"),)
+    __table_args__ = (
+        CheckConstraint(one_of("status", BACKGROUND_JOB_STATUSES), name="status"),
+        # one active job per key, kept by the database whichever process queues (router/serve/jobs.py)
+        Index(
+            "uq_background_jobs_active_key",
+            "key",
+            unique=True,
+            sqlite_where=text(ACTIVE_JOB),
+            postgresql_where=text(ACTIVE_JOB),
+        ),
+    )
 
 
 Versioned = TypeVar("Versioned", ClassifierVersion, PolicySet)

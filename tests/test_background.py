@@ -146,7 +146,25 @@ def test_the_worker_loop_takes_a_queued_job_when_no_run_waits(sessions, steps, t
     assert BackgroundJobs(sessions).state("train").message == "counted to 2"
 
 
-def test_a_job_another_worker_is_claiming_is_skipped_on_postgresql(postgres_url):
+def _queue_racing(sessions, monkeypatch) -> list[int | None]:
+    """Queue "train" twice where the second process read the key's jobs before the first one's committed (it
+    saw none): the database's unique index over the active jobs refuses the second."""
+    first = queue_job(sessions, "train", "train", {}, stale_after_s=60)
+    monkeypatch.setattr(jobs_module, "_active", lambda session, key: [])  # the racing read saw no job yet
+    second = queue_job(sessions, "train", "train", {}, stale_after_s=60)
+    monkeypatch.undo()
+    return [first, second]
+
+
+def test_two_processes_queueing_one_key_at_once_get_one_job(sessions, monkeypatch):
+    first, second = _queue_racing(sessions, monkeypatch)
+    assert first is not None and second is None and _rows(sessions) == [("train", "queued", 0)]
+    assert queue_job(sessions, "suggest:1", "suggest", {"set": 1}, stale_after_s=60) is not None  # other keys
+
+
+def test_a_job_another_worker_is_claiming_is_skipped_and_one_key_queued_once_on_postgresql(
+    postgres_url, monkeypatch
+):
     import uuid
 
     from sqlalchemy import create_engine, text
@@ -166,6 +184,11 @@ def test_a_job_another_worker_is_claiming_is_skipped_on_postgresql(postgres_url)
         sessions = make_session_factory(engine)
         first = queue_job(sessions, "train", "train", {}, stale_after_s=60)
         second = queue_job(sessions, "suggest", "suggest", {}, stale_after_s=60)
+        # two processes queueing "train" at once: reading the active jobs locks nothing here, the index refuses
+        monkeypatch.setattr(jobs_module, "_active", lambda session, key: [])
+        assert queue_job(sessions, "train", "train", {}, stale_after_s=60) is None
+        monkeypatch.undo()
+        assert _rows(sessions) == [("train", "queued", 0), ("suggest", "queued", 0)]
         with engine.connect() as claiming:  # another worker in the middle of claiming the oldest job
             claiming.execute(select(BackgroundJob.id).where(BackgroundJob.id == first).with_for_update())
             assert claim_job(sessions, "this worker", stale_after_s=60) == second

@@ -429,3 +429,38 @@ def test_0028_fills_the_option_rows_as_the_code_writes_them(tmp_path, realistic)
     assert [r[5] for r in written[:8]] == list(range(1, 9)) and written[0][4] == "gamma 1"
     assert {r[4] for r in written if r[1] is not None} == {"ngram-simple 3/8", "ngram-mod 16 2-16"}
     assert [r[10] for r in written if r[10] is not None] == [1.25]  # the one validation, at its gamma
+
+
+def test_0035_keeps_the_oldest_active_job_of_a_key_and_the_index_refuses_a_second(db_url):
+    from sqlalchemy.exc import IntegrityError
+
+    engine = make_engine(db_url)
+    migrations.upgrade(engine, "0034")
+    insert = (
+        "INSERT INTO background_jobs (key, kind, params, status, attempts, created_at) "
+        "VALUES (?, 'train', '{}', ?, 0, '2026-12-01 00:00:00')"
+    )
+    with engine.begin() as connection:  # "train" queued three times by processes racing before the index
+        for key, status in [
+            ("train", "queued"),
+            ("train", "running"),
+            ("train", "queued"),
+            ("suggest:1", "queued"),
+        ]:
+            connection.exec_driver_sql(insert, (key, status))
+        connection.exec_driver_sql(insert, ("train", "done"))
+    migrations.upgrade(engine)
+    with engine.connect() as connection:
+        rows = connection.exec_driver_sql("SELECT key, status FROM background_jobs ORDER BY id").all()
+    assert [tuple(r) for r in rows] == [
+        ("train", "queued"),
+        ("train", "failed"),
+        ("train", "failed"),
+        ("suggest:1", "queued"),
+        ("train", "done"),
+    ]
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.exec_driver_sql(insert, ("train", "running"))
+    with engine.begin() as connection:  # an ended job under the key is not active: any number of them
+        connection.exec_driver_sql(insert, ("train", "failed"))
+    engine.dispose()

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
@@ -85,22 +86,32 @@ def queue_job(
     heartbeat (one whose heartbeat is older than ``stale_after_s`` is failed first: its process died)."""
     if kind not in RUNNERS:
         raise ValueError(f"unknown job kind {kind!r}")
-    with sessions() as session, session.begin():
-        lock_for_write(session)  # read-then-write: one job per key, whichever process asks
-        active = session.scalars(
+    try:
+        with sessions() as session, session.begin():
+            lock_for_write(session)  # read-then-write: one after the other on SQLite
+            for job in _active(session, key):
+                if job.status == "queued" or not _stale(job, stale_after_s):
+                    return None
+                job.status, job.finished_at = "failed", utcnow()
+                job.error = f"its worker ({job.worker_id}) stopped sending heartbeats"
+            session.flush()  # the stale job leaves the key's unique index before the new one enters it
+            job = BackgroundJob(key=key, kind=kind, params=dict(params), status="queued")
+            session.add(job)
+            session.flush()
+            return job.id
+    except IntegrityError:  # another process queued one under the key since this read (PostgreSQL)
+        return None
+
+
+def _active(session: Session, key: str) -> list[BackgroundJob]:
+    """The jobs queued or running under ``key`` (at most one: the key's unique index over them)."""
+    return list(
+        session.scalars(
             select(BackgroundJob).where(
                 BackgroundJob.key == key, BackgroundJob.status.in_(("queued", "running"))
             )
-        ).all()
-        for job in active:
-            if job.status == "queued" or not _stale(job, stale_after_s):
-                return None
-            job.status, job.finished_at = "failed", utcnow()
-            job.error = f"its worker ({job.worker_id}) stopped sending heartbeats"
-        job = BackgroundJob(key=key, kind=kind, params=dict(params), status="queued")
-        session.add(job)
-        session.flush()
-        return job.id
+        )
+    )
 
 
 def _stale(job: BackgroundJob, stale_after_s: float) -> bool:
