@@ -244,3 +244,21 @@ def test_bad_bounds_are_refused():
         BatchWriter(lambda items: items, name="numbers", max_batch=0)
     with pytest.raises(ValueError):
         BatchWriter(lambda items: items, name="numbers", max_queued=0)
+
+
+def test_a_lingering_writer_stores_what_arrives_within_its_wait_in_one_transaction_and_flush_cuts_it_short():
+    """Puts arriving one by one within ``linger_s`` of the first share its transaction (the decision log under
+    load); a flush, or a full batch, does not wait out the linger."""
+    batches: list[list[int]] = []
+    writer = BatchWriter(lambda items: batches.append(list(items)) or [None] * len(items), name="numbers",
+                         max_batch=50, linger_s=30.0)  # fmt: skip
+    for i in range(10):  # one at a time, as requests arrive: the writer lingers on the first
+        writer.put([i])
+    writer.flush()  # returns at once: the flush cuts the 30 s linger short
+    assert batches == [list(range(10))] and writer.transactions == 1
+    writer.put(range(10, 60))  # a full batch is stored without waiting for the linger
+    _wait_until(lambda: writer.stored == 60, "a full batch waited for the linger")
+    assert batches[1] == list(range(10, 60))
+    writer.put([60])
+    writer.close()  # closing stores what lingers
+    assert batches[-1] == [60] and writer.stored == 61

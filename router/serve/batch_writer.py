@@ -4,9 +4,11 @@ log and feedback. Group commit, one writer thread per writer object.
 - Items wait in one FIFO queue. The writer thread takes every item queued when the previous batch
   has finished (at most ``max_batch``) and hands them to ``store``, which stores the list in one
   transaction and returns one outcome per item: its result, or an exception instance for an item
-  that failed its own checks (it fails alone; the others are stored). There is no timer: while one
-  batch commits the next one gathers, so batches are one item each when the load is light and grow
-  with it, and no item waits for a clock.
+  that failed its own checks (it fails alone; the others are stored). While one batch commits the next
+  one gathers, so batches are one item each when the load is light and grow with it. A writer whose
+  items nobody waits for (the decision log) may also ``linger``: once an item arrives, the thread waits up
+  to that long for more (or for ``max_batch`` of them) before it stores, so that a steady stream of
+  requests costs a transaction per batch, not per request; ``flush`` and ``close`` cut the wait short.
 - Two ways to hand an item over. ``submit(item)`` waits until the item's transaction has committed
   and returns its result or raises its error (feedback: the answer is the estimate right after the
   event). ``put(items)`` never blocks and returns at once (the decision log: a route request must not
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
@@ -69,9 +72,12 @@ class BatchWriter(Generic[Item, Result]):
         fail_batch_on: tuple[type[BaseException], ...] = (OperationalError,),
         on_stored: Callable[[Item, Result], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
+        linger_s: float = 0.0,
     ):
         if max_batch < 1 or (max_queued is not None and max_queued < 1):
             raise ValueError("max_batch and max_queued must be at least 1")
+        if linger_s < 0:
+            raise ValueError("linger_s must not be negative")
         self.name = name
         self._store_items = store
         self._max_batch = max_batch
@@ -79,6 +85,8 @@ class BatchWriter(Generic[Item, Result]):
         self._fail_batch_on = fail_batch_on
         self._on_stored = on_stored
         self._on_lost = on_lost
+        self._linger_s = linger_s
+        self._hurry = 0  # callers of flush waiting: the thread stores without lingering
         self._queue: deque[_Entry[Item, Result]] = deque()
         self._changed = threading.Condition()  # queue, in-flight count, closed
         self._store_lock = threading.Lock()  # one transaction at a time (the thread's; callers' after close)
@@ -135,8 +143,13 @@ class BatchWriter(Generic[Item, Result]):
     def flush(self) -> None:
         """Wait until every item queued before this call is stored (or has failed)."""
         with self._changed:
-            while self._queue or self._in_flight:
-                self._changed.wait()
+            self._hurry += 1
+            self._changed.notify_all()
+            try:
+                while self._queue or self._in_flight:
+                    self._changed.wait()
+            finally:
+                self._hurry -= 1
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Store every queued item, then stop the thread; later items are stored by their caller."""
@@ -155,14 +168,17 @@ class BatchWriter(Generic[Item, Result]):
             name = "specroute-writer-" + self.name.replace(" ", "-")
             self._thread = threading.Thread(target=self._run, name=name, daemon=True)
             self._thread.start()
+        was_empty = not self._queue
         self._queue.extend(entries)
-        self._changed.notify_all()
+        if was_empty or not self._linger_s or len(self._queue) >= self._max_batch:
+            self._changed.notify_all()  # lingering, the thread needs waking only for a full batch
 
     def _run(self) -> None:
         while True:
             with self._changed:
                 while not self._queue and not self._closed:
                     self._changed.wait()
+                self._linger()
                 if not self._queue:
                     return
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
@@ -180,6 +196,16 @@ class BatchWriter(Generic[Item, Result]):
                 with self._changed:
                     self._in_flight = 0
                     self._changed.notify_all()
+
+    def _linger(self) -> None:
+        """Wait (holding ``_changed``) up to ``linger_s`` for the queue to fill a batch, unless the writer is
+        closing or someone flushes."""
+        deadline = time.monotonic() + self._linger_s
+        while self._queue and len(self._queue) < self._max_batch and not self._closed and not self._hurry:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._changed.wait(left)
 
     def _store(self, batch: list[_Entry[Item, Result]]) -> None:
         if batch:
