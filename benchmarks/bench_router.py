@@ -16,11 +16,13 @@
    same generator against a bare WSGI app on the same server settings gives the server's own
    ceiling in the same run. Decisions are logged and feedback stored as in production. Every
    server is up for the whole run and the runs are interleaved; one table, with a database column.
-   ``--checkout DIR`` serves (and prepares the databases with) the specroute of another checkout,
-   e.g. ``git worktree add /tmp/before16 28f438c``, so that two versions meet the same load generator.
+   ``--checkout DIR`` serves the specroute of another checkout, its databases prepared through that
+   checkout's own command line (the bundled classifier, and a policy set from an analysis of one sample
+   prompt per task), e.g. ``git worktree add /tmp/before 49cefe4``, so that two versions meet the same
+   load generator.
 
     python benchmarks/bench_router.py --out benchmarks/results/router.json
-    python benchmarks/bench_router.py --skip-in-process --database both --checkout /tmp/before16
+    python benchmarks/bench_router.py --skip-in-process --database both --checkout /tmp/before
 """
 
 from __future__ import annotations
@@ -274,23 +276,39 @@ def server_name(workers: int) -> str:
     return f"specroute, {workers} process{'es' if workers > 1 else ''}"
 
 
-PREPARE = """
-import json, sys
-import migrations
-from analyzer.db import make_engine, make_session_factory
-from analyzer.analysis.simulated_run import create_simulated_run
-from router.classify.training import train_classifier
-from router.classify.training_data import cold_start_data
-from router.policies.policy import publish_policies
-url, features, tasks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-engine = make_engine(url)
-migrations.upgrade(engine)
-with make_session_factory(engine)() as session, session.begin():
-    train_classifier(session, cold_start_data(), cross_validate=False, features=features)
-    run = create_simulated_run(session, {t: 0.2 + 0.05 * i for i, t in enumerate(tasks)}, per_task=3)
-    publish_policies(session, run.id)
-engine.dispose()
-"""
+# how every tree's database is prepared, by its own command line (``python -m webui.cli``), so that a checkout
+# whose modules sit elsewhere prepares its own schema: the bundled classifier, and a policy set (version 1,
+# active) from an analysis of one bundled sample prompt per task, 16 new tokens, in transformers
+PREPARE_STEPS = (
+    ("db", "upgrade"),
+    ("prompts", "import", "{prompts}", "--name", "bench"),
+    ("train", "--data", "corpus", "--features", "{features}"),
+    (
+        "analyze",
+        "--prompts",
+        "bench",
+        "--engine",
+        "transformers",
+        "--max-new-tokens",
+        "16",
+        "--validate",
+        "0",
+    ),
+    ("policies", "publish", "--run", "1"),
+    ("policies", "activate", "1"),
+)
+
+
+def one_prompt_per_task(folder: str) -> Path:
+    """A prompt file of the bundled sample's first prompt of each task type (13), in ``folder``."""
+    chosen: dict[str, str] = {}
+    with open(ROOT / "analyzer" / "sample_data" / "sample_prompts.jsonl") as sample:
+        for line in sample:
+            row = json.loads(line)
+            chosen.setdefault(row["task"], line)
+    path = Path(folder) / "one-per-task.jsonl"
+    path.write_text("".join(chosen[task] for task in TASKS))
+    return path
 
 
 def server_env(root: Path, url: str, folder: str) -> dict:
@@ -307,15 +325,19 @@ def server_env(root: Path, url: str, folder: str) -> dict:
 
 
 def prepare_database(url: str, root: Path = ROOT) -> None:
-    """Migrate the database at ``url`` to head and give it the bundled corpus classifier and a policy
-    set (version 1) for all 13 tasks, with the specroute of the checkout at ``root`` (in a process
-    there, so that an older checkout gets its own schema)."""
-    subprocess.run(
-        [sys.executable, "-c", PREPARE, url, FEATURES["name"], json.dumps(TASKS)],
-        cwd=root,
-        env=server_env(root, url, tempfile.gettempdir()),
-        check=True,
-    )
+    """Migrate the database at ``url`` to head and give it the bundled corpus classifier and an active policy
+    set (version 1) over all 13 tasks, through the command line of the checkout at ``root`` (its own
+    processes: an older checkout prepares its own schema with its own modules; :data:`PREPARE_STEPS`)."""
+    folder = tempfile.mkdtemp(prefix="specroute-bench-prepare-")
+    values = {"prompts": str(one_prompt_per_task(folder)), "features": FEATURES["name"]}
+    for step in PREPARE_STEPS:
+        subprocess.run(
+            [sys.executable, "-m", "webui.cli", *(part.format(**values) for part in step)],
+            cwd=root,
+            env=server_env(root, url, folder),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 @contextlib.contextmanager
