@@ -116,14 +116,16 @@ def test_every_module_says_what_it_is_for_in_its_first_line():
 
 # router/'s subpackages, each importing only those before it (imports inside functions included); the modules
 # left at router/'s top level: orm.py and strict_json.py, the bottom every subpackage may import, and client.py,
-# the applications' client, which imports no subpackage
+# the applications' client, which reads the API's answers into the API's own models and imports nothing else of
+# the subpackages (and none imports it)
 ROUTER_LAYERS = ("classify", "policies", "decide", "serve", "export")
-ROUTER_BOTTOM = {"__init__", "orm", "strict_json", "client"}
+ROUTER_BOTTOM = {"__init__", "orm", "strict_json"}
+CLIENT_IMPORTS = {"router.decide.contract", "router.serve.responses"}
 
 
 def test_router_is_its_documented_subpackages_and_they_import_down_the_layers():
     top = {path.stem for path in (ROOT / "router").glob("*.py")}
-    assert top == ROUTER_BOTTOM
+    assert top == ROUTER_BOTTOM | {"client"}
     packages = {path.parent.name for path in (ROOT / "router").glob("*/__init__.py")}
     assert packages == set(ROUTER_LAYERS) | {"data"}  # data: the bundled corpus, no code
     upward = [
@@ -133,3 +135,15 @@ def test_router_is_its_documented_subpackages_and_they_import_down_the_layers():
         if name.split(".")[1] in ROUTER_LAYERS
     ]
     assert upward + _upward_imports("router", ROUTER_LAYERS) == []
+    client = {
+        name
+        for name in _imports_of(ROOT / "router" / "client.py", "router")
+        if name.split(".")[1] in ROUTER_LAYERS
+    }
+    assert client == CLIENT_IMPORTS  # the models of the answers, nothing that serves or decides
+    importers = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "router").rglob("*.py")
+        if "router.client" in _imports_of(path, "router")
+    ]
+    assert importers == []
