@@ -43,7 +43,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     # classifiers trained in tests use TF-IDF features unless a test asks for the encoder: the default (auto:
     # the encoder where installed) is tested on its own, and embedding the corpus would slow every training
     monkeypatch.setenv("SPECROUTE_CLASSIFIER_FEATURES", "tfidf")
-    # the teacher's suggestions on import take seconds; tests/test_classifier_adaptation.py turns them on where it tests them
+    # the teacher's suggestions on import take seconds; tests/test_classifier_adaptation.py turns them on
+    # where it tests them
     monkeypatch.setenv("SPECROUTE_SUGGEST_TASKS", "false")
     # tests that fake a busy machine must not wait minutes for it to quiet down (tests of the wait set it)
     monkeypatch.setenv("SPECROUTE_QUIET_WAIT_S", "0")
