@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -30,6 +31,7 @@ from analyzer.run_params import RunParams
 
 if TYPE_CHECKING:
     from analyzer.advice.summary import AnalysisSummary, PromptSummary
+    from analyzer.measuring.validate import ValidationMeasurement
 
 # each engine's greedy and speculative runs per validated prompt, until a pass says otherwise
 ASSUMED_RUNS = 2.0
@@ -66,45 +68,24 @@ def validate_run(
     deadline = time.monotonic() + quiet_wait_s
     wait_for_quiet(quiet_wait_s, progress, what="validating")
     gammas = [summary.tasks[p.task].best_gamma or p.best_gamma or 1 for p in chosen]
-    # one pass's generating, estimated before it runs: the prompt's plain generation and its speculative one
-    # at the predicted speedup, times the runs of each an engine makes (learned from the passes run so far)
-    bases = [
-        generated_s.get(p.prompt_id, 0.0) * (1.0 + 1.0 / max(_predicted_speedup(p, g), 0.1))
-        for p, g in zip(chosen, gammas, strict=True)
-    ]
-    done: list[tuple[int, float, list[float], float]] = []  # (index, seconds, greedy times, greedy time)
+    passes = _Passes.of(chosen, gammas, generated_s)
     every = params.validate_all
     budget_s = math.inf if every else DEFAULT_BUDGET_SHARE * sum(generated_s.values())
     # the time left in progress: the budget unspent, or (validating every one) the pace so far over the rest
     eta = TimeLeft(unit_s=sum(generated_s.values()) / max(len(generated_s), 1))
     eta.start("validation", len(chosen), budget_s=None if every else budget_s)
 
-    def estimate(index: int) -> float:
-        taken = sum(bases[i] for i, *_ in done)
-        runs = sum(seconds for _, seconds, *_ in done) / taken if taken > 0 else ASSUMED_RUNS
-        return bases[index] * runs
-
     def validate(index: int, number: int) -> float:
         if progress:
-            progress(len(done), len(chosen), f"validating with real speculative decoding{eta.words()}")
+            progress(len(passes.done), len(chosen), f"validating with real speculative decoding{eta.words()}")
         measured = _validate_one(session_factory, run_id, loaded_models, params, chosen[index], gammas[index],
                                  stored, deadline, progress)  # fmt: skip
-        greedy = list(measured.greedy_times_s) or [measured.greedy_time_s]
-        speculative = list(measured.speculative_times_s) or [measured.speculative_time_s]
-        seconds = float(sum(greedy) + sum(speculative))
-        done.append((index, seconds, greedy, float(measured.greedy_time_s)))
+        seconds = passes.add(index, measured)
         eta.step(spent_s=seconds)
         return seconds
 
-    def widest() -> float | None:
-        pairs = [(a, b) for _, _, greedy, _ in done for a, b in zip(greedy, greedy[1:])]
-        run_error = noise_floor([a for a, _ in pairs], [b for _, b in pairs]).run_error
-        if run_error is None:
-            return None
-        return sampled_half_width(run_error, [g for *_, g in done], [len(greedy) for _, _, greedy, _ in done])
-
     plan = run_validation(
-        range(len(chosen)), estimate, validate, widest, budget_s=budget_s,
+        range(len(chosen)), passes.estimate, validate, passes.widest, budget_s=budget_s,
         target=0.0 if every else DEFAULT_TARGET, passes=1, at_least=MIN_VALIDATED,
     )  # fmt: skip
     with session_factory() as session, session.begin():
@@ -115,6 +96,50 @@ def validate_run(
     if progress:
         progress(len(plan.chosen), len(plan.chosen), f"validated {plan.why}")
     return plan
+
+
+@dataclass
+class _Passes:
+    """The prompts validated so far, each (index, seconds generating, greedy times, greedy time), and what the
+    stopping rule asks of them: the next pass's estimate and the interval reached."""
+
+    bases: list[float]  # per chosen prompt, its pass's generating at one run each (before any pass)
+    done: list[tuple[int, float, list[float], float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, chosen: list[PromptSummary], gammas: list[int], generated_s: dict[int, float]) -> _Passes:
+        """One pass's generating, estimated before it runs: the prompt's plain generation and its speculative
+        one at the predicted speedup (times the runs of each an engine makes: learned from the passes)."""
+        return cls(
+            [
+                generated_s.get(p.prompt_id, 0.0) * (1.0 + 1.0 / max(_predicted_speedup(p, g), 0.1))
+                for p, g in zip(chosen, gammas, strict=True)
+            ]
+        )
+
+    def estimate(self, index: int) -> float:
+        """The seconds prompt ``index``'s pass will take: its base times the runs per base the passes took."""
+        taken = sum(self.bases[i] for i, *_ in self.done)
+        runs = sum(seconds for _, seconds, *_ in self.done) / taken if taken > 0 else ASSUMED_RUNS
+        return self.bases[index] * runs
+
+    def add(self, index: int, measured: ValidationMeasurement) -> float:
+        """Take prompt ``index``'s validation; the seconds it spent generating."""
+        greedy = list(measured.greedy_times_s) or [measured.greedy_time_s]
+        speculative = list(measured.speculative_times_s) or [measured.speculative_time_s]
+        seconds = float(sum(greedy) + sum(speculative))
+        self.done.append((index, seconds, greedy, float(measured.greedy_time_s)))
+        return seconds
+
+    def widest(self) -> float | None:
+        """The widest half-width of the aggregates so far, from the run noise of the greedy pairs (None: no
+        pair yet)."""
+        pairs = [(a, b) for _, _, greedy, _ in self.done for a, b in zip(greedy, greedy[1:])]
+        run_error = noise_floor([a for a, _ in pairs], [b for _, b in pairs]).run_error
+        if run_error is None:
+            return None
+        done = self.done
+        return sampled_half_width(run_error, [g for *_, g in done], [len(greedy) for _, _, greedy, _ in done])
 
 
 def _validate_one(
