@@ -23,7 +23,7 @@ from analyzer.settings import Settings, router_min_confidence
 from router.classify.task_classifier import TaskClassifier
 from router.classify.version_store import load_active
 from router.decide.adaptation import AdaptationConfig, TaskState, next_request
-from router.decide.contract import Decision, RouteRequest
+from router.decide.contract import Decision, EngineTerms, RouteRequest
 from router.decide.estimators import Chosen, estimator_of
 from router.decide.feedback import estimate_state
 from router.decide.reasons import Reason, reason
@@ -218,7 +218,7 @@ class Router:
             reasons=[r.text for r in choice.reasons],
             reason_codes=choice.reasons,
             policy_version=self.policy_version,
-            engine=self._engine(choice.speculate, gamma, choice.setting),
+            engine=EngineTerms.model_validate(self._engine(choice.speculate, gamma, choice.setting)),
         )
 
     def _policy_reasons(

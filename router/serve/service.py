@@ -213,7 +213,9 @@ class RouterService:
         """The active classifier's version record (no artifact), or null before the first training."""
         with self.sessions() as session:
             record = session.scalar(select(ClassifierVersion).where(ClassifierVersion.is_active.is_(True)))
-            return Classifier(active=classifier_dict(record) if record is not None else None)
+            return Classifier.model_validate(
+                {"active": classifier_dict(record) if record is not None else None}
+            )
 
     def health(self) -> Health:
         """Whether the database answers, and what is loaded; raises when the database does not."""
