@@ -63,6 +63,31 @@ def evaluate(
         return _evaluate(data, labels, seed, folds, features, c, progress, compare_with, jobs)
 
 
+def _calibrate(
+    scores: dict,
+    stratified: np.ndarray,
+    calibrate_on: np.ndarray,
+    truth: list[str],
+    labels: list[str],
+    scored_groups: list[str],
+    truth_all: list[str],
+) -> None:
+    """Add to ``scores`` the calibration fitted on ``calibrate_on`` (the leave-one-source-out predictions where
+    there are several sources, else the stratified ones), the share of traffic the router then routes by task,
+    and what following the classifier's tasks does."""
+    scores["calibration"] = calibration(calibrate_on, truth, labels) | {
+        "on": "leave-one-source-out" if scores["grouped"] else "stratified"
+    }
+    temperature, threshold = scores["calibration"]["temperature"], scores["calibration"]["threshold"]
+    scores["routed_share"] = {  # what share of traffic the router routes by task, at the chosen threshold
+        "like_training": routed_share(stratified, temperature, threshold),
+        "unseen_sources": routed_share(calibrate_on, temperature, threshold) if scores["grouped"] else None,
+    }
+    scores["following"] = _following(
+        calibrate_on, truth, labels, scores["calibration"], scored_groups, truth_all
+    )
+
+
 def _evaluate(
     data: TrainingData,
     labels: list[str],
@@ -102,17 +127,7 @@ def _evaluate(
         compared_on.insert(0, grouped_run)
     if grouped_learnt is not None:
         scores["grouped"], calibrate_on, truth = grouped_learnt
-    scores["calibration"] = calibration(calibrate_on, truth, labels) | {
-        "on": "leave-one-source-out" if scores["grouped"] else "stratified"
-    }
-    temperature, threshold = scores["calibration"]["temperature"], scores["calibration"]["threshold"]
-    scores["routed_share"] = {  # what share of traffic the router routes by task, at the chosen threshold
-        "like_training": routed_share(stratified, temperature, threshold),
-        "unseen_sources": routed_share(calibrate_on, temperature, threshold) if scores["grouped"] else None,
-    }
-    scores["following"] = _following(
-        calibrate_on, truth, labels, scores["calibration"], scored_groups, truth_all
-    )
+    _calibrate(scores, stratified, calibrate_on, truth, labels, scored_groups, truth_all)
     scores["reachability"] = _reachability(scores, data.labels)
     if compare_with is not None and len(pseudo):
         scores["comparison"] = _comparison(
