@@ -406,23 +406,9 @@ def execute_chunk(
         if chunk.kind != "measure":  # long work between batches: the heartbeat is renewed as it goes
             progress = renewing_heartbeat(session_factory, chunk, worker_id, progress)
         if chunk.kind == "profile":
-            # the median prompt is profiled over, the longest one's request again (the context slopes); the
-            # longest in tokens among the longest in characters (code and prose differ by 1.5x per character)
-            by_length = sorted(prompts, key=_prompt_chars)
-            median = [model_cache.encode(by_length[len(by_length) // 2], params).ids] if by_length else []
-            longest = max(
-                (model_cache.encode(p, params).ids for p in by_length[-LONGEST_CANDIDATES:]),
-                key=len,
-                default=[],
-            )
+            contexts = _profiled_contexts(model_cache, prompts, params)
             profile_run_costs(
-                session_factory,
-                run_id,
-                loaded_models,
-                params,
-                [median[0], median[0], longest] if median else [],
-                progress,
-                quiet_wait_s=quiet_wait_s,
+                session_factory, run_id, loaded_models, params, contexts, progress, quiet_wait_s=quiet_wait_s
             )
         elif chunk.kind == "measure":
             if not _measure_chunk(
@@ -437,6 +423,20 @@ def execute_chunk(
     except BaseException as exc:
         finish(session_factory, run_id, "failed", error=error_text(exc))
         raise
+
+
+def _profiled_contexts(
+    model_cache: LoadedModelCache, prompts: list[Prompt], params: RunParams
+) -> list[list[int]]:
+    """The contexts the cost profile is measured over: the median prompt's (twice), then the longest one's
+    request (the context slopes); the longest in tokens among the longest in characters (code and prose differ
+    by 1.5x per character). Empty without prompts."""
+    by_length = sorted(prompts, key=_prompt_chars)
+    if not by_length:
+        return []
+    median = model_cache.encode(by_length[len(by_length) // 2], params).ids
+    longest = max((model_cache.encode(p, params).ids for p in by_length[-LONGEST_CANDIDATES:]), key=len)
+    return [median, median, longest]
 
 
 class PromptsTooLong(RunError):
@@ -488,6 +488,17 @@ def _fitting_prompts(
             f"{head} the run's context: {room}; {named}. Give fewer --max-new-tokens, or a larger --ctx where "
             f"the engine has one (llama.cpp, llama-server){others}"
         )
+    if _store_left_out(session_factory, run_id, long, room, len(prompts) - len(long)) and progress:
+        progress(0, 0, f"left out {len(long)} prompts too long for the context: {named}")
+    kept = {p.id for p, _ in long}
+    return [p for p in prompts if p.id not in kept]
+
+
+def _store_left_out(
+    session_factory: sessionmaker, run_id: int, long: list[tuple[Prompt, int]], room: str, total: int
+) -> bool:
+    """Store the prompts left out as too long (each with its tokens and why) on the run, which counts the
+    ``total`` others; whether this is the first time (a resumed run stored them already)."""
     entries = [
         {
             "prompt_id": p.id,
@@ -504,11 +515,8 @@ def _fitting_prompts(
         first = run.left_out != {"prompts": entries}
         if first:
             run.left_out = {"prompts": entries}
-            run.progress_total = len(prompts) - len(long)
-    if first and progress:
-        progress(0, 0, f"left out {len(long)} prompts too long for the context: {named}")
-    kept = {p.id for p, _ in long}
-    return [p for p in prompts if p.id not in kept]
+            run.progress_total = total
+    return first
 
 
 def _prompt_chars(prompt: Prompt) -> int:
