@@ -257,7 +257,9 @@ def test_runs_resume_cancel_and_publish_take_any_analysis_by_its_reference(runne
     engine.dispose()
 
 
-def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_columns(session, client):
+def test_the_runs_and_start_pages_list_both_kinds_and_both_reports_export_the_same_option_columns(
+    session, client
+):
     import csv
     import io
 
@@ -273,6 +275,10 @@ def test_the_runs_page_lists_both_kinds_and_both_reports_export_the_same_option_
     assert f'href="/llama-server/{record.id}">llama-server:{record.id}<' in page
     assert f'href="/llama-server/jobs/{job.id}">llama-server-job:{job.id}<' in page
     assert page.index(f"llama-server-job:{job.id}") < page.index(f'href="/runs/{run.id}"')  # newest first
+    home = client.get("/").get_data(as_text=True)  # the start page counts and lists them as one concept
+    assert "Start an analysis</a> (3 so far)" in home and "Latest analyses" in home
+    assert f'href="/llama-server/{record.id}">llama-server:{record.id}<' in home
+    assert home.index(f"llama-server-job:{job.id}") < home.index(f'href="/runs/{run.id}">{run.id}<')
 
     def rows(url: str) -> list[dict]:
         answer = client.get(url)

@@ -10,7 +10,7 @@ from importlib import resources
 
 from flask import Response, abort, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
 from analyzer.advice.option_rows import options_csv
@@ -41,6 +41,7 @@ from analyzer.run_params import (
 )
 from router import strict_json
 from router.classify.version_store import rarely_reached
+from router.orm import ClassifierVersion, PolicySet
 from webui.export_pages import export_card
 from webui.report_page import Link, render_report, run_page
 from webui.ui import bp, flash, sessions, settings
@@ -125,6 +126,7 @@ def _run_row(run: AnalysisRun) -> dict:
         "created_at": run.created_at.isoformat(timespec="seconds"),
         "phase": run.phase if status in ("queued", "running") else None,
         "chunks": chunk_progress(_session_of(run), run.id),
+        "url": url_for("ui.run", run_id=run.id),
     }
 
 
@@ -133,11 +135,35 @@ def runs():
     """Every analysis, newest first: runs, and llama-server analyses and their jobs not yet stored (as
     ``specroute runs list`` lists them)."""
     with sessions()() as session:
-        dated = [(r.created_at, _run_row(r)) for r in session.scalars(select(AnalysisRun))] + server_rows(
-            session
-        )
+        rows = analysis_rows(session, session.scalars(select(AnalysisRun)))
+    return render_template("runs.html", runs=rows)
+
+
+def analysis_rows(session: Session, analysis_runs) -> list[dict]:
+    """The rows of ``analysis_runs`` and of every llama-server analysis and job not yet stored, newest first."""
+    dated = [(r.created_at, _run_row(r)) for r in analysis_runs] + server_rows(session)
     dated.sort(key=lambda pair: pair[0], reverse=True)
-    return render_template("runs.html", runs=[row for _, row in dated])
+    return [row for _, row in dated]
+
+
+@bp.get("/")
+def home():
+    """The start page: the steps, with how many prompt sets and analyses (runs and llama-server analyses alike,
+    as the runs page lists them) there are, and the latest five analyses."""
+    with sessions()() as session:
+        latest = analysis_rows(
+            session, session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()).limit(5))
+        )
+        counts = {
+            "prompt_sets": session.scalar(select(func.count()).select_from(PromptSet)),
+            "analyses": session.scalar(select(func.count()).select_from(AnalysisRun))
+            + len(server_rows(session)),
+        }
+        classifier = session.scalar(
+            select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True))
+        )
+        policy = session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True)))
+    return render_template("home.html", counts=counts, runs=latest[:5], classifier=classifier, policy=policy)
 
 
 def server_rows(session) -> list[tuple[datetime, dict]]:

@@ -9,16 +9,13 @@ import math
 
 from flask import Blueprint, Response, current_app, redirect, render_template, request, session, url_for
 from flask import flash as flask_flash
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from analyzer.engine.engines import COST_MODE_WORDS
 from analyzer.errors import SpecrouteError
-from analyzer.orm import AnalysisRun, PromptSet
 from analyzer.settings import Settings
-from router.orm import ClassifierVersion, PolicySet
 from webui import access
 from webui.security import check_csrf, csrf_token
 
@@ -101,29 +98,3 @@ def page_error(exc: Exception):
         ), status
     except Exception:  # noqa: BLE001 - the page itself failed (e.g. the database behind its header): plain text
         return Response(message, status=status, mimetype="text/plain")
-
-
-@bp.get("/")
-def home():
-    with sessions()() as session:
-        counts = {
-            "prompt_sets": session.scalar(select(func.count()).select_from(PromptSet)),
-            "runs": session.scalar(select(func.count()).select_from(AnalysisRun)),
-        }
-        latest = list(session.scalars(select(AnalysisRun).order_by(AnalysisRun.id.desc()).limit(5)))
-        rows = [
-            {
-                "id": r.id,
-                "status": r.status,
-                "prompt_set": r.prompt_set.name,
-                "draft": r.pair.draft.spec,
-                "done": r.progress_done,
-                "total": r.progress_total,
-            }
-            for r in latest
-        ]
-        classifier = session.scalar(
-            select(ClassifierVersion.version).where(ClassifierVersion.is_active.is_(True))
-        )
-        policy = session.scalar(select(PolicySet.version).where(PolicySet.is_active.is_(True)))
-    return render_template("home.html", counts=counts, runs=rows, classifier=classifier, policy=policy)
