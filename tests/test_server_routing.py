@@ -428,6 +428,9 @@ def test_the_policies_page_and_the_api_show_each_tasks_setting_and_pool(session,
     session.commit()
     page = client.get("/policies").get_data(as_text=True)
     assert f'href="/llama-server/{record.id}">llama-server analysis #{record.id}</a>' in page
+    # the set's own terms (a setting per task, its prompts), not a run's gamma and acceptance columns
+    header = page.split("<thead>")[1].split("</thead>")[0]
+    assert "<th>prompts</th>" in header and "<th>gamma</th>" not in header and "alpha (n)" not in header
     for policy in policy_set.policies:
         if policy.speculate:
             pool = policy_set.pools[policy.setting]
