@@ -146,17 +146,7 @@ class RunModels:
         """The passes of a batch of prompts: the target generation (left-padded, one generate call),
         each prompt's teacher-forced draft pass (a model draft) and, in half precision, the replay's
         fidelity; one :class:`PromptPasses` per prompt (with the raw logits when sampling)."""
-        import time
-
-        from analyzer.measuring.assistant_defaults import assistant_rounds
-        from analyzer.measuring.measure import (
-            draft_confidences,
-            draft_match_sequence,
-            draft_off_path,
-            generate_target,
-            teacher_forced_logits,
-            teacher_forced_mismatches,
-        )
+        from analyzer.measuring.measure import generate_target, teacher_forced_mismatches
 
         sampling = params.temperature > 0
         generations = generate_target(
@@ -173,17 +163,7 @@ class RunModels:
         passes = []
         for enc, generation in zip(encoded, generations):
             output = generation.output_ids
-            started = time.perf_counter()
-            draft_logits = teacher_forced_logits(self.draft.model, enc.ids, output) if self.draft else None
-            matches = draft_match_sequence(draft_logits, output) if draft_logits is not None else None
-            draft_s = time.perf_counter() - started
-            rounds = None
-            if self.draft is not None and draft_logits is not None and matches is not None and not sampling:
-                # transformers' assisted generation under its defaults, replayed
-                off_path = draft_off_path(self.draft.model, enc.ids, output, draft_logits, self.eos_ids)
-                rounds = assistant_rounds(
-                    matches, draft_confidences(draft_logits), params.max_new_tokens, off_path
-                )
+            draft_logits, matches, draft_s, rounds = self._draft_pass(enc.ids, output, params, sampling)
             mismatches = None
             if not sampling and self.target.placement.dtype != "float32":
                 mismatches = int(teacher_forced_mismatches(self.target.model, enc.ids, output).sum())
@@ -201,6 +181,32 @@ class RunModels:
                 )
             )
         return passes
+
+    def _draft_pass(self, prompt_ids: list[int], output: list[int], params: RunParams, sampling: bool):
+        """A model draft's teacher-forced pass over one prompt's output: its logits, match sequence and seconds,
+        and (greedy) the rounds transformers' assisted generation makes under its defaults, replayed; Nones (and
+        0.0 s) without a model draft."""
+        import time
+
+        from analyzer.measuring.assistant_defaults import assistant_rounds
+        from analyzer.measuring.measure import (
+            draft_confidences,
+            draft_match_sequence,
+            draft_off_path,
+            teacher_forced_logits,
+        )
+
+        started = time.perf_counter()
+        draft_logits = teacher_forced_logits(self.draft.model, prompt_ids, output) if self.draft else None
+        matches = draft_match_sequence(draft_logits, output) if draft_logits is not None else None
+        draft_s = time.perf_counter() - started
+        rounds = None
+        if self.draft is not None and draft_logits is not None and matches is not None and not sampling:
+            off_path = draft_off_path(self.draft.model, prompt_ids, output, draft_logits, self.eos_ids)
+            rounds = assistant_rounds(
+                matches, draft_confidences(draft_logits), params.max_new_tokens, off_path
+            )
+        return draft_logits, matches, draft_s, rounds
 
     def measure_costs(
         self,
