@@ -59,6 +59,19 @@ def _chosen_time(options: np.ndarray, plain: np.ndarray, column: np.ndarray) -> 
     return np.where(column >= 0, picked, plain)
 
 
+def _bootstrap_weights(task_array: np.ndarray, names: list[str], draws: int, seed: int) -> np.ndarray:
+    """Weights (draws + 1, n): row 0 the prompts as measured, the rest resampled within each task."""
+    rng = np.random.default_rng(seed)
+    weights = np.zeros((draws + 1, len(task_array)))
+    weights[0] = 1.0
+    for name in names:
+        members = np.flatnonzero(task_array == name)
+        picks = rng.integers(0, len(members), size=(draws, len(members)))
+        for column in range(len(members)):
+            np.add.at(weights[1:], (np.arange(draws), members[picks[:, column]]), 1.0)
+    return weights
+
+
 def routing_ceiling(
     tasks: Sequence[str],
     plain_ms: Sequence[float] | np.ndarray,
@@ -83,15 +96,7 @@ def routing_ceiling(
     options = np.asarray(option_ms, dtype=np.float64).reshape(len(plain), len(labels))
     task_array = np.asarray(list(tasks))
     names = sorted(set(tasks))
-    rng = np.random.default_rng(seed)
-    # weights (draws + 1, n): row 0 the prompts as measured, the rest resampled within each task
-    weights = np.zeros((draws + 1, len(plain)))
-    weights[0] = 1.0
-    for name in names:
-        members = np.flatnonzero(task_array == name)
-        picks = rng.integers(0, len(members), size=(draws, len(members)))
-        for column in range(len(members)):
-            np.add.at(weights[1:], (np.arange(draws), members[picks[:, column]]), 1.0)
+    weights = _bootstrap_weights(task_array, names, draws, seed)
     oracle_ms = np.minimum(plain, options.min(axis=1))
     fixed = None
     if decided is not None:
