@@ -74,20 +74,7 @@ def profile_run_costs(
             progress(0, 0, note)
     if missing:
         overhead = _overhead_after_quiet_wait(loaded_models, context, params, plan, progress, quiet_wait_s)
-        measured = _measured_batch_profiles(loaded_models, context, k_max, missing, plan, progress)
-        if long_context is not None:
-            from analyzer.measuring.cost import with_context_slopes
-
-            far = _measured_batch_profiles(
-                loaded_models,
-                long_context,
-                k_max,
-                missing,
-                plan,
-                progress,
-                at=f"{len(long_context)} tokens of context",
-            )
-            measured = {b: with_context_slopes(m, far[b]) for b, m in measured.items()}
+        measured = _measured_with_slopes(loaded_models, context, long_context, k_max, missing, plan, progress)
         if 1 in measured and overhead.forward_s:  # generate()'s own forwards were timed at batch 1
             from analyzer.measuring.cost import calibrated_to_generate
 
@@ -106,6 +93,27 @@ def profile_run_costs(
                     + "; ".join(measurement.quality.notes),
                 )
     return _link_profiles_to_run(session_factory, run_id, chosen)
+
+
+def _measured_with_slopes(
+    loaded_models: LoadedPair,
+    context: list[int],
+    long_context: list[int] | None,
+    k_max: int,
+    missing: list[int],
+    plan: ProfilingPlan,
+    progress: ProgressCallback | None,
+) -> dict[int, CostMeasurement]:
+    """The profiles of the ``missing`` batch sizes measured over ``context``, each with its context slopes from
+    a second measurement over ``long_context`` where there is one."""
+    measured = _measured_batch_profiles(loaded_models, context, k_max, missing, plan, progress)
+    if long_context is None:
+        return measured
+    from analyzer.measuring.cost import with_context_slopes
+
+    at = f"{len(long_context)} tokens of context"
+    far = _measured_batch_profiles(loaded_models, long_context, k_max, missing, plan, progress, at=at)
+    return {b: with_context_slopes(m, far[b]) for b, m in measured.items()}
 
 
 def _overhead_after_quiet_wait(
