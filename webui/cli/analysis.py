@@ -209,15 +209,9 @@ def analyze(
     from analyzer.advice.report_text import report_text
 
     if analyzes_settings(engine):
-        given = [name for name, value in (("--reprofile", reprofile), ("--batch-sizes", batch_sizes),
-                 ("--resume", resume_run), ("--cost-profile", cost_profiles))
-                 if value] + [option_name(k) for k, v in run_inputs.items()
-                 if v not in (None, False) and k not in SERVER_RUN_INPUTS]  # fmt: skip
-        if given:
-            raise click.UsageError(
-                f"{', '.join(given)} do not apply to --engine llama-server: "
-                "it analyzes llama-server's own drafting settings (see 'specroute llama-server analyze --help')"
-            )
+        run_only = {"--reprofile": reprofile, "--batch-sizes": batch_sizes, "--resume": resume_run,
+                    "--cost-profile": cost_profiles}  # fmt: skip
+        _refuse_run_options(run_only, run_inputs)
         server_options = {"n_ctx": n_ctx or 4096, "long_prompts": long_prompts or LEAVE_OUT}
         _analyze_in_llama_server(
             state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options
@@ -256,6 +250,19 @@ def analyze(
             )
         sys.exit(130)
     click.echo(strict_json.dumps(report) if as_json else report_text(report))
+
+
+def _refuse_run_options(run_only: dict, run_inputs: dict) -> None:
+    """UsageError naming every option given that only a run takes (``run_only``: option -> value, and the run
+    inputs beyond :data:`SERVER_RUN_INPUTS`), for ``--engine llama-server``."""
+    given = [name for name, value in run_only.items() if value] + [
+        option_name(k) for k, v in run_inputs.items() if v not in (None, False) and k not in SERVER_RUN_INPUTS
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} do not apply to --engine llama-server: "
+            "it analyzes llama-server's own drafting settings (see 'specroute llama-server analyze --help')"
+        )
 
 
 SERVER_RUN_INPUTS = (
