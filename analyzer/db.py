@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, create_engine, event
+from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, and_, create_engine, event, or_, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -148,6 +148,29 @@ def lock_for_write(session: Session) -> None:
         return
     session.connection(execution_options={_WRITE_LOCK: True})
     session.info[_LOCKED_TRANSACTION] = session.get_transaction()
+
+
+def claimable(
+    session: Session,
+    model: Any,
+    *,
+    cutoff: datetime,
+    waiting: str = "queued",
+    taken: str = "running",
+    where: tuple = (),
+    order_by: tuple = (),
+    limit: int = 1,
+) -> list[Any]:
+    """The rows of ``model`` a worker may claim now, oldest first (``order_by``; default the id), at most
+    ``limit``: ``waiting``, or ``taken`` by a worker whose heartbeat is older than ``cutoff``, and matching
+    ``where``. The one claim of every queue (an analysis' chunks, the llama-server jobs, the web UI's jobs): the
+    transaction holds the write lock (SQLite: claims run one after the other), and the rows are locked as they
+    are read, skipping those another worker is claiming (PostgreSQL: FOR UPDATE SKIP LOCKED), so that no row is
+    taken twice and no claim waits for another. The caller marks what it takes, in the same transaction."""
+    lock_for_write(session)
+    due = or_(model.status == waiting, and_(model.status == taken, model.heartbeat_at < cutoff))
+    query = select(model).where(due, *where).order_by(*(order_by or (model.id,))).limit(limit)
+    return list(session.scalars(query.with_for_update(skip_locked=True)))
 
 
 def engine_from_settings(settings) -> Engine:

@@ -1,8 +1,9 @@
 """Measures of the code's architecture, for any checkout (two checkouts compared side by side in
-benchmarks/RESULTS.md): engine- or cost-mode-name comparisons outside the engines' own modules (the scan
+docs/architecture.md): engine- or cost-mode-name comparisons outside the engines' own modules (the scan
 of tests/test_engine_registry.py), import cycles with imports inside functions counted (the scan of
-tests/test_import_cycles.py), product functions over 60 lines, modules per package, and the files mypy
-checks (so it lives beside them, not in benchmarks/, which measures the product). No timing.
+tests/test_import_cycles.py), product functions over 60 lines, the functions that claim queued work (rows
+due by a stale heartbeat, locked skipping those another worker holds), modules per package, and the files
+mypy checks (so it lives beside them, not in benchmarks/, which measures the product). No timing.
 
     python -m tests.architecture_metrics [CHECKOUT]   # default: this repository
 """
@@ -27,7 +28,7 @@ LONG = 60
 
 def measure(root: Path) -> dict:
     """The metrics of the checkout at ``root``."""
-    comparisons, long_functions, modules = {}, [], {}
+    comparisons, long_functions, modules, claims = {}, [], {}, []
     for package in PACKAGES:
         files = sorted((root / package).rglob("*.py"))
         modules[package] = len(files)
@@ -40,6 +41,8 @@ def measure(root: Path) -> dict:
                     length = node.end_lineno - node.lineno + 1
                     if length > LONG:
                         long_functions.append((length, f"{relative}:{node.name}"))
+                    if _claims(ast.get_source_segment(source, node) or ""):
+                        claims.append(f"{relative}:{node.name}")
     graph: dict[str, set[str]] = {}
     for site in import_sites(root, PACKAGES):
         graph.setdefault(site.source, set()).add(site.target)
@@ -55,11 +58,18 @@ def measure(root: Path) -> dict:
         "files with them": len(comparisons),
         "import cycles": len(find_cycles(graph)),
         f"functions over {LONG} lines": len(long_functions),
+        "claim implementations": sorted(claims),
         "longest": sorted(long_functions, reverse=True)[:5],
         "modules per package": modules,
         "subpackages of analyzer": sorted(p.parent.name for p in (root / "analyzer").glob("*/__init__.py")),
         "mypy files": len(mypy_files),
     }
+
+
+def _claims(code: str) -> bool:
+    """Whether ``code`` claims queued work: it reads rows due by a stale heartbeat, locking them and skipping
+    those another worker holds."""
+    return "skip_locked=True" in code and "heartbeat_at <" in code
 
 
 def main() -> None:

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Update, and_, func, or_, select, update
+from sqlalchemy import CursorResult, Update, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.analysis.run_records import get_run, selected_prompts
-from analyzer.db import lock_for_write, utcnow
+from analyzer.db import claimable, lock_for_write, utcnow
 from analyzer.orm import AnalysisRun, PromptResult, RunChunk
 from analyzer.run_params import RunError, RunInputError
 from analyzer.settings import STALE_AFTER_S
@@ -102,19 +102,10 @@ def claim_chunk(
         )
         if run_id is not None:
             live = live.where(AnalysisRun.id == run_id)
-        candidates = session.scalars(
-            select(RunChunk)
-            .where(
-                RunChunk.run_id.in_(live),
-                or_(
-                    RunChunk.status == "pending",
-                    and_(RunChunk.status == "claimed", RunChunk.heartbeat_at < cutoff),
-                ),
-            )
-            .order_by(RunChunk.run_id, RunChunk.position)
-            .limit(8)
-            .with_for_update(skip_locked=True)
-        )
+        candidates = claimable(
+            session, RunChunk, cutoff=cutoff, waiting="pending", taken="claimed",
+            where=(RunChunk.run_id.in_(live),), order_by=(RunChunk.run_id, RunChunk.position), limit=8,
+        )  # fmt: skip
         for chunk in candidates:
             if _claimable(session, chunk):
                 return _claim(session, chunk, worker_id, now)

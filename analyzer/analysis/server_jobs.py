@@ -28,7 +28,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.analysis.analysis_ref import SERVER, SERVER_JOB, AnalysisRef
-from analyzer.db import lock_for_write, utcnow
+from analyzer.db import claimable, lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE
 from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
@@ -270,16 +270,11 @@ def claim_server_job(
     now = utcnow()
     cutoff = now - timedelta(seconds=stale_after_s)
     with sessions() as session, session.begin():
-        lock_for_write(session)
-        query = select(ServerAnalysisJob).where(
-            (ServerAnalysisJob.status == "queued")
-            | ((ServerAnalysisJob.status == "running") & (ServerAnalysisJob.heartbeat_at < cutoff))
-        )
-        if job_id is not None:
-            query = query.where(ServerAnalysisJob.id == job_id)
-        job = session.scalar(query.order_by(ServerAnalysisJob.id).limit(1).with_for_update(skip_locked=True))
-        if job is None:
+        where = (ServerAnalysisJob.id == job_id,) if job_id is not None else ()
+        found = claimable(session, ServerAnalysisJob, cutoff=cutoff, where=where)
+        if not found:
             return None
+        job = found[0]
         job.status, job.worker_id, job.heartbeat_at = "running", worker_id, now
         job.started_at = job.started_at or now
         job.attempts += 1

@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from analyzer.db import lock_for_write, utcnow
+from analyzer.db import claimable, lock_for_write, utcnow
 from analyzer.errors import SpecrouteError
 from router.orm import BackgroundJob
 
@@ -124,21 +124,13 @@ def claim_job(
     """Claim job ``job_id`` (None: the oldest queued job, or a running one whose heartbeat is older than
     ``stale_after_s``) for ``worker_id``; its id, or None when there is none to claim."""
     with sessions() as session, session.begin():
-        lock_for_write(session)
-        query = select(BackgroundJob).order_by(BackgroundJob.id)
-        if job_id is not None:
-            query = query.where(BackgroundJob.id == job_id, BackgroundJob.status == "queued")
-        else:
-            cutoff = utcnow() - timedelta(seconds=stale_after_s)
-            query = query.where(
-                (BackgroundJob.status == "queued")
-                | ((BackgroundJob.status == "running") & (BackgroundJob.heartbeat_at < cutoff))
-            )
-        # a row another worker is claiming is skipped, not waited for or taken twice (PostgreSQL; on SQLite the
-        # write lock above already puts the claims one after the other)
-        job = session.scalars(query.limit(1).with_for_update(skip_locked=True)).first()
-        if job is None:
+        # job_id: that job while queued; else the oldest queued job or one whose worker stopped
+        where = (BackgroundJob.id == job_id, BackgroundJob.status == "queued") if job_id is not None else ()
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        found = claimable(session, BackgroundJob, cutoff=cutoff, where=where)
+        if not found:
             return None
+        job = found[0]
         now = utcnow()
         job.status, job.worker_id, job.heartbeat_at, job.started_at = "running", worker_id, now, now
         job.attempts += 1
