@@ -240,3 +240,49 @@ def test_a_context_size_is_refused_where_the_engine_has_none_and_a_bad_rule_name
     assert bad.exit_code == 2 and "'leave-out', 'refuse'" in bad.stderr
     small = runner.invoke(cli, ["analyze", "--prompts", "sample", "--engine", "llama-server", "--ctx", "100"])
     assert small.exit_code == 2 and "100 is not in the range 256<=x<=131072" in small.stderr
+
+
+def test_analyze_takes_every_option_of_an_analysis_in_llama_server_and_refuses_them_elsewhere(
+    runner, monkeypatch
+):
+    """``specroute analyze --engine llama-server`` takes the options ``specroute llama-server analyze`` has (the
+    settings, threads, calibration, prompts per task, servers the user runs, validation passes, refit) and hands
+    them to the same analysis; another engine refuses them by name."""
+    from webui.cli import server_analysis
+
+    asked: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(
+        server_analysis, "run_server_analysis", lambda *a, **k: asked.append((a, k))
+    )  # queued
+    common = ["analyze", "--engine", "llama-server", "--prompts", "sample", "--queue"]
+    given = run(runner, *common, "--drafter", "ngram-mod 16 8-32", "--drafter", "ngram-simple 3/8",
+                "--threads", "4", "--calibration", "5", "--per-task", "2", "--validate-repeats", "3", "--refit",
+                "--ctx", "2048")  # fmt: skip
+    assert given.exit_code == 0, given.output
+    ((args, options),) = asked
+    assert [d.label for d in args[3]] == ["ngram-mod 16 8-32", "ngram-simple 3/8"] and args[4] is None
+    assert {
+        k: options[k] for k in ("threads", "calibration", "per_task", "validate_repeats", "refit", "n_ctx")
+    } == {"threads": 4, "calibration": 5, "per_task": 2, "validate_repeats": 3, "refit": True, "n_ctx": 2048}
+    assert options["urls"] is None and options["queue_only"] is True
+    served = run(
+        runner,
+        *common,
+        "--server",
+        "http://10.0.0.5:8081",
+        "--server",
+        "ngram-mod 16 8-32=http://10.0.0.5:8082",
+    )
+    assert served.exit_code == 0, served.output
+    assert asked[1][1]["urls"] == {"off": "http://10.0.0.5:8081", "ngram-mod 16 8-32": "http://10.0.0.5:8082"}
+    assert "threads" not in asked[1][1]  # left out: the analysis' own default
+    both = run(runner, *common, "--server", "http://10.0.0.5:8081", "--drafter", "ngram-simple")
+    assert both.exit_code == 2 and "leave out --drafter" in both.stderr
+    elsewhere = run(
+        runner, "analyze", "--engine", "transformers", "--prompts", "sample", "--threads", "4", "--refit"
+    )
+    assert (
+        elsewhere.exit_code == 2
+        and "--threads, --refit apply to --engine llama-server only" in elsewhere.stderr
+    )
+    assert len(asked) == 2

@@ -63,6 +63,44 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     )
 
 
+# the options of an analysis in llama-server that no run takes (as 'specroute llama-server analyze' takes them),
+# by the parameter's name: the option
+SERVER_ONLY = {
+    "drafter_texts": "--drafter",
+    "threads": "--threads",
+    "calibration": "--calibration",
+    "per_task": "--per-task",
+    "server_texts": "--server",
+    "validate_repeats": "--validate-repeats",
+    "refit": "--refit",
+}
+
+
+def server_only_options(command: Callable) -> Callable:
+    """The options of :data:`SERVER_ONLY` on ``specroute analyze``, each left out (None, empty) unless given:
+    'specroute llama-server analyze' then takes its defaults."""
+    said = "With --engine llama-server (as 'specroute llama-server analyze' takes it): "
+    options = [
+        click.option("--drafter", "drafter_texts", multiple=True, help=said + "a drafter setting, repeatable "
+                     "(default: the five n-gram settings for --draft ngram, draft-simple for a GGUF --draft)."),
+        click.option("--threads", type=click.IntRange(1, 256), default=None,
+                     help=said + "threads of every llama-server the analysis starts (default: 2)."),
+        click.option("--calibration", type=click.IntRange(1, 1000), default=None,
+                     help=said + "at most this many prompts fit the step costs (default: 8)."),
+        click.option("--per-task", type=click.IntRange(1, 100000), default=None,
+                     help=said + "at most this many prompts per task, in set order (default: all)."),
+        click.option("--server", "server_texts", multiple=True, help=said + "a llama-server you already run, "
+                     "repeatable: 'URL' for the plain one, 'SETTING=URL' for each setting's."),
+        click.option("--validate-repeats", type=click.IntRange(1, 20), default=None,
+                     help=said + "at most this many passes over the held-out prompts validated."),
+        click.option("--refit", is_flag=True, default=None,
+                     help=said + "fit the step costs anew where an earlier analysis' fit would be reused."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @cli.command("analyze")
 @click.option("--prompts", "prompt_set", required=False, help="Name of the prompt set to analyze.")
 @click.option(
@@ -112,7 +150,8 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     "GGUF models (gguf: or builtin:) with ngram or GGUF drafts, greedy, on the CPU, batch 1. llama-server: "
     "the analysis in llama.cpp's own server (as 'specroute llama-server analyze' with its defaults: the five "
     "n-gram settings for --draft ngram, draft-simple for a GGUF --draft; --max-new-tokens, --limit, --validate "
-    "0 or not, --validate-all, --queue, --json; the other run options do not apply and are refused).",
+    "0 or not, --validate-all, --queue, --json, and its own --drafter, --threads, --calibration, --per-task, "
+    "--server, --validate-repeats, --refit, --ctx, --long-prompts; the other run options are refused).",
 )
 @click.option(
     "--cost-mode",
@@ -177,6 +216,7 @@ def run_input_option(field: str, help_text: str, dest: str | None = None) -> Cal
     default=None,
     help=LONG_PROMPTS_HELP,
 )
+@server_only_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def analyze(
@@ -208,13 +248,16 @@ def analyze(
     """
     from analyzer.advice.report_text import report_text
 
+    server_only = {name: run_inputs.pop(name) for name in SERVER_ONLY}
+    if not analyzes_settings(engine) and (given := [SERVER_ONLY[k] for k, v in server_only.items() if v]):
+        raise click.UsageError(f"{', '.join(given)} apply to --engine llama-server only")
     if analyzes_settings(engine):
         run_only = {"--reprofile": reprofile, "--batch-sizes": batch_sizes, "--resume": resume_run,
                     "--cost-profile": cost_profiles}  # fmt: skip
         _refuse_run_options(run_only, run_inputs)
         server_options = {"n_ctx": n_ctx or 4096, "long_prompts": long_prompts or LEAVE_OUT}
         _analyze_in_llama_server(
-            state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options
+            state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options, server_only
         )
         return
     sessions = state.sessions()
@@ -282,14 +325,22 @@ def _analyze_in_llama_server(
     as_json: bool,
     queue_only: bool,
     server_options: dict,
+    server_only: dict,
 ) -> None:
     """``specroute analyze --engine llama-server``: the llama-server analysis of ``prompt_set`` (a job executed
     here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
-    prints it, or as JSON."""
+    prints it, or as JSON. ``server_only``: the options of :data:`SERVER_ONLY` as given (None or empty: the
+    analysis' defaults)."""
     from analyzer.analysis.server_jobs import LIMITS as JOB_LIMITS
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
     from analyzer.measuring.server_drafting import parse_drafter
-    from webui.cli.server_analysis import DEFAULT_DRAFTERS, run_server_analysis, server_analysis_text
+    from webui.cli.server_analysis import (
+        DEFAULT_DRAFTERS,
+        drafters_of,
+        run_server_analysis,
+        server_analysis_text,
+        servers_of,
+    )
 
     if not prompt_set:
         raise click.UsageError("give --prompts NAME")
@@ -300,7 +351,14 @@ def _analyze_in_llama_server(
             "'specroute llama-server analyze --drafter'",
             param_hint="--draft",
         )
-    drafters = [parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)]
+    drafter_texts, server_texts = server_only.pop("drafter_texts"), server_only.pop("server_texts")
+    if server_texts and drafter_texts:
+        raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
+    urls, drafters = servers_of(server_texts) if server_texts else (None, drafters_of(drafter_texts))
+    if not server_texts and not drafter_texts:  # the settings --draft names
+        drafters = [
+            parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)
+        ]
     values = {}
     bounds = {  # a job's own bounds (at least two new tokens), the run's words
         "max_new_tokens": JOB_LIMITS["n_predict"],
@@ -331,7 +389,9 @@ def _analyze_in_llama_server(
         validate=values.get("validate_n", 1) > 0,
         validate_all=bool(run_inputs["validate_all"]),
         queue_only=queue_only,
+        urls=urls,
         **server_options,
+        **{name: value for name, value in server_only.items() if value is not None},
     )
     if record_id is None:
         return

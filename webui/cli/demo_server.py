@@ -81,9 +81,9 @@ def analyze_sample_in_llama_server(
     )
     from analyzer.analysis.server_outcomes import ServerAnalysisError
     from analyzer.engine.llamacpp_engine import gguf_file
-    from webui.cli.server_analysis import DEFAULT_DRAFTERS, _drafters
+    from webui.cli.server_analysis import DEFAULT_DRAFTERS, drafters_of
 
-    drafters = _drafters(())
+    drafters = drafters_of(())
     model = gguf_file(parse_spec(DEFAULT_TARGET))
     with sessions() as session:
         prompt_set = session.get(PromptSet, prompt_set_id)
@@ -155,9 +155,9 @@ def _stored_analysis(
     session: Session, prompt_set_id: int, prompts: int, n_predict: int, model: str, validate: bool
 ) -> int | None:
     """The newest stored analysis of the sample that the demo would measure again, or None."""
-    from webui.cli.server_analysis import DEFAULT_DRAFTERS, _drafters
+    from webui.cli.server_analysis import DEFAULT_DRAFTERS, drafters_of
 
-    labels = [d.label for d in _drafters(DEFAULT_DRAFTERS)]
+    labels = [d.label for d in drafters_of(DEFAULT_DRAFTERS)]
     for record in session.scalars(
         select(ServerAnalysisRecord)
         .where(ServerAnalysisRecord.prompt_set_id == prompt_set_id)

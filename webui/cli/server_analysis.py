@@ -59,7 +59,8 @@ from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
 
 
-def _drafters(values: tuple[str, ...]) -> list[ServerDrafter]:
+def drafters_of(values: tuple[str, ...]) -> list[ServerDrafter]:
+    """The --drafter values as settings (the default five n-gram settings for none)."""
     drafters = []
     for value in values or DEFAULT_DRAFTERS:
         try:
@@ -211,7 +212,7 @@ def analyze(
     predicted vs measured through the servers. Stores the analysis and prints it."""  # fmt: skip
     if server_texts and drafter_texts:
         raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
-    urls, drafters = _servers(server_texts) if server_texts else (None, _drafters(drafter_texts))
+    urls, drafters = servers_of(server_texts) if server_texts else (None, drafters_of(drafter_texts))
     record_id = run_server_analysis(
         state, set_name, model, drafters, draft_model, n_predict=n_predict, threads=threads, n_ctx=n_ctx,
         calibration=calibration, per_task=per_task, urls=urls, validate=validate, validate_repeats=validate_repeats,
@@ -359,7 +360,7 @@ def resume(state: CliState, job_id: int, queue_only: bool, as_json: bool = False
         )
 
 
-def _servers(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:
+def servers_of(values: tuple[str, ...]) -> tuple[dict[str, str], list[ServerDrafter]]:
     """The --server values as {"off" or a setting's label: URL} and the settings they name."""
     urls: dict[str, str] = {}
     drafters = []
