@@ -1,8 +1,7 @@
 """The checks of the shared names (:mod:`analyzer.names`) and the errors they raise: an engine's, a cost
 mode's, a device's and a dtype's name, as a setting, a form field or a stored run gives it. Pure string checks
-(no torch, no engine), so the settings, a run's parameters and every layer above can refuse a typo at once;
-:mod:`analyzer.engine.engine_base` and :mod:`analyzer.models.devices` re-export them where they were first
-named."""
+(no torch, no engine), so the settings, a run's parameters and every layer above can refuse a typo at once,
+importing them from here."""
 
 from __future__ import annotations
 

@@ -32,14 +32,11 @@ from analyzer.checks import (
     shown,
 )
 from analyzer.errors import SpecrouteError
-from analyzer.names import (  # noqa: F401  (re-exported: importers name them here)
-    AUTO_ENGINE,
-    AUTO_ENGINE_ORDER,
+from analyzer.names import (
     DEFAULT_COST_MODE,
     DEFAULT_ENGINE,
     DEFAULT_GAMMA_MAX,
     DEFAULT_MARGIN,
-    DEFAULT_VALIDATE,
     ENTROPY_EDGES_NATS,
     MAX_PROFILE_BATCH_SIZE,
 )

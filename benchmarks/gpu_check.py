@@ -83,7 +83,7 @@ from analyzer.analysis.run_records import RunParams, create_run  # noqa: E402
 from analyzer.analysis.runs import execute_run  # noqa: E402
 from analyzer.db import make_engine, make_session_factory  # noqa: E402
 from analyzer.engine import run_models  # noqa: E402
-from analyzer.engine.engines import COST_MODES  # noqa: E402
+from analyzer.names import COST_MODES  # noqa: E402
 from analyzer.prompts.prompt_sets import import_sample  # noqa: E402
 
 SAMPLE_FILE = ROOT / "analyzer" / "sample_data" / "sample_prompts.jsonl"

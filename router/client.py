@@ -18,10 +18,11 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from analyzer.engine.engines import SERVING, TRANSFORMERS
+from analyzer.engine.engines import SERVING
 from analyzer.measuring.acceptance import walk_ngram
 from analyzer.measuring.prompt_encoding import context_limit, encode_prompt, eos_token_ids
 from analyzer.measuring.validate import assisted_generate, count_forward_passes, greedy_generate
+from analyzer.names import TRANSFORMERS
 from router.decide.contract import BatchResponse, Decision
 from router.serve.responses import FeedbackResponse, Health, Policies, TaskEstimate
 

@@ -26,9 +26,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from analyzer.db import Base, utcnow
+from analyzer.names import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.orm import one_of
 from analyzer.pricing.speedup import TIERS
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 
 
 class ClassifierVersion(Base):

@@ -15,8 +15,9 @@ from sqlalchemy import select
 
 from analyzer import run_params
 from analyzer.analysis.run_records import RunParams
+from analyzer.checks import CostModeError, check_cost_mode_device, check_cost_mode_name
 from analyzer.engine import run_models
-from analyzer.engine.engines import CostModeError, check_cost_mode_device, check_cost_mode_name, check_run
+from analyzer.engine.engines import check_run
 from analyzer.models import devices
 from analyzer.orm import AnalysisRun
 from analyzer.settings import SettingsError, load_settings

@@ -12,20 +12,14 @@ import pytest
 import torch
 from sqlalchemy import func, select
 
+from analyzer.checks import DeviceError, check_dtype_name
 from analyzer.db import make_engine, make_session_factory
 from analyzer.engine import overhead as overhead_module
 from analyzer.engine.engines import measuring_engine
 from analyzer.engine.overhead import measure_machinery_overhead
 from analyzer.measuring import interference
 from analyzer.models import devices
-from analyzer.models.devices import (
-    DeviceError,
-    ModelTooLarge,
-    Placement,
-    check_dtype_name,
-    parse_batch_sizes,
-    resolve,
-)
+from analyzer.models.devices import ModelTooLarge, Placement, parse_batch_sizes, resolve
 from analyzer.models.loading import load_model
 from analyzer.models.specs import parse_spec
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, RunCostProfile

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer import checks, names
 from analyzer.engine import engine_base
 from analyzer.engine.engines import (
     COST_SOURCES,
@@ -44,7 +45,7 @@ ENGINE_MODULES = {
     "analyzer/engine/llamacpp_cost.py",
     "analyzer/engine/llamacpp_speculative.py",
 }
-NAMES = {*REGISTRY, *engine_base.COST_MODES}
+NAMES = {*REGISTRY, *names.COST_MODES}
 CONSTANTS = {"TRANSFORMERS", "LLAMA_CPP", "IMPORTED", "LLAMA_SERVER", "EAGER", "CUDA_GRAPHS"}
 
 
@@ -142,19 +143,19 @@ def test_no_template_compares_an_engine_or_cost_mode_name():
 
 
 def test_the_registry_holds_every_engine_and_the_measuring_ones_are_the_engines_runs_name():
-    assert list(MEASURING) == list(engine_base.ENGINES)
-    assert [name for name, source in COST_SOURCES.items() if source.measures] == list(engine_base.ENGINES)
+    assert list(MEASURING) == list(names.ENGINES)
+    assert [name for name, source in COST_SOURCES.items() if source.measures] == list(names.ENGINES)
     assert {name: engine.name for name, engine in REGISTRY.items()} == {n: n for n in REGISTRY}
-    assert engine_named(None).name == engine_base.DEFAULT_ENGINE  # runs stored before engines
-    assert MEASURING["transformers"].cost_modes == engine_base.COST_MODES
+    assert engine_named(None).name == names.DEFAULT_ENGINE  # runs stored before engines
+    assert MEASURING["transformers"].cost_modes == names.COST_MODES
     assert MEASURING["llama.cpp"].cost_modes == ()
     assert pricing_entry("vllm", "imported").name == "imported"
     assert pricing_entry("llama.cpp", "measured").name == "llama.cpp"
     with pytest.raises(
-        engine_base.EngineError, match="unknown engine 'vllm'; use one of: transformers, llama.cpp"
+        checks.EngineError, match="unknown engine 'vllm'; use one of: transformers, llama.cpp"
     ):
         measuring_engine("vllm")
-    with pytest.raises(engine_base.EngineError, match="unknown engine 'tgi'; known: transformers, llama.cpp"):
+    with pytest.raises(checks.EngineError, match="unknown engine 'tgi'; known: transformers, llama.cpp"):
         engine_named("tgi")
 
 

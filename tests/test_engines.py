@@ -15,8 +15,10 @@ from sqlalchemy import select
 from analyzer.advice.report import build_report
 from analyzer.advice.report_text import report_text
 from analyzer.analysis.run_records import RunError, RunParams, create_run
+from analyzer.checks import EngineError, check_engine_name
 from analyzer.db import make_engine, make_session_factory
-from analyzer.engine.engines import ENGINES, EngineError, check_engine_name, check_run
+from analyzer.engine.engines import check_run
+from analyzer.names import ENGINES
 from analyzer.orm import AnalysisRun
 from analyzer.prompts.prompt_sets import import_prompt_file
 from analyzer.settings import SettingsError, load_settings

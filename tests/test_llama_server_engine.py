@@ -229,10 +229,10 @@ def test_the_command_line_analyzes_stores_shows_and_plans_pools_and_the_page_sho
 
     from analyzer.analysis.server_text import divergence_text
     from analyzer.db import make_engine
+    from analyzer.names import DEFAULT_MARGIN
     from analyzer.orm import Prompt, ServerAnalysisRecord
     from analyzer.pricing.policy_curve import decision_rule
     from analyzer.pricing.speedup import MIN_TASK_PROMPTS
-    from analyzer.run_params import DEFAULT_MARGIN
     from webui.app import create_app
     from webui.cli import cli
     from webui.cli.server_analysis import DEFAULT_DRAFTERS

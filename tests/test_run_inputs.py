@@ -23,13 +23,10 @@ from sqlalchemy import select
 from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
 from analyzer.db import engine_from_settings, make_session_factory
 from analyzer.engine.engines import REGISTRY
+from analyzer.names import DEFAULT_VALIDATE
 from analyzer.orm import AnalysisRun
 from analyzer.prompts.prompt_sets import import_prompt_file
-from analyzer.run_params import (
-    DEFAULT_VALIDATE,
-    RunInputError,
-    RunParams,
-)
+from analyzer.run_params import RunInputError, RunParams
 from analyzer.settings import load_settings
 from webui.app import create_app
 from webui.cli import cli

@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import select
 
 from analyzer.db import engine_from_settings, make_session_factory
+from analyzer.names import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.orm import AnalysisRun
 from analyzer.prompts.prompt_sets import import_prompt_file
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN, LIMITS, RunParams, range_words
+from analyzer.run_params import LIMITS, RunParams, range_words
 from analyzer.settings import load_settings
 from webui.app import create_app
 from webui.cli import cli

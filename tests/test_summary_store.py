@@ -27,9 +27,9 @@ from analyzer.advice.summary import (
 from analyzer.advice.summary_store import run_summary, store_summary, summary_from_json, summary_to_json
 from analyzer.analysis.run_records import finish
 from analyzer.db import make_session_factory
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.orm import AnalysisRun, PromptResult, ValidationResult
 from analyzer.pricing.speedup import MIN_TASK_PROMPTS, clears_break_even
-from analyzer.run_params import DEFAULT_MARGIN
 from router.policies.policy import publish_policies
 from tests.decision_rule import decide_point
 from tests.factories import make_done_run

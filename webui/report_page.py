@@ -21,9 +21,9 @@ from markupsafe import Markup
 
 from analyzer.advice.option_rows import gamma_option
 from analyzer.analysis.server_text import decision_text
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS, best_gamma
-from analyzer.run_params import DEFAULT_MARGIN
 from webui.plots import report_plots, server_plots
 from webui.ui import num
 

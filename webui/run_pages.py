@@ -25,20 +25,16 @@ from analyzer.analysis.chunks import chunk_progress, requeue_run
 from analyzer.analysis.repricing import price_comparison
 from analyzer.analysis.run_inputs import params_from_inputs, read_inputs
 from analyzer.analysis.run_records import RunParams, create_run, get_run, request_cancel, shown_status
+from analyzer.checks import check_dtype_name
 from analyzer.db import lock_for_write, utcnow
-from analyzer.engine.engines import COST_MODES, ENGINES, LLAMA_SERVER, MEASURING
+from analyzer.engine.engines import MEASURING
 from analyzer.errors import SpecrouteError, error_payload
-from analyzer.models.devices import DTYPE_CHOICES, check_dtype_name
+from analyzer.models.devices import DTYPE_CHOICES
 from analyzer.models.specs import DEFAULT_DRAFT, DEFAULT_TARGET, SpecError, parse_spec
+from analyzer.names import AUTO_ENGINE, COST_MODES, DEFAULT_VALIDATE, ENGINES, LLAMA_SERVER
 from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
-from analyzer.run_params import (
-    AUTO_ENGINE,
-    DEFAULT_VALIDATE,
-    LIMITS,
-    RunError,
-    RunInputError,
-)
+from analyzer.run_params import LIMITS, RunError, RunInputError
 from router import strict_json
 from router.classify.version_store import rarely_reached
 from router.orm import ClassifierVersion, PolicySet

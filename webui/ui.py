@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
-from analyzer.engine.engines import COST_MODE_WORDS
 from analyzer.errors import SpecrouteError
+from analyzer.names import COST_MODE_WORDS
 from analyzer.settings import Settings
 from webui import access
 from webui.security import check_csrf, csrf_token

@@ -25,9 +25,10 @@ from analyzer.advice.summary import (
 from analyzer.advice.summary_store import run_summary
 from analyzer.engine.engines import engine_named, measuring_engine, pricing_entry
 from analyzer.errors import SpecrouteError
-from analyzer.measuring.entropy import ENTROPY_EDGES_NATS, long_run_by_entropy
+from analyzer.measuring.entropy import long_run_by_entropy
 from analyzer.measuring.interference import disturbed
 from analyzer.models.devices import guarantee_sentence
+from analyzer.names import ENTROPY_EDGES_NATS
 from analyzer.orm import AnalysisRun, CostProfile, PromptResult, ValidationResult
 from analyzer.run_params import RunParams
 

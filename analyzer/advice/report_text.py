@@ -9,7 +9,8 @@ import io
 
 from analyzer.advice.report import ADVICE_WITHHELD, withheld_notes
 from analyzer.advice.verdict import left_out_lines, run_verdict
-from analyzer.engine.engines import DEFAULT_ENGINE, pricing_entry
+from analyzer.engine.engines import pricing_entry
+from analyzer.names import DEFAULT_ENGINE
 
 CSV_COLUMNS = [
     "prompt_id",

@@ -48,7 +48,8 @@ from analyzer.analysis.run_records import (
 )
 from analyzer.analysis.run_validation import validate_run
 from analyzer.db import lock_for_write, utcnow
-from analyzer.engine.engines import LoadedPair, measuring_engine
+from analyzer.engine.engine_base import LoadedPair
+from analyzer.engine.engines import measuring_engine
 from analyzer.measuring.acceptance import (
     NgramIndex,
     alpha_from_matches,

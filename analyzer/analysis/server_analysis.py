@@ -74,8 +74,9 @@ from analyzer.measuring.validation_plan import (
     run_validation,
     validation_order,
 )
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.pricing.server_cost import ServerCost
-from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT
+from analyzer.run_params import LEAVE_OUT
 
 __all__ = [
     "DEFAULT_VALIDATE_REPEATS",

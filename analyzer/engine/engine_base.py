@@ -1,6 +1,6 @@
 """What every engine is: the protocols of its capabilities (:class:`MeasuringEngine`, :class:`ServingEngine`,
-:class:`CostSource`) and the :class:`LoadedPair` protocol of a pair loaded in one; the engines' names and their
-checks are re-exported from :mod:`analyzer.names` and :mod:`analyzer.checks`, where they live.
+:class:`CostSource`) and the :class:`LoadedPair` protocol of a pair loaded in one; the engines' names live in
+:mod:`analyzer.names`, their checks in :mod:`analyzer.checks`.
 
 Acceptance travels between engines; cost does not (DESIGN.md, "Engines"). So every run, cost profile and
 policy set records two engines: the one that **measured** the acceptance (``measured_by``: an engine of
@@ -13,27 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol
 
-from analyzer.checks import (  # noqa: F401  (re-exported: importers name them here)
-    CostModeError,
-    EngineError,
-    check_cost_mode_device,
-    check_cost_mode_name,
-    check_engine_name,
-)
 from analyzer.errors import SpecrouteError
-from analyzer.names import (  # noqa: F401  (re-exported: importers name them here)
-    COST_MODE_WORDS,
-    COST_MODES,
-    CUDA_GRAPHS,
-    DEFAULT_COST_MODE,
-    DEFAULT_ENGINE,
-    EAGER,
-    ENGINES,
-    IMPORTED,
-    LLAMA_CPP,
-    LLAMA_SERVER,
-    TRANSFORMERS,
-)
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.engine.engine_base import IMPORTED
+from analyzer.names import IMPORTED
 
 
 class ImportedEngine:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.names import LLAMA_SERVER
 
 
 class LlamaServerEngine:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from analyzer.engine.engine_base import CUDA_GRAPHS, EAGER, LLAMA_CPP, LoadedPair
+from analyzer.checks import check_device_name, check_dtype_name
+from analyzer.engine.engine_base import LoadedPair
 from analyzer.measuring.acceptance import LLAMA_CPP_RULE, DraftingRule
-from analyzer.models.devices import check_device_name, check_dtype_name
+from analyzer.names import CUDA_GRAPHS, EAGER, LLAMA_CPP
 from analyzer.run_params import RunError, RunParams
 
 if TYPE_CHECKING:

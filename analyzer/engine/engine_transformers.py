@@ -8,17 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from analyzer.engine.engine_base import (
-    COST_MODES,
-    CUDA_GRAPHS,
-    DEFAULT_COST_MODE,
-    TRANSFORMERS,
-    CostModeError,
-    LoadedPair,
-    check_cost_mode_device,
-)
+from analyzer.checks import CostModeError, check_cost_mode_device
+from analyzer.engine.engine_base import LoadedPair
 from analyzer.measuring.acceptance import TRANSFORMERS_RULE, DraftingRule
 from analyzer.models.devices import resolve, run_placement
+from analyzer.names import COST_MODES, CUDA_GRAPHS, DEFAULT_COST_MODE, TRANSFORMERS
 from analyzer.run_params import RunError, RunParams
 
 if TYPE_CHECKING:

@@ -6,40 +6,29 @@ engine is in the tables of the capabilities it has, and implements only those. C
 modules asks the engine object what to do and never compares engine names (tests/test_engine_registry.py
 looks for such comparisons). Adding an engine is a module implementing its capabilities and one line here.
 
-The names, the protocols and the name checks are in :mod:`analyzer.engine.engine_base` (re-exported here).
+The protocols are :mod:`analyzer.engine.engine_base`'s; the engines' names are :mod:`analyzer.names`', their
+checks :mod:`analyzer.checks`'.
 """
 
 from __future__ import annotations
 
-from analyzer.engine.engine_base import (  # noqa: F401  (re-exported: importers name them here)
-    COST_MODE_WORDS,
-    COST_MODES,
-    CUDA_GRAPHS,
-    DEFAULT_COST_MODE,
-    DEFAULT_ENGINE,
-    EAGER,
-    ENGINES,
-    IMPORTED,
-    LLAMA_CPP,
-    LLAMA_SERVER,
-    TRANSFORMERS,
-    CostModeError,
-    CostSource,
-    Engine,
+from analyzer.checks import (
     EngineError,
-    EngineUnavailable,
-    LoadedPair,
-    MeasuringEngine,
-    ProfilingPlan,
-    ServingEngine,
-    check_cost_mode_device,
-    check_cost_mode_name,
     check_engine_name,
+)
+from analyzer.engine.engine_base import (
+    CostSource,
+    MeasuringEngine,
+    ServingEngine,
 )
 from analyzer.engine.engine_imported import ImportedEngine
 from analyzer.engine.engine_llama_server import LlamaServerEngine
 from analyzer.engine.engine_llamacpp import LlamaCppEngine
 from analyzer.engine.engine_transformers import TransformersEngine
+from analyzer.names import (
+    DEFAULT_ENGINE,
+    IMPORTED,
+)
 from analyzer.run_params import RunParams
 
 _TRANSFORMERS, _LLAMA_CPP, _IMPORTED, _LLAMA_SERVER = (

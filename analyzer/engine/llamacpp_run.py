@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analyzer.engine.engine_base import LLAMA_CPP, ProfilingPlan
+from analyzer.engine.engine_base import ProfilingPlan
 from analyzer.engine.llamacpp_engine import (
     LlamaCppModel,
     draft_matches,
@@ -28,6 +28,7 @@ from analyzer.measuring.prompt_encoding import EncodedPrompt, encode_prompt, tok
 from analyzer.measuring.prompt_passes import PromptPasses
 from analyzer.models.specs import ModelSpecRef, parse_spec
 from analyzer.models.tokenizer_match import check_same_tokenizer
+from analyzer.names import LLAMA_CPP
 from analyzer.orm import ModelPair, Prompt
 from analyzer.run_params import RunParams
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from analyzer.engine.engine_base import CUDA_GRAPHS, TRANSFORMERS, ProfilingPlan
+from analyzer.engine.engine_base import ProfilingPlan
 from analyzer.measuring.acceptance import TRANSFORMERS_RULE, DraftingRule
 from analyzer.measuring.assistant_defaults import DEFAULT_TOKENS
 from analyzer.measuring.prompt_encoding import (
@@ -23,6 +23,7 @@ from analyzer.models.devices import Placement, run_batch_sizes
 from analyzer.models.loading import LoadedModel, load_model
 from analyzer.models.specs import ModelSpecRef, parse_spec
 from analyzer.models.tokenizer_match import check_same_tokenizer
+from analyzer.names import CUDA_GRAPHS, TRANSFORMERS
 from analyzer.orm import ModelPair, Prompt
 from analyzer.run_params import RunParams
 

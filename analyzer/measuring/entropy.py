@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from analyzer.measuring.acceptance import match_runs
-from analyzer.names import ENTROPY_EDGES_NATS  # noqa: F401  (re-exported: importers name it here)
+from analyzer.names import ENTROPY_EDGES_NATS
 
 LONG_RUN = 5
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analyzer.checks import (  # noqa: F401  (re-exported: importers name them here)
+from analyzer.checks import (
     CostModeError,
     DeviceError,
     check_cost_mode_device,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.pricing.policy_curve import CurvePoint, PolicyCurve
 from analyzer.pricing.speedup import MIN_TASK_PROMPTS, best_gamma, bootstrap_speedup_interval
-from analyzer.run_params import DEFAULT_MARGIN
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from analyzer.measuring.acceptance import expected_tokens_iid
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.pricing.speedup import (
     MIN_TASK_PROMPTS,
     Cost,
@@ -35,7 +36,6 @@ from analyzer.pricing.speedup import (
     iid_speedup,
     should_speculate,
 )
-from analyzer.run_params import DEFAULT_MARGIN
 
 # Why a group is speculated or not, as a code (the sentence is rendered from it and its numbers):
 DECISION_CODES = (

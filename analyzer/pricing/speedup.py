@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from analyzer.measuring.acceptance import expected_tokens_iid
-from analyzer.run_params import DEFAULT_MARGIN
+from analyzer.names import DEFAULT_MARGIN
 
 # the least share of its measured value a step keeps when a context slope prices a shorter context
 MIN_CONTEXT_SHARE = 0.5

@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from analyzer.engine.engines import ENGINES
 from analyzer.errors import SpecrouteError
+from analyzer.names import ENGINES
 from analyzer.prompts.prompt_checks import request_text
 from router import strict_json
 from router.decide.problems import problem_of, rule_broken, value_refused

@@ -12,8 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.errors import SpecrouteError
+from analyzer.names import LLAMA_SERVER
 
 
 class FeedbackError(SpecrouteError, ValueError):

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from analyzer.engine.engines import LLAMA_CPP, LLAMA_SERVER, SERVING, TRANSFORMERS, ServingEngine
+from analyzer.engine.engine_base import ServingEngine
+from analyzer.engine.engines import SERVING
+from analyzer.names import LLAMA_CPP, LLAMA_SERVER, TRANSFORMERS
 from router.decide.feedback_formats import FEEDBACK_FORMATS, FeedbackFormat
 from router.export.export_config import Exporter
 from router.export.export_engines import LlamaServerExporter, TransformersExporter

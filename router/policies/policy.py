@@ -18,10 +18,10 @@ from analyzer.db import utcnow
 from analyzer.errors import SpecrouteError
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.models.specs import NGRAM_DEFAULT_MAX, parse_spec
+from analyzer.names import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.orm import AnalysisRun
 from analyzer.pricing.policy_curve import PolicyCurve, as_curve
 from analyzer.pricing.speedup import Cost
-from analyzer.run_params import DEFAULT_GAMMA_MAX, DEFAULT_MARGIN
 from analyzer.settings import Settings, SettingsError, load_settings
 from router.orm import PolicySet, TaskPolicy, activate_only
 

@@ -24,13 +24,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from analyzer.analysis.server_store import get_server_analysis
-from analyzer.engine.engine_base import LLAMA_SERVER
 from analyzer.engine.llama_server_pools import Pool, PoolPlan, pool_flags
 from analyzer.measuring.server_drafting import parse_drafter
+from analyzer.names import DEFAULT_MARGIN, LLAMA_SERVER
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.option_curve import OptionCurve, stored_option_rows, task_option_curves
 from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
-from analyzer.run_params import DEFAULT_MARGIN
 from analyzer.settings import load_settings
 from router.orm import PolicySet, TaskPolicy
 from router.policies.policy import (

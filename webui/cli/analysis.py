@@ -9,20 +9,11 @@ import click
 from analyzer.analysis.run_inputs import read_inputs
 from analyzer.analysis.server_jobs import LIMITS as SERVER_LIMITS
 from analyzer.db import MAX_ID, lock_for_write
-from analyzer.engine.engines import (
-    COST_MODES,
-    ENGINES,
-    LLAMA_SERVER,
-    MEASURING,
-    EngineUnavailable,
-    analyzes_settings,
-    check_run,
-    measuring_engine,
-)
+from analyzer.engine.engine_base import EngineUnavailable
+from analyzer.engine.engines import MEASURING, analyzes_settings, check_run, measuring_engine
+from analyzer.names import AUTO_ENGINE, COST_MODES, DEFAULT_VALIDATE, ENGINES, LLAMA_SERVER
 from analyzer.run_params import (
-    AUTO_ENGINE,
     BLANK_MEANS,
-    DEFAULT_VALIDATE,
     LEAVE_OUT,
     LIMITS,
     LONG_PROMPT_RULES,

@@ -5,8 +5,7 @@ import json
 
 import click
 
-from analyzer.engine.engines import ENGINES
-from analyzer.run_params import AUTO_ENGINE
+from analyzer.names import AUTO_ENGINE, ENGINES
 from analyzer.settings import SECRET_SETTINGS, describe_settings
 from webui.cli import demo_server, demo_steps
 from webui.cli.analysis import run_input_option

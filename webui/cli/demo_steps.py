@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from analyzer.db import lock_for_write
-from analyzer.engine.engines import MEASURING, EngineUnavailable, check_run, measuring_engine
+from analyzer.engine.engine_base import EngineUnavailable
+from analyzer.engine.engines import MEASURING, check_run, measuring_engine
 from analyzer.models.specs import DEFAULT_DRAFT as DEMO_DRAFT
 from analyzer.models.specs import DEFAULT_TARGET as DEMO_TARGET
 from analyzer.orm import AnalysisRun

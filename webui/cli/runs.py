@@ -149,7 +149,7 @@ def _server_rows(session) -> list[dict]:
     """The llama-server analyses as ``runs list`` rows: each stored analysis, and each job that has not stored
     one (queued, running, failed or cancelled)."""
     from analyzer.analysis.server_jobs import listed_analyses
-    from analyzer.engine.engines import LLAMA_SERVER
+    from analyzer.names import LLAMA_SERVER
 
     return [
         {

@@ -50,10 +50,11 @@ from analyzer.engine.llamacpp_engine import gguf_file
 from analyzer.measuring.server_drafting import ServerDrafter, parse_drafter
 from analyzer.measuring.validation_plan import DEFAULT_BUDGET_SHARE, MIN_VALIDATED
 from analyzer.models.specs import parse_spec
+from analyzer.names import DEFAULT_MARGIN
 from analyzer.orm import ServerAnalysisRecord
 from analyzer.pricing.speedup import INTERVAL_LEVEL, MIN_TASK_PROMPTS
 from analyzer.prompts.prompt_sets import SAMPLE_NAME, PromptSetError, get_prompt_set, import_sample
-from analyzer.run_params import DEFAULT_MARGIN, LEAVE_OUT, LONG_PROMPT_RULES, LONG_PROMPTS_HELP
+from analyzer.run_params import LEAVE_OUT, LONG_PROMPT_RULES, LONG_PROMPTS_HELP
 from router import strict_json
 from webui.cli.base import CliState, _cache_dir
 from webui.cli.llama_server import llama_server
