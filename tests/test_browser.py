@@ -449,7 +449,7 @@ def test_a_finished_run_is_priced_on_an_imported_engine_profile_and_repriced_in_
     another decision, without measuring again."""
     from selenium.webdriver.common.by import By
 
-    from tests.test_costs import CHEAP, DEAR
+    from tests.test_cost_import import CHEAP, DEAR
     from webui.cli import cli
 
     base, folder = site
