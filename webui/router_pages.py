@@ -217,8 +217,8 @@ def playground():
             errors.append("type a prompt")
         if not errors:
             try:
-                request_ = RouteRequest.of(values["prompt"], max_new_tokens=max_new, batch_size=batch)
-                decision = _router_service().route([request_])[0].to_data()
+                asked = RouteRequest.of(values["prompt"], max_new_tokens=max_new, batch_size=batch)
+                decision = _router_service().route([asked])[0].to_data()
             except ClassifierError as exc:
                 errors.append(str(exc))
     return render_template(
