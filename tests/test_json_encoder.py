@@ -134,17 +134,30 @@ def test_an_api_view_answering_nan_gets_a_logged_json_500(app, client, caplog):
 
 
 def test_the_real_policies_endpoint_refuses_infinity(app, client, monkeypatch):
+    from router.serve.responses import Policies
+
     service = app.extensions[api.EXTENSION]
-    answer = {"active": {"policies": [{"gamma": 24, "margin": math.inf}]}}
+    active = {
+        "version": 1, "active": True, "run_id": 1, "engine": "transformers", "priced_by": "transformers",
+        "measured_by": "transformers", "margin": math.inf, "gamma_max": 24, "draft_kind": "ngram",
+        "draft_options": None, "cost": None, "pools": None, "notes": None, "created_at": "2026-12-02T00:00:00+00:00",
+        "activated_at": None, "policies": [], "estimates": [],
+    }  # fmt: skip
+    answer = Policies.model_validate({"active": active, "versions": []})
     monkeypatch.setattr(service, "policies", lambda: answer)
-    _assert_non_finite_500(client.get("/v1/policies"), "/active/policies/0/margin")
+    _assert_non_finite_500(client.get("/v1/policies"), "/active/margin")
 
 
 def test_the_route_fast_path_refuses_nan_too(client, monkeypatch, caplog):
-    monkeypatch.setattr(api, "answer_route", lambda raw, service: {"speculate": True, "speedup": math.nan})
+    from router.decide.decision import Router
+
+    decision = (
+        Router(None, {}, policy_version=None).route("hi").model_copy(update={"expected_speedup": math.nan})
+    )
+    monkeypatch.setattr(api, "answer_route", lambda raw, service: decision)
     with caplog.at_level(logging.ERROR, logger="router.serve.api"):
         response = client.post("/v1/route", data=b'{"prompt": "hi"}', content_type="application/json")
-    _assert_non_finite_500(response, "/speedup")
+    _assert_non_finite_500(response, "/expected_speedup")
     assert any(isinstance(r.exc_info and r.exc_info[1], NonFiniteNumber) for r in caplog.records)
 
 
