@@ -150,9 +150,9 @@ def _queue_racing(sessions, monkeypatch) -> list[int | None]:
     """Queue "train" twice where the second process read the key's jobs before the first one's committed (it
     saw none): the database's unique index over the active jobs refuses the second."""
     first = queue_job(sessions, "train", "train", {}, stale_after_s=60)
-    monkeypatch.setattr(jobs_module, "_active", lambda session, key: [])  # the racing read saw no job yet
-    second = queue_job(sessions, "train", "train", {}, stale_after_s=60)
-    monkeypatch.undo()
+    with monkeypatch.context() as racing:
+        racing.setattr(jobs_module, "_active", lambda session, key: [])  # the racing read saw no job yet
+        second = queue_job(sessions, "train", "train", {}, stale_after_s=60)
     return [first, second]
 
 
@@ -185,9 +185,9 @@ def test_a_job_another_worker_is_claiming_is_skipped_and_one_key_queued_once_on_
         first = queue_job(sessions, "train", "train", {}, stale_after_s=60)
         second = queue_job(sessions, "suggest", "suggest", {}, stale_after_s=60)
         # two processes queueing "train" at once: reading the active jobs locks nothing here, the index refuses
-        monkeypatch.setattr(jobs_module, "_active", lambda session, key: [])
-        assert queue_job(sessions, "train", "train", {}, stale_after_s=60) is None
-        monkeypatch.undo()
+        with monkeypatch.context() as racing:
+            racing.setattr(jobs_module, "_active", lambda session, key: [])
+            assert queue_job(sessions, "train", "train", {}, stale_after_s=60) is None
         assert _rows(sessions) == [("train", "queued", 0), ("suggest", "queued", 0)]
         with engine.connect() as claiming:  # another worker in the middle of claiming the oldest job
             claiming.execute(select(BackgroundJob.id).where(BackgroundJob.id == first).with_for_update())
