@@ -3,9 +3,9 @@ as benchmarks/bench_router.py prepares it, under that script's load generator po
 ``/v1/route``, sampled by py-spy (a sampling profiler that reads the server's stacks from outside it, so the
 server runs as it does in production) for ``--seconds``. Each sample of a running thread is put in the first
 category any frame of its stack names, in this order: the decision log's write (its writer thread), metrics,
-serializing the answer, parsing the JSON, validating the request, the decision (classifying the prompt and
-the policy's choice), access and errors, and the server and framework (waitress, Flask, Werkzeug); the shares
-are of all samples.
+serializing the answer (its model written as JSON), parsing the JSON, validating the request (its model), the
+decision (classifying the prompt, the policy's choice and the answer's model built), access and errors, and
+the server and framework (waitress, Flask, Werkzeug); the shares are of all samples.
 
     pip install py-spy
     python benchmarks/profile_router.py [--seconds 20] [--threads 8] [--concurrency 16]
@@ -45,9 +45,9 @@ HERE = Path(__file__).resolve().parent
 CATEGORIES = (
     ("decision log", ("decision_log.py", "batch_writer.py")),
     ("metrics", ("router/serve/metrics.py", "prometheus")),
-    ("serializing", ("strict_json.py", "as_dict (", "jsonify")),
+    ("serializing", ("to_json (", "strict_json.py", "jsonify")),
     ("parsing", ("_parse_json", "json_input.py", "json/decoder.py", "json/__init__.py")),
-    ("validating", ("router/decide/contract.py", "pydantic")),
+    ("validating", ("read_route (", "read_batch (")),
     ("deciding", ("router/decide/", "router/classify/", "router/serve/service.py")),
     ("access and errors", ("webui/access.py", "api_error", "error_payload")),
     ("server and framework", ("waitress", "flask", "werkzeug", "router/serve/api.py", "webui/app.py")),

@@ -217,10 +217,18 @@ def test_a_profile_sample_is_the_first_category_any_of_its_frames_names(monkeypa
         "run (/r/router/serve/batch_writer.py:1)",
         "as_dict (/r/router/decide/reasons.py:4)",
     ]
-    assert [category(s) for s in (request, decided, logged)] == [
+    checked = [
+        *request,
+        "read_route (/r/router/decide/contract.py:2)",
+        "model_validate (/v/pydantic/main.py:5)",
+    ]
+    written = [*request, "to_json (/r/router/decide/contract.py:8)"]
+    assert [category(s) for s in (request, decided, logged, checked, written)] == [
         "server and framework",
         "deciding",
         "decision log",
+        "validating",
+        "serializing",
     ]
     found = shares([(request, 1), (decided, 2), (logged, 1)])
     assert found["samples"] == 4
