@@ -95,7 +95,7 @@ def test_the_policy_sets_contract_reaches_the_router_and_its_adaptation():
 
 def test_every_reason_code_renders_and_unknown_codes_are_refused():
     with pytest.raises(ValueError, match="unknown reason code"):
-        Reason("made_up")
+        Reason(code="made_up")
     assert (
         reason_text(reason("short_output", max_new_tokens=5, min_output_tokens=20))
         == "expected output 5 tokens < 20: off"
@@ -159,10 +159,7 @@ def test_decisions_carry_codes_whose_text_is_the_reasons_and_every_number_is_jso
         "x", max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
     )
     data = decision.to_data()
-    assert data["reasons"] == [
-        reason_text(Reason(r["code"], {k: v for k, v in r.items() if k != "code"}))
-        for r in data["reason_codes"]
-    ]
+    assert data["reasons"] == [reason_text(Reason.model_validate(r)) for r in data["reason_codes"]]
     json.dumps(data, allow_nan=False)  # raises on NaN or infinity anywhere
     assert data["gamma"] == 0 if not data["speculate"] else 1 <= data["gamma"] <= 8
     assert "workload_policy" in decision.codes  # no classifier: the workload-wide policy decided

@@ -113,7 +113,7 @@ def test_route_rules_short_outputs_batches_and_fallback():
         "unlabelled",
         4,
     )
-    assert decision.engine == {
+    assert decision.to_data()["engine"] == {
         "transformers": {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 3},
         "llama.cpp": {"pool": "vllm-spec3", "speculative": {"draft": "prompt-lookup", "n_max": 3}},
         "pool": "vllm-spec3",
@@ -123,7 +123,7 @@ def test_route_rules_short_outputs_batches_and_fallback():
     assert decision.predicted_acceptance == 0.6 and decision.expected_speedup == 1.3
     short = router.route("anything", max_new_tokens=10)
     assert (short.speculate, short.gamma, short.to_data()["engine"]["pool"]) == (False, 0, "spec-off")
-    assert [r.as_dict() for r in short.reasons if r.code == "short_output"] == [
+    assert [r.as_dict() for r in short.reason_codes if r.code == "short_output"] == [
         {"code": "short_output", "max_new_tokens": 10, "min_output_tokens": 20}
     ]
     batched = router.route("anything", batch_size=32)

@@ -167,7 +167,7 @@ def test_the_decision_names_the_pool_running_the_tasks_setting(session):
     assert copy.to_data()["engine"]["llama-server"]["setting"] == setting
     assert copy.to_data()["engine"]["llama-server"]["flags"][:2] == ["--spec-type", setting.split()[0]]
     assert (
-        "transformers" not in copy.engine and "llama.cpp" not in copy.engine
+        "transformers" not in copy.to_data()["engine"] and "llama.cpp" not in copy.to_data()["engine"]
     )  # they cannot run this setting
     chat = router.route(texts["general"][0], max_new_tokens=64)
     assert (chat.task_type, chat.speculate, chat.gamma) == ("general", False, 0)
@@ -298,7 +298,9 @@ def test_a_set_from_a_run_keeps_its_gamma_pools_and_has_no_llama_server_plan(ses
     }
     assert options["code"][0] is not None and options["qa"] == (None, "spec-off")
     decision = router_from_database(session).route("def f(x): return x", max_new_tokens=64)
-    assert "llama-server" not in decision.engine and "transformers" in decision.engine
+    assert (
+        "llama-server" not in decision.to_data()["engine"] and "transformers" in decision.to_data()["engine"]
+    )
     with pytest.raises(PolicyError, match=f"published from analysis run {run.id}, not from a llama-server"):
         policy_set_plan(session)
 

@@ -152,7 +152,7 @@ def home():
         )
         counts = {
             "prompt_sets": session.scalar(select(func.count()).select_from(PromptSet)),
-            "analyses": session.scalar(select(func.count()).select_from(AnalysisRun))
+            "analyses": (session.scalar(select(func.count()).select_from(AnalysisRun)) or 0)
             + len(server_rows(session)),
         }
         classifier = session.scalar(
