@@ -9,9 +9,12 @@ the server and framework (waitress, Flask, Werkzeug); the shares are of all samp
 
     pip install py-spy
     python benchmarks/profile_router.py [--seconds 20] [--threads 8] [--concurrency 16]
+    git worktree add /tmp/before 49cefe4 && python benchmarks/profile_router.py --checkout /tmp/before --label 49cefe4
 
 Writes benchmarks/results/router_profile.json (the shares and the 25 heaviest innermost project frames) and the
-collapsed stacks beside it (router_profile.stacks.txt, for a flame graph), then rewrites benchmarks/README.md.
+collapsed stacks beside it (router_profile.stacks.txt, for a flame graph), then rewrites benchmarks/README.md;
+with ``--checkout DIR --label NAME`` it profiles the specroute of another checkout (its database prepared by its
+own command line) into router_profile_NAME.json, which the README shows beside today's.
 Run it with nothing else on the machine.
 """
 
@@ -108,22 +111,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="server threads")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="profile the specroute of this checkout")
+    parser.add_argument("--label", default="", help="with --checkout: the name its result is stored under")
     args = parser.parse_args()
+    root = args.checkout.resolve()
+    if (root != ROOT) != bool(args.label):
+        parser.error("give --label with --checkout (and only then)")
+    suffix = f"_{args.label}" if args.label else ""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         raise SystemExit("py-spy is not installed: pip install py-spy")
     folder = tempfile.mkdtemp(prefix="specroute-profile-router-")
     url = f"sqlite:///{folder}/router.db"
-    prepare_database(url)
+    prepare_database(url, root)
     prompts = corpus_prompts(2000)
     bodies = [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts]
     port = free_port()
-    stacks_file = HERE / "results" / "router_profile.stacks.txt"
+    stacks_file = HERE / "results" / f"router_profile{suffix}.stacks.txt"
     with open(Path(folder) / "server.log", "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "webui.cli", "serve", "--port", str(port), "--threads", str(args.threads)],
-            env=server_env(ROOT, url, folder),
-            cwd=ROOT,
+            env=server_env(root, url, folder),
+            cwd=root,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -155,13 +164,14 @@ def main() -> None:
         "seconds": args.seconds,
         "load": load,
         **found,
+        "checkout": args.label or "today",
         "command": f"python benchmarks/profile_router.py --seconds {args.seconds:g} --threads {args.threads} "
-        f"--concurrency {args.concurrency}",
+        f"--concurrency {args.concurrency}" + (f" --checkout DIR --label {args.label}" if args.label else ""),
     }
     for name, share in found["shares"].items():
         print(f"{name:<22} {100 * share:5.1f}%")
     print(f"{load['requests_per_s']:.0f} requests/s under the profiler, p99 {load['p99_ms']:.1f} ms")
-    out = HERE / "results" / "router_profile.json"
+    out = HERE / "results" / f"router_profile{suffix}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out} and {stacks_file}")
     from readme_tables import write_readme  # benchmarks/README.md's tables (this folder is on sys.path)

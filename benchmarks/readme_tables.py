@@ -792,22 +792,28 @@ def router_section(results: Path = RESULTS) -> str:
 
 def _router_profile(results: Path) -> str:
     """Where a routed request's time goes under load (benchmarks/profile_router.py): each category's share of
-    the sampling profiler's samples."""
+    the sampling profiler's samples, today's and, beside it, each other checkout's profiled (``--label``)."""
     name = "router_profile.json"
     if not (results / name).exists():
         return ""
-    data = load(results, name)
-    rows = [[category, pct(share)] for category, share in data["shares"].items()]
-    load_ = data["load"]
+    names = [name] + sorted(p.name for p in results.glob("router_profile_*.json"))
+    profiles = [load(results, n) for n in names]
+    data = profiles[0]
+    rows = [
+        [category] + [pct(p["shares"].get(category, 0.0)) for p in profiles] for category in data["shares"]
+    ]
+    rows.append(["requests/s while sampled"] + [num(p["load"]["requests_per_s"]) for p in profiles])
+    rows.append(["p99 ms while sampled"] + [num(p["load"]["p99_ms"]) for p in profiles])
     text = (
         f"Where a routed request's time goes: one `specroute serve` process ({data['threads']} threads, SQLite) "
-        f"under {data['concurrency']} connections posting corpus prompts to `/v1/route` "
-        f"({num(load_['requests_per_s'])} requests/s, p99 {num(load_['p99_ms'])} ms while sampled), sampled by "
-        f"py-spy for {num(data['seconds'])} s ({num(data['samples'])} samples of running threads); each sample is "
-        "the first category any frame of its stack names, in the table's order. The collapsed stacks are beside "
-        "the result (`results/router_profile.stacks.txt`, for a flame graph)."
+        f"under {data['concurrency']} connections posting corpus prompts to `/v1/route`, sampled by py-spy for "
+        f"{num(data['seconds'])} s ({num(data['samples'])} samples of running threads today); each sample is the "
+        "first category any frame of its stack names, in the table's order. The collapsed stacks are beside each "
+        "result (`results/router_profile*.stacks.txt`, for a flame graph)."
     )
-    return block(text, "where | share of samples", rows, [(name, recorded_machine(data), data["command"])])
+    header = "where | " + " | ".join(f"share of samples ({p.get('checkout', 'today')})" for p in profiles)
+    entries = [(n, recorded_machine(p), p["command"]) for n, p in zip(names, profiles)]
+    return block(text, header, rows, entries)
 
 
 # --- 4. the task classifier ---------------------------------------------------------------------------------
