@@ -278,7 +278,7 @@ def server_name(workers: int) -> str:
 
 # how every tree's database is prepared, by its own command line (``python -m webui.cli``), so that a checkout
 # whose modules sit elsewhere prepares its own schema: the bundled classifier, and a policy set (version 1,
-# active) from an analysis of one bundled sample prompt per task, 16 new tokens, in transformers
+# active) from an analysis of one bundled sample prompt per task, 16 new tokens, gamma up to 4, in transformers
 PREPARE_STEPS = (
     ("db", "upgrade"),
     ("prompts", "import", "{prompts}", "--name", "bench"),
@@ -291,6 +291,8 @@ PREPARE_STEPS = (
         "transformers",
         "--max-new-tokens",
         "16",
+        "--gamma-max",
+        "4",
         "--validate",
         "0",
     ),
