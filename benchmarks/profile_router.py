@@ -1,11 +1,13 @@
-"""Where a routed request's time goes: ``specroute serve`` (one process, ``--threads``) on a SQLite file prepared
-as benchmarks/bench_router.py prepares it, under that script's load generator posting corpus prompts to
-``/v1/route``, sampled by py-spy (a sampling profiler that reads the server's stacks from outside it, so the
-server runs as it does in production) for ``--seconds``. Each sample of a running thread is put in the first
-category any frame of its stack names, in this order: the decision log's write (its writer thread), metrics,
-serializing the answer (its model written as JSON), parsing the JSON, validating the request (its model), the
-decision (classifying the prompt, the policy's choice and the answer's model built), access and errors, and
-the server and framework (waitress, Flask, Werkzeug); the shares are of all samples.
+"""Where a routed request's time goes: ``specroute serve`` (one process, ``--threads``) on a SQLite file prepared as
+benchmarks/bench_router.py prepares it, under that script's load generator posting corpus prompts to ``/v1/route``,
+sampled by py-spy (a sampling profiler that reads the server's stacks from outside it, so the server runs as it does
+in production) for ``--seconds``. Only the thread holding the GIL is sampled (py-spy's ``--gil``): the server's
+Python runs one thread at a time, so these samples are where its CPU time goes, and the sampling instants at which
+no thread held the GIL (the expected count less the samples taken) are the time it waited on sockets and the
+database. Each sample is put in the first category any frame of its stack names, in this order: the decision log's
+write (its writer thread), metrics, serializing the answer (its model written as JSON), parsing the JSON, validating
+the request (its model), the decision (classifying the prompt, the policy's choice and the answer's model built),
+access and errors, and the server and framework (waitress, Flask, Werkzeug); the shares are of all samples taken.
 
     pip install py-spy
     python benchmarks/profile_router.py [--seconds 20] [--threads 8] [--concurrency 16]
@@ -141,7 +143,7 @@ def main() -> None:
             drive(port, "/v1/route", bodies, args.concurrency, 3.0, 1.0)  # the router loaded and warm
             record = [
                 spy, "record", "--pid", str(server.pid), "--duration", str(int(args.seconds)),
-                "--rate", str(args.rate), "--format", "raw", "--threads", "--nonblocking",
+                "--rate", str(args.rate), "--format", "raw", "--threads", "--nonblocking", "--gil",
                 "--output", str(stacks_file),
             ]  # fmt: skip
             sampled: dict = {}
@@ -157,6 +159,8 @@ def main() -> None:
     if sampled["done"].returncode != 0:
         raise SystemExit(f"py-spy failed: {sampled['done'].stderr[-2000:]}")
     found = shares(read_stacks(stacks_file))
+    expected = args.rate * int(args.seconds)
+    found["gil_free"] = max(0.0, 1.0 - found["samples"] / expected) if expected else 0.0
     result = {
         "machine": f"{cpu_model_name()}, {os.cpu_count()} CPUs",
         "threads": args.threads,
@@ -170,6 +174,7 @@ def main() -> None:
     }
     for name, share in found["shares"].items():
         print(f"{name:<22} {100 * share:5.1f}%")
+    print(f"no thread held the GIL at {100 * found['gil_free']:.1f}% of the sampling instants")
     print(f"{load['requests_per_s']:.0f} requests/s under the profiler, p99 {load['p99_ms']:.1f} ms")
     out = HERE / "results" / f"router_profile{suffix}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
