@@ -37,8 +37,8 @@ def build(state: CliState, force: bool, jobs: int | None) -> None:
     llama.cpp that the pinned llama-cpp-python version's sdist vendors (pip downloads the sdist; needs
     CMake, Ninja and a C++ compiler), into the machine's build cache (SPECROUTE_BUILD_CACHE, by default the
     per-user cache folder), which every data folder shares, printing each compile step (step N of M) and the
-    time taken; reuse a build of the same version (there or in the data folder's cache) unless --force. About
-    4 minutes on 2 cores the first time."""
+    time taken; reuse a build of the same version (there or in the data folder's cache) unless --force. 4 to 14
+    minutes on 2 cores the first time."""
     path = build_llama_server(
         state.settings.resolved_build_cache(),
         also=[_cache_dir(state)],
