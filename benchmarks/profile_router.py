@@ -3,8 +3,8 @@ benchmarks/bench_router.py prepares it, under that script's load generator posti
 sampled by py-spy (a sampling profiler that reads the server's stacks from outside it, so the server runs as it does
 in production) for ``--seconds``. Only the thread holding the GIL is sampled (py-spy's ``--gil``): the server's
 Python runs one thread at a time, so these samples are where its CPU time goes, and the sampling instants at which
-no thread held the GIL (the expected count less the samples taken) are the time it waited on sockets and the
-database. Each sample is put in the first category any frame of its stack names, in this order: the decision log's
+no thread held the GIL (the expected count less the samples taken) are the time it waited on sockets, the database
+or a CPU. Each sample is put in the first category any frame of its stack names, in this order: the decision log's
 write (its writer thread), metrics, serializing the answer (its model written as JSON), parsing the JSON, validating
 the request (its model), the decision (classifying the prompt, the policy's choice and the answer's model built),
 access and errors, and the server and framework (waitress, Flask, Werkzeug); the shares are of all samples taken.

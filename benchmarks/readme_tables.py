@@ -802,20 +802,17 @@ def _router_profile(results: Path) -> str:
     rows = [
         [category] + [pct(p["shares"].get(category, 0.0)) for p in profiles] for category in data["shares"]
     ]
-    rows.append(
-        ["no thread held the GIL (share of instants)"]
-        + [pct(p["gil_free"]) if "gil_free" in p else "-" for p in profiles]
-    )
+    rows.append(["no thread held the GIL (share of instants)"] + [pct(p["gil_free"]) for p in profiles])
     rows.append(["requests/s while sampled"] + [num(p["load"]["requests_per_s"]) for p in profiles])
     rows.append(["p99 ms while sampled"] + [num(p["load"]["p99_ms"]) for p in profiles])
     text = (
         f"Where a routed request's time goes: one `specroute serve` process ({data['threads']} threads, SQLite) "
         f"under {data['concurrency']} connections posting corpus prompts to `/v1/route`, sampled by py-spy for "
-        f"{num(data['seconds'])} s ({num(data['samples'])} samples today), each of the thread holding the GIL: "
-        "where the server's CPU time goes (its Python runs one thread at a time). Each sample is the "
-        "first category any frame of its stack names, in the table's order; the instants at which no thread "
-        "held the GIL are the server waiting on its sockets and database. The collapsed stacks are beside each "
-        "result (`results/router_profile*.stacks.txt`, for a flame graph)."
+        f"{num(data['seconds'])} s ({num(data['samples'])} samples today), each taken of the thread then holding "
+        "the GIL: where the server's CPU time goes (its Python runs one thread at a time). Each sample is the first "
+        "category any frame of its stack names, in the table's order; the instants at which no thread held the GIL "
+        "are the server waiting on its sockets, its database or a CPU. The collapsed stacks are beside each result "
+        "(`results/router_profile*.stacks.txt`, for a flame graph)."
     )
     header = "where | " + " | ".join(f"share of samples ({p.get('checkout', 'today')})" for p in profiles)
     entries = [(n, recorded_machine(p), p["command"]) for n, p in zip(names, profiles)]

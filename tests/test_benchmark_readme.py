@@ -237,18 +237,20 @@ def test_a_profile_sample_is_the_first_category_any_of_its_frames_names(monkeypa
 
 
 def test_the_router_profile_table_shows_each_checkout_profiled_beside_today(tmp_path):
-    def profile(checkout: str, deciding: float, rps: float) -> dict:
+    def profile(checkout: str, deciding: float, rps: float, gil_free: float) -> dict:
         return {
             "machine": "AMD EPYC, 2 CPUs", "threads": 8, "concurrency": 16, "seconds": 20, "samples": 100,
+            "gil_free": gil_free,
             "load": {"requests_per_s": rps, "p99_ms": 30.0}, "checkout": checkout, "command": f"profile {checkout}",
             "shares": {"decision log": 0.1, "deciding": deciding, "server and framework": 0.9 - deciding},
         }  # fmt: skip
 
     assert readme_tables._router_profile(tmp_path) == ""  # nothing profiled: no section
-    (tmp_path / "router_profile.json").write_text(json.dumps(profile("today", 0.3, 1500)))
-    (tmp_path / "router_profile_49cefe4.json").write_text(json.dumps(profile("49cefe4", 0.2, 800)))
+    (tmp_path / "router_profile.json").write_text(json.dumps(profile("today", 0.3, 1500, 0.25)))
+    (tmp_path / "router_profile_49cefe4.json").write_text(json.dumps(profile("49cefe4", 0.2, 800, 0.5)))
     table = readme_tables._router_profile(tmp_path)
     assert "| where | share of samples (today) | share of samples (49cefe4) |" in table
     assert "| deciding | 30.0% | 20.0% |" in table
+    assert "| no thread held the GIL (share of instants) | 25.0% | 50.0% |" in table
     assert "| requests/s while sampled | 1,500 | 800 |" in table
     assert "`results/router_profile_49cefe4.json`" in table and "`profile 49cefe4`" in table
