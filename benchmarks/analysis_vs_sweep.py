@@ -14,10 +14,16 @@ Arms, each from stopped servers to stopped servers (a server's start is part of 
 
 Beside the times, each analysis' advice accuracy on the prompts it validated: per setting the advice's
 aggregate error (predicted from plain greedy output against the measured time-weighted speedup) and the noise
-half-width, and the correlation of predicted and measured among prompts that draft. Writes
+half-width, and the correlation of predicted and measured among prompts that draft; and what the generation
+pass's plain runs would give calibration (``generation_vs_interleaved``): per calibration prompt the plain
+step time its generation run took against its interleaved plain runs (median ratio and spread), and the noise
+the generation runs would measure paired with the interleaved ones once that ratio is taken out. Writes
 benchmarks/results/analysis_vs_sweep_<prompts>.json and rewrites benchmarks/README.md.
 
-    python benchmarks/analysis_vs_sweep.py [--per-task 3] [--n-predict 64] [--repeats 3]
+    python benchmarks/analysis_vs_sweep.py [--per-task 3] [--n-predict 64] [--repeats 3] [--sweep-repeats N]
+
+``--sweep-repeats N`` runs the sweep arm in the first N repetitions only (at 300 prompts one sweep takes
+about six plain generations); the medians say how many runs each arm had.
 
 Run it with nothing else on the machine; every figure is for the CPU model and thread count it prints.
 """
@@ -97,6 +103,7 @@ def analysis_arm(
     seconds = time.perf_counter() - started
     figures = validation_figures(analysis)
     return {
+        "generation_vs_interleaved": generation_vs_interleaved(analysis.prompts),
         "seconds": seconds,
         "reused_fit": analysis.fit_from is not None,
         "calibration_prompts": analysis.calibration_prompts,
@@ -122,6 +129,28 @@ def analysis_arm(
     }, PriorFit(analysis.costs, number)
 
 
+def generation_vs_interleaved(outcomes: list) -> dict | None:
+    """Per calibration prompt, the plain step time of its generation run (the plain server's prompts one after
+    another) over the mean of its interleaved plain runs (each pass's plain runs around the settings' servers),
+    undisturbed ones: the median ratio, its 10th and 90th percentiles, and the mean absolute log ratio around
+    the median (the noise such pairs would measure once the bias is taken out). None: too few prompts."""
+    ratios = []
+    for outcome in outcomes:
+        runs = [run for pair in outcome.plain_pairs for run in pair if not run.disturbed]
+        if outcome.calibration and runs and not outcome.plain.disturbed and outcome.plain.step_ms > 0:
+            ratios.append(outcome.plain.step_ms / float(np.mean([run.step_ms for run in runs])))
+    if len(ratios) < 2:
+        return None
+    logs = np.log(np.asarray(ratios))
+    return {
+        "prompts": len(ratios),
+        "median_ratio": float(np.exp(np.median(logs))),
+        "p10": float(np.exp(np.percentile(logs, 10))),
+        "p90": float(np.exp(np.percentile(logs, 90))),
+        "noise_without_bias": float(np.mean(np.abs(logs - np.median(logs)))),
+    }
+
+
 def machine() -> str:
     return f"{cpu_model_name()}, {os.cpu_count()} CPUs"
 
@@ -134,7 +163,10 @@ def main() -> None:
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calibration", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions of the three arms (medians)")
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions of the arms (medians)")
+    parser.add_argument(
+        "--sweep-repeats", type=int, default=None, help="run the sweep in the first N repetitions only"
+    )
     args = parser.parse_args()
     settings = load_settings()
     binary = find_llama_server(
@@ -153,6 +185,8 @@ def main() -> None:
     for repeat in range(args.repeats):
         order = ARMS[repeat % len(ARMS) :] + ARMS[: repeat % len(ARMS)]
         for arm in order:
+            if arm == "sweep" and args.sweep_repeats is not None and repeat >= args.sweep_repeats:
+                continue
             if arm == "plain":
                 seconds[arm].append(one_pass(setup, None, prompts, args.n_predict))
             elif arm == "sweep":
@@ -186,11 +220,13 @@ def main() -> None:
         "n_predict": args.n_predict,
         "settings": list(DRAFTERS),
         "repeats": args.repeats,
+        "runs": {arm: len(values) for arm, values in seconds.items()},
         "seconds": seconds,
         "medians": medians,
         "analyses": analyses,
         "command": f"python benchmarks/analysis_vs_sweep.py --per-task {args.per_task} --n-predict "
-        f"{args.n_predict} --repeats {args.repeats}",
+        f"{args.n_predict} --repeats {args.repeats}"
+        + (f" --sweep-repeats {args.sweep_repeats}" if args.sweep_repeats is not None else ""),
     }
     out = HERE / "results" / f"analysis_vs_sweep_{len(prompts)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -596,7 +596,8 @@ def _analysis_vs_sweep(results: Path) -> str:
     """The analysis in llama-server with its defaults beside a sweep of its settings and one plain generation,
     side by side in one run (benchmarks/analysis_vs_sweep.py); with each analysis' advice accuracy."""
     rows, entries = [], []
-    for name in sorted(p.name for p in results.glob("analysis_vs_sweep_*.json")):
+    names = [p.name for p in results.glob("analysis_vs_sweep_*.json")]
+    for name in sorted(names, key=lambda n: int(n.removeprefix("analysis_vs_sweep_").removesuffix(".json"))):
         data = load(results, name)
         medians = data["medians"]
         for arm in [a for a in ("analysis", "reused") if a in medians]:
@@ -611,11 +612,13 @@ def _analysis_vs_sweep(results: Path) -> str:
         "settings (a plain server and each setting's server over every prompt) and one plain generation, each from "
         "starting its servers to stopping them, interleaved in one run, medians of the repetitions; the prompts "
         "each calibrated and validated, the advice's largest aggregate error per setting on the prompts each "
-        "analysis validated, and the median noise half-width beside it."
+        "analysis validated, and the median noise half-width beside it; the sweep's runs where fewer than the "
+        "others'. The last column is what the generation pass's plain runs would give calibration: their plain "
+        "step time over the same prompts' interleaved plain runs (median over the calibration prompts)."
     )
     header = (
         "prompts | fit | plain s | sweep s | analysis s | analysis / plain | analysis / sweep | calibrated | "
-        "validated | advice error, largest | noise half-width | advice withheld"
+        "validated | advice error, largest | noise half-width | advice withheld | generation / interleaved plain"
     )
     return block(text, header, rows, entries)
 
@@ -636,7 +639,7 @@ def _analysis_row(data: dict, arm: str) -> list[str]:
         if arm == "analysis"
         else f"reused ({sum(a['reused_fit'] for a in analyses)} of {len(analyses)})",
         num(medians["plain"]),
-        num(medians["sweep"]),
+        num(medians["sweep"]) + _fewer_runs(data, "sweep"),
         num(medians[arm]),
         ratio(medians[arm] / medians["plain"]),
         ratio(medians[arm] / medians["sweep"]),
@@ -645,7 +648,25 @@ def _analysis_row(data: dict, arm: str) -> list[str]:
         pct(max(errors)) if errors else "-",
         pct(float(np.median(halves))) if halves else "-",
         num(sum(1 for a in analyses if a["withheld"])) + f" of {len(analyses)}",
+        _generation_ratio(analyses),
     ]
+
+
+def _fewer_runs(data: dict, arm: str) -> str:
+    """ " (1 run)" where ``arm`` ran fewer times than the repetitions, else nothing."""
+    runs = data.get("runs", {}).get(arm, data["repeats"])
+    return f" ({runs} run{'s' if runs != 1 else ''})" if runs < data["repeats"] else ""
+
+
+def _generation_ratio(analyses: list[dict]) -> str:
+    """The median over ``analyses`` of the generation runs' plain step time over the interleaved plain runs',
+    with its range; "-" where no analysis recorded it."""
+    found = [a["generation_vs_interleaved"] for a in analyses if a.get("generation_vs_interleaved")]
+    if not found:
+        return "-"
+    medians = [f["median_ratio"] for f in found]
+    low, high = min(f["p10"] for f in found), max(f["p90"] for f in found)
+    return f"{ratio(float(np.median(medians)))} ({ratio(low)}-{ratio(high)})"
 
 
 def _predict_workload(name: str) -> str:
