@@ -23,6 +23,12 @@
 
     python benchmarks/bench_router.py --out benchmarks/results/router.json
     python benchmarks/bench_router.py --skip-in-process --database both --checkout /tmp/before
+    python benchmarks/bench_router.py --skip-in-process --database sqlite --endpoints route \
+        --against /tmp/before --against-label 49cefe4 --out benchmarks/results/router_vs_49cefe4.json
+
+``--against DIR`` serves a second checkout beside ``--checkout``'s, every server up at once and the runs
+interleaved: the side-by-side table (requests per second, p50, p99, each as a share of the bare app in the same
+run, and today's over the other's).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pg_server import create_database, throwaway_postgres  # noqa: E402
 
 from analyzer.db import make_engine  # noqa: E402
+from analyzer.models.devices import cpu_model_name  # noqa: E402
 from analyzer.pricing.speedup import Cost  # noqa: E402
 from analyzer.prompts.ingest import parse_prompt_file  # noqa: E402
 from analyzer.prompts.prompt_checks import prompt_text  # noqa: E402
@@ -385,36 +392,59 @@ def count_rows(url: str, table: str) -> int:
         engine.dispose()
 
 
+def trees(args) -> list[tuple[str, Path]]:
+    """(label, checkout root) of every tree served: ``--checkout`` ("today", or its ``--label``), and
+    ``--against``'s tree beside it ("before", or its ``--against-label``) where given."""
+    found = [(args.label, args.checkout.resolve())]
+    if args.against is not None:
+        found.append((args.against_label, args.against.resolve()))
+    return found
+
+
 def http(prompts: list[str], args) -> dict:
-    """Every (database, workers) server and the bare app up together; each of ``args.runs`` rounds drives
-    each (server, endpoint) in turn; medians per row."""
+    """Every (tree, database, workers) server and the bare app up together, each tree's databases prepared by
+    its own command line; each of ``args.runs`` rounds drives each (server, endpoint) in turn; medians per
+    row. With one tree the rows are keyed "database | server | endpoint", with two "tree | database | ..."."""
     folder = tempfile.mkdtemp(prefix="specroute-bench-router-")
     bodies = {
         "route": [json.dumps({"prompt": p, "max_new_tokens": 128}).encode() for p in prompts],
         "feedback": feedback_bodies(2000),
     }
-    root = args.checkout.resolve()
-    started, logs, rows = {}, [], {}
-    with databases(args.database, folder, "router") as urls:
-        for url in urls.values():
-            prepare_database(url, root)
+    served_trees = trees(args)
+    started, logs, rows, stored = {}, [], {}, {}
+    with contextlib.ExitStack() as stack:
+        tree_urls = {
+            label: stack.enter_context(databases(args.database, folder, f"router{index}"))
+            for index, (label, _) in enumerate(served_trees)
+        }
+        roots = dict(served_trees)
+        for label, urls in tree_urls.items():
+            for url in urls.values():
+                prepare_database(url, roots[label])
+        first_urls = tree_urls[served_trees[0][0]]
         servers = [
-            (("-", "bare WSGI app"), [sys.executable, "-c", BARE_APP], urls.get("sqlite", "sqlite://"))
+            (
+                ("-", "-", "bare WSGI app"),
+                [sys.executable, "-c", BARE_APP],
+                first_urls.get("sqlite", "sqlite://"),
+            )
         ] + [
             (
-                (kind, server_name(workers)),
+                (label, kind, server_name(workers)),
                 [sys.executable, "-m", "webui.cli", "serve", "--workers", str(workers)],
                 url,
             )
+            for label, urls in tree_urls.items()
             for kind, url in urls.items()
             for workers in args.workers
         ]
         try:
             for key, command, url in servers:  # all up at once, so that their runs can be interleaved
                 port = free_port()
+                root = roots.get(key[0], served_trees[0][1])
                 argv = command + (
                     [str(port), str(args.threads)]
-                    if key[1].startswith("bare")
+                    if key[2].startswith("bare")
                     else ["--port", str(port), "--threads", str(args.threads)]
                 )
                 logs.append(open(Path(folder) / f"server-{port}.log", "wb"))
@@ -429,13 +459,13 @@ def http(prompts: list[str], args) -> dict:
                     ),
                 )
             plan = [
-                (key, "route" if key[0] == "-" else endpoint)
+                (key, "route" if key[1] == "-" else endpoint)
                 for key in started
-                for endpoint in (["-"] if key[0] == "-" else args.endpoints)
+                for endpoint in (["-"] if key[1] == "-" else args.endpoints)
             ]
             for key, (port, _) in started.items():
                 wait_for(port)
-                if key[0] != "-":
+                if key[1] != "-":
                     drive(
                         port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0
                     )  # every process has loaded its router
@@ -459,8 +489,12 @@ def http(prompts: list[str], args) -> dict:
                 server.wait(timeout=30)
             for log in logs:
                 log.close()
-        for ((kind, server), endpoint), measured in runs.items():
-            rows[f"{kind} | {server} | {'-' if kind == '-' else ENDPOINTS[endpoint]}"] = {
+        for ((tree, kind, server), endpoint), measured in runs.items():
+            row_key = f"{kind} | {server} | {'-' if kind == '-' else ENDPOINTS[endpoint]}"
+            if len(served_trees) > 1:
+                row_key = f"{tree} | {row_key}"
+            rows[row_key] = {
+                **({"tree": tree} if len(served_trees) > 1 else {}),
                 "database": kind,
                 "server": server,
                 "endpoint": "-" if kind == "-" else ENDPOINTS[endpoint],
@@ -471,14 +505,23 @@ def http(prompts: list[str], args) -> dict:
                 "errors": int(sum(r["errors"] for r in measured)),
                 "error_examples": [e for r in measured for e in r["error_examples"]][:3],
             }
-        stored = {
-            kind: {
-                "decisions_logged": count_rows(url, "route_decisions"),
-                "feedback_events": count_rows(url, "feedback_events"),
-            }
-            for kind, url in urls.items()
-        }
-    return {"rows": rows, "stored": stored, "checkout": str(root)}
+        for label, urls in tree_urls.items():
+            for kind, url in urls.items():
+                stored[kind if len(served_trees) == 1 else f"{label} {kind}"] = {
+                    "decisions_logged": count_rows(url, "route_decisions"),
+                    "feedback_events": count_rows(url, "feedback_events"),
+                }
+    result = {"rows": rows, "stored": stored, "checkout": str(served_trees[0][1])}
+    if len(served_trees) > 1:
+        result["trees"] = {label: str(root) for label, root in served_trees}
+        result["threads"], result["concurrency"], result["seconds"] = (
+            args.threads,
+            args.concurrency,
+            args.seconds,
+        )
+        result["machine"] = f"{cpu_model_name()}, {os.cpu_count()} CPUs"
+        result["endpoints"], result["workers"], result["runs"] = args.endpoints, args.workers, args.runs
+    return result
 
 
 def main() -> None:
@@ -519,6 +562,17 @@ def main() -> None:
         help="serve the specroute of this checkout (default: this one), e.g. a git worktree "
         "of an older commit, to compare versions under the same load generator",
     )
+    parser.add_argument(
+        "--label", default="today", help="the --checkout tree's name in the rows (with --against)"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="serve this checkout's specroute too, beside --checkout's, every server up at once and the runs "
+        "interleaved (e.g. a git worktree of an older commit); the rows name each tree",
+    )
+    parser.add_argument("--against-label", default="before", help="the --against tree's name in the rows")
     parser.add_argument(
         "--features", default="tfidf", help="classifier feature set: tfidf, minilm or tfidf+minilm"
     )
@@ -577,9 +631,10 @@ def main() -> None:
         )
         print("database | server | endpoint | req/s | p50 ms | p99 ms | errors")
         for r in served["rows"].values():
+            tree = f"{r['tree']} | " if "tree" in r else ""
             print(
-                f"{r['database']} | {r['server']} | {r['endpoint']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
-                f"{r['p99_ms']:.2f} | {r['errors']}"
+                f"{tree}{r['database']} | {r['server']} | {r['endpoint']} | {r['requests_per_s']:.0f} | "
+                f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']}"
             )
         for kind, stored in served["stored"].items():
             print(

@@ -801,14 +801,68 @@ def router_section(results: Path = RESULTS) -> str:
     header_http = ["result", "database", "server", "endpoint", "req/s", "p50 ms", "p99 ms", "errors"]
     header_load = "result | database | processes | kind | requests | per s | p50 ms | p99 ms | errors"
     profile = _router_profile(results)
+    side_by_side = _router_side_by_side(results)
     return "\n\n".join(
         [
             block(classifier_note, header_local, local, local_entries),
             block(http_note, header_http, http, http_entries),
+            *([side_by_side] if side_by_side else []),
             block(load_note, header_load, load_rows, load_entries),
             *([profile] if profile else []),
         ]
     )
+
+
+def _router_side_by_side(results: Path) -> str:
+    """Today's router beside an older tree's under the same load generator, every server up at once and the
+    runs interleaved (bench_router.py ``--against``): per database, processes and endpoint each tree's
+    requests per second, p50 and p99, its share of the bare app's requests per second in the same run, and
+    today's over the other's."""
+    rows, entries = [], []
+    for name in sorted(p.name for p in results.glob("router_vs_*.json")):
+        data = load(results, name)["http"]
+        (today, _), (before, _) = list(data["trees"].items())
+        bare = data["rows"]["- | - | bare WSGI app | -"]["requests_per_s"]
+        for key, now in data["rows"].items():
+            if not key.startswith(f"{today} | ") or now["database"] == "-":
+                continue
+            then = data["rows"][key.replace(f"{today} | ", f"{before} | ", 1)]
+            rows.append(
+                [
+                    f"{today} / {before}",
+                    now["database"],
+                    now["server"],
+                    now["endpoint"],
+                    f"{num(round(now['requests_per_s']))} / {num(round(then['requests_per_s']))}",
+                    f"{num(now['p50_ms'])} / {num(then['p50_ms'])}",
+                    f"{num(now['p99_ms'])} / {num(then['p99_ms'])}",
+                    f"{pct(now['requests_per_s'] / bare)} / {pct(then['requests_per_s'] / bare)}",
+                    ratio(now["requests_per_s"] / then["requests_per_s"]),
+                    ratio(now["p99_ms"] / then["p99_ms"]),
+                    f"{num(now['errors'])} / {num(then['errors'])}",
+                ]
+            )
+        kinds = sorted({r["database"] for r in data["rows"].values() if r["database"] != "-"})
+        command = (
+            f"python benchmarks/bench_router.py --skip-in-process --database {kinds[0] if len(kinds) == 1 else 'both'} "
+            f"--endpoints {','.join(data['endpoints'])} --workers {','.join(map(str, data['workers']))} "
+            f"--threads {data['threads']} --concurrency {data['concurrency']} --runs {data['runs']} "
+            f"--against <worktree of {before}> "
+            f"--against-label {before} --out benchmarks/results/{name}"
+        )
+        entries.append((name, data["machine"], command))
+    if not rows:
+        return ""
+    text = (
+        "The router today beside an older tree under the same load generator: `specroute serve` of each tree (its "
+        "database prepared by its own command line), the bare WSGI app, every server up at once and their runs "
+        "interleaved, medians of the runs; share of the bare app's requests per second in the same run."
+    )
+    header = (
+        "trees | database | server | endpoint | req/s | p50 ms | p99 ms | share of the bare app | req/s ratio | "
+        "p99 ratio | errors"
+    )
+    return block(text, header, rows, entries)
 
 
 def _router_profile(results: Path) -> str:

@@ -336,6 +336,18 @@ class RouteFastPath:
         return [body]
 
 
+def answers_in_memory(router_service: RouterService) -> Callable[[str, str], bool]:
+    """(method, path) -> whether this API answers the request from memory, with no database or network on the
+    way: ``POST /v1/route`` while the router is loaded and not due to be checked against the database
+    (:meth:`RouterService.decides_in_memory`; its decision is queued for the log, never waited on). A server
+    may answer such a request on the thread that read it (webui/inline_serving.py)."""
+
+    def quick(method: str, path: str) -> bool:
+        return method == "POST" and path == "/v1/route" and router_service.decides_in_memory()
+
+    return quick
+
+
 # ---------------------------------------------------------------- wiring
 
 

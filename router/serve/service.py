@@ -107,6 +107,13 @@ class RouterService:
                     self._take_estimates(session, router)
         return router
 
+    def decides_in_memory(self) -> bool:
+        """Whether a route request is decided now without the database: the router is loaded and not due to be
+        checked against it (``router_refresh_s``; 0 checks on every request, so never)."""
+        return (
+            self._router is not None and time.monotonic() - self._checked_at < self.settings.router_refresh_s
+        )
+
     @staticmethod
     def _take_estimates(session: Session, router: Router) -> None:
         """Take every stored estimate that has seen more feedback than this process's copy."""

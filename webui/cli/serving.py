@@ -150,6 +150,10 @@ def _serve_one_process(listener, threads: int) -> None:
 
     import waitress
 
+    from router.serve.api import EXTENSION as ROUTER_EXTENSION
+    from router.serve.api import answers_in_memory
+    from webui.inline_serving import answer_quick_requests
+
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does: logs flushed
     try:
         app = _server_app(True)
@@ -162,6 +166,7 @@ def _serve_one_process(listener, threads: int) -> None:
         ident="specroute",
         max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1,
     )
+    answer_quick_requests(server, answers_in_memory(app.extensions[ROUTER_EXTENSION]))
     try:
         server.run()
     except KeyboardInterrupt:
