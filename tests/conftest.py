@@ -24,6 +24,10 @@ from click.testing import CliRunner
 import migrations
 from analyzer.db import make_engine, make_session_factory
 from benchmarks.pg_server import pg_bin, throwaway_postgres
+from router.classify.training import train_classifier
+from router.classify.training_data import make_training_data
+from router.policies.policy import publish_policies
+from tests.factories import make_done_run
 from tests.stop_on_sigterm import pytest_configure  # noqa: F401  (a run stopped with SIGTERM tears down as Ctrl-C)
 
 # Keep the bytecode of what the tests import, pytest's assertion-rewritten test modules included, even where
@@ -300,3 +304,17 @@ def small_gguf(tmp_path_factory) -> Path:
     return first_layers_of(
         gguf_file(parse_spec("builtin:smollm2-135m-instruct")), folder / "smollm2-4-layers.gguf"
     )
+
+
+@pytest.fixture
+def published(session):
+    """For the routing API's tests: an active policy set (code speculates, qa does not) and a classifier telling
+    them apart (a module may define its own ``published``)."""
+    with session.begin():
+        run = make_done_run(session, {"code": 0.9, "qa": 0.1})
+        publish_policies(session, run.id)
+        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
+            f"What is the capital of country number {i}? Answer briefly." for i in range(6)
+        ]
+        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"))
+    return run

@@ -10,24 +10,7 @@ import threading
 import pytest
 import requests
 
-from router.classify.training import train_classifier
-from router.classify.training_data import make_training_data
-from router.policies.policy import publish_policies
-from tests.factories import make_done_run
 from tests.waitress_thread import waitress_in_a_thread
-
-
-@pytest.fixture
-def published(session):
-    """An active policy set (code speculates, qa does not) and a classifier telling them apart."""
-    with session.begin():
-        run = make_done_run(session, {"code": 0.9, "qa": 0.1})
-        publish_policies(session, run.id)
-        texts = [f"def f{i}(x): return x + {i}  # fix this python function" for i in range(6)] + [
-            f"What is the capital of country number {i}? Answer briefly." for i in range(6)
-        ]
-        train_classifier(session, make_training_data(texts, ["code"] * 6 + ["qa"] * 6, "test"))
-    return run
 
 
 def recording_app(seen: list[tuple[str, str, str]]):
