@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import insert
+from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from analyzer.db import lock_for_write, utcnow
 from router.decide.contract import Decision
 from router.orm import RouteDecision
 from router.serve.batch_writer import BatchWriter
+
+# the decisions' table as Core sees it (typed as a Table whatever the mapping's stub says of __table__)
+_DECISIONS: Table = RouteDecision.metadata.tables[RouteDecision.__tablename__]
 
 LINGER_S = 0.05  # how long the writer waits for more decisions to store in one transaction
 
@@ -89,5 +92,5 @@ class DecisionLog:
             lock_for_write(session)  # queue with the other writers (a file lock on SQLite)
             # the table's own INSERT, many rows in one statement: the ORM's bulk insert walks each row in Python
             # first, which under load cost the server about a tenth of its CPU (benchmarks/profile_router.py)
-            session.execute(insert(RouteDecision.__table__), rows)
+            session.execute(insert(_DECISIONS), rows)
         return [None] * len(rows)
