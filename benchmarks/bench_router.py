@@ -8,7 +8,7 @@
    pipeline's own ``predict_proba`` (the baseline our FastScorer replaces), then the fast path
    alone; p50/p99 over every call, and p99 for prompts of 1,500-2,000 characters.
 2. Over HTTP: ``specroute serve`` (subprocess, ``--threads``, with each of ``--workers`` process
-   counts: waitress for 1, gunicorn's gthread workers above 1) on each ``--database``: a temporary
+   counts: waitress for 1, gunicorn's arbiter over waitress in each process above 1) on each ``--database``: a temporary
    SQLite file and a database on a throw-away PostgreSQL server (``benchmarks/pg_server.py``: initdb
    into a temporary folder, fsync on), driven by an asyncio load generator in another process with
    ``--concurrency`` keep-alive connections posting each of ``--endpoints`` (``/v1/route``: corpus
@@ -624,8 +624,8 @@ def main() -> None:
         served = http(prompts, args)
         result["http"] = served
         print(
-            f"\nHTTP ({served['checkout']}), {args.threads} threads per process (waitress for 1 process and the bare "
-            f"app, gunicorn gthread above 1), asyncio load generator in another process, "
+            f"\nHTTP ({served['checkout']}), {args.threads} threads per process (waitress in each process, under "
+            f"gunicorn's arbiter above 1; the bare app on waitress), asyncio load generator in another process, "
             f"concurrency {args.concurrency}, {args.seconds:g} s per run after {args.warmup:g} s warm-up, "
             f"median of {args.runs} runs (servers interleaved):"
         )

@@ -100,7 +100,6 @@ def test_a_route_is_quick_only_while_the_router_is_loaded_and_not_due(db_url, en
 
 
 def test_the_server_answers_routes_on_its_io_thread_as_a_worker_would(db_url, engine, published):
-    from router.serve.api import EXTENSION, answers_in_memory
     from webui.app import create_app
 
     app = create_app({"database_url": db_url, "router_refresh_s": 60.0, "ui_worker": False})
@@ -113,7 +112,7 @@ def test_the_server_answers_routes_on_its_io_thread_as_a_worker_would(db_url, en
 
     setattr(app, "wsgi_app", recording)  # as router/serve/api.py sets its middleware
     try:
-        with waitress_in_a_thread(app, quick=answers_in_memory(app.extensions[EXTENSION])) as base:
+        with waitress_in_a_thread(app, as_served=True) as base:
             with requests.Session() as http:
                 answers = [
                     http.post(base + "/v1/route", json={"prompt": "def f(x): return x"}) for _ in range(4)

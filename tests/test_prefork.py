@@ -2,8 +2,8 @@
 the port 0 it printed answers; each worker process answers on its own; a worker killed with SIGKILL
 is replaced while the server keeps answering, and the analysis worker thread, which runs in exactly
 one process, moves to the replacement; after a reload (SIGHUP) one of the new processes runs it;
-SIGTERM stops every process with exit status 0; a chunked body over the size limit gets 413, as on
-waitress."""
+SIGTERM stops every process with exit status 0; each process is served by waitress (webui.prefork.WaitressWorker)
+as one process is: its Server header, and a chunked body over the size limit gets 413."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Served:
                 method, path, body=body, headers={"Content-Type": "application/json"}, encode_chunked=chunked
             )
             response = connection.getresponse()
-            self.last_body = response.read()
+            self.last_body, self.last_server = response.read(), response.getheader("Server")
             return response.status
         finally:
             connection.close()
@@ -159,6 +159,21 @@ def served(db_url, tmp_path):
         engine.dispose()
 
 
+def _wait_until_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` has stopped: kill() only queues SIGSTOP, and a thread still running
+    may accept the next connection first (its client then waits for an answer that never comes)."""
+    deadline = time.monotonic() + 10
+    while True:
+        states = {
+            Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            for t in os.listdir(f"/proc/{pid}/task")
+        }
+        if states <= {"T", "t"}:
+            return
+        assert time.monotonic() < deadline, states
+        time.sleep(0.01)
+
+
 def _assert_gone(pids: set[int]) -> None:
     """No process left behind: the arbiter reaped every worker before it exited."""
     deadline = time.monotonic() + 5
@@ -175,12 +190,16 @@ def test_each_worker_answers_a_killed_one_is_replaced_and_sigterm_stops_all(serv
         paused = first - {answering}
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
+            _wait_until_stopped(pid)
         try:
             statuses = [served.route() for _ in range(5)] + [served.request("GET", "/healthz")]
         finally:
             for pid in paused:
                 os.kill(pid, signal.SIGCONT)
         assert statuses == [200] * 6, answering
+        assert (
+            served.last_server == "specroute"
+        )  # waitress' ident, as with one process (gunicorn's: "gunicorn")
 
     # two runs queued at once: the second would go to another process if two ran an analysis thread
     holder = set(served.claimed_by(served.queue_runs(2)))
@@ -222,8 +241,9 @@ def test_after_a_reload_one_new_worker_runs_the_analysis_thread(served):
 @pytest.mark.slow
 @pytest.mark.parallel  # times nothing: gunicorn's workers, their replacement and the queue's claims
 def test_a_chunked_body_is_measured_like_one_with_a_length(served):
-    # gunicorn streams a chunked body; without webui.prefork.ChunkedBodyLimit the app would read it
-    # up to its limit and answer 400 (a JSON document cut short) instead of 413
+    # waitress reads a chunked body whole and gives the app its length, so the app's size limits answer 413;
+    # gunicorn's own workers stream it, and the app would read it up to its limit and answer 400 (a JSON
+    # document cut short) instead
     requests = {
         "/v1/route": {"prompt": "def f(x): return x + 1"},  # the fast path
         "/v1/feedback": {"task_type": "code", "rounds": 2, "drafted": 4, "accepted": 1},

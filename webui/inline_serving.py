@@ -20,9 +20,12 @@ and ``BaseWSGIServer`` define (``received``, ``service``, ``handle_write``, ``re
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waitress.channel import HTTPChannel
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 Quick = Callable[[str, str], bool]  # (method, path) -> whether the app answers it from memory
 
@@ -71,3 +74,23 @@ def answer_quick_requests(server: Any, quick: Quick) -> None:
             queue(task)
 
     server.add_task = add_task
+
+
+def serve_with_waitress(app: Flask, sockets: list, threads: int):
+    """waitress for ``app`` on bound ``sockets`` (one), ``threads`` worker threads, the app's body limit,
+    and the route decisions the router answers from memory answered on the I/O thread
+    (:func:`answer_quick_requests`): one process's server, alone (``specroute serve``) or in each of
+    gunicorn's workers (webui/prefork.py). Not started."""
+    import waitress
+
+    from router.serve.api import EXTENSION, answers_in_memory
+
+    server = waitress.create_server(
+        app,
+        sockets=sockets,
+        threads=threads,
+        ident="specroute",
+        max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1,
+    )
+    answer_quick_requests(server, answers_in_memory(app.extensions[EXTENSION]))
+    return server

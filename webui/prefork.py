@@ -1,31 +1,82 @@
 """The multi-process server behind ``specroute serve --workers N`` (N > 1): gunicorn's arbiter forks N
-worker processes on one listening socket, each answering on gunicorn's threaded worker (``gthread``).
-Each process builds its own app after the fork, so no database connection or loaded model crosses a
-fork. The arbiter restarts a worker that dies; SIGTERM stops every process gracefully (requests in
-flight are answered), Ctrl-C at once. One worker at a time runs the analysis worker thread: the first
-one forked, and when it dies, the one forked next. A chunked request body reaches the app with its
-length, as on waitress (:class:`ChunkedBodyLimit`). gunicorn runs on POSIX only; one process
-(``--workers 1``) is served by waitress, on every OS.
+worker processes on one listening socket, and each process is served by waitress as one process is
+(:class:`WaitressWorker`: the same threads, limits and route decisions answered on the I/O thread that read
+them). Each process builds its own app after the fork, so no database connection or loaded model crosses a
+fork. The arbiter restarts a worker that dies; SIGTERM stops every process gracefully (requests in flight
+are answered), Ctrl-C at once. One worker at a time runs the analysis worker thread: the first one forked,
+and when it dies, the one forked next. gunicorn runs on POSIX only; one process (``--workers 1``) is served
+by waitress alone, on every OS.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
-import tempfile
+import threading
+import time
 from collections.abc import Callable
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 from gunicorn.errors import AppImportError
+from gunicorn.workers.base import Worker
 
 from analyzer.settings import SettingsError
+from webui.inline_serving import serve_with_waitress
 
-SPOOL_BYTES = 512 * 1024  # a buffered chunked body larger than this goes to a temporary file, as in waitress
+HEARTBEAT_S = 1.0  # how often a worker tells the arbiter it lives (its timeout is gunicorn's, 30 s)
 
-# waitress's idle-connection timeout (its channel_timeout), so kept-alive connections live as long
-# with --workers N as with one process; gunicorn's own default (2 s) suits a server facing browsers
-# directly, not clients and proxies that pool connections.
-KEEPALIVE_S = 120
+
+class WaitressWorker(Worker):
+    """One worker process of :class:`PreforkServer`, served by waitress (:func:`serve_with_waitress`) on its own
+    I/O thread, while this process's main thread beats the arbiter's heartbeat and handles its signals.
+    On SIGTERM (``alive`` false) the listening socket is closed, the requests already read are answered (at
+    most gunicorn's ``graceful_timeout``, 30 s) and the process ends; when the arbiter is gone, at once."""
+
+    def run(self) -> None:
+        app = self.app.flask_app  # PreforkServer.load made it, in this process
+        server = serve_with_waitress(app, [s.sock for s in self.sockets], self.cfg.threads)
+        loop = threading.Thread(target=server.run, name="waitress-io", daemon=True)
+        loop.start()
+        while self.alive and loop.is_alive():
+            self.notify()
+            if self.ppid != os.getppid():  # the arbiter died: nobody is left to stop this process
+                self.log.info("Parent changed, shutting down: %s", self)
+                return
+            ready, _, _ = select.select([self.PIPE[0]], [], [], HEARTBEAT_S)  # a signal writes to the pipe
+            if ready:
+                with contextlib.suppress(OSError):
+                    os.read(self.PIPE[0], 4096)
+        closed = threading.Event()
+        server.trigger.pull_trigger(lambda: _stop_accepting(server, closed))
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        closed.wait(timeout=self.cfg.graceful_timeout)
+        while loop.is_alive() and _busy(server) and time.monotonic() < deadline:
+            self.notify()
+            time.sleep(0.05)
+        server.task_dispatcher.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _stop_accepting(server, closed: threading.Event) -> None:
+    """On waitress' I/O thread: close the listening socket (the listener only: the server's own ``close``
+    stops the trigger too); the open connections stay in its loop. ``closed`` is set once done."""
+    import waitress.wasyncore
+
+    server.accepting = False
+    waitress.wasyncore.dispatcher.close(server)
+    closed.set()
+
+
+def _busy(server) -> bool:
+    """Whether a request read by ``server`` is not answered yet (being served, queued, or its answer unsent)."""
+    dispatcher = server.task_dispatcher
+    if dispatcher.active_count or dispatcher.queue:
+        return True
+    return any(
+        channel.requests or channel.total_outbufs_len for channel in list(server.active_channels.values())
+    )
 
 
 class PreforkServer(BaseApplication):
@@ -41,11 +92,8 @@ class PreforkServer(BaseApplication):
         self.options = {
             "bind": [f"fd://{listener_fd}"],
             "workers": workers,
-            "worker_class": "gthread",
+            "worker_class": WaitressWorker,
             "threads": threads,
-            "keepalive": KEEPALIVE_S,
-            "limit_request_line": 8190,  # gunicorn's largest (its default, 4,094, is below waitress's limits)
-            "forwarded_allow_ips": "",  # trust no X-Forwarded-* header, as waitress does by default
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "warning",
@@ -66,12 +114,12 @@ class PreforkServer(BaseApplication):
         ):  # gunicorn >= 25.1 opens a control socket by default
             self.cfg.set("control_socket_disable", True)  # none in the user's runtime folder
 
-    def load(self) -> ChunkedBodyLimit:
+    def load(self) -> Flask:
         try:
             self.flask_app = self.make_app(self.runs_analysis)
         except SettingsError as exc:
             raise AppImportError(str(exc)) from None  # gunicorn prints the message and stops every process
-        return ChunkedBodyLimit(self.flask_app, self.flask_app.config["MAX_CONTENT_LENGTH"])
+        return self.flask_app
 
     def _pre_fork(self, arbiter, worker) -> None:
         # In the arbiter. Its WORKERS are the live workers: a dead one is reaped before its
@@ -95,31 +143,3 @@ class PreforkServer(BaseApplication):
         # In the worker as it ends: the decision log flushed, the analysis thread stopped, connections closed.
         if self.flask_app is not None:
             self.flask_app.extensions["specroute.close"]()
-
-
-class ChunkedBodyLimit:
-    """WSGI middleware: a chunked request body (no Content-Length) is read first, at most
-    ``limit_bytes`` + 1 bytes of it, and the app gets it with its length, as waitress gives it. The
-    app's size limits (MAX_CONTENT_LENGTH, the API's own, the /v1/route fast path) then answer 413
-    for a body over them; on gunicorn's stream they would cut the body at the limit instead (a
-    truncated JSON document, a 400). A body over ``limit_bytes`` is not read further: the app sees
-    ``limit_bytes`` + 1 bytes and answers 413 (gunicorn then closes the connection rather than read
-    much of the rest)."""
-
-    def __init__(self, app, limit_bytes: int):
-        self.app, self.limit_bytes = app, limit_bytes
-
-    def __call__(self, environ, start_response):
-        if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-            return self.app(environ, start_response)
-        body, size = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES), 0
-        while size <= self.limit_bytes:
-            data = environ["wsgi.input"].read(min(64 * 1024, self.limit_bytes + 1 - size))
-            if not data:
-                break
-            body.write(data)
-            size += len(data)
-        body.seek(0)
-        environ = {**environ, "wsgi.input": body, "CONTENT_LENGTH": str(size)}
-        del environ["HTTP_TRANSFER_ENCODING"]
-        return self.app(environ, start_response)

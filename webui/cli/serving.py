@@ -148,25 +148,14 @@ def _serve_one_process(listener, threads: int) -> None:
     """waitress on ``listener`` in this process (threads only: it works on every OS) until Ctrl-C or SIGTERM."""
     import signal
 
-    import waitress
-
-    from router.serve.api import EXTENSION as ROUTER_EXTENSION
-    from router.serve.api import answers_in_memory
-    from webui.inline_serving import answer_quick_requests
+    from webui.inline_serving import serve_with_waitress
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does: logs flushed
     try:
         app = _server_app(True)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    server = waitress.create_server(
-        app,
-        sockets=[listener],
-        threads=threads,
-        ident="specroute",
-        max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1,
-    )
-    answer_quick_requests(server, answers_in_memory(app.extensions[ROUTER_EXTENSION]))
+    server = serve_with_waitress(app, [listener], threads)
     try:
         server.run()
     except KeyboardInterrupt:
