@@ -192,7 +192,13 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
 
 
 async def _connection(
-    port: int, requests: list[bytes], stop_at: float, warm_until: float, latencies: list, errors: list
+    port: int,
+    requests: list[bytes],
+    stop_at: float,
+    warm_until: float,
+    latencies: list,
+    errors: list,
+    answered: list,
 ):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     i = 0
@@ -205,6 +211,7 @@ async def _connection(
             writer.write(requests[i % len(requests)])
             i += 1
             status_line, _ = await read_response(reader)
+            answered[0] += b" 200 " in status_line  # warm-up included: each one is a decision to log
             if now >= warm_until:
                 latencies.append(time.perf_counter_ns() - start)
                 if b" 200 " not in status_line:
@@ -226,7 +233,7 @@ def load_process(
     ]
 
     async def main():
-        latencies, errors = [], []
+        latencies, errors, answered = [], [], [0]
         start = time.perf_counter()
         await asyncio.gather(
             *[
@@ -237,14 +244,15 @@ def load_process(
                     start + warmup_s,
                     latencies,
                     errors,
+                    answered,
                 )
                 for c in range(concurrency)
             ]
         )
-        return latencies, errors
+        return latencies, errors, answered[0]
 
-    latencies, errors = asyncio.run(main())
-    queue.put((latencies, len(errors), errors[:3]))
+    latencies, errors, answered = asyncio.run(main())
+    queue.put((latencies, len(errors), errors[:3], answered))
 
 
 def drive(
@@ -255,7 +263,7 @@ def drive(
         target=load_process, args=(port, path, bodies, concurrency, seconds, warmup_s, queue)
     )
     process.start()
-    latencies, error_count, examples = queue.get()
+    latencies, error_count, examples, answered = queue.get()
     process.join()
     p50, p99 = percentiles_ms(latencies)
     return {
@@ -265,6 +273,7 @@ def drive(
         "errors": error_count,
         "error_examples": [e.decode(errors="replace") for e in examples],
         "requests": len(latencies),
+        "answered_200": answered,  # every answer with status 200, warm-up included
     }
 
 
@@ -463,26 +472,27 @@ def http(prompts: list[str], args) -> dict:
                 for key in started
                 for endpoint in (["-"] if key[1] == "-" else args.endpoints)
             ]
+            routed: dict[tuple[str, str], int] = {}  # (tree, database): route answers given, each one logged
             for key, (port, _) in started.items():
                 wait_for(port)
                 if key[1] != "-":
-                    drive(
-                        port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0
-                    )  # every process has loaded its router
+                    ready = drive(port, "/v1/route", bodies["route"], args.concurrency, 2.0, 1.0)
+                    routed[key[:2]] = routed.get(key[:2], 0) + ready["answered_200"]  # its router is loaded
             runs = {step: [] for step in plan}
             for _ in range(args.runs):
                 for key, endpoint in plan:
                     port = started[key][0]
-                    runs[(key, endpoint)].append(
-                        drive(
-                            port,
-                            ENDPOINTS[endpoint],
-                            bodies[endpoint],
-                            args.concurrency,
-                            args.seconds,
-                            args.warmup,
-                        )
+                    measured = drive(
+                        port,
+                        ENDPOINTS[endpoint],
+                        bodies[endpoint],
+                        args.concurrency,
+                        args.seconds,
+                        args.warmup,
                     )
+                    runs[(key, endpoint)].append(measured)
+                    if endpoint == "route" and key[1] != "-":
+                        routed[key[:2]] = routed.get(key[:2], 0) + measured["answered_200"]
         finally:
             for _, server in started.values():
                 server.terminate()
@@ -507,8 +517,11 @@ def http(prompts: list[str], args) -> dict:
             }
         for label, urls in tree_urls.items():
             for kind, url in urls.items():
+                logged = count_rows(url, "route_decisions")
                 stored[kind if len(served_trees) == 1 else f"{label} {kind}"] = {
-                    "decisions_logged": count_rows(url, "route_decisions"),
+                    "decisions_logged": logged,
+                    "decisions_answered": routed.get((label, kind), 0),
+                    "every_decision_logged": logged == routed.get((label, kind), 0),
                     "feedback_events": count_rows(url, "feedback_events"),
                 }
     result = {"rows": rows, "stored": stored, "checkout": str(served_trees[0][1])}
@@ -638,8 +651,9 @@ def main() -> None:
             )
         for kind, stored in served["stored"].items():
             print(
-                f"{kind}: {stored['decisions_logged']} decisions logged, {stored['feedback_events']} "
-                "feedback events stored"
+                f"{kind}: {stored['decisions_logged']} decisions logged of {stored['decisions_answered']} "
+                f"answered ({'every one' if stored['every_decision_logged'] else 'NOT every one'}), "
+                f"{stored['feedback_events']} feedback events stored"
             )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
