@@ -5,6 +5,7 @@ generated from the models, and every refusal names the field with what the schem
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -189,6 +190,13 @@ def test_the_document_is_generated_from_the_models():
         and "Error" in schemas
         and Policies.model_fields.keys() == {"active", "versions"}
     )
+
+
+def test_the_document_is_the_one_the_docs_publish():
+    """docs/openapi.json is the contract as users read it, so a change to the API shows in its diff; to accept
+    one, write ``json.dumps(openapi_document("0.1.0"), indent=1)`` and a newline there."""
+    published = (Path(__file__).resolve().parent.parent / "docs" / "openapi.json").read_text()
+    assert json.dumps(openapi_document("0.1.0"), indent=1) + "\n" == published
 
 
 def test_one_class_per_concept_the_router_returns_what_the_api_answers():
