@@ -247,6 +247,9 @@ class AnalysisRun(Base):
     # what validation took and what stopped it (analyzer.measuring.validation_plan.ValidationPlan.as_json;
     # None: not validated, or validated before validation stopped by its rule)
     validation_plan: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    # the task classifier's labels for the run's unlabelled prompts, given when the run was created:
+    # {"version": classifier version id, "tasks": {prompt id: task}} (None: no classifier, or none unlabelled)
+    task_labels: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
 
     prompt_set: Mapped[PromptSet] = relationship()
     pair: Mapped[ModelPair] = relationship()

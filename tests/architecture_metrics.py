@@ -2,7 +2,8 @@
 docs/architecture.md): engine- or cost-mode-name comparisons outside the engines' own modules (the scan
 of tests/test_engine_registry.py), import cycles with imports inside functions counted (the scan of
 tests/test_import_cycles.py), product functions over 60 lines, the functions that claim queued work (rows
-due by a stale heartbeat, locked skipping those another worker holds), modules per package, and the files
+due by a stale heartbeat, locked skipping those another worker holds), modules and lines per package, the
+tables the ORM maps, and the files
 mypy checks (so it lives beside them, not in benchmarks/, which measures the product). No timing.
 
     python -m tests.architecture_metrics [CHECKOUT]   # default: this repository
@@ -28,12 +29,14 @@ LONG = 60
 
 def measure(root: Path) -> dict:
     """The metrics of the checkout at ``root``."""
-    comparisons, long_functions, modules, claims = {}, [], {}, []
+    comparisons, long_functions, modules, claims, line_counts, tables = {}, [], {}, [], {}, set()
     for package in PACKAGES:
         files = sorted((root / package).rglob("*.py"))
         modules[package] = len(files)
         for path in files:
             relative, source = path.relative_to(root).as_posix(), path.read_text()
+            line_counts[package] = line_counts.get(package, 0) + source.count("\n")
+            tables.update(re.findall(r'^\s+__tablename__ = "(\w+)"', source, re.M))
             if relative not in ENGINE_MODULES and (lines := engine_name_comparisons(source)):
                 comparisons[relative] = len(lines)
             for node in ast.walk(ast.parse(source)):
@@ -61,6 +64,8 @@ def measure(root: Path) -> dict:
         "claim implementations": sorted(claims),
         "longest": sorted(long_functions, reverse=True)[:5],
         "modules per package": modules,
+        "lines per package": line_counts,
+        "tables": len(tables),
         "subpackages of analyzer": sorted(p.parent.name for p in (root / "analyzer").glob("*/__init__.py")),
         "mypy files": len(mypy_files),
     }

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, PromptResult
+from analyzer.orm import AnalysisRun, ModelPair, ModelSpec, Prompt, PromptResult
 from analyzer.prompts.prompt_sets import import_prompt_file
 from router.classify.cross_validation import evaluate
 from router.classify.features import STRUCTURAL_FEATURES, keyword_baseline, structural_features
-from router.classify.run_labelling import label_run_results
 from router.classify.training import train_classifier
 from router.classify.training_data import (
     ClassifierError,
@@ -283,7 +282,13 @@ def test_a_training_request_is_refused_at_once_for_what_training_would_refuse(se
 
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session, subset):
+def test_a_new_runs_unlabelled_prompts_get_the_classifier_task_its_results_and_summary_carry(session, subset):
+    """label_new_run gives the prompts without a label the active classifier's task when the run is created;
+    each result takes it as the analysis stores it, so the one summary computed at the end groups by it."""
+    from analyzer.advice.summary_store import store_summary
+    from analyzer.analysis.runs import MeasuredPrompt, _store
+    from router.classify.run_labelling import label_new_run
+
     lines = [
         {"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"},
         {"prompt": "Write a haiku about autumn", "task": "creative_writing"},
@@ -296,27 +301,30 @@ def test_unlabelled_results_of_a_run_get_the_classifier_task_and_version(session
             target=ModelSpec(spec="hf:t", kind="hf", display_name="t"),
             draft=ModelSpec(spec="ngram", kind="ngram", display_name="n"),
         )
-        run = AnalysisRun(prompt_set=prompt_set, pair=pair)
+        run = AnalysisRun(prompt_set=prompt_set, pair=pair, params={"max_new_tokens": 4, "gamma_max": 2})
         session.add(run)
         session.flush()
-        for prompt in prompt_set.prompts:
-            session.add(
-                PromptResult(
-                    run_id=run.id,
-                    prompt_id=prompt.id,
-                    task_type=prompt.task or "unlabelled",
-                    task_source="label" if prompt.task else None,
-                    prompt_tokens=3,
-                    output_tokens=0,
-                )
-            )
+        assert label_new_run(session, run).problem == "no task classifier is trained (run: specroute train)"
+        assert run.task_labels is None
         classifier_record = train_classifier(session, subset)
-        classifier = load_version(classifier_record)
-        assert label_run_results(session, run.id, classifier) == 1
+        labelling = label_new_run(session, run)
+        translate = next(p for p in prompt_set.prompts if not p.task)
+        assert (labelling.labelled, labelling.classifier_version) == (1, classifier_record.version)
+        assert run.task_labels == {
+            "version": classifier_record.id,
+            "tasks": {str(translate.id): "translation"},
+        }
+        for prompt in prompt_set.prompts:
+            _store(session, run, MeasuredPrompt(
+                prompt, [1, 2, 3], False, [4, 5], "ab", ["a", "b"], [0, 1], [0.5, 0.5], 0.5, None, None, 0.1, 0.0, [],
+            ))  # fmt: skip
+        run.status = "done"
+        session.flush()
         rows = {r.prompt.text[:9]: r for r in session.scalars(select(PromptResult))}
         assert (rows["Translate"].task_type, rows["Translate"].task_source) == ("translation", "classifier")
         assert rows["Translate"].classifier_version_id == classifier_record.id
         assert (rows["Write a h"].task_type, rows["Write a h"].task_source) == ("creative_writing", "label")
+        assert set(store_summary(session, run).tasks) == {"translation", "creative_writing"}
 
 
 def test_train_command_on_an_imported_labeled_set(runner, tmp_path):
@@ -405,56 +413,54 @@ def test_the_model_is_solved_in_single_precision_and_predicts_in_double(subset):
     assert list(model.predict(features)) == list(double.predict(features))
 
 
-def test_a_run_started_from_the_web_ui_labels_its_unlabelled_prompts_like_the_cli(engine, db_url, subset):
-    """The web server's worker thread tells the one labelling code path (label_finished_run) when a
-    run stops, as ``specroute analyze`` and ``specroute worker`` do: its unlabelled results get the
-    active classifier's task and version. (The run's target does not exist, so it fails at once; the
-    two results stand for what it had measured before.)"""
-    import time
-
-    from analyzer.analysis.run_records import RunParams, create_run
-    from analyzer.db import make_session_factory
+def test_analyze_and_the_web_form_label_a_new_runs_prompts_with_the_classifier(runner, subset):
+    """``specroute analyze`` and the web UI's form store a new run with its unlabelled prompts' tasks (the one
+    code path, label_new_run), and say so; a run whose prompts all carry labels needs no classifier."""
+    from analyzer.db import make_engine, make_session_factory
+    from analyzer.settings import load_settings
     from webui.app import create_app
 
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    url = load_settings().resolved_database_url()
+    engine = make_engine(url)
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
-        version = train_classifier(session, subset, cross_validate=False).id
-        prompt_set, _ = import_prompt_file(
+        version = train_classifier(session, subset, cross_validate=False)
+        version_id, version_number = version.id, version.version
+        import_prompt_file(
             session,
             "web",
             b'{"prompt": "Translate German to English: Guten Morgen, wie geht es dir?"}\n'
             b'{"prompt": "Write a haiku about autumn", "task": "creative_writing"}\n',
             "web.jsonl",
         )
-        run = create_run(
-            session, "web", "hf:/nowhere/target", "ngram", RunParams(max_new_tokens=4, gamma_max=2)
+        import_prompt_file(
+            session, "labelled", b'{"prompt": "Write a haiku", "task": "creative_writing"}\n', "l.jsonl"
         )
-        for prompt in prompt_set.prompts:
-            session.add(
-                PromptResult(
-                    run_id=run.id,
-                    prompt_id=prompt.id,
-                    task_type=prompt.task or "unlabelled",
-                    task_source="label" if prompt.task else None,
-                    prompt_tokens=3,
-                    output_tokens=0,
-                )
-            )
-        run_id = run.id
-    app = create_app({"database_url": db_url, "ui_worker": True, "router_refresh_s": 0})
+    queued = [
+        runner.invoke(
+            cli,
+            ["analyze", "--prompts", name, "--target", "hf:/nowhere/target", "--draft", "ngram", "--queue"],
+        )
+        for name in ("web", "labelled")
+    ]
+    assert [q.exit_code for q in queued] == [0, 0], queued[0].stderr
+    said = f"classifier v{version_number} labelled 1 unlabelled prompt(s)"
+    assert said in queued[0].stderr and "classifier" not in queued[1].stderr
+    app = create_app({"database_url": url, "ui_worker": False, "models": "hf:/nowhere/target,ngram"})
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with sessions() as session:
-                rows = {r.prompt.text[:9]: r for r in session.scalars(select(PromptResult))}
-                if rows["Translate"].task_source == "classifier":
-                    break
-            time.sleep(0.1)
+        client = app.test_client()
+        page = client.get("/runs/new").get_data(as_text=True)
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+        form = {"csrf_token": token, "prompt_set": "web", "target": "hf:/nowhere/target", "draft": "ngram"}
+        posted = client.post("/runs", data=form, follow_redirects=True)
+        assert posted.status_code == 200 and said in posted.get_data(as_text=True)
     finally:
         app.extensions["specroute.close"]()
     with sessions() as session:
-        assert session.get(AnalysisRun, run_id).status == "failed"
-        rows = {r.prompt.text[:9]: r for r in session.scalars(select(PromptResult))}
-        assert (rows["Translate"].task_type, rows["Translate"].task_source) == ("translation", "classifier")
-        assert rows["Translate"].classifier_version_id == version
-        assert (rows["Write a h"].task_type, rows["Write a h"].task_source) == ("creative_writing", "label")
+        by_cli, labelled, by_form = session.scalars(select(AnalysisRun).order_by(AnalysisRun.id)).all()
+        translate = session.scalars(select(Prompt).where(Prompt.text.startswith("Translate"))).one()
+        given = {"version": version_id, "tasks": {str(translate.id): "translation"}}
+        assert by_cli.task_labels == given and by_form.task_labels == given
+        assert labelled.task_labels is None  # every prompt labelled: nothing for the classifier
+    engine.dispose()

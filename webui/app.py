@@ -94,14 +94,13 @@ def create_app(config: Mapping[str, Any] | None = None, *, check_schema: bool = 
 
 
 def _start_worker(settings, sessions, jobs: BackgroundJobs, router_service: RouterService) -> Worker:
-    """The server's worker thread: queued runs (their prompts labelled when they stop), analyses in
+    """The server's worker thread: queued runs, analyses in
     llama-server, and the background jobs a server left queued (a finished training reloads the router)."""
     return Worker(
         sessions,
         cache_dir=settings.resolved_data_dir() / "cache",
         allow_network=settings.allow_downloads,
         stale_after_s=settings.stale_after_s,
-        on_run=lambda run_id: _label_run(sessions, run_id),
         also=lambda worker_id: run_next_job(
             sessions,
             worker_id,
@@ -110,20 +109,6 @@ def _start_worker(settings, sessions, jobs: BackgroundJobs, router_service: Rout
             on_done=lambda kind: router_service.reload(),
         ),  # fmt: skip
     ).start()
-
-
-def _label_run(sessions, run_id: int) -> None:
-    """A run started from the web UI has stopped: its unlabelled prompts get the active classifier's
-    task, through the same code path as ``specroute analyze``."""
-    from router.classify.run_labelling import label_finished_run
-
-    outcome = label_finished_run(sessions, run_id)
-    if outcome.problem:
-        log.warning("run %s: unlabelled prompts stay unlabelled: %s", run_id, outcome.problem)
-    elif outcome.labelled:
-        log.info(
-            "run %s: classifier v%s labelled %s prompts", run_id, outcome.classifier_version, outcome.labelled
-        )
 
 
 class _DatabaseId(IntegerConverter):

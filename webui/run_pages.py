@@ -36,6 +36,7 @@ from analyzer.orm import AnalysisRun, PromptResult, PromptSet
 from analyzer.prompts.prompt_checks import prompt_text
 from analyzer.run_params import LIMITS, RunError, RunInputError
 from router import strict_json
+from router.classify.run_labelling import label_new_run
 from router.classify.version_store import rarely_reached
 from router.orm import ClassifierVersion, PolicySet
 from webui.export_pages import export_card
@@ -286,10 +287,16 @@ def start_run():
     try:
         with sessions()() as session, session.begin():
             lock_for_write(session)
-            run_id = create_run(session, values["prompt_set"], values["target"], values["draft"], params).id
+            run = create_run(session, values["prompt_set"], values["target"], values["draft"], params)
+            labelling = label_new_run(session, run)
+            run_id = run.id
     except SpecrouteError as exc:  # RunError, SpecError, PromptSetNotFound: shown in the form
         return _new_run_page([str(exc)], values, 400)
-    flash(f"analysis run {run_id} queued in {params.engine}; it starts as soon as a worker is free")
+    said = labelling.text()
+    flash(
+        f"analysis run {run_id} queued in {params.engine}; it starts as soon as a worker is free"
+        + (f"; {said}" if said else "")
+    )
     return redirect(url_for("ui.run", run_id=run_id))
 
 

@@ -1,5 +1,5 @@
 """The analysis summary as it is stored with its run (``analysis_runs.summary``): serialised to JSON
-and back exactly, computed once when a run finishes (or its results are relabelled), completed with
+and back exactly, computed once when a run finishes (its prompts' tasks known by then), completed with
 validations without pricing again (its per prompt and gamma rows, analyzer/advice/option_rows.py, written with it),
 and read by the report, publishing and the pages through
 :func:`run_summary`, which computes it again only when what it was computed from changed."""
@@ -115,20 +115,17 @@ def store_summary(
     *,
     results: list[PromptResult] | None = None,
     validations: list[ValidationResult] | None = None,
-    relabelled: bool = False,
 ) -> AnalysisSummary:
     """Compute ``run``'s summary and store it with the run (``AnalysisRun.summary``), as when a run
     finishes or is priced anew; the caller commits. A stored summary that differs only by the
     validations added since is completed with them (the curves, g* and bootstrap stay: validation
-    measures, it does not price); ``relabelled``: the results' task types changed, compute it all.
-    Returns it."""
+    measures, it does not price). Returns it."""
     return _store(
         session,
         run,
         _summary_basis(session, run, results, validations),
         results,
         validations,
-        reuse=not relabelled,
     )
 
 
@@ -138,13 +135,10 @@ def _store(
     basis: dict[str, Any],
     results: list[PromptResult] | None,
     validations: list[ValidationResult] | None,
-    *,
-    reuse: bool = True,
 ) -> AnalysisSummary:
     stored = run.summary
     if (
-        reuse
-        and stored
+        stored
         and stored.get("format") == SUMMARY_FORMAT
         and {**stored["basis"], "validations": None} == {**basis, "validations": None}
     ):

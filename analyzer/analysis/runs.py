@@ -255,13 +255,17 @@ def _ngram_sampling_overlaps(
 
 
 def _store(session: Session, run: AnalysisRun, measured: MeasuredPrompt) -> None:
-    """Add one prompt's result with its counts at every g, and count it in the run's progress."""
+    """Add one prompt's result with its counts at every g, and count it in the run's progress; an unlabelled
+    prompt takes the task the classifier gave it when the run was created (``AnalysisRun.task_labels``)."""
     prompt = measured.prompt
+    labels = run.task_labels or {}
+    given = None if prompt.task else labels.get("tasks", {}).get(str(prompt.id))
     row = PromptResult(
         run_id=run.id,
         prompt_id=prompt.id,
-        task_type=prompt.task or UNLABELLED,
-        task_source="label" if prompt.task else None,
+        task_type=prompt.task or given or UNLABELLED,
+        task_source="label" if prompt.task else "classifier" if given else None,
+        classifier_version_id=labels.get("version") if given else None,
         prompt_tokens=len(measured.prompt_ids),
         prompt_truncated=measured.prompt_truncated,
         prompt_token_ids=measured.prompt_ids,

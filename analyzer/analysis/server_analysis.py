@@ -37,14 +37,16 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from analyzer.analysis.server_calibration import (
     MIN_CALIBRATION,
+    Calibration,
     PriorFit,
     calibrate,
     measured_noise,
@@ -127,74 +129,43 @@ def analyze_in_llama_server(
     long_prompts: str = LEAVE_OUT,
     prior: PriorFit | None = None,
 ) -> ServerAnalysis:
-    """Generate, replay, calibrate, predict and (when ``validate``) validate as ``validation`` asks; see the
-    module docstring. At most ``calibration_prompts`` prompts, taken to span the workload, fit the cost and
-    are not validated; validation takes the others one at a time across tasks and predicted speedups (at least
-    :data:`~analyzer.measuring.validation_plan.MIN_VALIDATED`) until each setting's aggregate is within
-    ``validation.half_width`` or its passes have cost ``validation.budget_share`` of the plain generation.
-    ``attempt``: what an earlier attempt made (kept instead of made again) and whom to tell what this one makes
-    (a queued analysis stores it, so that a resume keeps it). Prompts whose tokens and ``n_predict`` do not fit
-    the context are counted before anything is generated and left out (``long_prompts`` :data:`LEAVE_OUT`,
-    named in the analysis) or refused all at once with :class:`PromptTooLong` (:data:`REFUSE`). ``prior``: an
-    earlier analysis' fit on this setup, reused where it holds on this workload's first prompts."""
-    if not prompts or not drafters:
-        raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
-    if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
-        raise ServerAnalysisError("a draft-simple setting needs the draft model (its GGUF file)")
+    """Generate, replay, calibrate, predict and (when ``validate``) validate as ``validation`` asks (the module
+    docstring): at most ``calibration_prompts`` prompts, spanning the workload, fit the cost; validation takes
+    the others as :func:`_validate` says. ``attempt``: what an earlier attempt made (kept, not made again) and
+    whom to tell what this one makes (a queued analysis stores it, so that a resume keeps it). Prompts whose
+    tokens and ``n_predict`` do not fit the context are counted before anything is generated and left out
+    (``long_prompts`` :data:`LEAVE_OUT`, named in the analysis) or refused all at once with
+    :class:`PromptTooLong` (:data:`REFUSE`). ``prior``: an earlier analysis' fit on this setup, reused where it
+    holds on this workload's first prompts."""
+    _check_ask(setup, prompts, drafters)
     attempt = attempt or Attempt()
     started = time.perf_counter()
     calibration_prompts = max(1, min(calibration_prompts, len(prompts)))
     eta = _time_left(prompts, len(drafters), calibration_prompts, validate, validation, attempt)
     say = _told(say, eta)
     servers = [setup.server(None)] + [setup.server(d) for d in drafters]
-    try:
-        for server in servers:
-            server.start()
+    with _serving(servers):
         outcomes, plain_seconds, long = generate(
-            servers[0],
-            prompts,
-            n_predict,
-            say,
-            setup.n_ctx,
-            attempt.generated,
-            attempt.on_generated,
+            servers[0], prompts, n_predict, say, setup.n_ctx, attempt.generated, attempt.on_generated,
             long_prompts,
-        )
+        )  # fmt: skip
         replay_settings(setup, outcomes, drafters, n_predict, say)
         history = ServerHistory(n_predict, setup.n_ctx)
         pass_log = PassLog(history, attempt.passes, attempt.on_pass)
         if attempt.passes:
             say(f"kept {len(attempt.passes)} passes through the servers of an earlier attempt")
-        first = min(MIN_CALIBRATION, calibration_prompts)
-        eta.start("calibration", first)
-        say(
-            f"calibrating: {first} prompts that span the workload, then one at a time until the fit holds (at most "
-            f"{calibration_prompts}), each run on the plain server twice and on {len(drafters)} settings' servers"
-        )
-        calibration = calibrate(
-            servers,
-            outcomes,
-            history,
-            say,
-            pass_log,
-            at_most=calibration_prompts,
-            started_here=setup.urls is None,
-            prior=prior,
-        )
+        calibration = _calibrated(
+            servers, outcomes, history, say, pass_log, eta, at_most=calibration_prompts,
+            started_here=setup.urls is None, prior=prior,
+        )  # fmt: skip
         drafters = [d for d in drafters if d.label not in calibration.left_out]
-        for outcome in outcomes:
-            for setting in outcome.settings:
-                setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
         analysed = time.perf_counter()
         held_out = [o for o in outcomes if not o.calibration]
-        plan = None
-        if validate and held_out:
-            plan = _validate(
-                servers, outcomes, held_out, history, calibration.costs, validation, say, pass_log, eta
-            )
-    finally:
-        for server in servers:
-            server.stop()
+        plan = (
+            _validate(servers, outcomes, held_out, history, calibration.costs, validation, say, pass_log, eta)
+            if validate and held_out
+            else None
+        )
     noise = measured_noise(outcomes)
     withheld = calibration.withheld or ("; ".join(noise.notes) if noise.verdict == "noisy" else None)
     return ServerAnalysis(
@@ -204,6 +175,58 @@ def analyze_in_llama_server(
         [p.as_json() for p in long], plan.as_json() if plan is not None else None, calibration.why,
         pass_log.order, calibration.reused_from,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _serving(servers: Sequence[Server]) -> Iterator[None]:
+    """Every server started (llama-server processes, or the user's servers checked) and, however the block
+    ends, stopped."""
+    try:
+        for server in servers:
+            server.start()
+        yield
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _check_ask(
+    setup: ServerSetup, prompts: Sequence[ServerPrompt], drafters: Sequence[ServerDrafter]
+) -> None:
+    """Refuse an analysis that cannot start: no prompt or no drafter, or a draft model's setting without one."""
+    if not prompts or not drafters:
+        raise ServerAnalysisError("an analysis needs at least one prompt and one drafter")
+    if setup.draft_model is None and any(d.needs_draft_model for d in drafters):
+        raise ServerAnalysisError("a draft-simple setting needs the draft model (its GGUF file)")
+
+
+def _calibrated(
+    servers: list[Server],
+    outcomes: list[PromptOutcome],
+    history: ServerHistory,
+    say: Progress,
+    pass_log: PassLog,
+    eta: TimeLeft,
+    *,
+    at_most: int,
+    started_here: bool,
+    prior: PriorFit | None,
+) -> Calibration:
+    """Calibration (:func:`calibrate`, its step told in progress with its share of the estimate), then every
+    setting's predicted speedup on every prompt from the costs it fitted; its outcome."""
+    first = min(MIN_CALIBRATION, at_most)
+    eta.start("calibration", first)
+    say(
+        f"calibrating: {first} prompts that span the workload, then one at a time until the fit holds (at most "
+        f"{at_most}), each run on the plain server twice and on {len(servers) - 1} settings' servers"
+    )
+    calibration = calibrate(
+        servers, outcomes, history, say, pass_log, at_most=at_most, started_here=started_here, prior=prior
+    )
+    for outcome in outcomes:
+        for setting in outcome.settings:
+            setting.predicted_speedup = calibration.costs[setting.drafter.family].speedup(setting.replay)
+    return calibration
 
 
 def _time_left(
@@ -307,20 +330,25 @@ def _validate(
         say(f"validated {position}/{len(held_out)} ({outcome.prompt.key}){of}{' (kept)' if kept else ''}")
         return seconds
 
-    def widest() -> float | None:
-        run_error = measured_noise(outcomes).run_error
-        if run_error is None:
-            return None
-        checked = [held_out[i] for i in taken]
-        widths = [
-            aggregate_noise(costs[setting.drafter.family], [o.settings[k] for o in checked], run_error)
-            for k, setting in enumerate(held_out[0].settings)
-        ]
-        return max((w for w in widths if w is not None), default=None)
-
     plan = run_validation(
-        order, lambda index: _pass_seconds(held_out[index]), validate, widest,
+        order, lambda index: _pass_seconds(held_out[index]), validate,
+        lambda: _widest(outcomes, [held_out[i] for i in taken], costs),
         budget_s=budget_s, target=validation.half_width, passes=validation.repeats,
     )  # fmt: skip
     say(f"validation: {plan.why}")
     return plan
+
+
+def _widest(
+    outcomes: Sequence[PromptOutcome], checked: Sequence[PromptOutcome], costs: dict[str, ServerCost]
+) -> float | None:
+    """The widest aggregate interval of any setting over the ``checked`` prompts, from the run noise of every
+    pass so far over ``outcomes``; None before there is any."""
+    run_error = measured_noise(outcomes).run_error
+    if run_error is None or not checked:
+        return None
+    widths = [
+        aggregate_noise(costs[setting.drafter.family], [o.settings[k] for o in checked], run_error)
+        for k, setting in enumerate(checked[0].settings)
+    ]
+    return max((w for w in widths if w is not None), default=None)

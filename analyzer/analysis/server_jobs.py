@@ -405,10 +405,8 @@ def execute_server_job(
     its progress and plain generations stored as they come, then the analysis stored and the job done in one
     transaction. Returns the analysis' id; None when the job failed (its message and code stored) or stopped
     (cancelled, or taken over by another worker). ``llama_server``: SPECROUTE_LLAMA_SERVER."""
-    from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
     from analyzer.analysis.server_passes import Attempt
-    from analyzer.analysis.server_store import first_per_task, server_prompts, store_server_analysis
-    from analyzer.measuring.server_drafting import parse_drafter
+    from analyzer.analysis.server_store import first_per_task, server_prompts
 
     host = socket.gethostname()
     report = _Reporter(sessions, job_id, worker_id, echo)
@@ -436,24 +434,9 @@ def execute_server_job(
             report.store(generated={"host": host, "outputs": outputs, "passes": passes})
 
     try:
-        drafters = [parse_drafter(text) for text in params.drafters]
-        setup, build = _setup(params, cache_dir, llama_server)
-        where = (
-            f"the servers at {', '.join(params.urls.values())}"
-            if params.urls
-            else f"{setup.binary}, {params.threads} threads"
-        )
-        report(f"analyzing {len(prompts)} prompts in llama-server ({where})")
-        report(f"job #{job_id} on {host}")
-        prior = _prior(sessions, params, setup, build, report)
-        analysis = analyze_in_llama_server(
-            setup, prompts, drafters,
-            n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
-            validation=ValidationAsk(
-                params.validate_repeats, budget_share=None if params.validate_all else DEFAULT_BUDGET_SHARE
-            ),
-            say=report, attempt=Attempt(kept, kept_passes, generated, passed), long_prompts=params.long_prompts,
-            prior=prior,
+        analysis, setup, build = _analyze_job(
+            sessions, params, prompts, Attempt(kept, kept_passes, generated, passed), report,
+            cache_dir=cache_dir, llama_server=llama_server, where=f"job #{job_id} on {host}",
         )  # fmt: skip
     except ServerJobStopped:
         return None
@@ -461,6 +444,59 @@ def execute_server_job(
         code = getattr(exc, "code", None) or type(exc).__name__
         _fail(sessions, job_id, worker_id, str(exc) or type(exc).__name__, str(code))
         return None
+    return _store_done(sessions, job_id, worker_id, set_id, analysis, setup, build)
+
+
+def _analyze_job(
+    sessions: sessionmaker[Session],
+    params: ServerJobParams,
+    prompts: list,
+    attempt: Any,
+    report: Callable[[str], None],
+    *,
+    cache_dir: Path,
+    llama_server: str,
+    where: str,
+) -> tuple[Any, Any, str]:
+    """The analysis a job's ``params`` ask for on ``prompts`` (its servers started here or the user's), told to
+    ``report``, with an earlier analysis' fit where one holds; (the analysis, its setup, the server build)."""
+    from analyzer.analysis.server_analysis import ValidationAsk, analyze_in_llama_server
+    from analyzer.measuring.server_drafting import parse_drafter
+
+    drafters = [parse_drafter(text) for text in params.drafters]
+    setup, build = _setup(params, cache_dir, llama_server)
+    servers = (
+        f"the servers at {', '.join(params.urls.values())}"
+        if params.urls
+        else f"{setup.binary}, {params.threads} threads"
+    )
+    report(f"analyzing {len(prompts)} prompts in llama-server ({servers})")
+    report(where)
+    analysis = analyze_in_llama_server(
+        setup, prompts, drafters,
+        n_predict=params.n_predict, calibration_prompts=params.calibration, validate=params.validate,
+        validation=ValidationAsk(
+            params.validate_repeats, budget_share=None if params.validate_all else DEFAULT_BUDGET_SHARE
+        ),
+        say=report, attempt=attempt, long_prompts=params.long_prompts,
+        prior=_prior(sessions, params, setup, build, report),
+    )  # fmt: skip
+    return analysis, setup, build
+
+
+def _store_done(
+    sessions: sessionmaker[Session],
+    job_id: int,
+    worker_id: str,
+    set_id: int,
+    analysis: Any,
+    setup: Any,
+    build: str,
+) -> int | None:
+    """Store a finished job's analysis and mark the job done, in one transaction; the analysis' id, or None
+    when the job is no longer this worker's (cancelled or taken over meanwhile: nothing stored)."""
+    from analyzer.analysis.server_store import store_server_analysis
+
     with sessions() as session, session.begin():
         lock_for_write(session)
         job = get_server_job(session, job_id)

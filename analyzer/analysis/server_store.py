@@ -117,35 +117,7 @@ def store_server_analysis(
     draft_model: str | None = None,
 ) -> ServerAnalysisRecord:
     """Add the finished analysis to ``session`` (the caller commits) and return its row."""
-    prompts = [
-        {
-            "prompt_id": int(o.prompt.key),
-            "task": o.prompt.task,
-            "prompt_tokens": len(o.prompt_ids),
-            "output_tokens": len(o.plain.completion.tokens),
-            "stopped_at_eos": o.plain.completion.stopped_at_eos,
-            "calibration": o.calibration,
-            "plain": _run_dict(o.plain),
-            "predicted_plain_ms": analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay)
-            if o.settings
-            else None,
-            "plain_pairs": [[a.step_ms, b.step_ms] for a, b in o.plain_pairs],
-            "settings": [_setting_dict(s, analysis.cost_of(s.drafter)) for s in o.settings],
-        }
-        for o in analysis.prompts
-    ]
-    tasks = [
-        {
-            "task": c.task,
-            "prompts": c.prompts,
-            "predicted": c.predicted,
-            "measured": c.measured,
-            "checked": c.checked,
-            "chosen": c.best.label if c.best else None,
-            "curve": c.curve.as_dict(),
-        }
-        for c in task_choices(analysis)
-    ]
+    prompts = _prompt_dicts(analysis)
     record = ServerAnalysisRecord(
         prompt_set_id=prompt_set.id,
         model=model,
@@ -161,7 +133,7 @@ def store_server_analysis(
             for family, cost in analysis.costs.items()
         },
         prompts=prompts,
-        tasks=tasks,
+        tasks=_task_dicts(analysis),
         validation=[f.as_dict() for f in validation_figures(analysis)],
         calibration_prompts=analysis.calibration_prompts,
         seconds=analysis.seconds,
@@ -183,6 +155,44 @@ def store_server_analysis(
     session.flush()
     replace_options(session, server_option_rows(prompts), server_analysis_id=record.id)
     return record
+
+
+def _prompt_dicts(analysis: ServerAnalysis) -> list[dict]:
+    """Each prompt of ``analysis`` as stored: its task, tokens, plain run and pairs, and each setting's replay,
+    prediction and measurement."""
+    return [
+        {
+            "prompt_id": int(o.prompt.key),
+            "task": o.prompt.task,
+            "prompt_tokens": len(o.prompt_ids),
+            "output_tokens": len(o.plain.completion.tokens),
+            "stopped_at_eos": o.plain.completion.stopped_at_eos,
+            "calibration": o.calibration,
+            "plain": _run_dict(o.plain),
+            "predicted_plain_ms": analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay)
+            if o.settings
+            else None,
+            "plain_pairs": [[a.step_ms, b.step_ms] for a, b in o.plain_pairs],
+            "settings": [_setting_dict(s, analysis.cost_of(s.drafter)) for s in o.settings],
+        }
+        for o in analysis.prompts
+    ]
+
+
+def _task_dicts(analysis: ServerAnalysis) -> list[dict]:
+    """Each task's choice as stored: its prompts, predicted and measured speedup per setting, and the curve."""
+    return [
+        {
+            "task": c.task,
+            "prompts": c.prompts,
+            "predicted": c.predicted,
+            "measured": c.measured,
+            "checked": c.checked,
+            "chosen": c.best.label if c.best else None,
+            "curve": c.curve.as_dict(),
+        }
+        for c in task_choices(analysis)
+    ]
 
 
 def prior_fit(

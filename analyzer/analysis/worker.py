@@ -55,7 +55,7 @@ def run_next_chunk(
 
 class Worker:
     """A daemon thread that executes queued runs until ``stop()``; polls every ``poll_s`` seconds;
-    ``on_run`` is told each run's id when the run has stopped (the web server labels its prompts)."""
+    ``on_run`` is told each run's id when the run has stopped."""
 
     def __init__(
         self,
@@ -117,8 +117,6 @@ def work(
     some); wait ``poll_s`` when there was none; until ``stop`` is set, or, with ``once``, until the first run
     has stopped, other work was done, or nothing is left. The loaded pair is kept between chunks; a database
     hiccup is logged and does not end the loop."""
-    from analyzer.analysis.run_records import run_status
-    from analyzer.analysis.server_jobs import run_next_server_job
     from analyzer.settings import load_settings
 
     stop = stop or threading.Event()
@@ -127,26 +125,9 @@ def work(
     first: int | None = None
     while not stop.is_set():
         try:
-            ran = run_next_chunk(
-                sessions,
-                worker_id=worker_id,
-                cache_dir=cache_dir,
-                allow_network=allow_network,
-                stale_after_s=stale_after_s,
-                kept=kept,
+            ran, status, served = _next_work(
+                sessions, worker_id, cache_dir, allow_network, stale_after_s, kept, llama_server, also
             )
-            status = run_status(sessions, ran) if ran is not None else None
-            served = None
-            if ran is None:
-                served = run_next_server_job(
-                    sessions,
-                    worker_id=worker_id,
-                    cache_dir=cache_dir,
-                    llama_server=llama_server,
-                    stale_after_s=stale_after_s,
-                )
-            if ran is None and not served and also is not None and also(worker_id):
-                served = 0  # other work done: look for more at once
         except Exception:
             log.exception("worker loop")
             ran = status = served = None
@@ -161,3 +142,40 @@ def work(
             return
         if ran is None:
             stop.wait(poll_s)
+
+
+def _next_work(
+    sessions: sessionmaker[Session],
+    worker_id: str,
+    cache_dir: Path,
+    allow_network: bool,
+    stale_after_s: float,
+    kept: dict,
+    llama_server: str,
+    also: Callable[[str], bool] | None,
+) -> tuple[int | None, str | None, int | None]:
+    """One turn of :func:`work`: (the run whose chunk was executed, its status after it; the analysis job in
+    llama-server executed, or 0 for the caller's other work done, or None where there was neither)."""
+    from analyzer.analysis.run_records import run_status
+    from analyzer.analysis.server_jobs import run_next_server_job
+
+    ran = run_next_chunk(
+        sessions,
+        worker_id=worker_id,
+        cache_dir=cache_dir,
+        allow_network=allow_network,
+        stale_after_s=stale_after_s,
+        kept=kept,
+    )
+    if ran is not None:
+        return ran, run_status(sessions, ran), None
+    served = run_next_server_job(
+        sessions,
+        worker_id=worker_id,
+        cache_dir=cache_dir,
+        llama_server=llama_server,
+        stale_after_s=stale_after_s,
+    )
+    if not served and also is not None and also(worker_id):
+        served = 0  # other work done: look for more at once
+    return None, None, served

@@ -152,10 +152,36 @@ def measure_machinery_overhead(
     """
     if repeats < 1 or new_tokens < 1:
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1, got {repeats} and {new_tokens}")
-    from analyzer.measuring.validate import assisted_generate, greedy_generate
-
     models = (target_model,) + ((draft_model,) if draft_model is not None else ())
     calls: list[list[tuple[int, float]]] = []  # each generate() call's target forwards
+    measured = overhead_of(
+        _generate_call(target_model, context_ids, new_tokens, gamma, draft_model, ngram_max, calls),
+        lambda: timed_forwards(*models),
+        target_model.device,
+        new_tokens=new_tokens,
+        lookup_s=lookup_s if draft_model is None else 0.0,
+        repeats=repeats,
+        on_generate=on_generate,
+    )
+    if measured.busy:  # forwards slowed by other processes calibrate nothing
+        return measured
+    # the timed calls of the attempt kept (a busy attempt before it measured again)
+    return replace(measured, forward_s=forward_medians([f for call in calls[-2 * repeats :] for f in call]))
+
+
+def _generate_call(
+    target_model: PreTrainedModel,
+    context_ids: list[int],
+    new_tokens: int,
+    gamma: int,
+    draft_model: PreTrainedModel | None,
+    ngram_max: int | None,
+    calls: list[list[tuple[int, float]]],
+) -> Callable[[bool], int]:
+    """``generate(speculative)`` for :func:`overhead_of`: plain greedy or assisted generation of exactly
+    ``new_tokens`` tokens, its target passes returned and its target forwards after the first appended to
+    ``calls`` (the first holds the prompt and, speculating, the first draft)."""
+    from analyzer.measuring.validate import assisted_generate, greedy_generate
 
     def generate(speculative: bool) -> int:
         with sized_forwards(target_model) as seen:
@@ -171,22 +197,10 @@ def measure_machinery_overhead(
                 )[1]
             else:
                 passes = greedy_generate(target_model, context_ids, new_tokens, eos_token_id=[])[1]
-        calls.append(seen[1:])  # the first forward holds the prompt (and, speculating, the first draft)
+        calls.append(seen[1:])
         return passes
 
-    measured = overhead_of(
-        generate,
-        lambda: timed_forwards(*models),
-        target_model.device,
-        new_tokens=new_tokens,
-        lookup_s=lookup_s if draft_model is None else 0.0,
-        repeats=repeats,
-        on_generate=on_generate,
-    )
-    if measured.busy:  # forwards slowed by other processes calibrate nothing
-        return measured
-    # the timed calls of the attempt kept (a busy attempt before it measured again)
-    return replace(measured, forward_s=forward_medians([f for call in calls[-2 * repeats :] for f in call]))
+    return generate
 
 
 def measure_graph_overhead(

@@ -384,27 +384,14 @@ def replay_request(
     if drafter.kind == NGRAM_MOD:
         table = table if table is not None else NgramModTable(drafter.n_match)
         ngram_mod_begin(table, prompt)
-    history = list(prompt)
     rounds: list[tuple[int, int]] = []
     plain_steps, g, decodes = 0, 1, 0
     plain_context = round_context = row_context = 0  # the row decoding output g - 1 sees P + g tokens
     done = not output or output[0] in eog_ids or 1 >= n_predict
     while not done and g < len(output):
         room = min(n_ctx - (len(prompt) + g - 1) - 2, n_predict - g - 1)
-        history = list(prompt) + list(output[: g - 1])
-        draft: list[int] = []
-        if room > 0:
-            if drafter.kind == NGRAM_SIMPLE:
-                draft = ngram_simple_draft(drafter, history, output[g - 1])
-            elif oracle is not None:
-                sequence = list(prompt) + list(output)
-                draft = draft_simple_draft(drafter, oracle, sequence, len(prompt) + g, room)
-                decodes += draft_decodes(drafter, len(draft), room)
-                draft = draft if len(draft) >= drafter.draft_n_min else []
-            else:
-                assert table is not None
-                draft = ngram_mod_draft(drafter, table, history, output[g - 1])
-            draft = draft[:room]
+        draft, draft_decodes_here = _draft_at(drafter, prompt, output, g, room, table, oracle)
+        decodes += draft_decodes_here
         if not draft:
             plain_steps += 1
             plain_context += len(prompt) + g
@@ -426,3 +413,32 @@ def replay_request(
         min(g, len(output)), plain_steps, tuple(rounds), decodes, len(prompt), plain_context, round_context,
         row_context,
     )  # fmt: skip
+
+
+def _draft_at(
+    drafter: ServerDrafter,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    g: int,
+    room: int,
+    table: NgramModTable | None,
+    oracle: DraftOracle | None,
+) -> tuple[list[int], int]:
+    """The draft ``drafter`` makes after the prompt and the first ``g`` output tokens (the last of them the one
+    just sampled), at most ``room`` tokens (none where there is no room), and the draft model's decodes it
+    cost (draft-simple; 0 for the n-gram settings)."""
+    if room <= 0:
+        return [], 0
+    history = list(prompt) + list(output[: g - 1])
+    decodes = 0
+    if drafter.kind == NGRAM_SIMPLE:
+        draft = ngram_simple_draft(drafter, history, output[g - 1])
+    elif oracle is not None:
+        sequence = list(prompt) + list(output)
+        draft = draft_simple_draft(drafter, oracle, sequence, len(prompt) + g, room)
+        decodes = draft_decodes(drafter, len(draft), room)
+        draft = draft if len(draft) >= drafter.draft_n_min else []
+    else:
+        assert table is not None
+        draft = ngram_mod_draft(drafter, table, history, output[g - 1])
+    return draft[:room], decodes

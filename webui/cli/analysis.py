@@ -251,28 +251,48 @@ def analyze(
             state, prompt_set, target, draft, run_inputs, as_json, queue_only, server_options, server_only
         )
         return
-    sessions = state.sessions()
     if resume_run is not None and (n_ctx is not None or long_prompts is not None):
         raise click.UsageError("--ctx and --long-prompts set a new run: a resumed run keeps its own")
     if cost_profiles and (resume_run is not None or batch_sizes or reprofile):
         raise click.UsageError(
             "--cost-profile prices a new run: not with --resume, --batch-sizes or --reprofile"
         )
+    new = None
+    if resume_run is None:
+        if not prompt_set:
+            raise click.UsageError("give --prompts NAME (or --resume RUN)")
+        new = {**_new_run_inputs(run_inputs, target, draft, reprofile, engine, batch_sizes), "n_ctx": n_ctx,
+               "long_prompts": long_prompts}  # fmt: skip
+    report = _analyze_a_run(state, prompt_set, new, resume_run, cost_profiles, queue_only, as_json)
+    if report is not None:
+        click.echo(strict_json.dumps(report) if as_json else report_text(report))
+
+
+def _analyze_a_run(
+    state: CliState,
+    prompt_set,
+    new: dict | None,
+    resume_run: int | None,
+    cost_profiles,
+    queue_only: bool,
+    as_json: bool,
+) -> dict | None:
+    """Store a new run of ``new``'s raw inputs (its batch sizes, where not given, the cost profiles') or resume
+    ``resume_run``, then execute it here: its report; None where it was only queued (its id printed).
+    Ctrl-C ends with exit status 130 and says how to resume."""
+    sessions = state.sessions()
     run_id = resume_run  # None until a new run is stored
     try:
-        if resume_run is None:
-            if not prompt_set:
-                raise click.UsageError("give --prompts NAME (or --resume RUN)")
-            batch_sizes = batch_sizes or _batch_sizes_of(sessions, cost_profiles)
-            raw = _new_run_inputs(run_inputs, target, draft, reprofile, engine, batch_sizes)
-            raw.update(n_ctx=n_ctx, long_prompts=long_prompts)
-            run_id = _create_new_run(state, sessions, prompt_set, raw, queue_only, cost_profiles)
+        if new is not None:
+            new["batch_sizes"] = new["batch_sizes"] or _batch_sizes_of(sessions, cost_profiles)
+            run_id = _create_new_run(state, sessions, prompt_set, new, queue_only, cost_profiles)
             if queue_only:
                 click.echo(
                     strict_json.dumps({"run_id": run_id, "status": "queued"}) if as_json else str(run_id)
                 )
-                return
-        report = _execute_and_build_report(state, sessions, run_id, as_json)
+                return None
+        assert run_id is not None  # a new run's id, or the one resumed
+        return _execute_and_build_report(state, sessions, run_id, as_json)
     except KeyboardInterrupt:
         # run_id None: stopped while the new run was being stored ('specroute runs list' shows whether it was)
         if run_id is None:
@@ -283,7 +303,6 @@ def analyze(
                 err=True,
             )
         sys.exit(130)
-    click.echo(strict_json.dumps(report) if as_json else report_text(report))
 
 
 def _refuse_run_options(run_only: dict, run_inputs: dict) -> None:
@@ -322,53 +341,13 @@ def _analyze_in_llama_server(
     here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
     prints it, or as JSON. ``server_only``: the options of :data:`SERVER_ONLY` as given (None or empty: the
     analysis' defaults)."""
-    from analyzer.analysis.server_jobs import LIMITS as JOB_LIMITS
     from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
-    from analyzer.measuring.server_drafting import parse_drafter
-    from webui.cli.server_analysis import (
-        DEFAULT_DRAFTERS,
-        drafters_of,
-        run_server_analysis,
-        server_analysis_text,
-        servers_of,
-    )
+    from webui.cli.server_analysis import run_server_analysis, server_analysis_text
 
     if not prompt_set:
         raise click.UsageError("give --prompts NAME")
-    draft_model = None if draft == "ngram" else draft
-    if draft_model is not None and draft_model.startswith("ngram"):
-        raise click.BadParameter(
-            "llama-server's n-gram settings are its own: give --draft ngram (all five) or use "
-            "'specroute llama-server analyze --drafter'",
-            param_hint="--draft",
-        )
-    drafter_texts, server_texts = server_only.pop("drafter_texts"), server_only.pop("server_texts")
-    if server_texts and drafter_texts:
-        raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
-    urls, drafters = servers_of(server_texts) if server_texts else (None, drafters_of(drafter_texts))
-    if not server_texts and not drafter_texts:  # the settings --draft names
-        drafters = [
-            parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)
-        ]
-    values = {}
-    bounds = {  # a job's own bounds (at least two new tokens), the run's words
-        "max_new_tokens": JOB_LIMITS["n_predict"],
-        "limit": JOB_LIMITS["limit"],
-        "validate_n": (int(LIMITS["validate"].low), int(LIMITS["validate"].high or 0)),
-    }
-    for field, (low, high) in bounds.items():
-        text = run_inputs[field]
-        if text is None:
-            continue
-        try:
-            values[field] = int(text)
-        except ValueError:
-            values[field] = low - 1
-        if not low <= values[field] <= high:
-            hint = "--validate" if field == "validate_n" else option_name(field)
-            raise click.BadParameter(
-                f"must be a whole number {range_words(Limit(low, high))}, got {text!r}", param_hint=hint
-            )
+    draft_model, urls, drafters = _server_settings(draft, server_only)
+    values = _server_run_values(run_inputs)
     record_id = run_server_analysis(
         state,
         prompt_set,
@@ -393,6 +372,57 @@ def _analyze_in_llama_server(
             if as_json
             else server_analysis_text(record)
         )
+
+
+def _server_settings(draft, server_only: dict) -> tuple:
+    """(draft model or None, the servers' URLs or None, the settings) that ``--draft``, ``--drafter`` and
+    ``--server`` name for an analysis in llama-server; ``server_only`` loses its two texts."""
+    from analyzer.measuring.server_drafting import parse_drafter
+    from webui.cli.server_analysis import DEFAULT_DRAFTERS, drafters_of, servers_of
+
+    draft_model = None if draft == "ngram" else draft
+    if draft_model is not None and draft_model.startswith("ngram"):
+        raise click.BadParameter(
+            "llama-server's n-gram settings are its own: give --draft ngram (all five) or use "
+            "'specroute llama-server analyze --drafter'",
+            param_hint="--draft",
+        )
+    drafter_texts, server_texts = server_only.pop("drafter_texts"), server_only.pop("server_texts")
+    if server_texts and drafter_texts:
+        raise click.UsageError("with --server the settings are the ones --server names; leave out --drafter")
+    urls, drafters = servers_of(server_texts) if server_texts else (None, drafters_of(drafter_texts))
+    if not server_texts and not drafter_texts:  # the settings --draft names
+        drafters = [
+            parse_drafter(label) for label in (("draft-simple",) if draft_model else DEFAULT_DRAFTERS)
+        ]
+    return draft_model, urls, drafters
+
+
+def _server_run_values(run_inputs: dict) -> dict:
+    """The run options an analysis in llama-server takes (:data:`SERVER_RUN_INPUTS`), each checked against the
+    job's own bounds and named by its option when out of them."""
+    from analyzer.analysis.server_jobs import LIMITS as JOB_LIMITS
+
+    values = {}
+    bounds = {  # a job's own bounds (at least two new tokens), the run's words
+        "max_new_tokens": JOB_LIMITS["n_predict"],
+        "limit": JOB_LIMITS["limit"],
+        "validate_n": (int(LIMITS["validate"].low), int(LIMITS["validate"].high or 0)),
+    }
+    for field, (low, high) in bounds.items():
+        text = run_inputs[field]
+        if text is None:
+            continue
+        try:
+            values[field] = int(text)
+        except ValueError:
+            values[field] = low - 1
+        if not low <= values[field] <= high:
+            hint = "--validate" if field == "validate_n" else option_name(field)
+            raise click.BadParameter(
+                f"must be a whole number {range_words(Limit(low, high))}, got {text!r}", param_hint=hint
+            )
+    return values
 
 
 def _new_run_inputs(run_inputs: dict, target, draft, reprofile, engine, batch_sizes) -> dict:
@@ -424,8 +454,10 @@ def _new_run_inputs(run_inputs: dict, target, draft, reprofile, engine, batch_si
 def _create_new_run(
     state: CliState, sessions, prompt_set: str, raw: dict, queue_only: bool, cost_profiles: tuple[int, ...]
 ) -> int:
-    """Read and check the inputs, say where the run will measure, store the run and return its id."""
+    """Read and check the inputs, say where the run will measure, store the run with its unlabelled prompts'
+    tasks (the classifier's, :func:`router.classify.run_labelling.label_new_run`) and return its id."""
     from analyzer.analysis.run_records import create_run
+    from router.classify.run_labelling import label_new_run
 
     try:
         inputs = read_inputs(raw, state.settings, engines=MEASURING)
@@ -444,14 +476,17 @@ def _create_new_run(
             from analyzer.analysis.repricing import link_pricing_profiles
 
             link_pricing_profiles(session, run, cost_profiles)
+        labelling = label_new_run(session, run)
         run_id = run.id
     click.echo(f"run {run_id}: {prompt_set} with target {raw['target']}, draft {raw['draft']}", err=True)
+    if (said := labelling.text()) is not None:
+        click.echo(("warning: " if labelling.problem else "") + said, err=True)
     return run_id
 
 
 def _execute_and_build_report(state: CliState, sessions, run_id: int, as_json: bool) -> dict:
-    """Execute the run here (with a progress bar, except for --json with stderr not a terminal), label its unlabelled
-    prompts with the classifier and return its report."""
+    """Execute the run here (with a progress bar, except for --json with stderr not a terminal) and return its
+    report."""
     from analyzer.advice.report import build_report
     from analyzer.analysis.runs import execute_run
 
@@ -466,7 +501,6 @@ def _execute_and_build_report(state: CliState, sessions, run_id: int, as_json: b
         )
     finally:
         progress.close()
-    _label_with_classifier(sessions, run_id)
     with sessions() as session, session.begin():  # a summary computed here is kept
         lock_for_write(session)
         return build_report(session, run_id)
@@ -483,21 +517,6 @@ def _placement_text(params, queue_only: bool = False, *, chosen: bool = False) -
         if not chosen:
             raise
         raise EngineUnavailable(f"{error}; or analyze in transformers: --engine transformers") from None
-
-
-def _label_with_classifier(sessions, run_id: int) -> None:
-    """Give the run's unlabelled prompts the active classifier's task type (if one is trained), through
-    the code path every run takes (router.classify.run_labelling.label_finished_run)."""
-    from router.classify.run_labelling import label_finished_run
-
-    outcome = label_finished_run(sessions, run_id)
-    if outcome.problem:
-        click.echo(f"warning: unlabelled prompts stay 'unlabelled': {outcome.problem}", err=True)
-    elif outcome.labelled:
-        click.echo(
-            f"classifier v{outcome.classifier_version} labelled {outcome.labelled} unlabelled prompt(s)",
-            err=True,
-        )
 
 
 def _batch_sizes_of(sessions, profile_ids: tuple[int, ...]) -> tuple[int, ...] | None:

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from sqlalchemy import select
@@ -19,6 +20,9 @@ from analyzer.engine.engine_base import EngineUnavailable
 from analyzer.models.specs import DEFAULT_TARGET, parse_spec
 from analyzer.orm import PromptSet, ServerAnalysisJob, ServerAnalysisRecord
 from webui.cli.base import CliState, _cache_dir
+
+if TYPE_CHECKING:
+    from analyzer.analysis.server_jobs import ServerJobParams
 
 DEMO_SERVER_ENGINE = "llama-server"
 DEMO_PER_TASK = 3  # prompts per task: 39 over 13 tasks; the fewest a task decides alone on (MIN_TASK_PROMPTS)
@@ -71,15 +75,7 @@ def analyze_sample_in_llama_server(
     """[3/6] The sample analyzed in llama-server with every default drafter setting: a stored analysis of
     the same prompts, new tokens, settings, model and validation is reused unless ``again``; else one is
     measured (a line per step) and stored in one transaction. Returns its id."""
-    from analyzer.analysis.server_jobs import (
-        ServerJobParams,
-        cancel_server_job,
-        claim_server_job,
-        create_server_job,
-        execute_server_job,
-        resume_server_job,
-    )
-    from analyzer.analysis.server_outcomes import ServerAnalysisError
+    from analyzer.analysis.server_jobs import ServerJobParams
     from analyzer.engine.llamacpp_engine import gguf_file
     from webui.cli.server_analysis import DEFAULT_DRAFTERS, drafters_of
 
@@ -103,7 +99,16 @@ def analyze_sample_in_llama_server(
         DEFAULT_TARGET, tuple(d.label for d in drafters), None, n_predict, DEMO_THREADS, DEMO_CTX,
         calibration_count(len(prompts)), DEMO_PER_TASK, limit, validate, DEMO_VALIDATE_REPEATS,
     )  # fmt: skip
-    worker_id = f"{socket.gethostname()}:{os.getpid()}:demo"
+    return _execute_demo_job(state, sessions, _demo_job(sessions, prompt_set_id, params, again), binary)
+
+
+def _demo_job(
+    sessions: sessionmaker[Session], prompt_set_id: int, params: ServerJobParams, again: bool
+) -> int:
+    """The analysis job the demo runs: the newest failed or cancelled one of the same sample and parameters,
+    resumed where it stopped (its generations and passes kept), unless ``again``; else a new one."""
+    from analyzer.analysis.server_jobs import create_server_job, resume_server_job
+
     with sessions() as session, session.begin():
         lock_for_write(session)
         stopped = next(
@@ -122,13 +127,19 @@ def analyze_sample_in_llama_server(
             None,
         )
         if stopped is not None and not again:
-            job_id = resume_server_job(
-                session, stopped.id
-            ).id  # where it was: its generations and passes kept
+            job_id = resume_server_job(session, stopped.id).id
             click.echo(f"      resuming the stopped analysis job #{job_id}")
-        else:
-            prompt_set = session.get_one(PromptSet, prompt_set_id)
-            job_id = create_server_job(session, prompt_set, params).id
+            return job_id
+        return create_server_job(session, session.get_one(PromptSet, prompt_set_id), params).id
+
+
+def _execute_demo_job(state: CliState, sessions: sessionmaker[Session], job_id: int, binary: Path) -> int:
+    """Claim and run the demo's analysis job in this process, a line per step; its analysis' id. Ctrl-C cancels
+    it (exit status 130; the next demo resumes it); a job that fails raises its error with what to change."""
+    from analyzer.analysis.server_jobs import cancel_server_job, claim_server_job, execute_server_job
+    from analyzer.analysis.server_outcomes import ServerAnalysisError
+
+    worker_id = f"{socket.gethostname()}:{os.getpid()}:demo"
     claim_server_job(sessions, worker_id, job_id=job_id)
     try:
         analysis_id = execute_server_job(

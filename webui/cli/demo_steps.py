@@ -147,6 +147,7 @@ def _reused_or_new_run(
     ``params.reprofile`` only an unfinished re-profiling run is taken up."""
     from analyzer.analysis.run_records import RunParams, create_run
     from analyzer.models.specs import parse_spec
+    from router.classify.run_labelling import label_new_run
 
     canonical = (parse_spec(DEMO_TARGET).canonical, parse_spec(DEMO_DRAFT).canonical)
     with sessions() as session, session.begin():
@@ -167,7 +168,9 @@ def _reused_or_new_run(
         reuse = next((r for r in candidates if r.status == "done"), None) or next(iter(candidates), None)
         if reuse is not None:
             return reuse.id, reuse.status
-        return create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params).id, "new"
+        run = create_run(session, SAMPLE_NAME, DEMO_TARGET, DEMO_DRAFT, params)
+        label_new_run(session, run)  # the bundled sample is labelled: nothing is left to the classifier
+        return run.id, "new"
 
 
 def _has_demo_params(run: AnalysisRun, params: RunParams) -> bool:

@@ -480,32 +480,7 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
         "controls' |speedup - 1|",
     ]
     for f in record.validation:
-        served = (
-            f"{num(f.get('aggregate_predicted'), '{:.3f}')} / {num(f.get('aggregate_measured'), '{:.3f}')} "
-            f"({num(f.get('aggregate_error'), '{:.1%}')}, ±{num(f.get('aggregate_noise'), '{:.1%}')})"
-        )
-        advice = (
-            f"{num(f.get('advice_predicted'), '{:.3f}')} / {num(f.get('advice_measured'), '{:.3f}')} "
-            f"({num(f.get('advice_error'), '{:.1%}')})"
-        )
-        lines.append(
-            f"{f['setting']} | {f['runs']} ({f.get('trials', f['runs'])}, {f['disturbed']}) | "
-            f"{num(f['output_equal'], '{:.0%}')} | {num(f['counts_equal'], '{:.0%}')} | "
-            f"{num(f['mare'], '{:.1%}')} / {num(f.get('advice_mare'), '{:.1%}')} | "
-            f"{num(f.get('within_noise'), '{:.0%}')} | {served} | {advice} | "
-            f"{num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
-            f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
-        )
-        passes = f.get("per_pass") or []
-        if len(passes) > 1:
-            lines.append(
-                "  the work served, pass by pass: "
-                + "; ".join(
-                    f"pass {p['pass']} ({p['prompts']} prompts) {num(p['predicted'], '{:.3f}')} / "
-                    f"{num(p['measured'], '{:.3f}')} ({num(p['error'], '{:.1%}')})"
-                    for p in passes
-                )
-            )
+        lines += _validation_rows(f)
     lines.append(divergence_text(record.validation))
     lines += [
         "",
@@ -524,3 +499,35 @@ def server_analysis_text(record: ServerAnalysisRecord) -> str:
         )
     lines += routing_text(record.routing)
     return "\n".join(lines)
+
+
+def _validation_rows(f: dict) -> list[str]:
+    """One setting's validation row of :func:`server_analysis_text`, and its passes one by one where there were
+    several."""
+    served = (
+        f"{num(f.get('aggregate_predicted'), '{:.3f}')} / {num(f.get('aggregate_measured'), '{:.3f}')} "
+        f"({num(f.get('aggregate_error'), '{:.1%}')}, ±{num(f.get('aggregate_noise'), '{:.1%}')})"
+    )
+    advice = (
+        f"{num(f.get('advice_predicted'), '{:.3f}')} / {num(f.get('advice_measured'), '{:.3f}')} "
+        f"({num(f.get('advice_error'), '{:.1%}')})"
+    )
+    lines = [
+        f"{f['setting']} | {f['runs']} ({f.get('trials', f['runs'])}, {f['disturbed']}) | "
+        f"{num(f['output_equal'], '{:.0%}')} | {num(f['counts_equal'], '{:.0%}')} | "
+        f"{num(f['mare'], '{:.1%}')} / {num(f.get('advice_mare'), '{:.1%}')} | "
+        f"{num(f.get('within_noise'), '{:.0%}')} | {served} | {advice} | "
+        f"{num(f.get('correlation'))} ({f.get('drafting', '-')}) | "
+        f"{num(f.get('control_error'), '{:.1%}')} ({f.get('controls', '-')})"
+    ]
+    passes = f.get("per_pass") or []
+    if len(passes) > 1:
+        lines.append(
+            "  the work served, pass by pass: "
+            + "; ".join(
+                f"pass {p['pass']} ({p['prompts']} prompts) {num(p['predicted'], '{:.3f}')} / "
+                f"{num(p['measured'], '{:.3f}')} ({num(p['error'], '{:.1%}')})"
+                for p in passes
+            )
+        )
+    return lines

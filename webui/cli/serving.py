@@ -42,9 +42,6 @@ def worker(state: CliState, once: bool, poll: float, stale_after: float | None) 
     click.echo(f"worker {worker_id} waiting for queued runs; Ctrl-C stops", err=True)
 
     def report(run_id: int) -> None:
-        from webui.cli.analysis import _label_with_classifier
-
-        _label_with_classifier(sessions, run_id)
         with sessions() as session:
             run = get_run(session, run_id)
             click.echo(f"run {run_id}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
