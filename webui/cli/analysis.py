@@ -341,8 +341,7 @@ def _analyze_in_llama_server(
     here; ``queue_only``: left to the workers, its job id printed), printed as ``specroute llama-server show``
     prints it, or as JSON. ``server_only``: the options of :data:`SERVER_ONLY` as given (None or empty: the
     analysis' defaults)."""
-    from analyzer.analysis.server_store import get_server_analysis, server_analysis_json
-    from webui.cli.server_analysis import run_server_analysis, server_analysis_text
+    from webui.cli.server_analysis import echo_server_analysis, run_server_analysis
 
     if not prompt_set:
         raise click.UsageError("give --prompts NAME")
@@ -363,15 +362,8 @@ def _analyze_in_llama_server(
         **server_options,
         **{name: value for name, value in server_only.items() if value is not None},
     )
-    if record_id is None:
-        return
-    with state.sessions()() as session:
-        record = get_server_analysis(session, record_id)
-        click.echo(
-            strict_json.dumps(server_analysis_json(session, record))
-            if as_json
-            else server_analysis_text(record)
-        )
+    if record_id is not None:
+        echo_server_analysis(state, record_id, as_json)
 
 
 def _server_settings(draft, server_only: dict) -> tuple:

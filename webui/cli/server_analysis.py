@@ -351,7 +351,11 @@ def resume(state: CliState, job_id: int, queue_only: bool, as_json: bool = False
     if queue_only:
         click.echo(strict_json.dumps({"job_id": job_id, "status": status}) if as_json else str(job_id))
         return
-    analysis_id = execute_here(state, job_id)
+    echo_server_analysis(state, execute_here(state, job_id), as_json)
+
+
+def echo_server_analysis(state: CliState, analysis_id: int, as_json: bool) -> None:
+    """Print a stored llama-server analysis as ``specroute llama-server show`` prints it, or as JSON."""
     with state.sessions()() as session:
         record = get_server_analysis(session, analysis_id)
         click.echo(
