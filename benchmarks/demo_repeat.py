@@ -53,6 +53,23 @@ def one_demo(folder: Path) -> dict:
         "validation_plan": analysis["validation_plan"],
         "noise": analysis["noise"],
         "decisions": {t["task"]: t["chosen"] or "off" for t in analysis["tasks"]},
+        "margins": {t["task"]: margin(t) for t in analysis["tasks"]},
+    }
+
+
+def margin(task: dict) -> dict:
+    """How far a task's decision sat from the rule: its best setting's predicted speedup, the lower end of its
+    interval and the fit's standard error in it (None where the analysis stored no leave-one-out fit)."""
+    options = [o for o in task["options"] if o["speedup"] is not None]
+    if not options:
+        return {"best": None}
+    best = max(range(len(options)), key=lambda i: options[i]["speedup"])
+    errors = task.get("fit_errors") or []
+    return {
+        "best": options[best]["label"],
+        "speedup": options[best]["speedup"],
+        "low": options[best]["low"],
+        "fit_error": errors[best] if errors else None,
     }
 
 

@@ -545,6 +545,7 @@ def _demo_repeat(results: Path) -> str:
                 else noise.get("verdict", "-"),
                 "no" if run["advice_withheld"] is None else f"yes: {clipped(run['advice_withheld'], 90)}",
                 f"{same} of {len(first)}",
+                _nearest_the_rule(run["margins"]),
             ]
         )
     agreed = data["agreement"]
@@ -560,8 +561,22 @@ def _demo_repeat(results: Path) -> str:
         )
         + f"; the first run's: {decided}."
     )
-    header = "run | seconds | noise (its own verdict, floor) | advice withheld | decisions as the first run's"
+    header = (
+        "run | seconds | noise (its own verdict, floor) | advice withheld | decisions as the first run's "
+        "| nearest the rule (task: best setting's speedup, interval's lower end, the fit's standard error)"
+    )
     return block(text, header, rows, [(name, recorded_machine(data), data["command"])])
+
+
+def _nearest_the_rule(margins: dict) -> str:
+    """The task whose best setting clears 1 + margin with the interval's lower end nearest 1.0: the decision
+    another calibration could most easily move."""
+    near = [(task, m) for task, m in margins.items() if m.get("low") is not None and m["speedup"] > 1.05]
+    if not near:
+        return "no task clears 1.05x"
+    task, m = min(near, key=lambda item: abs(item[1]["low"] - 1.0))
+    error = f", fit ±{m['fit_error']:.3f}" if m.get("fit_error") is not None else ""
+    return f"{task}: {m['best']} {m['speedup']:.2f}x, low {m['low']:.2f}{error}"
 
 
 def _parallel_slots(results: Path) -> str:

@@ -100,6 +100,16 @@ def test_a_fit_that_holds_stops_calibration_at_its_minimum(monkeypatch):
     assert [o.prompt.key for o in found.chosen] == [outcomes[i].prompt.key for i in first]
     assert sum(o.calibration for o in outcomes) == MIN_CALIBRATION and found.withheld is None
     assert found.costs["n-gram"].checked_error < 0.01  # the times are what the model prices
+    # one fit without each calibration prompt, in the order measured: exact times, so each prices the prompts
+    # it was fitted on exactly; three prompts leave the round terms loose, and the other prompts' prices spread
+    refits = found.costs["n-gram"].refits
+    assert len(refits) == MIN_CALIBRATION
+    assert all(r.step_ms == pytest.approx(COST.step_ms, rel=1e-3) for r in refits)
+    for left_out, refit in zip(found.chosen, refits, strict=True):
+        for outcome in found.chosen:
+            work = outcome.settings[0].replay.work()
+            if outcome is not left_out:
+                assert refit.request_ms(work) == pytest.approx(COST.request_ms(work), rel=1e-3)
     assert found.why.startswith(
         f"the fit held on prompts it was not fitted on after {MIN_CALIBRATION} prompts"
     )
@@ -129,6 +139,10 @@ def test_a_fit_that_misses_measures_the_prompt_nearest_its_miss_and_withholds_at
     assert found.withheld is not None and "the n-gram step costs miss the measured time by" in found.withheld
     assert "missed most: the n-gram fit's rounds missed p" in found.withheld
     assert found.why.startswith("the fit still missed after 7 prompts, the most asked")
+    # the fits without each of the 7 prompts disagree where the runs do: their round costs spread
+    refits = found.costs["n-gram"].refits
+    priced = np.asarray([[r.request_ms(o.settings[0].replay.work()) for o in outcomes] for r in refits])
+    assert priced.shape == (7, len(outcomes)) and np.max(priced.max(axis=0) / priced.min(axis=0)) > 1.05
 
 
 @pytest.mark.parametrize("at_most", [1, 3])

@@ -29,7 +29,9 @@ from analyzer.pricing.context_cost import (
     fit_problem,
     fit_rounds,
     fit_step_cost,
+    fit_without,
 )
+from analyzer.pricing.server_cost import ServerCost
 
 TRUE = StepCost(
     step_ms=10.0,
@@ -120,6 +122,23 @@ def test_an_exact_cost_is_recovered_with_its_context_term():
         assert getattr(fitted.cost, name) == pytest.approx(getattr(TRUE, name), rel=1e-4, abs=1e-6)
     assert fitted.fit_mare < 1e-6 and fitted.heldout_mare is not None and fitted.heldout_mare < 1e-6
     assert fitted.plain_heldout_mare is not None and fitted.plain_heldout_mare < 1e-6
+
+
+def test_the_leave_one_out_fits_agree_on_exact_times_spread_with_noise_and_are_stored_with_the_cost():
+    plain, spec = _samples(TRUE, np.random.default_rng(0))
+    exact = [fit_without(key, plain, spec) for key in range(8)]
+    assert all(fit.step_ms == pytest.approx(TRUE.step_ms, rel=1e-4) for fit in exact)
+    assert all(fit.round_ms == pytest.approx(TRUE.round_ms, rel=1e-3) for fit in exact)
+    # the plain stage alone where no speculating request is given
+    assert fit_without(3, plain, None).round_ms == 0.0
+    plain, spec = _samples(TRUE, np.random.default_rng(1), noise=0.05)
+    noisy = [fit_without(key, plain, spec) for key in range(8)]
+    steps = np.asarray([fit.step_ms for fit in noisy])
+    assert steps.std() > 1e-3 and abs(steps.mean() / TRUE.step_ms - 1) < 0.1
+    cost = ServerCost.from_fit(fit_step_cost(plain, spec))
+    stored = ServerCost(**{**cost.as_dict(), "refits": tuple(noisy)})
+    again = ServerCost.from_stored({**stored.as_dict(), "bound": 0.1})
+    assert again == stored and len(again.refits) == 8 and again.refits[2] == noisy[2]
 
 
 def test_without_the_context_term_long_prompts_are_mispriced():

@@ -464,3 +464,37 @@ def test_0035_keeps_the_oldest_active_job_of_a_key_and_the_index_refuses_a_secon
     with engine.begin() as connection:  # an ended job under the key is not active: any number of them
         connection.exec_driver_sql(insert, ("train", "failed"))
     engine.dispose()
+
+
+def test_0037_gives_older_analyses_empty_fits_and_their_decisions_stay(tmp_path, realistic):
+    """An analysis stored before the leave-one-out fits: the downgrade to 0036 removes them from its rows and
+    costs, the upgrade gives them back empty, and the policy set it publishes decides as before."""
+    import shutil
+
+    from analyzer.db import make_session_factory
+    from analyzer.orm import ServerAnalysisRecord
+    from router.policies.server_policy import server_policy_set
+
+    def decisions(engine) -> tuple[list, dict]:
+        with make_session_factory(engine)() as session:
+            record = session.query(ServerAnalysisRecord).one()
+            made = server_policy_set(session, record, pools={})
+            return [(p.task_type, p.setting, p.speedup_low) for p in made.policies], record.cost
+
+    path = tmp_path / "copy.db"
+    shutil.copy(realistic, path)
+    engine = make_engine(f"sqlite:///{path}")
+    at_head, cost = decisions(engine)
+    assert all(family["refits"] == [] for family in cost.values())
+    migrations.downgrade(engine, "0036")
+    with engine.connect() as connection:
+        prompts, stored_cost = connection.exec_driver_sql("SELECT prompts, cost FROM server_analyses").one()
+    assert "refit_plain_ms" not in prompts and "refit_ms" not in prompts and "refits" not in stored_cost
+    migrations.upgrade(engine)
+    again, cost = decisions(engine)
+    assert again == at_head and all(family["refits"] == [] for family in cost.values())
+    with engine.connect() as connection:
+        prompts = json.loads(connection.exec_driver_sql("SELECT prompts FROM server_analyses").scalar())
+    assert all(row["refit_plain_ms"] == [] for row in prompts)
+    assert all(s["refit_ms"] == [] for row in prompts for s in row["settings"])
+    engine.dispose()

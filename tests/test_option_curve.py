@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.pricing.option_curve import option_curve, stored_option_rows, task_option_curves
+from analyzer.pricing.option_curve import (
+    FitSpread,
+    fit_spread,
+    option_curve,
+    stored_option_rows,
+    task_option_curves,
+)
 from router.decide.adaptation import AdaptationConfig
 from router.decide.server_adaptation import (
     OptionPrior,
@@ -49,11 +55,86 @@ def test_a_task_of_too_few_prompts_takes_the_workloads_decision():
     assert curves["chat"].best == "a" and curves["chat"].chosen == "b"
     assert (curves["chat"].point.basis, curves["chat"].point.code) == ("workload", "too_few_prompts")
     rows = [
-        {"task": t, "predicted_plain_ms": p, "settings": [{"predicted_speedup": p / x} for x in row]}
+        {
+            "task": t,
+            "predicted_plain_ms": p,
+            "refit_plain_ms": [],
+            "settings": [{"predicted_speedup": p / x, "refit_ms": []} for x in row],
+        }
         for t, p, row in zip(tasks, plain, times)
     ]
-    again_tasks, again_plain, again_times = stored_option_rows(rows)
+    again_tasks, again_plain, again_times, spread = stored_option_rows(rows)
     assert again_tasks == tasks and np.allclose(again_plain, plain) and np.allclose(again_times, times)
+    assert spread is None  # no leave-one-out fit stored: the intervals hold the prompts' spread alone
+
+
+def _spread(speedups: tuple[float, ...], prompts: int = 4) -> FitSpread:
+    """k fits under which every one of ``prompts`` prompts of 100 ms runs ``speedups[j]`` times faster with
+    option a, and option b never drafts (100 ms)."""
+    plain = np.full((len(speedups), prompts), 100.0)
+    options = np.stack(
+        [np.column_stack([np.full(prompts, 100.0 / s), np.full(prompts, 100.0)]) for s in speedups]
+    )
+    return FitSpread(plain, options)
+
+
+def test_the_fits_spread_widens_the_interval_so_a_speedup_it_cannot_tell_from_break_even_stays_off():
+    plain = np.full(4, 100.0)
+    times = np.column_stack([plain / 1.08, plain])  # a: 1.08x on every prompt, so the bootstrap has no width
+    alone = option_curve(plain, times, LABELS)
+    assert (
+        alone.chosen == "a" and alone.intervals[0] == pytest.approx((1.08, 1.08)) and alone.fit_errors == ()
+    )
+    # three leave-one-out fits price a at 1.02, 1.08 and 1.14: jackknife se = sqrt(2/3 * (0.06^2 + 0.06^2))
+    # = 0.0693, and the 90% interval's lower end 1.08 - 1.645 * 0.0693 = 0.966 reaches a loss
+    wide = option_curve(plain, times, LABELS, spread=_spread((1.02, 1.08, 1.14)))
+    assert wide.fit_errors[0] == pytest.approx(np.sqrt(0.0048)) and wide.fit_errors[1] == pytest.approx(0.0)
+    assert wide.intervals[0] == pytest.approx(
+        (1.08 - 1.644854 * np.sqrt(0.0048), 1.08 + 1.644854 * np.sqrt(0.0048))
+    )
+    assert wide.chosen is None and wide.point.code == "interval_reaches_loss" and wide.best == "a"
+    # fits that agree within 1%: se 0.0115, lower end 1.061, still on
+    narrow = option_curve(plain, times, LABELS, spread=_spread((1.07, 1.08, 1.09)))
+    assert narrow.intervals[0][0] == pytest.approx(1.08 - 1.644854 * np.sqrt(0.0002 * 2 / 3), rel=1e-4)
+    assert narrow.chosen == "a" and narrow.point.code == "clears"
+    assert narrow.as_dict()["fit_errors"] == pytest.approx([np.sqrt(0.0002 * 2 / 3), 0.0])
+
+
+def test_each_task_takes_the_spread_of_its_own_prompts_and_stored_rows_give_it_back():
+    tasks = ["copy"] * 3 + ["chat"] * 3
+    plain = np.full(6, 100.0)
+    times = np.column_stack([np.r_[np.full(3, 50.0), np.full(3, 100 / 1.08)], plain])
+    # the fits agree on copy (2x under each) and spread on chat (1.02, 1.08, 1.14)
+    refit_plain = np.full((3, 6), 100.0)
+    refit_times = np.stack(
+        [
+            np.column_stack([np.r_[np.full(3, 50.0), np.full(3, 100 / s)], np.full(6, 100.0)])
+            for s in (1.02, 1.08, 1.14)
+        ]
+    )
+    curves, _ = task_option_curves(tasks, plain, times, LABELS, spread=FitSpread(refit_plain, refit_times))
+    assert curves["copy"].chosen == "a" and curves["copy"].fit_errors[0] == pytest.approx(0.0)
+    assert curves["chat"].chosen is None and curves["chat"].fit_errors[0] == pytest.approx(np.sqrt(0.0048))
+    rows = [
+        {
+            "task": t,
+            "predicted_plain_ms": plain[i],
+            "refit_plain_ms": list(refit_plain[:, i]),
+            "settings": [
+                {"predicted_speedup": plain[i] / times[i, j], "refit_ms": list(refit_times[:, i, j])}
+                for j in range(2)
+            ],
+        }
+        for i, t in enumerate(tasks)
+    ]
+    *_, spread = stored_option_rows(rows)
+    assert (
+        spread is not None
+        and np.allclose(spread.plain, refit_plain)
+        and np.allclose(spread.options, refit_times)
+    )
+    # a row whose fits are missing, or counted otherwise, leaves nothing to take a spread over
+    assert fit_spread([[100.0, 100.0], [100.0]], [[[50.0, 50.0]], [[50.0]]]) is None
 
 
 def test_the_estimate_of_a_setting_is_its_prior_moved_by_the_time_its_pool_took():

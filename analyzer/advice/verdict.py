@@ -118,8 +118,8 @@ def server_verdict(record: Any) -> Verdict:
         routed = (overall["by_task"], *overall["by_task_interval"])
     best_single = None
     if record.prompts and record.drafters:
-        _, plain, options = stored_option_rows(record.prompts)
-        curve = option_curve(plain, options, list(record.drafters))
+        _, plain, options, spread = stored_option_rows(record.prompts)
+        curve = option_curve(plain, options, list(record.drafters), spread=spread)
         if curve.best is not None:
             low, high = curve.interval_of(curve.best)
             best_single = (curve.best, curve.speedup_of(curve.best), low, high)

@@ -8,7 +8,7 @@ the fit missed, until the fit holds or the most asked are measured (:func:`calib
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,7 +25,14 @@ from analyzer.engine.llama_server_process import Server
 from analyzer.measuring.calibration_choice import nearest_untaken, spanning_order
 from analyzer.measuring.noise import NoiseFloor, noise_floor
 from analyzer.measuring.request_work import plain_work
-from analyzer.pricing.context_cost import fit_error_bound, fit_problem, heldout_errors
+from analyzer.pricing.context_cost import (
+    MIN_HELDOUT_GROUPS,
+    StepCost,
+    fit_error_bound,
+    fit_problem,
+    fit_without,
+    heldout_errors,
+)
 from analyzer.pricing.server_cost import Sample, ServerCost, fit_server_cost
 
 MIN_CALIBRATION = 4  # prompts calibration measures before it fits: three to check each one left out on
@@ -333,8 +340,8 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
     speculating run is timed."""
     costs = {}
     families = sorted({s.drafter.family for o in chosen for s in o.settings})
-    for family in families:
-        plain, samples = _family_samples(chosen, family)
+    samples_of = {family: _family_samples(chosen, family) for family in families}
+    for family, (plain, samples) in samples_of.items():
         try:
             costs[family] = fit_server_cost(plain, samples, fit_step=family == "draft model")
         except ValueError:
@@ -345,7 +352,30 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
                 f"none of the {len(chosen)} calibration prompts drafted anything with {labels}, so no round could "
                 "be timed: raise --calibration, or add prompts that repeat their input (extraction, code edits)"
             ) from None
-    return costs
+    refits = _refits([o.prompt.key for o in chosen], samples_of)
+    return {family: replace(cost, refits=refits[family]) for family, cost in costs.items()}
+
+
+def _refits(
+    keys: Sequence[str], samples_of: dict[str, tuple[list[Sample], list[Sample]]]
+) -> dict[str, tuple[StepCost, ...]]:
+    """Per family, the fits without each calibration prompt in turn (both stages), the same prompts left out
+    for every family (a prompt whose absence leaves some family nothing to fit is skipped for all), so that
+    fit j prices the plain server and every setting alike; none under MIN_HELDOUT_GROUPS prompts."""
+    refits: dict[str, list[StepCost]] = {family: [] for family in samples_of}
+    if len(set(keys)) < MIN_HELDOUT_GROUPS:
+        return {family: () for family in samples_of}
+    for key in dict.fromkeys(keys):
+        try:
+            fits = {
+                family: fit_without(key, plain, spec, fit_step_extra=family == "draft model")
+                for family, (plain, spec) in samples_of.items()
+            }
+        except ValueError:
+            continue
+        for family, fit in fits.items():
+            refits[family].append(fit)
+    return {family: tuple(fits) for family, fits in refits.items()}
 
 
 def _family_samples(chosen: Sequence[PromptOutcome], family: str) -> tuple[list[Sample], list[Sample]]:

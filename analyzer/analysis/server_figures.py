@@ -19,7 +19,7 @@ from analyzer.analysis.server_analysis import MIN_SPEEDUP
 from analyzer.analysis.server_outcomes import ServerAnalysis, SettingOutcome, Trial, aggregate_noise
 from analyzer.measuring.noise import PER_PROMPT_MARGIN
 from analyzer.measuring.server_drafting import ServerDrafter, ServerReplay
-from analyzer.pricing.option_curve import OptionCurve, task_option_curves
+from analyzer.pricing.option_curve import FitSpread, OptionCurve, fit_spread, task_option_curves
 from analyzer.pricing.server_cost import ServerCost
 
 
@@ -70,13 +70,13 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
-def option_times(analysis: ServerAnalysis) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(each prompt's task, its predicted plain time (n,), its predicted time under each setting (n, m)),
-    priced by the setting's family cost from the replay of plain greedy output."""
+def option_times(analysis: ServerAnalysis) -> tuple[list[str], np.ndarray, np.ndarray, FitSpread | None]:
+    """(each prompt's task, its predicted plain time (n,), its predicted time under each setting (n, m), the
+    same times under the costs' leave-one-out fits), priced by the setting's family cost from the replay of
+    plain greedy output."""
     tasks = [o.prompt.task for o in analysis.prompts]
-    plain = np.asarray(
-        [analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay) for o in analysis.prompts]
-    )
+    plain_cost = analysis.cost_of(analysis.drafters[0])
+    plain = np.asarray([plain_cost.plain_ms(o.settings[0].replay) for o in analysis.prompts])
     options = np.asarray(
         [
             [
@@ -86,7 +86,17 @@ def option_times(analysis: ServerAnalysis) -> tuple[list[str], np.ndarray, np.nd
             for o in analysis.prompts
         ]
     )
-    return tasks, plain, options
+    spread = fit_spread(
+        [plain_cost.refit_plain_ms(o.settings[0].replay) for o in analysis.prompts],
+        [
+            [
+                analysis.cost_of(d).refit_speculative_ms(o.settings[i].replay)
+                for i, d in enumerate(analysis.drafters)
+            ]
+            for o in analysis.prompts
+        ],
+    )
+    return tasks, plain, options, spread
 
 
 def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
@@ -94,7 +104,8 @@ def task_choices(analysis: ServerAnalysis) -> list[TaskChoice]:
     (:func:`analyzer.pricing.option_curve.task_option_curves`: the best setting where its speedup clears
     1 + margin and its interval's lower end clears 1.0; a task of fewer than MIN_TASK_PROMPTS prompts takes
     the workload's decision), off everywhere when the analysis' advice is withheld."""
-    curves, _ = task_option_curves(*option_times(analysis), [d.label for d in analysis.drafters])
+    tasks, plain, options, spread = option_times(analysis)
+    curves, _ = task_option_curves(tasks, plain, options, [d.label for d in analysis.drafters], spread=spread)
     choices = []
     for task, curve in curves.items():
         group = [o for o in analysis.prompts if o.prompt.task == task]
@@ -295,9 +306,9 @@ def ceilings(analysis: ServerAnalysis) -> list[Ceiling]:
     every prompt's replays priced by the fitted costs."""
     if not analysis.prompts or not analysis.drafters:
         return []
-    tasks, plain, options = option_times(analysis)
+    tasks, plain, options, spread = option_times(analysis)
     labels = [d.label for d in analysis.drafters]
-    curves, workload = task_option_curves(tasks, plain, options, labels)
+    curves, workload = task_option_curves(tasks, plain, options, labels, spread=spread)
     withheld = analysis.withheld is not None  # advice withheld: every decision is off
     return routing_ceiling(
         tasks,

@@ -81,6 +81,7 @@ def _setting_dict(setting: SettingOutcome, cost: ServerCost) -> dict[str, Any]:
         "setting": setting.drafter.label,
         "predicted_speedup": setting.predicted_speedup,
         "predicted_ms": cost.speculative_ms(replay),
+        "refit_ms": cost.refit_speculative_ms(replay),
         "validated_prediction": setting.validated_prediction(cost),
         "rounds": len(replay.rounds),
         "plain_steps": replay.plain_steps,
@@ -172,6 +173,9 @@ def _prompt_dicts(analysis: ServerAnalysis) -> list[dict]:
             "predicted_plain_ms": analysis.cost_of(analysis.drafters[0]).plain_ms(o.settings[0].replay)
             if o.settings
             else None,
+            "refit_plain_ms": analysis.cost_of(analysis.drafters[0]).refit_plain_ms(o.settings[0].replay)
+            if o.settings
+            else [],
             "plain_pairs": [[a.step_ms, b.step_ms] for a, b in o.plain_pairs],
             "settings": [_setting_dict(s, analysis.cost_of(s.drafter)) for s in o.settings],
         }

@@ -279,15 +279,29 @@ def heldout_errors(
     for group in groups:
         mine = [s for s in checked if s[0] == group]
         try:
-            refit = fit_plain([s for s in plain_samples if s[0] != group])[0]
-            if spec_rows:
-                refit = fit_rounds(
-                    refit, [s for s in checked if s[0] != group], fit_step_extra=fit_step_extra
-                )
+            refit = fit_without(
+                group, plain_samples, checked if spec_rows else None, fit_step_extra=fit_step_extra
+            )
         except ValueError:  # the other prompts alone time no round (or no step): nothing to check it with
             continue
         errors[group] = float(np.mean(_mare(refit, mine, plain=not spec_rows)))
     return errors
+
+
+def fit_without(
+    group: Hashable,
+    plain_samples: Sequence[Sample],
+    spec_samples: Sequence[Sample] | None,
+    *,
+    fit_step_extra: bool = False,
+) -> StepCost:
+    """Both stages fitted without prompt ``group``'s requests (the plain stage alone where ``spec_samples`` is
+    None): what :func:`heldout_errors` checks a prompt with, and one of the leave-one-out fits whose spread the
+    decision counts (:mod:`analyzer.pricing.option_curve`). Raises ValueError as the stages do."""
+    refit = fit_plain([s for s in plain_samples if s[0] != group])[0]
+    if spec_samples is None:
+        return refit
+    return fit_rounds(refit, [s for s in spec_samples if s[0] != group], fit_step_extra=fit_step_extra)
 
 
 def fit_error_bound(run_noise: float | None) -> float:

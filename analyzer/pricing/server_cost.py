@@ -50,6 +50,10 @@ class ServerCost:
     plain_heldout_mare: float | None
     context_fitted: bool
     per_row_context_ms: float = 0.0
+    # the leave-one-prompt-out fits (:func:`analyzer.pricing.context_cost.fit_without`), one per calibration
+    # prompt, in the same order for every family of one analysis: their spread is the fit's own uncertainty,
+    # which the decision counts (:mod:`analyzer.pricing.option_curve`); empty where too few prompts were fitted
+    refits: tuple[StepCost, ...] = ()
 
     @classmethod
     def from_fit(cls, fitted: FittedCost) -> "ServerCost":
@@ -92,7 +96,19 @@ class ServerCost:
     @classmethod
     def from_stored(cls, stored: dict[str, object]) -> "ServerCost":
         """The cost as an analysis stored it (its fields; other keys, such as the bound, left aside)."""
-        return cls(**{f.name: stored[f.name] for f in fields(cls) if f.name in stored})  # type: ignore[arg-type]
+        values = {f.name: stored[f.name] for f in fields(cls) if f.name in stored}
+        values["refits"] = tuple(StepCost(**refit) for refit in values.get("refits") or ())  # type: ignore[attr-defined]
+        return cls(**values)  # type: ignore[arg-type]
+
+    def refit_plain_ms(self, replay: ServerReplay) -> list[float]:
+        """:meth:`plain_ms` under each leave-one-out fit (empty where there is none)."""
+        work = plain_work(replay.prompt_tokens, replay.output_tokens)
+        return [refit.plain_ms(work) for refit in self.refits]
+
+    def refit_speculative_ms(self, replay: ServerReplay) -> list[float]:
+        """:meth:`speculative_ms` under each leave-one-out fit (empty where there is none)."""
+        work = replay.work()
+        return [refit.request_ms(work) for refit in self.refits]
 
     def speculative_ms(self, replay: ServerReplay) -> float:
         """The replayed request on a speculating server of this family."""

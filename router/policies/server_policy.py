@@ -48,8 +48,8 @@ DEFAULT_FIRST_PORT = 8081
 def option_curves(record: ServerAnalysisRecord) -> tuple[dict[str, OptionCurve], OptionCurve]:
     """Each task's curve over the analysis' settings and the workload's, decided by the one rule
     (:func:`analyzer.pricing.option_curve.task_option_curves`), from the stored prompt rows."""
-    tasks, plain, options = stored_option_rows(record.prompts)
-    return task_option_curves(tasks, plain, options, record.drafters)
+    tasks, plain, options, spread = stored_option_rows(record.prompts)
+    return task_option_curves(tasks, plain, options, record.drafters, spread=spread)
 
 
 def workload_choice(record: ServerAnalysisRecord) -> tuple[dict[str, float], str | None]:
