@@ -92,6 +92,12 @@ def agreement(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep each run's data folder here (run-1, run-2, ...) to inspect",
+    )
     args = parser.parse_args()
     machine = f"{cpu_model_name()}, {os.cpu_count()} CPUs"
     print(f"{args.runs} demo runs in fresh data folders, {machine}", flush=True)
@@ -101,7 +107,11 @@ def main() -> None:
         try:
             runs.append(one_demo(folder))
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(folder), str(args.keep / f"run-{number}"))
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
         run = runs[-1]
         print(
             f"run {number}/{args.runs}: {run['seconds']:.0f} s, withheld: {run['advice_withheld'] or 'no'}, "

@@ -1079,7 +1079,27 @@ def suite_section(results: Path = RESULTS) -> str:
         + ("; the quick tier is every test not marked slow." if quick else ".")
     )
     entries = [(name, recorded_machine(data), [build["command"], tests["command"], tests["ci_command"]])]
-    return block(text, ["what", "tests", "time", "`.ci/run` in all"], rows, entries)
+    suite = block(text, ["what", "tests", "time", "`.ci/run` in all"], rows, entries)
+    first = _first_command(results)
+    return "\n\n".join([suite, first]) if first else suite
+
+
+def _first_command(results: Path) -> str:
+    """The README's first command on a fresh clone and data folder (benchmarks/first_command.py): each step's
+    time, the demo's phases, and the whole until the report is served."""
+    name = "first_command.json"
+    if not (results / name).exists():
+        return ""
+    data = load(results, name)
+    rows = [[f"`{clipped(step['step'], 80)}`", duration(step["seconds"])] for step in data["steps"]]
+    rows += [[f"demo: {clipped(phase['phase'], 80)}", duration(phase["seconds"])] for phase in data["demo"]]
+    rows.append(["**until the demo serves its report**", f"**{duration(data['seconds'])}**"])
+    text = (
+        f"The README's first command as a new user runs it, on a fresh clone (of {data['commit']}) with a fresh data "
+        f"folder, until the demo serves its report: {duration(data['seconds'])}. Warm, as on any machine that ran "
+        f"it once: {data['warm']}. Each step of the command, then the demo's own phases (inside its step)."
+    )
+    return block(text, ["step", "time"], rows, [(name, recorded_machine(data), data["command"])])
 
 
 # --- the README ---------------------------------------------------------------------------------------------

@@ -174,6 +174,15 @@ def _demo_runs(decisions: list[dict[str, str]], withheld: list[str | None]) -> d
             "validation_plan": None,
             "noise": {"verdict": "quiet", "floor": 0.045},
             "decisions": chosen,
+            "margins": {
+                "code": {
+                    "best": "ngram-mod 24/48",
+                    "speedup": 1.4,
+                    "low": 1.2 + number / 100,
+                    "fit_error": 0.03,
+                },
+                "qa": {"best": "ngram-simple 2/4", "speedup": 1.07, "low": 0.98, "fit_error": 0.04},
+            },
         }
         for number, (chosen, why) in enumerate(zip(decisions, withheld, strict=True))
     ]
@@ -195,7 +204,11 @@ def test_the_demo_runs_again_get_their_table_saying_whether_they_agree(tmp_path)
     (results / "demo_repeat.json").write_text(json.dumps(data), encoding="utf-8")
     rendered = readme_tables.render(results)
     assert "Every run withheld nothing and gave every task the same decision" in rendered
-    assert "| 2 | 301 | quiet (4.5%) | no | 2 of 2 |" in rendered
+    # the task nearest the rule is qa: its lower end (0.98) is nearer 1.0 than code's (1.21)
+    assert (
+        "| 2 | 301 | quiet (4.5%) | no | 2 of 2 | qa: ngram-simple 2/4 1.07x, low 0.98, fit ±0.040 |"
+        in rendered
+    )
     other = {"code": "ngram-mod 24/48", "qa": "ngram-simple 2/4"}
     data = _demo_runs([same, other, same], [None, None, "the fit missed"])
     assert data["agreement"]["differing"] == {"qa": ["off", "ngram-simple 2/4", "off"]}
@@ -254,3 +267,41 @@ def test_the_router_profile_table_shows_each_checkout_profiled_beside_today(tmp_
     assert "| no thread held the GIL (share of instants) | 25.0% | 50.0% |" in table
     assert "| requests/s while sampled | 1,500 | 800 |" in table
     assert "`results/router_profile_49cefe4.json`" in table and "`profile 49cefe4`" in table
+
+
+def test_the_first_command_is_the_readmes_timed_by_its_steps_and_the_demos_phases(tmp_path):
+    from benchmarks.first_command import first_command, marked, phases, steps_of
+
+    command = first_command((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert command.startswith("python3 -m venv .venv && ") and command.endswith(" && specroute demo")
+    steps = steps_of(command)
+    assert marked(command).count("echo '@@step ") == len(steps) and marked(command).endswith("specroute demo")
+    lines = [
+        (0.0, "@@step 0"),
+        (4.0, "Collecting torch"),
+        (10.0, "@@step 1"),
+        (12.0, "[1/6] database sqlite:///x: empty -> 0037"),
+        (30.0, "[3/6] analyzing 39 sample prompts"),
+        (400.0, "[6/6] serving the report and the router"),
+    ]
+    step_rows, demo_rows = phases(lines, ["first", "second"])
+    assert [(r["step"], r["seconds"]) for r in step_rows] == [("first", 10.0), ("second", 390.0)]
+    assert [r["seconds"] for r in demo_rows] == [18.0, 370.0, 0.0]
+    results = _copied_results(tmp_path)
+    result = {
+        "machine": "Intel Xeon, 2 CPUs",
+        "commit": "abc1234",
+        "seconds": 400.0,
+        "steps": step_rows,
+        "demo": demo_rows,
+        "warm": "pip's download cache",
+        "command": "python benchmarks/first_command.py",
+    }
+    (results / "first_command.json").write_text(json.dumps(result), encoding="utf-8")
+    rendered = readme_tables.render(results)
+    assert (
+        "| `second` | 6 min 30 s |" in rendered
+        and "| demo: [3/6] analyzing 39 sample prompts | 6 min 10 s |" in rendered
+    )
+    assert "| **until the demo serves its report** | **6 min 40 s** |" in rendered
+    assert "fresh clone (of abc1234)" in rendered

@@ -30,6 +30,8 @@ from analyzer.pricing.context_cost import (
     fit_rounds,
     fit_step_cost,
     fit_without,
+    heldout_reach,
+    heldout_reaches,
 )
 from analyzer.pricing.server_cost import ServerCost
 
@@ -139,6 +141,37 @@ def test_the_leave_one_out_fits_agree_on_exact_times_spread_with_noise_and_are_s
     stored = ServerCost(**{**cost.as_dict(), "refits": tuple(noisy)})
     again = ServerCost.from_stored({**stored.as_dict(), "bound": 0.1})
     assert again == stored and len(again.refits) == 8 and again.refits[2] == noisy[2]
+
+
+def test_a_prompt_the_others_reach_only_by_extrapolating_may_miss_by_more_noise():
+    plain, spec = _samples(TRUE, np.random.default_rng(0))
+    reaches = heldout_reaches(plain, spec)
+    # prompts of 20 .. 2,000 tokens: the shortest and the longest, left out, are priced by extrapolating from
+    # the others, the ones in the middle by interpolating
+    assert list(reaches) == list(range(8)) and all(1.0 < r < 2.0 for r in reaches.values())
+    assert reaches[0] > reaches[4] and reaches[7] > reaches[4] and reaches[4] < 1.1
+    assert heldout_reach(plain, spec) == pytest.approx(float(np.median(list(reaches.values()))))
+    # the only prompt whose drafts were ever rejected: without it nothing determines that term, so it is
+    # reached only by extrapolating as far as can be, counted at leverage 3, sqrt(1 + 3) = 2
+    accepted_all = [
+        (key, _spec_work(prompt, 64, rounds, 4, 4 if key < 3 else 1), 0.0)
+        for key, prompt in enumerate([50, 300, 900, 400])
+        for rounds in (3, 6)
+    ]
+    priced = [(key, work, TRUE.request_ms(work)) for key, work, _ in accepted_all]
+    plain_four = [s for s in plain if s[0] < 4]
+    reached = heldout_reaches(plain_four, priced)
+    assert reached[3] == pytest.approx(2.0) and all(reached[key] < 2.0 for key in range(3))
+    # the bound takes one run's noise that many times; the fit carries the reach of the error it is checked on
+    assert fit_error_bound(0.06, 1.5) == pytest.approx(FIT_ERROR_MARGIN + 0.09)
+    fitted = fit_step_cost(plain, spec)
+    assert fitted.heldout_reach == pytest.approx(heldout_reach(plain, spec))
+    assert fitted.plain_heldout_reach == pytest.approx(heldout_reach(plain, []))
+    cost = ServerCost.from_fit(fitted)
+    assert cost.checked_reach in (fitted.heldout_reach, fitted.plain_heldout_reach)
+    assert cost.bound(0.04) == pytest.approx(FIT_ERROR_MARGIN + 0.04 * cost.checked_reach)
+    # under three prompts nothing is held out: reach 1, the bound as for requests the fit was made on
+    assert heldout_reach(plain[:2], [s for s in spec if s[0] < 2]) == 1.0
 
 
 def test_without_the_context_term_long_prompts_are_mispriced():
@@ -264,6 +297,11 @@ def test_a_fit_over_its_bound_is_refused_with_the_numbers():
     assert fit_problem(0.3, 0.1, "x", heldout=False) == (
         "the x step costs miss the measured time by 30.0% in-sample "
         "(bound 10.0%: 5% beyond one run's noise on this machine)"
+    )
+    assert fit_problem(0.3, 0.14, "x", reach=1.8) == (
+        "the x step costs miss the measured time by 30.0% on prompts it was not fitted on (bound 14.0%: 5% beyond "
+        "one run's noise on this machine, that noise taken 1.80 times for how far the fits without each prompt "
+        "reach to it)"
     )
 
 

@@ -208,9 +208,9 @@ class _Calibrating:
         while True:
             chosen = self.chosen
             noise = measured_noise(chosen)
-            bound = fit_error_bound(noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR)
+            run_error = noise.run_error if noise.run_error is not None else FALLBACK_RUN_ERROR
             fitted = _fit_or_none(chosen)
-            miss = _first_miss(chosen, fitted, bound)
+            miss = _first_miss(chosen, fitted, run_error)
             if miss is None or len(self.taken) >= self.at_most:
                 break
             near = [i for i, o in enumerate(self.outcomes) if o.prompt is miss.prompt]
@@ -226,13 +226,16 @@ class _Calibrating:
             for family, cost in fitted.items()
             if (
                 problem := fit_problem(
-                    cost.checked_error, bound, family, heldout=cost.heldout_mare is not None
+                    cost.checked_error, cost.bound(run_error), family, heldout=cost.heldout_mare is not None,
+                    reach=cost.checked_reach,
                 )
             )
-        ]
+        ]  # fmt: skip
         if problems and miss is not None and miss.prompt is not None:
             problems.append(f"missed most: {miss.text}")
-        why = _calibration_why(fitted, bound, len(self.taken), self.at_most, miss, bool(problems))
+        worst = max(fitted.values(), key=lambda cost: cost.checked_error - cost.bound(run_error))
+        bound = worst.bound(run_error)
+        why = _calibration_why(worst, bound, len(self.taken), self.at_most, miss, bool(problems))
         self.say(f"calibration: {why}")
         return Calibration(fitted, chosen, noise, bound, "; ".join(problems) or None, left_out, why)
 
@@ -289,20 +292,22 @@ def _fit_or_none(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost] | Non
 
 
 def _first_miss(
-    chosen: Sequence[PromptOutcome], fitted: dict[str, ServerCost] | None, bound: float
+    chosen: Sequence[PromptOutcome], fitted: dict[str, ServerCost] | None, run_error: float
 ) -> _Miss | None:
     """The first family whose fit does not hold on prompts it was not fitted on (None: every one holds), with
     the prompt it missed most: its speculating requests' held-out error where those miss, else its plain
-    requests' (the plain step and context terms)."""
+    requests' (the plain step and context terms). Each is checked against its bound at its own reach
+    (:meth:`ServerCost.bound`, ``run_error`` one run's noise)."""
     if fitted is None:
         return _Miss(None, "no round of some setting timed yet")
     for family, cost in fitted.items():
         if cost.heldout_mare is None or cost.plain_heldout_mare is None:
             return _Miss(None, f"too few prompts drafted with the {family} settings to check their fit")
+        bound = cost.bound(run_error)
         if cost.checked_error <= bound:
             continue
         plain, spec = _family_samples(chosen, family)
-        rounds = cost.heldout_mare > bound
+        rounds = cost.heldout_mare > fit_error_bound(run_error, cost.heldout_reach)
         errors = heldout_errors(plain, spec if rounds else [], fit_step_extra=family == "draft model")
         if not errors:
             return _Miss(None, f"the {family} fit could not be checked")
@@ -318,10 +323,12 @@ def _first_miss(
 
 
 def _calibration_why(
-    costs: dict[str, ServerCost], bound: float, measured: int, at_most: int, miss: _Miss | None, failed: bool
+    worst: ServerCost, bound: float, measured: int, at_most: int, miss: _Miss | None, failed: bool
 ) -> str:
-    worst = max(cost.checked_error for cost in costs.values())
-    errors = f"worst error {worst:.1%}, bound {bound:.1%}"
+    """Where calibration stopped and why, in words, with the numbers of the family nearest its bound
+    (``worst``, checked against ``bound``)."""
+    reach = f" at reach {worst.checked_reach:.2f}" if worst.checked_reach > 1.0 else ""
+    errors = f"worst error {worst.checked_error:.1%}, bound {bound:.1%}{reach}"
     if miss is None:
         return f"the fit held on prompts it was not fitted on after {measured} prompts ({errors}; at most {at_most})"
     if failed:

@@ -41,6 +41,10 @@ from scipy.optimize import lsq_linear
 from analyzer.measuring.request_work import RequestWork, round_rows_context
 
 FIT_ERROR_MARGIN = 0.05  # a fit may miss held-out requests by this much beyond one run's own noise
+# a held-out request's leverage counted at most this much: a prompt the others reach only by extrapolating
+# far is expected to miss by at most twice one run's noise (sqrt(1 + 3)); the analysis prices no such prompt
+# from a fit without it (every calibration prompt is in the fit)
+MAX_LEVERAGE = 3.0
 MIN_HELDOUT_GROUPS = 3  # prompts needed before a fit can be checked on prompts it did not see
 MIN_CONTEXT_SPREAD = 1.25  # longest over shortest mean context: below it the context term is not fitted
 
@@ -131,17 +135,38 @@ class FittedCost:
     plain_fit_mare: float
     plain_heldout_mare: float | None
     context_fitted: bool
+    heldout_reach: float = 1.0
+    plain_heldout_reach: float = 1.0
 
     @property
     def checked_error(self) -> float:
         """The error the bound is checked on: the worse held-out one, else the in-sample one."""
         return checked_error(self.fit_mare, self.plain_fit_mare, self.heldout_mare, self.plain_heldout_mare)
 
+    @property
+    def checked_reach(self) -> float:
+        """The reach (:func:`heldout_reach`) of the error the bound is checked on."""
+        return checked_reach(
+            self.heldout_mare, self.plain_heldout_mare, self.heldout_reach, self.plain_heldout_reach
+        )
+
 
 def checked_error(fit: float, plain_fit: float, heldout: float | None, plain_heldout: float | None) -> float:
     """The error a fit's bound is checked on: the worse held-out error, else the worse in-sample one."""
     left_out = [e for e in (heldout, plain_heldout) if e is not None]
     return max(left_out) if left_out else max(fit, plain_fit)
+
+
+def checked_reach(
+    heldout: float | None, plain_heldout: float | None, reach: float, plain_reach: float
+) -> float:
+    """The reach that goes with :func:`checked_error`: the speculating requests' where their held-out error is
+    the worse one, the plain requests' where theirs is; 1.0 where nothing was held out (in-sample errors)."""
+    if heldout is None and plain_heldout is None:
+        return 1.0
+    if plain_heldout is None or (heldout is not None and heldout >= plain_heldout):
+        return reach
+    return plain_reach
 
 
 def _bounded_fit(
@@ -251,7 +276,76 @@ def fit_step_cost(
         float(np.mean(_mare(cost, plain_samples, plain=True))),
         _heldout(plain_samples, [], fit_step_extra),
         context_fitted,
+        heldout_reach(plain_samples, spec_rows, fit_step_extra=fit_step_extra, with_context=context_fitted),
+        heldout_reach(plain_samples, [], with_context=context_fitted),
     )
+
+
+def heldout_reach(
+    plain_samples: Sequence[Sample],
+    spec_rows: Sequence[Sample],
+    *,
+    fit_step_extra: bool = False,
+    with_context: bool = True,
+) -> float:
+    """How far the fits without each prompt reach to it, as the factor on one run's noise that its held-out
+    error is expected to show from noise alone: for a request priced by a least-squares fit it was not in,
+    the expected squared relative error is noise^2 * (1 + h), h its leverage over the requests fitted
+    (z' (Z'Z)^+ z, each row divided by its measured time, as the fit weighs it; the fit's bounds are left
+    aside). Per prompt (as :func:`heldout_errors` groups them) the mean of sqrt(1 + min(h, MAX_LEVERAGE))
+    over its requests; the median over the prompts (1.0 under MIN_HELDOUT_GROUPS prompts). A prompt in the
+    middle of the others reaches about 1; the longest prompt of a workload, left out, is priced by
+    extrapolating from the shorter ones and may miss by more than one run's noise with a right fit."""
+    reaches = heldout_reaches(
+        plain_samples, spec_rows, fit_step_extra=fit_step_extra, with_context=with_context
+    )
+    return float(np.median(list(reaches.values()))) if reaches else 1.0
+
+
+def heldout_reaches(
+    plain_samples: Sequence[Sample],
+    spec_rows: Sequence[Sample],
+    *,
+    fit_step_extra: bool = False,
+    with_context: bool = True,
+) -> dict[Hashable, float]:
+    """Per prompt, the reach :func:`heldout_reach` takes the median of (empty under MIN_HELDOUT_GROUPS
+    prompts)."""
+    checked = list(spec_rows) if spec_rows else list(plain_samples)
+    groups = list(dict.fromkeys(key for key, _, _ in checked))
+    if len(groups) < MIN_HELDOUT_GROUPS:
+        return {}
+
+    def row(work: RequestWork, ms: float, spec: bool) -> np.ndarray:
+        """A request's row of the design both stages fit, divided by its measured time (a plain request
+        has no round terms; the plain server no step extra)."""
+        f = _features(work)
+        columns = [f[0], f[1] if with_context else 0.0]
+        if spec_rows:
+            rounds = [f[2], f[3] - f[4], f[4], f[7] if with_context else 0.0]
+            rounds += [f[5], f[6]] if fit_step_extra else []
+            columns += rounds if spec else [0.0] * len(rounds)
+        return np.asarray(columns, dtype=np.float64) / ms
+
+    reaches: dict[Hashable, float] = {}
+    for group in groups:
+        fitted = [row(w, ms, False) for key, w, ms in plain_samples if key != group and ms > 0]
+        fitted += [row(w, ms, True) for key, w, ms in spec_rows if key != group]
+        mine = [row(w, ms, bool(spec_rows)) for key, w, ms in checked if key == group and ms > 0]
+        if not fitted or not mine:
+            continue
+        design = np.asarray(fitted)
+        inverse, projector = np.linalg.pinv(design.T @ design), np.linalg.pinv(design) @ design
+        # a request with a term the others do not determine (outside their rows' span) is priced by
+        # extrapolating as far as can be: it takes the cap
+        leverages = [
+            MAX_LEVERAGE
+            if np.linalg.norm(z - projector @ z) > 1e-6 * np.linalg.norm(z)
+            else min(float(z @ inverse @ z), MAX_LEVERAGE)
+            for z in mine
+        ]
+        reaches[group] = float(np.mean(np.sqrt(1.0 + np.asarray(leverages))))
+    return reaches
 
 
 def _heldout(
@@ -304,21 +398,29 @@ def fit_without(
     return fit_rounds(refit, [s for s in spec_samples if s[0] != group], fit_step_extra=fit_step_extra)
 
 
-def fit_error_bound(run_noise: float | None) -> float:
+def fit_error_bound(run_noise: float | None, reach: float = 1.0) -> float:
     """The largest held-out error a fit may show: FIT_ERROR_MARGIN beyond one run's own relative noise on
     this machine (``run_noise``, :class:`analyzer.measuring.noise.NoiseFloor`'s ``run_error``; 0 when it is
-    not known)."""
-    return FIT_ERROR_MARGIN + (run_noise or 0.0)
+    not known), that noise taken ``reach`` times (:func:`heldout_reach`: as far as the fits without each
+    prompt reach to it; 1.0 for requests priced from where the fit was made)."""
+    return FIT_ERROR_MARGIN + (run_noise or 0.0) * reach
 
 
-def fit_problem(error: float, bound: float, family: str, *, heldout: bool = True) -> str | None:
+def fit_problem(
+    error: float, bound: float, family: str, *, heldout: bool = True, reach: float = 1.0
+) -> str | None:
     """Why a fit whose checked error (:attr:`FittedCost.checked_error`) is ``error`` may not price advice
     (over ``bound``), in words with the numbers; None when it passes. ``heldout`` False: the error is
-    in-sample (too few prompts to leave one out)."""
+    in-sample (too few prompts to leave one out); ``reach``: the bound's (:func:`fit_error_bound`)."""
     if error <= bound:
         return None
     where = "on prompts it was not fitted on" if heldout else "in-sample"
+    reached = (
+        f", that noise taken {reach:.2f} times for how far the fits without each prompt reach to it"
+        if reach > 1.0
+        else ""
+    )
     return (
         f"the {family} step costs miss the measured time by {error:.1%} {where} "
-        f"(bound {bound:.1%}: {FIT_ERROR_MARGIN:.0%} beyond one run's noise on this machine)"
+        f"(bound {bound:.1%}: {FIT_ERROR_MARGIN:.0%} beyond one run's noise on this machine{reached})"
     )

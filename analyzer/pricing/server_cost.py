@@ -25,7 +25,14 @@ from dataclasses import asdict, dataclass, fields
 
 from analyzer.measuring.request_work import RequestWork, plain_work
 from analyzer.measuring.server_drafting import ServerReplay
-from analyzer.pricing.context_cost import FittedCost, StepCost, checked_error, fit_step_cost
+from analyzer.pricing.context_cost import (
+    FittedCost,
+    StepCost,
+    checked_error,
+    checked_reach,
+    fit_error_bound,
+    fit_step_cost,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class ServerCost:
     plain_heldout_mare: float | None
     context_fitted: bool
     per_row_context_ms: float = 0.0
+    # how far the fits without each prompt reach to it (analyzer/pricing/context_cost.py heldout_reach)
+    heldout_reach: float = 1.0
+    plain_heldout_reach: float = 1.0
     # the leave-one-prompt-out fits (:func:`analyzer.pricing.context_cost.fit_without`), one per calibration
     # prompt, in the same order for every family of one analysis: their spread is the fit's own uncertainty,
     # which the decision counts (:mod:`analyzer.pricing.option_curve`); empty where too few prompts were fitted
@@ -62,6 +72,7 @@ class ServerCost:
             c.step_ms, c.per_context_ms, c.round_ms, c.per_draft_ms, c.per_accepted_ms, c.per_draft_decode_ms,
             c.step_extra_ms, fitted.samples, fitted.fit_mare, fitted.heldout_mare, fitted.plain_samples,
             fitted.plain_fit_mare, fitted.plain_heldout_mare, fitted.context_fitted, c.per_row_context_ms,
+            fitted.heldout_reach, fitted.plain_heldout_reach,
         )  # fmt: skip
 
     @property
@@ -81,6 +92,18 @@ class ServerCost:
     def checked_error(self) -> float:
         """The error its bound is checked on (:attr:`FittedCost.checked_error`)."""
         return checked_error(self.fit_mare, self.plain_fit_mare, self.heldout_mare, self.plain_heldout_mare)
+
+    @property
+    def checked_reach(self) -> float:
+        """The reach of the error its bound is checked on (:attr:`FittedCost.checked_reach`)."""
+        return checked_reach(
+            self.heldout_mare, self.plain_heldout_mare, self.heldout_reach, self.plain_heldout_reach
+        )
+
+    def bound(self, run_noise: float | None) -> float:
+        """The largest checked error this fit may show on a machine whose one run's noise is ``run_noise``
+        (:func:`analyzer.pricing.context_cost.fit_error_bound` at its reach)."""
+        return fit_error_bound(run_noise, self.checked_reach)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
