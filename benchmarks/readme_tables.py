@@ -561,6 +561,11 @@ def _demo_repeat(results: Path) -> str:
         )
         + f"; the first run's: {decided}."
     )
+    quiet = [run for run in data["runs"] if (run["noise"] or {}).get("verdict") == "quiet"]
+    text += (
+        f" Of the {len(quiet)} runs the product judged quiet, "
+        f"{sum(run['advice_withheld'] is not None for run in quiet)} withheld the advice."
+    )
     header = (
         "run | seconds | noise (its own verdict, floor) | advice withheld | decisions as the first run's "
         "| nearest the rule (task: best setting's speedup, interval's lower end, the fit's standard error)"

@@ -84,14 +84,17 @@ def _answer(kind, ids, n, number):
 
 
 def make_server_analysis(
-    session, prompt_set, answers, drafters=("ngram-simple 3/8", "ngram-mod 16 2-16"), withheld=None
+    session, prompt_set, answers, drafters=("ngram-simple 3/8", "ngram-mod 16 2-16"), withheld=None, refits=()
 ):
     """A stored llama-server analysis of ``prompt_set`` made by the real replay, pricing and store on
     synthetic greedy outputs (no server runs): ``answers`` maps a task to how its prompts answer ("copy":
     the prompt repeated, where long n-gram drafts pay; "chunks": short copied runs, where short drafts pay);
     any other task answers new tokens only (nothing to draft). The step costs are a CPU-like fixed fit: a
     plain step 10 ms, a round 11 ms + 0.5 ms per drafted token, no context term. ``withheld``: the reason the
-    analysis' advice is withheld (None: it is not)."""
+    analysis' advice is withheld (None: it is not); ``refits``: the fit's leave-one-prompt-out fits
+    (StepCost), whose spread the decision counts (none: no spread)."""
+    from dataclasses import replace
+
     from analyzer.analysis.server_outcomes import (
         PromptOutcome,
         ServerAnalysis,
@@ -114,7 +117,10 @@ def make_server_analysis(
         plain = TimedCompletion(Completion(tokens, "limit", timings, ""), 0.0)
         outcomes.append(PromptOutcome(prompt, ids, plain))
     chosen = [parse_drafter(d) for d in drafters]
-    cost = ServerCost(10.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0, 6, 0.02, 0.03, 6, 0.01, 0.02, False)
+    cost = replace(
+        ServerCost(10.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0, 6, 0.02, 0.03, 6, 0.01, 0.02, False),
+        refits=tuple(refits),
+    )
     for drafter in chosen:
         for outcome, replay in zip(outcomes, replay_all(drafter, outcomes, n_predict=n_predict, n_ctx=n_ctx)):
             outcome.settings.append(SettingOutcome(drafter, replay, cost.speedup(replay)))

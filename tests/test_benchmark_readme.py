@@ -215,6 +215,7 @@ def test_the_demo_runs_again_get_their_table_saying_whether_they_agree(tmp_path)
     (results / "demo_repeat.json").write_text(json.dumps(data), encoding="utf-8")
     rendered = readme_tables.render(results)
     assert "1 of 3 runs withheld the advice and 1 of 2 tasks got different decisions" in rendered
+    assert "Of the 3 runs the product judged quiet, 1 withheld the advice." in rendered
     assert "| 2 | 301 | quiet (4.5%) | no | 1 of 2 |" in rendered
     assert "| 3 | 302 | quiet (4.5%) | yes: the fit missed | 2 of 2 |" in rendered
 

@@ -490,6 +490,8 @@ def test_0037_gives_older_analyses_empty_fits_and_their_decisions_stay(tmp_path,
     with engine.connect() as connection:
         prompts, stored_cost = connection.exec_driver_sql("SELECT prompts, cost FROM server_analyses").one()
     assert "refit_plain_ms" not in prompts and "refit_ms" not in prompts and "refits" not in stored_cost
+    with engine.connect() as connection:
+        assert "fit_errors" not in connection.exec_driver_sql("SELECT tasks FROM server_analyses").scalar()
     migrations.upgrade(engine)
     again, cost = decisions(engine)
     assert again == at_head and all(family["refits"] == [] for family in cost.values())
@@ -497,4 +499,7 @@ def test_0037_gives_older_analyses_empty_fits_and_their_decisions_stay(tmp_path,
         prompts = json.loads(connection.exec_driver_sql("SELECT prompts FROM server_analyses").scalar())
     assert all(row["refit_plain_ms"] == [] for row in prompts)
     assert all(s["refit_ms"] == [] for row in prompts for s in row["settings"])
+    with engine.connect() as connection:
+        tasks = json.loads(connection.exec_driver_sql("SELECT tasks FROM server_analyses").scalar())
+    assert tasks and all(task["curve"]["fit_errors"] == [] for task in tasks)
     engine.dispose()

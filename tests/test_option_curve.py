@@ -187,3 +187,38 @@ def test_routing_by_task_is_what_the_rules_decisions_do():
         "b": "y",
     }
     assert rows["all"].oracle == free["all"].oracle == pytest.approx(400 / 280)
+
+
+def test_a_published_task_is_off_where_the_fits_spread_reaches_break_even_and_says_so(session):
+    from analyzer.pricing.context_cost import StepCost
+    from analyzer.prompts.prompt_sets import import_sample
+    from router.policies.server_policy import publish_server_policies
+    from tests.factories import make_server_analysis
+
+    prompt_set, _ = import_sample(session)
+    steady = make_server_analysis(session, prompt_set, {"extraction": "copy"})
+    on = next(
+        p
+        for p in publish_server_policies(session, steady.id, pools={}).policies
+        if p.task_type == "extraction"
+    )
+    assert on.speculate and on.speedup_low is not None and on.speedup_low > 1.0
+    # the same runs, but one of three fits without a calibration prompt prices a drafted token at two steps
+    fits = (StepCost(10.0, 0.0, 1.0, 0.5), StepCost(10.0, 0.0, 1.0, 20.0), StepCost(10.0, 0.0, 1.0, 0.5))
+    loose = make_server_analysis(session, prompt_set, {"extraction": "copy"}, refits=fits)
+    task = next(t for t in loose.tasks if t["task"] == "extraction")
+    assert task["curve"]["fit_errors"][0] > 0.3  # the first setting's, per the jackknife over the three fits
+    # every fit keeps the plain step, so each prices a prompt's plain time alike
+    assert loose.prompts[0]["refit_plain_ms"] == pytest.approx([loose.prompts[0]["predicted_plain_ms"]] * 3)
+    off = next(
+        p
+        for p in publish_server_policies(session, loose.id, pools={}).policies
+        if p.task_type == "extraction"
+    )
+    assert (
+        not off.speculate
+        and off.expected_speedup == 1.0
+        and off.speedup_low is not None
+        and off.speedup_low < 1.0
+    )
+    assert "(the fit's own spread ±" in off.decision_reason and "interval reaches loss" in off.decision_reason

@@ -3,7 +3,7 @@ the served output."""
 
 from __future__ import annotations
 
-from analyzer.analysis.server_text import divergence_text
+from analyzer.analysis.server_text import decision_text, divergence_text
 
 
 def _row(runs: int, output_equal: float, mare: float, advice_mare: float, aggregate_error: float) -> dict:
@@ -38,3 +38,23 @@ def test_an_analysis_without_validation_says_it_does_not_know():
     unvalidated = "Not validated: what speculation does to this workload's output is not known."
     assert divergence_text(None) == unvalidated
     assert divergence_text([{"runs": 0, "output_equal": None}]) == unvalidated
+
+
+def test_a_decision_says_how_much_of_its_interval_is_the_fits_own_spread():
+    curve = {
+        "options": [
+            {"label": "ngram-simple 2/4", "speedup": 1.086, "low": 0.665, "high": 1.507},
+            {"label": "ngram-mod 16 8-32", "speedup": 1.0, "low": 1.0, "high": 1.0},
+        ],
+        "chosen": None,
+        "code": "interval_reaches_loss",
+        "basis": "task",
+        "fit_errors": [0.254, 0.0],
+    }
+    assert decision_text({"chosen": None, "curve": curve}) == (
+        "off: ngram-simple 2/4 1.09 [0.67, 1.51] (the fit's own spread ±0.25 in it), interval reaches loss"
+    )
+    # no spread (a fit on too few prompts to leave one out, or an analysis stored before the fits were kept)
+    assert decision_text({"chosen": None, "curve": {**curve, "fit_errors": []}}) == (
+        "off: ngram-simple 2/4 1.09 [0.67, 1.51], interval reaches loss"
+    )

@@ -133,6 +133,8 @@ def decision_text(task: dict[str, Any]) -> str:
     shown = task["chosen"] or max(options, key=lambda label: options[label]["speedup"] or 0.0)
     option = options[shown]
     interval = f"{num(option['speedup'])} [{num(option.get('low'))}, {num(option.get('high'))}]"
+    errors = dict(zip(options, curve["fit_errors"]))
+    spread = f" (the fit's own spread ±{errors[shown]:.2f} in it)" if errors.get(shown, 0.0) > 0.005 else ""
     basis = " (too few prompts: the workload's decision)" if curve.get("basis") == "workload" else ""
     verdict = "on" if task["chosen"] else "off"
-    return f"{verdict}: {shown} {interval}, {curve['code'].replace('_', ' ')}{basis}"
+    return f"{verdict}: {shown} {interval}{spread}, {curve['code'].replace('_', ' ')}{basis}"

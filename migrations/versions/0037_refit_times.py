@@ -1,8 +1,9 @@
 """Each llama-server analysis' prompt rows carry their times under the step costs' leave-one-prompt-out fits:
-``refit_plain_ms`` per prompt and ``refit_ms`` per setting, and each family's cost its ``refits``
-(analyzer/pricing/server_cost.py). Their spread is the fit's own uncertainty, which the decision counts
-(analyzer/pricing/option_curve.py). An analysis stored before has none: the upgrade gives its rows empty
-lists, so its intervals hold the prompts' spread alone, as they did; the downgrade removes them.
+``refit_plain_ms`` per prompt and ``refit_ms`` per setting, each family's cost its ``refits``
+(analyzer/pricing/server_cost.py), and each task's curve the ``fit_errors`` they make. Their spread is the fit's
+own uncertainty, which the decision counts (analyzer/pricing/option_curve.py). An analysis stored before has
+none: the upgrade gives its rows, costs and curves empty lists, so its intervals hold the prompts' spread alone,
+as they did; the downgrade removes them.
 
 Revision ID: 0037
 Revises: 0036
@@ -25,26 +26,32 @@ _ANALYSES = sa.table(
     sa.column("id", sa.Integer()),
     sa.column("prompts", sa.JSON()),
     sa.column("cost", sa.JSON()),
+    sa.column("tasks", sa.JSON()),
 )
 
+Change = Callable[[dict[str, Any]], Any]
 
-def _rewrite(change: Callable[[dict[str, Any]], None], change_cost: Callable[[dict[str, Any]], None]) -> None:
-    """Each analysis' prompt rows and costs through ``change`` and ``change_cost``, written back where they
-    changed (in the migration's transaction)."""
+
+def _rewrite(change_row: Change, change_cost: Change, change_curve: Change) -> None:
+    """Each analysis' prompt rows, family costs and task curves through the three changes, written back where
+    they changed (in the migration's transaction)."""
     connection = op.get_bind()
-    for analysis_id, prompts, cost in connection.execute(
-        sa.select(_ANALYSES.c.id, _ANALYSES.c.prompts, _ANALYSES.c.cost)
+    for analysis_id, prompts, cost, tasks in connection.execute(
+        sa.select(_ANALYSES.c.id, _ANALYSES.c.prompts, _ANALYSES.c.cost, _ANALYSES.c.tasks)
     ).all():
-        new_prompts, new_cost = copy.deepcopy(prompts), copy.deepcopy(cost)
+        new_prompts, new_cost, new_tasks = copy.deepcopy(prompts), copy.deepcopy(cost), copy.deepcopy(tasks)
         for row in new_prompts or []:
-            change(row)
+            change_row(row)
         for family_cost in (new_cost or {}).values():
             change_cost(family_cost)
-        if (new_prompts, new_cost) != (prompts, cost):
+        for task in new_tasks or []:
+            if task.get("curve"):
+                change_curve(task["curve"])
+        if (new_prompts, new_cost, new_tasks) != (prompts, cost, tasks):
             connection.execute(
                 _ANALYSES.update()
                 .where(_ANALYSES.c.id == analysis_id)
-                .values(prompts=new_prompts, cost=new_cost)
+                .values(prompts=new_prompts, cost=new_cost, tasks=new_tasks)
             )
 
 
@@ -61,8 +68,10 @@ def _remove(row: dict[str, Any]) -> None:
 
 
 def upgrade() -> None:
-    _rewrite(_add, lambda cost: cost.setdefault("refits", []))
+    _rewrite(
+        _add, lambda cost: cost.setdefault("refits", []), lambda curve: curve.setdefault("fit_errors", [])
+    )
 
 
 def downgrade() -> None:
-    _rewrite(_remove, lambda cost: cost.pop("refits", None))
+    _rewrite(_remove, lambda cost: cost.pop("refits", None), lambda curve: curve.pop("fit_errors", None))

@@ -123,6 +123,8 @@ def _reason(record: ServerAnalysisRecord, curve: OptionCurve, chosen: str | None
     if shown is None:
         return "no setting was priced"
     low_text = f", interval from {low:.2f}x" if low is not None and np.isfinite(low) else ""
+    fit_error = dict(zip(curve.labels, curve.fit_errors)).get(shown, 0.0)
+    low_text += f" (the fit's own spread ±{fit_error:.2f} in it)" if low_text and fit_error > 0.005 else ""
     basis = (
         f" (fewer than {curve.curve.min_prompts} prompts: the workload's decision)"
         if curve.point.basis == "workload"
