@@ -85,7 +85,8 @@ class PriorFit:
 @dataclass(frozen=True)
 class Calibration:
     """What calibration found: the step costs per drafter family, the prompts it measured (``chosen``, in the
-    order it measured them), the machine's noise over their passes, the bound the fits were checked against,
+    order it measured them), the machine's noise over their passes, the bound of the family nearest its bound
+    (each is checked at its own reach, :meth:`ServerCost.bound`),
     why advice is withheld (None: it is not), the settings left out because their servers disagreed with
     their replays (label: why), ``why`` it stopped where it did, in words, and ``reused_from``, the earlier
     analysis whose fit it reused (None: fitted on this workload)."""
@@ -344,7 +345,8 @@ def fit_costs(chosen: Sequence[PromptOutcome]) -> dict[str, ServerCost]:
     nothing else). The generation pass is left out: its plain runs follow each
     other on one server, with its weights warm in the CPU's caches, and ran 7.5% faster per step than the
     same server's runs interleaved with the other servers' (52 prompts, a 2-core Xeon), which is how every
-    speculating run is timed."""
+    speculating run is timed. Each cost carries its fits without each calibration prompt in turn
+    (:func:`_refits`), whose spread every decision counts."""
     costs = {}
     families = sorted({s.drafter.family for o in chosen for s in o.settings})
     samples_of = {family: _family_samples(chosen, family) for family in families}
