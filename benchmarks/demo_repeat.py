@@ -4,7 +4,7 @@ first command runs it after the install: per run its wall time, the product's ow
 advice was withheld and why, what stopped calibration, and every task's decision; then whether every run
 withheld nothing and every task got the same decision in each.
 
-    python benchmarks/demo_repeat.py [--runs 5]
+    python benchmarks/demo_repeat.py [--runs 5] [--keep DIR]
 
 Writes benchmarks/results/demo_repeat.json and rewrites benchmarks/README.md. Run it with nothing else on the
 machine; every figure is for the CPU model it prints.
