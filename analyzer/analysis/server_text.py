@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.pricing.option_curve import spread_words
+
 
 def cost_text(cost: dict[str, Any]) -> str:
     """One drafter family's fitted step costs in a line (an analysis stored before the context term came
@@ -133,8 +135,7 @@ def decision_text(task: dict[str, Any]) -> str:
     shown = task["chosen"] or max(options, key=lambda label: options[label]["speedup"] or 0.0)
     option = options[shown]
     interval = f"{num(option['speedup'])} [{num(option.get('low'))}, {num(option.get('high'))}]"
-    errors = dict(zip(options, curve["fit_errors"]))
-    spread = f" (the fit's own spread ±{errors[shown]:.2f} in it)" if errors.get(shown, 0.0) > 0.005 else ""
+    spread = spread_words(dict(zip(options, curve["fit_errors"])).get(shown))
     basis = " (too few prompts: the workload's decision)" if curve.get("basis") == "workload" else ""
     verdict = "on" if task["chosen"] else "off"
     return f"{verdict}: {shown} {interval}{spread}, {curve['code'].replace('_', ' ')}{basis}"

@@ -59,6 +59,16 @@ class FitSpread:
         return np.where(np.isfinite(errors), errors, 0.0)
 
 
+def spread_words(fit_error: float | None) -> str:
+    """What a decision's text adds for the fit's share of its interval: " (the fit's own spread ±0.25 in it)",
+    or nothing where the fit's standard error is under half a hundredth (or there is none)."""
+    return (
+        f" (the fit's own spread ±{fit_error:.2f} in it)"
+        if fit_error is not None and fit_error > 0.005
+        else ""
+    )
+
+
 def widened(speedup: float, interval: tuple[float, float], fit_error: float) -> tuple[float, float]:
     """The bootstrap ``interval`` of ``speedup`` with the fit's standard error added in quadrature at the
     interval's level (module docstring)."""

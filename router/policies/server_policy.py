@@ -28,7 +28,7 @@ from analyzer.engine.llama_server_pools import Pool, PoolPlan, pool_flags
 from analyzer.measuring.server_drafting import parse_drafter
 from analyzer.names import DEFAULT_MARGIN, LLAMA_SERVER
 from analyzer.orm import ServerAnalysisRecord
-from analyzer.pricing.option_curve import OptionCurve, stored_option_rows, task_option_curves
+from analyzer.pricing.option_curve import OptionCurve, spread_words, stored_option_rows, task_option_curves
 from analyzer.pricing.speedup import mean_and_variance, recommendation_tier
 from analyzer.settings import load_settings
 from router.orm import PolicySet, TaskPolicy
@@ -123,8 +123,7 @@ def _reason(record: ServerAnalysisRecord, curve: OptionCurve, chosen: str | None
     if shown is None:
         return "no setting was priced"
     low_text = f", interval from {low:.2f}x" if low is not None and np.isfinite(low) else ""
-    fit_error = dict(zip(curve.labels, curve.fit_errors)).get(shown, 0.0)
-    low_text += f" (the fit's own spread ±{fit_error:.2f} in it)" if low_text and fit_error > 0.005 else ""
+    low_text += spread_words(dict(zip(curve.labels, curve.fit_errors)).get(shown)) if low_text else ""
     basis = (
         f" (fewer than {curve.curve.min_prompts} prompts: the workload's decision)"
         if curve.point.basis == "workload"
